@@ -1,0 +1,432 @@
+//! Safetensors headers → the tensor table. Only the first `8 + n` bytes of each file are read here;
+//! tensor data is never touched at this stage.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::{self, Dtype};
+
+/// safetensors refuses headers above 100 MB; so do we, before allocating.
+pub const MAX_HEADER_LEN: u64 = 100_000_000;
+
+/// One tensor as a header describes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Index into [`Checkpoint::files`].
+    pub file: usize,
+    /// Absolute byte offset of the data in the file.
+    pub offset: u64,
+    /// Data bytes.
+    pub len: u64,
+}
+
+impl TensorInfo {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// One safetensors file, header parsed and validated.
+#[derive(Debug, Clone)]
+pub struct WeightFile {
+    /// File name relative to the checkpoint folder.
+    pub name: String,
+    pub path: PathBuf,
+    pub size: u64,
+    pub header_len: u64,
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Tensors in key order (what `safe_open().keys()` gives vLLM).
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl WeightFile {
+    pub fn data_start(&self) -> u64 {
+        8 + self.header_len
+    }
+}
+
+/// A name that appears in more than one file. vLLM loads files in order and the last write wins.
+#[derive(Debug, Clone, Serialize)]
+pub struct Duplicate {
+    pub name: String,
+    /// File names in load order; the last one is the one vLLM keeps.
+    pub files: Vec<String>,
+}
+
+/// All weight files of a checkpoint, in vLLM's load order.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub files: Vec<WeightFile>,
+    pub duplicates: Vec<Duplicate>,
+    /// name → (file index, position in that file's tensors) of the copy vLLM keeps.
+    winners: HashMap<String, (usize, usize)>,
+}
+
+impl Checkpoint {
+    /// Reads and validates the headers of `paths` (already in load order), in parallel.
+    pub fn open(root: &Path, names: &[String]) -> Result<Checkpoint, HeaderError> {
+        let files = names
+            .par_iter()
+            .enumerate()
+            .map(|(i, name)| read_header(&root.join(name), name, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Checkpoint::from_files(files))
+    }
+
+    pub fn from_files(files: Vec<WeightFile>) -> Checkpoint {
+        let mut winners: HashMap<String, (usize, usize)> = HashMap::new();
+        let mut seen_in: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (fi, f) in files.iter().enumerate() {
+            for (ti, t) in f.tensors.iter().enumerate() {
+                if winners.insert(t.name.clone(), (fi, ti)).is_some() {
+                    seen_in.entry(t.name.as_str()).or_default();
+                }
+            }
+        }
+        let mut duplicates = Vec::new();
+        if !seen_in.is_empty() {
+            for f in &files {
+                for t in &f.tensors {
+                    if let Some(v) = seen_in.get_mut(t.name.as_str()) {
+                        v.push(t.file);
+                    }
+                }
+            }
+            duplicates = seen_in
+                .into_iter()
+                .map(|(name, fis)| Duplicate {
+                    name: name.to_string(),
+                    files: fis.iter().map(|&i| files[i].name.clone()).collect(),
+                })
+                .collect();
+            duplicates.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        Checkpoint {
+            files,
+            duplicates,
+            winners,
+        }
+    }
+
+    /// Every tensor of every file, in load order, including copies that a later file shadows.
+    pub fn all_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        self.files.iter().flat_map(|f| f.tensors.iter())
+    }
+
+    /// The tensor vLLM ends up with under `name`.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.winners
+            .get(name)
+            .map(|&(fi, ti)| &self.files[fi].tensors[ti])
+    }
+
+    /// True when this copy is the one that survives (not shadowed by a later file).
+    pub fn is_effective(&self, t: &TensorInfo) -> bool {
+        self.winners
+            .get(&t.name)
+            .is_some_and(|&(fi, _)| fi == t.file)
+    }
+
+    /// Distinct tensor names.
+    pub fn len(&self) -> usize {
+        self.winners.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.winners.is_empty()
+    }
+}
+
+/// What is wrong with a safetensors file. Every variant names the file; those about one tensor name
+/// it too.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: file is empty; a safetensors file starts with an 8-byte header length")]
+    Empty { path: PathBuf },
+    #[error(
+        "{path}: file is {size} bytes, too short for the 8-byte header length of a safetensors file"
+    )]
+    TooShort { path: PathBuf, size: u64 },
+    #[error(
+        "{path}: header length {len} runs past the end of the file ({size} bytes); the file is truncated or not safetensors"
+    )]
+    HeaderPastEnd { path: PathBuf, len: u64, size: u64 },
+    #[error("{path}: header length {len} exceeds the {MAX_HEADER_LEN}-byte limit of safetensors")]
+    HeaderTooLarge { path: PathBuf, len: u64 },
+    #[error("{path}: header is not valid UTF-8 (invalid byte at header offset {at})")]
+    NotUtf8 { path: PathBuf, at: usize },
+    #[error("{path}: header is not valid safetensors JSON: {message}")]
+    BadJson { path: PathBuf, message: String },
+    #[error("{path}: tensor '{tensor}' has unknown dtype '{dtype}' (known: {known})", known = dtype::known_names())]
+    UnknownDtype {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+    #[error("{path}: tensor '{tensor}' has data_offsets [{start}, {end}] with end before start")]
+    ReversedOffsets {
+        path: PathBuf,
+        tensor: String,
+        start: u64,
+        end: u64,
+    },
+    #[error(
+        "{path}: tensor '{tensor}' shape {shape:?} of {dtype} needs {expected} bytes, but its data_offsets span {found}"
+    )]
+    SizeMismatch {
+        path: PathBuf,
+        tensor: String,
+        dtype: Dtype,
+        shape: Vec<u64>,
+        expected: String,
+        found: u64,
+    },
+    #[error(
+        "{path}: tensors '{first}' [{first_start}, {first_end}) and '{second}' [{second_start}, {second_end}) overlap"
+    )]
+    Overlap {
+        path: PathBuf,
+        first: String,
+        first_start: u64,
+        first_end: u64,
+        second: String,
+        second_start: u64,
+        second_end: u64,
+    },
+    #[error(
+        "{path}: {gap} unused bytes before tensor '{tensor}' (data offset {at}); safetensors requires tensors to be packed without gaps"
+    )]
+    Gap {
+        path: PathBuf,
+        tensor: String,
+        at: u64,
+        gap: u64,
+    },
+    #[error(
+        "{path}: tensor '{tensor}' ends at data offset {end}, past the end of the data region ({data_len} bytes): the file is truncated"
+    )]
+    PastEnd {
+        path: PathBuf,
+        tensor: String,
+        end: u64,
+        data_len: u64,
+    },
+    #[error(
+        "{path}: data region is {data_len} bytes but the tensors cover only {covered}; the file has trailing bytes"
+    )]
+    TrailingBytes {
+        path: PathBuf,
+        covered: u64,
+        data_len: u64,
+    },
+}
+
+/// Reads the header of one file and checks it the way safetensors does, with better messages.
+pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightFile, HeaderError> {
+    let io = |source| HeaderError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let p = || path.to_path_buf();
+    let file = File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    if size == 0 {
+        return Err(HeaderError::Empty { path: p() });
+    }
+    if size < 8 {
+        return Err(HeaderError::TooShort { path: p(), size });
+    }
+    let mut len_bytes = [0u8; 8];
+    file.read_exact_at(&mut len_bytes, 0).map_err(io)?;
+    let header_len = u64::from_le_bytes(len_bytes);
+    if header_len > MAX_HEADER_LEN {
+        return Err(HeaderError::HeaderTooLarge {
+            path: p(),
+            len: header_len,
+        });
+    }
+    if header_len > size - 8 {
+        return Err(HeaderError::HeaderPastEnd {
+            path: p(),
+            len: header_len,
+            size,
+        });
+    }
+    let mut buf = vec![0u8; header_len as usize];
+    file.read_exact_at(&mut buf, 8).map_err(io)?;
+    let text = std::str::from_utf8(&buf).map_err(|e| HeaderError::NotUtf8 {
+        path: p(),
+        at: e.valid_up_to(),
+    })?;
+    let raw: RawHeader = serde_json::from_str(text).map_err(|e| HeaderError::BadJson {
+        path: p(),
+        message: e.to_string(),
+    })?;
+    let data_len = size - 8 - header_len;
+    let data_start = 8 + header_len;
+
+    let mut tensors = Vec::with_capacity(raw.tensors.len());
+    for (tname, rt) in raw.tensors {
+        let dtype: Dtype = rt.dtype.parse().map_err(|()| HeaderError::UnknownDtype {
+            path: p(),
+            tensor: tname.clone(),
+            dtype: rt.dtype.clone(),
+        })?;
+        let (start, end) = rt.data_offsets;
+        if end < start {
+            return Err(HeaderError::ReversedOffsets {
+                path: p(),
+                tensor: tname,
+                start,
+                end,
+            });
+        }
+        let numel = rt.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let expected = numel.and_then(|n| dtype.byte_size(n));
+        if expected != Some(end - start) {
+            return Err(HeaderError::SizeMismatch {
+                path: p(),
+                dtype,
+                shape: rt.shape,
+                expected: match (numel, expected) {
+                    (Some(n), None) if n.checked_mul(dtype.bits()).is_some() => {
+                        format!("a fractional number of bytes ({n} × {} bits)", dtype.bits())
+                    }
+                    (_, Some(b)) => b.to_string(),
+                    _ => "more than 2^64".to_string(),
+                },
+                tensor: tname,
+                found: end - start,
+            });
+        }
+        tensors.push(TensorInfo {
+            name: tname,
+            dtype,
+            shape: rt.shape,
+            file: file_index,
+            offset: data_start + start,
+            len: end - start,
+        });
+    }
+
+    // Layout checks walk the tensors in data order: overlap, gaps, truncation, trailing bytes.
+    let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
+    by_offset.sort_by_key(|t| (t.offset, t.offset + t.len));
+    let mut cursor = 0u64;
+    let mut prev: Option<&TensorInfo> = None;
+    for t in &by_offset {
+        let (s, e) = (t.offset - data_start, t.offset - data_start + t.len);
+        if s < cursor {
+            let q = prev.expect("cursor > 0 implies a previous tensor");
+            return Err(HeaderError::Overlap {
+                path: p(),
+                first: q.name.clone(),
+                first_start: q.offset - data_start,
+                first_end: q.offset - data_start + q.len,
+                second: t.name.clone(),
+                second_start: s,
+                second_end: e,
+            });
+        }
+        if e > data_len {
+            return Err(HeaderError::PastEnd {
+                path: p(),
+                tensor: t.name.clone(),
+                end: e,
+                data_len,
+            });
+        }
+        if s > cursor {
+            return Err(HeaderError::Gap {
+                path: p(),
+                tensor: t.name.clone(),
+                at: s,
+                gap: s - cursor,
+            });
+        }
+        cursor = e;
+        prev = Some(t);
+    }
+    if cursor != data_len {
+        return Err(HeaderError::TrailingBytes {
+            path: p(),
+            covered: cursor,
+            data_len,
+        });
+    }
+
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(WeightFile {
+        name: name.to_string(),
+        path: path.to_path_buf(),
+        size,
+        header_len,
+        metadata: raw.metadata,
+        tensors,
+    })
+}
+
+#[derive(Deserialize)]
+struct RawTensor {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+/// The header object: `__metadata__` plus one entry per tensor. Deserialised by hand so that
+/// duplicate keys are caught and no intermediate `Value` tree is built (128k tensors parse in
+/// milliseconds).
+struct RawHeader {
+    metadata: Option<BTreeMap<String, String>>,
+    tensors: Vec<(String, RawTensor)>,
+}
+
+impl<'de> Deserialize<'de> for RawHeader {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawHeader;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object mapping tensor names to {dtype, shape, data_offsets}")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+                let mut metadata = None;
+                let mut tensors = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                let mut seen = HashSet::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if !seen.insert(key.clone()) {
+                        return Err(de::Error::custom(format_args!(
+                            "key '{key}' appears twice"
+                        )));
+                    }
+                    if key == "__metadata__" {
+                        metadata = Some(map.next_value()?);
+                    } else {
+                        let t: RawTensor = map.next_value().map_err(|e| {
+                            de::Error::custom(format_args!("tensor '{key}': {e}"))
+                        })?;
+                        tensors.push((key, t));
+                    }
+                }
+                Ok(RawHeader { metadata, tensors })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}

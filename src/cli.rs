@@ -1,0 +1,134 @@
+//! The command line, as clap definitions. Also the source of the completions and the man page.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::ConfigFormat;
+use crate::source::LoadFormat;
+
+const EXIT_CODES: &str = "\
+Exit status:
+  0  success
+  1  runtime failure (I/O, device)
+  2  usage error (bad flags, SOURCE not found)
+  3  the checkpoint is malformed or does not fit the model / plan";
+
+/// Shard and load LLM checkpoints exactly as vLLM holds them, per tensor-parallel rank.
+#[derive(Debug, Parser)]
+#[command(
+    name = "wload",
+    version,
+    propagate_version = true,
+    after_long_help = EXIT_CODES,
+    long_about = "Shard and load LLM checkpoints exactly as vLLM holds them, per tensor-parallel rank.\n\n\
+wload resolves a checkpoint (safetensors files in a folder) the way vLLM does, maps its tensor \
+names onto vLLM's parameters, and computes what every tensor-parallel rank must hold."
+)]
+pub struct Cli {
+    /// Print more detail (resolution reasons, per-file header sizes)
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Print nothing but results and errors
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show a checkpoint's files, config and tensors
+    #[command(
+        long_about = "Show a checkpoint's files, config and tensors.\n\n\
+Lists which weight files vLLM would read (and which it would not, with the reason), the model \
+dimensions from config.json or params.json, every tensor with its dtype, shape, size and file, \
+and totals per dtype. Only the safetensors headers are read, never the tensor data.",
+        after_long_help = EXIT_CODES
+    )]
+    Inspect(InspectArgs),
+    /// Compute what every tensor-parallel rank holds (not implemented yet)
+    Plan(PendingArgs),
+    /// Write pre-sharded per-rank safetensors files (not implemented yet)
+    Shard(PendingArgs),
+    /// Load a checkpoint into device memory per rank (not implemented yet)
+    Load(PendingArgs),
+    /// Print a shell completion script to stdout
+    #[command(hide = true)]
+    Completions {
+        /// The shell to generate for
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout
+    #[command(hide = true)]
+    Man,
+}
+
+/// How to find and read a checkpoint; shared by every subcommand.
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Checkpoint folder (safetensors files plus config.json or params.json)
+    #[arg(value_name = "SOURCE", value_hint = clap::ValueHint::DirPath)]
+    pub source: PathBuf,
+
+    /// Which weight files to read, as vLLM's --load-format
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = LoadFormat::Auto,
+        long_help = "Which weight files to read, as vLLM's --load-format.\n\n\
+auto: mistral when a consolidated*.safetensors exists anywhere in the folder, else hf. \
+hf: *.safetensors, else *.bin, else *.pt (the first pattern with a match wins). \
+safetensors: *.safetensors only. mistral: consolidated*.safetensors. pt: *.pt. \
+With safetensors, an index file (model.safetensors.index.json, or \
+consolidated.safetensors.index.json for mistral) drops the files its weight_map does not name."
+    )]
+    pub load_format: LoadFormat,
+
+    /// Which config to read, as vLLM's --config-format
+    #[arg(long, value_enum, default_value_t = ConfigFormat::Auto)]
+    pub config_format: ConfigFormat,
+
+    /// JSON object applied on top of the model config, as vLLM's --hf-overrides
+    #[arg(
+        long,
+        value_name = "JSON",
+        long_help = "JSON object applied on top of the model config, as vLLM's --hf-overrides.\n\n\
+Top-level keys replace the config's values; an object given for a nested *_config \
+(text_config, ...) is merged into it. Example: --hf-overrides '{\"num_hidden_layers\": 2}'"
+    )]
+    pub hf_overrides: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    /// Only list tensors whose name matches this regular expression (totals then cover those)
+    #[arg(long, value_name = "REGEX")]
+    pub filter: Option<String>,
+
+    /// Print one JSON document instead of tables (schema: docs/inspect-json.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PendingArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,288 @@
+//! config.json / params.json → model dimensions, with `--hf-overrides` applied on top.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// `--config-format`, as vLLM spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigFormat {
+    /// params.json when the folder has `consolidated*.safetensors` and a params.json, else config.json.
+    Auto,
+    /// Hugging Face config.json.
+    Hf,
+    /// Mistral's params.json.
+    Mistral,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not valid JSON: {message}")]
+    BadJson { path: PathBuf, message: String },
+    #[error("{path}: expected a JSON object at the top level")]
+    NotAnObject { path: PathBuf },
+    #[error("{path}: field '{field}' is {found}, expected {expected}")]
+    BadField {
+        path: PathBuf,
+        field: String,
+        found: String,
+        expected: &'static str,
+    },
+    #[error("{path}: required field '{field}' is missing{hint}")]
+    MissingField {
+        path: PathBuf,
+        field: &'static str,
+        hint: &'static str,
+    },
+    #[error("--hf-overrides: {message}")]
+    BadOverrides { message: String },
+}
+
+impl ConfigError {
+    /// Errors in the user's `--hf-overrides` are usage errors; the rest are the checkpoint's.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, ConfigError::BadOverrides { .. })
+    }
+}
+
+/// Model dimensions as vLLM reads them, plus the whole (overridden) config for mapping expressions.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelConfig {
+    pub architectures: Vec<String>,
+    pub model_type: Option<String>,
+    pub num_hidden_layers: u64,
+    pub hidden_size: u64,
+    pub num_attention_heads: u64,
+    pub num_key_value_heads: u64,
+    /// `head_dim` as the config states it; `None` when absent (most families then use hidden/heads).
+    pub head_dim: Option<u64>,
+    pub intermediate_size: Option<u64>,
+    pub moe_intermediate_size: Option<u64>,
+    pub vocab_size: u64,
+    /// Routed experts (`num_local_experts`, `num_experts` or `n_routed_experts`), if a MoE.
+    pub num_experts: Option<u64>,
+    /// As the config states it; `None` when absent (the family's default then applies).
+    pub tie_word_embeddings: Option<bool>,
+    /// `dtype` (transformers ≥ 4.56) or `torch_dtype`.
+    pub dtype: Option<String>,
+    /// The text config after overrides (the top level, or `text_config` for multimodal wrappers).
+    #[serde(skip)]
+    pub raw: Map<String, Value>,
+}
+
+/// Reads the config the resolution picked and applies `overrides` (vLLM's `--hf-overrides` semantics:
+/// top-level keys replace; an object given for a nested `*_config` merges into it recursively).
+pub fn load(
+    root: &Path,
+    file: &str,
+    format: ConfigFormat,
+    overrides: Option<&Map<String, Value>>,
+) -> Result<ModelConfig, ConfigError> {
+    let path = root.join(file);
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| ConfigError::BadJson {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    let Value::Object(mut map) = v else {
+        return Err(ConfigError::NotAnObject { path });
+    };
+    if format == ConfigFormat::Mistral {
+        map = mistral_to_hf(map);
+    }
+    if let Some(o) = overrides {
+        apply_overrides(&mut map, o);
+    }
+    from_map(&path, map)
+}
+
+/// Parses `--hf-overrides` text: a JSON object.
+pub fn parse_overrides(s: &str) -> Result<Map<String, Value>, ConfigError> {
+    match serde_json::from_str::<Value>(s) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(ConfigError::BadOverrides {
+            message: format!("expected a JSON object like '{{\"num_hidden_layers\": 2}}', got {other}"),
+        }),
+        Err(e) => Err(ConfigError::BadOverrides {
+            message: format!("not valid JSON: {e}"),
+        }),
+    }
+}
+
+fn apply_overrides(map: &mut Map<String, Value>, overrides: &Map<String, Value>) {
+    for (k, v) in overrides {
+        match (map.get_mut(k), v) {
+            (Some(Value::Object(existing)), Value::Object(sub)) if k.ends_with("_config") => {
+                apply_overrides(existing, sub)
+            }
+            _ => {
+                map.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// vLLM's `adapt_config_dict` renames for params.json (transformers_utils/configs/mistral.py).
+fn mistral_to_hf(mut m: Map<String, Value>) -> Map<String, Value> {
+    for (from, to) in [
+        ("dim", "hidden_size"),
+        ("norm_eps", "rms_norm_eps"),
+        ("n_kv_heads", "num_key_value_heads"),
+        ("n_layers", "num_hidden_layers"),
+        ("n_heads", "num_attention_heads"),
+        ("hidden_dim", "intermediate_size"),
+    ] {
+        if let Some(v) = m.remove(from) {
+            m.insert(to.to_string(), v);
+        }
+    }
+    let tied = m.remove("tied_embeddings").unwrap_or(Value::Bool(false));
+    m.insert("tie_word_embeddings".into(), tied);
+    let moe = m.get("moe").and_then(Value::as_object).cloned();
+    let arch = match &moe {
+        Some(moe) if moe.get("num_shared_experts").and_then(Value::as_u64).unwrap_or(0) > 0 => {
+            "MistralLarge3ForCausalLM"
+        }
+        Some(_) => "MixtralForCausalLM",
+        None => "MistralForCausalLM",
+    };
+    if let Some(moe) = moe {
+        if let Some(n) = moe.get("num_experts") {
+            m.entry("num_local_experts").or_insert(n.clone());
+        }
+        if let Some(k) = moe.get("num_experts_per_tok") {
+            m.entry("num_experts_per_tok").or_insert(k.clone());
+        }
+    }
+    m.insert("architectures".into(), Value::from(vec![arch]));
+    m
+}
+
+fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigError> {
+    let architectures = match top.get("architectures") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str().map(str::to_string).ok_or_else(|| ConfigError::BadField {
+                    path: path.to_path_buf(),
+                    field: "architectures".into(),
+                    found: x.to_string(),
+                    expected: "a list of strings",
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(ConfigError::BadField {
+                path: path.to_path_buf(),
+                field: "architectures".into(),
+                found: other.to_string(),
+                expected: "a list of strings",
+            });
+        }
+    };
+    let top_dtype = top
+        .get("dtype")
+        .or_else(|| top.get("torch_dtype"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    // Multimodal wrappers keep the language model's dimensions in text_config (vLLM's
+    // get_hf_text_config).
+    let raw = match top.get("text_config") {
+        Some(Value::Object(t)) => t.clone(),
+        _ => top.clone(),
+    };
+    let f = Fields { path, map: &raw };
+    let hidden_size = f.req("hidden_size")?;
+    let num_attention_heads = f.req("num_attention_heads")?;
+    let num_experts = match f.opt("num_local_experts")? {
+        Some(n) => Some(n),
+        None => match f.opt("num_experts")? {
+            Some(n) => Some(n),
+            None => f.opt("n_routed_experts")?,
+        },
+    };
+    let dtype = raw
+        .get("dtype")
+        .or_else(|| raw.get("torch_dtype"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or(top_dtype);
+    let tie_word_embeddings = match top.get("tie_word_embeddings").or(raw.get("tie_word_embeddings")) {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => {
+            return Err(ConfigError::BadField {
+                path: path.to_path_buf(),
+                field: "tie_word_embeddings".into(),
+                found: other.to_string(),
+                expected: "true or false",
+            });
+        }
+    };
+    Ok(ModelConfig {
+        architectures,
+        model_type: raw
+            .get("model_type")
+            .or(top.get("model_type"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        num_hidden_layers: f.req("num_hidden_layers")?,
+        hidden_size,
+        num_attention_heads,
+        num_key_value_heads: f.opt("num_key_value_heads")?.unwrap_or(num_attention_heads),
+        head_dim: f.opt("head_dim")?,
+        intermediate_size: f.opt("intermediate_size")?,
+        moe_intermediate_size: f.opt("moe_intermediate_size")?,
+        vocab_size: f.req("vocab_size")?,
+        num_experts,
+        tie_word_embeddings,
+        dtype,
+        raw,
+    })
+}
+
+struct Fields<'a> {
+    path: &'a Path,
+    map: &'a Map<String, Value>,
+}
+
+impl Fields<'_> {
+    fn opt(&self, field: &'static str) -> Result<Option<u64>, ConfigError> {
+        match self.map.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| ConfigError::BadField {
+                path: self.path.to_path_buf(),
+                field: field.to_string(),
+                found: v.to_string(),
+                expected: "a non-negative integer",
+            }),
+        }
+    }
+
+    fn req(&self, field: &'static str) -> Result<u64, ConfigError> {
+        self.opt(field)?.ok_or_else(|| ConfigError::MissingField {
+            path: self.path.to_path_buf(),
+            field,
+            hint: "; add it, or pass it with --hf-overrides",
+        })
+    }
+}
+
+impl ModelConfig {
+    /// The first listed architecture, which is the one vLLM builds.
+    pub fn architecture(&self) -> Option<&str> {
+        self.architectures.first().map(String::as_str)
+    }
+}

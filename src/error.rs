@@ -1,0 +1,57 @@
+//! The library's error type and the exit status each error maps to.
+
+use crate::checkpoint::HeaderError;
+use crate::config::ConfigError;
+use crate::source::SourceError;
+
+/// Exit statuses, documented in README.md and `wload --help`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Ok = 0,
+    /// I/O or device failure.
+    Runtime = 1,
+    /// Bad command line.
+    Usage = 2,
+    /// The checkpoint is malformed or does not fit the model / plan.
+    Checkpoint = 3,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("--filter: {0}")]
+    BadFilter(#[from] regex::Error),
+    #[error("`wload {0}` is not implemented yet")]
+    NotImplemented(&'static str),
+    #[error("writing output: {0}")]
+    Output(#[source] std::io::Error),
+}
+
+impl Error {
+    pub fn exit_status(&self) -> ExitStatus {
+        match self {
+            Error::Source(SourceError::NotFound { .. } | SourceError::NotADirectory { .. }) => {
+                ExitStatus::Usage
+            }
+            Error::Source(SourceError::Io { .. }) => ExitStatus::Runtime,
+            Error::Source(_) => ExitStatus::Checkpoint,
+            Error::Header(HeaderError::Io { .. }) => ExitStatus::Runtime,
+            Error::Header(_) => ExitStatus::Checkpoint,
+            Error::Config(ConfigError::Io { .. }) => ExitStatus::Runtime,
+            Error::Config(e) if e.is_usage() => ExitStatus::Usage,
+            Error::Config(_) => ExitStatus::Checkpoint,
+            Error::BadFilter(_) => ExitStatus::Usage,
+            Error::NotImplemented(_) | Error::Output(_) => ExitStatus::Runtime,
+        }
+    }
+
+    /// A closed pipe on stdout (`wload inspect … | head`) is not a failure.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}

@@ -1,0 +1,72 @@
+//! The `wload` binary: parse the command line, call the library, turn errors into messages and
+//! exit statuses. Nothing else lives here.
+
+use std::io::{self, BufWriter, Write};
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser};
+
+use wload::cli::{Cli, Command, SourceArgs};
+use wload::{Error, ExitStatus, SourceOptions};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { ExitStatus::Usage as u8 } else { 0 });
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_status() as u8)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Error> {
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    match cli.command {
+        Command::Inspect(args) => {
+            let opened = wload::open(&source_options(&args.source)?)?;
+            let report = wload::inspect::inspect(&opened, args.filter.as_deref())?;
+            if args.json {
+                serde_json::to_writer_pretty(&mut out, &report)
+                    .map_err(|e| Error::Output(e.into()))?;
+                writeln!(out).map_err(Error::Output)?;
+            } else {
+                wload::report::write_inspection(&mut out, &report, cli.verbose > 0)
+                    .map_err(Error::Output)?;
+            }
+        }
+        Command::Plan(_) => return Err(Error::NotImplemented("plan")),
+        Command::Shard(_) => return Err(Error::NotImplemented("shard")),
+        Command::Load(_) => return Err(Error::NotImplemented("load")),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "wload", &mut out);
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut out)
+                .map_err(Error::Output)?;
+        }
+    }
+    out.flush().map_err(Error::Output)
+}
+
+fn source_options(a: &SourceArgs) -> Result<SourceOptions, Error> {
+    Ok(SourceOptions {
+        source: a.source.clone(),
+        load_format: a.load_format,
+        config_format: a.config_format,
+        hf_overrides: a
+            .hf_overrides
+            .as_deref()
+            .map(wload::config::parse_overrides)
+            .transpose()?,
+    })
+}

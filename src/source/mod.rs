@@ -1,0 +1,335 @@
+//! Resolve: from SOURCE to the list of weight files vLLM would read, in its order, and the config.
+
+pub mod local;
+pub mod select;
+
+use std::collections::BTreeSet;
+use std::path::{Component, Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::config::ConfigFormat;
+pub use select::LoadFormat;
+use select::{NOT_FOR_INFERENCE, glob_match, natural_cmp};
+
+/// A weight file resolution kept, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeptFile {
+    pub file: String,
+    pub reason: String,
+}
+
+/// A weight-like file resolution left out, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct DroppedFile {
+    pub file: String,
+    pub reason: String,
+}
+
+/// The outcome of resolution: where the checkpoint is and which files of it vLLM reads.
+#[derive(Debug, Clone, Serialize)]
+pub struct Resolved {
+    pub root: PathBuf,
+    pub requested_format: LoadFormat,
+    /// The format in effect (`auto` resolved).
+    pub format: LoadFormat,
+    /// The allow pattern whose matches were used.
+    pub pattern: String,
+    /// The index file that filtered the matches, when there was one.
+    pub index: Option<String>,
+    /// Kept weight files, in vLLM's load order.
+    pub files: Vec<KeptFile>,
+    pub dropped: Vec<DroppedFile>,
+    pub config_format: ConfigFormat,
+    /// The config file, relative to the root.
+    pub config_file: String,
+}
+
+impl Resolved {
+    pub fn file_names(&self) -> Vec<String> {
+        self.files.iter().map(|f| f.file.clone()).collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{path}: no such file or directory")]
+    NotFound { path: PathBuf },
+    #[error("{path}: not a directory; SOURCE is a checkpoint folder")]
+    NotADirectory { path: PathBuf },
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{root}: cannot find any model weights (load format {format}, tried {patterns}){hint}",
+        patterns = patterns.join(", ")
+    )]
+    NoWeights {
+        root: PathBuf,
+        format: &'static str,
+        patterns: Vec<&'static str>,
+        hint: String,
+    },
+    #[error(
+        "{root}: the weights are {kind} files ({files}), which wload does not support yet; convert them to safetensors (e.g. with `safetensors.torch.save_file`)",
+        files = files.join(", ")
+    )]
+    UnsupportedWeights {
+        root: PathBuf,
+        kind: &'static str,
+        files: Vec<String>,
+    },
+    #[error("{index}: {message}")]
+    BadIndex { index: PathBuf, message: String },
+    #[error(
+        "{index}: weight files referenced in index but missing: {missing}",
+        missing = missing.join(", ")
+    )]
+    IndexMissingFiles { index: PathBuf, missing: Vec<String> },
+    #[error(
+        "{index}: tensor '{tensor}' points to '{file}', outside the checkpoint folder; refusing to read it"
+    )]
+    IndexEscapes {
+        index: PathBuf,
+        tensor: String,
+        file: String,
+    },
+    #[error(
+        "{root}: no config.json{mistral}; vLLM needs the model's config to build it",
+        mistral = if *.mistral { " or params.json" } else { "" }
+    )]
+    NoConfig { root: PathBuf, mistral: bool },
+}
+
+/// Resolves a local checkpoint folder the way vLLM 0.33's DefaultModelLoader does.
+pub fn resolve_local(
+    root: &Path,
+    requested: LoadFormat,
+    config_format: ConfigFormat,
+) -> Result<Resolved, SourceError> {
+    if !root.exists() {
+        return Err(SourceError::NotFound {
+            path: root.to_path_buf(),
+        });
+    }
+    if !root.is_dir() {
+        return Err(SourceError::NotADirectory {
+            path: root.to_path_buf(),
+        });
+    }
+    let listing = local::list(root).map_err(|(path, source)| SourceError::Io { path, source })?;
+    let has_consolidated = listing.all().any(|p| {
+        let base = p.rsplit('/').next().unwrap_or(p);
+        glob_match("consolidated*.safetensors", base)
+    });
+
+    let format = match requested {
+        LoadFormat::Auto if has_consolidated => LoadFormat::Mistral,
+        LoadFormat::Auto => LoadFormat::Hf,
+        f => f,
+    };
+
+    // First pattern with a match wins.
+    let patterns = format.allow_patterns();
+    let (pattern, mut matched) = patterns
+        .iter()
+        .find_map(|pat| {
+            let m: Vec<String> = listing
+                .top
+                .iter()
+                .filter(|n| glob_match(pat, n))
+                .cloned()
+                .collect();
+            (!m.is_empty()).then_some((*pat, m))
+        })
+        .unwrap_or(("", Vec::new()));
+
+    let mut kept_reason = format!("matches {pattern}");
+    let mut dropped = Vec::new();
+    let mut index = None;
+    if pattern.ends_with(".safetensors") {
+        let index_name = format.index_file();
+        if listing.has_top(index_name) {
+            let index_path = root.join(index_name);
+            let listed = read_index(&index_path)?;
+            let present: BTreeSet<&str> = matched.iter().map(String::as_str).collect();
+            let missing: Vec<String> = listed
+                .iter()
+                .filter(|f| !present.contains(f.as_str()))
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                return Err(SourceError::IndexMissingFiles {
+                    index: index_path,
+                    missing,
+                });
+            }
+            matched.retain(|f| {
+                let keep = listed.contains(f);
+                if !keep {
+                    dropped.push(DroppedFile {
+                        file: f.clone(),
+                        reason: format!("not listed in {index_name}"),
+                    });
+                }
+                keep
+            });
+            kept_reason = format!("matches {pattern}, listed in {index_name}");
+            index = Some(index_name.to_string());
+        }
+    } else if !pattern.is_empty() {
+        let kind = if pattern == "*.bin" { ".bin" } else { ".pt" };
+        let files: Vec<String> = matched
+            .into_iter()
+            .filter(|f| !NOT_FOR_INFERENCE.contains(&f.as_str()))
+            .collect();
+        if !files.is_empty() {
+            return Err(SourceError::UnsupportedWeights {
+                root: root.to_path_buf(),
+                kind,
+                files,
+            });
+        }
+        matched = Vec::new();
+    }
+
+    if matched.is_empty() {
+        let other_weights: Vec<&str> = listing
+            .all()
+            .filter(|p| is_weight_like(p))
+            .take(3)
+            .collect();
+        let hint = if other_weights.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; weight-like files that this format does not read: {}",
+                other_weights.join(", ")
+            )
+        };
+        return Err(SourceError::NoWeights {
+            root: root.to_path_buf(),
+            format: format.as_str(),
+            patterns: patterns.to_vec(),
+            hint,
+        });
+    }
+    matched.sort_by(|a, b| natural_cmp(a, b));
+
+    // Everything else that looks like weights gets a line saying why it is not read.
+    for p in listing.all() {
+        if !is_weight_like(p) || matched.iter().any(|m| m == p) || dropped.iter().any(|d| d.file == p)
+        {
+            continue;
+        }
+        let reason = if p.contains('/') {
+            "in a subfolder; vLLM reads only the top level".to_string()
+        } else if NOT_FOR_INFERENCE.contains(&p) {
+            "training state, not weights".to_string()
+        } else if patterns.iter().any(|pat| glob_match(pat, p)) {
+            format!("{pattern} matched first")
+        } else {
+            format!("not read under load format {}", format.as_str())
+        };
+        dropped.push(DroppedFile {
+            file: p.to_string(),
+            reason,
+        });
+    }
+
+    let (config_format, config_file) = pick_config(root, &listing, config_format, has_consolidated)?;
+
+    Ok(Resolved {
+        root: root.to_path_buf(),
+        requested_format: requested,
+        format,
+        pattern: pattern.to_string(),
+        index,
+        files: matched
+            .into_iter()
+            .map(|file| KeptFile {
+                file,
+                reason: kept_reason.clone(),
+            })
+            .collect(),
+        dropped,
+        config_format,
+        config_file,
+    })
+}
+
+fn is_weight_like(p: &str) -> bool {
+    [".safetensors", ".bin", ".pt", ".pth"]
+        .iter()
+        .any(|ext| p.ends_with(ext))
+}
+
+/// vLLM's config-format detection (transformers_utils/config.py:889–907): Mistral's params.json
+/// only when the repo also has `consolidated*.safetensors`, otherwise config.json.
+fn pick_config(
+    root: &Path,
+    listing: &local::Listing,
+    requested: ConfigFormat,
+    has_consolidated: bool,
+) -> Result<(ConfigFormat, String), SourceError> {
+    let has_params = listing.has_top("params.json");
+    let has_config = listing.has_top("config.json");
+    let format = match requested {
+        ConfigFormat::Auto if has_consolidated && has_params => ConfigFormat::Mistral,
+        ConfigFormat::Auto => ConfigFormat::Hf,
+        f => f,
+    };
+    let (name, present) = match format {
+        ConfigFormat::Mistral => ("params.json", has_params),
+        _ => ("config.json", has_config),
+    };
+    if !present {
+        return Err(SourceError::NoConfig {
+            root: root.to_path_buf(),
+            mistral: format == ConfigFormat::Mistral || has_consolidated,
+        });
+    }
+    Ok((format, name.to_string()))
+}
+
+/// The set of files an index's `weight_map` names, refusing any that lie outside the folder.
+fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
+    let bad = |message: String| SourceError::BadIndex {
+        index: path.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| SourceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("has no \"weight_map\" object".to_string()))?;
+    let mut files = BTreeSet::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| {
+            bad(format!(
+                "weight_map entry for '{tensor}' is not a file name: {file}"
+            ))
+        })?;
+        let p = Path::new(file);
+        let escapes = p.is_absolute()
+            || p.components()
+                .any(|c| matches!(c, Component::ParentDir | Component::RootDir | Component::Prefix(_)));
+        if escapes {
+            return Err(SourceError::IndexEscapes {
+                index: path.to_path_buf(),
+                tensor: tensor.clone(),
+                file: file.to_string(),
+            });
+        }
+        files.insert(file.to_string());
+    }
+    Ok(files)
+}

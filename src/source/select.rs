@@ -1,0 +1,188 @@
+//! Which files vLLM reads from a listing, and in what order (vllm-spec.md §2).
+
+use std::cmp::Ordering;
+
+use serde::Serialize;
+
+/// `--load-format`, with vLLM's spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadFormat {
+    /// Mistral when a `consolidated*.safetensors` exists anywhere in the folder, else hf.
+    Auto,
+    /// `*.safetensors`, else `*.bin`, else `*.pt`.
+    Hf,
+    /// `*.safetensors` only.
+    Safetensors,
+    /// `consolidated*.safetensors` with `consolidated.safetensors.index.json`.
+    Mistral,
+    /// `*.pt` only.
+    Pt,
+}
+
+impl LoadFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadFormat::Auto => "auto",
+            LoadFormat::Hf => "hf",
+            LoadFormat::Safetensors => "safetensors",
+            LoadFormat::Mistral => "mistral",
+            LoadFormat::Pt => "pt",
+        }
+    }
+
+    /// Glob patterns tried in order; the first with a match wins (default_loader.py:185–234).
+    pub fn allow_patterns(self) -> &'static [&'static str] {
+        match self {
+            // `auto` is resolved before patterns are needed.
+            LoadFormat::Auto | LoadFormat::Hf => &["*.safetensors", "*.bin", "*.pt"],
+            LoadFormat::Safetensors => &["*.safetensors"],
+            LoadFormat::Mistral => &["consolidated*.safetensors"],
+            LoadFormat::Pt => &["*.pt"],
+        }
+    }
+
+    /// The index that de-duplicates safetensors files.
+    pub fn index_file(self) -> &'static str {
+        match self {
+            LoadFormat::Mistral => "consolidated.safetensors.index.json",
+            _ => "model.safetensors.index.json",
+        }
+    }
+}
+
+/// Files that training leaves next to `.bin`/`.pt` weights; vLLM skips them (weight_utils.py:619–634).
+pub const NOT_FOR_INFERENCE: &[&str] = &[
+    "training_args.bin",
+    "optimizer.bin",
+    "optimizer.pt",
+    "scheduler.pt",
+    "scaler.pt",
+];
+
+/// Python's `glob` for the patterns vLLM uses: `*` matches any run of characters, and like `glob` a
+/// leading `*` does not match names that start with a dot.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    if pattern.starts_with('*') && name.starts_with('.') {
+        return false;
+    }
+    fnmatch(pattern, name)
+}
+
+/// `fnmatch` restricted to `*` and literal characters.
+pub fn fnmatch(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let tail: Vec<&str> = parts.collect();
+    let Some((last, middle)) = tail.split_last() else {
+        return rest.is_empty();
+    };
+    for m in middle {
+        match rest.find(m) {
+            Some(i) => rest = &rest[i + m.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// vLLM's `_natural_sort_key` comparison: the name split into digit runs and text, digit runs compared
+/// as integers (`model-2` < `model-10`).
+pub fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (ka, kb) = (natural_key(a), natural_key(b));
+    for (x, y) in ka.iter().zip(kb.iter()) {
+        let o = match (x, y) {
+            (Chunk::Num(x), Chunk::Num(y)) => {
+                let (x, y) = (x.trim_start_matches('0'), y.trim_start_matches('0'));
+                x.len().cmp(&y.len()).then_with(|| x.cmp(y))
+            }
+            (Chunk::Text(x), Chunk::Text(y)) => x.cmp(y),
+            // Splitting on digit runs alternates text and numbers from the same start, so the kinds
+            // line up; if they ever did not, Python would raise. Order text first to stay total.
+            (Chunk::Text(_), Chunk::Num(_)) => Ordering::Less,
+            (Chunk::Num(_), Chunk::Text(_)) => Ordering::Greater,
+        };
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    ka.len().cmp(&kb.len())
+}
+
+enum Chunk<'a> {
+    Text(&'a str),
+    Num(&'a str),
+}
+
+fn natural_key(s: &str) -> Vec<Chunk<'_>> {
+    // re.split(r"(\d+)") always yields text first (possibly empty), then alternates.
+    let mut out = Vec::new();
+    let mut start = 0;
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() {
+            out.push(Chunk::Text(&s[start..i]));
+            let j = i + bytes[i..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            out.push(Chunk::Num(&s[i..j]));
+            start = j;
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    out.push(Chunk::Text(&s[start..]));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_order_compares_numbers_as_integers() {
+        let mut v = vec![
+            "model-00010-of-00010.safetensors",
+            "model-2.safetensors",
+            "model-00002-of-00010.safetensors",
+            "model-10.safetensors",
+            "a.safetensors",
+        ];
+        v.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(
+            v,
+            [
+                "a.safetensors",
+                "model-2.safetensors",
+                "model-10.safetensors",
+                "model-00002-of-00010.safetensors",
+                "model-00010-of-00010.safetensors",
+            ]
+        );
+    }
+
+    #[test]
+    fn globbing_matches_python() {
+        assert!(glob_match("*.safetensors", "model.safetensors"));
+        assert!(!glob_match("*.safetensors", ".hidden.safetensors"));
+        assert!(!glob_match("*.safetensors", "model.safetensors.index.json"));
+        assert!(glob_match(
+            "consolidated*.safetensors",
+            "consolidated.safetensors"
+        ));
+        assert!(glob_match(
+            "consolidated*.safetensors",
+            "consolidated-00001-of-00002.safetensors"
+        ));
+        assert!(!glob_match("consolidated*.safetensors", "model.safetensors"));
+        assert!(fnmatch("a*b*c", "aXbYc"));
+        assert!(!fnmatch("a*bc", "abc_"));
+        assert!(fnmatch("*.pt", "x.pt"));
+    }
+}
