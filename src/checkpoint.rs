@@ -73,14 +73,27 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Reads and validates the headers of `paths` (already in load order), in parallel.
-    pub fn open(root: &Path, names: &[String]) -> Result<Checkpoint, HeaderError> {
-        let files = names
+    /// Reads and validates the headers of `names` (already in load order), in parallel. Every bad
+    /// file is reported, in load order.
+    pub fn open(root: &Path, names: &[String]) -> Result<Checkpoint, Vec<HeaderError>> {
+        let results: Vec<Result<WeightFile, HeaderError>> = names
             .par_iter()
             .enumerate()
             .map(|(i, name)| read_header(&root.join(name), name, i))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Checkpoint::from_files(files))
+            .collect();
+        let mut files = Vec::with_capacity(results.len());
+        let mut errors = Vec::new();
+        for r in results {
+            match r {
+                Ok(f) => files.push(f),
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(Checkpoint::from_files(files))
+        } else {
+            Err(errors)
+        }
     }
 
     pub fn from_files(files: Vec<WeightFile>) -> Checkpoint {
@@ -315,6 +328,14 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
                 found: end - start,
             });
         }
+        if end > data_len {
+            return Err(HeaderError::PastEnd {
+                path: p(),
+                tensor: tname,
+                end,
+                data_len,
+            });
+        }
         tensors.push(TensorInfo {
             name: tname,
             dtype,
@@ -411,16 +432,14 @@ impl<'de> Deserialize<'de> for RawHeader {
                 let mut seen = HashSet::new();
                 while let Some(key) = map.next_key::<String>()? {
                     if !seen.insert(key.clone()) {
-                        return Err(de::Error::custom(format_args!(
-                            "key '{key}' appears twice"
-                        )));
+                        return Err(de::Error::custom(format_args!("key '{key}' appears twice")));
                     }
                     if key == "__metadata__" {
                         metadata = Some(map.next_value()?);
                     } else {
-                        let t: RawTensor = map.next_value().map_err(|e| {
-                            de::Error::custom(format_args!("tensor '{key}': {e}"))
-                        })?;
+                        let t: RawTensor = map
+                            .next_value()
+                            .map_err(|e| de::Error::custom(format_args!("tensor '{key}': {e}")))?;
                         tensors.push((key, t));
                     }
                 }

@@ -104,7 +104,18 @@ pub fn load(
     if let Some(o) = overrides {
         apply_overrides(&mut map, o);
     }
-    from_map(&path, map)
+    from_map(&path, map).map_err(|e| match e {
+        // A bad value the user supplied is a usage error about the flag, not the file.
+        ConfigError::BadField {
+            field,
+            found,
+            expected,
+            ..
+        } if overrides.is_some_and(|o| o.contains_key(&field)) => ConfigError::BadOverrides {
+            message: format!("'{field}' is {found}, expected {expected}"),
+        },
+        e => e,
+    })
 }
 
 /// Parses `--hf-overrides` text: a JSON object.
@@ -112,7 +123,9 @@ pub fn parse_overrides(s: &str) -> Result<Map<String, Value>, ConfigError> {
     match serde_json::from_str::<Value>(s) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(other) => Err(ConfigError::BadOverrides {
-            message: format!("expected a JSON object like '{{\"num_hidden_layers\": 2}}', got {other}"),
+            message: format!(
+                "expected a JSON object like '{{\"num_hidden_layers\": 2}}', got {other}"
+            ),
         }),
         Err(e) => Err(ConfigError::BadOverrides {
             message: format!("not valid JSON: {e}"),
@@ -151,7 +164,13 @@ fn mistral_to_hf(mut m: Map<String, Value>) -> Map<String, Value> {
     m.insert("tie_word_embeddings".into(), tied);
     let moe = m.get("moe").and_then(Value::as_object).cloned();
     let arch = match &moe {
-        Some(moe) if moe.get("num_shared_experts").and_then(Value::as_u64).unwrap_or(0) > 0 => {
+        Some(moe)
+            if moe
+                .get("num_shared_experts")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                > 0 =>
+        {
             "MistralLarge3ForCausalLM"
         }
         Some(_) => "MixtralForCausalLM",
@@ -175,12 +194,14 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         Some(Value::Array(a)) => a
             .iter()
             .map(|x| {
-                x.as_str().map(str::to_string).ok_or_else(|| ConfigError::BadField {
-                    path: path.to_path_buf(),
-                    field: "architectures".into(),
-                    found: x.to_string(),
-                    expected: "a list of strings",
-                })
+                x.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| ConfigError::BadField {
+                        path: path.to_path_buf(),
+                        field: "architectures".into(),
+                        found: x.to_string(),
+                        expected: "a list of strings",
+                    })
             })
             .collect::<Result<_, _>>()?,
         Some(other) => {
@@ -219,7 +240,10 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         .and_then(Value::as_str)
         .map(str::to_string)
         .or(top_dtype);
-    let tie_word_embeddings = match top.get("tie_word_embeddings").or(raw.get("tie_word_embeddings")) {
+    let tie_word_embeddings = match top
+        .get("tie_word_embeddings")
+        .or(raw.get("tie_word_embeddings"))
+    {
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
         Some(other) => {

@@ -20,8 +20,8 @@ pub enum ExitStatus {
 pub enum Error {
     #[error(transparent)]
     Source(#[from] SourceError),
-    #[error(transparent)]
-    Header(#[from] HeaderError),
+    #[error("{}", join_lines(.0))]
+    Headers(Vec<HeaderError>),
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("--filter: {0}")]
@@ -40,8 +40,10 @@ impl Error {
             }
             Error::Source(SourceError::Io { .. }) => ExitStatus::Runtime,
             Error::Source(_) => ExitStatus::Checkpoint,
-            Error::Header(HeaderError::Io { .. }) => ExitStatus::Runtime,
-            Error::Header(_) => ExitStatus::Checkpoint,
+            Error::Headers(v) if v.iter().any(|e| matches!(e, HeaderError::Io { .. })) => {
+                ExitStatus::Runtime
+            }
+            Error::Headers(_) => ExitStatus::Checkpoint,
             Error::Config(ConfigError::Io { .. }) => ExitStatus::Runtime,
             Error::Config(e) if e.is_usage() => ExitStatus::Usage,
             Error::Config(_) => ExitStatus::Checkpoint,
@@ -54,4 +56,12 @@ impl Error {
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, Error::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
+}
+
+fn join_lines<T: std::fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(T::to_string)
+        .collect::<Vec<_>>()
+        .join("\nerror: ")
 }

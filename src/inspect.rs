@@ -140,7 +140,9 @@ pub fn inspect(opened: &Opened, filter: Option<&str>) -> Result<Inspection, Erro
         });
     }
     totals.by_dtype = by.into_values().collect();
-    totals.by_dtype.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.dtype.cmp(&b.dtype)));
+    totals
+        .by_dtype
+        .sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.dtype.cmp(&b.dtype)));
 
     Ok(Inspection {
         schema_version: SCHEMA_VERSION,
@@ -151,9 +153,7 @@ pub fn inspect(opened: &Opened, filter: Option<&str>) -> Result<Inspection, Erro
         dropped: resolved.dropped.clone(),
         config: ConfigSummary {
             architecture: config.architecture().map(str::to_string),
-            head_dim_default: config
-                .hidden_size
-                .checked_div(config.num_attention_heads),
+            head_dim_default: config.hidden_size.checked_div(config.num_attention_heads),
             config: config.clone(),
         },
         filter: filter.map(str::to_string),

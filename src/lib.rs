@@ -44,7 +44,8 @@ pub fn open(opts: &SourceOptions) -> Result<Opened, Error> {
         resolved.config_format,
         opts.hf_overrides.as_ref(),
     )?;
-    let checkpoint = checkpoint::Checkpoint::open(&resolved.root, &resolved.file_names())?;
+    let checkpoint = checkpoint::Checkpoint::open(&resolved.root, &resolved.file_names())
+        .map_err(Error::Headers)?;
     Ok(Opened {
         resolved,
         config,

@@ -14,7 +14,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { ExitStatus::Usage as u8 } else { 0 });
+            return ExitCode::from(if e.use_stderr() {
+                ExitStatus::Usage as u8
+            } else {
+                0
+            });
         }
     };
     match run(cli) {

@@ -20,7 +20,10 @@ impl Listing {
 
     /// Every file, top level first, as relative paths.
     pub fn all(&self) -> impl Iterator<Item = &str> {
-        self.top.iter().chain(self.nested.iter()).map(String::as_str)
+        self.top
+            .iter()
+            .chain(self.nested.iter())
+            .map(String::as_str)
     }
 }
 

@@ -88,7 +88,10 @@ pub enum SourceError {
         "{index}: weight files referenced in index but missing: {missing}",
         missing = missing.join(", ")
     )]
-    IndexMissingFiles { index: PathBuf, missing: Vec<String> },
+    IndexMissingFiles {
+        index: PathBuf,
+        missing: Vec<String>,
+    },
     #[error(
         "{index}: tensor '{tensor}' points to '{file}', outside the checkpoint folder; refusing to read it"
     )]
@@ -221,7 +224,9 @@ pub fn resolve_local(
 
     // Everything else that looks like weights gets a line saying why it is not read.
     for p in listing.all() {
-        if !is_weight_like(p) || matched.iter().any(|m| m == p) || dropped.iter().any(|d| d.file == p)
+        if !is_weight_like(p)
+            || matched.iter().any(|m| m == p)
+            || dropped.iter().any(|d| d.file == p)
         {
             continue;
         }
@@ -240,7 +245,8 @@ pub fn resolve_local(
         });
     }
 
-    let (config_format, config_file) = pick_config(root, &listing, config_format, has_consolidated)?;
+    let (config_format, config_file) =
+        pick_config(root, &listing, config_format, has_consolidated)?;
 
     Ok(Resolved {
         root: root.to_path_buf(),
@@ -320,8 +326,12 @@ fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
         })?;
         let p = Path::new(file);
         let escapes = p.is_absolute()
-            || p.components()
-                .any(|c| matches!(c, Component::ParentDir | Component::RootDir | Component::Prefix(_)));
+            || p.components().any(|c| {
+                matches!(
+                    c,
+                    Component::ParentDir | Component::RootDir | Component::Prefix(_)
+                )
+            });
         if escapes {
             return Err(SourceError::IndexEscapes {
                 index: path.to_path_buf(),

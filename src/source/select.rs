@@ -126,10 +126,7 @@ fn natural_key(s: &str) -> Vec<Chunk<'_>> {
     while i < bytes.len() {
         if bytes[i].is_ascii_digit() {
             out.push(Chunk::Text(&s[start..i]));
-            let j = i + bytes[i..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .count();
+            let j = i + bytes[i..].iter().take_while(|b| b.is_ascii_digit()).count();
             out.push(Chunk::Num(&s[i..j]));
             start = j;
             i = j;
@@ -159,10 +156,10 @@ mod tests {
             v,
             [
                 "a.safetensors",
-                "model-2.safetensors",
-                "model-10.safetensors",
                 "model-00002-of-00010.safetensors",
+                "model-2.safetensors",
                 "model-00010-of-00010.safetensors",
+                "model-10.safetensors",
             ]
         );
     }
@@ -180,7 +177,10 @@ mod tests {
             "consolidated*.safetensors",
             "consolidated-00001-of-00002.safetensors"
         ));
-        assert!(!glob_match("consolidated*.safetensors", "model.safetensors"));
+        assert!(!glob_match(
+            "consolidated*.safetensors",
+            "model.safetensors"
+        ));
         assert!(fnmatch("a*b*c", "aXbYc"));
         assert!(!fnmatch("a*bc", "abc_"));
         assert!(fnmatch("*.pt", "x.pt"));

@@ -1,0 +1,106 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_wload_global_optspecs
+    string join \n v/verbose q/quiet h/help V/version
+end
+
+function __fish_wload_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_wload_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_wload_using_subcommand
+    set -l cmd (__fish_wload_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c wload -n "__fish_wload_needs_command" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
+complete -c wload -n "__fish_wload_needs_command" -s q -l quiet -d 'Print nothing but results and errors'
+complete -c wload -n "__fish_wload_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c wload -n "__fish_wload_needs_command" -s V -l version -d 'Print version'
+complete -c wload -n "__fish_wload_needs_command" -f -a "inspect" -d 'Show a checkpoint\'s files, config and tensors'
+complete -c wload -n "__fish_wload_needs_command" -f -a "plan" -d 'Compute what every tensor-parallel rank holds (not implemented yet)'
+complete -c wload -n "__fish_wload_needs_command" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files (not implemented yet)'
+complete -c wload -n "__fish_wload_needs_command" -f -a "load" -d 'Load a checkpoint into device memory per rank (not implemented yet)'
+complete -c wload -n "__fish_wload_needs_command" -f -a "completions" -d 'Print a shell completion script to stdout'
+complete -c wload -n "__fish_wload_needs_command" -f -a "man" -d 'Print the man page (roff) to stdout'
+complete -c wload -n "__fish_wload_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c wload -n "__fish_wload_using_subcommand inspect" -l load-format -d 'Which weight files to read, as vLLM\'s --load-format' -r -f -a "auto\t'Mistral when a `consolidated*.safetensors` exists anywhere in the folder, else hf'
+hf\t'`*.safetensors`, else `*.bin`, else `*.pt`'
+safetensors\t'`*.safetensors` only'
+mistral\t'`consolidated*.safetensors` with `consolidated.safetensors.index.json`'
+pt\t'`*.pt` only'"
+complete -c wload -n "__fish_wload_using_subcommand inspect" -l config-format -d 'Which config to read, as vLLM\'s --config-format' -r -f -a "auto\t'params.json when the folder has `consolidated*.safetensors` and a params.json, else config.json'
+hf\t'Hugging Face config.json'
+mistral\t'Mistral\'s params.json'"
+complete -c wload -n "__fish_wload_using_subcommand inspect" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand inspect" -l filter -d 'Only list tensors whose name matches this regular expression (totals then cover those)' -r
+complete -c wload -n "__fish_wload_using_subcommand inspect" -l json -d 'Print one JSON document instead of tables (schema: docs/inspect-json.md)'
+complete -c wload -n "__fish_wload_using_subcommand inspect" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
+complete -c wload -n "__fish_wload_using_subcommand inspect" -s q -l quiet -d 'Print nothing but results and errors'
+complete -c wload -n "__fish_wload_using_subcommand inspect" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c wload -n "__fish_wload_using_subcommand inspect" -s V -l version -d 'Print version'
+complete -c wload -n "__fish_wload_using_subcommand plan" -l load-format -d 'Which weight files to read, as vLLM\'s --load-format' -r -f -a "auto\t'Mistral when a `consolidated*.safetensors` exists anywhere in the folder, else hf'
+hf\t'`*.safetensors`, else `*.bin`, else `*.pt`'
+safetensors\t'`*.safetensors` only'
+mistral\t'`consolidated*.safetensors` with `consolidated.safetensors.index.json`'
+pt\t'`*.pt` only'"
+complete -c wload -n "__fish_wload_using_subcommand plan" -l config-format -d 'Which config to read, as vLLM\'s --config-format' -r -f -a "auto\t'params.json when the folder has `consolidated*.safetensors` and a params.json, else config.json'
+hf\t'Hugging Face config.json'
+mistral\t'Mistral\'s params.json'"
+complete -c wload -n "__fish_wload_using_subcommand plan" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand plan" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
+complete -c wload -n "__fish_wload_using_subcommand plan" -s q -l quiet -d 'Print nothing but results and errors'
+complete -c wload -n "__fish_wload_using_subcommand plan" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c wload -n "__fish_wload_using_subcommand plan" -s V -l version -d 'Print version'
+complete -c wload -n "__fish_wload_using_subcommand shard" -l load-format -d 'Which weight files to read, as vLLM\'s --load-format' -r -f -a "auto\t'Mistral when a `consolidated*.safetensors` exists anywhere in the folder, else hf'
+hf\t'`*.safetensors`, else `*.bin`, else `*.pt`'
+safetensors\t'`*.safetensors` only'
+mistral\t'`consolidated*.safetensors` with `consolidated.safetensors.index.json`'
+pt\t'`*.pt` only'"
+complete -c wload -n "__fish_wload_using_subcommand shard" -l config-format -d 'Which config to read, as vLLM\'s --config-format' -r -f -a "auto\t'params.json when the folder has `consolidated*.safetensors` and a params.json, else config.json'
+hf\t'Hugging Face config.json'
+mistral\t'Mistral\'s params.json'"
+complete -c wload -n "__fish_wload_using_subcommand shard" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
+complete -c wload -n "__fish_wload_using_subcommand shard" -s q -l quiet -d 'Print nothing but results and errors'
+complete -c wload -n "__fish_wload_using_subcommand shard" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c wload -n "__fish_wload_using_subcommand shard" -s V -l version -d 'Print version'
+complete -c wload -n "__fish_wload_using_subcommand load" -l load-format -d 'Which weight files to read, as vLLM\'s --load-format' -r -f -a "auto\t'Mistral when a `consolidated*.safetensors` exists anywhere in the folder, else hf'
+hf\t'`*.safetensors`, else `*.bin`, else `*.pt`'
+safetensors\t'`*.safetensors` only'
+mistral\t'`consolidated*.safetensors` with `consolidated.safetensors.index.json`'
+pt\t'`*.pt` only'"
+complete -c wload -n "__fish_wload_using_subcommand load" -l config-format -d 'Which config to read, as vLLM\'s --config-format' -r -f -a "auto\t'params.json when the folder has `consolidated*.safetensors` and a params.json, else config.json'
+hf\t'Hugging Face config.json'
+mistral\t'Mistral\'s params.json'"
+complete -c wload -n "__fish_wload_using_subcommand load" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
+complete -c wload -n "__fish_wload_using_subcommand load" -s q -l quiet -d 'Print nothing but results and errors'
+complete -c wload -n "__fish_wload_using_subcommand load" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c wload -n "__fish_wload_using_subcommand load" -s V -l version -d 'Print version'
+complete -c wload -n "__fish_wload_using_subcommand completions" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
+complete -c wload -n "__fish_wload_using_subcommand completions" -s q -l quiet -d 'Print nothing but results and errors'
+complete -c wload -n "__fish_wload_using_subcommand completions" -s h -l help -d 'Print help'
+complete -c wload -n "__fish_wload_using_subcommand completions" -s V -l version -d 'Print version'
+complete -c wload -n "__fish_wload_using_subcommand man" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
+complete -c wload -n "__fish_wload_using_subcommand man" -s q -l quiet -d 'Print nothing but results and errors'
+complete -c wload -n "__fish_wload_using_subcommand man" -s h -l help -d 'Print help'
+complete -c wload -n "__fish_wload_using_subcommand man" -s V -l version -d 'Print version'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "inspect" -d 'Show a checkpoint\'s files, config and tensors'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "plan" -d 'Compute what every tensor-parallel rank holds (not implemented yet)'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files (not implemented yet)'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "load" -d 'Load a checkpoint into device memory per rank (not implemented yet)'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "completions" -d 'Print a shell completion script to stdout'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "man" -d 'Print the man page (roff) to stdout'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

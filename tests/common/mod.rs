@@ -1,0 +1,257 @@
+//! Helpers shared by the integration tests: the binary, golden fixtures copied into temp folders,
+//! and a minimal safetensors writer/reader that does not use the crate's own code, so that the tests
+//! check wload against an independent reading of the format.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use serde_json::{Map, Value, json};
+use tempfile::TempDir;
+
+/// `wload` as built by cargo for this test run, with a clean environment for the variables that
+/// change its behaviour.
+pub fn wload() -> Command {
+    let mut cmd = Command::cargo_bin("wload").expect("the wload binary is built for tests");
+    cmd.env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .env_remove("HF_HUB_OFFLINE");
+    cmd
+}
+
+/// Runs `wload <args>`, expects success, and parses stdout as JSON.
+pub fn wload_json(args: &[&str]) -> Value {
+    let out = wload().args(args).output().expect("wload runs");
+    assert!(
+        out.status.success(),
+        "wload {args:?} failed with {}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "wload {args:?}: stdout is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// The crate root.
+pub fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where the golden fixtures (tiny Hugging Face checkpoints) live.
+pub fn fixtures_dir() -> PathBuf {
+    manifest_dir().join("tests/data/golden/fixtures")
+}
+
+/// Every fixture folder, sorted by name.
+pub fn fixture_names() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(fixtures_dir())
+        .expect("fixtures folder exists")
+        .map(|e| e.expect("readable fixtures folder"))
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Copies the fixture `name` into a fresh temp folder (files made writable, since the checked-in
+/// copies may be read-only) and returns the folder.
+pub fn copy_fixture(name: &str) -> TempDir {
+    let src = fixtures_dir().join(name);
+    let tmp = TempDir::new().expect("temp dir");
+    for entry in fs::read_dir(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display())) {
+        let entry = entry.expect("readable fixture");
+        if !entry.file_type().expect("file type").is_file() {
+            continue;
+        }
+        let to = tmp.path().join(entry.file_name());
+        fs::copy(entry.path(), &to).expect("copy fixture file");
+        let mut perms = fs::metadata(&to).expect("metadata").permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perms.set_readonly(false);
+        fs::set_permissions(&to, perms).expect("make writable");
+    }
+    tmp
+}
+
+/// One tensor for [`write_safetensors`]: name, dtype as safetensors spells it, shape, data bytes.
+pub type Tensor<'a> = (&'a str, &'a str, &'a [u64], &'a [u8]);
+
+/// The bytes of a valid safetensors file holding `tensors`, packed in the given order, with a
+/// `__metadata__` entry and the header padded with spaces to a multiple of 8 (as the Python library
+/// does).
+pub fn safetensors_bytes(tensors: &[Tensor]) -> Vec<u8> {
+    let mut header = Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let start = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(
+            (*name).to_string(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut text = serde_json::to_vec(&Value::Object(header)).expect("serialisable header");
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    assemble(&text, &data)
+}
+
+/// Writes a valid safetensors file (see [`safetensors_bytes`]).
+pub fn write_safetensors(path: &Path, tensors: &[Tensor]) {
+    write_raw(path, &safetensors_bytes(tensors));
+}
+
+/// `len(header) as u64 LE` + header + data: a safetensors file whatever the header says.
+pub fn assemble(header: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + header.len() + data.len());
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(header);
+    out.extend_from_slice(data);
+    out
+}
+
+/// Writes `bytes` as they are (for corrupted files).
+pub fn write_raw(path: &Path, bytes: &[u8]) {
+    fs::write(path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+/// A safetensors file read without the crate: the header's JSON text and the data region.
+pub struct RawFile {
+    pub header_text: Vec<u8>,
+    pub data: Vec<u8>,
+}
+
+impl RawFile {
+    pub fn read(path: &Path) -> RawFile {
+        let bytes = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(bytes.len() >= 8, "{}: shorter than 8 bytes", path.display());
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        assert!(
+            8 + n <= bytes.len(),
+            "{}: header past the end",
+            path.display()
+        );
+        RawFile {
+            header_text: bytes[8..8 + n].to_vec(),
+            data: bytes[8 + n..].to_vec(),
+        }
+    }
+
+    /// The header as a JSON object (order preserved), `__metadata__` included.
+    pub fn header(&self) -> Map<String, Value> {
+        match serde_json::from_slice(&self.header_text).expect("header is JSON") {
+            Value::Object(m) => m,
+            other => panic!("header is not an object: {other}"),
+        }
+    }
+
+    pub fn write(&self, path: &Path) {
+        write_raw(path, &assemble(&self.header_text, &self.data));
+    }
+}
+
+/// Rewrites the header of the safetensors file at `path` with `edit`, keeping the data region.
+pub fn edit_header(path: &Path, edit: impl FnOnce(&mut Map<String, Value>)) {
+    let mut raw = RawFile::read(path);
+    let mut header = raw.header();
+    edit(&mut header);
+    raw.header_text = serde_json::to_vec(&Value::Object(header)).unwrap();
+    raw.write(path);
+}
+
+/// One tensor entry of a header, as the test reads it independently of the crate.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HeaderTensor {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// The tensors of a safetensors file's header, `__metadata__` skipped, in header order.
+pub fn header_tensors(path: &Path) -> Vec<HeaderTensor> {
+    RawFile::read(path)
+        .header()
+        .into_iter()
+        .filter(|(k, _)| k != "__metadata__")
+        .map(|(name, v)| {
+            let shape = v["shape"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{}: {name}: no shape", path.display()))
+                .iter()
+                .map(|d| d.as_u64().expect("shape dims are integers"))
+                .collect();
+            let offs = v["data_offsets"].as_array().expect("data_offsets");
+            HeaderTensor {
+                dtype: v["dtype"].as_str().expect("dtype string").to_string(),
+                shape,
+                start: offs[0].as_u64().unwrap(),
+                end: offs[1].as_u64().unwrap(),
+                name,
+            }
+        })
+        .collect()
+}
+
+/// A config.json for a tiny Llama: 1 layer, hidden 8, 2 heads, vocab 16.
+pub fn tiny_config() -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 1,
+        "vocab_size": 16,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false,
+        "dtype": "float32"
+    })
+}
+
+pub fn write_json(path: &Path, v: &Value) {
+    write_raw(path, serde_json::to_string_pretty(v).unwrap().as_bytes());
+}
+
+/// `n` zero bytes.
+pub fn zeros(n: usize) -> Vec<u8> {
+    vec![0u8; n]
+}
+
+/// A tiny valid checkpoint in a temp folder: config.json plus `model.safetensors` with an
+/// embedding, one norm and an lm_head, all F32.
+pub fn tiny_checkpoint() -> TempDir {
+    let tmp = TempDir::new().expect("temp dir");
+    write_json(&tmp.path().join("config.json"), &tiny_config());
+    write_safetensors(
+        &tmp.path().join("model.safetensors"),
+        &[
+            (
+                "model.embed_tokens.weight",
+                "F32",
+                &[16, 8],
+                &zeros(16 * 8 * 4),
+            ),
+            ("model.norm.weight", "F32", &[8], &zeros(8 * 4)),
+            ("lm_head.weight", "F32", &[16, 8], &zeros(16 * 8 * 4)),
+        ],
+    );
+    tmp
+}
+
+/// The path as a `&str`, for command lines.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("temp paths are UTF-8")
+}
