@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::ConfigFormat;
+use crate::plan::DtypeChoice;
 use crate::source::LoadFormat;
 
 const EXIT_CODES: &str = "\
@@ -49,8 +50,18 @@ and totals per dtype. Only the safetensors headers are read, never the tensor da
         after_long_help = EXIT_CODES
     )]
     Inspect(InspectArgs),
-    /// Compute what every tensor-parallel rank holds (not implemented yet)
-    Plan(PendingArgs),
+    /// Compute what every tensor-parallel rank holds, exactly as vLLM
+    #[command(
+        long_about = "Compute what every tensor-parallel rank holds, exactly as vLLM.\n\n\
+Maps the checkpoint's names onto vLLM's parameters with the model family's mapping \
+(mappings/*.yaml, chosen by config.json architectures), then lists per rank the tensors vLLM \
+holds, in its state_dict order, and where every byte comes from: which checkpoint tensor and \
+region, or a fill value. Everything that would stop vLLM (unmapped names, missing parameters, \
+shapes that disagree with the config, sizes not divisible by --tp) is reported at once, before \
+any tensor data is read.",
+        after_long_help = EXIT_CODES
+    )]
+    Plan(PlanArgs),
     /// Write pre-sharded per-rank safetensors files (not implemented yet)
     Shard(PendingArgs),
     /// Load a checkpoint into device memory per rank (not implemented yet)
@@ -112,6 +123,48 @@ pub struct InspectArgs {
     pub filter: Option<String>,
 
     /// Print one JSON document instead of tables (schema: docs/inspect-json.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How to split the model: shared by plan, shard and load.
+#[derive(Debug, Args)]
+pub struct ParallelArgs {
+    /// Tensor-parallel size (vLLM's --tensor-parallel-size)
+    #[arg(
+        long,
+        short = 't',
+        value_name = "N",
+        visible_alias = "tensor-parallel-size"
+    )]
+    pub tp: u64,
+
+    /// Spread MoE experts over the ranks instead of splitting each (vLLM's --enable-expert-parallel)
+    #[arg(long)]
+    pub enable_expert_parallel: bool,
+
+    /// Model dtype, as vLLM's --dtype (auto: the config's; float32 becomes bfloat16)
+    #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
+    pub dtype: DtypeChoice,
+
+    /// Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)
+    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+    pub mapping: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+
+    /// Show only this rank
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u64>,
+
+    /// Print one JSON document instead of tables (schema: docs/plan-json.md)
     #[arg(long)]
     pub json: bool,
 }

@@ -24,6 +24,12 @@ pub enum Error {
     Headers(Vec<HeaderError>),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Mapping(#[from] crate::mapping::MappingError),
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    #[error("{0}")]
+    Usage(String),
     #[error("--filter: {0}")]
     BadFilter(#[from] regex::Error),
     #[error("`wload {0}` is not implemented yet")]
@@ -47,7 +53,12 @@ impl Error {
             Error::Config(ConfigError::Io { .. }) => ExitStatus::Runtime,
             Error::Config(e) if e.is_usage() => ExitStatus::Usage,
             Error::Config(_) => ExitStatus::Checkpoint,
-            Error::BadFilter(_) => ExitStatus::Usage,
+            Error::BadFilter(_) | Error::Usage(_) => ExitStatus::Usage,
+            Error::Mapping(e) if e.is_usage() => ExitStatus::Usage,
+            Error::Mapping(_) => ExitStatus::Checkpoint,
+            Error::Plan(crate::plan::PlanError::BadTp) => ExitStatus::Usage,
+            Error::Plan(crate::plan::PlanError::Mapping(e)) if e.is_usage() => ExitStatus::Usage,
+            Error::Plan(_) => ExitStatus::Checkpoint,
             Error::NotImplemented(_) | Error::Output(_) => ExitStatus::Runtime,
         }
     }

@@ -9,6 +9,8 @@ pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod inspect;
+pub mod mapping;
+pub mod plan;
 pub mod report;
 pub mod source;
 
@@ -50,5 +52,58 @@ pub fn open(opts: &SourceOptions) -> Result<Opened, Error> {
         resolved,
         config,
         checkpoint,
+    })
+}
+
+/// What `plan` needs beyond the source.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    pub tp: u64,
+    pub expert_parallel: bool,
+    pub dtype: plan::DtypeChoice,
+    /// `--mapping FILE` instead of the embedded mapping for the architecture.
+    pub mapping: Option<PathBuf>,
+}
+
+/// Picks the mapping and plans every rank.
+pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
+    let mapping = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
+    let p = plan::plan(
+        &mapping,
+        &opened.config,
+        &opened.checkpoint,
+        &plan::PlanOptions {
+            tp: opts.tp,
+            expert_parallel: opts.expert_parallel,
+            dtype: opts.dtype,
+        },
+    )?;
+    Ok(p)
+}
+
+/// The plan as `wload plan` prints it, optionally for one rank.
+pub fn plan_report(
+    opened: &Opened,
+    opts: &PlanOptions,
+    rank: Option<u64>,
+) -> Result<plan::PlanReport, Error> {
+    if let Some(r) = rank
+        && r >= opts.tp
+    {
+        return Err(Error::Usage(format!(
+            "--rank {r} is out of range for --tp {} (ranks 0..{})",
+            opts.tp,
+            opts.tp - 1
+        )));
+    }
+    let mut p = make_plan(opened, opts)?;
+    if let Some(r) = rank {
+        p.ranks.retain(|x| x.rank == r);
+    }
+    Ok(plan::PlanReport {
+        schema_version: plan::SCHEMA_VERSION,
+        wload_version: env!("CARGO_PKG_VERSION"),
+        source: opened.resolved.root.display().to_string(),
+        plan: p,
     })
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 
-use wload::cli::{Cli, Command, SourceArgs};
+use wload::cli::{Cli, Command, ParallelArgs, SourceArgs};
 use wload::{Error, ExitStatus, SourceOptions};
 
 fn main() -> ExitCode {
@@ -47,7 +47,18 @@ fn run(cli: Cli) -> Result<(), Error> {
                     .map_err(Error::Output)?;
             }
         }
-        Command::Plan(_) => return Err(Error::NotImplemented("plan")),
+        Command::Plan(args) => {
+            let opened = wload::open(&source_options(&args.source)?)?;
+            let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)?;
+            if args.json {
+                serde_json::to_writer_pretty(&mut out, &report)
+                    .map_err(|e| Error::Output(e.into()))?;
+                writeln!(out).map_err(Error::Output)?;
+            } else {
+                wload::report::write_plan(&mut out, &report, cli.verbose > 0)
+                    .map_err(Error::Output)?;
+            }
+        }
         Command::Shard(_) => return Err(Error::NotImplemented("shard")),
         Command::Load(_) => return Err(Error::NotImplemented("load")),
         Command::Completions { shell } => {
@@ -73,4 +84,13 @@ fn source_options(a: &SourceArgs) -> Result<SourceOptions, Error> {
             .map(wload::config::parse_overrides)
             .transpose()?,
     })
+}
+
+fn plan_options(a: &ParallelArgs) -> wload::PlanOptions {
+    wload::PlanOptions {
+        tp: a.tp,
+        expert_parallel: a.enable_expert_parallel,
+        dtype: a.dtype,
+        mapping: a.mapping.clone(),
+    }
 }

@@ -255,3 +255,99 @@ pub fn tiny_checkpoint() -> TempDir {
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("temp paths are UTF-8")
 }
+
+/// One golden case: `expected/<case>/tp<N>` with the fixture and the flags vLLM ran with.
+pub struct GoldenCase {
+    pub name: String,
+    pub dir: PathBuf,
+    pub fixture: PathBuf,
+    pub tp: u64,
+    /// wload flags equivalent to the case's vLLM flags.
+    pub flags: Vec<String>,
+    /// Part size limit, for `__maxsize_<bytes>` cases.
+    pub max_size: Option<u64>,
+}
+
+/// Every golden case in tests/data/golden/expected, sorted.
+pub fn golden_cases() -> Vec<GoldenCase> {
+    let root = manifest_dir().join("tests/data/golden/expected");
+    let mut out = Vec::new();
+    let mut cases: Vec<_> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    cases.sort();
+    for case in cases {
+        let cname = case.file_name().unwrap().to_string_lossy().into_owned();
+        let mut parts = cname.split("__");
+        let fixture = fixtures_dir().join(parts.next().unwrap());
+        let mut flags = Vec::new();
+        let mut max_size = None;
+        for p in parts {
+            if let Some(d) = p.strip_prefix("dtype_") {
+                flags.extend(["--dtype".to_string(), d.to_string()]);
+            } else if p == "ep" {
+                flags.push("--enable-expert-parallel".to_string());
+            } else if let Some(m) = p.strip_prefix("maxsize_") {
+                max_size = Some(m.parse().unwrap());
+            } else {
+                panic!("unknown golden case suffix {p} in {cname}");
+            }
+        }
+        let mut tps: Vec<_> = fs::read_dir(&case)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        tps.sort();
+        for dir in tps {
+            let tp: u64 = dir.file_name().unwrap().to_string_lossy()[2..]
+                .parse()
+                .unwrap();
+            out.push(GoldenCase {
+                name: format!("{cname}/tp{tp}"),
+                dir,
+                fixture: fixture.clone(),
+                tp,
+                flags: flags.clone(),
+                max_size,
+            });
+        }
+    }
+    out
+}
+
+impl GoldenCase {
+    /// vLLM's state_dict order for `rank` (the oracle's `saved_key_order`).
+    pub fn saved_key_order(&self, rank: u64) -> Vec<String> {
+        let meta: Value = serde_json::from_slice(
+            &fs::read(self.dir.join(format!("oracle_meta_rank{rank}.json"))).unwrap(),
+        )
+        .unwrap();
+        meta["saved_key_order"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// The part files vLLM wrote for `rank`, sorted by part number.
+    pub fn rank_files(&self, rank: u64) -> Vec<PathBuf> {
+        let prefix = format!("model-rank-{rank}-part-");
+        let mut v: Vec<(u64, PathBuf)> = fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter_map(|p| {
+                let n = p.file_name()?.to_string_lossy().into_owned();
+                let part = n
+                    .strip_prefix(&prefix)?
+                    .strip_suffix(".safetensors")?
+                    .parse()
+                    .ok()?;
+                Some((part, p))
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, p)| p).collect()
+    }
+}

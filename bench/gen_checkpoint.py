@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Generate a synthetic Llama-like safetensors checkpoint folder (Python standard library only).
+
+The folder holds config.json, model-XXXXX-of-YYYYY.safetensors and model.safetensors.index.json.
+Every file is valid safetensors: an 8-byte little-endian header length, a JSON header (with
+"__metadata__": {"format": "pt"}) padded with spaces to a multiple of 8, then the tensor data
+packed contiguously in header order. The data is all zeros and is never written: the file is
+extended with truncate(), so it is sparse and generation takes well under a second even when the
+logical size is large.
+
+Two ways to size it:
+
+  --files N --tensors-per-file M   exactly N*M tensors, M per file (header-parsing benchmarks);
+                                   the number of layers follows (the last one may be partial).
+  --files N --layers L             L full decoder layers (9 tensors each) plus embed_tokens, norm
+                                   and lm_head, spread over N files as evenly as possible.
+
+Shapes: every tensor gets --shape (default 16,16), or with --real-shapes the shapes a
+LlamaForCausalLM of the configured dimensions would have (sparse, so still cheap on disk).
+
+Examples:
+  gen_checkpoint.py --files 64 --tensors-per-file 2000 --out /tmp/ckpt
+  gen_checkpoint.py --files 4 --layers 32 --real-shapes --out /tmp/llama8b-like
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "F8_E4M3": 1}
+TORCH_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+# Per decoder layer, in the order HF checkpoints usually list them.
+LAYER_TENSORS = [
+    "input_layernorm.weight",
+    "mlp.down_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.v_proj.weight",
+]
+
+
+def parse_shape(text):
+    try:
+        dims = [int(d) for d in text.replace("x", ",").split(",") if d.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}; expected e.g. 16,16")
+    if any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"bad shape {text!r}; dimensions must be >= 0")
+    return dims
+
+
+def real_shape(suffix, a):
+    """Shape of a LlamaForCausalLM tensor given its name suffix and the config dimensions."""
+    h = a.hidden_size
+    hd = h // a.num_attention_heads
+    kv = a.num_key_value_heads * hd
+    i = a.intermediate_size
+    return {
+        "embed_tokens.weight": [a.vocab_size, h],
+        "lm_head.weight": [a.vocab_size, h],
+        "norm.weight": [h],
+        "input_layernorm.weight": [h],
+        "post_attention_layernorm.weight": [h],
+        "mlp.down_proj.weight": [h, i],
+        "mlp.gate_proj.weight": [i, h],
+        "mlp.up_proj.weight": [i, h],
+        "self_attn.k_proj.weight": [kv, h],
+        "self_attn.v_proj.weight": [kv, h],
+        "self_attn.q_proj.weight": [h, h],
+        "self_attn.o_proj.weight": [h, h],
+    }[suffix]
+
+
+def tensor_names(layers, total=None):
+    """(name, suffix) in checkpoint order: embed_tokens, layers, norm, lm_head.
+
+    With `total`, the list is cut to exactly `total` entries, keeping norm and lm_head at the end.
+    """
+    names = [("model.embed_tokens.weight", "embed_tokens.weight")]
+    for li in range(layers):
+        for s in LAYER_TENSORS:
+            names.append((f"model.layers.{li}.{s}", s))
+    tail = [("model.norm.weight", "norm.weight"), ("lm_head.weight", "lm_head.weight")]
+    if total is not None:
+        names = names[: max(total - len(tail), 0)]
+        tail = tail[: total - len(names)]
+    return names + tail
+
+
+def split_even(items, parts):
+    """Split `items` into `parts` contiguous chunks whose lengths differ by at most one."""
+    q, r = divmod(len(items), parts)
+    out, at = [], 0
+    for p in range(parts):
+        n = q + (1 if p < r else 0)
+        out.append(items[at : at + n])
+        at += n
+    return out
+
+
+def write_safetensors(path, tensors, dtype, metadata):
+    """tensors: list of (name, shape). Returns the total data bytes."""
+    width = DTYPE_BYTES[dtype]
+    header = {"__metadata__": metadata}
+    offset = 0
+    for name, shape in tensors:
+        n = math.prod(shape) * width
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        f.truncate(8 + len(raw) + offset)  # zero data, sparse
+    return offset
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    p.add_argument("--files", type=int, required=True, help="number of .safetensors shards")
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--tensors-per-file", type=int, help="exactly this many tensors per file")
+    size.add_argument("--layers", type=int, help="this many full decoder layers")
+    p.add_argument("--out", required=True, help="output folder (created; existing shards replaced)")
+    p.add_argument("--shape", type=parse_shape, default=[16, 16],
+                   help="shape of every tensor, e.g. 16,16 (default) or 4x4")
+    p.add_argument("--real-shapes", action="store_true",
+                   help="use Llama shapes from the config dimensions instead of --shape")
+    p.add_argument("--dtype", default="BF16", choices=sorted(DTYPE_BYTES), help="default BF16")
+    p.add_argument("--hidden-size", type=int, default=4096)
+    p.add_argument("--num-attention-heads", type=int, default=32)
+    p.add_argument("--num-key-value-heads", type=int, default=8)
+    p.add_argument("--intermediate-size", type=int, default=14336)
+    p.add_argument("--vocab-size", type=int, default=128256)
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+
+    if a.files < 1:
+        p.error("--files must be >= 1")
+    if a.hidden_size % a.num_attention_heads:
+        p.error("--hidden-size must be a multiple of --num-attention-heads")
+
+    if a.tensors_per_file is not None:
+        if a.tensors_per_file < 1:
+            p.error("--tensors-per-file must be >= 1")
+        total = a.files * a.tensors_per_file
+        layers = max(math.ceil((total - 3) / len(LAYER_TENSORS)), 0)
+        names = tensor_names(layers, total)
+        chunks = [names[i * a.tensors_per_file : (i + 1) * a.tensors_per_file]
+                  for i in range(a.files)]
+    else:
+        if a.layers < 0:
+            p.error("--layers must be >= 0")
+        layers = a.layers
+        names = tensor_names(layers)
+        if a.files > len(names):
+            p.error(f"--files {a.files} exceeds the {len(names)} tensors of {layers} layers")
+        chunks = split_even(names, a.files)
+
+    os.makedirs(a.out, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": a.hidden_size,
+        "intermediate_size": a.intermediate_size,
+        "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_key_value_heads,
+        "num_hidden_layers": layers,
+        "vocab_size": a.vocab_size,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": TORCH_DTYPE.get(a.dtype, "bfloat16"),
+    }
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+
+    weight_map, total_size = {}, 0
+    for i, chunk in enumerate(chunks):
+        fname = f"model-{i + 1:05d}-of-{a.files:05d}.safetensors"
+        tensors = [(name, real_shape(sfx, a) if a.real_shapes else list(a.shape))
+                   for name, sfx in chunk]
+        total_size += write_safetensors(os.path.join(a.out, fname), tensors, a.dtype,
+                                        {"format": "pt"})
+        for name, _ in chunk:
+            weight_map[name] = fname
+    with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total_size}, "weight_map": weight_map}, f, indent=2)
+        f.write("\n")
+
+    if not a.quiet:
+        print(f"{a.out}: {a.files} files, {len(names)} tensors, {layers} layers, "
+              f"{total_size} data bytes ({a.dtype})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

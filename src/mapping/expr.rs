@@ -1,0 +1,535 @@
+//! The small expression language of mapping files: shapes, conditions and derived config values,
+//! written over config fields (`hidden_size / num_attention_heads`, `head_dim ?? hidden_size / num_attention_heads`).
+//!
+//! Integers, floats, booleans, `null`, lists and strings; `?? || && ! == != < <= > >= + - * / // %`,
+//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`. `/` is exact division: an
+//! inexact `/` is an error that quotes the expression, which is how divisibility rules explain
+//! themselves. A missing field is an error, except on the left of `??`.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+/// A parsed expression, keeping its source text for messages.
+#[derive(Debug, Clone)]
+pub struct Expr {
+    src: String,
+    node: Node,
+}
+
+#[derive(Debug, Clone)]
+enum Node {
+    Lit(Value),
+    Var(String),
+    Not(Box<Node>),
+    Neg(Box<Node>),
+    Bin(Op, Box<Node>, Box<Node>),
+    Call(String, Vec<Node>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    Coalesce,
+    Or,
+    And,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    In,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    FloorDiv,
+    Rem,
+}
+
+/// Why an expression could not be evaluated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    #[error("config field '{0}' is missing")]
+    Missing(String),
+    #[error("{a} is not divisible by {b}")]
+    NotDivisible { a: i64, b: i64 },
+    #[error("division by zero")]
+    DivByZero,
+    #[error("{0}")]
+    Type(String),
+}
+
+/// Variable lookup: config fields, derived values, `tp`, `i`, ...
+pub trait Scope {
+    fn get(&self, name: &str) -> Option<Value>;
+}
+
+impl<F: Fn(&str) -> Option<Value>> Scope for F {
+    fn get(&self, name: &str) -> Option<Value> {
+        self(name)
+    }
+}
+
+impl Expr {
+    pub fn parse(src: &str) -> Result<Expr, String> {
+        let toks = lex(src)?;
+        let mut p = Parser { toks, pos: 0 };
+        let node = p.expr(0)?;
+        if p.pos != p.toks.len() {
+            return Err(format!("unexpected '{}'", p.toks[p.pos]));
+        }
+        Ok(Expr {
+            src: src.to_string(),
+            node,
+        })
+    }
+
+    /// An expression that is just a value (a YAML number or boolean).
+    pub fn literal(v: Value) -> Expr {
+        Expr {
+            src: v.to_string(),
+            node: Node::Lit(v),
+        }
+    }
+
+    pub fn src(&self) -> &str {
+        &self.src
+    }
+
+    pub fn eval(&self, s: &dyn Scope) -> Result<Value, EvalError> {
+        eval(&self.node, s)
+    }
+
+    pub fn eval_u64(&self, s: &dyn Scope) -> Result<u64, EvalError> {
+        match self.eval(s)? {
+            Value::Number(n) if n.as_u64().is_some() => Ok(n.as_u64().unwrap()),
+            Value::Number(n) if n.as_f64().is_some_and(|f| f >= 0.0 && f.fract() == 0.0) => {
+                Ok(n.as_f64().unwrap() as u64)
+            }
+            other => Err(EvalError::Type(format!(
+                "expected a non-negative integer, got {other}"
+            ))),
+        }
+    }
+
+    pub fn eval_bool(&self, s: &dyn Scope) -> Result<bool, EvalError> {
+        Ok(truthy(&self.eval(s)?))
+    }
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.src)
+    }
+}
+
+impl<'de> Deserialize<'de> for Expr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Expr::parse(&s)
+                .map_err(|e| serde::de::Error::custom(format!("in expression `{s}`: {e}"))),
+            v @ (Value::Number(_) | Value::Bool(_) | Value::Null) => Ok(Expr::literal(v)),
+            other => Err(serde::de::Error::custom(format!(
+                "expected an expression, got {other}"
+            ))),
+        }
+    }
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::Bool(b) => Some(*b as i64),
+        _ => None,
+    }
+}
+
+fn eval(n: &Node, s: &dyn Scope) -> Result<Value, EvalError> {
+    match n {
+        Node::Lit(v) => Ok(v.clone()),
+        Node::Var(name) => s.get(name).ok_or_else(|| EvalError::Missing(name.clone())),
+        Node::Not(x) => Ok(Value::Bool(!truthy(&eval(x, s)?))),
+        Node::Neg(x) => {
+            let v = eval(x, s)?;
+            match (int(&v), v.as_f64()) {
+                (Some(i), _) if !v.is_boolean() => Ok(Value::from(-i)),
+                (_, Some(f)) => Ok(Value::from(-f)),
+                _ => Err(EvalError::Type(format!("cannot negate {v}"))),
+            }
+        }
+        Node::Bin(Op::Coalesce, a, b) => match eval(a, s) {
+            Ok(Value::Null) | Err(EvalError::Missing(_)) => eval(b, s),
+            other => other,
+        },
+        Node::Bin(Op::Or, a, b) => {
+            let va = eval(a, s)?;
+            if truthy(&va) { Ok(va) } else { eval(b, s) }
+        }
+        Node::Bin(Op::And, a, b) => {
+            let va = eval(a, s)?;
+            if !truthy(&va) { Ok(va) } else { eval(b, s) }
+        }
+        Node::Bin(op, a, b) => binary(*op, eval(a, s)?, eval(b, s)?),
+        Node::Call(f, args) => {
+            let vals = args
+                .iter()
+                .map(|a| eval(a, s))
+                .collect::<Result<Vec<_>, _>>()?;
+            call(f, &vals)
+        }
+    }
+}
+
+fn binary(op: Op, a: Value, b: Value) -> Result<Value, EvalError> {
+    let ty = || EvalError::Type(format!("cannot apply {op:?} to {a} and {b}"));
+    match op {
+        Op::Eq => return Ok(Value::Bool(loose_eq(&a, &b))),
+        Op::Ne => return Ok(Value::Bool(!loose_eq(&a, &b))),
+        Op::In => {
+            return match &b {
+                Value::Array(items) => Ok(Value::Bool(items.iter().any(|x| loose_eq(x, &a)))),
+                Value::Null => Ok(Value::Bool(false)),
+                _ => Err(ty()),
+            };
+        }
+        _ => {}
+    }
+    if let (Some(x), Some(y)) = (int(&a), int(&b)) {
+        let v = match op {
+            Op::Lt => Value::Bool(x < y),
+            Op::Le => Value::Bool(x <= y),
+            Op::Gt => Value::Bool(x > y),
+            Op::Ge => Value::Bool(x >= y),
+            Op::Add => Value::from(x.checked_add(y).ok_or_else(ty)?),
+            Op::Sub => Value::from(x.checked_sub(y).ok_or_else(ty)?),
+            Op::Mul => Value::from(x.checked_mul(y).ok_or_else(ty)?),
+            Op::Div => {
+                if y == 0 {
+                    return Err(EvalError::DivByZero);
+                }
+                if x % y != 0 {
+                    return Err(EvalError::NotDivisible { a: x, b: y });
+                }
+                Value::from(x / y)
+            }
+            Op::FloorDiv => {
+                if y == 0 {
+                    return Err(EvalError::DivByZero);
+                }
+                Value::from(x.div_euclid(y))
+            }
+            Op::Rem => {
+                if y == 0 {
+                    return Err(EvalError::DivByZero);
+                }
+                Value::from(x.rem_euclid(y))
+            }
+            _ => return Err(ty()),
+        };
+        return Ok(v);
+    }
+    let (Some(x), Some(y)) = (a.as_f64(), b.as_f64()) else {
+        return Err(ty());
+    };
+    Ok(match op {
+        Op::Lt => Value::Bool(x < y),
+        Op::Le => Value::Bool(x <= y),
+        Op::Gt => Value::Bool(x > y),
+        Op::Ge => Value::Bool(x >= y),
+        Op::Add => Value::from(x + y),
+        Op::Sub => Value::from(x - y),
+        Op::Mul => Value::from(x * y),
+        Op::Div => Value::from(x / y),
+        Op::FloorDiv => Value::from((x / y).floor()),
+        Op::Rem => Value::from(x.rem_euclid(y)),
+        _ => return Err(ty()),
+    })
+}
+
+fn loose_eq(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+fn call(f: &str, args: &[Value]) -> Result<Value, EvalError> {
+    let ints = || {
+        args.iter()
+            .map(|a| int(a).ok_or_else(|| EvalError::Type(format!("{f}: {a} is not an integer"))))
+            .collect::<Result<Vec<i64>, _>>()
+    };
+    match (f, args.len()) {
+        ("ceil_div", 2) => {
+            let v = ints()?;
+            if v[1] == 0 {
+                return Err(EvalError::DivByZero);
+            }
+            Ok(Value::from((v[0] + v[1] - 1).div_euclid(v[1])))
+        }
+        ("min", n) if n > 0 => Ok(Value::from(*ints()?.iter().min().unwrap())),
+        ("max", n) if n > 0 => Ok(Value::from(*ints()?.iter().max().unwrap())),
+        ("len", 1) => match &args[0] {
+            Value::Array(a) => Ok(Value::from(a.len())),
+            Value::Null => Ok(Value::from(0)),
+            v => Err(EvalError::Type(format!("len: {v} is not a list"))),
+        },
+        _ => Err(EvalError::Type(format!(
+            "unknown function {f} with {} arguments",
+            args.len()
+        ))),
+    }
+}
+
+// ---- lexer and Pratt parser ----
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Num(Value),
+    Ident(String),
+    Str(String),
+    Sym(&'static str),
+}
+
+impl fmt::Display for Tok {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tok::Num(v) => write!(f, "{v}"),
+            Tok::Ident(s) => f.write_str(s),
+            Tok::Str(s) => write!(f, "'{s}'"),
+            Tok::Sym(s) => f.write_str(s),
+        }
+    }
+}
+
+const SYMS: [&str; 21] = [
+    "??", "||", "&&", "==", "!=", "<=", ">=", "//", "<", ">", "+", "-", "*", "/", "%", "!", "(",
+    ")", ",", "[", "]",
+];
+
+fn lex(src: &str) -> Result<Vec<Tok>, String> {
+    let mut out = Vec::new();
+    let b = src.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i] as char;
+        if c.is_whitespace() {
+            i += 1;
+        } else if c.is_ascii_digit() {
+            let j = i + src[i..]
+                .find(|ch: char| !(ch.is_ascii_digit() || ch == '.' || ch == '_' || ch == 'e'))
+                .unwrap_or(src.len() - i);
+            let text = src[i..j].replace('_', "");
+            let v = if let Ok(n) = text.parse::<i64>() {
+                Value::from(n)
+            } else {
+                Value::from(
+                    text.parse::<f64>()
+                        .map_err(|_| format!("bad number '{text}'"))?,
+                )
+            };
+            out.push(Tok::Num(v));
+            i = j;
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let j = i + src[i..]
+                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                .unwrap_or(src.len() - i);
+            out.push(Tok::Ident(src[i..j].to_string()));
+            i = j;
+        } else if c == '\'' || c == '"' {
+            let j = src[i + 1..].find(c).ok_or("unterminated string")?;
+            out.push(Tok::Str(src[i + 1..i + 1 + j].to_string()));
+            i += j + 2;
+        } else if let Some(s) = SYMS.iter().find(|s| src[i..].starts_with(*s)) {
+            out.push(Tok::Sym(s));
+            i += s.len();
+        } else {
+            return Err(format!("unexpected character '{c}'"));
+        }
+    }
+    Ok(out)
+}
+
+struct Parser {
+    toks: Vec<Tok>,
+    pos: usize,
+}
+
+fn infix(t: &Tok) -> Option<(Op, u8)> {
+    Some(match t {
+        Tok::Sym("??") => (Op::Coalesce, 1),
+        Tok::Sym("||") => (Op::Or, 2),
+        Tok::Ident(s) if s == "or" => (Op::Or, 2),
+        Tok::Sym("&&") => (Op::And, 3),
+        Tok::Ident(s) if s == "and" => (Op::And, 3),
+        Tok::Sym("==") => (Op::Eq, 4),
+        Tok::Sym("!=") => (Op::Ne, 4),
+        Tok::Sym("<") => (Op::Lt, 4),
+        Tok::Sym("<=") => (Op::Le, 4),
+        Tok::Sym(">") => (Op::Gt, 4),
+        Tok::Sym(">=") => (Op::Ge, 4),
+        Tok::Ident(s) if s == "in" => (Op::In, 4),
+        Tok::Sym("+") => (Op::Add, 5),
+        Tok::Sym("-") => (Op::Sub, 5),
+        Tok::Sym("*") => (Op::Mul, 6),
+        Tok::Sym("/") => (Op::Div, 6),
+        Tok::Sym("//") => (Op::FloorDiv, 6),
+        Tok::Sym("%") => (Op::Rem, 6),
+        _ => return None,
+    })
+}
+
+impl Parser {
+    fn next(&mut self) -> Option<Tok> {
+        let t = self.toks.get(self.pos).cloned();
+        self.pos += 1;
+        t
+    }
+
+    fn expect(&mut self, s: &'static str) -> Result<(), String> {
+        match self.next() {
+            Some(Tok::Sym(x)) if x == s => Ok(()),
+            Some(t) => Err(format!("expected '{s}', found '{t}'")),
+            None => Err(format!("expected '{s}' at the end")),
+        }
+    }
+
+    fn expr(&mut self, min: u8) -> Result<Node, String> {
+        let mut lhs = self.prefix()?;
+        while let Some((op, prec)) = self.toks.get(self.pos).and_then(infix) {
+            if prec < min {
+                break;
+            }
+            self.pos += 1;
+            // `??` is right-associative: a ?? b ?? c = a ?? (b ?? c); the rest are left-associative.
+            let next_min = if op == Op::Coalesce { prec } else { prec + 1 };
+            let rhs = self.expr(next_min)?;
+            lhs = Node::Bin(op, Box::new(lhs), Box::new(rhs));
+        }
+        Ok(lhs)
+    }
+
+    fn prefix(&mut self) -> Result<Node, String> {
+        match self.next() {
+            Some(Tok::Num(v)) => Ok(Node::Lit(v)),
+            Some(Tok::Str(s)) => Ok(Node::Lit(Value::String(s))),
+            Some(Tok::Ident(s)) => match s.as_str() {
+                "true" => Ok(Node::Lit(Value::Bool(true))),
+                "false" => Ok(Node::Lit(Value::Bool(false))),
+                "null" | "None" => Ok(Node::Lit(Value::Null)),
+                "not" => Ok(Node::Not(Box::new(self.expr(7)?))),
+                _ if self.toks.get(self.pos) == Some(&Tok::Sym("(")) => {
+                    self.pos += 1;
+                    let mut args = Vec::new();
+                    if self.toks.get(self.pos) != Some(&Tok::Sym(")")) {
+                        loop {
+                            args.push(self.expr(0)?);
+                            if self.toks.get(self.pos) == Some(&Tok::Sym(",")) {
+                                self.pos += 1;
+                            } else {
+                                break;
+                            }
+                        }
+                    }
+                    self.expect(")")?;
+                    Ok(Node::Call(s, args))
+                }
+                _ => Ok(Node::Var(s)),
+            },
+            Some(Tok::Sym("!")) => Ok(Node::Not(Box::new(self.expr(7)?))),
+            Some(Tok::Sym("-")) => Ok(Node::Neg(Box::new(self.expr(7)?))),
+            Some(Tok::Sym("(")) => {
+                let n = self.expr(0)?;
+                self.expect(")")?;
+                Ok(n)
+            }
+            Some(Tok::Sym("[")) => {
+                let mut items = Vec::new();
+                while self.toks.get(self.pos) != Some(&Tok::Sym("]")) {
+                    match self.expr(0)? {
+                        Node::Lit(v) => items.push(v),
+                        _ => return Err("list items must be literals".into()),
+                    }
+                    if self.toks.get(self.pos) == Some(&Tok::Sym(",")) {
+                        self.pos += 1;
+                    }
+                }
+                self.expect("]")?;
+                Ok(Node::Lit(Value::Array(items)))
+            }
+            Some(t) => Err(format!("unexpected '{t}'")),
+            None => Err("unexpected end of expression".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(src: &str) -> Result<Value, EvalError> {
+        let cfg = json!({"hidden_size": 4096, "num_attention_heads": 32, "head_dim": null,
+                         "layers": [1, 3], "tie": false});
+        let scope = move |k: &str| cfg.get(k).cloned();
+        Expr::parse(src).unwrap().eval(&scope)
+    }
+
+    #[test]
+    fn arithmetic_and_precedence() {
+        assert_eq!(ev("hidden_size / num_attention_heads").unwrap(), json!(128));
+        assert_eq!(ev("1 + 2 * 3").unwrap(), json!(7));
+        assert_eq!(ev("(1 + 2) * 3").unwrap(), json!(9));
+        assert_eq!(ev("7 // 2").unwrap(), json!(3));
+        assert_eq!(ev("ceil_div(1000, 64) * 64").unwrap(), json!(1024));
+        assert_eq!(ev("-3 + 5").unwrap(), json!(2));
+    }
+
+    #[test]
+    fn exact_division_explains_itself() {
+        assert_eq!(
+            ev("hidden_size / 3"),
+            Err(EvalError::NotDivisible { a: 4096, b: 3 })
+        );
+    }
+
+    #[test]
+    fn coalesce_covers_missing_and_null() {
+        assert_eq!(
+            ev("head_dim ?? hidden_size / num_attention_heads").unwrap(),
+            json!(128)
+        );
+        assert_eq!(ev("nope ?? 5").unwrap(), json!(5));
+        assert_eq!(ev("a ?? b ?? 2").unwrap(), json!(2));
+        assert_eq!(ev("nope"), Err(EvalError::Missing("nope".into())));
+    }
+
+    #[test]
+    fn logic_and_membership() {
+        assert_eq!(ev("1 in layers").unwrap(), json!(true));
+        assert_eq!(ev("2 in layers").unwrap(), json!(false));
+        assert_eq!(ev("!tie && 3 > 2").unwrap(), json!(true));
+        assert_eq!(ev("tie || 0").unwrap(), json!(0));
+        assert_eq!(ev("tie == false").unwrap(), json!(true));
+    }
+
+    #[test]
+    fn parse_errors_are_reported() {
+        assert!(Expr::parse("1 +").is_err());
+        assert!(Expr::parse("(1").is_err());
+        assert!(Expr::parse("a $ b").is_err());
+    }
+}

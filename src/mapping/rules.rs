@@ -1,0 +1,440 @@
+//! Name rules: checkpoint tensor name → vLLM parameter name (+ shard id, expert id), applied in the
+//! fixed order of vLLM's `WeightsMapper._map_name_with_shard` (vllm-spec.md §3.1).
+
+use std::fmt;
+
+use indexmap::IndexMap;
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use super::Expr;
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rules {
+    /// Rules apply only to names under this prefix, and see them without it (vLLM attaches most
+    /// mappers to the inner `model` module: scope `model.`).
+    #[serde(default)]
+    pub scope: String,
+    /// Mistral-native names (`layers.0.attention.wq.weight`), remapped before anything else.
+    #[serde(default)]
+    pub mistral: Option<MistralRemap>,
+    #[serde(default)]
+    pub regex: Vec<RegexRule>,
+    #[serde(default)]
+    pub substr: Vec<Rename>,
+    #[serde(default)]
+    pub stacked: Vec<Stacked>,
+    #[serde(default)]
+    pub prefix: Vec<Rename>,
+    #[serde(default)]
+    pub suffix: Vec<Rename>,
+    /// Per-expert checkpoint tensors → fused expert parameters (the MoE runner's expert mapping),
+    /// applied after the rules above.
+    #[serde(default)]
+    pub experts: Vec<ExpertRule>,
+    #[serde(skip)]
+    compiled: Vec<Regex>,
+    #[serde(skip)]
+    compiled_experts: Vec<Regex>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rename {
+    pub from: String,
+    /// `null` drops the tensor.
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegexRule {
+    pub pattern: String,
+    /// Python `re.sub` replacement (`\1` groups); `null` drops the tensor.
+    pub replace: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stacked {
+    pub from: String,
+    pub to: String,
+    pub shard: ShardId,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertRule {
+    /// Regex with one capture group, the global expert id: `experts\.(\d+)\.w1\.`.
+    pub pattern: String,
+    pub replace: String,
+    /// `w1` (gate), `w3` (up) or `w2` (down).
+    pub shard: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MistralRemap {
+    /// Dotted-token renames (`wq: q_proj`), applied as vLLM's `maybe_remap_mistral` does.
+    pub tokens: IndexMap<String, String>,
+    /// Tokens whose `.weight` gets the rotary permutation from Mistral's interleaved layout.
+    #[serde(default)]
+    pub permute: Vec<Permute>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Permute {
+    pub token: String,
+    pub heads: Expr,
+}
+
+/// Which slice of a stacked parameter a checkpoint tensor fills.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum ShardId {
+    Index(u64),
+    Name(String),
+}
+
+impl fmt::Display for ShardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShardId::Index(i) => write!(f, "{i}"),
+            ShardId::Name(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Where a checkpoint name ends up.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Mapped(Mapped),
+    /// A rule with `null` dropped it.
+    Dropped {
+        rule: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mapped {
+    pub target: String,
+    pub shard: Option<ShardId>,
+    pub expert: Option<u64>,
+    /// Rotary permutation with this many heads (`heads` expression of the Permute rule).
+    pub permute_heads: Option<String>,
+    /// The rules that changed the name, in order, for messages.
+    pub trace: Vec<String>,
+}
+
+impl Rules {
+    /// vLLM's `mapper | REMOVE_UNUSED_ROTARY_EMBEDS_MAPPER`: dict merge, later entries win.
+    pub fn merge_common(&mut self, common: Rules) {
+        fn merge(dst: &mut Vec<Rename>, src: Vec<Rename>) {
+            for r in src {
+                dst.retain(|d| d.from != r.from);
+                dst.push(r);
+            }
+        }
+        merge(&mut self.substr, common.substr);
+        merge(&mut self.prefix, common.prefix);
+        merge(&mut self.suffix, common.suffix);
+        for r in common.regex {
+            self.regex.retain(|d| d.pattern != r.pattern);
+            self.regex.push(r);
+        }
+    }
+
+    pub fn compile(&mut self) -> Result<(), String> {
+        let re = |p: &str| Regex::new(p).map_err(|e| format!("bad regex `{p}`: {e}"));
+        self.compiled = self
+            .regex
+            .iter()
+            .map(|r| re(&r.pattern))
+            .collect::<Result<_, _>>()?;
+        self.compiled_experts = self
+            .experts
+            .iter()
+            .map(|r| {
+                let c = re(&r.pattern)?;
+                if c.captures_len() != 2 {
+                    return Err(format!(
+                        "expert rule `{}` needs exactly one capture group (the expert id)",
+                        r.pattern
+                    ));
+                }
+                Ok(c)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
+    /// Maps one checkpoint name.
+    pub fn apply(&self, name: &str) -> Outcome {
+        let mut trace = Vec::new();
+        let mut key = name.to_string();
+        let mut permute_heads = None;
+        if let Some(m) = &self.mistral {
+            let (k, p) = m.remap(&key);
+            if k != key {
+                trace.push(format!("mistral names: {key} → {k}"));
+            }
+            key = k;
+            permute_heads = p;
+        }
+        let (outer, mut inner) = match key.strip_prefix(self.scope.as_str()) {
+            Some(rest) if !self.scope.is_empty() => (self.scope.clone(), rest.to_string()),
+            _ if self.scope.is_empty() => (String::new(), key.clone()),
+            _ => {
+                return Outcome::Mapped(Mapped {
+                    target: key,
+                    shard: None,
+                    expert: None,
+                    permute_heads,
+                    trace,
+                });
+            }
+        };
+
+        for (r, re) in self.regex.iter().zip(&self.compiled) {
+            if re.is_match(&inner) {
+                let Some(rep) = &r.replace else {
+                    return Outcome::Dropped {
+                        rule: format!("regex `{}` → null", r.pattern),
+                    };
+                };
+                let new = re
+                    .replace_all(&inner, python_repl(rep).as_str())
+                    .into_owned();
+                trace.push(format!("regex `{}` → `{rep}`", r.pattern));
+                inner = new;
+            }
+        }
+        for r in &self.substr {
+            if inner.contains(&r.from) {
+                let Some(to) = &r.to else {
+                    return Outcome::Dropped {
+                        rule: format!("substring '{}' → null", r.from),
+                    };
+                };
+                inner = inner.replacen(&r.from, to, 1);
+                trace.push(format!("substring '{}' → '{to}'", r.from));
+            }
+        }
+        let mut shard = None;
+        for r in &self.stacked {
+            if inner.contains(&r.from) {
+                inner = inner.replacen(&r.from, &r.to, 1);
+                shard = Some(r.shard.clone());
+                trace.push(format!(
+                    "stacked '{}' → '{}' shard {}",
+                    r.from, r.to, r.shard
+                ));
+            }
+        }
+        for r in &self.prefix {
+            if inner.starts_with(&r.from) {
+                let Some(to) = &r.to else {
+                    return Outcome::Dropped {
+                        rule: format!("prefix '{}' → null", r.from),
+                    };
+                };
+                inner = inner.replacen(&r.from, to, 1);
+                trace.push(format!("prefix '{}' → '{to}'", r.from));
+            }
+        }
+        for r in &self.suffix {
+            if inner.ends_with(&r.from) {
+                let Some(to) = &r.to else {
+                    return Outcome::Dropped {
+                        rule: format!("suffix '{}' → null", r.from),
+                    };
+                };
+                let cut = inner.len() - r.from.len();
+                inner = format!("{}{to}", &inner[..cut]);
+                trace.push(format!("suffix '{}' → '{to}'", r.from));
+            }
+        }
+        let mut target = format!("{outer}{inner}");
+        let mut expert = None;
+        for (r, re) in self.experts.iter().zip(&self.compiled_experts) {
+            if let Some(c) = re.captures(&target) {
+                let id = c[1].parse::<u64>().ok();
+                if let Some(id) = id {
+                    let whole = c.get(0).expect("group 0 always matches").range();
+                    target.replace_range(whole, &r.replace);
+                    expert = Some(id);
+                    shard = Some(ShardId::Name(r.shard.clone()));
+                    trace.push(format!(
+                        "expert `{}` → '{}' expert {id} shard {}",
+                        r.pattern, r.replace, r.shard
+                    ));
+                    break;
+                }
+            }
+        }
+        Outcome::Mapped(Mapped {
+            target,
+            shard,
+            expert,
+            permute_heads,
+            trace,
+        })
+    }
+}
+
+/// `\1` / `\g<name>` (Python) → `${1}` / `${name}` (regex crate).
+fn python_repl(rep: &str) -> String {
+    let mut out = String::new();
+    let mut chars = rep.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek().is_some_and(char::is_ascii_digit) => {
+                let mut n = String::new();
+                while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                    n.push(*d);
+                    chars.next();
+                }
+                out.push_str(&format!("${{{n}}}"));
+            }
+            '\\' if chars.peek() == Some(&'g') => {
+                chars.next();
+                if chars.peek() == Some(&'<') {
+                    chars.next();
+                    let n: String = chars.by_ref().take_while(|&c| c != '>').collect();
+                    out.push_str(&format!("${{{n}}}"));
+                }
+            }
+            '$' => out.push_str("$$"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+impl MistralRemap {
+    /// vLLM's `maybe_remap_mistral` (models/mistral.py): token-wise renames with `str.replace`
+    /// semantics, and which permutation (if any) the tensor needs.
+    fn remap(&self, name: &str) -> (String, Option<String>) {
+        let modules: Vec<&str> = name.split('.').collect();
+        let last = modules.last().copied();
+        let permute = self
+            .permute
+            .iter()
+            .find(|p| modules.contains(&p.token.as_str()) && last == Some("weight"))
+            .map(|p| p.heads.src().to_string());
+        let mut out = name.to_string();
+        for i in 0..modules.len() {
+            let item = modules[i];
+            let combined = modules.get(i + 1).map(|n| format!("{item}.{n}"));
+            if let Some(to) = combined.as_deref().and_then(|c| self.tokens.get(c)) {
+                out = out.replace(combined.as_deref().unwrap(), to);
+            } else if let Some(to) = self.tokens.get(item)
+                && !out.contains(to.as_str())
+            {
+                out = out.replace(item, to);
+            }
+        }
+        (out, permute)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(yaml: &str) -> Rules {
+        let mut r: Rules = serde_saphyr::from_str(yaml).unwrap();
+        r.compile().unwrap();
+        r
+    }
+
+    #[test]
+    fn stacked_rules_set_the_shard_and_later_ones_override() {
+        let r = rules(
+            "scope: model.\nstacked:\n  - {from: .q_proj, to: .qkv_proj, shard: q}\n  - {from: .gate_proj, to: .gate_up_proj, shard: 0}\n",
+        );
+        let Outcome::Mapped(m) = r.apply("model.layers.0.self_attn.q_proj.weight") else {
+            panic!()
+        };
+        assert_eq!(m.target, "model.layers.0.self_attn.qkv_proj.weight");
+        assert_eq!(m.shard, Some(ShardId::Name("q".into())));
+        let Outcome::Mapped(m) = r.apply("model.layers.0.mlp.gate_proj.weight") else {
+            panic!()
+        };
+        assert_eq!(m.shard, Some(ShardId::Index(0)));
+        // Outside the scope nothing applies.
+        let Outcome::Mapped(m) = r.apply("lm_head.weight") else {
+            panic!()
+        };
+        assert_eq!(m.target, "lm_head.weight");
+    }
+
+    #[test]
+    fn null_drops_and_regex_uses_python_groups() {
+        let r = rules(
+            "regex:\n  - {pattern: '^a\\.(\\d+)\\.b$', replace: 'x.\\1.y'}\nsubstr:\n  - {from: rotary_emb.inv_freq, to: null}\n",
+        );
+        assert!(matches!(
+            r.apply("l.rotary_emb.inv_freq"),
+            Outcome::Dropped { .. }
+        ));
+        let Outcome::Mapped(m) = r.apply("a.12.b") else {
+            panic!()
+        };
+        assert_eq!(m.target, "x.12.y");
+    }
+
+    #[test]
+    fn mistral_tokens_follow_vllm() {
+        let r = rules(
+            "mistral:\n  tokens: {layers: model.layers, attention: self_attn, wq: q_proj, norm: model.norm, attention_norm: input_layernorm, tok_embeddings: model.embed_tokens, output: lm_head}\n  permute:\n    - {token: wq, heads: num_attention_heads}\n",
+        );
+        let cases = [
+            (
+                "layers.0.attention.wq.weight",
+                "model.layers.0.self_attn.q_proj.weight",
+            ),
+            (
+                "layers.3.attention_norm.weight",
+                "model.layers.3.input_layernorm.weight",
+            ),
+            ("norm.weight", "model.norm.weight"),
+            ("tok_embeddings.weight", "model.embed_tokens.weight"),
+            ("output.weight", "lm_head.weight"),
+            (
+                "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.0.self_attn.q_proj.weight",
+            ),
+            ("model.norm.weight", "model.norm.weight"),
+        ];
+        for (from, to) in cases {
+            let Outcome::Mapped(m) = r.apply(from) else {
+                panic!()
+            };
+            assert_eq!(m.target, to, "{from}");
+        }
+        let Outcome::Mapped(m) = r.apply("layers.0.attention.wq.weight") else {
+            panic!()
+        };
+        assert_eq!(m.permute_heads.as_deref(), Some("num_attention_heads"));
+    }
+
+    #[test]
+    fn experts_capture_the_id() {
+        let r = rules(
+            "experts:\n  - {pattern: 'experts\\.(\\d+)\\.w1\\.', replace: experts.routed_experts.w13_, shard: w1}\n",
+        );
+        let Outcome::Mapped(m) = r.apply("model.layers.0.block_sparse_moe.experts.3.w1.weight")
+        else {
+            panic!()
+        };
+        assert_eq!(
+            m.target,
+            "model.layers.0.block_sparse_moe.experts.routed_experts.w13_weight"
+        );
+        assert_eq!(m.expert, Some(3));
+        assert_eq!(m.shard, Some(ShardId::Name("w1".into())));
+    }
+}

@@ -1,0 +1,601 @@
+//! The geometry of each parallel layout: per-rank shapes, the checkpoint shapes each shard expects,
+//! and the block moves that fill a rank's tensor (vllm-spec.md §4–§5).
+
+use std::collections::HashMap;
+
+use crate::mapping::ExpertPart;
+use crate::mapping::rules::ShardId;
+
+/// A layout with its dimensions evaluated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Geometry {
+    Replicated {
+        shape: Vec<u64>,
+    },
+    Column {
+        shape: Vec<u64>,
+    },
+    Row {
+        shape: Vec<u64>,
+    },
+    MergedColumn {
+        sizes: Vec<u64>,
+        inner: Vec<u64>,
+    },
+    Qkv {
+        heads: u64,
+        kv_heads: u64,
+        head_dim: u64,
+        inner: Vec<u64>,
+    },
+    Vocab {
+        vocab: u64,
+        inner: Vec<u64>,
+        padding: u64,
+    },
+    Experts {
+        part: ExpertPart,
+        experts: u64,
+        intermediate: u64,
+        hidden: u64,
+    },
+}
+
+/// Tensor-parallel placement of one rank.
+#[derive(Debug, Clone, Copy)]
+pub struct Rank {
+    pub tp: u64,
+    pub rank: u64,
+    /// Expert parallelism: experts spread over the `tp` ranks instead of split.
+    pub ep: bool,
+}
+
+/// Key of one source of a parameter: the shard id and expert id it was mapped with.
+pub type SlotKey = (Option<ShardId>, Option<u64>);
+
+/// A strided block move in elements: `rows` rows of `row` contiguous elements, from
+/// `src_start + k·src_stride` to `dst_start + k·dst_stride`. The same description serves a file
+/// write, a memcpy and a 2-D device copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub rows: u64,
+    pub row: u64,
+    pub src_start: u64,
+    pub src_stride: u64,
+    pub dst_start: u64,
+    pub dst_stride: u64,
+}
+
+/// Where a rank's slice of a source comes from, before any permutation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Take {
+    pub slot: SlotKey,
+    /// Source shape.
+    pub src_shape: Vec<u64>,
+    /// Dimension narrowed, and the range taken.
+    pub dim: usize,
+    pub from: u64,
+    pub to: u64,
+    /// Destination: shape of the sub-tensor written into (same rank as the source), the offset
+    /// along `dim` there, and the element offset of that sub-tensor in the rank's tensor.
+    pub dst_shape: Vec<u64>,
+    pub dst_at: u64,
+    pub dst_base: u64,
+}
+
+impl Take {
+    pub fn block(&self) -> Block {
+        let inner: u64 = self.src_shape[self.dim + 1..].iter().product();
+        let outer: u64 = self.src_shape[..self.dim].iter().product();
+        Block {
+            rows: outer,
+            row: (self.to - self.from) * inner,
+            src_start: self.from * inner,
+            src_stride: self.src_shape[self.dim] * inner,
+            dst_start: self.dst_base + self.dst_at * inner,
+            dst_stride: self.dst_shape[self.dim] * inner,
+        }
+    }
+
+    pub fn region(&self) -> String {
+        let full = self.from == 0 && self.to == self.src_shape.get(self.dim).copied().unwrap_or(1);
+        if full {
+            "all".to_string()
+        } else {
+            let what = if self.dim == 0 { "rows" } else { "cols" };
+            format!("{what} [{}, {})", self.from, self.to)
+        }
+    }
+}
+
+/// A rank's tensor: its shape, the slices of sources that fill it, and zero-filled ranges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankLayout {
+    pub shape: Vec<u64>,
+    pub takes: Vec<Take>,
+    /// (element offset, count) filled with zeros (vocab padding).
+    pub zeros: Vec<(u64, u64)>,
+}
+
+fn name(s: &str) -> Option<ShardId> {
+    Some(ShardId::Name(s.to_string()))
+}
+
+/// Linear expert placement (vLLM's `determine_expert_map`): extra experts go to the first ranks.
+pub fn local_experts(experts: u64, ep_size: u64, ep_rank: u64) -> std::ops::Range<u64> {
+    let base = experts / ep_size;
+    let rem = experts % ep_size;
+    let count = base + u64::from(ep_rank < rem);
+    let start = ep_rank * base + ep_rank.min(rem);
+    start..start + count
+}
+
+impl Geometry {
+    /// Divisibility rules vLLM asserts for this TP size, as messages.
+    pub fn check(&self, r: Rank) -> Vec<String> {
+        let tp = r.tp;
+        let div = |what: &str, v: u64| {
+            (v % tp != 0).then(|| format!("{what} ({v}) is not divisible by tp ({tp})"))
+        };
+        match self {
+            Geometry::Replicated { .. } => vec![],
+            Geometry::Column { shape } => div("output size", shape[0]).into_iter().collect(),
+            Geometry::Row { shape } => div("input size", shape[1]).into_iter().collect(),
+            Geometry::MergedColumn { sizes, .. } => sizes
+                .iter()
+                .filter_map(|s| div("merged output size", *s))
+                .collect(),
+            Geometry::Qkv {
+                heads, kv_heads, ..
+            } => {
+                let mut v: Vec<String> = div("attention heads", *heads).into_iter().collect();
+                if *kv_heads == 0 || (kv_heads % tp != 0 && tp % kv_heads != 0) {
+                    v.push(format!(
+                        "kv heads ({kv_heads}) and tp ({tp}) must divide one another"
+                    ));
+                }
+                v
+            }
+            Geometry::Vocab { vocab, padding, .. } => {
+                let padded = vocab.div_ceil(*padding) * padding;
+                div(
+                    &format!("padded vocab (vocab {vocab} padded to {padded})"),
+                    padded,
+                )
+                .into_iter()
+                .collect()
+            }
+            Geometry::Experts { intermediate, .. } if !r.ep => {
+                div("expert intermediate size", *intermediate)
+                    .into_iter()
+                    .collect()
+            }
+            Geometry::Experts { .. } => vec![],
+        }
+    }
+
+    /// The shard ids this layout accepts, and the checkpoint shape each must have.
+    pub fn expected_source(&self, shard: Option<&ShardId>) -> Result<Vec<u64>, String> {
+        let cat = |lead: u64, inner: &[u64]| {
+            let mut s = vec![lead];
+            s.extend_from_slice(inner);
+            s
+        };
+        let none = |shape: &[u64]| match shard {
+            None => Ok(shape.to_vec()),
+            Some(s) => Err(format!(
+                "shard id {s} given to a parameter that is not stacked"
+            )),
+        };
+        match self {
+            Geometry::Replicated { shape }
+            | Geometry::Column { shape }
+            | Geometry::Row { shape } => none(shape),
+            Geometry::Vocab { vocab, inner, .. } => none(&cat(*vocab, inner)),
+            Geometry::MergedColumn { sizes, inner } => match shard {
+                None => Ok(cat(sizes.iter().sum(), inner)),
+                Some(ShardId::Index(k)) if (*k as usize) < sizes.len() => {
+                    Ok(cat(sizes[*k as usize], inner))
+                }
+                Some(s) => Err(format!(
+                    "shard id should be between 0 and {}, got {s}",
+                    sizes.len() - 1
+                )),
+            },
+            Geometry::Qkv {
+                heads,
+                kv_heads,
+                head_dim,
+                inner,
+            } => match shard.map(ShardId::to_string).as_deref() {
+                None => Ok(cat((heads + 2 * kv_heads) * head_dim, inner)),
+                Some("q") => Ok(cat(heads * head_dim, inner)),
+                Some("k") | Some("v") => Ok(cat(kv_heads * head_dim, inner)),
+                Some(s) => Err(format!(
+                    "shard id for QKVParallelLinear should be 'q', 'k', or 'v', got shard id {s}"
+                )),
+            },
+            Geometry::Experts {
+                part,
+                intermediate,
+                hidden,
+                ..
+            } => match (part, shard.map(ShardId::to_string).as_deref()) {
+                (ExpertPart::W13, Some("w1" | "w3")) => Ok(vec![*intermediate, *hidden]),
+                (ExpertPart::W2, Some("w2")) => Ok(vec![*hidden, *intermediate]),
+                (_, s) => Err(format!(
+                    "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
+                    s.unwrap_or("none")
+                )),
+            },
+        }
+    }
+
+    /// The sources a complete parameter needs, as alternatives: either every slot of `split`, or
+    /// the single `fused` slot (a tensor already stacked on disk).
+    pub fn required(&self) -> (Vec<SlotKey>, Option<SlotKey>) {
+        match self {
+            Geometry::MergedColumn { sizes, .. } => (
+                (0..sizes.len() as u64)
+                    .map(|k| (Some(ShardId::Index(k)), None))
+                    .collect(),
+                Some((None, None)),
+            ),
+            Geometry::Qkv { .. } => (
+                ["q", "k", "v"].iter().map(|s| (name(s), None)).collect(),
+                Some((None, None)),
+            ),
+            Geometry::Experts { part, experts, .. } => {
+                let shards: &[&str] = match part {
+                    ExpertPart::W13 => &["w1", "w3"],
+                    ExpertPart::W2 => &["w2"],
+                };
+                (
+                    (0..*experts)
+                        .flat_map(|e| shards.iter().map(move |s| (name(s), Some(e))))
+                        .collect(),
+                    None,
+                )
+            }
+            _ => (vec![(None, None)], None),
+        }
+    }
+
+    /// Rank `r`'s tensor and how to fill it. `fused` says the parameter is fed by one stacked
+    /// tensor (shard id none) rather than by its shards.
+    pub fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {
+        let tp = r.tp;
+        let rk = r.rank;
+        let cat = |lead: u64, inner: &[u64]| {
+            let mut s = vec![lead];
+            s.extend_from_slice(inner);
+            s
+        };
+        let mut takes = Vec::new();
+        let mut zeros = Vec::new();
+        let shape = match self {
+            Geometry::Replicated { shape } => {
+                if !shape.is_empty() {
+                    takes.push(Take {
+                        slot: (None, None),
+                        src_shape: shape.clone(),
+                        dim: 0,
+                        from: 0,
+                        to: shape[0],
+                        dst_shape: shape.clone(),
+                        dst_at: 0,
+                        dst_base: 0,
+                    });
+                } else {
+                    // A 0-d tensor: one element, expressed on a 1-element view.
+                    takes.push(Take {
+                        slot: (None, None),
+                        src_shape: vec![1],
+                        dim: 0,
+                        from: 0,
+                        to: 1,
+                        dst_shape: vec![1],
+                        dst_at: 0,
+                        dst_base: 0,
+                    });
+                }
+                shape.clone()
+            }
+            Geometry::Column { shape } => {
+                let n = shape[0] / tp;
+                let mut out = shape.clone();
+                out[0] = n;
+                takes.push(Take {
+                    slot: (None, None),
+                    src_shape: shape.clone(),
+                    dim: 0,
+                    from: rk * n,
+                    to: (rk + 1) * n,
+                    dst_shape: out.clone(),
+                    dst_at: 0,
+                    dst_base: 0,
+                });
+                out
+            }
+            Geometry::Row { shape } => {
+                let n = shape[1] / tp;
+                let mut out = shape.clone();
+                out[1] = n;
+                takes.push(Take {
+                    slot: (None, None),
+                    src_shape: shape.clone(),
+                    dim: 1,
+                    from: rk * n,
+                    to: (rk + 1) * n,
+                    dst_shape: out.clone(),
+                    dst_at: 0,
+                    dst_base: 0,
+                });
+                out
+            }
+            Geometry::MergedColumn { sizes, inner } => {
+                let total: u64 = sizes.iter().map(|s| s / tp).sum();
+                let out = cat(total, inner);
+                let mut at = 0;
+                let mut global = 0;
+                for (k, s) in sizes.iter().enumerate() {
+                    let n = s / tp;
+                    let (slot, src, off) = if fused {
+                        ((None, None), cat(sizes.iter().sum(), inner), global)
+                    } else {
+                        ((Some(ShardId::Index(k as u64)), None), cat(*s, inner), 0)
+                    };
+                    takes.push(Take {
+                        slot,
+                        src_shape: src,
+                        dim: 0,
+                        from: off + rk * n,
+                        to: off + (rk + 1) * n,
+                        dst_shape: out.clone(),
+                        dst_at: at,
+                        dst_base: 0,
+                    });
+                    at += n;
+                    global += s;
+                }
+                out
+            }
+            Geometry::Qkv {
+                heads,
+                kv_heads,
+                head_dim,
+                inner,
+            } => {
+                let q = heads / tp * head_dim;
+                let (kv_local, replicas) = if tp >= *kv_heads {
+                    (1, tp / kv_heads)
+                } else {
+                    (kv_heads / tp, 1)
+                };
+                let k = kv_local * head_dim;
+                let kr = rk / replicas;
+                let out = cat(q + 2 * k, inner);
+                let full = cat((heads + 2 * kv_heads) * head_dim, inner);
+                let parts = [
+                    ("q", 0, rk * q, q, 0),
+                    ("k", heads * head_dim, kr * k, k, q),
+                    ("v", (heads + kv_heads) * head_dim, kr * k, k, q + k),
+                ];
+                for (s, global, from, n, at) in parts {
+                    let (slot, src, off) = if fused {
+                        ((None, None), full.clone(), global)
+                    } else {
+                        let rows = if s == "q" {
+                            heads * head_dim
+                        } else {
+                            kv_heads * head_dim
+                        };
+                        ((name(s), None), cat(rows, inner), 0)
+                    };
+                    takes.push(Take {
+                        slot,
+                        src_shape: src,
+                        dim: 0,
+                        from: off + from,
+                        to: off + from + n,
+                        dst_shape: out.clone(),
+                        dst_at: at,
+                        dst_base: 0,
+                    });
+                }
+                out
+            }
+            Geometry::Vocab {
+                vocab,
+                inner,
+                padding,
+            } => {
+                let padded = vocab.div_ceil(*padding) * padding;
+                let per = padded / tp;
+                let out = cat(per, inner);
+                let (a, b) = ((rk * per).min(*vocab), ((rk + 1) * per).min(*vocab));
+                let row: u64 = inner.iter().product();
+                if b > a {
+                    takes.push(Take {
+                        slot: (None, None),
+                        src_shape: cat(*vocab, inner),
+                        dim: 0,
+                        from: a,
+                        to: b,
+                        dst_shape: out.clone(),
+                        dst_at: 0,
+                        dst_base: 0,
+                    });
+                }
+                if per > b - a {
+                    zeros.push(((b - a) * row, (per - (b - a)) * row));
+                }
+                out
+            }
+            Geometry::Experts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => {
+                let (local, moe_tp, moe_rank) = if r.ep {
+                    (local_experts(*experts, tp, rk), 1, 0)
+                } else {
+                    (0..*experts, tp, rk)
+                };
+                let ip = intermediate / moe_tp;
+                let e_loc = local.end - local.start;
+                match part {
+                    ExpertPart::W13 => {
+                        let per = 2 * ip * hidden;
+                        for (j, e) in local.enumerate() {
+                            for (h, s) in ["w1", "w3"].iter().enumerate() {
+                                takes.push(Take {
+                                    slot: (name(s), Some(e)),
+                                    src_shape: vec![*intermediate, *hidden],
+                                    dim: 0,
+                                    from: moe_rank * ip,
+                                    to: (moe_rank + 1) * ip,
+                                    dst_shape: vec![2 * ip, *hidden],
+                                    dst_at: h as u64 * ip,
+                                    dst_base: j as u64 * per,
+                                });
+                            }
+                        }
+                        vec![e_loc, 2 * ip, *hidden]
+                    }
+                    ExpertPart::W2 => {
+                        let per = hidden * ip;
+                        for (j, e) in local.enumerate() {
+                            takes.push(Take {
+                                slot: (name("w2"), Some(e)),
+                                src_shape: vec![*hidden, *intermediate],
+                                dim: 1,
+                                from: moe_rank * ip,
+                                to: (moe_rank + 1) * ip,
+                                dst_shape: vec![*hidden, ip],
+                                dst_at: 0,
+                                dst_base: j as u64 * per,
+                            });
+                        }
+                        vec![e_loc, *hidden, ip]
+                    }
+                }
+            }
+        };
+        RankLayout {
+            shape,
+            takes,
+            zeros,
+        }
+    }
+}
+
+/// Sources by slot, for looking up what feeds a take.
+pub type Slots<T> = HashMap<SlotKey, T>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every element of every rank's tensor is written exactly once, and the takes stay inside
+    /// their sources — for each layout and a range of TP sizes.
+    #[test]
+    fn pieces_tile_every_rank_exactly() {
+        let layouts = [
+            Geometry::Column { shape: vec![64, 8] },
+            Geometry::Row { shape: vec![8, 64] },
+            Geometry::Replicated { shape: vec![5] },
+            Geometry::MergedColumn {
+                sizes: vec![32, 32],
+                inner: vec![4],
+            },
+            Geometry::Qkv {
+                heads: 8,
+                kv_heads: 2,
+                head_dim: 4,
+                inner: vec![3],
+            },
+            Geometry::Vocab {
+                vocab: 1003,
+                inner: vec![2],
+                padding: 64,
+            },
+            Geometry::Experts {
+                part: ExpertPart::W13,
+                experts: 4,
+                intermediate: 16,
+                hidden: 4,
+            },
+            Geometry::Experts {
+                part: ExpertPart::W2,
+                experts: 5,
+                intermediate: 16,
+                hidden: 4,
+            },
+        ];
+        for g in &layouts {
+            for tp in [1, 2, 4, 8] {
+                for ep in [false, true] {
+                    for rank in 0..tp {
+                        let r = Rank { tp, rank, ep };
+                        if !g.check(r).is_empty() {
+                            continue;
+                        }
+                        for fused in [false, true] {
+                            let l = g.rank_layout(r, fused);
+                            let n: u64 = l.shape.iter().product();
+                            let mut hits = vec![0u8; n as usize];
+                            for t in &l.takes {
+                                let b = t.block();
+                                let src_n: u64 = t.src_shape.iter().product();
+                                for k in 0..b.rows {
+                                    let s = b.src_start + k * b.src_stride;
+                                    assert!(s + b.row <= src_n, "{g:?} tp{tp} r{rank}");
+                                    let d = b.dst_start + k * b.dst_stride;
+                                    for x in d..d + b.row {
+                                        hits[x as usize] += 1;
+                                    }
+                                }
+                            }
+                            for (at, count) in &l.zeros {
+                                for x in *at..at + count {
+                                    hits[x as usize] += 1;
+                                }
+                            }
+                            assert!(hits.iter().all(|&h| h == 1), "{g:?} tp{tp} r{rank} ep{ep}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extra_experts_go_to_the_first_ranks() {
+        assert_eq!(local_experts(5, 2, 0), 0..3);
+        assert_eq!(local_experts(5, 2, 1), 3..5);
+        assert_eq!(local_experts(8, 8, 7), 7..8);
+    }
+
+    #[test]
+    fn kv_heads_are_replicated_when_tp_exceeds_them() {
+        let g = Geometry::Qkv {
+            heads: 8,
+            kv_heads: 4,
+            head_dim: 16,
+            inner: vec![128],
+        };
+        let l = g.rank_layout(
+            Rank {
+                tp: 8,
+                rank: 5,
+                ep: false,
+            },
+            false,
+        );
+        assert_eq!(l.shape, vec![48, 128]);
+        // rank 5 holds kv head 5 // 2 = 2
+        assert_eq!((l.takes[1].from, l.takes[1].to), (32, 48));
+    }
+}
