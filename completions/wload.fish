@@ -29,7 +29,7 @@ complete -c wload -n "__fish_wload_needs_command" -s q -l quiet -d 'Print nothin
 complete -c wload -n "__fish_wload_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c wload -n "__fish_wload_needs_command" -s V -l version -d 'Print version'
 complete -c wload -n "__fish_wload_needs_command" -f -a "inspect" -d 'Show a checkpoint\'s files, config and tensors'
-complete -c wload -n "__fish_wload_needs_command" -f -a "plan" -d 'Compute what every tensor-parallel rank holds (not implemented yet)'
+complete -c wload -n "__fish_wload_needs_command" -f -a "plan" -d 'Compute what every tensor-parallel rank holds, exactly as vLLM'
 complete -c wload -n "__fish_wload_needs_command" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files (not implemented yet)'
 complete -c wload -n "__fish_wload_needs_command" -f -a "load" -d 'Load a checkpoint into device memory per rank (not implemented yet)'
 complete -c wload -n "__fish_wload_needs_command" -f -a "completions" -d 'Print a shell completion script to stdout'
@@ -59,6 +59,15 @@ complete -c wload -n "__fish_wload_using_subcommand plan" -l config-format -d 'W
 hf\t'Hugging Face config.json'
 mistral\t'Mistral\'s params.json'"
 complete -c wload -n "__fish_wload_using_subcommand plan" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand plan" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
+complete -c wload -n "__fish_wload_using_subcommand plan" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
+bfloat16\t''
+float16\t''
+float32\t''"
+complete -c wload -n "__fish_wload_using_subcommand plan" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
+complete -c wload -n "__fish_wload_using_subcommand plan" -l rank -d 'Show only this rank' -r
+complete -c wload -n "__fish_wload_using_subcommand plan" -l enable-expert-parallel -d 'Spread MoE experts over the ranks instead of splitting each (vLLM\'s --enable-expert-parallel)'
+complete -c wload -n "__fish_wload_using_subcommand plan" -l json -d 'Print one JSON document instead of tables (schema: docs/plan-json.md)'
 complete -c wload -n "__fish_wload_using_subcommand plan" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
 complete -c wload -n "__fish_wload_using_subcommand plan" -s q -l quiet -d 'Print nothing but results and errors'
 complete -c wload -n "__fish_wload_using_subcommand plan" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -98,7 +107,7 @@ complete -c wload -n "__fish_wload_using_subcommand man" -s q -l quiet -d 'Print
 complete -c wload -n "__fish_wload_using_subcommand man" -s h -l help -d 'Print help'
 complete -c wload -n "__fish_wload_using_subcommand man" -s V -l version -d 'Print version'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "inspect" -d 'Show a checkpoint\'s files, config and tensors'
-complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "plan" -d 'Compute what every tensor-parallel rank holds (not implemented yet)'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "plan" -d 'Compute what every tensor-parallel rank holds, exactly as vLLM'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files (not implemented yet)'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "load" -d 'Load a checkpoint into device memory per rank (not implemented yet)'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "completions" -d 'Print a shell completion script to stdout'
