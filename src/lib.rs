@@ -15,6 +15,7 @@ pub mod report;
 pub mod source;
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use serde_json::{Map, Value};
 
@@ -35,23 +36,49 @@ pub struct Opened {
     pub resolved: source::Resolved,
     pub config: config::ModelConfig,
     pub checkpoint: checkpoint::Checkpoint,
+    pub timings: Timings,
+}
+
+/// Seconds spent in each stage, for reports.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Timings {
+    /// Listing the folder and choosing files.
+    pub resolve_s: f64,
+    /// Reading config.json / params.json.
+    pub config_s: f64,
+    /// Reading and validating every safetensors header.
+    pub headers_s: f64,
+    /// Mapping names and planning every rank (plan, shard, load).
+    pub plan_s: f64,
 }
 
 /// Resolves `opts.source`, reads the config and every selected file's header.
 pub fn open(opts: &SourceOptions) -> Result<Opened, Error> {
+    let t = Instant::now();
     let resolved = source::resolve_local(&opts.source, opts.load_format, opts.config_format)?;
+    let resolve_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
     let config = config::load(
         &resolved.root,
         &resolved.config_file,
         resolved.config_format,
         opts.hf_overrides.as_ref(),
     )?;
+    let config_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
     let checkpoint = checkpoint::Checkpoint::open(&resolved.root, &resolved.file_names())
         .map_err(Error::Headers)?;
+    let headers_s = t.elapsed().as_secs_f64();
     Ok(Opened {
         resolved,
         config,
         checkpoint,
+        timings: Timings {
+            resolve_s,
+            config_s,
+            headers_s,
+            plan_s: 0.0,
+        },
     })
 }
 
@@ -96,7 +123,12 @@ pub fn plan_report(
             opts.tp - 1
         )));
     }
+    let t = Instant::now();
     let mut p = make_plan(opened, opts)?;
+    let timings = Timings {
+        plan_s: t.elapsed().as_secs_f64(),
+        ..opened.timings
+    };
     if let Some(r) = rank {
         p.ranks.retain(|x| x.rank == r);
     }
@@ -104,6 +136,7 @@ pub fn plan_report(
         schema_version: plan::SCHEMA_VERSION,
         wload_version: env!("CARGO_PKG_VERSION"),
         source: opened.resolved.root.display().to_string(),
+        timings,
         plan: p,
     })
 }

@@ -25,6 +25,7 @@ pub struct PlanReport {
     pub schema_version: u32,
     pub wload_version: &'static str,
     pub source: String,
+    pub timings: crate::Timings,
     #[serde(flatten)]
     pub plan: Plan,
 }

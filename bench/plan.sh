@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Benchmark: planning a Llama-3-405B-shaped checkpoint (synthetic sparse files: 126 layers, 191 files,
+# hidden 16384, 128 heads / 8 kv heads, intermediate 53248, vocab 128256) at TP 8.
+# Target: the planning stage (mapping + validation + every rank's pieces) under 50 ms after the
+# headers are read. wload reports its stage timings in `plan --json` ("timings"); this script takes
+# the median over RUNS runs and also times the whole process.
+#
+# Usage: bench/plan.sh [DIR]      (DIR: where to generate; default a temp dir, removed afterwards)
+# Environment: RUNS=10, TARGET_MS=50, WLOAD_BIN=PATH (skip the build)
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+RUNS=${RUNS:-10}
+TARGET_MS=${TARGET_MS:-50}
+cd "$root"
+if [[ -n ${WLOAD_BIN:-} ]]; then
+    bin=$(realpath "$WLOAD_BIN")
+else
+    cargo build --release --locked --quiet
+    bin=$root/target/release/wload
+fi
+if [[ -n ${1:-} ]]; then
+    dir=$1
+    mkdir -p "$dir"
+else
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+fi
+python3 "$here/gen_checkpoint.py" --files 191 --layers 126 --real-shapes --hidden-size 16384 \
+    --num-attention-heads 128 --num-key-value-heads 8 --intermediate-size 53248 \
+    --vocab-size 128256 --out "$dir" --quiet
+
+"$bin" plan "$dir" --tp 8 --json >/dev/null # warm-up
+for _ in $(seq "$RUNS"); do
+    start=$(date +%s%N)
+    "$bin" plan "$dir" --tp 8 --json >"$dir/.plan.json"
+    end=$(date +%s%N)
+    python3 - "$dir/.plan.json" "$start" "$end" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+t = d["timings"]
+tensors = sum(len(r["tensors"]) for r in d["ranks"])
+wall = (int(sys.argv[3]) - int(sys.argv[2])) / 1e9
+print(f'{t["headers_s"]*1e3:.2f} {t["plan_s"]*1e3:.2f} {wall*1e3:.1f} {tensors}')
+PY
+done | sort -k2 -n | awk -v target="$TARGET_MS" -v runs="$RUNS" '
+    { h[NR]=$1; p[NR]=$2; w[NR]=$3; n=$4 }
+    END {
+        m = int((runs + 1) / 2)
+        printf "405B-shaped, tp 8: %d output tensors over 8 ranks\n", n
+        printf "  headers read   median %.2f ms\n", h[m]
+        printf "  plan           median %.2f ms (min %.2f, max %.2f)\n", p[m], p[1], p[runs]
+        printf "  whole process  %.1f ms (run with the median plan time)\n", w[m]
+        if (p[m] < target) { printf "PASS: plan under %d ms\n", target; exit 0 }
+        printf "FAIL: plan %.2f ms is not under %d ms\n", p[m], target; exit 1
+    }'
