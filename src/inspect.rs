@@ -92,6 +92,7 @@ pub fn inspect(opened: &Opened, filter: Option<&str>) -> Result<Inspection, Erro
         resolved,
         config,
         checkpoint,
+        ..
     } = opened;
     let files = resolved
         .files
