@@ -5,8 +5,9 @@ use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
 
-/// A safetensors element type. The set and the spellings are those of safetensors 0.8, so a header
-/// written by any current tool parses, and what we write reads back everywhere.
+/// A safetensors element type. The set, the spellings and the declaration order are those of
+/// safetensors 0.8: the order matters, because safetensors writes tensors sorted by dtype (this
+/// order, descending) then name, and wload's files must be byte-identical to vLLM's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dtype {
     Bool,
@@ -18,6 +19,8 @@ pub enum Dtype {
     F8E5M2,
     F8E4M3,
     F8E8M0,
+    F8E4M3Fnuz,
+    F8E5M2Fnuz,
     I16,
     U16,
     F16,
@@ -32,7 +35,7 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    pub const ALL: [Dtype; 20] = [
+    pub const ALL: [Dtype; 22] = [
         Dtype::Bool,
         Dtype::F4,
         Dtype::F6E2M3,
@@ -42,6 +45,8 @@ impl Dtype {
         Dtype::F8E5M2,
         Dtype::F8E4M3,
         Dtype::F8E8M0,
+        Dtype::F8E4M3Fnuz,
+        Dtype::F8E5M2Fnuz,
         Dtype::I16,
         Dtype::U16,
         Dtype::F16,
@@ -67,6 +72,8 @@ impl Dtype {
             Dtype::F8E5M2 => "F8_E5M2",
             Dtype::F8E4M3 => "F8_E4M3",
             Dtype::F8E8M0 => "F8_E8M0",
+            Dtype::F8E4M3Fnuz => "F8_E4M3FNUZ",
+            Dtype::F8E5M2Fnuz => "F8_E5M2FNUZ",
             Dtype::I16 => "I16",
             Dtype::U16 => "U16",
             Dtype::F16 => "F16",
@@ -88,6 +95,7 @@ impl Dtype {
             Dtype::F6E2M3 | Dtype::F6E3M2 => 6,
             Dtype::Bool | Dtype::U8 | Dtype::I8 => 8,
             Dtype::F8E5M2 | Dtype::F8E4M3 | Dtype::F8E8M0 => 8,
+            Dtype::F8E4M3Fnuz | Dtype::F8E5M2Fnuz => 8,
             Dtype::I16 | Dtype::U16 | Dtype::F16 | Dtype::Bf16 => 16,
             Dtype::I32 | Dtype::U32 | Dtype::F32 => 32,
             Dtype::C64 | Dtype::F64 | Dtype::I64 | Dtype::U64 => 64,

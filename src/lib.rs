@@ -114,6 +114,9 @@ pub fn plan_report(
     opts: &PlanOptions,
     rank: Option<u64>,
 ) -> Result<plan::PlanReport, Error> {
+    if opts.tp == 0 {
+        return Err(plan::PlanError::BadTp.into());
+    }
     if let Some(r) = rank
         && r >= opts.tp
     {

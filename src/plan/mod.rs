@@ -437,6 +437,7 @@ pub fn plan(
     let mut fed: Vec<HashMap<SlotKey, (usize, Option<String>)>> =
         vec![HashMap::new(); params.len()];
     let mut skipped = Vec::new();
+    let mut present: HashSet<(usize, SlotKey)> = HashSet::new();
     let mut ignore: Vec<&str> = vec![".bias"];
     ignore.extend(
         mapping
@@ -491,6 +492,8 @@ pub fn plan(
         };
         let p = &params[pi];
         let shard = mapped.shard.clone();
+        // Present but unusable: reported once below, never again as "missing".
+        present.insert((pi, (shard.clone(), mapped.expert)));
         let expected = match p.geometry.expected_source(shard.as_ref()) {
             Ok(s) => s,
             Err(err) => {
@@ -581,9 +584,12 @@ pub fn plan(
         if has_whole || p.spec.optional {
             continue;
         }
+        if whole.is_some_and(|w| present.contains(&(pi, w))) {
+            continue;
+        }
         let missing: Vec<String> = split
             .iter()
-            .filter(|k| !fed[pi].contains_key(*k))
+            .filter(|k| !fed[pi].contains_key(*k) && !present.contains(&(pi, (*k).clone())))
             .map(|(s, e)| slot_name(s, e))
             .collect();
         if !missing.is_empty() {

@@ -1,0 +1,659 @@
+//! `wload plan` on checkpoints that do not fit: each test plants one fault (or a few) in a copy of a
+//! real golden fixture, or builds a tiny checkpoint, and checks that planning refuses it with exit
+//! status 3 and a message naming what matters (tensor, file, parameter, shapes, rule, fix), every
+//! problem at once. Also the usage errors around `plan` (exit 2) and the flags that change what a
+//! valid plan holds (`--mapping`, `--dtype`).
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use common::*;
+
+/// layer 0's q/k/v, gate_proj and o_proj live here.
+const ATTN0: &str = "model-00002-of-00006.safetensors";
+/// layer 0's up_proj and down_proj live here.
+const MLP0: &str = "model-00003-of-00006.safetensors";
+/// layer 1's norms, down_proj and model.norm live here.
+const LAST: &str = "model-00006-of-00006.safetensors";
+
+const UP0: &str = "model.layers.0.mlp.up_proj.weight";
+const Q0: &str = "model.layers.0.self_attn.q_proj.weight";
+
+/// What one `wload` run printed and how it ended.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn context(&self) -> String {
+        format!(
+            "exit {:?}\nstderr:\n{}\nstdout:\n{}",
+            self.code, self.stderr, self.stdout
+        )
+    }
+
+    /// Exit status `code`, one `error: …` on stderr, nothing on stdout, no panic.
+    fn refused(&self, code: i32) -> &Self {
+        let ctx = self.context();
+        assert_eq!(self.code, Some(code), "{ctx}");
+        assert!(self.stderr.starts_with("error: "), "{ctx}");
+        assert!(!self.stderr.contains("panicked"), "{ctx}");
+        assert!(self.stdout.is_empty(), "nothing on stdout; {ctx}");
+        self
+    }
+
+    /// stderr contains every one of `parts` (exact substrings).
+    fn says(&self, parts: &[&str]) -> &Self {
+        for p in parts {
+            assert!(
+                self.stderr.contains(p),
+                "stderr should contain {p:?}; {}",
+                self.context()
+            );
+        }
+        self
+    }
+
+    /// Some line of stderr contains every one of `parts`: they belong to the same problem.
+    fn one_line_says(&self, parts: &[&str]) -> &Self {
+        assert!(
+            self.stderr
+                .lines()
+                .any(|l| parts.iter().all(|p| l.contains(p))),
+            "no single stderr line contains all of {parts:?}; {}",
+            self.context()
+        );
+        self
+    }
+
+    /// The problem whose message line contains `anchor` is followed by a `fix:` line containing
+    /// `fix`.
+    fn fix_for(&self, anchor: &str, fix: &str) -> &Self {
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.contains(anchor))
+            .unwrap_or_else(|| panic!("no line contains {anchor:?}; {}", self.context()));
+        let next = lines.get(at + 1).copied().unwrap_or("");
+        assert!(
+            next.trim_start().starts_with("fix:") && next.contains(fix),
+            "the line after {anchor:?} should be a fix containing {fix:?}; {}",
+            self.context()
+        );
+        self
+    }
+
+    /// The number of problems the error header announces.
+    fn problem_count(&self) -> usize {
+        let head = self.stderr.lines().next().unwrap_or("");
+        let open = head.rfind('(').expect("problem count in the first line");
+        head[open + 1..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("no problem count in {head:?}"))
+    }
+}
+
+fn run(args: &[&str]) -> Run {
+    let out = wload()
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("wload runs");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn plan(dir: &Path, extra: &[&str]) -> Run {
+    let mut args = vec!["plan", s(dir)];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// Renames tensor `from` to `to` in the header of `dir/file` (the data stay where they are) and in
+/// the index's weight_map, as a checkpoint saved with a different module name would have it.
+fn rename_tensor(dir: &Path, file: &str, from: &str, to: &str) {
+    edit_header(&dir.join(file), |h| {
+        let entry = h
+            .shift_remove(from)
+            .unwrap_or_else(|| panic!("{file} has no {from}"));
+        h.insert(to.to_string(), entry);
+    });
+    edit_index(dir, |wm| {
+        let f = wm.shift_remove(from).expect("indexed tensor");
+        wm.insert(to.to_string(), f);
+    });
+}
+
+/// Edits the `weight_map` of `dir/model.safetensors.index.json`.
+fn edit_index(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let path = dir.join("model.safetensors.index.json");
+    let mut index: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    edit(index["weight_map"].as_object_mut().expect("weight_map"));
+    write_json(&path, &index);
+}
+
+/// Sets the shape of `tensor` in the header of `dir/file` (its byte span is kept).
+fn set_shape(dir: &Path, file: &str, tensor: &str, shape: &[u64]) {
+    edit_header(&dir.join(file), |h| {
+        let entry = h
+            .get_mut(tensor)
+            .unwrap_or_else(|| panic!("{file} has no {tensor}"));
+        entry["shape"] = json!(shape);
+    });
+}
+
+/// One tensor of a file being rewritten: name, dtype, shape, bytes.
+type Owned = (String, String, Vec<u64>, Vec<u8>);
+
+/// Rewrites the safetensors file `path` with its tensors (in header order) changed by `edit`,
+/// packed again so that the file stays valid.
+fn repack(path: &Path, edit: impl FnOnce(&mut Vec<Owned>)) {
+    let raw = RawFile::read(path);
+    let mut tensors: Vec<Owned> = header_tensors(path)
+        .into_iter()
+        .map(|t| {
+            let bytes = raw.data[t.start as usize..t.end as usize].to_vec();
+            (t.name, t.dtype, t.shape, bytes)
+        })
+        .collect();
+    edit(&mut tensors);
+    let refs: Vec<Tensor> = tensors
+        .iter()
+        .map(|(n, d, sh, b)| (n.as_str(), d.as_str(), sh.as_slice(), b.as_slice()))
+        .collect();
+    write_safetensors(path, &refs);
+}
+
+/// Sets `config.json`'s `key` to `value`.
+fn set_config(dir: &Path, key: &str, value: Value) {
+    let path = dir.join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    cfg[key] = value;
+    write_json(&path, &cfg);
+}
+
+/// Every tensor of `rank` in a plan's JSON: name → (dtype, shape).
+fn rank_tensors(plan: &Value, rank: usize) -> Vec<(String, String, Vec<u64>)> {
+    plan["ranks"][rank]["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_string(),
+                t["dtype"].as_str().unwrap().to_string(),
+                t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint faults (exit 3)
+
+#[test]
+fn renamed_tensor_is_named_with_its_file_and_the_parameter_it_leaves_empty_is_reported_too() {
+    let tmp = copy_fixture("llama_gqa");
+    let bad = "model.layers.0.mlp.upp_proj.weight";
+    rename_tensor(tmp.path(), MLP0, UP0, bad);
+    let r = plan(tmp.path(), &["--tp", "2"]);
+    r.refused(3)
+        // the checkpoint tensor nothing takes, with its file
+        .one_line_says(&[MLP0, &format!("'{bad}'"), "matches no parameter"])
+        .fix_for(bad, "--mapping FILE")
+        // and, in the same run, the parameter that now lacks its up half
+        .one_line_says(&[
+            "'model.layers.0.mlp.gate_up_proj.weight'",
+            "nothing in the checkpoint",
+            "shard 1",
+        ])
+        .fix_for("model.layers.0.mlp.gate_up_proj.weight", "wload inspect");
+    assert_eq!(r.problem_count(), 2, "{}", r.context());
+    // layer 1 is untouched.
+    assert!(
+        !r.stderr.contains("model.layers.1.mlp.gate_up_proj"),
+        "{}",
+        r.context()
+    );
+}
+
+#[test]
+fn wrong_shape_names_tensor_file_target_parameter_and_both_shapes() {
+    let tmp = copy_fixture("llama_gqa");
+    // Same element count, so the byte span still matches and only the plan can object.
+    set_shape(tmp.path(), ATTN0, Q0, &[64, 256]);
+    let r = plan(tmp.path(), &["--tp", "2"]);
+    r.refused(3)
+        .one_line_says(&[
+            ATTN0,
+            &format!("'{Q0}'"),
+            "[64, 256]",
+            "'model.layers.0.self_attn.qkv_proj.weight'",
+            "shard q",
+            "[128, 128]",
+        ])
+        .fix_for("[64, 256]", "config.json");
+}
+
+#[test]
+fn tp_that_does_not_divide_the_heads_quotes_the_rule_and_suggests_another_tp() {
+    let fixture = fixtures_dir().join("llama_gqa");
+    let r = plan(&fixture, &["--tp", "3"]);
+    r.refused(3)
+        .one_line_says(&[
+            "num_attention_heads (8) is not divisible by tp (3)",
+            "num_attention_heads % tp == 0",
+        ])
+        .fix_for("num_attention_heads (8)", "--tp")
+        .fix_for("num_attention_heads (8)", "8");
+    // Not a flood of per-parameter complaints: the geometry checks stop at the rule.
+    assert!(r.problem_count() <= 2, "{}", r.context());
+}
+
+/// A one-layer Qwen3-MoE with 2 experts, bf16, tensors named as Hugging Face saves them.
+fn tiny_qwen3_moe() -> tempfile::TempDir {
+    let tmp = tempfile::TempDir::new().unwrap();
+    write_json(
+        &tmp.path().join("config.json"),
+        &json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "hidden_size": 16,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 8,
+            "intermediate_size": 16,
+            "vocab_size": 64,
+            "num_hidden_layers": 1,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": false,
+            "dtype": "bfloat16"
+        }),
+    );
+    let mut specs: Vec<(String, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![64, 16]),
+        (
+            "model.layers.0.self_attn.q_proj.weight".into(),
+            vec![16, 16],
+        ),
+        (
+            "model.layers.0.self_attn.k_proj.weight".into(),
+            vec![16, 16],
+        ),
+        (
+            "model.layers.0.self_attn.v_proj.weight".into(),
+            vec![16, 16],
+        ),
+        (
+            "model.layers.0.self_attn.o_proj.weight".into(),
+            vec![16, 16],
+        ),
+        ("model.layers.0.self_attn.q_norm.weight".into(), vec![8]),
+        ("model.layers.0.self_attn.k_norm.weight".into(), vec![8]),
+        ("model.layers.0.mlp.gate.weight".into(), vec![2, 16]),
+    ];
+    for e in 0..2 {
+        let p = format!("model.layers.0.mlp.experts.{e}");
+        specs.push((format!("{p}.gate_proj.weight"), vec![8, 16]));
+        specs.push((format!("{p}.up_proj.weight"), vec![8, 16]));
+        specs.push((format!("{p}.down_proj.weight"), vec![16, 8]));
+    }
+    specs.extend([
+        ("model.layers.0.input_layernorm.weight".into(), vec![16]),
+        (
+            "model.layers.0.post_attention_layernorm.weight".into(),
+            vec![16],
+        ),
+        ("model.norm.weight".into(), vec![16]),
+        ("lm_head.weight".into(), vec![64, 16]),
+    ]);
+    let data: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|(_, sh)| zeros(2 * sh.iter().product::<u64>() as usize))
+        .collect();
+    let tensors: Vec<Tensor> = specs
+        .iter()
+        .zip(&data)
+        .map(|((n, sh), d)| (n.as_str(), "BF16", sh.as_slice(), d.as_slice()))
+        .collect();
+    write_safetensors(&tmp.path().join("model.safetensors"), &tensors);
+    tmp
+}
+
+#[test]
+fn qwen3_moe_plans_at_tp2_with_the_router_kept_under_its_experts_name() {
+    let tmp = tiny_qwen3_moe();
+    let p = wload_json(&["plan", s(tmp.path()), "--tp", "2", "--json"]);
+    assert_eq!(p["family"], "qwen3_moe");
+    for rank in 0..2 {
+        let names: Vec<String> = rank_tensors(&p, rank).into_iter().map(|t| t.0).collect();
+        let at = |n: &str| names.iter().position(|x| x == n);
+        let router = at("model.layers.0.mlp.experts.gate.weight")
+            .unwrap_or_else(|| panic!("rank {rank}: no router key in {names:?}"));
+        let w13 = at("model.layers.0.mlp.experts.routed_experts.w13_weight")
+            .unwrap_or_else(|| panic!("rank {rank}: no w13 in {names:?}"));
+        assert!(router < w13, "rank {rank}: router after w13 in {names:?}");
+        assert_eq!(
+            at("model.layers.0.mlp.gate.weight"),
+            None,
+            "rank {rank}: the router is one tensor, kept once: {names:?}"
+        );
+        let shapes = rank_tensors(&p, rank);
+        let shape_of = |n: &str| shapes.iter().find(|t| t.0 == n).unwrap().2.clone();
+        assert_eq!(
+            shape_of("model.layers.0.mlp.experts.routed_experts.w13_weight"),
+            vec![2, 8, 16]
+        );
+        assert_eq!(
+            shape_of("model.layers.0.mlp.experts.routed_experts.w2_weight"),
+            vec![2, 16, 4]
+        );
+        assert_eq!(
+            shape_of("model.layers.0.mlp.experts.gate.weight"),
+            vec![2, 16]
+        );
+    }
+}
+
+#[test]
+fn tp_larger_than_the_expert_count_is_refused_for_qwen3_moe() {
+    let tmp = tiny_qwen3_moe();
+    let msg = "Tensor parallel size 4 is greater than the number of experts 2";
+    plan(tmp.path(), &["--tp", "4"])
+        .refused(3)
+        .one_line_says(&[msg, "tp <= num_experts"])
+        .fix_for(msg, "--tp");
+}
+
+#[test]
+fn tp_larger_than_the_expert_count_is_refused_even_with_expert_parallel() {
+    // vLLM checks tp against the expert count, whatever the expert parallelism.
+    let tmp = tiny_qwen3_moe();
+    plan(tmp.path(), &["--tp", "4", "--enable-expert-parallel"])
+        .refused(3)
+        .says(&["Tensor parallel size 4 is greater than the number of experts 2"]);
+}
+
+#[test]
+fn missing_norm_names_the_parameter_left_unfilled() {
+    let tmp = copy_fixture("llama_gqa");
+    let gone = "model.layers.1.post_attention_layernorm.weight";
+    repack(&tmp.path().join(LAST), |ts| {
+        let before = ts.len();
+        ts.retain(|t| t.0 != gone);
+        assert_eq!(ts.len(), before - 1, "{LAST} held {gone}");
+    });
+    edit_index(tmp.path(), |wm| {
+        wm.shift_remove(gone).expect("indexed");
+    });
+    let r = plan(tmp.path(), &["--tp", "2"]);
+    r.refused(3)
+        .one_line_says(&[&format!("'{gone}'"), "nothing in the checkpoint"])
+        .fix_for(gone, "wload inspect");
+    assert_eq!(r.problem_count(), 1, "{}", r.context());
+}
+
+#[test]
+fn unknown_architecture_lists_the_known_ones_and_suggests_a_mapping_file() {
+    let tmp = copy_fixture("llama_gqa");
+    set_config(tmp.path(), "architectures", json!(["FooForCausalLM"]));
+    plan(tmp.path(), &["--tp", "2"]).refused(3).one_line_says(&[
+        "'FooForCausalLM'",
+        "LlamaForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "Gemma2ForCausalLM",
+        "--mapping FILE",
+    ]);
+}
+
+#[test]
+fn several_faults_are_all_reported_in_one_run() {
+    let tmp = copy_fixture("llama_gqa");
+    let bad = "model.layers.0.mlp.upp_proj.weight";
+    rename_tensor(tmp.path(), MLP0, UP0, bad);
+    set_shape(tmp.path(), ATTN0, Q0, &[64, 256]);
+    let r = plan(tmp.path(), &["--tp", "2"]);
+    r.refused(3)
+        .one_line_says(&[MLP0, bad, "matches no parameter"])
+        .one_line_says(&["model.layers.0.mlp.gate_up_proj.weight", "shard 1"])
+        .one_line_says(&[ATTN0, Q0, "[64, 256]", "[128, 128]"]);
+    assert!(r.problem_count() >= 3, "{}", r.context());
+    let fixes = r
+        .stderr
+        .lines()
+        .filter(|l| l.trim_start().starts_with("fix:"))
+        .count();
+    assert_eq!(fixes, r.problem_count(), "every problem has a fix");
+}
+
+#[test]
+fn gemma2_with_an_lm_head_tensor_is_refused() {
+    // Gemma 2 has no lm_head module: vLLM fails with "no module or parameter named 'lm_head'".
+    let tmp = copy_fixture("gemma2");
+    let file = "model-00005-of-00005.safetensors";
+    repack(&tmp.path().join(file), |ts| {
+        ts.push((
+            "lm_head.weight".into(),
+            "BF16".into(),
+            vec![1000, 128],
+            zeros(1000 * 128 * 2),
+        ));
+    });
+    edit_index(tmp.path(), |wm| {
+        wm.insert("lm_head.weight".into(), json!(file));
+    });
+    plan(tmp.path(), &["--tp", "2"]).refused(3).one_line_says(&[
+        file,
+        "'lm_head.weight'",
+        "matches no parameter",
+    ]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// --mapping FILE
+
+#[test]
+fn custom_mapping_file_with_a_renamed_stacked_rule_plans_a_renamed_checkpoint() {
+    let tmp = copy_fixture("llama_gqa");
+    rename_tensor(tmp.path(), MLP0, UP0, "model.layers.0.mlp.w3.weight");
+    rename_tensor(
+        tmp.path(),
+        "model-00004-of-00006.safetensors",
+        "model.layers.1.mlp.up_proj.weight",
+        "model.layers.1.mlp.w3.weight",
+    );
+    // The stock mapping does not know .w3.
+    plan(tmp.path(), &["--tp", "2"])
+        .refused(3)
+        .says(&["model.layers.0.mlp.w3.weight", "matches no parameter"]);
+
+    let stock = fs::read_to_string(manifest_dir().join("mappings/llama.yaml")).unwrap();
+    let old = "{from: .up_proj, to: .gate_up_proj, shard: 1}";
+    assert!(stock.contains(old), "llama.yaml's up_proj rule changed");
+    let custom = stock.replace(old, "{from: .w3, to: .gate_up_proj, shard: 1}");
+    let mapping = tempfile::TempDir::new().unwrap();
+    let mfile = mapping.path().join("my-llama.yaml");
+    fs::write(&mfile, custom).unwrap();
+
+    let p = wload_json(&[
+        "plan",
+        s(tmp.path()),
+        "--tp",
+        "2",
+        "--mapping",
+        s(&mfile),
+        "--json",
+    ]);
+    let sources = p["sources"].as_array().unwrap();
+    for r in 0..2 {
+        let gate_up = p["ranks"][r]["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "model.layers.0.mlp.gate_up_proj.weight")
+            .expect("gate_up_proj planned");
+        let from: Vec<&str> = gate_up["pieces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|pc| pc["copy"]["source"].as_u64())
+            .map(|i| sources[i as usize]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            from,
+            [
+                "model.layers.0.mlp.gate_proj.weight",
+                "model.layers.0.mlp.w3.weight"
+            ],
+            "rank {r}: {gate_up}"
+        );
+        assert_eq!(
+            rank_tensors(&p, r)
+                .iter()
+                .find(|t| t.0 == "model.layers.0.mlp.gate_up_proj.weight")
+                .unwrap()
+                .2,
+            vec![256, 128]
+        );
+    }
+}
+
+#[test]
+fn mapping_file_with_a_yaml_syntax_error_is_a_usage_error_naming_the_file() {
+    let mapping = tempfile::TempDir::new().unwrap();
+    let mfile = mapping.path().join("broken.yaml");
+    fs::write(
+        &mfile,
+        "family: broken\narchitectures: [LlamaForCausalLM\nparameters: {}\n",
+    )
+    .unwrap();
+    let fixture = fixtures_dir().join("llama_gqa");
+    plan(&fixture, &["--tp", "2", "--mapping", s(&mfile)])
+        .refused(2)
+        .says(&[s(&mfile)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Usage errors (exit 2)
+
+#[test]
+fn rank_out_of_range_is_a_usage_error() {
+    let fixture = fixtures_dir().join("llama_gqa");
+    plan(&fixture, &["--tp", "2", "--rank", "2"])
+        .refused(2)
+        .says(&["--rank 2", "--tp 2"]);
+}
+
+#[test]
+fn tp_zero_is_a_usage_error() {
+    let fixture = fixtures_dir().join("llama_gqa");
+    plan(&fixture, &["--tp", "0"]).refused(2).says(&["--tp"]);
+}
+
+// Regression: `--tp 0 --rank 0` once underflowed `tp - 1` in the rank range check.
+#[test]
+fn tp_zero_with_a_rank_is_a_usage_error_not_a_panic() {
+    let fixture = fixtures_dir().join("llama_gqa");
+    plan(&fixture, &["--tp", "0", "--rank", "0"])
+        .refused(2)
+        .says(&["--tp"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a valid plan holds
+
+#[test]
+fn dtype_float16_converts_weights_but_keeps_attention_scales_f32() {
+    let fixture = fixtures_dir().join("llama_gqa");
+    let p = wload_json(&[
+        "plan",
+        s(&fixture),
+        "--tp",
+        "2",
+        "--dtype",
+        "float16",
+        "--json",
+    ]);
+    assert_eq!(p["dtype"], "F16");
+    for r in 0..2 {
+        let ts = rank_tensors(&p, r);
+        let dtype_of = |n: &str| {
+            ts.iter()
+                .find(|t| t.0 == n)
+                .unwrap_or_else(|| panic!("rank {r}: no {n}"))
+                .1
+                .clone()
+        };
+        assert_eq!(dtype_of("model.layers.0.self_attn.qkv_proj.weight"), "F16");
+        assert_eq!(dtype_of("model.embed_tokens.weight"), "F16");
+        assert_eq!(dtype_of("model.layers.1.input_layernorm.weight"), "F16");
+        assert_eq!(dtype_of("model.layers.0.self_attn.attn._k_scale"), "F32");
+        for t in &ts {
+            let want = if t.0.contains("attn._") { "F32" } else { "F16" };
+            assert_eq!(t.1, want, "rank {r}: {}", t.0);
+        }
+    }
+}
+
+#[test]
+fn float32_checkpoint_under_auto_dtype_plans_bf16() {
+    let fixture = fixtures_dir().join("phi3_fp32");
+    let p = wload_json(&["plan", s(&fixture), "--tp", "2", "--json"]);
+    assert_eq!(p["dtype"], "BF16");
+    let ts = rank_tensors(&p, 0);
+    assert!(ts.iter().any(|t| t.1 == "BF16"));
+    for t in ts.iter().filter(|t| !t.0.contains("attn._")) {
+        assert_eq!(t.1, "BF16", "{}", t.0);
+    }
+}
+
+#[test]
+fn human_plan_output_lists_each_rank_and_the_qkv_sources() {
+    let fixture = fixtures_dir().join("llama_gqa");
+    let r = plan(&fixture, &["--tp", "2"]);
+    assert_eq!(r.code, Some(0), "{}", r.context());
+    let out = &r.stdout;
+    assert!(out.contains("rank 0 ("), "{out}");
+    let rank1 = out
+        .find("rank 1 (")
+        .map(|i| &out[i..])
+        .unwrap_or_else(|| panic!("no rank 1 section:\n{out}"));
+    let qkv = rank1
+        .lines()
+        .find(|l| {
+            l.trim_start()
+                .starts_with("model.layers.0.self_attn.qkv_proj.weight")
+        })
+        .unwrap_or_else(|| panic!("no qkv row in rank 1:\n{rank1}"));
+    for src in ["q_proj", "k_proj", "v_proj"] {
+        assert!(
+            qkv.contains(&format!("model.layers.0.self_attn.{src}.weight")),
+            "{qkv}"
+        );
+    }
+    // rank 1 takes the second half of the q heads and of the kv heads (4 kv heads, tp 2).
+    assert!(qkv.contains("q_proj.weight rows [64, 128)"), "{qkv}");
+    assert!(qkv.contains("k_proj.weight rows [32, 64)"), "{qkv}");
+    assert!(qkv.contains("v_proj.weight rows [32, 64)"), "{qkv}");
+    assert!(r.stderr.is_empty(), "{}", r.context());
+}
