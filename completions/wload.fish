@@ -30,7 +30,7 @@ complete -c wload -n "__fish_wload_needs_command" -s h -l help -d 'Print help (s
 complete -c wload -n "__fish_wload_needs_command" -s V -l version -d 'Print version'
 complete -c wload -n "__fish_wload_needs_command" -f -a "inspect" -d 'Show a checkpoint\'s files, config and tensors'
 complete -c wload -n "__fish_wload_needs_command" -f -a "plan" -d 'Compute what every tensor-parallel rank holds, exactly as vLLM'
-complete -c wload -n "__fish_wload_needs_command" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files (not implemented yet)'
+complete -c wload -n "__fish_wload_needs_command" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files for vLLM\'s sharded_state loader'
 complete -c wload -n "__fish_wload_needs_command" -f -a "load" -d 'Load a checkpoint into device memory per rank (not implemented yet)'
 complete -c wload -n "__fish_wload_needs_command" -f -a "completions" -d 'Print a shell completion script to stdout'
 complete -c wload -n "__fish_wload_needs_command" -f -a "man" -d 'Print the man page (roff) to stdout'
@@ -81,6 +81,19 @@ complete -c wload -n "__fish_wload_using_subcommand shard" -l config-format -d '
 hf\t'Hugging Face config.json'
 mistral\t'Mistral\'s params.json'"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
+bfloat16\t''
+float16\t''
+float32\t''"
+complete -c wload -n "__fish_wload_using_subcommand shard" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
+complete -c wload -n "__fish_wload_using_subcommand shard" -s o -l output -d 'Output folder (must not exist, unless --force)' -r -f -a "(__fish_complete_directories)"
+complete -c wload -n "__fish_wload_using_subcommand shard" -l max-part-size -d 'Largest data size of one part file: bytes (40000) or with a unit (500MB, 5GiB)' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l ranks -d 'Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l enable-expert-parallel -d 'Spread MoE experts over the ranks instead of splitting each (vLLM\'s --enable-expert-parallel)'
+complete -c wload -n "__fish_wload_using_subcommand shard" -l force -d 'Replace OUT if it exists (only once the new output is complete)'
+complete -c wload -n "__fish_wload_using_subcommand shard" -l verify -d 'Read every written byte back and compare it with the source before publishing OUT'
+complete -c wload -n "__fish_wload_using_subcommand shard" -l json -d 'Print a JSON report (the manifest, sizes, timings) instead of a summary'
 complete -c wload -n "__fish_wload_using_subcommand shard" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
 complete -c wload -n "__fish_wload_using_subcommand shard" -s q -l quiet -d 'Print nothing but results and errors'
 complete -c wload -n "__fish_wload_using_subcommand shard" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -108,7 +121,7 @@ complete -c wload -n "__fish_wload_using_subcommand man" -s h -l help -d 'Print 
 complete -c wload -n "__fish_wload_using_subcommand man" -s V -l version -d 'Print version'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "inspect" -d 'Show a checkpoint\'s files, config and tensors'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "plan" -d 'Compute what every tensor-parallel rank holds, exactly as vLLM'
-complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files (not implemented yet)'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files for vLLM\'s sharded_state loader'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "load" -d 'Load a checkpoint into device memory per rank (not implemented yet)'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "completions" -d 'Print a shell completion script to stdout'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "man" -d 'Print the man page (roff) to stdout'

@@ -1,6 +1,7 @@
 //! Safetensors headers → the tensor table. Only the first `8 + n` bytes of each file are read here;
 //! tensor data is never touched at this stage.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
@@ -12,6 +13,10 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::{self, Dtype};
+
+/// The hasher for maps keyed by tensor names: 128k names in a large checkpoint, and SipHash's
+/// resistance to chosen keys buys nothing for names read from local files.
+type NameHasher = foldhash::fast::RandomState;
 
 /// safetensors refuses headers above 100 MB; so do we, before allocating.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
@@ -69,7 +74,7 @@ pub struct Checkpoint {
     pub files: Vec<WeightFile>,
     pub duplicates: Vec<Duplicate>,
     /// name → (file index, position in that file's tensors) of the copy vLLM keeps.
-    winners: HashMap<String, (usize, usize)>,
+    winners: HashMap<String, (usize, usize), NameHasher>,
 }
 
 impl Checkpoint {
@@ -97,8 +102,9 @@ impl Checkpoint {
     }
 
     pub fn from_files(files: Vec<WeightFile>) -> Checkpoint {
-        let mut winners: HashMap<String, (usize, usize)> = HashMap::new();
-        let mut seen_in: HashMap<&str, Vec<usize>> = HashMap::new();
+        let total = files.iter().map(|f| f.tensors.len()).sum();
+        let mut winners = HashMap::with_capacity_and_hasher(total, NameHasher::default());
+        let mut seen_in: HashMap<&str, Vec<usize>, NameHasher> = HashMap::default();
         for (fi, f) in files.iter().enumerate() {
             for (ti, t) in f.tensors.iter().enumerate() {
                 if winners.insert(t.name.clone(), (fi, ti)).is_some() {
@@ -296,10 +302,11 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
 
     let mut tensors = Vec::with_capacity(raw.tensors.len());
     for (tname, rt) in raw.tensors {
-        let dtype: Dtype = rt.dtype.parse().map_err(|()| HeaderError::UnknownDtype {
+        let tname = tname.into_owned();
+        let dtype: Dtype = rt.dtype.0.parse().map_err(|()| HeaderError::UnknownDtype {
             path: p(),
             tensor: tname.clone(),
-            dtype: rt.dtype.clone(),
+            dtype: rt.dtype.0.to_string(),
         })?;
         let (start, end) = rt.data_offsets;
         if end < start {
@@ -404,33 +411,62 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
 }
 
 #[derive(Deserialize)]
-struct RawTensor {
-    dtype: String,
+struct RawTensor<'a> {
+    #[serde(borrow)]
+    dtype: Text<'a>,
     shape: Vec<u64>,
     data_offsets: (u64, u64),
 }
 
-/// The header object: `__metadata__` plus one entry per tensor. Deserialised by hand so that
-/// duplicate keys are caught and no intermediate `Value` tree is built (128k tensors parse in
-/// milliseconds).
-struct RawHeader {
-    metadata: Option<BTreeMap<String, String>>,
-    tensors: Vec<(String, RawTensor)>,
+/// A JSON string, borrowed from the header text unless it has escapes (which tensor names and
+/// dtypes almost never do): one allocation less per tensor for the name, and none for the dtype.
+struct Text<'de>(Cow<'de, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Text<'a>;
+            // The same wording as `String`'s, so error messages do not change.
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V(std::marker::PhantomData))
+    }
 }
 
-impl<'de> Deserialize<'de> for RawHeader {
+/// The header object: `__metadata__` plus one entry per tensor. Deserialised by hand so that
+/// duplicate keys are caught and no intermediate `Value` tree is built (128k tensors parse in
+/// milliseconds). Names borrow from the header text.
+struct RawHeader<'de> {
+    metadata: Option<BTreeMap<String, String>>,
+    tensors: Vec<(Cow<'de, str>, RawTensor<'de>)>,
+}
+
+impl<'de> Deserialize<'de> for RawHeader<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = RawHeader;
+            type Value = RawHeader<'de>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON object mapping tensor names to {dtype, shape, data_offsets}")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader<'de>, A::Error> {
                 let mut metadata = None;
                 let mut tensors = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                let mut seen = HashSet::new();
-                while let Some(key) = map.next_key::<String>()? {
+                // Cloning a borrowed key is free.
+                let mut seen: HashSet<Cow<'de, str>, NameHasher> = HashSet::default();
+                while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
                     if !seen.insert(key.clone()) {
                         return Err(de::Error::custom(format_args!("key '{key}' appears twice")));
                     }

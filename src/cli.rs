@@ -62,8 +62,18 @@ any tensor data is read.",
         after_long_help = EXIT_CODES
     )]
     Plan(PlanArgs),
-    /// Write pre-sharded per-rank safetensors files (not implemented yet)
-    Shard(PendingArgs),
+    /// Write pre-sharded per-rank safetensors files for vLLM's sharded_state loader
+    #[command(
+        long_about = "Write pre-sharded per-rank safetensors files for vLLM's sharded_state loader.\n\n\
+Writes model-rank-{r}-part-{p}.safetensors for every rank, byte for byte what vLLM 0.33 saves with \
+save_sharded_state, plus the source's side files (config.json, tokenizer, ...) and a manifest, \
+wload.json. Then: vllm serve OUT --load-format sharded_state -tp N.\n\n\
+The output is built in a temporary folder next to OUT and renamed into place only when complete \
+(and verified, with --verify); an interrupted or failed run leaves no OUT behind. Each source byte \
+is read once, whatever the TP size, and memory stays bounded.",
+        after_long_help = EXIT_CODES
+    )]
+    Shard(ShardArgs),
     /// Load a checkpoint into device memory per rank (not implemented yet)
     Load(PendingArgs),
     /// Print a shell completion script to stdout
@@ -170,6 +180,69 @@ pub struct PlanArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ShardArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+
+    /// Output folder (must not exist, unless --force)
+    #[arg(short, long = "output", value_name = "OUT", value_hint = clap::ValueHint::DirPath)]
+    pub out: PathBuf,
+
+    /// Largest data size of one part file: bytes (40000) or with a unit (500MB, 5GiB)
+    #[arg(long, value_name = "SIZE", default_value = "5GiB", value_parser = parse_size)]
+    pub max_part_size: u64,
+
+    /// Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)
+    #[arg(long, value_name = "LIST", value_parser = parse_ranks)]
+    pub ranks: Option<Vec<u64>>,
+
+    /// Replace OUT if it exists (only once the new output is complete)
+    #[arg(long)]
+    pub force: bool,
+
+    /// Read every written byte back and compare it with the source before publishing OUT
+    #[arg(long)]
+    pub verify: bool,
+
+    /// Print a JSON report (the manifest, sizes, timings) instead of a summary
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    crate::exec::parts::parse_size(s)
+}
+
+/// `0-3,5` → [0, 1, 2, 3, 5].
+pub fn parse_ranks(s: &str) -> Result<Vec<u64>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let num = |x: &str| {
+            x.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("'{x}' is not a rank number (use e.g. 0-3 or 0,2,5)"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("'{part}' is an empty range"));
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(num(part)?),
+        }
+    }
+    if out.is_empty() {
+        return Err("no ranks given".into());
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Args)]
 pub struct PendingArgs {
     #[command(flatten)]
     pub source: SourceArgs,
@@ -179,6 +252,16 @@ pub struct PendingArgs {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn rank_lists_parse() {
+        assert_eq!(parse_ranks("0-3"), Ok(vec![0, 1, 2, 3]));
+        assert_eq!(parse_ranks("0,2,5"), Ok(vec![0, 2, 5]));
+        assert_eq!(parse_ranks("1-2,7"), Ok(vec![1, 2, 7]));
+        assert!(parse_ranks("3-1").is_err());
+        assert!(parse_ranks("a").is_err());
+        assert!(parse_ranks("").is_err());
+    }
 
     #[test]
     fn cli_is_consistent() {

@@ -14,6 +14,8 @@ pub enum ExitStatus {
     Usage = 2,
     /// The checkpoint is malformed or does not fit the model / plan.
     Checkpoint = 3,
+    /// Interrupted by Ctrl-C (SIGINT); nothing was published.
+    Interrupted = 130,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,8 @@ pub enum Error {
     Plan(#[from] crate::plan::PlanError),
     #[error("{0}")]
     Usage(String),
+    #[error(transparent)]
+    Shard(#[from] crate::shard::ShardError),
     #[error("--filter: {0}")]
     BadFilter(#[from] regex::Error),
     #[error("`wload {0}` is not implemented yet")]
@@ -60,6 +64,18 @@ impl Error {
             Error::Plan(crate::plan::PlanError::Mapping(e)) if e.is_usage() => ExitStatus::Usage,
             Error::Plan(_) => ExitStatus::Checkpoint,
             Error::NotImplemented(_) | Error::Output(_) => ExitStatus::Runtime,
+            Error::Shard(
+                crate::shard::ShardError::OutExists(_)
+                | crate::shard::ShardError::BadRank { .. }
+                | crate::shard::ShardError::OutIsSource(_),
+            ) => ExitStatus::Usage,
+            Error::Shard(crate::shard::ShardError::Exec(crate::exec::ExecError::Corrupt {
+                ..
+            })) => ExitStatus::Checkpoint,
+            Error::Shard(crate::shard::ShardError::Exec(crate::exec::ExecError::Cancelled)) => {
+                ExitStatus::Interrupted
+            }
+            Error::Shard(_) => ExitStatus::Runtime,
         }
     }
 

@@ -13,8 +13,10 @@ use crate::{Error, Opened};
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// Borrows the tensor rows from the [`Opened`] checkpoint it describes: a large checkpoint has
+/// 128k of them, and copying every name would cost more than printing them.
 #[derive(Debug, Serialize)]
-pub struct Inspection {
+pub struct Inspection<'a> {
     pub schema_version: u32,
     pub wload_version: &'static str,
     pub source: String,
@@ -23,7 +25,7 @@ pub struct Inspection {
     pub dropped: Vec<DroppedFile>,
     pub config: ConfigSummary,
     pub filter: Option<String>,
-    pub tensors: Vec<TensorRow>,
+    pub tensors: Vec<TensorRow<'a>>,
     pub duplicates: Vec<crate::checkpoint::Duplicate>,
     pub totals: Totals,
 }
@@ -58,12 +60,12 @@ pub struct ConfigSummary {
 }
 
 #[derive(Debug, Serialize)]
-pub struct TensorRow {
-    pub name: String,
+pub struct TensorRow<'a> {
+    pub name: &'a str,
     pub dtype: Dtype,
-    pub shape: Vec<u64>,
+    pub shape: &'a [u64],
     pub bytes: u64,
-    pub file: String,
+    pub file: &'a str,
     /// A later file holds a tensor of the same name; vLLM keeps that one.
     pub shadowed: bool,
 }
@@ -86,7 +88,7 @@ pub struct DtypeTotal {
 }
 
 /// Gathers the facts; `filter` keeps tensors whose name matches (totals then cover those only).
-pub fn inspect(opened: &Opened, filter: Option<&str>) -> Result<Inspection, Error> {
+pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspection<'a>, Error> {
     let re = filter.map(Regex::new).transpose()?;
     let Opened {
         resolved,
@@ -108,14 +110,17 @@ pub fn inspect(opened: &Opened, filter: Option<&str>) -> Result<Inspection, Erro
         })
         .collect();
 
-    let mut tensors = Vec::new();
+    let listed = checkpoint.files.iter().map(|f| f.tensors.len()).sum();
+    let mut tensors = Vec::with_capacity(if re.is_some() { 0 } else { listed });
+    // Without duplicates no copy is shadowed, and the name lookup per tensor can be skipped.
+    let any_shadowed = !checkpoint.duplicates.is_empty();
     let mut by: BTreeMap<Dtype, DtypeTotal> = BTreeMap::new();
     let mut totals = Totals::default();
     for t in checkpoint.all_tensors() {
         if re.as_ref().is_some_and(|re| !re.is_match(&t.name)) {
             continue;
         }
-        let shadowed = !checkpoint.is_effective(t);
+        let shadowed = any_shadowed && !checkpoint.is_effective(t);
         if !shadowed {
             let numel = t.numel();
             let e = by.entry(t.dtype).or_insert(DtypeTotal {
@@ -132,11 +137,11 @@ pub fn inspect(opened: &Opened, filter: Option<&str>) -> Result<Inspection, Erro
             totals.parameters += numel;
         }
         tensors.push(TensorRow {
-            name: t.name.clone(),
+            name: &t.name,
             dtype: t.dtype,
-            shape: t.shape.clone(),
+            shape: &t.shape,
             bytes: t.len,
-            file: checkpoint.files[t.file].name.clone(),
+            file: &checkpoint.files[t.file].name,
             shadowed,
         });
     }

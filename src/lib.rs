@@ -8,10 +8,12 @@ pub mod cli;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod exec;
 pub mod inspect;
 pub mod mapping;
 pub mod plan;
 pub mod report;
+pub mod shard;
 pub mod source;
 
 use std::path::PathBuf;

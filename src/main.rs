@@ -3,6 +3,10 @@
 
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+mod progress;
 
 use clap::{CommandFactory, Parser};
 
@@ -46,6 +50,13 @@ fn run(cli: Cli) -> Result<(), Error> {
                 wload::report::write_inspection(&mut out, &report, cli.verbose > 0)
                     .map_err(Error::Output)?;
             }
+            out.flush().map_err(Error::Output)?;
+            // A large checkpoint is hundreds of thousands of small allocations (names, shapes,
+            // rows); freeing them one by one takes tens of milliseconds just before the process
+            // exits and the OS reclaims everything anyway. Output is flushed above; nothing here
+            // has a destructor with an effect outside the process.
+            std::mem::forget(report);
+            std::mem::forget(opened);
         }
         Command::Plan(args) => {
             let opened = wload::open(&source_options(&args.source)?)?;
@@ -59,7 +70,32 @@ fn run(cli: Cli) -> Result<(), Error> {
                     .map_err(Error::Output)?;
             }
         }
-        Command::Shard(_) => return Err(Error::NotImplemented("shard")),
+        Command::Shard(args) => {
+            let mut opened = wload::open(&source_options(&args.source)?)?;
+            let opts = wload::shard::ShardOptions {
+                out: args.out.clone(),
+                max_part_size: args.max_part_size,
+                ranks: args.ranks.clone(),
+                force: args.force,
+                verify: args.verify,
+            };
+            wload::shard::precheck(&opts, args.parallel.tp, &opened.resolved.root)?;
+            let t = Instant::now();
+            let plan = wload::make_plan(&opened, &plan_options(&args.parallel))?;
+            opened.timings.plan_s = t.elapsed().as_secs_f64();
+            let cancel = interrupt_flag();
+            let quiet = cli.quiet;
+            let report = wload::shard::shard(&opened, plan, &opts, cancel, &|total| {
+                progress::bar(total, quiet)
+            })?;
+            if args.json {
+                serde_json::to_writer_pretty(&mut out, &report)
+                    .map_err(|e| Error::Output(e.into()))?;
+                writeln!(out).map_err(Error::Output)?;
+            } else if !cli.quiet {
+                wload::report::write_shard(&mut out, &report).map_err(Error::Output)?;
+            }
+        }
         Command::Load(_) => return Err(Error::NotImplemented("load")),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "wload", &mut out);
@@ -71,6 +107,13 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
     }
     out.flush().map_err(Error::Output)
+}
+
+/// Set on Ctrl-C; long-running work checks it and stops cleanly (nothing is published).
+fn interrupt_flag() -> &'static AtomicBool {
+    static FLAG: AtomicBool = AtomicBool::new(false);
+    let _ = ctrlc::set_handler(|| FLAG.store(true, Ordering::Relaxed));
+    &FLAG
 }
 
 fn source_options(a: &SourceArgs) -> Result<SourceOptions, Error> {

@@ -1,15 +1,24 @@
 //! Human-facing output: aligned tables and sizes. JSON output is serde's; this is the rest.
 
+use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
 use crate::inspect::Inspection;
 use crate::plan::{Piece, PlanReport};
 
 /// A plain aligned table; columns marked numeric are right-aligned.
+///
+/// Cells are written back to back into one buffer as they are added, and the column widths are
+/// kept as they go, so a table of 128k rows costs a few large buffers instead of a `String` per
+/// cell.
 pub struct Table {
     header: Vec<&'static str>,
     numeric: Vec<bool>,
-    rows: Vec<Vec<String>>,
+    width: Vec<usize>,
+    /// Every cell's text, row after row.
+    text: String,
+    /// Where each cell ends in `text`; a cell starts where the previous one ends.
+    ends: Vec<usize>,
 }
 
 impl Table {
@@ -17,63 +26,132 @@ impl Table {
         Table {
             header: columns.iter().map(|c| c.0).collect(),
             numeric: columns.iter().map(|c| c.1).collect(),
-            rows: Vec::new(),
+            width: columns.iter().map(|c| width(c.0)).collect(),
+            text: String::new(),
+            ends: Vec::new(),
         }
     }
 
-    pub fn row(&mut self, cells: Vec<String>) {
-        debug_assert_eq!(cells.len(), self.header.len());
-        self.rows.push(cells);
+    /// Adds a whole row.
+    pub fn row<S: AsRef<str>>(&mut self, cells: impl IntoIterator<Item = S>) {
+        let before = self.ends.len();
+        for c in cells {
+            self.cell(c.as_ref());
+        }
+        debug_assert_eq!(self.ends.len() - before, self.header.len());
+    }
+
+    /// Adds the next cell: cells fill a row from left to right, then start the next row.
+    pub fn cell(&mut self, s: &str) {
+        self.text.push_str(s);
+        self.end_cell();
+    }
+
+    /// Adds the next cell, formatted straight into the table (`format_args!`).
+    pub fn cell_fmt(&mut self, args: fmt::Arguments) {
+        self.text
+            .write_fmt(args)
+            .expect("formatting into a String does not fail");
+        self.end_cell();
+    }
+
+    fn end_cell(&mut self) {
+        let start = self.ends.last().copied().unwrap_or(0);
+        let col = self.ends.len() % self.width.len();
+        self.width[col] = self.width[col].max(width(&self.text[start..]));
+        self.ends.push(self.text.len());
     }
 
     pub fn write(&self, w: &mut dyn Write, indent: &str) -> io::Result<()> {
-        let mut width: Vec<usize> = self.header.iter().map(|h| h.len()).collect();
-        for r in &self.rows {
-            for (i, c) in r.iter().enumerate() {
-                width[i] = width[i].max(c.chars().count());
-            }
-        }
-        let line = |w: &mut dyn Write, cells: &mut dyn Iterator<Item = &str>| -> io::Result<()> {
-            let mut s = String::from(indent);
-            for (i, c) in cells.enumerate() {
-                if i > 0 {
-                    s.push_str("  ");
-                }
-                let pad = width[i] - c.chars().count();
-                let last = i + 1 == width.len();
-                if self.numeric[i] {
-                    s.extend(std::iter::repeat_n(' ', pad));
-                    s.push_str(c);
-                } else {
-                    s.push_str(c);
-                    if !last {
-                        s.extend(std::iter::repeat_n(' ', pad));
-                    }
-                }
-            }
-            writeln!(w, "{}", s.trim_end())
-        };
-        line(w, &mut self.header.iter().copied())?;
-        for r in &self.rows {
-            line(w, &mut r.iter().map(String::as_str))?;
+        debug_assert_eq!(self.ends.len() % self.header.len(), 0);
+        let mut line = String::new();
+        self.write_line(w, &mut line, indent, self.header.iter().copied())?;
+        let mut start = 0;
+        for row in self.ends.chunks(self.header.len()) {
+            let cells = row.iter().map(|&end| {
+                let c = &self.text[start..end];
+                start = end;
+                c
+            });
+            self.write_line(w, &mut line, indent, cells)?;
         }
         Ok(())
+    }
+
+    /// One line, built in `line` (reused from line to line) so that trailing blanks can be trimmed.
+    fn write_line<'c>(
+        &self,
+        w: &mut dyn Write,
+        line: &mut String,
+        indent: &str,
+        cells: impl Iterator<Item = &'c str>,
+    ) -> io::Result<()> {
+        line.clear();
+        line.push_str(indent);
+        for (i, c) in cells.enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            let pad = self.width[i] - width(c);
+            let last = i + 1 == self.width.len();
+            if self.numeric[i] {
+                push_spaces(line, pad);
+                line.push_str(c);
+            } else {
+                line.push_str(c);
+                if !last {
+                    push_spaces(line, pad);
+                }
+            }
+        }
+        line.truncate(line.trim_end().len());
+        line.push('\n');
+        w.write_all(line.as_bytes())
+    }
+}
+
+/// Display width as the table counts it: characters (bytes when the text is ASCII, which is faster).
+fn width(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.chars().count()
+    }
+}
+
+fn push_spaces(s: &mut String, n: usize) {
+    const SPACES: &str = "                                                                ";
+    let mut n = n;
+    while n > 0 {
+        let k = n.min(SPACES.len());
+        s.push_str(&SPACES[..k]);
+        n -= k;
     }
 }
 
 /// 1536 → "1.5 KiB".
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
+    HumanBytes(n).to_string()
+}
+
+/// [`human_bytes`] as a `Display`, to format without an intermediate `String`.
+pub struct HumanBytes(pub u64);
+
+impl fmt::Display for HumanBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+        let n = self.0;
+        let mut v = n as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u + 1 < UNITS.len() {
+            v /= 1024.0;
+            u += 1;
+        }
+        if u == 0 {
+            write!(f, "{n} B")
+        } else {
+            write!(f, "{v:.1} {}", UNITS[u])
+        }
     }
 }
 
@@ -90,9 +168,25 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// [2, 3] → "[2, 3]".
 pub fn shape(s: &[u64]) -> String {
-    let parts: Vec<String> = s.iter().map(u64::to_string).collect();
-    format!("[{}]", parts.join(", "))
+    Shape(s).to_string()
+}
+
+/// [`shape`] as a `Display`, to format without an intermediate `String`.
+pub struct Shape<'a>(pub &'a [u64]);
+
+impl fmt::Display for Shape<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_char('[')?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_char(']')
+    }
 }
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -200,18 +294,15 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
         ("FILE", false),
     ]);
     for r in &i.tensors {
-        let file = if r.shadowed {
-            format!("{} (shadowed by a later file)", r.file)
+        t.cell(r.name);
+        t.cell(r.dtype.as_str());
+        t.cell_fmt(format_args!("{}", Shape(r.shape)));
+        t.cell_fmt(format_args!("{}", HumanBytes(r.bytes)));
+        if r.shadowed {
+            t.cell_fmt(format_args!("{} (shadowed by a later file)", r.file));
         } else {
-            r.file.clone()
-        };
-        t.row(vec![
-            r.name.clone(),
-            r.dtype.to_string(),
-            shape(&r.shape),
-            human_bytes(r.bytes),
-            file,
-        ]);
+            t.cell(r.file);
+        }
     }
     t.write(w, "  ")?;
 
@@ -327,6 +418,48 @@ pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Resul
         t.write(w, "  ")?;
     }
     Ok(())
+}
+
+/// The `shard` summary: where the files went and how long each stage took.
+pub fn write_shard(w: &mut dyn Write, r: &crate::shard::ShardReport) -> io::Result<()> {
+    let m = &r.manifest;
+    writeln!(
+        w,
+        "wrote {} files ({}) for tp {} ranks {:?} to {}",
+        m.files.len(),
+        human_bytes(r.bytes),
+        m.tp,
+        m.ranks,
+        r.out
+    )?;
+    if !r.side_files.is_empty() {
+        writeln!(w, "copied {}", r.side_files.join(", "))?;
+    }
+    let t = &r.timings;
+    let rate = if t.write_s > 0.0 {
+        format!(" ({}/s)", human_bytes((r.bytes as f64 / t.write_s) as u64))
+    } else {
+        String::new()
+    };
+    writeln!(
+        w,
+        "time: headers {:.3}s, plan {:.3}s, write {:.3}s{rate}, side files {:.3}s, hash {:.3}s{}",
+        t.open.headers_s,
+        t.open.plan_s,
+        t.write_s,
+        t.side_files_s,
+        t.hash_s,
+        if r.verified {
+            format!(", verify {:.3}s (all bytes match)", t.verify_s)
+        } else {
+            String::new()
+        }
+    )?;
+    writeln!(
+        w,
+        "serve with: vllm serve {} --load-format sharded_state --tensor-parallel-size {}",
+        r.out, m.tp
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,299 @@
+//! Execute: carry out a plan's block moves. One engine serves every destination (files being
+//! written, files being verified, host memory): it reads each source tensor once, in bounded
+//! chunks, and hands every destination its converted bytes through a [`Sink`].
+
+pub mod convert;
+pub mod parts;
+pub mod verify;
+pub mod write;
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rayon::prelude::*;
+
+use crate::dtype::Dtype;
+use crate::plan::{Piece, Plan};
+
+/// Source bytes read per step; with one step in flight per thread this bounds memory.
+pub const CHUNK_BYTES: u64 = 16 << 20;
+
+/// Where converted bytes go.
+pub trait Sink: Sync {
+    /// `bytes` belong at byte `offset` of output `out`.
+    fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError>;
+    /// Outputs start as zeros (fresh sparse files, zeroed memory): zero fills can be skipped.
+    fn starts_zeroed(&self) -> bool;
+}
+
+/// Told how many output bytes are done, for progress bars.
+pub trait Progress: Sync {
+    fn advance(&self, bytes: u64);
+}
+
+/// No progress reporting.
+pub struct Quiet;
+
+impl Progress for Quiet {
+    fn advance(&self, _: u64) {}
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "{path}: tensor '{tensor}' differs from what the plan computes, at byte {offset} of the file"
+    )]
+    Mismatch {
+        path: PathBuf,
+        tensor: String,
+        offset: u64,
+    },
+    /// A checkpoint file is not what its header promises (truncated).
+    #[error("{path}: {message}")]
+    Corrupt { path: PathBuf, message: String },
+    /// A written file does not read back as written.
+    #[error("{path}: verification failed: {message}")]
+    Verify { path: PathBuf, message: String },
+    #[error("interrupted")]
+    Cancelled,
+}
+
+impl ExecError {
+    pub fn io(op: &'static str, path: &Path, source: io::Error) -> ExecError {
+        ExecError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Where one output tensor lives: output `out`, data starting at byte `offset`.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement {
+    pub rank: usize,
+    pub tensor: usize,
+    pub out: usize,
+    pub offset: u64,
+}
+
+struct Job {
+    out: usize,
+    base: u64,
+    to: Dtype,
+    rows: u64,
+    row: u64,
+    src_start: u64,
+    src_stride: u64,
+    dst_start: u64,
+    dst_stride: u64,
+}
+
+/// Runs every piece of the placed tensors: copies grouped by source (each source read once, in
+/// chunks, in parallel over sources), then fills.
+pub fn execute(
+    plan: &Plan,
+    root: &Path,
+    placements: &[Placement],
+    sink: &dyn Sink,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+) -> Result<(), ExecError> {
+    let mut jobs: Vec<Vec<Job>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
+    let mut fills = Vec::new();
+    for pl in placements {
+        let t = &plan.ranks[pl.rank].tensors[pl.tensor];
+        for piece in &t.pieces {
+            match piece {
+                Piece::Copy {
+                    source,
+                    rows,
+                    row,
+                    src_start,
+                    src_stride,
+                    dst_start,
+                    dst_stride,
+                    ..
+                } => jobs[*source].push(Job {
+                    out: pl.out,
+                    base: pl.offset,
+                    to: t.dtype,
+                    rows: *rows,
+                    row: *row,
+                    src_start: *src_start,
+                    src_stride: *src_stride,
+                    dst_start: *dst_start,
+                    dst_stride: *dst_stride,
+                }),
+                Piece::Fill {
+                    dst_start,
+                    count,
+                    value,
+                } => {
+                    if *value != 0.0 || !sink.starts_zeroed() {
+                        let item = t.dtype.bits() / 8;
+                        fills.push((
+                            pl.out,
+                            pl.offset + dst_start * item,
+                            t.dtype,
+                            *value,
+                            *count,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    // Each checkpoint file is opened once and shared; pread needs no seeking.
+    let mut files: Vec<Option<(PathBuf, File)>> = Vec::new();
+    for s in &plan.sources {
+        if files.len() <= s.file_index {
+            files.resize_with(s.file_index + 1, || None);
+        }
+        if files[s.file_index].is_none() {
+            let path = root.join(&s.file);
+            let f = File::open(&path).map_err(|e| ExecError::io("opening", &path, e))?;
+            files[s.file_index] = Some((path, f));
+        }
+    }
+
+    let mut order: Vec<usize> = (0..plan.sources.len())
+        .filter(|&s| !jobs[s].is_empty())
+        .collect();
+    order.sort_by_key(|&s| (plan.sources[s].file_index, plan.sources[s].offset));
+    order.par_iter().try_for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(buf, out): &mut (Vec<u8>, Vec<u8>), &s| {
+            let src = &plan.sources[s];
+            let (path, file) = files[src.file_index].as_ref().expect("opened above");
+            copy_source(src, path, file, &jobs[s], sink, cancel, progress, buf, out)
+        },
+    )?;
+
+    for (out, offset, dtype, value, count) in fills {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(ExecError::Cancelled);
+        }
+        let bytes = convert::fill_bytes(dtype, value, count);
+        sink.put(out, offset, &bytes)?;
+        progress.advance(bytes.len() as u64);
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn copy_source(
+    src: &crate::plan::Source,
+    path: &Path,
+    file: &File,
+    jobs: &[Job],
+    sink: &dyn Sink,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+    buf: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Result<(), ExecError> {
+    let isz = src.dtype.bits() / 8;
+    let total: u64 = src.shape.iter().product();
+    let chunk = (CHUNK_BYTES / isz).max(1);
+    let mut c0 = 0;
+    while c0 < total {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(ExecError::Cancelled);
+        }
+        let c1 = (c0 + chunk).min(total);
+        buf.resize(((c1 - c0) * isz) as usize, 0);
+        file.read_exact_at(buf, src.offset + c0 * isz)
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    ExecError::Corrupt {
+                        path: path.to_path_buf(),
+                        message: format!(
+                            "tensor '{}' is cut short: the file is truncated",
+                            src.name
+                        ),
+                    }
+                } else {
+                    ExecError::io("reading", path, e)
+                }
+            })?;
+        for job in jobs {
+            let osz = job.to.bits() / 8;
+            let stride = job.src_stride.max(1);
+            let last_end = job.src_start + (job.rows - 1) * job.src_stride + job.row;
+            if job.rows == 0 || job.row == 0 || last_end <= c0 || job.src_start >= c1 {
+                continue;
+            }
+            // Rows k whose span [s_k, s_k + row) meets [c0, c1).
+            let k_lo = if c0 < job.src_start + job.row {
+                0
+            } else {
+                (c0 - job.src_start - job.row) / stride + 1
+            };
+            let k_hi = if job.rows == 1 {
+                1
+            } else {
+                (c1 - job.src_start).div_ceil(stride).min(job.rows)
+            };
+            let contiguous = job.rows == 1 || job.dst_stride == job.row;
+            out.clear();
+            let mut first: Option<u64> = None;
+            for k in k_lo..k_hi {
+                let s = job.src_start + k * job.src_stride;
+                let (a, e) = (s.max(c0), (s + job.row).min(c1));
+                if a >= e {
+                    continue;
+                }
+                let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
+                let dst = job.dst_start + k * job.dst_stride + (a - s);
+                if contiguous {
+                    first.get_or_insert(dst);
+                    convert::convert_into(src.dtype, job.to, bytes, out);
+                } else {
+                    out.clear();
+                    convert::convert_into(src.dtype, job.to, bytes, out);
+                    sink.put(job.out, job.base + dst * osz, out)?;
+                    progress.advance(out.len() as u64);
+                }
+            }
+            if let Some(dst) = first {
+                sink.put(job.out, job.base + dst * osz, out)?;
+                progress.advance(out.len() as u64);
+            }
+        }
+        c0 = c1;
+    }
+    Ok(())
+}
+
+/// Every tensor of the given part files, placed at its data offset in file `out`.
+pub fn placements_for(plan: &Plan, files: &[parts::PartFile]) -> Vec<Placement> {
+    let mut v = Vec::new();
+    for (out, f) in files.iter().enumerate() {
+        let rank = plan
+            .ranks
+            .iter()
+            .position(|r| r.rank == f.rank)
+            .expect("part files come from the plan's ranks");
+        for &(tensor, offset) in &f.tensors {
+            v.push(Placement {
+                rank,
+                tensor,
+                out,
+                offset,
+            });
+        }
+    }
+    v
+}

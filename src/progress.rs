@@ -1,0 +1,35 @@
+//! Progress bars for the binary: indicatif on a terminal, nothing otherwise.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use wload::exec::Progress;
+
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// A byte-count bar with rate and ETA when stderr is a terminal and not `--quiet`.
+pub fn bar(total: u64, quiet: bool) -> Box<dyn Progress> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return Box::new(wload::exec::Quiet);
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{bar:40.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .expect("valid template"),
+    );
+    Box::new(Bar(pb))
+}

@@ -1,0 +1,470 @@
+//! `wload shard`: per-rank files that vLLM's `--load-format sharded_state` reads, built in a
+//! temporary sibling folder and renamed into place only when complete (and verified).
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::exec::parts::{self, PartFile};
+use crate::exec::{ExecError, Progress, convert, verify, write};
+use crate::plan::Plan;
+use crate::{Error, Opened};
+
+/// vLLM's example script default (`--max-file-size 5*1024**3`).
+pub const DEFAULT_MAX_PART_SIZE: u64 = 5 << 30;
+
+/// The manifest written next to the part files.
+pub const MANIFEST: &str = "wload.json";
+
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
+    pub out: PathBuf,
+    pub max_part_size: u64,
+    /// Ranks to write; all when `None`.
+    pub ranks: Option<Vec<u64>>,
+    pub force: bool,
+    pub verify: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error("{0}: already exists; pass --force to replace it")]
+    OutExists(PathBuf),
+    #[error("--ranks: rank {rank} is out of range for --tp {tp}")]
+    BadRank { rank: u64, tp: u64 },
+    #[error("-o {0}: the output folder is the source folder")]
+    OutIsSource(PathBuf),
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+impl ShardError {
+    fn io(op: &'static str, path: &Path, source: io::Error) -> ShardError {
+        ShardError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// What was written, for the report and the manifest.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub wload_version: String,
+    /// vLLM's format and version these files are for.
+    pub format: String,
+    pub source: String,
+    pub architecture: String,
+    pub family: String,
+    pub tp: u64,
+    pub ranks: Vec<u64>,
+    pub expert_parallel: bool,
+    pub dtype: String,
+    pub max_part_size: u64,
+    pub tie_word_embeddings: bool,
+    pub files: Vec<ManifestFile>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestFile {
+    pub name: String,
+    pub rank: u64,
+    pub part: u64,
+    pub size: u64,
+    /// XXH3-64 of the whole file, hex.
+    pub xxh3: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardReport {
+    pub out: String,
+    pub manifest: Manifest,
+    pub bytes: u64,
+    pub side_files: Vec<String>,
+    pub verified: bool,
+    pub timings: ShardTimings,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ShardTimings {
+    #[serde(flatten)]
+    pub open: crate::Timings,
+    pub write_s: f64,
+    pub side_files_s: f64,
+    pub hash_s: f64,
+    pub verify_s: f64,
+}
+
+/// Refuses an existing OUT (without --force) and bad ranks before any work is done.
+pub fn precheck(opts: &ShardOptions, tp: u64, source: &Path) -> Result<(), ShardError> {
+    if opts.out.exists() && !opts.force {
+        return Err(ShardError::OutExists(opts.out.clone()));
+    }
+    if let (Ok(a), Ok(b)) = (opts.out.canonicalize(), source.canonicalize())
+        && a == b
+    {
+        return Err(ShardError::OutIsSource(opts.out.clone()));
+    }
+    for &rank in opts.ranks.iter().flatten() {
+        if rank >= tp {
+            return Err(ShardError::BadRank { rank, tp });
+        }
+    }
+    Ok(())
+}
+
+/// Writes the shards. `progress` is built once the total size is known.
+pub fn shard(
+    opened: &Opened,
+    mut plan: Plan,
+    opts: &ShardOptions,
+    cancel: &AtomicBool,
+    progress: &dyn Fn(u64) -> Box<dyn Progress>,
+) -> Result<ShardReport, Error> {
+    precheck(opts, plan.tp, &opened.resolved.root)?;
+    let root = &opened.resolved.root;
+    let mut timings = ShardTimings {
+        open: opened.timings,
+        ..Default::default()
+    };
+
+    if let Some(rt) = plan.retie.clone() {
+        // vLLM loads both and re-ties them only if equal (weight_tying.py:73–99).
+        let equal = tensors_equal(&plan, root, &rt.compare[0], &rt.compare[1], plan.dtype)
+            .map_err(|e| ShardError::io("reading", root, e))?;
+        if equal {
+            for r in &mut plan.ranks {
+                let a = r.tensors.iter().position(|t| t.name == rt.compare[0]);
+                let b = r.tensors.iter().position(|t| t.name == rt.compare[1]);
+                if let (Some(a), Some(b)) = (a, b) {
+                    let (first, second) = (a.min(b), a.max(b));
+                    r.tensors[first].name = rt.keep.clone();
+                    r.tensors[first].pieces = r.tensors[a].pieces.clone();
+                    r.tensors.remove(second);
+                    r.bytes = r.tensors.iter().map(|t| t.bytes).sum();
+                }
+            }
+            plan.tie_word_embeddings = true;
+        }
+        plan.retie = None;
+    }
+
+    let ranks: Vec<u64> = match &opts.ranks {
+        Some(v) => v
+            .iter()
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        None => (0..plan.tp).collect(),
+    };
+    let files: Vec<PartFile> = plan
+        .ranks
+        .iter()
+        .filter(|r| ranks.contains(&r.rank))
+        .flat_map(|r| parts::layout(r, Some(opts.max_part_size)))
+        .collect();
+    let total: u64 = files.iter().map(|f| f.size).sum();
+
+    let tmp = sibling(&opts.out, "wload-tmp")?;
+    let cleanup = Cleanup(Some(tmp.clone()));
+    fs::create_dir(&tmp).map_err(|e| ShardError::io("creating", &tmp, e))?;
+
+    let t = Instant::now();
+    let bar = progress(total);
+    write::write_parts(&plan, root, &tmp, &files, cancel, bar.as_ref())
+        .map_err(ShardError::from)?;
+    timings.write_s = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let side = copy_side_files(root, &tmp, &opts.out, cancel)?;
+    write_config(root, &tmp, &plan)?;
+    timings.side_files_s = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let hashes: Vec<String> = files
+        .par_iter()
+        .map(|f| hash_file(&tmp.join(&f.name)))
+        .collect::<Result<_, _>>()?;
+    timings.hash_s = t.elapsed().as_secs_f64();
+
+    if let Some(fault) = std::env::var_os("WLOAD_TEST_FLIP_BYTE") {
+        flip_byte_for_tests(&tmp, &fault.to_string_lossy());
+    }
+    if opts.verify {
+        let t = Instant::now();
+        verify::verify_parts(&plan, root, &tmp, &files, cancel, &crate::exec::Quiet)
+            .map_err(ShardError::from)?;
+        timings.verify_s = t.elapsed().as_secs_f64();
+    }
+    if cancel.load(Ordering::Relaxed) {
+        return Err(ShardError::Exec(ExecError::Cancelled).into());
+    }
+
+    let manifest = Manifest {
+        wload_version: env!("CARGO_PKG_VERSION").into(),
+        format: "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into(),
+        source: root.display().to_string(),
+        architecture: plan.architecture.clone(),
+        family: plan.family.clone(),
+        tp: plan.tp,
+        ranks: ranks.clone(),
+        expert_parallel: plan.expert_parallel,
+        dtype: plan.dtype.to_string(),
+        max_part_size: opts.max_part_size,
+        tie_word_embeddings: plan.tie_word_embeddings,
+        files: files
+            .iter()
+            .zip(hashes)
+            .map(|(f, h)| ManifestFile {
+                name: f.name.clone(),
+                rank: f.rank,
+                part: f.part,
+                size: f.size,
+                xxh3: h,
+            })
+            .collect(),
+    };
+    let mpath = tmp.join(MANIFEST);
+    let text = serde_json::to_string_pretty(&manifest).expect("manifest serialises") + "\n";
+    fs::write(&mpath, text).map_err(|e| ShardError::io("writing", &mpath, e))?;
+
+    publish(&tmp, &opts.out)?;
+    std::mem::forget(cleanup);
+    Ok(ShardReport {
+        out: opts.out.display().to_string(),
+        bytes: total,
+        manifest,
+        side_files: side,
+        verified: opts.verify,
+        timings,
+    })
+}
+
+/// Removes the temporary folder unless disarmed.
+struct Cleanup(Option<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// `.NAME.TAG-PID` next to `out`: same filesystem, so the final rename is atomic.
+fn sibling(out: &Path, tag: &str) -> Result<PathBuf, ShardError> {
+    let name = out
+        .file_name()
+        .ok_or_else(|| ShardError::io("using", out, io::Error::other("not a folder name")))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok(parent.join(format!(
+        ".{}.{tag}-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
+/// Moves the finished folder to `out`; an existing `out` (--force) is moved aside first and
+/// removed only once the new one is in place.
+fn publish(tmp: &Path, out: &Path) -> Result<(), ShardError> {
+    if out.exists() {
+        let old = sibling(out, "wload-old")?;
+        fs::rename(out, &old).map_err(|e| ShardError::io("moving aside", out, e))?;
+        if let Err(e) = fs::rename(tmp, out) {
+            let _ = fs::rename(&old, out);
+            return Err(ShardError::io("renaming into", out, e));
+        }
+        let _ = if old.is_dir() {
+            fs::remove_dir_all(&old)
+        } else {
+            fs::remove_file(&old)
+        };
+        Ok(())
+    } else {
+        fs::rename(tmp, out).map_err(|e| ShardError::io("renaming into", out, e))
+    }
+}
+
+/// vLLM's example copies every entry of the model folder whose extension is not .bin, .pt or
+/// .safetensors (folders whole, unfiltered). config.json is written separately.
+fn copy_side_files(
+    root: &Path,
+    tmp: &Path,
+    out: &Path,
+    cancel: &AtomicBool,
+) -> Result<Vec<String>, ShardError> {
+    let skip: Vec<PathBuf> = [tmp, out]
+        .iter()
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
+    let mut copied = Vec::new();
+    let mut entries: Vec<_> = fs::read_dir(root)
+        .map_err(|e| ShardError::io("listing", root, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| ShardError::io("listing", root, e))?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(ShardError::Exec(ExecError::Cancelled));
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        let ext = Path::new(&name).extension().and_then(|x| x.to_str());
+        if matches!(ext, Some("bin" | "pt" | "safetensors")) || name == "config.json" {
+            continue;
+        }
+        if path.canonicalize().is_ok_and(|c| skip.contains(&c)) || name.contains(".wload-tmp-") {
+            continue;
+        }
+        let dst = tmp.join(&name);
+        if path.is_dir() {
+            copy_tree(&path, &dst)?;
+        } else {
+            fs::copy(&path, &dst).map_err(|e| ShardError::io("copying", &path, e))?;
+        }
+        copied.push(name);
+    }
+    Ok(copied)
+}
+
+fn copy_tree(src: &Path, dst: &Path) -> Result<(), ShardError> {
+    fs::create_dir_all(dst).map_err(|e| ShardError::io("creating", dst, e))?;
+    for e in fs::read_dir(src).map_err(|e| ShardError::io("listing", src, e))? {
+        let e = e.map_err(|e| ShardError::io("listing", src, e))?;
+        let (from, to) = (e.path(), dst.join(e.file_name()));
+        if from.is_dir() {
+            copy_tree(&from, &to)?;
+        } else {
+            fs::copy(&from, &to).map_err(|e| ShardError::io("copying", &from, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// config.json as vLLM needs it: copied unchanged, except that when lm_head stays a tensor of its
+/// own, `tie_word_embeddings` must say false (the sharded loader builds the module tree from it).
+fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<(), ShardError> {
+    let src = root.join("config.json");
+    if !src.exists() {
+        return Ok(()); // Mistral-native source: params.json was copied with the side files.
+    }
+    let text = fs::read_to_string(&src).map_err(|e| ShardError::io("reading", &src, e))?;
+    let mut cfg: Value = serde_json::from_str(&text).map_err(|e| {
+        ShardError::io(
+            "parsing",
+            &src,
+            io::Error::new(io::ErrorKind::InvalidData, e),
+        )
+    })?;
+    let says_tied = |v: &Value| v.get("tie_word_embeddings") == Some(&Value::Bool(true));
+    let dst = tmp.join("config.json");
+    let needs_untie = !plan.tie_word_embeddings
+        && (says_tied(&cfg) || cfg.get("text_config").is_some_and(says_tied));
+    if needs_untie {
+        cfg["tie_word_embeddings"] = Value::Bool(false);
+        if let Some(t) = cfg.get_mut("text_config").filter(|t| t.is_object()) {
+            t["tie_word_embeddings"] = Value::Bool(false);
+        }
+        let text = serde_json::to_string_pretty(&cfg).expect("config serialises") + "\n";
+        fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))
+    } else {
+        fs::copy(&src, &dst)
+            .map(|_| ())
+            .map_err(|e| ShardError::io("copying", &src, e))
+    }
+}
+
+/// XXH3-64 of a file, hex; the manifest's fast hash.
+pub fn hash_file(path: &Path) -> Result<String, ShardError> {
+    let mut f = File::open(path).map_err(|e| ShardError::io("reading", path, e))?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| ShardError::io("reading", path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("{:016x}", h.digest()))
+}
+
+/// Whether two source tensors are equal once converted to the model dtype (torch.equal on the
+/// loaded parameters).
+fn tensors_equal(
+    plan: &Plan,
+    root: &Path,
+    a: &str,
+    b: &str,
+    dtype: crate::dtype::Dtype,
+) -> io::Result<bool> {
+    let find = |n: &str| plan.sources.iter().find(|s| s.name == n);
+    let (Some(x), Some(y)) = (find(a), find(b)) else {
+        return Ok(false);
+    };
+    if x.shape != y.shape {
+        return Ok(false);
+    }
+    let (fx, fy) = (
+        File::open(root.join(&x.file))?,
+        File::open(root.join(&y.file))?,
+    );
+    let n: u64 = x.shape.iter().product();
+    let step = 1 << 20;
+    let (mut bx, mut by, mut cx, mut cy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut at = 0;
+    while at < n {
+        let k = step.min(n - at);
+        for (s, f, buf, conv) in [(x, &fx, &mut bx, &mut cx), (y, &fy, &mut by, &mut cy)] {
+            let isz = s.dtype.bits() / 8;
+            buf.resize((k * isz) as usize, 0);
+            f.read_exact_at(buf, s.offset + at * isz)?;
+            conv.clear();
+            convert::convert_into(s.dtype, dtype, buf, conv);
+        }
+        if cx != cy {
+            return Ok(false);
+        }
+        at += k;
+    }
+    Ok(true)
+}
+
+/// Test hook (`WLOAD_TEST_FLIP_BYTE=FILE:OFFSET`): corrupts one byte after writing, so tests can
+/// prove that --verify catches it. Never set in normal use.
+fn flip_byte_for_tests(dir: &Path, spec: &str) {
+    if let Some((name, off)) = spec.rsplit_once(':')
+        && let Ok(off) = off.parse::<u64>()
+        && let Ok(f) = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join(name))
+    {
+        let mut b = [0u8; 1];
+        if f.read_exact_at(&mut b, off).is_ok() {
+            let _ = f.write_all_at(&[b[0] ^ 0x01], off);
+        }
+    }
+}
