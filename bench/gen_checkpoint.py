@@ -106,7 +106,7 @@ def split_even(items, parts):
     return out
 
 
-def write_safetensors(path, tensors, dtype, metadata):
+def write_safetensors(path, tensors, dtype, metadata, random_data=False):
     """tensors: list of (name, shape). Returns the total data bytes."""
     width = DTYPE_BYTES[dtype]
     header = {"__metadata__": metadata}
@@ -120,7 +120,15 @@ def write_safetensors(path, tensors, dtype, metadata):
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        f.truncate(8 + len(raw) + offset)  # zero data, sparse
+        if random_data:
+            # Real bytes on disk, so copies cannot skip holes (cp --sparse) and reads are real.
+            left = offset
+            while left:
+                n = min(left, 64 << 20)
+                f.write(os.urandom(n))
+                left -= n
+        else:
+            f.truncate(8 + len(raw) + offset)  # zero data, sparse
     return offset
 
 
@@ -145,6 +153,8 @@ def main(argv=None):
     p.add_argument("--num-key-value-heads", type=int, default=8)
     p.add_argument("--intermediate-size", type=int, default=14336)
     p.add_argument("--vocab-size", type=int, default=128256)
+    p.add_argument("--random", action="store_true",
+                   help="write random data instead of sparse zeros (for copy/IO benchmarks)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
 
@@ -197,7 +207,7 @@ def main(argv=None):
         tensors = [(name, real_shape(sfx, a) if a.real_shapes else list(a.shape))
                    for name, sfx in chunk]
         total_size += write_safetensors(os.path.join(a.out, fname), tensors, a.dtype,
-                                        {"format": "pt"})
+                                        {"format": "pt"}, random_data=a.random)
         for name, _ in chunk:
             weight_map[name] = fname
     with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
