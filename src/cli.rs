@@ -196,8 +196,10 @@ pub struct ShardArgs {
     pub max_part_size: u64,
 
     /// Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)
+    // The full path keeps clap from treating this as a list of u64 values: `parse_ranks` returns
+    // the whole list from one argument.
     #[arg(long, value_name = "LIST", value_parser = parse_ranks)]
-    pub ranks: Option<Vec<u64>>,
+    pub ranks: Option<::std::vec::Vec<u64>>,
 
     /// Replace OUT if it exists (only once the new output is complete)
     #[arg(long)]

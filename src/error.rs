@@ -34,6 +34,8 @@ pub enum Error {
     Usage(String),
     #[error(transparent)]
     Shard(#[from] crate::shard::ShardError),
+    #[error(transparent)]
+    Load(crate::load::LoadError),
     #[error("--filter: {0}")]
     BadFilter(#[from] regex::Error),
     #[error("`wload {0}` is not implemented yet")]
@@ -67,7 +69,8 @@ impl Error {
             Error::Shard(
                 crate::shard::ShardError::OutExists(_)
                 | crate::shard::ShardError::BadRank { .. }
-                | crate::shard::ShardError::OutIsSource(_),
+                | crate::shard::ShardError::OutIsSource(_)
+                | crate::shard::ShardError::BadOut(_),
             ) => ExitStatus::Usage,
             Error::Shard(crate::shard::ShardError::Exec(crate::exec::ExecError::Corrupt {
                 ..
@@ -76,6 +79,16 @@ impl Error {
                 ExitStatus::Interrupted
             }
             Error::Shard(_) => ExitStatus::Runtime,
+            Error::Load(
+                crate::load::LoadError::BadRank { .. } | crate::load::LoadError::Launcher(_),
+            ) => ExitStatus::Usage,
+            Error::Load(crate::load::LoadError::Exec(crate::exec::ExecError::Cancelled)) => {
+                ExitStatus::Interrupted
+            }
+            Error::Load(crate::load::LoadError::Exec(crate::exec::ExecError::Corrupt {
+                ..
+            })) => ExitStatus::Checkpoint,
+            Error::Load(_) => ExitStatus::Runtime,
         }
     }
 

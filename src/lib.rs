@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod error;
 pub mod exec;
 pub mod inspect;
+pub mod load;
 pub mod mapping;
 pub mod plan;
 pub mod report;
@@ -105,6 +106,7 @@ pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Erro
             tp: opts.tp,
             expert_parallel: opts.expert_parallel,
             dtype: opts.dtype,
+            shapes_only: false,
         },
     )?;
     Ok(p)

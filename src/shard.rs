@@ -40,8 +40,12 @@ pub enum ShardError {
     OutExists(PathBuf),
     #[error("--ranks: rank {rank} is out of range for --tp {tp}")]
     BadRank { rank: u64, tp: u64 },
-    #[error("-o {0}: the output folder is the source folder")]
+    #[error(
+        "-o {0}: the output folder is, or contains, the source checkpoint; choose another folder"
+    )]
     OutIsSource(PathBuf),
+    #[error("-o {0}: not usable as an output folder name")]
+    BadOut(PathBuf),
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,
@@ -116,8 +120,9 @@ pub fn precheck(opts: &ShardOptions, tp: u64, source: &Path) -> Result<(), Shard
     if opts.out.exists() && !opts.force {
         return Err(ShardError::OutExists(opts.out.clone()));
     }
+    // Replacing OUT must never delete the source (OUT == SOURCE, or SOURCE inside OUT).
     if let (Ok(a), Ok(b)) = (opts.out.canonicalize(), source.canonicalize())
-        && a == b
+        && b.starts_with(&a)
     {
         return Err(ShardError::OutIsSource(opts.out.clone()));
     }
@@ -138,6 +143,7 @@ pub fn shard(
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<ShardReport, Error> {
     precheck(opts, plan.tp, &opened.resolved.root)?;
+    sibling(&opts.out, "wload-tmp")?;
     let root = &opened.resolved.root;
     let mut timings = ShardTimings {
         open: opened.timings,
@@ -200,7 +206,12 @@ pub fn shard(
     let t = Instant::now();
     let hashes: Vec<String> = files
         .par_iter()
-        .map(|f| hash_file(&tmp.join(&f.name)))
+        .map(|f| {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(ShardError::Exec(ExecError::Cancelled));
+            }
+            hash_file(&tmp.join(&f.name))
+        })
         .collect::<Result<_, _>>()?;
     timings.hash_s = t.elapsed().as_secs_f64();
 
@@ -220,7 +231,11 @@ pub fn shard(
     let manifest = Manifest {
         wload_version: env!("CARGO_PKG_VERSION").into(),
         format: "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into(),
-        source: root.display().to_string(),
+        source: root
+            .canonicalize()
+            .unwrap_or_else(|_| root.clone())
+            .display()
+            .to_string(),
         architecture: plan.architecture.clone(),
         family: plan.family.clone(),
         tp: plan.tp,
@@ -272,7 +287,7 @@ impl Drop for Cleanup {
 fn sibling(out: &Path, tag: &str) -> Result<PathBuf, ShardError> {
     let name = out
         .file_name()
-        .ok_or_else(|| ShardError::io("using", out, io::Error::other("not a folder name")))?;
+        .ok_or_else(|| ShardError::BadOut(out.to_path_buf()))?;
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -3,6 +3,8 @@
 //! chunks, and hands every destination its converted bytes through a [`Sink`].
 
 pub mod convert;
+pub mod cuda;
+pub mod device;
 pub mod parts;
 pub mod verify;
 pub mod write;
@@ -11,7 +13,8 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use rayon::prelude::*;
 
@@ -27,6 +30,25 @@ pub trait Sink: Sync {
     fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError>;
     /// Outputs start as zeros (fresh sparse files, zeroed memory): zero fills can be skipped.
     fn starts_zeroed(&self) -> bool;
+}
+
+/// Time spent per stage, summed over worker threads (nanoseconds), and bytes read.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub read_ns: AtomicU64,
+    pub convert_ns: AtomicU64,
+    pub put_ns: AtomicU64,
+    pub bytes_read: AtomicU64,
+}
+
+impl Stats {
+    pub fn secs(v: &AtomicU64) -> f64 {
+        v.load(Ordering::Relaxed) as f64 / 1e9
+    }
+}
+
+fn add_since(v: &AtomicU64, t: Instant) {
+    v.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
 }
 
 /// Told how many output bytes are done, for progress bars.
@@ -109,6 +131,27 @@ pub fn execute(
     cancel: &AtomicBool,
     progress: &dyn Progress,
 ) -> Result<(), ExecError> {
+    execute_with_stats(
+        plan,
+        root,
+        placements,
+        sink,
+        cancel,
+        progress,
+        &Stats::default(),
+    )
+}
+
+/// [`execute`], accounting time per stage in `stats`.
+pub fn execute_with_stats(
+    plan: &Plan,
+    root: &Path,
+    placements: &[Placement],
+    sink: &dyn Sink,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+    stats: &Stats,
+) -> Result<(), ExecError> {
     let mut jobs: Vec<Vec<Job>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
     let mut fills = Vec::new();
     for pl in placements {
@@ -177,7 +220,9 @@ pub fn execute(
         |(buf, out): &mut (Vec<u8>, Vec<u8>), &s| {
             let src = &plan.sources[s];
             let (path, file) = files[src.file_index].as_ref().expect("opened above");
-            copy_source(src, path, file, &jobs[s], sink, cancel, progress, buf, out)
+            copy_source(
+                src, path, file, &jobs[s], sink, cancel, progress, stats, buf, out,
+            )
         },
     )?;
 
@@ -186,7 +231,9 @@ pub fn execute(
             return Err(ExecError::Cancelled);
         }
         let bytes = convert::fill_bytes(dtype, value, count);
+        let t = Instant::now();
         sink.put(out, offset, &bytes)?;
+        add_since(&stats.put_ns, t);
         progress.advance(bytes.len() as u64);
     }
     Ok(())
@@ -201,6 +248,7 @@ fn copy_source(
     sink: &dyn Sink,
     cancel: &AtomicBool,
     progress: &dyn Progress,
+    stats: &Stats,
     buf: &mut Vec<u8>,
     out: &mut Vec<u8>,
 ) -> Result<(), ExecError> {
@@ -247,6 +295,22 @@ fn copy_source(
                 (c1 - job.src_start).div_ceil(stride).min(job.rows)
             };
             let contiguous = job.rows == 1 || job.dst_stride == job.row;
+            let src_dense = job.rows == 1 || job.src_stride == job.row;
+            if contiguous && src_dense && src.dtype == job.to {
+                // One span, no conversion: hand the read buffer over without a copy.
+                let s = job.src_start + k_lo * job.src_stride;
+                let a = s.max(c0);
+                let e = (job.src_start + (k_hi - 1) * job.src_stride + job.row).min(c1);
+                if a < e {
+                    let dst = job.dst_start + k_lo * job.dst_stride + (a - s);
+                    let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
+                    let t = Instant::now();
+                    sink.put(job.out, job.base + dst * osz, bytes)?;
+                    add_since(&stats.put_ns, t);
+                    progress.advance(bytes.len() as u64);
+                }
+                continue;
+            }
             out.clear();
             let mut first: Option<u64> = None;
             for k in k_lo..k_hi {
@@ -257,18 +321,25 @@ fn copy_source(
                 }
                 let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
                 let dst = job.dst_start + k * job.dst_stride + (a - s);
+                let t = Instant::now();
                 if contiguous {
                     first.get_or_insert(dst);
                     convert::convert_into(src.dtype, job.to, bytes, out);
+                    add_since(&stats.convert_ns, t);
                 } else {
                     out.clear();
                     convert::convert_into(src.dtype, job.to, bytes, out);
+                    add_since(&stats.convert_ns, t);
+                    let t = Instant::now();
                     sink.put(job.out, job.base + dst * osz, out)?;
+                    add_since(&stats.put_ns, t);
                     progress.advance(out.len() as u64);
                 }
             }
             if let Some(dst) = first {
+                let t = Instant::now();
                 sink.put(job.out, job.base + dst * osz, out)?;
+                add_since(&stats.put_ns, t);
                 progress.advance(out.len() as u64);
             }
         }

@@ -46,6 +46,9 @@ pub struct PlanOptions {
     pub tp: u64,
     pub expert_parallel: bool,
     pub dtype: DtypeChoice,
+    /// Only the per-rank names, dtypes and shapes matter (checking a pre-sharded folder): a
+    /// parameter the checkpoint does not fill is not a problem.
+    pub shapes_only: bool,
 }
 
 /// One thing wrong with the checkpoint for this model and TP size, with the likely fix.
@@ -581,7 +584,7 @@ pub fn plan(
             continue;
         }
         fused[pi] = has_whole;
-        if has_whole || p.spec.optional {
+        if has_whole || p.spec.optional || opts.shapes_only {
             continue;
         }
         if whole.is_some_and(|w| present.contains(&(pi, w))) {

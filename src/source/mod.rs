@@ -3,10 +3,12 @@
 pub mod local;
 pub mod select;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
 use serde::Serialize;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::config::ConfigFormat;
 pub use select::LoadFormat;
@@ -303,16 +305,113 @@ fn pick_config(
 
 /// The set of files an index's `weight_map` names, refusing any that lie outside the folder.
 fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
-    let bad = |message: String| SourceError::BadIndex {
-        index: path.to_path_buf(),
-        message,
-    };
     let text = std::fs::read_to_string(path).map_err(|source| SourceError::Io {
         path: path.to_path_buf(),
         source,
     })?;
+    match index_files_fast(&text) {
+        Some(files) => Ok(files),
+        None => index_files(path, &text),
+    }
+}
+
+/// The set of files of a well-formed index, found without building a `Value` of its 100k+ entries;
+/// `None` for anything unusual (bad JSON, no `weight_map`, a value that is not a plain string, a
+/// repeated key, a file outside the folder, escapes in any string), which [`index_files`] then
+/// reads and words exactly.
+fn index_files_fast(text: &str) -> Option<BTreeSet<String>> {
+    let files: IndexFiles = serde_json::from_str(text).ok()?;
+    let files = files.0?;
+    if files.iter().any(|f| escapes(f)) {
+        return None;
+    }
+    Some(files.into_iter().map(str::to_string).collect())
+}
+
+/// An index reduced to the distinct file names of its `weight_map` (`None` when it has none).
+/// Keys and values borrow from the text, so a string with escapes fails to deserialise.
+struct IndexFiles<'a>(Option<BTreeSet<&'a str>>);
+
+impl<'de> serde::Deserialize<'de> for IndexFiles<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Top;
+        impl<'de> Visitor<'de> for Top {
+            type Value = IndexFiles<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an index object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut files = None;
+                while let Some(key) = map.next_key::<&'de str>()? {
+                    if key != "weight_map" {
+                        map.next_value::<IgnoredAny>()?;
+                    } else if files.is_some() {
+                        // The last one wins in a `Value`; leave that case to the general path.
+                        return Err(de::Error::custom("weight_map appears twice"));
+                    } else {
+                        files = Some(map.next_value_seed(WeightMap)?);
+                    }
+                }
+                Ok(IndexFiles(files))
+            }
+        }
+        d.deserialize_map(Top)
+    }
+}
+
+/// `weight_map`'s values, de-duplicated; fails on a repeated key (a `Value` keeps the last value).
+struct WeightMap;
+
+impl<'de> DeserializeSeed<'de> for WeightMap {
+    type Value = BTreeSet<&'de str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for WeightMap {
+    type Value = BTreeSet<&'de str>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object mapping tensor names to file names")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut files = BTreeSet::new();
+        let mut names: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
+        let mut last = None;
+        while let Some((name, file)) = map.next_entry::<&'de str, &'de str>()? {
+            if !names.insert(name) {
+                return Err(de::Error::custom("a tensor name appears twice"));
+            }
+            // Consecutive entries mostly name the same file.
+            if last != Some(file) {
+                files.insert(file);
+                last = Some(file);
+            }
+        }
+        Ok(files)
+    }
+}
+
+/// True when an index entry points outside the checkpoint folder.
+fn escapes(file: &str) -> bool {
+    let p = Path::new(file);
+    p.is_absolute()
+        || p.components().any(|c| {
+            matches!(
+                c,
+                Component::ParentDir | Component::RootDir | Component::Prefix(_)
+            )
+        })
+}
+
+/// [`read_index`] for any index: parses it into a `Value` and words what is wrong with it.
+fn index_files(path: &Path, text: &str) -> Result<BTreeSet<String>, SourceError> {
+    let bad = |message: String| SourceError::BadIndex {
+        index: path.to_path_buf(),
+        message,
+    };
     let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -324,15 +423,7 @@ fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
                 "weight_map entry for '{tensor}' is not a file name: {file}"
             ))
         })?;
-        let p = Path::new(file);
-        let escapes = p.is_absolute()
-            || p.components().any(|c| {
-                matches!(
-                    c,
-                    Component::ParentDir | Component::RootDir | Component::Prefix(_)
-                )
-            });
-        if escapes {
+        if escapes(file) {
             return Err(SourceError::IndexEscapes {
                 index: path.to_path_buf(),
                 tensor: tensor.clone(),

@@ -1,0 +1,766 @@
+//! `wload shard`: the written part files are byte for byte what vLLM 0.33 wrote for every golden
+//! case, side files and the manifest are right, and no failure (bad flags, existing OUT, bad source,
+//! unwritable or full target, corrupted output under --verify, Ctrl-C) leaves an OUT or a temporary
+//! folder behind.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command as StdCommand, Output, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use common::*;
+
+/// The fixture most tests shard: 8 q / 4 kv heads, six source files, ≈1.1 MiB of output at any TP.
+const GQA: &str = "llama_gqa";
+
+fn fixture(name: &str) -> PathBuf {
+    fixtures_dir().join(name)
+}
+
+/// The golden case folder `expected/<case>/tp<tp>`.
+fn expected(case: &str, tp: u64) -> PathBuf {
+    manifest_dir()
+        .join("tests/data/golden/expected")
+        .join(case)
+        .join(format!("tp{tp}"))
+}
+
+/// `wload shard SOURCE --tp TP -o OUT EXTRA…`, run to completion.
+fn shard(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
+    wload()
+        .args(["shard", s(source), "--tp", &tp.to_string(), "-o", s(out)])
+        .args(extra)
+        .output()
+        .expect("wload runs")
+}
+
+/// Exit status and stderr, for assertion messages.
+fn context(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstderr:\n{}\nstdout:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs the shard and expects success.
+fn shard_ok(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
+    let o = shard(source, tp, out, extra);
+    assert!(
+        o.status.success(),
+        "wload shard {} --tp {tp} {extra:?} failed: {}",
+        source.display(),
+        context(&o)
+    );
+    o
+}
+
+/// Names of the `model-rank-*-part-*.safetensors` files in `dir`.
+fn part_names(dir: &Path) -> BTreeSet<String> {
+    fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("model-rank-") && n.ends_with(".safetensors"))
+        .collect()
+}
+
+/// Entries of OUT's parent that look like wload's temporary folders for OUT
+/// (`.OUT.wload-tmp-PID`, `.OUT.wload-old-PID`).
+fn leftovers(out: &Path) -> Vec<String> {
+    let name = out.file_name().unwrap().to_string_lossy().into_owned();
+    let prefix = format!(".{name}.wload-");
+    fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// A failed run must leave neither OUT nor a temporary folder next to it.
+fn assert_nothing_left(out: &Path, ctx: &str) {
+    assert!(
+        !out.exists(),
+        "{} exists after a failed run; {ctx}",
+        out.display()
+    );
+    let left = leftovers(out);
+    assert!(
+        left.is_empty(),
+        "temporary folders left behind: {left:?}; {ctx}"
+    );
+}
+
+/// Which tensor of the safetensors file at `path` holds byte `offset` (read with the test's own
+/// header parser, not the crate's).
+fn tensor_at(path: &Path, offset: u64) -> String {
+    let Ok(bytes) = fs::read(path) else {
+        return "?".into();
+    };
+    if bytes.len() < 8 || offset < 8 {
+        return "(header length)".into();
+    }
+    let base = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    if offset < base {
+        return "(header)".into();
+    }
+    header_tensors(path)
+        .into_iter()
+        .find(|t| t.start <= offset - base && offset - base < t.end)
+        .map(|t| format!("tensor {} ({} {:?})", t.name, t.dtype, t.shape))
+        .unwrap_or_else(|| "(past the last tensor)".into())
+}
+
+/// `None` when the files are identical, else a description of the first difference.
+fn compare_files(want: &Path, got: &Path) -> Option<String> {
+    let a = fs::read(want).unwrap_or_else(|e| panic!("{}: {e}", want.display()));
+    let b = match fs::read(got) {
+        Ok(b) => b,
+        Err(e) => return Some(format!("cannot read: {e}")),
+    };
+    if a == b {
+        return None;
+    }
+    let first = a
+        .iter()
+        .zip(&b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len())) as u64;
+    Some(format!(
+        "{} bytes, expected {}; first difference at byte {first}, in {}",
+        b.len(),
+        a.len(),
+        tensor_at(want, first)
+    ))
+}
+
+/// Checks wload.json in `out` against the files: it lists exactly the part files, each with its
+/// real size and the XXH3-64 of its bytes. Returns the manifest.
+fn check_manifest(out: &Path) -> Value {
+    let path = out.join("wload.json");
+    let text = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let m: Value = serde_json::from_slice(&text).expect("wload.json is JSON");
+    let files = m["files"].as_array().expect("wload.json has files");
+    let listed: BTreeSet<String> = files
+        .iter()
+        .map(|f| f["name"].as_str().expect("file name").to_string())
+        .collect();
+    assert_eq!(listed.len(), files.len(), "a file is listed twice: {m:#}");
+    assert_eq!(listed, part_names(out), "manifest files vs the folder");
+    for f in files {
+        let name = f["name"].as_str().unwrap();
+        let bytes = fs::read(out.join(name)).unwrap();
+        assert_eq!(f["size"].as_u64(), Some(bytes.len() as u64), "{name}: size");
+        let (rank, part) = (f["rank"].as_u64().unwrap(), f["part"].as_u64().unwrap());
+        assert_eq!(
+            name,
+            format!("model-rank-{rank}-part-{part}.safetensors"),
+            "rank/part"
+        );
+        let hash = f["xxh3"].as_str().expect("xxh3 is a string");
+        assert!(
+            hash.len() == 16 && hash.bytes().all(|c| c.is_ascii_hexdigit()),
+            "{name}: xxh3 {hash:?} is not 16 hex digits"
+        );
+        assert_eq!(
+            u64::from_str_radix(hash, 16).unwrap(),
+            xxhash_rust::xxh3::xxh3_64(&bytes),
+            "{name}: xxh3 does not match the file"
+        );
+    }
+    m
+}
+
+/// Everything that can differ between one golden case's expected folder and wload's output.
+fn golden_failures(case: &GoldenCase, work: &Path) -> Vec<String> {
+    let out = work.join(case.name.replace('/', "-"));
+    let mut args = vec!["-q".to_string()];
+    if let Some(m) = case.max_size {
+        args.extend(["--max-part-size".into(), m.to_string()]);
+    }
+    args.extend(case.flags.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = shard(&case.fixture, case.tp, &out, &args);
+    if !run.status.success() {
+        return vec![format!(
+            "{}: wload shard {args:?}: {}",
+            case.name,
+            context(&run)
+        )];
+    }
+    let mut fails = Vec::new();
+    for rank in 0..case.tp {
+        let want: Vec<String> = case
+            .rank_files(rank)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        let prefix = format!("model-rank-{rank}-part-");
+        let got: Vec<String> = part_names(&out)
+            .into_iter()
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        let (w, g): (BTreeSet<_>, BTreeSet<_>) = (want.iter().collect(), got.iter().collect());
+        if w != g {
+            fails.push(format!(
+                "{} rank {rank}: part files differ: missing {:?}, extra {:?}",
+                case.name,
+                w.difference(&g).collect::<Vec<_>>(),
+                g.difference(&w).collect::<Vec<_>>()
+            ));
+        }
+        for name in w.intersection(&g) {
+            if let Some(d) = compare_files(&case.dir.join(name), &out.join(name)) {
+                fails.push(format!("{} {name}: {d}", case.name));
+            }
+        }
+    }
+    let extra: Vec<String> = part_names(&out)
+        .into_iter()
+        .filter(|n| !(0..case.tp).any(|r| n.starts_with(&format!("model-rank-{r}-part-"))))
+        .collect();
+    if !extra.is_empty() {
+        fails.push(format!("{}: files for no rank: {extra:?}", case.name));
+    }
+    // The side files vLLM's example copied must be there, unchanged (config.json included).
+    for e in fs::read_dir(&case.dir).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if name.starts_with("model-rank-") || name.starts_with("oracle_meta_") {
+            continue;
+        }
+        if let Some(d) = compare_files(&case.dir.join(&name), &out.join(&name)) {
+            fails.push(format!("{} side file {name}: {d}", case.name));
+        }
+    }
+    fails
+}
+
+/// Every golden case: the same part files as vLLM, each byte-identical, plus the side files.
+#[test]
+fn golden_cases_are_byte_identical_to_vllm() {
+    let cases = golden_cases();
+    assert!(cases.len() >= 10, "golden cases found: {}", cases.len());
+    let work = TempDir::new().unwrap();
+    let next = AtomicUsize::new(0);
+    let failures = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
+    std::thread::scope(|sc| {
+        for _ in 0..workers {
+            sc.spawn(|| {
+                while let Some(case) = cases.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let f = golden_failures(case, work.path());
+                    failures.lock().unwrap().extend(f);
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} differences from vLLM over {} golden cases:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+/// Side files copied unchanged, no source weights copied, and a manifest that matches the files.
+#[test]
+fn side_files_and_manifest() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let src = fixture(GQA);
+    shard_ok(&src, 2, &out, &[]);
+    for name in ["config.json", "generation_config.json"] {
+        assert_eq!(
+            fs::read(out.join(name)).ok(),
+            Some(fs::read(src.join(name)).unwrap()),
+            "{name} is copied unchanged"
+        );
+    }
+    let copied_weights: Vec<String> = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors") && !n.starts_with("model-rank-"))
+        .collect();
+    assert!(
+        copied_weights.is_empty(),
+        "source weights copied: {copied_weights:?}"
+    );
+    assert_eq!(
+        part_names(&out),
+        BTreeSet::from([
+            "model-rank-0-part-0.safetensors".to_string(),
+            "model-rank-1-part-0.safetensors".to_string()
+        ])
+    );
+    let m = check_manifest(&out);
+    assert_eq!(m["tp"], 2, "{m:#}");
+    assert_eq!(m["ranks"], serde_json::json!([0, 1]), "{m:#}");
+}
+
+/// A tied checkpoint keeps its config (vLLM stores the embedding under lm_head only), and a
+/// multi-part split lists every part in the manifest.
+#[test]
+fn manifest_lists_every_part() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let src = fixture("llama_tied_fp16");
+    shard_ok(&src, 2, &out, &["--max-part-size", "100000"]);
+    let m = check_manifest(&out);
+    assert!(m["files"].as_array().unwrap().len() > 2, "{m:#}");
+    assert_eq!(
+        fs::read(out.join("config.json")).unwrap(),
+        fs::read(src.join("config.json")).unwrap()
+    );
+}
+
+/// Same input and flags ⇒ byte-identical part files and the same manifest entries.
+#[test]
+fn output_is_deterministic() {
+    let work = TempDir::new().unwrap();
+    let (a, b) = (work.path().join("a"), work.path().join("b"));
+    let src = fixture("mixtral");
+    for out in [&a, &b] {
+        shard_ok(&src, 2, out, &["--max-part-size", "200000"]);
+    }
+    let names = part_names(&a);
+    assert!(names.len() > 2, "several parts expected: {names:?}");
+    assert_eq!(names, part_names(&b));
+    for n in &names {
+        assert!(
+            compare_files(&a.join(n), &b.join(n)).is_none(),
+            "{n} differs between two runs: {:?}",
+            compare_files(&a.join(n), &b.join(n))
+        );
+    }
+    assert_eq!(check_manifest(&a)["files"], check_manifest(&b)["files"]);
+}
+
+/// --ranks writes only the ranks asked for, and they equal vLLM's.
+#[test]
+fn ranks_subset_writes_only_those_ranks() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(&fixture(GQA), 4, &out, &["--ranks", "0-1"]);
+    let golden = expected(GQA, 4);
+    let want: BTreeSet<String> = [0, 1]
+        .iter()
+        .flat_map(|&r| {
+            let case = GoldenCase {
+                name: String::new(),
+                dir: golden.clone(),
+                fixture: PathBuf::new(),
+                tp: 4,
+                flags: vec![],
+                max_size: None,
+            };
+            case.rank_files(r)
+        })
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(part_names(&out), want);
+    for n in &want {
+        assert_eq!(compare_files(&golden.join(n), &out.join(n)), None, "{n}");
+    }
+    let m = check_manifest(&out);
+    assert_eq!(m["ranks"], serde_json::json!([0, 1]), "{m:#}");
+    assert_eq!(m["tp"], 4, "{m:#}");
+}
+
+/// A rank outside 0..tp is a usage error, found before anything is written.
+#[test]
+fn rank_out_of_range_is_a_usage_error() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard(&fixture(GQA), 4, &out, &["--ranks", "9"]);
+    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    assert!(stderr(&o).contains('9'), "{}", context(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", context(&o));
+    assert_nothing_left(&out, &context(&o));
+}
+
+/// An existing OUT is refused without --force (and left alone), replaced with it.
+#[test]
+fn existing_out_needs_force() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let marker = out.join("marker.txt");
+    fs::write(&marker, b"keep me").unwrap();
+
+    let o = shard(&fixture(GQA), 2, &out, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    assert!(stderr(&o).contains("--force"), "{}", context(&o));
+    assert_eq!(fs::read(&marker).unwrap(), b"keep me", "OUT was touched");
+    assert_eq!(
+        fs::read_dir(&out).unwrap().count(),
+        1,
+        "OUT gained files without --force"
+    );
+    assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
+
+    shard_ok(&fixture(GQA), 2, &out, &["--force"]);
+    assert!(!marker.exists(), "--force keeps the old OUT's files");
+    let golden = expected(GQA, 2);
+    assert_eq!(part_names(&out), part_names(&golden));
+    for n in part_names(&golden) {
+        assert_eq!(compare_files(&golden.join(&n), &out.join(&n)), None, "{n}");
+    }
+    check_manifest(&out);
+    assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
+}
+
+/// OUT must not be the source itself.
+#[test]
+fn out_equal_to_source_is_refused() {
+    let src = copy_fixture(GQA);
+    let before = fs::read_dir(src.path()).unwrap().count();
+    let o = shard(src.path(), 2, src.path(), &["--force"]);
+    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    assert_eq!(fs::read_dir(src.path()).unwrap().count(), before);
+}
+
+/// Regression: with --force, an OUT containing SOURCE was replaced, deleting the checkpoint.
+#[test]
+fn force_never_deletes_the_source() {
+    let work = TempDir::new().unwrap();
+    let outer = work.path().join("outer");
+    fs::create_dir(&outer).unwrap();
+    let src = outer.join("src");
+    fs::create_dir(&src).unwrap();
+    for e in fs::read_dir(fixture(GQA)).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), src.join(e.file_name())).unwrap();
+    }
+    let o = shard(&src, 2, &outer, &["--force"]);
+    assert!(
+        src.join("config.json").exists(),
+        "the source checkpoint was deleted by --force; {}",
+        context(&o)
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+}
+
+/// --verify passes on a correct run.
+#[test]
+fn verify_passes_on_a_normal_run() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard_ok(&fixture(GQA), 2, &out, &["--verify", "--json"]);
+    let report: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+    assert_eq!(report["verified"], true, "{report:#}");
+    check_manifest(&out);
+}
+
+/// Runs with the test hook flipping byte `offset` of rank 1's file.
+fn shard_flipped(out: &Path, offset: u64, verify: bool) -> Output {
+    let mut cmd = wload();
+    cmd.args(["shard", s(&fixture(GQA)), "--tp", "2", "-o", s(out), "-q"])
+        .env(
+            "WLOAD_TEST_FLIP_BYTE",
+            format!("model-rank-1-part-0.safetensors:{offset}"),
+        );
+    if verify {
+        cmd.arg("--verify");
+    }
+    cmd.output().expect("wload runs")
+}
+
+/// A byte changed after writing (data region or header) is caught by --verify: exit 1, a message
+/// naming the file, and nothing published.
+#[test]
+fn verify_catches_a_flipped_byte() {
+    let golden = expected(GQA, 2).join("model-rank-1-part-0.safetensors");
+    let size = fs::metadata(&golden).unwrap().len();
+    let work = TempDir::new().unwrap();
+    for (what, offset) in [("data", size - 10), ("header", 20)] {
+        // Without --verify the hook really corrupts the file (else this test proves nothing).
+        let out = work.path().join(format!("{what}-unverified"));
+        let o = shard_flipped(&out, offset, false);
+        assert!(o.status.success(), "{}", context(&o));
+        let diff = compare_files(&golden, &out.join("model-rank-1-part-0.safetensors"));
+        assert!(
+            diff.as_deref()
+                .is_some_and(|d| d.contains(&format!("at byte {offset},"))),
+            "the test hook did not flip byte {offset}: {diff:?}"
+        );
+
+        let out = work.path().join(what);
+        let o = shard_flipped(&out, offset, true);
+        let ctx = format!("{what} byte {offset}: {}", context(&o));
+        assert_eq!(o.status.code(), Some(1), "{ctx}");
+        let err = stderr(&o);
+        assert!(
+            err.contains("model-rank-1-part-0.safetensors"),
+            "names the file; {ctx}"
+        );
+        assert!(
+            err.contains("differs") || err.contains("verification"),
+            "says what is wrong; {ctx}"
+        );
+        assert!(err.contains(&offset.to_string()), "gives the offset; {ctx}");
+        assert_nothing_left(&out, &ctx);
+    }
+}
+
+/// A truncated source file is refused with exit 3 before anything is published.
+#[test]
+fn bad_source_leaves_nothing() {
+    let src = copy_fixture(GQA);
+    let file = src.path().join("model-00003-of-00006.safetensors");
+    let len = fs::metadata(&file).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard(src.path(), 2, &out, &[]);
+    let ctx = context(&o);
+    assert_eq!(o.status.code(), Some(3), "{ctx}");
+    assert!(
+        stderr(&o).contains("model-00003-of-00006.safetensors"),
+        "{ctx}"
+    );
+    assert!(stderr(&o).contains("truncated"), "{ctx}");
+    assert_nothing_left(&out, &ctx);
+}
+
+/// Whether this process can write into a folder with mode 0o555 (root, CAP_DAC_OVERRIDE).
+fn permissions_are_bypassed(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let probe = dir.join("probe");
+    fs::create_dir(&probe).unwrap();
+    fs::set_permissions(&probe, fs::Permissions::from_mode(0o555)).unwrap();
+    let bypassed = fs::write(probe.join("x"), b"x").is_ok();
+    fs::set_permissions(&probe, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::remove_dir_all(&probe).unwrap();
+    bypassed
+}
+
+/// A target that cannot be created: exit 1, the path and the OS error in the message.
+#[test]
+fn unwritable_target_fails_cleanly() {
+    use std::os::unix::fs::PermissionsExt;
+    let work = TempDir::new().unwrap();
+
+    // A regular file where a parent folder should be: fails for root too.
+    let file = work.path().join("a-file");
+    fs::write(&file, b"not a folder").unwrap();
+    let out = file.join("out");
+    let o = shard(&fixture(GQA), 2, &out, &[]);
+    let ctx = context(&o);
+    assert_eq!(o.status.code(), Some(1), "{ctx}");
+    assert!(stderr(&o).starts_with("error: "), "{ctx}");
+    assert!(stderr(&o).contains(s(&file)), "names the path; {ctx}");
+    assert!(stderr(&o).contains("Not a directory"), "{ctx}");
+    assert_eq!(fs::read(&file).unwrap(), b"not a folder");
+
+    // A read-only parent: only meaningful when permissions apply to this process.
+    if permissions_are_bypassed(work.path()) {
+        eprintln!("skipping the read-only-parent case: running with permission override (root)");
+        return;
+    }
+    let parent = work.path().join("ro");
+    fs::create_dir(&parent).unwrap();
+    fs::set_permissions(&parent, fs::Permissions::from_mode(0o555)).unwrap();
+    let out = parent.join("out");
+    let o = shard(&fixture(GQA), 2, &out, &[]);
+    fs::set_permissions(&parent, fs::Permissions::from_mode(0o755)).unwrap();
+    let ctx = context(&o);
+    assert_eq!(o.status.code(), Some(1), "{ctx}");
+    assert!(stderr(&o).contains("Permission denied"), "{ctx}");
+    assert_nothing_left(&out, &ctx);
+}
+
+/// Unmounts on drop (before the temp folder under it is removed).
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = StdCommand::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A full disk: exit 1 with the OS's ENOSPC message, nothing left on the small filesystem.
+#[test]
+fn full_disk_fails_cleanly() {
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("small");
+    fs::create_dir(&dir).unwrap();
+    // 1 MiB: the first of the two 548 KiB part files fits, the second does not.
+    let mounted = StdCommand::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs", s(&dir)])
+        .stderr(Stdio::piped())
+        .output();
+    match mounted {
+        Ok(m) if m.status.success() => {}
+        Ok(m) => {
+            eprintln!(
+                "skipping full_disk_fails_cleanly: cannot mount a tmpfs ({})",
+                String::from_utf8_lossy(&m.stderr).trim()
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipping full_disk_fails_cleanly: cannot run mount ({e})");
+            return;
+        }
+    }
+    let _guard = Mounted(dir.clone());
+    let out = dir.join("out");
+    let o = shard(&fixture(GQA), 2, &out, &[]);
+    let ctx = context(&o);
+    assert_eq!(o.status.code(), Some(1), "{ctx}");
+    assert!(stderr(&o).contains("No space left"), "{ctx}");
+    assert_nothing_left(&out, &ctx);
+    assert_eq!(
+        fs::read_dir(&dir).unwrap().count(),
+        0,
+        "the small filesystem is not empty"
+    );
+}
+
+/// A few hundred MB (sparse on disk) checkpoint, large enough that sharding takes a while.
+fn big_checkpoint(dir: &Path) -> Result<(), String> {
+    let out = StdCommand::new("python3")
+        .arg(manifest_dir().join("bench/gen_checkpoint.py"))
+        .args(["--files", "4", "--layers", "8", "--real-shapes"])
+        .args(["--hidden-size", "1024", "--intermediate-size", "4096"])
+        .args(["--num-attention-heads", "16", "--num-key-value-heads", "8"])
+        .args(["--vocab-size", "32000", "--quiet", "--out", s(dir)])
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "gen_checkpoint.py failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// Ctrl-C while writing: exit 130 (or death by SIGINT), no OUT, no temporary folder.
+#[test]
+fn sigint_leaves_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    let work = TempDir::new().unwrap();
+    let src = work.path().join("ckpt");
+    if let Err(why) = big_checkpoint(&src) {
+        eprintln!("skipping sigint_leaves_nothing: {why}");
+        return;
+    }
+    let started = Instant::now();
+    for (i, delay_ms) in [0u64, 30, 100, 250].into_iter().enumerate() {
+        let out = work.path().join(format!("out{i}"));
+        let mut child = StdCommand::new(env!("CARGO_BIN_EXE_wload"))
+            .args(["shard", s(&src), "--tp", "2", "-o", s(&out), "-q"])
+            .env_remove("RUST_BACKTRACE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("wload starts");
+        let pid = child.id() as libc::pid_t;
+
+        // The temporary folder appears once planning is done and the handler is installed.
+        let t = Instant::now();
+        while leftovers(&out).is_empty() {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("delay {delay_ms} ms: wload exited ({st}) before its temp folder appeared");
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "no temp folder");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        let sent = Instant::now();
+
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if sent.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("delay {delay_ms} ms: wload did not stop within 30 s of SIGINT");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let stopped_in = sent.elapsed();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        let ctx = format!("delay {delay_ms} ms: {status}, stderr:\n{err}");
+        if status.success() && delay_ms > 0 {
+            // A fast (release) build may finish before the signal: then OUT must be complete.
+            eprintln!("delay {delay_ms} ms: finished before SIGINT; checking the output instead");
+            check_manifest(&out);
+            continue;
+        }
+        assert!(
+            status.code() == Some(130) || status.signal() == Some(libc::SIGINT),
+            "{ctx}"
+        );
+        if status.code() == Some(130) {
+            assert!(err.contains("interrupted"), "{ctx}");
+        }
+        assert_nothing_left(&out, &ctx);
+        assert!(
+            stopped_in < Duration::from_secs(5),
+            "{ctx}\nstopped {stopped_in:?} after SIGINT"
+        );
+    }
+    eprintln!("sigint runs took {:?}", started.elapsed());
+}
+
+/// --json: the manifest, the byte count and the timings.
+#[test]
+fn json_report() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard_ok(&fixture("qwen2"), 2, &out, &["--json"]);
+    let r: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", context(&o)));
+    let files = r["manifest"]["files"].as_array().expect("manifest.files");
+    assert_eq!(files.len(), 2, "{r:#}");
+    let on_disk = check_manifest(&out);
+    assert_eq!(
+        r["manifest"]["files"], on_disk["files"],
+        "report vs wload.json"
+    );
+    let sum: u64 = files.iter().map(|f| f["size"].as_u64().unwrap()).sum();
+    assert_eq!(r["bytes"].as_u64(), Some(sum), "{r:#}");
+    let w = r["timings"]["write_s"].as_f64().expect("timings.write_s");
+    assert!(w >= 0.0, "{r:#}");
+    assert_eq!(r["manifest"]["tp"], 2, "{r:#}");
+}
+
+/// The human summary says how to serve the result, with the right TP size.
+#[test]
+fn human_output_says_how_to_serve() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard_ok(&fixture(GQA), 4, &out, &[]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("vllm serve"), "{text}");
+    assert!(text.contains(s(&out)), "{text}");
+    assert!(text.contains("sharded_state"), "{text}");
+    assert!(
+        text.contains("--tensor-parallel-size 4") || text.contains("-tp 4"),
+        "{text}"
+    );
+}
