@@ -235,7 +235,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__load)
-            opts="-v -q -h -V --load-format --config-format --hf-overrides --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --device --dry-run --read --ranks --check --checksums --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -250,6 +250,45 @@ _wload() {
                     return 0
                     ;;
                 --hf-overrides)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tensor-parallel-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -t)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dtype)
+                    COMPREPLY=($(compgen -W "auto bfloat16 float16 float32" -- "${cur}"))
+                    return 0
+                    ;;
+                --mapping)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --device)
+                    COMPREPLY=($(compgen -W "cuda cpu" -- "${cur}"))
+                    return 0
+                    ;;
+                --ranks)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

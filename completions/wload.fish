@@ -31,7 +31,7 @@ complete -c wload -n "__fish_wload_needs_command" -s V -l version -d 'Print vers
 complete -c wload -n "__fish_wload_needs_command" -f -a "inspect" -d 'Show a checkpoint\'s files, config and tensors'
 complete -c wload -n "__fish_wload_needs_command" -f -a "plan" -d 'Compute what every tensor-parallel rank holds, exactly as vLLM'
 complete -c wload -n "__fish_wload_needs_command" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files for vLLM\'s sharded_state loader'
-complete -c wload -n "__fish_wload_needs_command" -f -a "load" -d 'Load a checkpoint into device memory per rank (not implemented yet)'
+complete -c wload -n "__fish_wload_needs_command" -f -a "load" -d 'Load a checkpoint into device memory per rank, timing every stage; --dry-run to debug'
 complete -c wload -n "__fish_wload_needs_command" -f -a "completions" -d 'Print a shell completion script to stdout'
 complete -c wload -n "__fish_wload_needs_command" -f -a "man" -d 'Print the man page (roff) to stdout'
 complete -c wload -n "__fish_wload_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
@@ -107,6 +107,21 @@ complete -c wload -n "__fish_wload_using_subcommand load" -l config-format -d 'W
 hf\t'Hugging Face config.json'
 mistral\t'Mistral\'s params.json'"
 complete -c wload -n "__fish_wload_using_subcommand load" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
+bfloat16\t''
+float16\t''
+float32\t''"
+complete -c wload -n "__fish_wload_using_subcommand load" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
+complete -c wload -n "__fish_wload_using_subcommand load" -l device -d 'Where to load: GPUs through the CUDA driver, or host memory' -r -f -a "cuda\t''
+cpu\t''"
+complete -c wload -n "__fish_wload_using_subcommand load" -l ranks -d 'Load only these ranks, e.g. 0-3 (default: from RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS, else all)' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l enable-expert-parallel -d 'Spread MoE experts over the ranks instead of splitting each (vLLM\'s --enable-expert-parallel)'
+complete -c wload -n "__fish_wload_using_subcommand load" -l dry-run -d 'Check everything vLLM would check, without touching a device'
+complete -c wload -n "__fish_wload_using_subcommand load" -l read -d 'With --dry-run: also read every byte and checksum it (and compare with wload.json)'
+complete -c wload -n "__fish_wload_using_subcommand load" -l check -d 'Copy every tensor back from the device and compare it with the host\'s bytes'
+complete -c wload -n "__fish_wload_using_subcommand load" -l checksums -d 'Report an XXH3-64 checksum of every loaded tensor'
+complete -c wload -n "__fish_wload_using_subcommand load" -l json -d 'Print one JSON document instead of tables'
 complete -c wload -n "__fish_wload_using_subcommand load" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
 complete -c wload -n "__fish_wload_using_subcommand load" -s q -l quiet -d 'Print nothing but results and errors'
 complete -c wload -n "__fish_wload_using_subcommand load" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -122,7 +137,7 @@ complete -c wload -n "__fish_wload_using_subcommand man" -s V -l version -d 'Pri
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "inspect" -d 'Show a checkpoint\'s files, config and tensors'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "plan" -d 'Compute what every tensor-parallel rank holds, exactly as vLLM'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "shard" -d 'Write pre-sharded per-rank safetensors files for vLLM\'s sharded_state loader'
-complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "load" -d 'Load a checkpoint into device memory per rank (not implemented yet)'
+complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "load" -d 'Load a checkpoint into device memory per rank, timing every stage; --dry-run to debug'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "completions" -d 'Print a shell completion script to stdout'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "man" -d 'Print the man page (roff) to stdout'
 complete -c wload -n "__fish_wload_using_subcommand help; and not __fish_seen_subcommand_from inspect plan shard load completions man help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

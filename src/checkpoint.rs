@@ -5,9 +5,12 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
+use std::hash::BuildHasher;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use rayon::prelude::*;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -73,8 +76,10 @@ pub struct Duplicate {
 pub struct Checkpoint {
     pub files: Vec<WeightFile>,
     pub duplicates: Vec<Duplicate>,
-    /// name → (file index, position in that file's tensors) of the copy vLLM keeps.
-    winners: HashMap<String, (usize, usize), NameHasher>,
+    /// name → (file index, position in that file's tensors) of the copy vLLM keeps. The table
+    /// holds only the positions and finds names through them: no copy of 100k+ names.
+    winners: HashTable<(u32, u32)>,
+    hasher: NameHasher,
 }
 
 impl Checkpoint {
@@ -102,13 +107,28 @@ impl Checkpoint {
     }
 
     pub fn from_files(files: Vec<WeightFile>) -> Checkpoint {
+        let hasher = NameHasher::default();
         let total = files.iter().map(|f| f.tensors.len()).sum();
-        let mut winners = HashMap::with_capacity_and_hasher(total, NameHasher::default());
+        let mut winners: HashTable<(u32, u32)> = HashTable::with_capacity(total);
         let mut seen_in: HashMap<&str, Vec<usize>, NameHasher> = HashMap::default();
+        let name_at =
+            |&(fi, ti): &(u32, u32)| files[fi as usize].tensors[ti as usize].name.as_str();
         for (fi, f) in files.iter().enumerate() {
             for (ti, t) in f.tensors.iter().enumerate() {
-                if winners.insert(t.name.clone(), (fi, ti)).is_some() {
-                    seen_in.entry(t.name.as_str()).or_default();
+                let name = t.name.as_str();
+                let at = (fi as u32, ti as u32);
+                match winners.entry(
+                    hasher.hash_one(name),
+                    |p| name_at(p) == name,
+                    |p| hasher.hash_one(name_at(p)),
+                ) {
+                    Entry::Occupied(mut o) => {
+                        *o.get_mut() = at;
+                        seen_in.entry(name).or_default();
+                    }
+                    Entry::Vacant(v) => {
+                        v.insert(at);
+                    }
                 }
             }
         }
@@ -134,7 +154,17 @@ impl Checkpoint {
             files,
             duplicates,
             winners,
+            hasher,
         }
+    }
+
+    /// Where the copy of `name` that vLLM keeps is: (file index, position in its tensors).
+    fn winner(&self, name: &str) -> Option<(usize, usize)> {
+        self.winners
+            .find(self.hasher.hash_one(name), |&(fi, ti)| {
+                self.files[fi as usize].tensors[ti as usize].name == name
+            })
+            .map(|&(fi, ti)| (fi as usize, ti as usize))
     }
 
     /// Every tensor of every file, in load order, including copies that a later file shadows.
@@ -144,16 +174,13 @@ impl Checkpoint {
 
     /// The tensor vLLM ends up with under `name`.
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
-        self.winners
-            .get(name)
-            .map(|&(fi, ti)| &self.files[fi].tensors[ti])
+        self.winner(name)
+            .map(|(fi, ti)| &self.files[fi].tensors[ti])
     }
 
     /// True when this copy is the one that survives (not shadowed by a later file).
     pub fn is_effective(&self, t: &TensorInfo) -> bool {
-        self.winners
-            .get(&t.name)
-            .is_some_and(|&(fi, _)| fi == t.file)
+        self.winner(&t.name).is_some_and(|(fi, _)| fi == t.file)
     }
 
     /// Distinct tensor names.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::ConfigFormat;
+use crate::load::DeviceKind;
 use crate::plan::DtypeChoice;
 use crate::source::LoadFormat;
 
@@ -74,8 +75,21 @@ is read once, whatever the TP size, and memory stays bounded.",
         after_long_help = EXIT_CODES
     )]
     Shard(ShardArgs),
-    /// Load a checkpoint into device memory per rank (not implemented yet)
-    Load(PendingArgs),
+    /// Load a checkpoint into device memory per rank, timing every stage; --dry-run to debug
+    #[command(
+        long_about = "Load a checkpoint into device memory per rank, timing every stage.\n\n\
+SOURCE is a checkpoint (planned on the fly, exactly as `plan` shows) or a pre-sharded folder \
+written by `wload shard` or by vLLM (model-rank-*-part-*.safetensors; each rank reads only its \
+own files). Rank r goes to GPU r (or, under torchrun / srun, the process's own ranks to its local \
+GPUs). The report gives seconds, bytes and GB/s for resolve, plan, open, read, convert, copy \
+and sync.\n\n\
+--dry-run does everything but touch a device: resolves, plans and validates as vLLM would, and \
+for pre-sharded folders also checks rank files, keys and shapes against the config and --tp, \
+which vLLM's own loader does not. With --read it also reads and checksums every byte. Exit 0 \
+when vLLM would load it, 3 with every problem listed otherwise.",
+        after_long_help = EXIT_CODES
+    )]
+    Load(LoadArgs),
     /// Print a shell completion script to stdout
     #[command(hide = true)]
     Completions {
@@ -245,9 +259,40 @@ pub fn parse_ranks(s: &str) -> Result<Vec<u64>, String> {
 }
 
 #[derive(Debug, Args)]
-pub struct PendingArgs {
+pub struct LoadArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+
+    /// Where to load: GPUs through the CUDA driver, or host memory
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cuda)]
+    pub device: DeviceKind,
+
+    /// Check everything vLLM would check, without touching a device
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// With --dry-run: also read every byte and checksum it (and compare with wload.json)
+    #[arg(long, requires = "dry_run")]
+    pub read: bool,
+
+    /// Load only these ranks, e.g. 0-3 (default: from RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS, else all)
+    #[arg(long, value_name = "LIST", value_parser = parse_ranks)]
+    pub ranks: Option<::std::vec::Vec<u64>>,
+
+    /// Copy every tensor back from the device and compare it with the host's bytes
+    #[arg(long, conflicts_with = "dry_run")]
+    pub check: bool,
+
+    /// Report an XXH3-64 checksum of every loaded tensor
+    #[arg(long, conflicts_with = "dry_run")]
+    pub checksums: bool,
+
+    /// Print one JSON document instead of tables
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[cfg(test)]

@@ -57,8 +57,18 @@ pub struct Timings {
 
 /// Resolves `opts.source`, reads the config and every selected file's header.
 pub fn open(opts: &SourceOptions) -> Result<Opened, Error> {
+    open_with(opts, false)
+}
+
+/// [`open`], or for a pre-sharded folder (`pre_sharded`) only its config: the loader reads the
+/// rank files itself.
+pub fn open_with(opts: &SourceOptions, pre_sharded: bool) -> Result<Opened, Error> {
     let t = Instant::now();
-    let resolved = source::resolve_local(&opts.source, opts.load_format, opts.config_format)?;
+    let resolved = if pre_sharded {
+        source::resolve_pre_sharded(&opts.source, opts.config_format)?
+    } else {
+        source::resolve_local(&opts.source, opts.load_format, opts.config_format)?
+    };
     let resolve_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let config = config::load(

@@ -96,7 +96,31 @@ fn run(cli: Cli) -> Result<(), Error> {
                 wload::report::write_shard(&mut out, &report).map_err(Error::Output)?;
             }
         }
-        Command::Load(_) => return Err(Error::NotImplemented("load")),
+        Command::Load(args) => {
+            let lopts = wload::load::LoadOptions {
+                device: args.device,
+                dry_run: args.dry_run,
+                read: args.read,
+                ranks: args.ranks.clone(),
+                check: args.check,
+                checksums: args.checksums,
+            };
+            let quiet = cli.quiet;
+            let report = wload::load::load(
+                &source_options(&args.source)?,
+                &plan_options(&args.parallel),
+                &lopts,
+                interrupt_flag(),
+                &|total| progress::bar(total, quiet),
+            )?;
+            if args.json {
+                serde_json::to_writer_pretty(&mut out, &report)
+                    .map_err(|e| Error::Output(e.into()))?;
+                writeln!(out).map_err(Error::Output)?;
+            } else {
+                wload::report::write_load(&mut out, &report, quiet).map_err(Error::Output)?;
+            }
+        }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "wload", &mut out);
         }

@@ -275,6 +275,32 @@ fn is_weight_like(p: &str) -> bool {
         .any(|ext| p.ends_with(ext))
 }
 
+/// A pre-sharded folder (vLLM's sharded_state layout): its weight files are read per rank by the
+/// loader, so resolution only finds the config.
+pub fn resolve_pre_sharded(
+    root: &Path,
+    config_format: ConfigFormat,
+) -> Result<Resolved, SourceError> {
+    if !root.is_dir() {
+        return Err(SourceError::NotFound {
+            path: root.to_path_buf(),
+        });
+    }
+    let listing = local::list(root).map_err(|(path, source)| SourceError::Io { path, source })?;
+    let (config_format, config_file) = pick_config(root, &listing, config_format, false)?;
+    Ok(Resolved {
+        root: root.to_path_buf(),
+        requested_format: LoadFormat::Auto,
+        format: LoadFormat::Safetensors,
+        pattern: "model-rank-*-part-*.safetensors".into(),
+        index: None,
+        files: Vec::new(),
+        dropped: Vec::new(),
+        config_format,
+        config_file,
+    })
+}
+
 /// vLLM's config-format detection (transformers_utils/config.py:889–907): Mistral's params.json
 /// only when the repo also has `consolidated*.safetensors`, otherwise config.json.
 fn pick_config(
