@@ -320,7 +320,7 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
         path: p(),
         at: e.valid_up_to(),
     })?;
-    let raw: RawHeader = serde_json::from_str(text).map_err(|e| HeaderError::BadJson {
+    let raw = RawHeader::parse(text).map_err(|e| HeaderError::BadJson {
         path: p(),
         message: e.to_string(),
     })?;
@@ -480,35 +480,47 @@ struct RawHeader<'de> {
     tensors: Vec<(Cow<'de, str>, RawTensor<'de>)>,
 }
 
-impl<'de> Deserialize<'de> for RawHeader<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = RawHeader<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object mapping tensor names to {dtype, shape, data_offsets}")
+impl<'de> RawHeader<'de> {
+    /// What `serde_json::from_str` does, plus a size hint, which serde_json does not give: a
+    /// duplicate-key set that grows entry by entry costs about as much as the parse itself.
+    fn parse(text: &'de str) -> serde_json::Result<RawHeader<'de>> {
+        // A tensor's entry is rarely under 64 bytes of JSON.
+        let capacity = text.len() / 64;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let header = de.deserialize_map(HeaderVisitor { capacity })?;
+        de.end()?;
+        Ok(header)
+    }
+}
+
+struct HeaderVisitor {
+    capacity: usize,
+}
+
+impl<'de> Visitor<'de> for HeaderVisitor {
+    type Value = RawHeader<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object mapping tensor names to {dtype, shape, data_offsets}")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader<'de>, A::Error> {
+        let mut metadata = None;
+        let mut tensors = Vec::with_capacity(self.capacity);
+        // Cloning a borrowed key is free.
+        let mut seen: HashSet<Cow<'de, str>, NameHasher> =
+            HashSet::with_capacity_and_hasher(self.capacity, NameHasher::default());
+        while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
+            if !seen.insert(key.clone()) {
+                return Err(de::Error::custom(format_args!("key '{key}' appears twice")));
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader<'de>, A::Error> {
-                let mut metadata = None;
-                let mut tensors = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                // Cloning a borrowed key is free.
-                let mut seen: HashSet<Cow<'de, str>, NameHasher> = HashSet::default();
-                while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
-                    if !seen.insert(key.clone()) {
-                        return Err(de::Error::custom(format_args!("key '{key}' appears twice")));
-                    }
-                    if key == "__metadata__" {
-                        metadata = Some(map.next_value()?);
-                    } else {
-                        let t: RawTensor = map
-                            .next_value()
-                            .map_err(|e| de::Error::custom(format_args!("tensor '{key}': {e}")))?;
-                        tensors.push((key, t));
-                    }
-                }
-                Ok(RawHeader { metadata, tensors })
+            if key == "__metadata__" {
+                metadata = Some(map.next_value()?);
+            } else {
+                let t: RawTensor = map
+                    .next_value()
+                    .map_err(|e| de::Error::custom(format_args!("tensor '{key}': {e}")))?;
+                tensors.push((key, t));
             }
         }
-        d.deserialize_map(V)
+        Ok(RawHeader { metadata, tensors })
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -409,19 +409,22 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<(), ShardError> 
     }
 }
 
-/// XXH3-64 of a file, hex; the manifest's fast hash.
+/// XXH3-64 of a file, hex; the manifest's fast hash. Read in 8 MiB steps rather than mapped, so
+/// the file's pages never count as this process's memory.
 pub fn hash_file(path: &Path) -> Result<String, ShardError> {
-    let mut f = File::open(path).map_err(|e| ShardError::io("reading", path, e))?;
+    let f = File::open(path).map_err(|e| ShardError::io("reading", path, e))?;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; 8 << 20];
+    let mut at = 0u64;
     loop {
         let n = f
-            .read(&mut buf)
+            .read_at(&mut buf, at)
             .map_err(|e| ShardError::io("reading", path, e))?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
+        at += n as u64;
     }
     Ok(format!("{:016x}", h.digest()))
 }

@@ -30,6 +30,19 @@ pub trait Sink: Sync {
     fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError>;
     /// Outputs start as zeros (fresh sparse files, zeroed memory): zero fills can be skipped.
     fn starts_zeroed(&self) -> bool;
+    /// Copies `len` bytes of `src` from `src_offset` straight to `offset` of output `out`, when
+    /// the sink can do that without the bytes passing through memory (files: copy_file_range).
+    /// `Ok(false)`: not possible here; the caller reads and [`Sink::put`]s instead.
+    fn copy_from_file(
+        &self,
+        _out: usize,
+        _offset: u64,
+        _src: &File,
+        _src_offset: u64,
+        _len: u64,
+    ) -> Result<bool, ExecError> {
+        Ok(false)
+    }
 }
 
 /// Time spent per stage, summed over worker threads (nanoseconds), and bytes read.
@@ -255,6 +268,52 @@ fn copy_source(
     let isz = src.dtype.bits() / 8;
     let total: u64 = src.shape.iter().product();
     let chunk = (CHUNK_BYTES / isz).max(1);
+
+    // Dense spans without conversion go file to file when the sink can (no copy through memory).
+    let mut rest: Vec<&Job> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let dense = job.rows == 1 || (job.src_stride == job.row && job.dst_stride == job.row);
+        if !dense || job.to != src.dtype || job.rows * job.row == 0 {
+            rest.push(job);
+            continue;
+        }
+        let len = job.rows * job.row * isz;
+        let (from, to) = (
+            src.offset + job.src_start * isz,
+            job.base + job.dst_start * isz,
+        );
+        let mut done = 0;
+        let mut direct = true;
+        while done < len {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(ExecError::Cancelled);
+            }
+            let n = CHUNK_BYTES.min(len - done);
+            let t = Instant::now();
+            if !sink.copy_from_file(job.out, to + done, file, from + done, n)? {
+                direct = false;
+                break;
+            }
+            add_since(&stats.put_ns, t);
+            stats.bytes_read.fetch_add(n, Ordering::Relaxed);
+            progress.advance(n);
+            done += n;
+        }
+        if !direct {
+            if done > 0 {
+                return Err(ExecError::Corrupt {
+                    path: path.to_path_buf(),
+                    message: format!("direct copy of '{}' stopped part-way", src.name),
+                });
+            }
+            rest.push(job);
+        }
+    }
+    if rest.is_empty() {
+        return Ok(());
+    }
+    let jobs = rest;
+
     let mut c0 = 0;
     while c0 < total {
         if cancel.load(Ordering::Relaxed) {
@@ -276,7 +335,7 @@ fn copy_source(
                     ExecError::io("reading", path, e)
                 }
             })?;
-        for job in jobs {
+        for job in &jobs {
             let osz = job.to.bits() / 8;
             let stride = job.src_stride.max(1);
             let last_end = job.src_start + (job.rows - 1) * job.src_stride + job.row;

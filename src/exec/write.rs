@@ -3,7 +3,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::parts::PartFile;
 use super::{ExecError, Progress, Sink, execute, placements_for};
@@ -11,6 +11,8 @@ use crate::plan::Plan;
 
 struct FileSink {
     files: Vec<(PathBuf, File)>,
+    /// Use copy_file_range (`WLOAD_NO_COPY_FILE_RANGE` turns it off, for comparisons).
+    direct: AtomicBool,
 }
 
 impl Sink for FileSink {
@@ -22,6 +24,56 @@ impl Sink for FileSink {
 
     fn starts_zeroed(&self) -> bool {
         true
+    }
+
+    fn copy_from_file(
+        &self,
+        out: usize,
+        offset: u64,
+        src: &File,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<bool, ExecError> {
+        use std::os::fd::AsRawFd;
+        if !self.direct.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let (path, f) = &self.files[out];
+        let (mut off_in, mut off_out) = (src_offset as libc::loff_t, offset as libc::loff_t);
+        let mut left = len as usize;
+        while left > 0 {
+            // SAFETY: valid descriptors we own, offsets passed by pointer as the syscall wants.
+            let n = unsafe {
+                libc::copy_file_range(
+                    src.as_raw_fd(),
+                    &mut off_in,
+                    f.as_raw_fd(),
+                    &mut off_out,
+                    left,
+                    0,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                let unsupported = matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL)
+                );
+                if unsupported && left == len as usize {
+                    // This filesystem pair cannot: the caller reads and writes instead.
+                    return Ok(false);
+                }
+                return Err(ExecError::io("writing", path, e));
+            }
+            if n == 0 {
+                return Err(ExecError::Corrupt {
+                    path: path.clone(),
+                    message: "source ended early (truncated?)".into(),
+                });
+            }
+            left -= n as usize;
+        }
+        Ok(true)
     }
 }
 
@@ -50,7 +102,10 @@ pub fn write_parts(
         progress.advance(f.header.len() as u64);
         opened.push((path, file));
     }
-    let sink = FileSink { files: opened };
+    let sink = FileSink {
+        files: opened,
+        direct: AtomicBool::new(std::env::var_os("WLOAD_NO_COPY_FILE_RANGE").is_none()),
+    };
     // Like cp, no fsync: the data is in the page cache and the rename publishes it.
     execute(
         plan,
