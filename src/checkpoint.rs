@@ -77,7 +77,8 @@ pub struct Checkpoint {
     pub files: Vec<WeightFile>,
     pub duplicates: Vec<Duplicate>,
     /// name → (file index, position in that file's tensors) of the copy vLLM keeps. The table
-    /// holds only the positions and finds names through them: no copy of 100k+ names.
+    /// holds only the positions and finds names through them: no copy of 100k+ names. Both fit
+    /// in `u32`: a header of at most 100 MB cannot list 2^32 tensors.
     winners: HashTable<(u32, u32)>,
     hasher: NameHasher,
 }
@@ -447,7 +448,7 @@ struct RawTensor<'a> {
 
 /// A JSON string, borrowed from the header text unless it has escapes (which tensor names and
 /// dtypes almost never do): one allocation less per tensor for the name, and none for the dtype.
-struct Text<'de>(Cow<'de, str>);
+struct Text<'a>(Cow<'a, str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

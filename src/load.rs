@@ -181,8 +181,8 @@ pub fn select_ranks(tp: u64, given: Option<&[u64]>) -> Result<(Vec<u64>, usize),
     let (rank, world) = (parse("rank", &r)?, parse("world size", &w)?);
     if world == 0 || tp % world != 0 || rank >= world {
         return Err(LoadError::Launcher(format!(
-            "{who}: {world} processes cannot split --tp {tp} evenly (process {rank}); start a multiple... \
-             one process per GPU (world size {tp}) or one per node with tp divisible by the node count"
+            "{who}: {world} processes cannot share --tp {tp} evenly (this is process {rank}); start \
+             one process per GPU (world size {tp}), or one per node with --tp divisible by the node count"
         )));
     }
     let per = tp / world;
@@ -306,15 +306,26 @@ pub fn prepare(
                             "{}: tensor '{}' has shape {:?}, but rank {r} of {} at tp {} needs {:?}",
                             f.name, t.name, t.shape, expected.architecture, popts.tp, w.shape
                         ),
-                        fix: Some(
-                            "the folder was probably sharded for another --tp; load it with that TP size"
-                                .into(),
-                        ),
+                        fix: Some(if t.name.contains("experts") {
+                            "the folder was probably sharded for another --tp or with(out) --enable-expert-parallel; load it the same way".into()
+                        } else {
+                            "the folder was probably sharded for another --tp; load it with that TP size".into()
+                        }),
                     }),
+                    Some(w) if w.dtype != t.dtype && !plan::convertible(t.dtype, w.dtype) => {
+                        problems.push(Problem {
+                            message: format!(
+                                "{}: tensor '{}' is {}, which cannot be converted to the parameter's {}",
+                                f.name, t.name, t.dtype, w.dtype
+                            ),
+                            fix: Some("re-shard with the intended --dtype".into()),
+                        })
+                    }
                     Some(w) => {
                         if w.dtype != t.dtype {
+                            // vLLM's loader only warns, and `copy_` converts: so do we.
                             warnings.push(format!(
-                                "{}: '{}' is {} where vLLM's parameter is {}; vLLM converts it",
+                                "{}: '{}' is {} where vLLM's parameter is {}; converted as vLLM does",
                                 f.name, t.name, t.dtype, w.dtype
                             ));
                         }
@@ -329,9 +340,9 @@ pub fn prepare(
                         });
                         tensors.push(OutTensor {
                             name: t.name.clone(),
-                            dtype: t.dtype,
+                            dtype: w.dtype,
                             shape: t.shape.clone(),
-                            bytes: t.len,
+                            bytes: w.bytes,
                             pieces: vec![Piece::Copy {
                                 source: sources.len() - 1,
                                 region: "all".into(),
@@ -414,6 +425,29 @@ impl Sink for LoadSink<'_> {
     fn starts_zeroed(&self) -> bool {
         true
     }
+
+    fn copy_from_file(
+        &self,
+        out: usize,
+        offset: u64,
+        src: &std::fs::File,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<bool, ExecError> {
+        let (d, b) = self.map[out];
+        let t = Instant::now();
+        let done = self.devices[d]
+            .upload_from_file(b, offset, src, src_offset, len)
+            .map_err(|e| ExecError::Corrupt {
+                path: self.devices[d].describe().into(),
+                message: e.to_string(),
+            })?;
+        self.copy_ns[d].fetch_add(
+            t.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(done)
+    }
 }
 
 /// Resolves, plans and (unless dry-run) loads.
@@ -453,7 +487,7 @@ pub fn load(
                 return Err(plan::PlanError::Invalid(
                     bad.iter()
                         .map(|f| Problem {
-                            message: format!("{}: checksum {} differs from the manifest's (the file changed or is corrupt)", f.file, f.xxh3),
+                            message: format!("{}: checksum {} differs from the manifest (wload.json): the file changed or is corrupt", f.file, f.xxh3),
                             fix: Some("re-shard, or copy the file again".into()),
                         })
                         .collect(),
@@ -490,8 +524,14 @@ pub fn load(
     // Devices: rank j of this process on local device local_base + j.
     let t = Instant::now();
     let mut devices: Vec<Box<dyn Device>> = Vec::new();
+    let mut local_base = local_base;
     if lopts.device == DeviceKind::Cuda {
         let found = crate::exec::cuda::device_count().map_err(|e| Error::Load(e.into()))?;
+        // A task that sees exactly its own GPUs (srun --gpus-per-task, CUDA_VISIBLE_DEVICES set
+        // per process) finds them from ordinal 0.
+        if found == ranks.len() {
+            local_base = 0;
+        }
         if local_base + ranks.len() > found {
             return Err(Error::Load(
                 DeviceError::TooFewDevices {

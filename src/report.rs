@@ -566,5 +566,6 @@ mod tests {
         assert_eq!(thousands(12), "12");
         assert_eq!(shape(&[]), "[]");
         assert_eq!(shape(&[2, 3]), "[2, 3]");
+        assert_eq!(shape(&[0, 10, u64::MAX]), format!("[0, 10, {}]", u64::MAX));
     }
 }

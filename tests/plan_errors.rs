@@ -92,11 +92,11 @@ impl Run {
     /// The number of problems the error header announces.
     fn problem_count(&self) -> usize {
         let head = self.stderr.lines().next().unwrap_or("");
-        let open = head.rfind('(').expect("problem count in the first line");
-        head[open + 1..]
+        // "error: N problem(s) found; ..."
+        head.trim_start_matches("error: ")
             .split(' ')
             .next()
-            .unwrap()
+            .expect("problem count in the first line")
             .parse()
             .unwrap_or_else(|_| panic!("no problem count in {head:?}"))
     }

@@ -297,16 +297,16 @@ pub fn select(file: Option<&Path>, arch: Option<&str>) -> Result<Mapping, Mappin
         return parse(&path.display().to_string(), &text);
     }
     let arch = arch.ok_or(MappingError::NoArchitecture)?;
-    let all = embedded();
-    if let Some(m) = all
+    // Only the chosen file is parsed in full: finding it needs just each file's architectures.
+    if let Some((file, text)) = EMBEDDED
         .iter()
-        .find(|m| m.architectures.iter().any(|a| a == arch))
+        .find(|(_, text)| declared_architectures(text).iter().any(|a| a == arch))
     {
-        return Ok(m.clone());
+        return parse(file, text);
     }
-    let mut known: Vec<&str> = all
+    let mut known: Vec<String> = EMBEDDED
         .iter()
-        .flat_map(|m| m.architectures.iter().map(String::as_str))
+        .flat_map(|(_, text)| declared_architectures(text))
         .collect();
     known.sort();
     known.dedup();
@@ -316,11 +316,36 @@ pub fn select(file: Option<&Path>, arch: Option<&str>) -> Result<Mapping, Mappin
     })
 }
 
+/// The `architectures: [...]` line of a mapping file, read without parsing the rest.
+fn declared_architectures(text: &str) -> Vec<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("architectures:"))
+        .and_then(|v| serde_saphyr::from_str::<Vec<String>>(v.trim()).ok())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn embedded_mappings_parse() {
         let all = super::embedded();
         assert_eq!(all.len(), super::EMBEDDED.len());
+    }
+
+    /// `select` finds files by their one-line `architectures:`; it must agree with the full parse,
+    /// and no architecture may be claimed twice.
+    #[test]
+    fn architecture_lines_match_the_full_parse() {
+        let mut seen = std::collections::HashSet::new();
+        for ((file, text), m) in super::EMBEDDED.iter().zip(super::embedded()) {
+            assert_eq!(
+                super::declared_architectures(text),
+                m.architectures,
+                "{file}"
+            );
+            for a in &m.architectures {
+                assert!(seen.insert(a.clone()), "{a} is claimed by two mappings");
+            }
+        }
     }
 }

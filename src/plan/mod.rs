@@ -70,7 +70,7 @@ pub enum PlanError {
 
 fn render_problems(ps: &[Problem]) -> String {
     let mut s = format!(
-        "the checkpoint does not fit the model at this TP size ({} problem{}):",
+        "{} problem{} found; vLLM would refuse this checkpoint or load it wrongly:",
         ps.len(),
         if ps.len() == 1 { "" } else { "s" }
     );
@@ -790,7 +790,8 @@ fn source_of(t: &TensorInfo, file: &str) -> Source {
     }
 }
 
-fn convertible(from: Dtype, to: Dtype) -> bool {
+/// Whether vLLM's `copy_` into a parameter of `to` accepts a tensor of `from` (float types only).
+pub fn convertible(from: Dtype, to: Dtype) -> bool {
     let float = |d| matches!(d, Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64);
     from == to || (float(from) && float(to))
 }
