@@ -426,6 +426,10 @@ impl Sink for LoadSink<'_> {
         true
     }
 
+    fn cheap_small_puts(&self) -> bool {
+        self.devices.iter().all(|d| d.is_host())
+    }
+
     fn copy_from_file(
         &self,
         out: usize,

@@ -568,4 +568,20 @@ mod tests {
         assert_eq!(shape(&[2, 3]), "[2, 3]");
         assert_eq!(shape(&[0, 10, u64::MAX]), format!("[0, 10, {}]", u64::MAX));
     }
+
+    #[test]
+    fn tables_align_by_characters_and_trim_line_ends() {
+        let mut t = Table::new(&[("NAME", false), ("N", true), ("NOTE", false)]);
+        t.row(["ünïcode.模型", "7", "x"]);
+        t.cell("a");
+        t.cell_fmt(format_args!("{}", 1234));
+        t.cell("");
+        t.row(["b  ", "5", " "]);
+        let mut out = Vec::new();
+        t.write(&mut out, "  ").unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "  NAME           N  NOTE\n  ünïcode.模型     7  x\n  a           1234\n  b              5\n"
+        );
+    }
 }

@@ -25,6 +25,10 @@ pub trait Device: Send + Sync {
     ) -> Result<bool, DeviceError> {
         Ok(false)
     }
+    /// Host memory: small uploads are as cheap as large ones.
+    fn is_host(&self) -> bool {
+        false
+    }
     /// Waits until every upload has landed.
     fn synchronize(&self) -> Result<(), DeviceError>;
     /// A buffer's contents, copied back to the host (checksums, `--check`).
@@ -66,9 +70,13 @@ impl Device for CpuDevice {
         "cpu".into()
     }
 
+    fn is_host(&self) -> bool {
+        true
+    }
+
     fn alloc(&mut self, sizes: &[u64]) -> Result<(), DeviceError> {
-        // Anonymous maps are zero pages until written: allocating costs nothing, and huge pages
-        // (where the kernel allows them on request) make the first writes fault 512× less often.
+        // Anonymous maps are zero pages until written: allocating costs nothing. (Huge pages were
+        // measured slower: with THP defrag on request, first writes stall in compaction.)
         let mut bufs = Vec::with_capacity(sizes.len());
         for &n in sizes {
             let map = memmap2::MmapMut::map_anon(n.max(1) as usize).map_err(|_| {
@@ -77,10 +85,6 @@ impl Device for CpuDevice {
                     bytes: n,
                 }
             })?;
-            #[cfg(target_os = "linux")]
-            if n >= 2 << 20 {
-                let _ = map.advise(memmap2::Advice::HugePage);
-            }
             bufs.push(Mutex::new(map));
         }
         self.bufs = bufs;

@@ -30,6 +30,11 @@ pub trait Sink: Sync {
     fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError>;
     /// Outputs start as zeros (fresh sparse files, zeroed memory): zero fills can be skipped.
     fn starts_zeroed(&self) -> bool;
+    /// Small puts cost no more than large ones (host memory): strided rows are put one by one
+    /// instead of being gathered first.
+    fn cheap_small_puts(&self) -> bool {
+        false
+    }
     /// Copies `len` bytes of `src` from `src_offset` straight to `offset` of output `out`, when
     /// the sink can do that without the bytes passing through memory (files: copy_file_range).
     /// `Ok(false)`: not possible here; the caller reads and [`Sink::put`]s instead.
@@ -321,6 +326,7 @@ fn copy_source(
         }
         let c1 = (c0 + chunk).min(total);
         buf.resize(((c1 - c0) * isz) as usize, 0);
+        let t = Instant::now();
         file.read_exact_at(buf, src.offset + c0 * isz)
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -335,6 +341,10 @@ fn copy_source(
                     ExecError::io("reading", path, e)
                 }
             })?;
+        add_since(&stats.read_ns, t);
+        stats
+            .bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         for job in &jobs {
             let osz = job.to.bits() / 8;
             let stride = job.src_stride.max(1);
@@ -353,9 +363,12 @@ fn copy_source(
             } else {
                 (c1 - job.src_start).div_ceil(stride).min(job.rows)
             };
-            let contiguous = job.rows == 1 || job.dst_stride == job.row;
+            // Memory sinks take strided rows one by one without a gather buffer; for files and
+            // devices one large put beats many small ones.
+            let contiguous =
+                (job.rows == 1 || job.dst_stride == job.row) && !sink.cheap_small_puts();
             let src_dense = job.rows == 1 || job.src_stride == job.row;
-            if contiguous && src_dense && src.dtype == job.to {
+            if (job.rows == 1 || job.dst_stride == job.row) && src_dense && src.dtype == job.to {
                 // One span, no conversion: hand the read buffer over without a copy.
                 let s = job.src_start + k_lo * job.src_stride;
                 let a = s.max(c0);
@@ -385,6 +398,11 @@ fn copy_source(
                     first.get_or_insert(dst);
                     convert::convert_into(src.dtype, job.to, bytes, out);
                     add_since(&stats.convert_ns, t);
+                } else if src.dtype == job.to {
+                    let t = Instant::now();
+                    sink.put(job.out, job.base + dst * osz, bytes)?;
+                    add_since(&stats.put_ns, t);
+                    progress.advance(bytes.len() as u64);
                 } else {
                     out.clear();
                     convert::convert_into(src.dtype, job.to, bytes, out);

@@ -464,3 +464,49 @@ fn index_files(path: &Path, text: &str) -> Result<BTreeSet<String>, SourceError>
     }
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast path answers only with what the general one would, and defers anything unusual.
+    #[test]
+    fn index_fast_path_agrees_with_the_general_one_or_defers() {
+        let usual = r#"{"metadata": {"total_size": 8}, "weight_map": {"a": "x.safetensors", "b": "x.safetensors", "c": "y.safetensors"}}"#;
+        let set = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>());
+        assert_eq!(
+            index_files_fast(usual),
+            set(&["x.safetensors", "y.safetensors"])
+        );
+        let deferred = [
+            // A repeated name: the last value wins, so "x" is not read.
+            r#"{"weight_map": {"a": "x", "a": "y"}}"#,
+            r#"{"weight_map": {"a": "x"}, "weight_map": {"a": "y"}}"#,
+            r#"{"weight_map": {"a": 5}}"#,
+            r#"{"weight_map": {"a": "../x"}}"#,
+            r#"{"weight_map": {"a": "/x"}}"#,
+            r#"{"weight_map": {"\u00e9": "x"}}"#,
+            r#"{"weight_map": {"a": "\u00e9"}}"#,
+            r#"{"weight_map": []}"#,
+            r#"{"metadata": {}}"#,
+            r#"[]"#,
+            r#"{"weight_map": {"a": "x"}} trailing"#,
+        ];
+        for text in deferred {
+            assert_eq!(index_files_fast(text), None, "{text}");
+        }
+        for text in deferred
+            .iter()
+            .chain([&usual, &r#"{"weight_map": {"a": ""}}"#])
+        {
+            if let Some(fast) = index_files_fast(text) {
+                let slow = index_files(Path::new("i.json"), text).ok();
+                assert_eq!(Some(fast), slow, "{text}");
+            }
+        }
+        assert_eq!(
+            index_files(Path::new("i.json"), deferred[0]).ok(),
+            set(&["y"])
+        );
+    }
+}
