@@ -7,28 +7,10 @@
 # Usage: bench/load_cpu.sh [WORKDIR]   (reuses WORKDIR/src from bench/shard.sh if present)
 # Environment: RUNS=3, WLOAD_BIN=PATH (skip the build)
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/.." && pwd)
+BENCH_DIR=${1:-} source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RUNS=${RUNS:-3}
-cd "$root"
-if [[ -n ${WLOAD_BIN:-} ]]; then
-    bin=$(realpath "$WLOAD_BIN")
-else
-    cargo build --release --locked --quiet
-    bin=$root/target/release/wload
-fi
-if [[ -n ${1:-} ]]; then
-    work=$1
-    mkdir -p "$work"
-else
-    work=$(mktemp -d /var/tmp/wload-bench.XXXXXX)
-    trap 'rm -rf "$work"' EXIT
-fi
 src=$work/src
-if [[ ! -f $src/config.json ]]; then
-    echo "generating the 4-layer Llama-3-8B-shaped checkpoint (random bf16) in $src ..." >&2
-    python3 "$here/gen_checkpoint.py" --files 2 --layers 4 --real-shapes --random --quiet --out "$src"
-fi
+ensure_llama8b_4layers "$src"
 cat "$src"/*.safetensors >/dev/null
 
 # The copy limit: every byte of the weight files read once into a new buffer (page faults

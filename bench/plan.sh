@@ -8,24 +8,10 @@
 # Usage: bench/plan.sh [DIR]      (DIR: where to generate; default a temp dir, removed afterwards)
 # Environment: RUNS=10, TARGET_MS=50, WLOAD_BIN=PATH (skip the build)
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/.." && pwd)
+BENCH_DIR=${1:-} source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RUNS=${RUNS:-10}
 TARGET_MS=${TARGET_MS:-50}
-cd "$root"
-if [[ -n ${WLOAD_BIN:-} ]]; then
-    bin=$(realpath "$WLOAD_BIN")
-else
-    cargo build --release --locked --quiet
-    bin=$root/target/release/wload
-fi
-if [[ -n ${1:-} ]]; then
-    dir=$1
-    mkdir -p "$dir"
-else
-    dir=$(mktemp -d)
-    trap 'rm -rf "$dir"' EXIT
-fi
+dir=$work
 python3 "$here/gen_checkpoint.py" --files 191 --layers 126 --real-shapes --hidden-size 16384 \
     --num-attention-heads 128 --num-key-value-heads 8 --intermediate-size 53248 \
     --vocab-size 128256 --out "$dir" --quiet

@@ -1,0 +1,28 @@
+# Sourced by the bench scripts: paths, the wload binary, a work folder, the 8B-shaped checkpoint.
+# Sets: here, root, bin, work; and defines ensure_llama8b_4layers DIR.
+here=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+# WLOAD_BIN=PATH times that binary; otherwise the release build of this checkout.
+if [[ -n ${WLOAD_BIN:-} ]]; then
+    bin=$(realpath "$WLOAD_BIN")
+else
+    cargo build --release --locked --quiet
+    bin=$root/target/release/wload
+fi
+# $1 of the calling script: a folder to keep the data in; otherwise a temp dir removed at exit.
+if [[ -n ${BENCH_DIR:-} ]]; then
+    work=$BENCH_DIR
+    mkdir -p "$work"
+else
+    work=$(mktemp -d /var/tmp/wload-bench.XXXXXX)
+    trap 'rm -rf "$work"' EXIT
+fi
+
+# The 4-layer Llama-3-8B-shaped checkpoint (about 3.6 GiB of random bf16, two files + index).
+ensure_llama8b_4layers() {
+    if [[ ! -f $1/config.json ]]; then
+        echo "generating the 4-layer Llama-3-8B-shaped checkpoint (random bf16) in $1 ..." >&2
+        python3 "$root/bench/gen_checkpoint.py" --files 2 --layers 4 --real-shapes --random --quiet --out "$1"
+    fi
+}
