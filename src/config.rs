@@ -73,6 +73,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: Option<bool>,
     /// `dtype` (transformers ≥ 4.56) or `torch_dtype`.
     pub dtype: Option<String>,
+    /// `quantization_config.quant_method` (fp8, gptq, awq, ...), when the checkpoint is quantized.
+    pub quantization: Option<String>,
     /// The text config after overrides (the top level, or `text_config` for multimodal wrappers).
     #[serde(skip)]
     pub raw: Map<String, Value>,
@@ -272,6 +274,15 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         vocab_size: f.req("vocab_size")?,
         num_experts,
         tie_word_embeddings,
+        quantization: top
+            .get("quantization_config")
+            .or(raw.get("quantization_config"))
+            .map(|q| {
+                q.get("quant_method")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown")
+                    .to_string()
+            }),
         dtype,
         raw,
     })

@@ -657,3 +657,16 @@ fn human_plan_output_lists_each_rank_and_the_qkv_sources() {
     assert!(qkv.contains("v_proj.weight rows [32, 64)"), "{qkv}");
     assert!(r.stderr.is_empty(), "{}", r.context());
 }
+
+#[test]
+fn quantized_checkpoint_is_refused_with_its_quant_method() {
+    let tmp = copy_fixture("llama_gqa");
+    set_config(
+        tmp.path(),
+        "quantization_config",
+        serde_json::json!({"quant_method": "fp8", "activation_scheme": "dynamic"}),
+    );
+    plan(tmp.path(), &["--tp", "2"])
+        .refused(3)
+        .says(&["quantized", "\"fp8\""]);
+}

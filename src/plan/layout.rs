@@ -1,8 +1,6 @@
 //! The geometry of each parallel layout: per-rank shapes, the checkpoint shapes each shard expects,
 //! and the block moves that fill a rank's tensor (vllm-spec.md §4–§5).
 
-use std::collections::HashMap;
-
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
 
@@ -490,9 +488,6 @@ impl Geometry {
         }
     }
 }
-
-/// Sources by slot, for looking up what feeds a take.
-pub type Slots<T> = HashMap<SlotKey, T>;
 
 #[cfg(test)]
 mod tests {

@@ -277,6 +277,17 @@ pub fn plan(
         return Err(PlanError::BadTp);
     }
     let mut problems = Problems::default();
+    if let Some(q) = &config.quantization {
+        // Quantized layers have other parameters (scales, packed weights) and post-processing:
+        // planning them as unquantized would be wrong, so say so up front.
+        problems.push(Problem {
+            message: format!(
+                "the checkpoint is quantized (quantization_config.quant_method = \"{q}\"); wload plans unquantized checkpoints only for now"
+            ),
+            fix: Some("use the unquantized checkpoint".into()),
+        });
+        return Err(PlanError::Invalid(problems.0));
+    }
     let model_dtype = resolve_dtype(opts.dtype, config);
     let arch = config.architecture().unwrap_or(&mapping.family).to_string();
 
@@ -869,13 +880,4 @@ fn evaluate_layout(
             hidden: one(hidden)?,
         },
     })
-}
-
-/// Names of the tensors each rank holds, for quick checks.
-pub fn rank_keys(p: &Plan, rank: usize) -> HashSet<&str> {
-    p.ranks[rank]
-        .tensors
-        .iter()
-        .map(|t| t.name.as_str())
-        .collect()
 }
