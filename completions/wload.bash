@@ -205,7 +205,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__inspect)
-            opts="-v -q -h -V --load-format --config-format --hf-overrides --filter --json --verbose --quiet --help --version"
+            opts="-v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --filter --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -221,6 +221,17 @@ _wload() {
                     ;;
                 --hf-overrides)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --revision)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --download-dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
                     return 0
                     ;;
                 --filter)
@@ -235,7 +246,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__load)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --device --dry-run --read --ranks --check --checksums --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --device --dry-run --read --ranks --check --checksums --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -251,6 +262,17 @@ _wload() {
                     ;;
                 --hf-overrides)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --revision)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --download-dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
                     return 0
                     ;;
                 --tp)
@@ -314,7 +336,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__plan)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --rank --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --rank --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -330,6 +352,17 @@ _wload() {
                     ;;
                 --hf-overrides)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --revision)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --download-dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
                     return 0
                     ;;
                 --tp)
@@ -375,7 +408,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__shard)
-            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --json --verbose --quiet --help --version"
+            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -391,6 +424,17 @@ _wload() {
                     ;;
                 --hf-overrides)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --revision)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --download-dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
                     return 0
                     ;;
                 --tp)

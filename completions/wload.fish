@@ -44,6 +44,8 @@ complete -c wload -n "__fish_wload_using_subcommand inspect" -l config-format -d
 hf\t'Hugging Face config.json'
 mistral\t'Mistral\'s params.json'"
 complete -c wload -n "__fish_wload_using_subcommand inspect" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand inspect" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
+complete -c wload -n "__fish_wload_using_subcommand inspect" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand inspect" -l filter -d 'Only list tensors whose name matches this regular expression (totals then cover those)' -r
 complete -c wload -n "__fish_wload_using_subcommand inspect" -l json -d 'Print one JSON document instead of tables (schema: docs/inspect-json.md)'
 complete -c wload -n "__fish_wload_using_subcommand inspect" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
@@ -59,6 +61,8 @@ complete -c wload -n "__fish_wload_using_subcommand plan" -l config-format -d 'W
 hf\t'Hugging Face config.json'
 mistral\t'Mistral\'s params.json'"
 complete -c wload -n "__fish_wload_using_subcommand plan" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand plan" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
+complete -c wload -n "__fish_wload_using_subcommand plan" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand plan" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
 complete -c wload -n "__fish_wload_using_subcommand plan" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
@@ -81,6 +85,8 @@ complete -c wload -n "__fish_wload_using_subcommand shard" -l config-format -d '
 hf\t'Hugging Face config.json'
 mistral\t'Mistral\'s params.json'"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand shard" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
@@ -107,6 +113,8 @@ complete -c wload -n "__fish_wload_using_subcommand load" -l config-format -d 'W
 hf\t'Hugging Face config.json'
 mistral\t'Mistral\'s params.json'"
 complete -c wload -n "__fish_wload_using_subcommand load" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand load" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
 complete -c wload -n "__fish_wload_using_subcommand load" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''

@@ -24,7 +24,7 @@ Exit status:
     propagate_version = true,
     after_long_help = EXIT_CODES,
     long_about = "Shard and load LLM checkpoints exactly as vLLM holds them, per tensor-parallel rank.\n\n\
-wload resolves a checkpoint (safetensors files in a folder) the way vLLM does, maps its tensor \
+wload resolves a checkpoint (safetensors files in a folder or a Hugging Face Hub repo) the way vLLM does, maps its tensor \
 names onto vLLM's parameters, and computes what every tensor-parallel rank must hold."
 )]
 pub struct Cli {
@@ -104,8 +104,18 @@ when vLLM would load it, 3 with every problem listed otherwise.",
 /// How to find and read a checkpoint; shared by every subcommand.
 #[derive(Debug, Args)]
 pub struct SourceArgs {
-    /// Checkpoint folder (safetensors files plus config.json or params.json)
-    #[arg(value_name = "SOURCE", value_hint = clap::ValueHint::DirPath)]
+    /// Checkpoint folder (safetensors files plus config.json or params.json), or a Hugging Face Hub repo id (org/name)
+    #[arg(
+        value_name = "SOURCE",
+        value_hint = clap::ValueHint::DirPath,
+        long_help = "Checkpoint folder (safetensors files plus config.json or params.json), or a Hugging Face \
+Hub repo id (org/name) when no such folder exists.\n\n\
+A repo id is resolved as vLLM does: from the local Hugging Face cache first (HF_HUB_CACHE, else \
+$HF_HOME/hub, else ~/.cache/huggingface/hub; or --download-dir), then by downloading only the files \
+the load format reads (the index first, then the shards it lists) and the side files (config, \
+tokenizer, ...). HF_ENDPOINT and HF_TOKEN are honoured; with HF_HUB_OFFLINE=1 no connection is \
+made and a file missing from the cache is an error."
+    )]
     pub source: PathBuf,
 
     /// Which weight files to read, as vLLM's --load-format
@@ -135,6 +145,14 @@ Top-level keys replace the config's values; an object given for a nested *_confi
 (text_config, ...) is merged into it. Example: --hf-overrides '{\"num_hidden_layers\": 2}'"
     )]
     pub hf_overrides: Option<String>,
+
+    /// Hub revision of a repo id: branch, tag or commit, as vLLM's --revision
+    #[arg(long, value_name = "REV", default_value = "main")]
+    pub revision: String,
+
+    /// Hugging Face cache folder for a repo id, as vLLM's --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)
+    #[arg(long, value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
+    pub download_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

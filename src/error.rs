@@ -50,7 +50,7 @@ impl Error {
             Error::Source(SourceError::NotFound { .. } | SourceError::NotADirectory { .. }) => {
                 ExitStatus::Usage
             }
-            Error::Source(SourceError::Io { .. }) => ExitStatus::Runtime,
+            Error::Source(SourceError::Io { .. } | SourceError::Hub(_)) => ExitStatus::Runtime,
             Error::Source(_) => ExitStatus::Checkpoint,
             Error::Headers(v) if v.iter().any(|e| matches!(e, HeaderError::Io { .. })) => {
                 ExitStatus::Runtime

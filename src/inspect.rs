@@ -20,6 +20,9 @@ pub struct Inspection<'a> {
     pub schema_version: u32,
     pub wload_version: &'static str,
     pub source: String,
+    /// For a hub repo id: the revision, commit, cache snapshot and what was downloaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub: Option<crate::source::hub::HubSource>,
     pub format: FormatInfo,
     pub files: Vec<FileInfo>,
     pub dropped: Vec<DroppedFile>,
@@ -48,6 +51,9 @@ pub struct FileInfo {
     pub header_bytes: u64,
     pub tensors: usize,
     pub metadata: Option<BTreeMap<String, String>>,
+    /// For a hub repo id: "cache" or "download".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<crate::source::hub::Origin>,
 }
 
 #[derive(Debug, Serialize)]
@@ -107,6 +113,7 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
             header_bytes: f.header_len,
             tensors: f.tensors.len(),
             metadata: f.metadata.clone(),
+            origin: k.origin,
         })
         .collect();
 
@@ -153,7 +160,11 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
     Ok(Inspection {
         schema_version: SCHEMA_VERSION,
         wload_version: env!("CARGO_PKG_VERSION"),
-        source: resolved.root.display().to_string(),
+        source: match &resolved.hub {
+            Some(h) => h.repo.clone(),
+            None => resolved.root.display().to_string(),
+        },
+        hub: resolved.hub.clone(),
         format: format_info(resolved),
         files,
         dropped: resolved.dropped.clone(),

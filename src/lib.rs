@@ -27,10 +27,18 @@ pub use error::{Error, ExitStatus};
 /// What every subcommand needs to find and read a checkpoint.
 #[derive(Debug, Clone)]
 pub struct SourceOptions {
+    /// A checkpoint folder, or a Hugging Face Hub repo id (`org/name`) when no such path exists.
     pub source: PathBuf,
     pub load_format: source::LoadFormat,
     pub config_format: config::ConfigFormat,
     pub hf_overrides: Option<Map<String, Value>>,
+    /// For a repo id: the branch, tag or commit (`main` when `None`), as vLLM's `--revision`.
+    pub revision: Option<String>,
+    /// For a repo id: the cache folder to use instead of `HF_HUB_CACHE` / `$HF_HOME/hub`, as
+    /// vLLM's `--download-dir`.
+    pub download_dir: Option<PathBuf>,
+    /// Reports each download's progress (nothing by default).
+    pub download_progress: source::hub::DownloadProgress,
 }
 
 /// A resolved checkpoint: its files, their headers and the model config. No tensor data is read.
@@ -45,7 +53,7 @@ pub struct Opened {
 /// Seconds spent in each stage, for reports.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Timings {
-    /// Listing the folder and choosing files.
+    /// Listing the folder and choosing files (for a hub repo: and downloading what is missing).
     pub resolve_s: f64,
     /// Reading config.json / params.json.
     pub config_s: f64,
@@ -64,12 +72,83 @@ pub fn open(opts: &SourceOptions) -> Result<Opened, Error> {
 /// rank files itself.
 pub fn open_with(opts: &SourceOptions, pre_sharded: bool) -> Result<Opened, Error> {
     let t = Instant::now();
-    let resolved = if pre_sharded {
-        source::resolve_pre_sharded(&opts.source, opts.config_format)?
-    } else {
-        source::resolve_local(&opts.source, opts.load_format, opts.config_format)?
+    let resolved = match hub_request(opts)? {
+        Some(req) => source::hub::resolve(&req.request(opts), source::hub::Want::Checkpoint)?.0,
+        None if pre_sharded => source::resolve_pre_sharded(&opts.source, opts.config_format)?,
+        None => source::resolve_local(&opts.source, opts.load_format, opts.config_format)?,
     };
-    let resolve_s = t.elapsed().as_secs_f64();
+    finish_open(opts, resolved, t.elapsed().as_secs_f64())
+}
+
+/// [`open_with`] for `load`: a folder or hub repo of `model-rank-*-part-*.safetensors` files is
+/// opened as pre-sharded (the `bool`), anything else as a checkpoint.
+pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, bool), Error> {
+    match hub_request(opts)? {
+        Some(req) => {
+            let t = Instant::now();
+            let (resolved, pre_sharded) =
+                source::hub::resolve(&req.request(opts), source::hub::Want::Detect)?;
+            Ok((
+                finish_open(opts, resolved, t.elapsed().as_secs_f64())?,
+                pre_sharded,
+            ))
+        }
+        None => {
+            let pre_sharded = !load::pre_sharded_files(&opts.source).is_empty();
+            Ok((open_with(opts, pre_sharded)?, pre_sharded))
+        }
+    }
+}
+
+/// A repo id's resolved settings, when SOURCE is one.
+struct HubSettings {
+    repo: String,
+    revision: String,
+    env: source::hub::HubEnv,
+}
+
+impl HubSettings {
+    fn request<'a>(&'a self, opts: &'a SourceOptions) -> source::hub::HubRequest<'a> {
+        source::hub::HubRequest {
+            repo: &self.repo,
+            revision: &self.revision,
+            load_format: opts.load_format,
+            config_format: opts.config_format,
+            env: &self.env,
+            progress: &opts.download_progress,
+        }
+    }
+}
+
+fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, Error> {
+    let Some(repo) = source::hub::repo_id(&opts.source) else {
+        return Ok(None);
+    };
+    let revision = opts.revision.clone().unwrap_or_else(|| "main".into());
+    // A revision becomes a file name under refs/; keep it inside.
+    if revision.is_empty()
+        || revision.starts_with('/')
+        || revision
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+    {
+        return Err(Error::Usage(format!(
+            "--revision '{revision}' is not a branch, tag or commit name"
+        )));
+    }
+    Ok(Some(HubSettings {
+        repo,
+        revision,
+        env: source::hub::HubEnv::from_env(opts.download_dir.as_deref()),
+    }))
+}
+
+/// Reads the config and every selected file's header.
+fn finish_open(
+    opts: &SourceOptions,
+    resolved: source::Resolved,
+    resolve_s: f64,
+) -> Result<Opened, Error> {
     let t = Instant::now();
     let config = config::load(
         &resolved.root,

@@ -463,8 +463,7 @@ pub fn load(
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<LoadReport, Error> {
     let t_all = Instant::now();
-    let pre_sharded = !pre_sharded_files(&sopts.source).is_empty();
-    let mut opened = crate::open_with(sopts, pre_sharded)?;
+    let (mut opened, _) = crate::open_detect(sopts)?;
     let (ranks, local_base) =
         select_ranks(popts.tp, lopts.ranks.as_deref()).map_err(Error::Load)?;
     let mut warnings = Vec::new();

@@ -40,7 +40,7 @@ fn run(cli: Cli) -> Result<(), Error> {
     let mut out = BufWriter::new(stdout.lock());
     match cli.command {
         Command::Inspect(args) => {
-            let opened = wload::open(&source_options(&args.source)?)?;
+            let opened = wload::open(&source_options(&args.source, cli.quiet)?)?;
             let report = wload::inspect::inspect(&opened, args.filter.as_deref())?;
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &report)
@@ -59,7 +59,7 @@ fn run(cli: Cli) -> Result<(), Error> {
             std::mem::forget(opened);
         }
         Command::Plan(args) => {
-            let opened = wload::open(&source_options(&args.source)?)?;
+            let opened = wload::open(&source_options(&args.source, cli.quiet)?)?;
             let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)?;
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &report)
@@ -71,7 +71,7 @@ fn run(cli: Cli) -> Result<(), Error> {
             }
         }
         Command::Shard(args) => {
-            let mut opened = wload::open(&source_options(&args.source)?)?;
+            let mut opened = wload::open(&source_options(&args.source, cli.quiet)?)?;
             let opts = wload::shard::ShardOptions {
                 out: args.out.clone(),
                 max_part_size: args.max_part_size,
@@ -107,7 +107,7 @@ fn run(cli: Cli) -> Result<(), Error> {
             };
             let quiet = cli.quiet;
             let report = wload::load::load(
-                &source_options(&args.source)?,
+                &source_options(&args.source, cli.quiet)?,
                 &plan_options(&args.parallel),
                 &lopts,
                 interrupt_flag(),
@@ -140,7 +140,7 @@ fn interrupt_flag() -> &'static AtomicBool {
     &FLAG
 }
 
-fn source_options(a: &SourceArgs) -> Result<SourceOptions, Error> {
+fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {
     Ok(SourceOptions {
         source: a.source.clone(),
         load_format: a.load_format,
@@ -150,6 +150,9 @@ fn source_options(a: &SourceArgs) -> Result<SourceOptions, Error> {
             .as_deref()
             .map(wload::config::parse_overrides)
             .transpose()?,
+        revision: Some(a.revision.clone()),
+        download_dir: a.download_dir.clone(),
+        download_progress: progress::download_bars(quiet),
     })
 }
 

@@ -33,3 +33,23 @@ pub fn bar(total: u64, quiet: bool) -> Box<dyn Progress> {
     );
     Box::new(Bar(pb))
 }
+
+/// One bar per file download, stacked while several run at once, when stderr is a terminal and
+/// not `--quiet`.
+pub fn download_bars(quiet: bool) -> wload::source::hub::DownloadProgress {
+    if quiet || !std::io::stderr().is_terminal() {
+        return Default::default();
+    }
+    let bars = indicatif::MultiProgress::new();
+    wload::source::hub::DownloadProgress::new(move |file, size| {
+        let pb = bars.add(ProgressBar::new(size));
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+            )
+            .expect("valid template"),
+        );
+        pb.set_message(format!("downloading {file}"));
+        Box::new(Bar(pb))
+    })
+}

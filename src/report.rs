@@ -197,6 +197,22 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
 pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::Result<()> {
     let f = &i.format;
     writeln!(w, "source  {}", i.source)?;
+    if let Some(h) = &i.hub {
+        writeln!(w, "hub     revision {} at commit {}", h.revision, h.commit)?;
+        let fetched = match (h.downloaded.len(), h.offline) {
+            (0, true) => "offline, all from the cache".to_string(),
+            (0, false) => "all from the cache".to_string(),
+            (1, _) => "1 file downloaded".to_string(),
+            (n, _) => format!("{n} files downloaded"),
+        };
+        writeln!(w, "cache   {} ({fetched})", h.snapshot.display())?;
+        if let Some(note) = &h.note {
+            writeln!(
+                w,
+                "note    the hub could not be asked, so the cache answered: {note}"
+            )?;
+        }
+    }
     let requested = if f.requested == f.load_format {
         String::new()
     } else {
@@ -214,23 +230,27 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
     writeln!(w, "config  {}", f.config_file)?;
 
     writeln!(w, "\nfiles ({} read)", i.files.len())?;
-    let mut t = if verbose {
-        Table::new(&[
-            ("FILE", false),
-            ("SIZE", true),
-            ("HEADER", true),
-            ("TENSORS", true),
-            ("WHY", false),
-        ])
-    } else {
-        Table::new(&[("FILE", false), ("SIZE", true), ("TENSORS", true)])
-    };
+    let mut columns = vec![("FILE", false), ("SIZE", true)];
+    if verbose {
+        columns.push(("HEADER", true));
+    }
+    columns.push(("TENSORS", true));
+    if i.hub.is_some() {
+        columns.push(("FROM", false));
+    }
+    if verbose {
+        columns.push(("WHY", false));
+    }
+    let mut t = Table::new(&columns);
     for fi in &i.files {
         let mut row = vec![fi.file.clone(), human_bytes(fi.size)];
         if verbose {
             row.push(human_bytes(fi.header_bytes));
         }
         row.push(fi.tensors.to_string());
+        if i.hub.is_some() {
+            row.push(fi.origin.map_or("-", |o| o.as_str()).to_string());
+        }
         if verbose {
             row.push(fi.reason.clone());
         }

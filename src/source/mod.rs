@@ -1,5 +1,6 @@
 //! Resolve: from SOURCE to the list of weight files vLLM would read, in its order, and the config.
 
+pub mod hub;
 pub mod local;
 pub mod select;
 
@@ -19,6 +20,9 @@ use select::{NOT_FOR_INFERENCE, glob_match, natural_cmp};
 pub struct KeptFile {
     pub file: String,
     pub reason: String,
+    /// For a hub source: whether the file was already in the local cache or was downloaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<hub::Origin>,
 }
 
 /// A weight-like file resolution left out, and why.
@@ -45,6 +49,9 @@ pub struct Resolved {
     pub config_format: ConfigFormat,
     /// The config file, relative to the root.
     pub config_file: String,
+    /// For a hub repo id: the repo, revision and commit, and the cache snapshot that `root` is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub: Option<hub::HubSource>,
 }
 
 impl Resolved {
@@ -107,6 +114,9 @@ pub enum SourceError {
         mistral = if *.mistral { " or params.json" } else { "" }
     )]
     NoConfig { root: PathBuf, mistral: bool },
+    /// A hub repo id that could not be resolved or fetched.
+    #[error(transparent)]
+    Hub(#[from] hub::HubError),
 }
 
 /// Resolves a local checkpoint folder the way vLLM 0.33's DefaultModelLoader does.
@@ -126,6 +136,17 @@ pub fn resolve_local(
         });
     }
     let listing = local::list(root).map_err(|(path, source)| SourceError::Io { path, source })?;
+    resolve_listing(root, &listing, requested, config_format)
+}
+
+/// [`resolve_local`] over a given listing of `root`: the folder's own, or a hub repo's file list
+/// for its cache snapshot (where the index and config have been fetched before this is called).
+pub fn resolve_listing(
+    root: &Path,
+    listing: &local::Listing,
+    requested: LoadFormat,
+    config_format: ConfigFormat,
+) -> Result<Resolved, SourceError> {
     let has_consolidated = listing.all().any(|p| {
         let base = p.rsplit('/').next().unwrap_or(p);
         glob_match("consolidated*.safetensors", base)
@@ -247,8 +268,7 @@ pub fn resolve_local(
         });
     }
 
-    let (config_format, config_file) =
-        pick_config(root, &listing, config_format, has_consolidated)?;
+    let (config_format, config_file) = pick_config(root, listing, config_format, has_consolidated)?;
 
     Ok(Resolved {
         root: root.to_path_buf(),
@@ -261,11 +281,13 @@ pub fn resolve_local(
             .map(|file| KeptFile {
                 file,
                 reason: kept_reason.clone(),
+                origin: None,
             })
             .collect(),
         dropped,
         config_format,
         config_file,
+        hub: None,
     })
 }
 
@@ -298,6 +320,7 @@ pub fn resolve_pre_sharded(
         dropped: Vec::new(),
         config_format,
         config_file,
+        hub: None,
     })
 }
 
@@ -330,7 +353,7 @@ fn pick_config(
 }
 
 /// The set of files an index's `weight_map` names, refusing any that lie outside the folder.
-fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
+pub(crate) fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
     let text = std::fs::read_to_string(path).map_err(|source| SourceError::Io {
         path: path.to_path_buf(),
         source,

@@ -1,0 +1,1011 @@
+//! Hugging Face Hub sources: a repo id (`org/name`, as vLLM takes it) becomes a snapshot folder of
+//! the local Hugging Face cache that holds exactly the files the selected load format reads, plus
+//! the side files (config, tokenizer, ...) that `shard` copies.
+//!
+//! The cache is the one Python's `huggingface_hub` keeps and vLLM, transformers and hf-hub share:
+//! `<cache>/models--{org}--{name}/refs/<revision>` holds a commit hash, and
+//! `snapshots/<commit>/<file>` are relative symlinks to `blobs/<etag>`. wload looks files up there
+//! itself: hf-hub 0.5 honours neither `HF_HUB_CACHE` nor `HF_HUB_OFFLINE`, and a lookup must not
+//! open a connection. hf-hub is called only for what needs the network: the repo's file list
+//! (`GET {endpoint}/api/models/{repo}/revision/{rev}`) and downloads, which it writes into that same
+//! layout (`blobs/<etag>.part`, renamed into place when complete, then the snapshot symlink) and
+//! resumes with a `Range` request when a partial file is there.
+//!
+//! Which files to fetch follows vLLM's selection exactly: [`super::resolve_listing`] runs over the
+//! repo's file list, with the index (a side file, fetched first) dropping the shards it does not
+//! name; only then are the kept weight files fetched.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
+use hf_hub::{Cache, Repo, RepoType};
+use serde::{Deserialize, Serialize};
+
+use super::local::Listing;
+use super::{LoadFormat, Resolved, SourceError};
+use crate::config::ConfigFormat;
+use crate::exec::Progress;
+
+/// Where a file of a hub source came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// Already in the local cache.
+    Cache,
+    /// Downloaded by this run.
+    Download,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Cache => "cache",
+            Origin::Download => "download",
+        }
+    }
+}
+
+/// What a hub source resolved to.
+#[derive(Debug, Clone, Serialize)]
+pub struct HubSource {
+    /// `org/name`.
+    pub repo: String,
+    /// `--revision` as given (branch, tag or commit).
+    pub revision: String,
+    /// The commit the revision points to.
+    pub commit: String,
+    /// The cache folder (`--download-dir`, `HF_HUB_CACHE` or `$HF_HOME/hub`).
+    pub cache_dir: PathBuf,
+    /// `snapshots/<commit>` of the repo in the cache: the checkpoint folder.
+    pub snapshot: PathBuf,
+    /// True when nothing was asked of the hub: `HF_HUB_OFFLINE`, a commit whose files were all
+    /// cached, or a hub that could not be reached (see `note`).
+    pub offline: bool,
+    /// Every file this run downloaded (weights and side files), in file-name order.
+    pub downloaded: Vec<String>,
+    /// Why the cache was used without asking the hub, when it was not by choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error(
+        "{repo}: repository not found on {endpoint} (or it has no revision '{revision}'); SOURCE is not a local folder either"
+    )]
+    NotFound {
+        repo: String,
+        revision: String,
+        endpoint: String,
+    },
+    #[error(
+        "{repo}: {endpoint} refused access{file} (HTTP {status}): the repo is gated or private (or does not exist); {hint}",
+        file = file.as_ref().map_or_else(String::new, |f| format!(" to {f}")),
+        hint = if *.token { "HF_TOKEN is set, but its token has no access to it (request access on the repo's page)" } else { "set HF_TOKEN to a token that has access" }
+    )]
+    Unauthorized {
+        repo: String,
+        endpoint: String,
+        status: u16,
+        file: Option<String>,
+        token: bool,
+    },
+    #[error("{repo}: {file}: not found on {endpoint} at commit {commit}")]
+    FileNotFound {
+        repo: String,
+        file: String,
+        endpoint: String,
+        commit: String,
+    },
+    #[error("{repo}: cannot reach {endpoint}: {message}")]
+    Network {
+        repo: String,
+        endpoint: String,
+        message: String,
+    },
+    #[error("{repo}: {endpoint} answered HTTP {status}{file}", file = file.as_ref().map_or_else(String::new, |f| format!(" for {f}")))]
+    Http {
+        repo: String,
+        endpoint: String,
+        status: u16,
+        file: Option<String>,
+    },
+    #[error("{repo}: downloading {file}: {message}")]
+    Download {
+        repo: String,
+        file: String,
+        message: String,
+    },
+    #[error("{repo} (revision {revision}) is not in the Hugging Face cache {cache}{why}")]
+    NotCached {
+        repo: String,
+        revision: String,
+        cache: PathBuf,
+        why: Why,
+    },
+    #[error(
+        "{repo} (revision {revision}): not in the Hugging Face cache: {files} (looked in {snapshot}){why}",
+        files = files.join(", ")
+    )]
+    FilesNotCached {
+        repo: String,
+        revision: String,
+        snapshot: PathBuf,
+        files: Vec<String>,
+        why: Why,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Why the cache alone had to answer: the suffix of a not-cached error.
+#[derive(Debug, Clone)]
+pub enum Why {
+    /// `HF_HUB_OFFLINE` is set.
+    Offline,
+    /// The hub could not be asked; its error.
+    Unreachable(String),
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            Why::Offline => f.write_str(
+                "; HF_HUB_OFFLINE is set, so nothing is downloaded (unset it to download the missing files)",
+            ),
+            Why::Unreachable(e) => write!(f, "; and the hub could not be asked: {e}"),
+        }
+    }
+}
+
+/// Makes the progress reporter for one download, given the file name and its size in bytes.
+/// The binary draws bars on a terminal; the default reports nothing.
+#[derive(Clone, Default)]
+pub struct DownloadProgress(Option<Arc<DownloadBar>>);
+
+type DownloadBar = dyn Fn(&str, u64) -> Box<dyn Progress> + Send + Sync;
+
+impl DownloadProgress {
+    pub fn new(f: impl Fn(&str, u64) -> Box<dyn Progress> + Send + Sync + 'static) -> Self {
+        DownloadProgress(Some(Arc::new(f)))
+    }
+
+    fn start(&self, file: &str, size: u64) -> Box<dyn Progress> {
+        match &self.0 {
+            Some(f) => f(file, size),
+            None => Box::new(crate::exec::Quiet),
+        }
+    }
+}
+
+impl fmt::Debug for DownloadProgress {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "DownloadProgress(bars)"
+        } else {
+            "DownloadProgress(quiet)"
+        })
+    }
+}
+
+/// The environment that Python's `huggingface_hub` reads, read the same way.
+#[derive(Debug, Clone)]
+pub struct HubEnv {
+    /// `--download-dir`, else `HF_HUB_CACHE` (or the older `HUGGINGFACE_HUB_CACHE`), else
+    /// `$HF_HOME/hub`, with `HF_HOME` defaulting to `$XDG_CACHE_HOME/huggingface` or
+    /// `~/.cache/huggingface`.
+    pub cache_dir: PathBuf,
+    /// `HF_ENDPOINT`, default `https://huggingface.co`.
+    pub endpoint: String,
+    /// `HF_TOKEN` (or `HUGGING_FACE_HUB_TOKEN`), else the file `HF_TOKEN_PATH`
+    /// (default `$HF_HOME/token`, where `hf auth login` writes it).
+    pub token: Option<String>,
+    /// `HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`) is 1, ON, YES or TRUE: no connection at all.
+    pub offline: bool,
+}
+
+impl HubEnv {
+    pub fn from_env(download_dir: Option<&Path>) -> HubEnv {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let home = || var("HOME").unwrap_or_else(|| "/".into());
+        let expand = |p: String| match p.strip_prefix("~/") {
+            Some(rest) => Path::new(&home()).join(rest),
+            None if p == "~" => PathBuf::from(home()),
+            None => PathBuf::from(p),
+        };
+        let hf_home = var("HF_HOME").map(expand).unwrap_or_else(|| {
+            var("XDG_CACHE_HOME")
+                .map(expand)
+                .unwrap_or_else(|| Path::new(&home()).join(".cache"))
+                .join("huggingface")
+        });
+        let cache_dir = match download_dir {
+            Some(d) => d.to_path_buf(),
+            None => var("HF_HUB_CACHE")
+                .or_else(|| var("HUGGINGFACE_HUB_CACHE"))
+                .map(expand)
+                .unwrap_or_else(|| hf_home.join("hub")),
+        };
+        let token = var("HF_TOKEN")
+            .or_else(|| var("HUGGING_FACE_HUB_TOKEN"))
+            .or_else(|| {
+                let path = var("HF_TOKEN_PATH")
+                    .map(expand)
+                    .unwrap_or_else(|| hf_home.join("token"));
+                fs::read_to_string(path).ok()
+            })
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
+        let truthy = |k: &str| {
+            var(k).is_some_and(|v| {
+                ["1", "ON", "YES", "TRUE"].contains(&v.trim().to_ascii_uppercase().as_str())
+            })
+        };
+        HubEnv {
+            cache_dir,
+            endpoint: var("HF_ENDPOINT")
+                .map(|e| e.trim_end_matches('/').to_string())
+                .unwrap_or_else(|| "https://huggingface.co".into()),
+            token,
+            offline: truthy("HF_HUB_OFFLINE") || truthy("TRANSFORMERS_OFFLINE"),
+        }
+    }
+}
+
+/// The repo id SOURCE names, when it is one: not an existing local path, and shaped like
+/// `org/name` (`^[A-Za-z0-9][\w.-]*/[\w.-]+$`).
+pub fn repo_id(source: &Path) -> Option<String> {
+    let s = source.to_str()?;
+    if source.exists() {
+        return None;
+    }
+    let (org, name) = s.split_once('/')?;
+    let word = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    let ok = org.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && org.chars().all(word)
+        && !name.is_empty()
+        && name.chars().all(word);
+    ok.then(|| s.to_string())
+}
+
+/// What the caller wants from the repo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// A checkpoint, selected as vLLM does.
+    Checkpoint,
+    /// A pre-sharded folder (`model-rank-*-part-*.safetensors`) when the repo is one, else a
+    /// checkpoint (`load`).
+    Detect,
+}
+
+/// One hub source to resolve.
+#[derive(Debug, Clone)]
+pub struct HubRequest<'a> {
+    pub repo: &'a str,
+    pub revision: &'a str,
+    pub load_format: LoadFormat,
+    pub config_format: ConfigFormat,
+    pub env: &'a HubEnv,
+    pub progress: &'a DownloadProgress,
+}
+
+/// Resolves a repo id to a cache snapshot holding what is needed, downloading what is missing
+/// (unless offline), and resolves that snapshot as vLLM would. Returns the resolution and whether
+/// the repo is pre-sharded (only with [`Want::Detect`]).
+pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), SourceError> {
+    let env = req.env;
+    let repo_dir = env.cache_dir.join(folder_name(req.repo));
+    let (state, note) = find_state(req, &repo_dir)?;
+    let snapshot = repo_dir.join("snapshots").join(&state.commit);
+    let listing = to_listing(&state.files);
+    let mut fetcher = Fetcher {
+        req,
+        repo_dir: &repo_dir,
+        snapshot: &snapshot,
+        commit: &state.commit,
+        why: match (&state.source, &note) {
+            (_, Some(n)) => Some(Why::Unreachable(n.clone())),
+            _ if env.offline => Some(Why::Offline),
+            _ => None,
+        },
+        origins: BTreeMap::new(),
+        api: None,
+    };
+
+    // Side files first: the index among them decides which weight files are needed.
+    let side: Vec<String> = listing
+        .top
+        .iter()
+        .filter(|f| is_side_file(f))
+        .cloned()
+        .collect();
+    fetcher.ensure(&side)?;
+
+    let rank_files: Vec<String> = listing
+        .top
+        .iter()
+        .filter(|f| is_rank_file(f))
+        .cloned()
+        .collect();
+    let pre_sharded = want == Want::Detect && !rank_files.is_empty();
+    let mut resolved = if pre_sharded {
+        fetcher.ensure(&rank_files)?;
+        super::resolve_pre_sharded(&snapshot, req.config_format)?
+    } else {
+        let r = super::resolve_listing(&snapshot, &listing, req.load_format, req.config_format)?;
+        fetcher.ensure(&r.file_names())?;
+        r
+    };
+
+    if state.source == StateSource::Hub {
+        // As huggingface_hub does: a ref for a branch or tag, none for a commit.
+        if req.revision != state.commit {
+            write_atomic(
+                &repo_dir.join("refs").join(req.revision),
+                state.commit.as_bytes(),
+            )?;
+        }
+        let listing = SavedListing {
+            repo: req.repo.to_string(),
+            commit: state.commit.clone(),
+            files: state.files.clone(),
+        };
+        let text = serde_json::to_vec_pretty(&listing).expect("a listing serialises");
+        write_atomic(&listing_path(&repo_dir, &state.commit), &text)?;
+    }
+
+    for f in &mut resolved.files {
+        f.origin = fetcher.origins.get(&f.file).copied();
+    }
+    let downloaded = fetcher
+        .origins
+        .iter()
+        .filter(|(_, o)| **o == Origin::Download)
+        .map(|(f, _)| f.clone())
+        .collect();
+    resolved.hub = Some(HubSource {
+        repo: req.repo.to_string(),
+        revision: req.revision.to_string(),
+        commit: state.commit.clone(),
+        cache_dir: env.cache_dir.clone(),
+        snapshot: snapshot.clone(),
+        offline: state.source != StateSource::Hub && fetcher.api.is_none(),
+        downloaded,
+        note,
+    });
+    Ok((resolved, pre_sharded))
+}
+
+/// `models--org--name`, as huggingface_hub names a model repo's cache folder.
+pub fn folder_name(repo: &str) -> String {
+    format!("models--{}", repo.replace('/', "--"))
+}
+
+/// A full commit hash, which a revision may be.
+fn is_commit(revision: &str) -> bool {
+    revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A top-level file of a repo that is not weights: config, tokenizer, generation config, index,
+/// chat templates, README and licence. What `shard` copies next to the per-rank files, and what
+/// vLLM's own snapshot holds beside the weights. Dotfiles (`.gitattributes`) are left out, and so
+/// is anything in a subfolder (vLLM ignores `original/**` and reads only the top level).
+fn is_side_file(name: &str) -> bool {
+    const WEIGHTS: &[&str] = &[
+        "safetensors",
+        "bin",
+        "pt",
+        "pth",
+        "ckpt",
+        "gguf",
+        "ggml",
+        "h5",
+        "msgpack",
+        "onnx",
+        "onnx_data",
+        "ot",
+        "tflite",
+        "npz",
+        "pkl",
+    ];
+    let ext = Path::new(name).extension().and_then(|e| e.to_str());
+    !name.contains('/')
+        && !name.starts_with('.')
+        && !ext.is_some_and(|e| WEIGHTS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
+/// `model-rank-{r}-part-{p}.safetensors`, as `load::pre_sharded_files` recognises them.
+fn is_rank_file(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    name.strip_prefix("model-rank-")
+        .and_then(|s| s.strip_suffix(".safetensors"))
+        .and_then(|s| s.split_once("-part-"))
+        .is_some_and(|(r, p)| digits(r) && digits(p))
+}
+
+fn to_listing(files: &[String]) -> Listing {
+    let mut l = Listing::default();
+    for f in files {
+        if f.contains('/') {
+            l.nested.push(f.clone());
+        } else {
+            l.top.push(f.clone());
+        }
+    }
+    l.top.sort();
+    l.nested.sort();
+    l
+}
+
+/// The repo's file list as the hub gave it, kept in the cache (`.wload/<commit>.json` inside the
+/// repo's folder, where huggingface_hub's own tools do not look) so that an offline run selects
+/// from the same list as the online one.
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedListing {
+    repo: String,
+    commit: String,
+    files: Vec<String>,
+}
+
+fn listing_path(repo_dir: &Path, commit: &str) -> PathBuf {
+    repo_dir.join(".wload").join(format!("{commit}.json"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StateSource {
+    /// The hub's answer for the revision.
+    Hub,
+    /// The file list saved by an earlier run.
+    Saved,
+    /// The snapshot folder's own files (a cache written by another tool).
+    Snapshot,
+}
+
+/// The commit a revision points to and the repo's files at that commit.
+struct State {
+    commit: String,
+    files: Vec<String>,
+    source: StateSource,
+}
+
+/// Asks the hub unless offline (or unless a commit is asked for whose file list is saved);
+/// falls back to the cache when the hub cannot answer, as huggingface_hub does. The note says why.
+fn find_state(req: &HubRequest, repo_dir: &Path) -> Result<(State, Option<String>), SourceError> {
+    let env = req.env;
+    if env.offline {
+        return Ok((cached_state(req, repo_dir, Why::Offline)?, None));
+    }
+    if is_commit(req.revision)
+        && let Some(files) = saved_listing(repo_dir, req.revision)
+    {
+        return Ok((
+            State {
+                commit: req.revision.to_string(),
+                files,
+                source: StateSource::Saved,
+            },
+            None,
+        ));
+    }
+    match repo_info(req) {
+        Ok(state) => Ok((state, None)),
+        Err(e) => {
+            let why = Why::Unreachable(e.to_string());
+            match cached_state(req, repo_dir, why) {
+                Ok(state) => Ok((state, Some(e.to_string()))),
+                // Nothing cached: the hub's own error says best what is wrong.
+                Err(_) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// The state of the cache alone: the ref (or the commit given), the snapshot, and the saved file
+/// list or else the snapshot's files.
+fn cached_state(req: &HubRequest, repo_dir: &Path, why: Why) -> Result<State, HubError> {
+    let not_cached = || HubError::NotCached {
+        repo: req.repo.to_string(),
+        revision: req.revision.to_string(),
+        cache: req.env.cache_dir.clone(),
+        why: why.clone(),
+    };
+    let commit = if is_commit(req.revision) {
+        req.revision.to_string()
+    } else {
+        fs::read_to_string(repo_dir.join("refs").join(req.revision))
+            .map_err(|_| not_cached())?
+            .trim()
+            .to_string()
+    };
+    let snapshot = repo_dir.join("snapshots").join(&commit);
+    if !snapshot.is_dir() {
+        return Err(not_cached());
+    }
+    if let Some(files) = saved_listing(repo_dir, &commit) {
+        return Ok(State {
+            commit,
+            files,
+            source: StateSource::Saved,
+        });
+    }
+    // The snapshot's own files, plus those its indexes name: a shard the index lists but the
+    // cache lacks is then reported as not cached, not as a broken checkpoint.
+    let listing =
+        super::local::list(&snapshot).map_err(|(path, source)| HubError::Io { path, source })?;
+    let mut files: Vec<String> = listing.all().map(str::to_string).collect();
+    for index in [
+        LoadFormat::Hf.index_file(),
+        LoadFormat::Mistral.index_file(),
+    ] {
+        if listing.has_top(index)
+            && let Ok(named) = super::read_index(&snapshot.join(index))
+        {
+            files.extend(named);
+        }
+    }
+    files.sort();
+    files.dedup();
+    Ok(State {
+        commit,
+        files,
+        source: StateSource::Snapshot,
+    })
+}
+
+fn saved_listing(repo_dir: &Path, commit: &str) -> Option<Vec<String>> {
+    let text = fs::read(listing_path(repo_dir, commit)).ok()?;
+    let saved: SavedListing = serde_json::from_slice(&text).ok()?;
+    (saved.commit == commit).then_some(saved.files)
+}
+
+fn api(env: &HubEnv) -> Result<Api, ApiError> {
+    ApiBuilder::from_cache(Cache::new(env.cache_dir.clone()))
+        .with_endpoint(env.endpoint.clone())
+        .with_token(env.token.clone())
+        .with_progress(false)
+        // hf-hub 0.5 retries from the file's stream position, which is 0 for the append-mode
+        // file it reopens: a retry after a failure that wrote nothing appends the whole file to
+        // the partial one. Retries are done here instead (`Fetcher::download_one`), each
+        // resuming from the partial file's length.
+        .with_retries(0)
+        .with_user_agent("wload", env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+/// The hub's commit and file list for the revision.
+fn repo_info(req: &HubRequest) -> Result<State, HubError> {
+    let info = api(req.env)
+        .and_then(|api| {
+            api.repo(Repo::with_revision(
+                req.repo.to_string(),
+                RepoType::Model,
+                req.revision.to_string(),
+            ))
+            .info()
+        })
+        .map_err(|e| api_error(req, None, req.revision, e))?;
+    if !is_commit(&info.sha) {
+        return Err(HubError::Network {
+            repo: req.repo.to_string(),
+            endpoint: req.env.endpoint.clone(),
+            message: format!("the answer names no commit (sha '{}')", info.sha),
+        });
+    }
+    // Names become paths under the snapshot: anything that could lead out of it is ignored.
+    let safe = |f: &str| {
+        !f.starts_with('/') && f.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+    };
+    Ok(State {
+        commit: info.sha,
+        files: info
+            .siblings
+            .into_iter()
+            .map(|s| s.rfilename)
+            .filter(|f| safe(f))
+            .collect(),
+        source: StateSource::Hub,
+    })
+}
+
+/// Words an hf-hub error for a request about `file` (or the repo itself).
+fn api_error(req: &HubRequest, file: Option<&str>, commit: &str, e: ApiError) -> HubError {
+    let repo = req.repo.to_string();
+    let endpoint = req.env.endpoint.clone();
+    let file_name = file.map(str::to_string);
+    match e {
+        ApiError::RequestError(e) => match *e {
+            ureq::Error::StatusCode(status @ (401 | 403)) => HubError::Unauthorized {
+                repo,
+                endpoint,
+                status,
+                file: file_name,
+                token: req.env.token.is_some(),
+            },
+            ureq::Error::StatusCode(404) => match file {
+                Some(f) => HubError::FileNotFound {
+                    repo,
+                    file: f.to_string(),
+                    endpoint,
+                    commit: commit.to_string(),
+                },
+                None => HubError::NotFound {
+                    repo,
+                    revision: req.revision.to_string(),
+                    endpoint,
+                },
+            },
+            ureq::Error::StatusCode(status) => HubError::Http {
+                repo,
+                endpoint,
+                status,
+                file: file_name,
+            },
+            other => match file {
+                Some(f) => HubError::Download {
+                    repo,
+                    file: f.to_string(),
+                    message: other.to_string(),
+                },
+                None => HubError::Network {
+                    repo,
+                    endpoint,
+                    message: other.to_string(),
+                },
+            },
+        },
+        ApiError::TooManyRetries(e) => api_error(req, file, commit, *e),
+        other => match file {
+            Some(f) => HubError::Download {
+                repo,
+                file: f.to_string(),
+                message: other.to_string(),
+            },
+            None => HubError::Network {
+                repo,
+                endpoint,
+                message: other.to_string(),
+            },
+        },
+    }
+}
+
+/// Makes sure files are in the snapshot: found in the cache, or downloaded.
+struct Fetcher<'a> {
+    req: &'a HubRequest<'a>,
+    repo_dir: &'a Path,
+    snapshot: &'a Path,
+    commit: &'a str,
+    /// Set when nothing may be downloaded, and why.
+    why: Option<Why>,
+    origins: BTreeMap<String, Origin>,
+    /// Made on the first download.
+    api: Option<Api>,
+}
+
+/// Files downloaded at once.
+const PARALLEL_DOWNLOADS: usize = 4;
+
+/// Tries per file; each resumes from what the ones before it fetched.
+const DOWNLOAD_ATTEMPTS: u32 = 4;
+
+impl Fetcher<'_> {
+    fn ensure(&mut self, files: &[String]) -> Result<(), SourceError> {
+        let mut missing = Vec::new();
+        for f in files {
+            if self.origins.contains_key(f) {
+                continue;
+            }
+            // `is_file` follows the symlink: a link whose blob is gone is not cached.
+            let path = self.snapshot.join(f);
+            if path.is_file() {
+                self.origins.insert(f.clone(), Origin::Cache);
+            } else {
+                missing.push(f.clone());
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if let Some(why) = &self.why {
+            return Err(HubError::FilesNotCached {
+                repo: self.req.repo.to_string(),
+                revision: self.req.revision.to_string(),
+                snapshot: self.snapshot.to_path_buf(),
+                files: missing,
+                why: why.clone(),
+            }
+            .into());
+        }
+        if self.api.is_none() {
+            let api = api(self.req.env).map_err(|e| api_error(self.req, None, self.commit, e))?;
+            adopt_partial_downloads(&self.repo_dir.join("blobs"));
+            self.api = Some(api);
+        }
+        for f in &missing {
+            // A link left behind by a deleted blob would stop hf-hub from linking the new one.
+            let path = self.snapshot.join(f);
+            if path.symlink_metadata().is_ok() {
+                let _ = fs::remove_file(&path);
+            }
+        }
+        let api = self.api.as_ref().expect("made above");
+        self.download(api, &missing)?;
+        for f in missing {
+            self.origins.insert(f, Origin::Download);
+        }
+        Ok(())
+    }
+
+    /// Downloads `files` a few at a time; the first failure (in file order) is returned.
+    fn download(&self, api: &Api, files: &[String]) -> Result<(), HubError> {
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let errors: Mutex<Vec<(usize, HubError)>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..PARALLEL_DOWNLOADS.min(files.len()) {
+                s.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= files.len() || failed.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        if let Err(e) = self.download_one(api, &files[i]) {
+                            failed.store(true, Ordering::Relaxed);
+                            errors.lock().expect("not poisoned").push((i, e));
+                        }
+                    }
+                });
+            }
+        });
+        let mut errors = errors.into_inner().expect("not poisoned");
+        errors.sort_by_key(|(i, _)| *i);
+        match errors.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn download_one(&self, api: &Api, file: &str) -> Result<(), HubError> {
+        // Pinned to the commit, so that every file comes from the same one even if the branch
+        // moves meanwhile.
+        let repo = api.repo(Repo::with_revision(
+            self.req.repo.to_string(),
+            RepoType::Model,
+            self.commit.to_string(),
+        ));
+        let bar = || Bar {
+            make: self.req.progress,
+            file,
+            bar: None,
+            counted: 0,
+            absolute_next: false,
+        };
+        let mut attempt = 0;
+        let got = loop {
+            attempt += 1;
+            let got = repo.download_with_progress(file, bar());
+            let retry = match &got {
+                Ok(_) => false,
+                // A partial file that cannot be resumed (longer than the file, or complete but
+                // not yet renamed when the run was stopped, which the hub answers with 416):
+                // start it again.
+                Err(ApiError::InvalidResume) => self.discard_partial(api, &repo.url(file)),
+                Err(ApiError::RequestError(e)) => match **e {
+                    ureq::Error::StatusCode(416) => self.discard_partial(api, &repo.url(file)),
+                    ureq::Error::StatusCode(s) => s >= 500,
+                    // The connection failed or broke off: resume from what arrived.
+                    _ => true,
+                },
+                Err(ApiError::IoError(_)) => true,
+                Err(_) => false,
+            };
+            if !retry || attempt == DOWNLOAD_ATTEMPTS {
+                break got;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250 << attempt));
+        }
+        .map_err(|e| api_error(self.req, Some(file), self.commit, e))?;
+        // hf-hub records the commit it was asked for in refs/<commit>; huggingface_hub never
+        // writes a ref named by a commit, so neither does the cache here.
+        let _ = fs::remove_file(self.repo_dir.join("refs").join(self.commit));
+        let want = self.snapshot.join(file);
+        if got != want {
+            return Err(HubError::Download {
+                repo: self.req.repo.to_string(),
+                file: file.to_string(),
+                message: format!(
+                    "the hub answered for another commit than {} ({})",
+                    self.commit,
+                    got.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes the partial download of the file at `url`, if there is one; true if it did.
+    fn discard_partial(&self, api: &Api, url: &str) -> bool {
+        let Ok(meta) = api.metadata(url) else {
+            return false;
+        };
+        let part = self
+            .repo_dir
+            .join("blobs")
+            .join(format!("{}.part", meta.etag()));
+        fs::remove_file(part).is_ok()
+    }
+}
+
+/// huggingface_hub leaves an interrupted download in `blobs/<etag>.incomplete`; hf-hub resumes
+/// from `blobs/<etag>.part`. Renaming the first to the second lets a download that Python (or
+/// vLLM) started be resumed here instead of starting over. Both are named by the file's etag, so
+/// no request is needed to match them.
+fn adopt_partial_downloads(blobs: &Path) {
+    let Ok(rd) = fs::read_dir(blobs) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(etag) = name.strip_suffix(".incomplete") {
+            let part = blobs.join(format!("{etag}.part"));
+            if !part.exists() {
+                let _ = fs::rename(e.path(), part);
+            }
+        }
+    }
+}
+
+/// Writes a small file whole or not at all.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HubError> {
+    let io = |source| HubError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path.parent().expect("cache paths have a parent");
+    fs::create_dir_all(dir).map_err(io)?;
+    let tmp = dir.join(format!(
+        ".{}.wload-tmp-{}",
+        path.file_name().expect("a file name").to_string_lossy(),
+        std::process::id()
+    ));
+    fs::write(&tmp, bytes).map_err(io)?;
+    fs::rename(&tmp, path).map_err(io)
+}
+
+/// hf-hub's progress calls, passed on to the library's reporter.
+struct Bar<'a> {
+    make: &'a DownloadProgress,
+    file: &'a str,
+    bar: Option<Box<dyn Progress>>,
+    /// Bytes reported so far.
+    counted: u64,
+    /// hf-hub follows each `init` with the absolute position it resumes from, then deltas.
+    absolute_next: bool,
+}
+
+impl hf_hub::api::Progress for Bar<'_> {
+    fn init(&mut self, size: usize, _filename: &str) {
+        if self.bar.is_none() {
+            self.bar = Some(self.make.start(self.file, size as u64));
+        }
+        self.absolute_next = true;
+    }
+
+    fn update(&mut self, n: usize) {
+        let n = n as u64;
+        let delta = if std::mem::take(&mut self.absolute_next) {
+            n.saturating_sub(self.counted)
+        } else {
+            n
+        };
+        self.counted += delta;
+        if let Some(b) = &self.bar {
+            b.advance(delta);
+        }
+    }
+
+    fn finish(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repo_ids_are_recognised() {
+        for id in ["meta-llama/Llama-3.1-8B", "a/b", "Qwen/Qwen2.5-0.5B_x.y"] {
+            assert_eq!(repo_id(Path::new(id)).as_deref(), Some(id), "{id}");
+        }
+        for not in [
+            "gpt2",
+            "./org/name",
+            "/abs/path",
+            "org/name/sub",
+            "-org/name",
+            "org/",
+            "/name",
+            "org/na me",
+            "src/source",
+        ] {
+            assert_eq!(repo_id(Path::new(not)), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn side_files_are_top_level_non_weights() {
+        for yes in [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer.model",
+            "tokenizer_config.json",
+            "params.json",
+            "chat_template.jinja",
+            "model.safetensors.index.json",
+            "README.md",
+        ] {
+            assert!(is_side_file(yes), "{yes}");
+        }
+        for no in [
+            "model.safetensors",
+            "pytorch_model.bin",
+            "consolidated.pth",
+            "model.gguf",
+            "tf_model.h5",
+            "flax_model.msgpack",
+            ".gitattributes",
+            "original/params.json",
+        ] {
+            assert!(!is_side_file(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn rank_files_match_the_loader() {
+        assert!(is_rank_file("model-rank-0-part-0.safetensors"));
+        assert!(is_rank_file("model-rank-12-part-3.safetensors"));
+        assert!(!is_rank_file("model-rank-a-part-0.safetensors"));
+        assert!(!is_rank_file("model-rank-0-part-.safetensors"));
+        assert!(!is_rank_file("model-00001-of-00002.safetensors"));
+    }
+
+    #[test]
+    fn progress_counts_a_resumed_position_once() {
+        use std::sync::atomic::AtomicU64;
+        struct Count(Arc<AtomicU64>);
+        impl Progress for Count {
+            fn advance(&self, n: u64) {
+                self.0.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        let total = Arc::new(AtomicU64::new(0));
+        let t = total.clone();
+        let make = DownloadProgress::new(move |_, _| Box::new(Count(t.clone())));
+        let mut bar = Bar {
+            make: &make,
+            file: "f",
+            bar: None,
+            counted: 0,
+            absolute_next: false,
+        };
+        use hf_hub::api::Progress as _;
+        bar.init(100, "f");
+        bar.init(100, "f");
+        bar.update(40); // resumed at 40
+        bar.update(10);
+        bar.init(100, "f"); // a retry from 50
+        bar.update(50);
+        bar.update(50);
+        assert_eq!(total.load(Ordering::Relaxed), 100);
+    }
+}

@@ -1,0 +1,985 @@
+//! Hugging Face Hub sources, against a small hub served in-process on 127.0.0.1 (the endpoints
+//! hf-hub calls: the repo's file list and `resolve`, with ETag, X-Repo-Commit and Range support)
+//! and named by `HF_ENDPOINT`. Every test has its own server and its own `HF_HOME`, so nothing
+//! touches the real cache or the network.
+//!
+//! What is checked: only the index, the shards it lists and the side files are downloaded; a
+//! second run needs no server; `HF_HUB_OFFLINE=1` opens no connection and names a missing file;
+//! unknown (404) and gated (401) repos fail with exit 1; partial downloads are resumed with a
+//! Range request; a cache laid out by Python's huggingface_hub works as it is; and the cache
+//! folder follows `--download-dir` > `HF_HUB_CACHE` > `$HF_HOME/hub`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use common::*;
+
+const REPO: &str = "acme/llama-gqa";
+const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+const SHARDS: [&str; 6] = [
+    "model-00001-of-00006.safetensors",
+    "model-00002-of-00006.safetensors",
+    "model-00003-of-00006.safetensors",
+    "model-00004-of-00006.safetensors",
+    "model-00005-of-00006.safetensors",
+    "model-00006-of-00006.safetensors",
+];
+/// Top-level files that are not weights: what `shard` copies, so what is downloaded with them.
+const SIDE: [&str; 6] = [
+    "README.md",
+    "config.json",
+    "fixture_info.json",
+    "generation_config.json",
+    "model.safetensors.index.json",
+    "tokenizer_config.json",
+];
+
+// ---------------------------------------------------------------------------------------------
+// The hub
+
+/// One repo the server holds.
+#[derive(Clone)]
+struct HubRepo {
+    sha: String,
+    files: BTreeMap<String, Vec<u8>>,
+    /// Files answer 401 unless `Authorization: Bearer <token>` is sent (the listing stays public,
+    /// as for gated repos on the real hub).
+    token: Option<String>,
+}
+
+/// A request the server saw.
+#[derive(Debug, Clone)]
+struct Seen {
+    path: String,
+    range: Option<String>,
+    auth: Option<String>,
+}
+
+struct Shared {
+    repos: BTreeMap<String, HubRepo>,
+    seen: Mutex<Vec<Seen>>,
+    stop: AtomicBool,
+}
+
+struct Hub {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Hub {
+    fn start(repos: BTreeMap<String, HubRepo>) -> Hub {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a local port");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            repos,
+            seen: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let sh = shared.clone();
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if sh.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let sh = sh.clone();
+                std::thread::spawn(move || {
+                    let _ = serve(&sh, conn);
+                });
+            }
+        });
+        Hub {
+            addr,
+            shared,
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.shared.seen.lock().unwrap().clone()
+    }
+
+    fn forget(&self) {
+        self.shared.seen.lock().unwrap().clear();
+    }
+
+    /// The files whose contents were asked for (`resolve`), each once.
+    fn resolved(&self) -> BTreeSet<String> {
+        self.seen()
+            .iter()
+            .filter_map(|s| s.path.split_once("/resolve/"))
+            .map(|(_, rest)| rest.split_once('/').unwrap().1.to_string())
+            .collect()
+    }
+
+    /// Stops listening: later connections are refused.
+    fn stop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.shared.stop.store(true, Ordering::SeqCst);
+            let _ = TcpStream::connect(self.addr);
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn etag(data: &[u8]) -> String {
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(data))
+}
+
+/// Answers one request on `conn` and closes it.
+fn serve(sh: &Shared, mut conn: TcpStream) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let mut parts = line.split_whitespace();
+    let (method, path) = (
+        parts.next().unwrap_or("").to_string(),
+        parts.next().unwrap_or("").to_string(),
+    );
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    if path.is_empty() {
+        return Ok(());
+    }
+    sh.seen.lock().unwrap().push(Seen {
+        path: path.clone(),
+        range: headers.get("range").cloned(),
+        auth: headers.get("authorization").cloned(),
+    });
+    let (status, extra, body) = route(sh, &path, &headers);
+    let reason = match status {
+        200 => "OK",
+        206 => "Partial Content",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        416 => "Range Not Satisfiable",
+        _ => "Error",
+    };
+    let mut head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    conn.write_all(head.as_bytes())?;
+    if method != "HEAD" {
+        conn.write_all(&body)?;
+    }
+    conn.flush()
+}
+
+type Reply = (u16, Vec<(&'static str, String)>, Vec<u8>);
+
+fn route(sh: &Shared, path: &str, headers: &BTreeMap<String, String>) -> Reply {
+    let not_found = |code: &str| {
+        (
+            404,
+            vec![("X-Error-Code", code.to_string())],
+            br#"{"error":"not found"}"#.to_vec(),
+        )
+    };
+    if let Some(rest) = path.strip_prefix("/api/models/") {
+        let Some((repo, rev)) = rest.split_once("/revision/") else {
+            return not_found("RepoNotFound");
+        };
+        let Some(r) = sh.repos.get(repo) else {
+            return not_found("RepoNotFound");
+        };
+        let rev = rev.replace("%2F", "/");
+        if rev != "main" && rev != r.sha {
+            return not_found("RevisionNotFound");
+        }
+        let body = json!({
+            "id": repo,
+            "sha": r.sha,
+            "siblings": r.files.keys().map(|f| json!({"rfilename": f})).collect::<Vec<_>>(),
+        });
+        return (
+            200,
+            vec![("Content-Type", "application/json".into())],
+            body.to_string().into_bytes(),
+        );
+    }
+    let Some((repo, rest)) = path.trim_start_matches('/').split_once("/resolve/") else {
+        return not_found("EntryNotFound");
+    };
+    let Some(r) = sh.repos.get(repo) else {
+        return not_found("RepoNotFound");
+    };
+    if let Some(token) = &r.token
+        && headers.get("authorization") != Some(&format!("Bearer {token}"))
+    {
+        return (
+            401,
+            vec![("X-Error-Code", "GatedRepo".into())],
+            b"Access to this model is restricted".to_vec(),
+        );
+    }
+    let Some((rev, file)) = rest.split_once('/') else {
+        return not_found("EntryNotFound");
+    };
+    if rev != "main" && rev != r.sha {
+        return not_found("RevisionNotFound");
+    }
+    let Some(data) = r.files.get(file) else {
+        return not_found("EntryNotFound");
+    };
+    let len = data.len() as u64;
+    let mut extra = vec![
+        ("ETag", format!("\"{}\"", etag(data))),
+        ("X-Repo-Commit", r.sha.clone()),
+        ("Accept-Ranges", "bytes".into()),
+        ("Content-Type", "application/octet-stream".into()),
+    ];
+    let Some(range) = headers.get("range").and_then(|r| r.strip_prefix("bytes=")) else {
+        return (200, extra, data.clone());
+    };
+    let (a, b) = range.split_once('-').unwrap();
+    let a: u64 = a.parse().unwrap();
+    let b: u64 = if b.is_empty() {
+        len.saturating_sub(1)
+    } else {
+        b.parse::<u64>().unwrap().min(len.saturating_sub(1))
+    };
+    if a >= len {
+        extra.push(("Content-Range", format!("bytes */{len}")));
+        return (416, extra, Vec::new());
+    }
+    extra.push(("Content-Range", format!("bytes {a}-{b}/{len}")));
+    (206, extra, data[a as usize..=b as usize].to_vec())
+}
+
+/// The llama_gqa golden fixture as a hub repo, plus files a run must not download: a shard the
+/// index does not list, `.bin` weights, an `original/` folder and a dotfile.
+fn llama_repo() -> HubRepo {
+    let dir = fixtures_dir().join("llama_gqa");
+    let mut files = BTreeMap::new();
+    for e in fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        files.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            fs::read(e.path()).unwrap(),
+        );
+    }
+    let extra = files[SHARDS[0]].clone();
+    files.insert("model-extra.safetensors".into(), extra);
+    files.insert("pytorch_model.bin".into(), b"pickled weights".to_vec());
+    files.insert("original/consolidated.00.pth".into(), b"weights".to_vec());
+    files.insert("original/params.json".into(), b"{}".to_vec());
+    files.insert(
+        ".gitattributes".into(),
+        b"*.safetensors filter=lfs".to_vec(),
+    );
+    files.insert("README.md".into(), b"# a tiny llama\n".to_vec());
+    files.insert(
+        "tokenizer_config.json".into(),
+        br#"{"model_max_length": 4096}"#.to_vec(),
+    );
+    HubRepo {
+        sha: SHA.into(),
+        files,
+        token: None,
+    }
+}
+
+fn one_repo(name: &str, repo: HubRepo) -> BTreeMap<String, HubRepo> {
+    BTreeMap::from([(name.to_string(), repo)])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running wload
+
+/// `wload` with the hub at `hub` (an unused port when `None`) and `HF_HOME` in `home`, and every
+/// other variable that could reach the real cache, a token or a proxy removed.
+fn wload_hub(hub: Option<&Hub>, home: &Path) -> Command {
+    let mut cmd = wload();
+    for k in [
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "XDG_CACHE_HOME",
+        "HTTP_PROXY",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        cmd.env_remove(k);
+    }
+    let endpoint = hub.map_or_else(|| "http://127.0.0.1:9".to_string(), Hub::url);
+    cmd.env("HF_HOME", home).env("HF_ENDPOINT", endpoint);
+    cmd
+}
+
+fn context(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstderr:\n{}\nstdout:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
+}
+
+fn run(cmd: &mut Command, args: &[&str]) -> Output {
+    cmd.args(args).output().expect("wload runs")
+}
+
+fn ok_json(cmd: &mut Command, args: &[&str]) -> Value {
+    let out = run(cmd, args);
+    assert!(out.status.success(), "wload {args:?}: {}", context(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", context(&out)))
+}
+
+fn fails_with(cmd: &mut Command, args: &[&str], code: i32) -> String {
+    let out = run(cmd, args);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {}", context(&out));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.starts_with("error: "), "{err}");
+    err
+}
+
+/// Each read weight file's origin, from `inspect --json`.
+fn origins(v: &Value) -> BTreeMap<String, String> {
+    v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["file"].as_str().unwrap().to_string(),
+                f["origin"].as_str().unwrap_or("<none>").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn all(origin: &str) -> BTreeMap<String, String> {
+    SHARDS
+        .iter()
+        .map(|s| (s.to_string(), origin.to_string()))
+        .collect()
+}
+
+fn repo_dir(cache: &Path) -> PathBuf {
+    cache.join("models--acme--llama-gqa")
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn expected_downloads() -> BTreeSet<String> {
+    SHARDS
+        .iter()
+        .chain(SIDE.iter())
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// Part and side files of `out` equal vLLM's for llama_gqa at TP 2.
+fn assert_golden_tp2(out: &Path) {
+    let golden = manifest_dir().join("tests/data/golden/expected/llama_gqa/tp2");
+    for e in fs::read_dir(&golden).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if name.starts_with("oracle_meta_") {
+            continue;
+        }
+        assert!(
+            fs::read(out.join(&name)).ok() == Some(fs::read(golden.join(&name)).unwrap()),
+            "{name} differs from vLLM's"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+/// Only the index, the shards it lists and the side files are downloaded, into the cache layout
+/// huggingface_hub uses; the shard output is vLLM's; a second run downloads nothing.
+#[test]
+fn downloads_only_what_vllm_reads() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(origins(&v), all("download"), "{v:#}");
+    assert_eq!(v["source"], REPO);
+    assert_eq!(v["hub"]["commit"], SHA);
+    assert_eq!(v["hub"]["revision"], "main");
+    assert_eq!(v["hub"]["offline"], false);
+    assert_eq!(v["format"]["index"], "model.safetensors.index.json");
+    let dropped: BTreeSet<String> = v["dropped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["file"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        dropped.contains("model-extra.safetensors") && dropped.contains("pytorch_model.bin"),
+        "the repo's other weights are listed as not read: {dropped:?}"
+    );
+    assert_eq!(hub.resolved(), expected_downloads());
+    let downloaded: BTreeSet<String> = v["hub"]["downloaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(downloaded, expected_downloads());
+    let api: Vec<String> = hub
+        .seen()
+        .iter()
+        .filter(|s| s.path.starts_with("/api/"))
+        .map(|s| s.path.clone())
+        .collect();
+    assert_eq!(api, [format!("/api/models/{REPO}/revision/main")]);
+    assert!(hub.seen().iter().all(|s| s.auth.is_none()));
+
+    // The layout Python's huggingface_hub writes: refs/main → commit, snapshot links → blobs.
+    let cache = home.path().join("hub");
+    let rd = repo_dir(&cache);
+    assert_eq!(fs::read_to_string(rd.join("refs/main")).unwrap(), SHA);
+    assert!(
+        !rd.join("refs").join(SHA).exists(),
+        "no ref named by a commit"
+    );
+    let repo = llama_repo();
+    for f in expected_downloads() {
+        let link = rd.join("snapshots").join(SHA).join(&f);
+        let target = fs::read_link(&link).unwrap_or_else(|e| panic!("{f}: {e}"));
+        let tag = etag(&repo.files[&f]);
+        assert_eq!(target, Path::new("../../blobs").join(&tag), "{f}");
+        assert_eq!(fs::read(&link).unwrap(), repo.files[&f], "{f}");
+    }
+    let leftovers: Vec<String> = fs::read_dir(rd.join("blobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".part") || n.ends_with(".incomplete"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // Second run: the hub is asked for the revision's commit only; every file is cached.
+    hub.forget();
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = run(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["shard", REPO, "--tp", "2", "-o", s(&out), "-q"],
+    );
+    assert!(o.status.success(), "{}", context(&o));
+    assert_golden_tp2(&out);
+    assert_eq!(hub.resolved(), BTreeSet::new());
+    assert_eq!(hub.seen().len(), 1, "{:?}", hub.seen());
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(origins(&v), all("cache"));
+    assert_eq!(v["hub"]["downloaded"], json!([]));
+
+    // The human report says where each file came from.
+    let o = run(&mut wload_hub(Some(&hub), home.path()), &["inspect", REPO]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", context(&o));
+    assert!(text.contains("FROM") && text.contains("cache"), "{text}");
+    assert!(text.contains(SHA), "{text}");
+}
+
+/// `plan`, `shard` and `load` take repo ids too; with the hub gone, the cache answers.
+#[test]
+fn second_run_needs_no_server() {
+    let mut hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["plan", REPO, "--tp", "2", "--json"],
+    );
+    assert_eq!(v["tp"], 2);
+    assert_eq!(hub.resolved(), expected_downloads());
+    hub.stop();
+
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(origins(&v), all("cache"));
+    assert!(
+        v["hub"]["note"].as_str().is_some_and(|n| !n.is_empty()),
+        "says the hub was not reachable: {v:#}"
+    );
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_OFFLINE", "1"),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(origins(&v), all("cache"));
+    assert_eq!(v["hub"]["offline"], true);
+    assert!(v["hub"].get("note").is_none(), "{v:#}");
+
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = run(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_OFFLINE", "1"),
+        &["shard", REPO, "--tp", "2", "-o", s(&out), "-q"],
+    );
+    assert!(o.status.success(), "{}", context(&o));
+    assert_golden_tp2(&out);
+
+    let o = run(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_OFFLINE", "1"),
+        &["load", REPO, "--tp", "2", "--dry-run", "--read"],
+    );
+    assert!(o.status.success(), "{}", context(&o));
+}
+
+/// Offline, a needed file missing from the cache is named, with the repo, and nothing is asked
+/// of the hub (which is running).
+#[test]
+fn offline_names_the_missing_file() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    hub.forget();
+    let snap = repo_dir(&home.path().join("hub"))
+        .join("snapshots")
+        .join(SHA);
+
+    // A shard's link removed.
+    fs::remove_file(snap.join(SHARDS[2])).unwrap();
+    let err = fails_with(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_OFFLINE", "1"),
+        &["inspect", REPO],
+        1,
+    );
+    assert!(err.contains(SHARDS[2]) && err.contains(REPO), "{err}");
+    assert!(err.contains("HF_HUB_OFFLINE"), "{err}");
+    // The blob of a side file removed (its link dangles).
+    let config = fs::canonicalize(snap.join("config.json")).unwrap();
+    fs::remove_file(config).unwrap();
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let err = fails_with(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_OFFLINE", "1"),
+        &["shard", REPO, "--tp", "2", "-o", s(&out)],
+        1,
+    );
+    assert!(!out.exists());
+    assert!(err.contains("config.json"), "{err}");
+    assert!(
+        hub.seen().is_empty(),
+        "offline made requests: {:?}",
+        hub.seen()
+    );
+
+    // A revision never fetched.
+    let err = fails_with(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_OFFLINE", "1"),
+        &["inspect", REPO, "--revision", "v2"],
+        1,
+    );
+    assert!(err.contains("not in the Hugging Face cache"), "{err}");
+    assert!(hub.seen().is_empty());
+
+    // Online again, only what is missing is fetched, the dangling link included.
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(hub.resolved(), set(&[SHARDS[2], "config.json"]));
+    assert_eq!(origins(&v)[SHARDS[2]], "download");
+    assert_eq!(origins(&v)[SHARDS[0]], "cache");
+}
+
+/// Unknown repos and revisions (404) and gated repos (401) fail with exit 1 and say what to do;
+/// HF_TOKEN opens the gated one.
+#[test]
+fn unknown_and_gated_repos() {
+    let mut gated = llama_repo();
+    gated.token = Some("hf_secret".into());
+    let mut repos = one_repo(REPO, llama_repo());
+    repos.insert("acme/gated".into(), gated);
+    let hub = Hub::start(repos);
+    let home = TempDir::new().unwrap();
+
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", "acme/nothing-here"],
+        1,
+    );
+    assert!(
+        err.contains("acme/nothing-here") && err.contains("not found"),
+        "{err}"
+    );
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["plan", REPO, "--tp", "2", "--revision", "no-such-branch"],
+        1,
+    );
+    assert!(err.contains("no-such-branch"), "{err}");
+
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", "acme/gated"],
+        1,
+    );
+    assert!(
+        err.contains("acme/gated") && err.contains("401") && err.contains("HF_TOKEN"),
+        "{err}"
+    );
+    let err = fails_with(
+        wload_hub(Some(&hub), home.path()).env("HF_TOKEN", "hf_wrong"),
+        &["inspect", "acme/gated"],
+        1,
+    );
+    assert!(err.contains("HF_TOKEN is set"), "{err}");
+
+    hub.forget();
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path()).env("HF_TOKEN", "hf_secret"),
+        &["inspect", "acme/gated", "--json"],
+    );
+    assert_eq!(origins(&v), all("download"));
+    assert!(
+        hub.seen()
+            .iter()
+            .all(|s| s.auth.as_deref() == Some("Bearer hf_secret")),
+        "{:?}",
+        hub.seen()
+    );
+    // The token file `hf auth login` writes is read too.
+    fs::write(home.path().join("token"), "hf_secret\n").unwrap();
+    let other = TempDir::new().unwrap();
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &[
+            "inspect",
+            "acme/gated",
+            "--download-dir",
+            s(other.path()),
+            "--json",
+        ],
+    );
+    assert_eq!(origins(&v), all("download"));
+
+    // A hub that is not there at all, with nothing cached.
+    let empty = TempDir::new().unwrap();
+    let err = fails_with(&mut wload_hub(None, empty.path()), &["inspect", REPO], 1);
+    assert!(err.contains("cannot reach") && err.contains(REPO), "{err}");
+}
+
+/// Partial downloads are resumed with a Range request: huggingface_hub's `<etag>.incomplete`
+/// and hf-hub's `<etag>.part`; a complete partial file (stopped before its rename) is fetched again.
+#[test]
+fn interrupted_downloads_resume() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    let repo = llama_repo();
+    let blobs = repo_dir(&home.path().join("hub")).join("blobs");
+    fs::create_dir_all(&blobs).unwrap();
+    let partial = |file: &str, suffix: &str, len: usize| {
+        let data = &repo.files[file];
+        fs::write(
+            blobs.join(format!("{}.{suffix}", etag(data))),
+            &data[..len.min(data.len())],
+        )
+        .unwrap();
+        data.len()
+    };
+    let half0 = partial(SHARDS[0], "incomplete", usize::MAX) / 2;
+    partial(SHARDS[0], "incomplete", half0);
+    let third1 = partial(SHARDS[1], "part", usize::MAX) / 3;
+    partial(SHARDS[1], "part", third1);
+    partial(SHARDS[2], "part", usize::MAX);
+
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(origins(&v), all("download"));
+    let ranges: BTreeMap<String, Vec<String>> =
+        hub.seen().iter().fold(BTreeMap::new(), |mut m, s| {
+            if let (Some((_, rest)), Some(r)) = (s.path.split_once("/resolve/"), &s.range) {
+                let file = rest.split_once('/').unwrap().1.to_string();
+                m.entry(file).or_default().push(r.clone());
+            }
+            m
+        });
+    assert!(
+        ranges[SHARDS[0]].contains(&format!("bytes={half0}-")),
+        "{ranges:?}"
+    );
+    assert!(
+        ranges[SHARDS[1]].contains(&format!("bytes={third1}-")),
+        "{ranges:?}"
+    );
+    assert!(
+        ranges[SHARDS[3]].contains(&"bytes=0-".to_string()),
+        "{ranges:?}"
+    );
+    for f in SHARDS {
+        let data = &repo.files[f];
+        assert_eq!(fs::read(blobs.join(etag(data))).unwrap(), *data, "{f}");
+    }
+    let leftovers: Vec<String> = fs::read_dir(&blobs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".part") || n.ends_with(".incomplete"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Builds, by hand, the cache Python's huggingface_hub leaves after vLLM loaded the repo: blobs
+/// named by etag, `refs/main`, and a snapshot of relative links holding only the weights, index,
+/// config and generation config.
+fn python_cache(cache: &Path, repo: &HubRepo) {
+    let rd = repo_dir(cache);
+    fs::create_dir_all(rd.join("blobs")).unwrap();
+    fs::create_dir_all(rd.join("refs")).unwrap();
+    fs::create_dir_all(rd.join(".no_exist").join(SHA)).unwrap();
+    fs::write(rd.join("refs/main"), SHA).unwrap();
+    let snap = rd.join("snapshots").join(SHA);
+    fs::create_dir_all(&snap).unwrap();
+    for f in SHARDS.iter().chain(&[
+        "model.safetensors.index.json",
+        "config.json",
+        "generation_config.json",
+    ]) {
+        let tag = etag(&repo.files[*f]);
+        fs::write(rd.join("blobs").join(&tag), &repo.files[*f]).unwrap();
+        std::os::unix::fs::symlink(Path::new("../../blobs").join(&tag), snap.join(f)).unwrap();
+    }
+}
+
+/// A cache laid out by Python's huggingface_hub is used as it is: offline with nothing
+/// requested, and online with only the missing side files downloaded.
+#[test]
+fn python_cache_layout_is_used_as_is() {
+    let cache = TempDir::new().unwrap();
+    let home = TempDir::new().unwrap();
+    let repo = llama_repo();
+    python_cache(cache.path(), &repo);
+    let hub = Hub::start(one_repo(REPO, repo));
+
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path())
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HUB_OFFLINE", "1"),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(origins(&v), all("cache"));
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = run(
+        wload_hub(Some(&hub), home.path())
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HUB_OFFLINE", "1"),
+        &["shard", REPO, "--tp", "2", "-o", s(&out), "-q"],
+    );
+    assert!(o.status.success(), "{}", context(&o));
+    assert_golden_tp2(&out);
+    assert!(hub.seen().is_empty());
+
+    // By commit, offline: the same snapshot.
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path())
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HUB_OFFLINE", "1"),
+        &["inspect", REPO, "--revision", SHA, "--json"],
+    );
+    assert_eq!(origins(&v), all("cache"));
+
+    // A shard missing from it: named offline.
+    let snap = repo_dir(cache.path()).join("snapshots").join(SHA);
+    fs::remove_file(snap.join(SHARDS[4])).unwrap();
+    let err = fails_with(
+        wload_hub(Some(&hub), home.path())
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HUB_OFFLINE", "1"),
+        &["inspect", REPO],
+        1,
+    );
+    assert!(err.contains(SHARDS[4]), "{err}");
+    assert!(hub.seen().is_empty());
+
+    // Online: only that shard and the side files vLLM had not fetched are downloaded.
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_CACHE", cache.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(
+        hub.resolved(),
+        set(&[
+            SHARDS[4],
+            "README.md",
+            "fixture_info.json",
+            "tokenizer_config.json"
+        ])
+    );
+    assert_eq!(origins(&v)[SHARDS[4]], "download");
+    assert_eq!(origins(&v)[SHARDS[0]], "cache");
+}
+
+/// `--download-dir` over `HF_HUB_CACHE` over `$HF_HOME/hub`.
+#[test]
+fn cache_folder_precedence() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    let hub_cache = TempDir::new().unwrap();
+    let download = TempDir::new().unwrap();
+    let where_ = |v: &Value| PathBuf::from(v["hub"]["cache_dir"].as_str().unwrap());
+
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(where_(&v), home.path().join("hub"));
+    assert!(
+        repo_dir(&home.path().join("hub"))
+            .join("refs/main")
+            .is_file()
+    );
+
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_CACHE", hub_cache.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(where_(&v), hub_cache.path());
+    assert_eq!(origins(&v), all("download"));
+    assert!(repo_dir(hub_cache.path()).join("refs/main").is_file());
+
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_CACHE", hub_cache.path()),
+        &[
+            "inspect",
+            REPO,
+            "--download-dir",
+            s(download.path()),
+            "--json",
+        ],
+    );
+    assert_eq!(where_(&v), download.path());
+    assert_eq!(origins(&v), all("download"));
+    assert!(repo_dir(download.path()).join("refs/main").is_file());
+}
+
+/// A commit as `--revision`, once its files are cached, is answered without any request; a local
+/// folder named like a repo id is still a folder.
+#[test]
+fn commit_revisions_and_local_folders() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--revision", SHA, "--json"],
+    );
+    assert_eq!(origins(&v), all("download"));
+    assert!(
+        !repo_dir(&home.path().join("hub"))
+            .join("refs")
+            .join(SHA)
+            .exists(),
+        "no ref named by a commit"
+    );
+    hub.forget();
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--revision", SHA, "--json"],
+    );
+    assert_eq!(origins(&v), all("cache"));
+    assert!(hub.seen().is_empty(), "{:?}", hub.seen());
+
+    // `acme/llama-gqa` as a relative folder: read from disk, no hub involved.
+    let work = TempDir::new().unwrap();
+    let local = work.path().join(REPO);
+    fs::create_dir_all(&local).unwrap();
+    for e in fs::read_dir(fixtures_dir().join("llama_gqa")).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), local.join(e.file_name())).unwrap();
+    }
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path()).current_dir(work.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert!(v.get("hub").is_none(), "{v:#}");
+    assert_eq!(origins(&v), all("<none>"));
+    assert!(hub.seen().is_empty());
+}
+
+/// `load` finds a pre-sharded repo (model-rank-*-part-* files) on the hub and fetches its rank
+/// files, not a checkpoint's.
+#[test]
+fn load_takes_a_pre_sharded_repo() {
+    let golden = manifest_dir().join("tests/data/golden/expected/llama_gqa/tp2");
+    let mut files = BTreeMap::new();
+    for e in fs::read_dir(&golden).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("oracle_meta_") {
+            files.insert(name, fs::read(e.path()).unwrap());
+        }
+    }
+    let hub = Hub::start(one_repo(
+        "acme/llama-tp2",
+        HubRepo {
+            sha: SHA.into(),
+            files,
+            token: None,
+        },
+    ));
+    let home = TempDir::new().unwrap();
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["load", "acme/llama-tp2", "--tp", "2", "--dry-run", "--json"],
+    );
+    assert_eq!(v["kind"], "pre-sharded", "{v:#}");
+    assert!(
+        hub.resolved().contains("model-rank-1-part-0.safetensors"),
+        "{:?}",
+        hub.resolved()
+    );
+}
