@@ -73,6 +73,8 @@ struct Shared {
     repos: BTreeMap<String, HubRepo>,
     seen: Mutex<Vec<Seen>>,
     stop: AtomicBool,
+    /// Files whose next transfer breaks off halfway (the connection closes).
+    cut: Mutex<BTreeSet<String>>,
 }
 
 struct Hub {
@@ -89,6 +91,7 @@ impl Hub {
             repos,
             seen: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            cut: Mutex::new(BTreeSet::new()),
         });
         let sh = shared.clone();
         let thread = std::thread::spawn(move || {
@@ -116,6 +119,11 @@ impl Hub {
 
     fn seen(&self) -> Vec<Seen> {
         self.shared.seen.lock().unwrap().clone()
+    }
+
+    /// The next transfer of `file` (more than a byte) stops halfway through its body.
+    fn cut_once(&self, file: &str) {
+        self.shared.cut.lock().unwrap().insert(file.to_string());
     }
 
     fn forget(&self) {
@@ -198,6 +206,15 @@ fn serve(sh: &Shared, mut conn: TcpStream) -> std::io::Result<()> {
     }
     head.push_str("\r\n");
     conn.write_all(head.as_bytes())?;
+    let file = path
+        .split_once("/resolve/")
+        .map(|(_, r)| r.split_once('/').unwrap().1);
+    let cut = body.len() > 1 && file.is_some_and(|f| sh.cut.lock().unwrap().remove(f));
+    if cut {
+        conn.write_all(&body[..body.len() / 2])?;
+        conn.flush()?;
+        return conn.shutdown(std::net::Shutdown::Both);
+    }
     if method != "HEAD" {
         conn.write_all(&body)?;
     }
@@ -325,7 +342,7 @@ fn one_repo(name: &str, repo: HubRepo) -> BTreeMap<String, HubRepo> {
 // ---------------------------------------------------------------------------------------------
 // Running wload
 
-/// `wload` with the hub at `hub` (an unused port when `None`) and `HF_HOME` in `home`, and every
+/// `wload` with the hub at `hub` (a closed port when `None`) and `HF_HOME` in `home`, and every
 /// other variable that could reach the real cache, a token or a proxy removed.
 fn wload_hub(hub: Option<&Hub>, home: &Path) -> Command {
     let mut cmd = wload();
@@ -707,8 +724,14 @@ fn unknown_and_gated_repos() {
     assert_eq!(origins(&v), all("download"));
 
     // A hub that is not there at all, with nothing cached.
+    let mut gone = Hub::start(BTreeMap::new());
+    gone.stop();
     let empty = TempDir::new().unwrap();
-    let err = fails_with(&mut wload_hub(None, empty.path()), &["inspect", REPO], 1);
+    let err = fails_with(
+        &mut wload_hub(Some(&gone), empty.path()),
+        &["inspect", REPO],
+        1,
+    );
     assert!(err.contains("cannot reach") && err.contains(REPO), "{err}");
 }
 
@@ -771,6 +794,41 @@ fn interrupted_downloads_resume() {
         .filter(|n| n.ends_with(".part") || n.ends_with(".incomplete"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// A transfer that breaks off is resumed by the same run, from where it stopped.
+#[test]
+fn broken_transfer_resumes_in_the_same_run() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    hub.cut_once(SHARDS[0]);
+    let home = TempDir::new().unwrap();
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(origins(&v), all("download"));
+    let repo = llama_repo();
+    let data = &repo.files[SHARDS[0]];
+    let ranges: Vec<String> = hub
+        .seen()
+        .iter()
+        .filter(|s| s.path.ends_with(SHARDS[0]))
+        .filter_map(|s| s.range.clone())
+        .collect();
+    // Resumed past the start (from the half that arrived; not exactly, should the client drop
+    // a last partial read).
+    assert!(
+        ranges.iter().any(|r| r
+            .strip_prefix("bytes=")
+            .and_then(|r| r.strip_suffix('-'))
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n > 0 && n <= data.len() / 2)),
+        "{ranges:?}"
+    );
+    let blob = repo_dir(&home.path().join("hub"))
+        .join("blobs")
+        .join(etag(data));
+    assert_eq!(fs::read(blob).unwrap(), *data);
 }
 
 /// Builds, by hand, the cache Python's huggingface_hub leaves after vLLM loaded the repo: blobs
