@@ -642,13 +642,15 @@ fn offline_names_the_missing_file() {
     assert!(err.contains("not in the Hugging Face cache"), "{err}");
     assert!(hub.seen().is_empty());
 
-    // Online again, only what is missing is fetched, the dangling link included.
+    // Online again, only what is missing is asked for: the shard whose blob is still there is
+    // linked again, the config whose blob is gone is downloaded (over its dangling link).
     let v = ok_json(
         &mut wload_hub(Some(&hub), home.path()),
         &["inspect", REPO, "--json"],
     );
     assert_eq!(hub.resolved(), set(&[SHARDS[2], "config.json"]));
-    assert_eq!(origins(&v)[SHARDS[2]], "download");
+    assert_eq!(origins(&v)[SHARDS[2]], "cache");
+    assert_eq!(v["hub"]["downloaded"], json!(["config.json"]));
     assert_eq!(origins(&v)[SHARDS[0]], "cache");
 }
 
@@ -831,6 +833,51 @@ fn broken_transfer_resumes_in_the_same_run() {
     assert_eq!(fs::read(blob).unwrap(), *data);
 }
 
+/// A new commit that changes only the README links the shards' blobs it already has and
+/// downloads the README alone.
+#[test]
+fn new_commit_reuses_cached_blobs() {
+    let home = TempDir::new().unwrap();
+    {
+        let hub = Hub::start(one_repo(REPO, llama_repo()));
+        ok_json(
+            &mut wload_hub(Some(&hub), home.path()),
+            &["inspect", REPO, "--json"],
+        );
+    }
+    let sha2 = "fedcba9876543210fedcba9876543210fedcba98";
+    let mut repo = llama_repo();
+    repo.sha = sha2.into();
+    repo.files
+        .insert("README.md".into(), b"# a tiny llama, v2\n".to_vec());
+    let hub = Hub::start(one_repo(REPO, repo));
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(v["hub"]["commit"], sha2);
+    assert_eq!(origins(&v), all("cache"));
+    assert_eq!(v["hub"]["downloaded"], json!(["README.md"]));
+    // hf-hub's metadata requests ask for one byte; only the README's content is transferred.
+    let full: Vec<String> = hub
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.contains("/resolve/") && s.range.as_deref() != Some("bytes=0-0"))
+        .map(|s| s.path)
+        .collect();
+    assert!(
+        !full.is_empty() && full.iter().all(|p| p.ends_with("/README.md")),
+        "{full:?}"
+    );
+    let rd = repo_dir(&home.path().join("hub"));
+    assert_eq!(fs::read_to_string(rd.join("refs/main")).unwrap(), sha2);
+    let link = rd.join("snapshots").join(sha2).join(SHARDS[0]);
+    assert_eq!(
+        fs::read_link(&link).unwrap(),
+        Path::new("../../blobs").join(etag(&llama_repo().files[SHARDS[0]]))
+    );
+}
+
 /// Builds, by hand, the cache Python's huggingface_hub leaves after vLLM loaded the repo: blobs
 /// named by etag, `refs/main`, and a snapshot of relative links holding only the weights, index,
 /// config and generation config.
@@ -891,8 +938,9 @@ fn python_cache_layout_is_used_as_is() {
     );
     assert_eq!(origins(&v), all("cache"));
 
-    // A shard missing from it: named offline.
+    // A shard missing from it (link and blob): named offline.
     let snap = repo_dir(cache.path()).join("snapshots").join(SHA);
+    fs::remove_file(fs::canonicalize(snap.join(SHARDS[4])).unwrap()).unwrap();
     fs::remove_file(snap.join(SHARDS[4])).unwrap();
     let err = fails_with(
         wload_hub(Some(&hub), home.path())

@@ -7,9 +7,14 @@
 //! `snapshots/<commit>/<file>` are relative symlinks to `blobs/<etag>`. wload looks files up there
 //! itself: hf-hub 0.5 honours neither `HF_HUB_CACHE` nor `HF_HUB_OFFLINE`, and a lookup must not
 //! open a connection. hf-hub is called only for what needs the network: the repo's file list
-//! (`GET {endpoint}/api/models/{repo}/revision/{rev}`) and downloads, which it writes into that same
-//! layout (`blobs/<etag>.part`, renamed into place when complete, then the snapshot symlink) and
-//! resumes with a `Range` request when a partial file is there.
+//! (`GET {endpoint}/api/models/{repo}/revision/{rev}`), a missing file's etag (a blob the cache
+//! already holds, under another commit, is linked rather than fetched again) and downloads, which
+//! it writes into that same layout (`blobs/<etag>.part`, renamed into place when complete, then
+//! the snapshot symlink) and resumes with a `Range` request when a partial file is there.
+//!
+//! Where this differs from huggingface_hub: partial downloads are `blobs/<etag>.part` (hf-hub's
+//! name; a Python `.incomplete` file is adopted), download locks are `blobs/<etag>.lock` rather
+//! than `.locks/`, and the file list of each commit is kept in `.wload/<commit>.json`.
 //!
 //! Which files to fetch follows vLLM's selection exactly: [`super::resolve_listing`] runs over the
 //! repo's file list, with the index (a side file, fetched first) dropping the shards it does not
@@ -313,10 +318,10 @@ pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), SourceE
         repo_dir: &repo_dir,
         snapshot: &snapshot,
         commit: &state.commit,
-        why: match (&state.source, &note) {
-            (_, Some(n)) => Some(Why::Unreachable(n.clone())),
-            _ if env.offline => Some(Why::Offline),
-            _ => None,
+        why: match &note {
+            Some(n) => Some(Why::Unreachable(n.clone())),
+            None if env.offline => Some(Why::Offline),
+            None => None,
         },
         origins: BTreeMap::new(),
         api: None,
@@ -739,18 +744,18 @@ impl Fetcher<'_> {
             }
         }
         let api = self.api.as_ref().expect("made above");
-        self.download(api, &missing)?;
-        for f in missing {
-            self.origins.insert(f, Origin::Download);
-        }
+        let got = self.download(api, &missing)?;
+        self.origins.extend(missing.into_iter().zip(got));
         Ok(())
     }
 
-    /// Downloads `files` a few at a time; the first failure (in file order) is returned.
-    fn download(&self, api: &Api, files: &[String]) -> Result<(), HubError> {
+    /// Fetches `files` a few at a time, in file order each one's origin; the first failure
+    /// (in file order) is returned.
+    fn download(&self, api: &Api, files: &[String]) -> Result<Vec<Origin>, HubError> {
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
         let errors: Mutex<Vec<(usize, HubError)>> = Mutex::new(Vec::new());
+        let origins: Mutex<Vec<Origin>> = Mutex::new(vec![Origin::Download; files.len()]);
         std::thread::scope(|s| {
             for _ in 0..PARALLEL_DOWNLOADS.min(files.len()) {
                 s.spawn(|| {
@@ -759,9 +764,12 @@ impl Fetcher<'_> {
                         if i >= files.len() || failed.load(Ordering::Relaxed) {
                             break;
                         }
-                        if let Err(e) = self.download_one(api, &files[i]) {
-                            failed.store(true, Ordering::Relaxed);
-                            errors.lock().expect("not poisoned").push((i, e));
+                        match self.download_one(api, &files[i]) {
+                            Ok(o) => origins.lock().expect("not poisoned")[i] = o,
+                            Err(e) => {
+                                failed.store(true, Ordering::Relaxed);
+                                errors.lock().expect("not poisoned").push((i, e));
+                            }
                         }
                     }
                 });
@@ -771,11 +779,13 @@ impl Fetcher<'_> {
         errors.sort_by_key(|(i, _)| *i);
         match errors.into_iter().next() {
             Some((_, e)) => Err(e),
-            None => Ok(()),
+            None => Ok(origins.into_inner().expect("not poisoned")),
         }
     }
 
-    fn download_one(&self, api: &Api, file: &str) -> Result<(), HubError> {
+    /// Puts one file in the snapshot: a link to the blob when the cache has it already (the same
+    /// content under another commit), else a download.
+    fn download_one(&self, api: &Api, file: &str) -> Result<Origin, HubError> {
         // Pinned to the commit, so that every file comes from the same one even if the branch
         // moves meanwhile.
         let repo = api.repo(Repo::with_revision(
@@ -783,6 +793,17 @@ impl Fetcher<'_> {
             RepoType::Model,
             self.commit.to_string(),
         ));
+        // hf-hub 0.5 downloads a file again even when its blob is there; huggingface_hub asks for
+        // the etag first and only links the blob. So does this, at one small request per file.
+        if let Ok(meta) = api.metadata(&repo.url(file)) {
+            let blob = self.repo_dir.join("blobs").join(meta.etag());
+            if meta.commit_hash() == self.commit
+                && fs::metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == meta.size() as u64)
+            {
+                self.link(file, meta.etag())?;
+                return Ok(Origin::Cache);
+            }
+        }
         let bar = || Bar {
             make: self.req.progress,
             file,
@@ -830,7 +851,28 @@ impl Fetcher<'_> {
                 ),
             });
         }
-        Ok(())
+        Ok(Origin::Download)
+    }
+
+    /// `snapshots/<commit>/<file>` → `../../blobs/<etag>` (one more `..` per folder in `file`).
+    fn link(&self, file: &str, etag: &str) -> Result<(), HubError> {
+        let link = self.snapshot.join(file);
+        let io = |source| HubError::Io {
+            path: link.clone(),
+            source,
+        };
+        let mut target = PathBuf::from("../..");
+        for _ in 1..Path::new(file).components().count() {
+            target.push("..");
+        }
+        target.push("blobs");
+        target.push(etag);
+        fs::create_dir_all(link.parent().expect("in the snapshot")).map_err(io)?;
+        match std::os::unix::fs::symlink(&target, &link) {
+            // Another process linked it meanwhile.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && link.is_file() => Ok(()),
+            other => other.map_err(io),
+        }
     }
 
     /// Removes the partial download of the file at `url`, if there is one; true if it did.
