@@ -38,8 +38,6 @@ pub enum Error {
     Load(crate::load::LoadError),
     #[error("--filter: {0}")]
     BadFilter(#[from] regex::Error),
-    #[error("`wload {0}` is not implemented yet")]
-    NotImplemented(&'static str),
     #[error("writing output: {0}")]
     Output(#[source] std::io::Error),
 }
@@ -65,7 +63,7 @@ impl Error {
             Error::Plan(crate::plan::PlanError::BadTp) => ExitStatus::Usage,
             Error::Plan(crate::plan::PlanError::Mapping(e)) if e.is_usage() => ExitStatus::Usage,
             Error::Plan(_) => ExitStatus::Checkpoint,
-            Error::NotImplemented(_) | Error::Output(_) => ExitStatus::Runtime,
+            Error::Output(_) => ExitStatus::Runtime,
             Error::Shard(
                 crate::shard::ShardError::OutExists(_)
                 | crate::shard::ShardError::BadRank { .. }
