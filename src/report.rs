@@ -3,21 +3,22 @@
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
-use crate::inspect::Inspection;
+use crate::inspect::{Inspection, TensorRow};
 use crate::plan::{Piece, PlanReport};
 
 /// A plain aligned table; columns marked numeric are right-aligned.
 ///
-/// Cells are written back to back into one buffer as they are added, and the column widths are
-/// kept as they go, so a table of 128k rows costs a few large buffers instead of a `String` per
-/// cell.
+/// A table either stores its rows ([`Table::row`], then [`Table::write`]), every cell's text back
+/// to back in one buffer, or, for one of 100k+ rows, is written in two passes over the caller's
+/// data without storing any: [`Table::fit`] for each row to size the columns, then
+/// [`Table::writer`] and [`Rows::row`] for each row.
 pub struct Table {
     header: Vec<&'static str>,
     numeric: Vec<bool>,
     width: Vec<usize>,
-    /// Every cell's text, row after row.
+    /// Every stored cell's text, row after row.
     text: String,
-    /// Where each cell ends in `text`; a cell starts where the previous one ends.
+    /// Where each stored cell ends in `text`; a cell starts where the previous one ends.
     ends: Vec<usize>,
 }
 
@@ -32,7 +33,7 @@ impl Table {
         }
     }
 
-    /// Adds a whole row.
+    /// Stores a whole row.
     pub fn row<S: AsRef<str>>(&mut self, cells: impl IntoIterator<Item = S>) {
         let before = self.ends.len();
         for c in cells {
@@ -41,13 +42,13 @@ impl Table {
         debug_assert_eq!(self.ends.len() - before, self.header.len());
     }
 
-    /// Adds the next cell: cells fill a row from left to right, then start the next row.
+    /// Stores the next cell: cells fill a row from left to right, then start the next row.
     pub fn cell(&mut self, s: &str) {
         self.text.push_str(s);
         self.end_cell();
     }
 
-    /// Adds the next cell, formatted straight into the table (`format_args!`).
+    /// Stores the next cell, formatted straight into the table (`format_args!`).
     pub fn cell_fmt(&mut self, args: fmt::Arguments) {
         self.text
             .write_fmt(args)
@@ -62,39 +63,70 @@ impl Table {
         self.ends.push(self.text.len());
     }
 
+    /// Widens the columns to fit a row that is written with [`Rows::row`] rather than stored.
+    pub fn fit(&mut self, cells: &[&str]) {
+        debug_assert_eq!(cells.len(), self.width.len());
+        for (w, c) in self.width.iter_mut().zip(cells) {
+            *w = (*w).max(width(c));
+        }
+    }
+
+    /// Writes the header line, and returns what writes the rows after it.
+    pub fn writer<'a>(&'a self, w: &'a mut dyn Write, indent: &'a str) -> io::Result<Rows<'a>> {
+        let mut rows = Rows {
+            table: self,
+            w,
+            indent,
+            line: String::new(),
+        };
+        rows.line(self.header.iter().copied())?;
+        Ok(rows)
+    }
+
+    /// Writes the header and the stored rows.
     pub fn write(&self, w: &mut dyn Write, indent: &str) -> io::Result<()> {
         debug_assert_eq!(self.ends.len() % self.header.len(), 0);
-        let mut line = String::new();
-        self.write_line(w, &mut line, indent, self.header.iter().copied())?;
+        let mut rows = self.writer(w, indent)?;
         let mut start = 0;
         for row in self.ends.chunks(self.header.len()) {
-            let cells = row.iter().map(|&end| {
+            rows.line(row.iter().map(|&end| {
                 let c = &self.text[start..end];
                 start = end;
                 c
-            });
-            self.write_line(w, &mut line, indent, cells)?;
+            }))?;
         }
         Ok(())
     }
+}
 
-    /// One line, built in `line` (reused from line to line) so that trailing blanks can be trimmed.
-    fn write_line<'c>(
-        &self,
-        w: &mut dyn Write,
-        line: &mut String,
-        indent: &str,
-        cells: impl Iterator<Item = &'c str>,
-    ) -> io::Result<()> {
+/// Writes the rows of a [`Table`], one line at a time.
+pub struct Rows<'a> {
+    table: &'a Table,
+    w: &'a mut dyn Write,
+    indent: &'a str,
+    /// The line being written, reused from line to line.
+    line: String,
+}
+
+impl Rows<'_> {
+    /// Writes one row, padded to the widths the table had when [`Table::writer`] was called.
+    pub fn row(&mut self, cells: &[&str]) -> io::Result<()> {
+        debug_assert_eq!(cells.len(), self.table.width.len());
+        self.line(cells.iter().copied())
+    }
+
+    /// Built whole before it is written, so that trailing blanks can be trimmed.
+    fn line<'c>(&mut self, cells: impl Iterator<Item = &'c str>) -> io::Result<()> {
+        let (t, line) = (self.table, &mut self.line);
         line.clear();
-        line.push_str(indent);
+        line.push_str(self.indent);
         for (i, c) in cells.enumerate() {
             if i > 0 {
                 line.push_str("  ");
             }
-            let pad = self.width[i] - width(c);
-            let last = i + 1 == self.width.len();
-            if self.numeric[i] {
+            let pad = t.width[i].saturating_sub(width(c));
+            let last = i + 1 == t.width.len();
+            if t.numeric[i] {
                 push_spaces(line, pad);
                 line.push_str(c);
             } else {
@@ -106,7 +138,7 @@ impl Table {
         }
         line.truncate(line.trim_end().len());
         line.push('\n');
-        w.write_all(line.as_bytes())
+        self.w.write_all(line.as_bytes())
     }
 }
 
@@ -313,18 +345,16 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
         ("BYTES", true),
         ("FILE", false),
     ]);
+    // One row per tensor, 128k for a large checkpoint: sized in a first pass and written in a
+    // second, rather than stored.
+    let mut cells = TensorCells::default();
     for r in &i.tensors {
-        t.cell(r.name);
-        t.cell(r.dtype.as_str());
-        t.cell_fmt(format_args!("{}", Shape(r.shape)));
-        t.cell_fmt(format_args!("{}", HumanBytes(r.bytes)));
-        if r.shadowed {
-            t.cell_fmt(format_args!("{} (shadowed by a later file)", r.file));
-        } else {
-            t.cell(r.file);
-        }
+        t.fit(&cells.of(r));
     }
-    t.write(w, "  ")?;
+    let mut rows = t.writer(w, "  ")?;
+    for r in &i.tensors {
+        rows.row(&cells.of(r))?;
+    }
 
     if !i.duplicates.is_empty() {
         writeln!(
@@ -359,6 +389,36 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
         human_bytes(i.totals.bytes),
     ]);
     t.write(w, "  ")
+}
+
+/// The cells of a row of the `inspect` tensor table, formatted into buffers reused from row to row.
+#[derive(Default)]
+struct TensorCells {
+    shape: String,
+    bytes: String,
+    file: String,
+}
+
+impl TensorCells {
+    fn of<'s>(&'s mut self, r: &'s TensorRow) -> [&'s str; 5] {
+        fn set(buf: &mut String, args: fmt::Arguments) {
+            buf.clear();
+            buf.write_fmt(args)
+                .expect("formatting into a String does not fail");
+        }
+        set(&mut self.shape, format_args!("{}", Shape(r.shape)));
+        set(&mut self.bytes, format_args!("{}", HumanBytes(r.bytes)));
+        let file = if r.shadowed {
+            set(
+                &mut self.file,
+                format_args!("{} (shadowed by a later file)", r.file),
+            );
+            &self.file
+        } else {
+            r.file
+        };
+        [r.name, r.dtype.as_str(), &self.shape, &self.bytes, file]
+    }
 }
 
 /// The `plan` report: a summary, then per rank its tensors and where they come from.
@@ -599,9 +659,24 @@ mod tests {
         t.row(["b  ", "5", " "]);
         let mut out = Vec::new();
         t.write(&mut out, "  ").unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "  NAME           N  NOTE\n  ünïcode.模型     7  x\n  a           1234\n  b              5\n"
-        );
+        let expected = "  NAME           N  NOTE\n  ünïcode.模型     7  x\n  a           1234\n  b              5\n";
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+
+        // The same rows, fitted then written without being stored.
+        let rows: [[&str; 3]; 3] = [
+            ["ünïcode.模型", "7", "x"],
+            ["a", "1234", ""],
+            ["b  ", "5", " "],
+        ];
+        let mut t = Table::new(&[("NAME", false), ("N", true), ("NOTE", false)]);
+        for r in &rows {
+            t.fit(r);
+        }
+        let mut out = Vec::new();
+        let mut w = t.writer(&mut out, "  ").unwrap();
+        for r in &rows {
+            w.row(r).unwrap();
+        }
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
     }
 }
