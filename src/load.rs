@@ -405,21 +405,27 @@ struct LoadSink<'a> {
     copy_ns: Vec<std::sync::atomic::AtomicU64>,
 }
 
-impl Sink for LoadSink<'_> {
-    fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError> {
+impl LoadSink<'_> {
+    /// Runs a device call for output `out`, timing it against that rank.
+    fn on_device<T>(
+        &self,
+        out: usize,
+        f: impl FnOnce(&dyn Device, usize) -> Result<T, DeviceError>,
+    ) -> Result<T, ExecError> {
         let (d, b) = self.map[out];
         let t = Instant::now();
-        self.devices[d]
-            .upload(b, offset, bytes)
-            .map_err(|e| ExecError::Corrupt {
-                path: self.devices[d].describe().into(),
-                message: e.to_string(),
-            })?;
+        let r = f(self.devices[d].as_ref(), b).map_err(|e| ExecError::Device(e.to_string()))?;
         self.copy_ns[d].fetch_add(
             t.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
-        Ok(())
+        Ok(r)
+    }
+}
+
+impl Sink for LoadSink<'_> {
+    fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError> {
+        self.on_device(out, |d, b| d.upload(b, offset, bytes))
     }
 
     fn starts_zeroed(&self) -> bool {
@@ -438,19 +444,9 @@ impl Sink for LoadSink<'_> {
         src_offset: u64,
         len: u64,
     ) -> Result<bool, ExecError> {
-        let (d, b) = self.map[out];
-        let t = Instant::now();
-        let done = self.devices[d]
-            .upload_from_file(b, offset, src, src_offset, len)
-            .map_err(|e| ExecError::Corrupt {
-                path: self.devices[d].describe().into(),
-                message: e.to_string(),
-            })?;
-        self.copy_ns[d].fetch_add(
-            t.elapsed().as_nanos() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        Ok(done)
+        self.on_device(out, |d, b| {
+            d.upload_from_file(b, offset, src, src_offset, len)
+        })
     }
 }
 

@@ -19,6 +19,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::dtype::Dtype;
+use crate::plan::layout::Block;
 use crate::plan::{Piece, Plan};
 
 /// Source bytes read per step; with one step in flight per thread this bounds memory.
@@ -98,6 +99,9 @@ pub enum ExecError {
         tensor: String,
         offset: u64,
     },
+    /// A device (GPU, host memory) failed.
+    #[error("{0}")]
+    Device(String),
     /// A checkpoint file is not what its header promises (truncated).
     #[error("{path}: {message}")]
     Corrupt { path: PathBuf, message: String },
@@ -127,16 +131,12 @@ pub struct Placement {
     pub offset: u64,
 }
 
+/// One copy piece, placed: output `out`, tensor data at byte `base`, converted to `to`.
 struct Job {
     out: usize,
     base: u64,
     to: Dtype,
-    rows: u64,
-    row: u64,
-    src_start: u64,
-    src_stride: u64,
-    dst_start: u64,
-    dst_stride: u64,
+    b: Block,
 }
 
 /// Runs every piece of the placed tensors: copies grouped by source (each source read once, in
@@ -176,25 +176,11 @@ pub fn execute_with_stats(
         let t = &plan.ranks[pl.rank].tensors[pl.tensor];
         for piece in &t.pieces {
             match piece {
-                Piece::Copy {
-                    source,
-                    rows,
-                    row,
-                    src_start,
-                    src_stride,
-                    dst_start,
-                    dst_stride,
-                    ..
-                } => jobs[*source].push(Job {
+                Piece::Copy { source, .. } => jobs[*source].push(Job {
                     out: pl.out,
                     base: pl.offset,
                     to: t.dtype,
-                    rows: *rows,
-                    row: *row,
-                    src_start: *src_start,
-                    src_stride: *src_stride,
-                    dst_start: *dst_start,
-                    dst_stride: *dst_stride,
+                    b: piece.block().expect("a copy piece has a block"),
                 }),
                 Piece::Fill {
                     dst_start,
@@ -277,15 +263,16 @@ fn copy_source(
     // Dense spans without conversion go file to file when the sink can (no copy through memory).
     let mut rest: Vec<&Job> = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let dense = job.rows == 1 || (job.src_stride == job.row && job.dst_stride == job.row);
-        if !dense || job.to != src.dtype || job.rows * job.row == 0 {
+        let dense =
+            job.b.rows == 1 || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row);
+        if !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
             rest.push(job);
             continue;
         }
-        let len = job.rows * job.row * isz;
+        let len = job.b.rows * job.b.row * isz;
         let (from, to) = (
-            src.offset + job.src_start * isz,
-            job.base + job.dst_start * isz,
+            src.offset + job.b.src_start * isz,
+            job.base + job.b.dst_start * isz,
         );
         let mut done = 0;
         let mut direct = true;
@@ -347,34 +334,37 @@ fn copy_source(
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         for job in &jobs {
             let osz = job.to.bits() / 8;
-            let stride = job.src_stride.max(1);
-            let last_end = job.src_start + (job.rows - 1) * job.src_stride + job.row;
-            if job.rows == 0 || job.row == 0 || last_end <= c0 || job.src_start >= c1 {
+            let stride = job.b.src_stride.max(1);
+            let last_end = job.b.src_start + (job.b.rows - 1) * job.b.src_stride + job.b.row;
+            if job.b.rows == 0 || job.b.row == 0 || last_end <= c0 || job.b.src_start >= c1 {
                 continue;
             }
             // Rows k whose span [s_k, s_k + row) meets [c0, c1).
-            let k_lo = if c0 < job.src_start + job.row {
+            let k_lo = if c0 < job.b.src_start + job.b.row {
                 0
             } else {
-                (c0 - job.src_start - job.row) / stride + 1
+                (c0 - job.b.src_start - job.b.row) / stride + 1
             };
-            let k_hi = if job.rows == 1 {
+            let k_hi = if job.b.rows == 1 {
                 1
             } else {
-                (c1 - job.src_start).div_ceil(stride).min(job.rows)
+                (c1 - job.b.src_start).div_ceil(stride).min(job.b.rows)
             };
             // Memory sinks take strided rows one by one without a gather buffer; for files and
             // devices one large put beats many small ones.
             let contiguous =
-                (job.rows == 1 || job.dst_stride == job.row) && !sink.cheap_small_puts();
-            let src_dense = job.rows == 1 || job.src_stride == job.row;
-            if (job.rows == 1 || job.dst_stride == job.row) && src_dense && src.dtype == job.to {
+                (job.b.rows == 1 || job.b.dst_stride == job.b.row) && !sink.cheap_small_puts();
+            let src_dense = job.b.rows == 1 || job.b.src_stride == job.b.row;
+            if (job.b.rows == 1 || job.b.dst_stride == job.b.row)
+                && src_dense
+                && src.dtype == job.to
+            {
                 // One span, no conversion: hand the read buffer over without a copy.
-                let s = job.src_start + k_lo * job.src_stride;
+                let s = job.b.src_start + k_lo * job.b.src_stride;
                 let a = s.max(c0);
-                let e = (job.src_start + (k_hi - 1) * job.src_stride + job.row).min(c1);
+                let e = (job.b.src_start + (k_hi - 1) * job.b.src_stride + job.b.row).min(c1);
                 if a < e {
-                    let dst = job.dst_start + k_lo * job.dst_stride + (a - s);
+                    let dst = job.b.dst_start + k_lo * job.b.dst_stride + (a - s);
                     let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
                     let t = Instant::now();
                     sink.put(job.out, job.base + dst * osz, bytes)?;
@@ -386,13 +376,13 @@ fn copy_source(
             out.clear();
             let mut first: Option<u64> = None;
             for k in k_lo..k_hi {
-                let s = job.src_start + k * job.src_stride;
-                let (a, e) = (s.max(c0), (s + job.row).min(c1));
+                let s = job.b.src_start + k * job.b.src_stride;
+                let (a, e) = (s.max(c0), (s + job.b.row).min(c1));
                 if a >= e {
                     continue;
                 }
                 let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
-                let dst = job.dst_start + k * job.dst_stride + (a - s);
+                let dst = job.b.dst_start + k * job.b.dst_stride + (a - s);
                 let t = Instant::now();
                 if contiguous {
                     first.get_or_insert(dst);
