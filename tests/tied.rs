@@ -1,0 +1,105 @@
+//! Tied embeddings whose checkpoint also ships an lm_head: vLLM builds them untied, loads both and
+//! re-ties them only when equal (weight_tying.py). The sharded output must then hold one key
+//! (`lm_head.weight`, at the embedding's place) and keep `tie_word_embeddings: true`; when they
+//! differ, both keys and `tie_word_embeddings: false` in config.json, or vLLM cannot load it.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::*;
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// The tied fixture plus an `lm_head.weight` file: a copy of the embedding, or with one element
+/// changed.
+fn tied_with_lm_head(equal: bool) -> TempDir {
+    let tmp = copy_fixture("llama_tied_fp16");
+    let dir = tmp.path();
+    let mut embed = None;
+    for f in fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()) {
+        if f.extension().is_some_and(|e| e == "safetensors") {
+            let bytes = fs::read(&f).unwrap();
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            for t in header_tensors(&f) {
+                if t.name == "model.embed_tokens.weight" {
+                    let data = bytes[8 + n + t.start as usize..8 + n + t.end as usize].to_vec();
+                    embed = Some((t.dtype, t.shape, data));
+                }
+            }
+        }
+    }
+    let (dtype, shape, mut data) = embed.expect("the fixture has an embedding");
+    if !equal {
+        data[0] ^= 0x01;
+    }
+    write_safetensors(
+        &dir.join("model-lm-head.safetensors"),
+        &[(
+            "lm_head.weight",
+            dtype.as_str(),
+            shape.as_slice(),
+            data.as_slice(),
+        )],
+    );
+    // The index must name the new file, or vLLM (and wload) would drop it.
+    let ipath = dir.join("model.safetensors.index.json");
+    let mut index: Value = serde_json::from_slice(&fs::read(&ipath).unwrap()).unwrap();
+    index["weight_map"]["lm_head.weight"] = Value::from("model-lm-head.safetensors");
+    write_json(&ipath, &index);
+    tmp
+}
+
+fn shard(src: &Path, out: &Path) {
+    let o = wload()
+        .args(["shard", s(src), "--tp", "2", "-o", s(out), "-q"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn keys(path: &Path) -> Vec<String> {
+    header_tensors(path).into_iter().map(|t| t.name).collect()
+}
+
+fn tie_in_config(out: &Path) -> Value {
+    let cfg: Value = serde_json::from_slice(&fs::read(out.join("config.json")).unwrap()).unwrap();
+    cfg["tie_word_embeddings"].clone()
+}
+
+#[test]
+fn equal_lm_head_is_retied_like_vllm() {
+    let src = tied_with_lm_head(true);
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard(src.path(), &out);
+    let expected = manifest_dir().join("tests/data/golden/expected/llama_tied_fp16/tp2");
+    for r in 0..2 {
+        let name = format!("model-rank-{r}-part-0.safetensors");
+        // Same files as vLLM wrote for the checkpoint without the redundant lm_head.
+        assert!(
+            fs::read(out.join(&name)).unwrap() == fs::read(expected.join(&name)).unwrap(),
+            "rank {r} differs from vLLM's tied output"
+        );
+    }
+    assert_eq!(tie_in_config(&out), Value::Bool(true));
+}
+
+#[test]
+fn different_lm_head_stays_untied_and_config_says_so() {
+    let src = tied_with_lm_head(false);
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard(src.path(), &out);
+    let k = keys(&out.join("model-rank-0-part-0.safetensors"));
+    assert!(k.contains(&"lm_head.weight".to_string()), "{k:?}");
+    assert!(
+        k.contains(&"model.embed_tokens.weight".to_string()),
+        "{k:?}"
+    );
+    assert_eq!(tie_in_config(&out), Value::Bool(false));
+    // The plan says the decision depends on the data.
+    let plan = wload_json(&["plan", s(src.path()), "--tp", "2", "--json"]);
+    assert_eq!(plan["retie"]["keep"], "lm_head.weight");
+}
