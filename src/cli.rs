@@ -12,9 +12,10 @@ use crate::source::LoadFormat;
 const EXIT_CODES: &str = "\
 Exit status:
   0  success
-  1  runtime failure (I/O, device)
+  1  runtime failure (I/O, network, device)
   2  usage error (bad flags, SOURCE not found)
-  3  the checkpoint is malformed or does not fit the model / plan";
+  3  the checkpoint is malformed or does not fit the model / plan
+  130  interrupted (Ctrl-C); nothing was published";
 
 /// Shard and load LLM checkpoints exactly as vLLM holds them, per tensor-parallel rank.
 #[derive(Debug, Parser)]
