@@ -23,17 +23,8 @@ fn rows_of(out: &Value) -> BTreeSet<Row> {
         .expect("tensors array")
         .iter()
         .map(|t| {
-            (
-                t["name"].as_str().unwrap().to_string(),
-                t["dtype"].as_str().unwrap().to_string(),
-                t["shape"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|d| d.as_u64().unwrap())
-                    .collect(),
-                t["file"].as_str().unwrap().to_string(),
-            )
+            let (name, dtype, shape) = json_tensor(t);
+            (name, dtype, shape, t["file"].as_str().unwrap().to_string())
         })
         .collect()
 }

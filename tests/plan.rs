@@ -30,18 +30,7 @@ fn plan_matches_vllm_for_every_golden_case() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|t| {
-                    (
-                        t["name"].as_str().unwrap().to_string(),
-                        t["dtype"].as_str().unwrap().to_string(),
-                        t["shape"]
-                            .as_array()
-                            .unwrap()
-                            .iter()
-                            .map(|d| d.as_u64().unwrap())
-                            .collect(),
-                    )
-                })
+                .map(json_tensor)
                 .collect();
             let mut expected = BTreeMap::new();
             for f in case.rank_files(r) {

@@ -190,18 +190,7 @@ fn rank_tensors(plan: &Value, rank: usize) -> Vec<(String, String, Vec<u64>)> {
         .as_array()
         .expect("tensors")
         .iter()
-        .map(|t| {
-            (
-                t["name"].as_str().unwrap().to_string(),
-                t["dtype"].as_str().unwrap().to_string(),
-                t["shape"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|d| d.as_u64().unwrap())
-                    .collect(),
-            )
-        })
+        .map(json_tensor)
         .collect()
 }
 

@@ -351,3 +351,17 @@ impl GoldenCase {
         v.into_iter().map(|(_, p)| p).collect()
     }
 }
+
+/// (name, dtype, shape) of one tensor entry in wload's JSON output (inspect rows, plan tensors).
+pub fn json_tensor(t: &Value) -> (String, String, Vec<u64>) {
+    (
+        t["name"].as_str().expect("name").to_string(),
+        t["dtype"].as_str().expect("dtype").to_string(),
+        t["shape"]
+            .as_array()
+            .expect("shape")
+            .iter()
+            .map(|d| d.as_u64().expect("shape dims are integers"))
+            .collect(),
+    )
+}
