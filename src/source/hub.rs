@@ -627,6 +627,19 @@ fn api_error(req: &HubRequest, file: Option<&str>, commit: &str, e: ApiError) ->
     let repo = req.repo.to_string();
     let endpoint = req.env.endpoint.clone();
     let file_name = file.map(str::to_string);
+    // A failure that is not an HTTP status: the file's download, or reaching the hub at all.
+    let transport = |repo: String, endpoint: String, message: String| match file {
+        Some(f) => HubError::Download {
+            repo,
+            file: f.to_string(),
+            message,
+        },
+        None => HubError::Network {
+            repo,
+            endpoint,
+            message,
+        },
+    };
     match e {
         ApiError::RequestError(e) => match *e {
             ureq::Error::StatusCode(status @ (401 | 403)) => HubError::Unauthorized {
@@ -655,32 +668,10 @@ fn api_error(req: &HubRequest, file: Option<&str>, commit: &str, e: ApiError) ->
                 status,
                 file: file_name,
             },
-            other => match file {
-                Some(f) => HubError::Download {
-                    repo,
-                    file: f.to_string(),
-                    message: other.to_string(),
-                },
-                None => HubError::Network {
-                    repo,
-                    endpoint,
-                    message: other.to_string(),
-                },
-            },
+            other => transport(repo, endpoint, other.to_string()),
         },
         ApiError::TooManyRetries(e) => api_error(req, file, commit, *e),
-        other => match file {
-            Some(f) => HubError::Download {
-                repo,
-                file: f.to_string(),
-                message: other.to_string(),
-            },
-            None => HubError::Network {
-                repo,
-                endpoint,
-                message: other.to_string(),
-            },
-        },
+        other => transport(repo, endpoint, other.to_string()),
     }
 }
 
