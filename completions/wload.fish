@@ -93,11 +93,11 @@ bfloat16\t''
 float16\t''
 float32\t''"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
-complete -c wload -n "__fish_wload_using_subcommand shard" -s o -l output -d 'Output folder (must not exist, unless --force)' -r -f -a "(__fish_complete_directories)"
+complete -c wload -n "__fish_wload_using_subcommand shard" -s o -l output -d 'Output folder: new or empty (or, with --force, an earlier wload output)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l max-part-size -d 'Largest data size of one part file: bytes (40000) or with a unit (500MB, 5GiB)' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l ranks -d 'Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l enable-expert-parallel -d 'Spread MoE experts over the ranks instead of splitting each (vLLM\'s --enable-expert-parallel)'
-complete -c wload -n "__fish_wload_using_subcommand shard" -l force -d 'Replace OUT if it exists (only once the new output is complete)'
+complete -c wload -n "__fish_wload_using_subcommand shard" -l force -d 'Replace OUT if it is an earlier wload output (only once the new output is complete)'
 complete -c wload -n "__fish_wload_using_subcommand shard" -l verify -d 'Read every written byte back and compare it with the source before publishing OUT'
 complete -c wload -n "__fish_wload_using_subcommand shard" -l json -d 'Print a JSON report (the manifest, sizes, timings) instead of a summary'
 complete -c wload -n "__fish_wload_using_subcommand shard" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'

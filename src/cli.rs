@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::ConfigFormat;
 use crate::load::DeviceKind;
 use crate::plan::DtypeChoice;
+use crate::ranks::RankList;
 use crate::source::LoadFormat;
 
 const EXIT_CODES: &str = "\
@@ -15,7 +16,7 @@ Exit status:
   1  runtime failure (I/O, network, device)
   2  usage error (bad flags, SOURCE not found)
   3  the checkpoint is malformed or does not fit the model / plan
-  130  interrupted (Ctrl-C); nothing was published";
+  129, 130, 143  stopped by SIGHUP, SIGINT (Ctrl-C) or SIGTERM (128 + the signal); nothing was published";
 
 /// Shard and load LLM checkpoints exactly as vLLM holds them, per tensor-parallel rank.
 #[derive(Debug, Parser)]
@@ -70,9 +71,12 @@ any tensor data is read.",
 Writes model-rank-{r}-part-{p}.safetensors for every rank, byte for byte what vLLM 0.33 saves with \
 save_sharded_state, plus the source's side files (config.json, tokenizer, ...) and a manifest, \
 wload.json. Then: vllm serve OUT --load-format sharded_state -tp N.\n\n\
-The output is built in a temporary folder next to OUT and renamed into place only when complete \
-(and verified, with --verify); an interrupted or failed run leaves no OUT behind. Each source byte \
-is read once, whatever the TP size, and memory stays bounded.",
+OUT must be new or an empty folder; --force also lets wload replace an earlier wload output (a \
+folder with its wload.json and nothing else of yours), never anything else. The output is built in \
+a hidden folder next to OUT and renamed into place only when complete (and verified, with \
+--verify), and never over an OUT that another run created meanwhile; an interrupted or failed run \
+leaves no OUT behind, and the hidden folders of killed runs are removed by the next run. Each \
+source byte is read once, whatever the TP size, and memory stays bounded.",
         after_long_help = EXIT_CODES
     )]
     Shard(ShardArgs),
@@ -220,7 +224,7 @@ pub struct ShardArgs {
     #[command(flatten)]
     pub parallel: ParallelArgs,
 
-    /// Output folder (must not exist, unless --force)
+    /// Output folder: new or empty (or, with --force, an earlier wload output)
     #[arg(short, long = "output", value_name = "OUT", value_hint = clap::ValueHint::DirPath)]
     pub out: PathBuf,
 
@@ -229,12 +233,10 @@ pub struct ShardArgs {
     pub max_part_size: u64,
 
     /// Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)
-    // The full path keeps clap from treating this as a list of u64 values: `parse_ranks` returns
-    // the whole list from one argument.
-    #[arg(long, value_name = "LIST", value_parser = parse_ranks)]
-    pub ranks: Option<::std::vec::Vec<u64>>,
+    #[arg(long, value_name = "LIST")]
+    pub ranks: Option<RankList>,
 
-    /// Replace OUT if it exists (only once the new output is complete)
+    /// Replace OUT if it is an earlier wload output (only once the new output is complete)
     #[arg(long)]
     pub force: bool,
 
@@ -249,32 +251,6 @@ pub struct ShardArgs {
 
 fn parse_size(s: &str) -> Result<u64, String> {
     crate::exec::parts::parse_size(s)
-}
-
-/// `0-3,5` → [0, 1, 2, 3, 5].
-pub fn parse_ranks(s: &str) -> Result<Vec<u64>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let num = |x: &str| {
-            x.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("'{x}' is not a rank number (use e.g. 0-3 or 0,2,5)"))
-        };
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (num(a)?, num(b)?);
-                if a > b {
-                    return Err(format!("'{part}' is an empty range"));
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(num(part)?),
-        }
-    }
-    if out.is_empty() {
-        return Err("no ranks given".into());
-    }
-    Ok(out)
 }
 
 #[derive(Debug, Args)]
@@ -298,8 +274,8 @@ pub struct LoadArgs {
     pub read: bool,
 
     /// Load only these ranks, e.g. 0-3 (default: from RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS, else all)
-    #[arg(long, value_name = "LIST", value_parser = parse_ranks)]
-    pub ranks: Option<::std::vec::Vec<u64>>,
+    #[arg(long, value_name = "LIST")]
+    pub ranks: Option<RankList>,
 
     /// Copy every tensor back from the device and compare it with the host's bytes
     #[arg(long, conflicts_with = "dry_run")]
@@ -318,16 +294,6 @@ pub struct LoadArgs {
 mod tests {
     use super::*;
     use clap::CommandFactory;
-
-    #[test]
-    fn rank_lists_parse() {
-        assert_eq!(parse_ranks("0-3"), Ok(vec![0, 1, 2, 3]));
-        assert_eq!(parse_ranks("0,2,5"), Ok(vec![0, 2, 5]));
-        assert_eq!(parse_ranks("1-2,7"), Ok(vec![1, 2, 7]));
-        assert!(parse_ranks("3-1").is_err());
-        assert!(parse_ranks("a").is_err());
-        assert!(parse_ranks("").is_err());
-    }
 
     #[test]
     fn cli_is_consistent() {

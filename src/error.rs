@@ -64,21 +64,9 @@ impl Error {
             Error::Plan(crate::plan::PlanError::Mapping(e)) if e.is_usage() => ExitStatus::Usage,
             Error::Plan(_) => ExitStatus::Checkpoint,
             Error::Output(_) => ExitStatus::Runtime,
-            Error::Shard(
-                crate::shard::ShardError::OutExists(_)
-                | crate::shard::ShardError::BadRank { .. }
-                | crate::shard::ShardError::OutIsSource(_)
-                | crate::shard::ShardError::BadOut(_),
-            ) => ExitStatus::Usage,
-            Error::Shard(crate::shard::ShardError::Exec(crate::exec::ExecError::Corrupt {
-                ..
-            })) => ExitStatus::Checkpoint,
-            Error::Shard(crate::shard::ShardError::Exec(crate::exec::ExecError::Cancelled)) => {
-                ExitStatus::Interrupted
-            }
-            Error::Shard(_) => ExitStatus::Runtime,
+            Error::Shard(e) => e.exit_status(),
             Error::Load(
-                crate::load::LoadError::BadRank { .. } | crate::load::LoadError::Launcher(_),
+                crate::load::LoadError::BadRank(_) | crate::load::LoadError::Launcher(_),
             ) => ExitStatus::Usage,
             Error::Load(crate::load::LoadError::Exec(crate::exec::ExecError::Cancelled)) => {
                 ExitStatus::Interrupted

@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod load;
 pub mod mapping;
 pub mod plan;
+pub mod ranks;
 pub mod report;
 pub mod shard;
 pub mod source;

@@ -30,7 +30,7 @@ pub struct LoadOptions {
     /// With `dry_run`: read and checksum every byte.
     pub read: bool,
     /// Ranks to load; `None` means from the launcher's environment, else all.
-    pub ranks: Option<Vec<u64>>,
+    pub ranks: Option<crate::ranks::RankList>,
     /// Copy every tensor back and compare it with what was sent.
     pub check: bool,
     /// Report an XXH3 checksum per loaded tensor.
@@ -45,8 +45,8 @@ pub enum LoadError {
     Exec(#[from] ExecError),
     #[error("{0}")]
     Launcher(String),
-    #[error("--ranks: rank {rank} is out of range for --tp {tp}")]
-    BadRank { rank: u64, tp: u64 },
+    #[error(transparent)]
+    BadRank(#[from] crate::ranks::RankOutOfRange),
     #[error("--check: {rank_tensor} differs after the round trip through {device}")]
     CheckFailed { rank_tensor: String, device: String },
 }
@@ -152,15 +152,12 @@ pub fn pre_sharded_files(root: &Path) -> BTreeMap<u64, Vec<(u64, String)>> {
 
 /// Ranks from `--ranks`, else from torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or Slurm
 /// (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), else all; and the first local device ordinal.
-pub fn select_ranks(tp: u64, given: Option<&[u64]>) -> Result<(Vec<u64>, usize), LoadError> {
+pub fn select_ranks(
+    tp: u64,
+    given: Option<&crate::ranks::RankList>,
+) -> Result<(Vec<u64>, usize), LoadError> {
     if let Some(v) = given {
-        for &rank in v {
-            if rank >= tp {
-                return Err(LoadError::BadRank { rank, tp });
-            }
-        }
-        let set: BTreeSet<u64> = v.iter().copied().collect();
-        return Ok((set.into_iter().collect(), 0));
+        return Ok((v.resolve(tp)?, 0));
     }
     let env = |k: &str| std::env::var(k).ok();
     let launcher = match (env("RANK"), env("WORLD_SIZE")) {
@@ -460,8 +457,7 @@ pub fn load(
 ) -> Result<LoadReport, Error> {
     let t_all = Instant::now();
     let (mut opened, _) = crate::open_detect(sopts)?;
-    let (ranks, local_base) =
-        select_ranks(popts.tp, lopts.ranks.as_deref()).map_err(Error::Load)?;
+    let (ranks, local_base) = select_ranks(popts.tp, lopts.ranks.as_ref()).map_err(Error::Load)?;
     let mut warnings = Vec::new();
     let t = Instant::now();
     let (mut plan, kind) = prepare(&opened, popts, &ranks, &mut warnings)?;

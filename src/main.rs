@@ -3,9 +3,9 @@
 
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+mod interrupt;
 mod progress;
 
 use clap::{CommandFactory, Parser};
@@ -29,8 +29,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(e.exit_status() as u8)
+            // stderr may be closed or full too; there is nowhere left to say so.
+            let _ = writeln!(io::stderr(), "error: {e}");
+            ExitCode::from(match e.exit_status() {
+                ExitStatus::Interrupted => interrupt::exit_status(),
+                status => status as u8,
+            })
         }
     }
 }
@@ -83,11 +87,20 @@ fn run(cli: Cli) -> Result<(), Error> {
             let t = Instant::now();
             let plan = wload::make_plan(&opened, &plan_options(&args.parallel))?;
             opened.timings.plan_s = t.elapsed().as_secs_f64();
-            let cancel = interrupt_flag();
+            interrupt::install();
+            let cancel = interrupt::flag();
             let quiet = cli.quiet;
             let report = wload::shard::shard(&opened, plan, &opts, cancel, &|total| {
                 progress::bar(total, quiet)
             })?;
+            for s in &report.removed_leftovers {
+                let _ = writeln!(
+                    io::stderr(),
+                    "note: removed {}, left by wload process {} (no longer running)",
+                    s.path.display(),
+                    s.pid
+                );
+            }
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &report)
                     .map_err(|e| Error::Output(e.into()))?;
@@ -110,8 +123,13 @@ fn run(cli: Cli) -> Result<(), Error> {
                 &source_options(&args.source, cli.quiet)?,
                 &plan_options(&args.parallel),
                 &lopts,
-                interrupt_flag(),
-                &|total| progress::bar(total, quiet),
+                interrupt::flag(),
+                // Called once planning is done and the transfer starts: from then on a signal
+                // stops the transfer cleanly.
+                &|total| {
+                    interrupt::install();
+                    progress::bar(total, quiet)
+                },
             )?;
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &report)
@@ -122,7 +140,10 @@ fn run(cli: Cli) -> Result<(), Error> {
             }
         }
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "wload", &mut out);
+            // `generate` panics on a write error: render to memory, then write and check.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "wload", &mut script);
+            out.write_all(&script).map_err(Error::Output)?;
         }
         Command::Man => {
             clap_mangen::Man::new(Cli::command())
@@ -131,13 +152,6 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
     }
     out.flush().map_err(Error::Output)
-}
-
-/// Set on Ctrl-C; long-running work checks it and stops cleanly (nothing is published).
-fn interrupt_flag() -> &'static AtomicBool {
-    static FLAG: AtomicBool = AtomicBool::new(false);
-    let _ = ctrlc::set_handler(|| FLAG.store(true, Ordering::Relaxed));
-    &FLAG
 }
 
 fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {

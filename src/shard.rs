@@ -1,7 +1,8 @@
 //! `wload shard`: per-rank files that vLLM's `--load-format sharded_state` reads, built in a
 //! temporary sibling folder and renamed into place only when complete (and verified).
 
-use std::collections::BTreeSet;
+pub mod output;
+
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -16,7 +17,7 @@ use serde_json::Value;
 use crate::exec::parts::{self, PartFile};
 use crate::exec::{ExecError, Progress, convert, verify, write};
 use crate::plan::Plan;
-use crate::{Error, Opened};
+use crate::{Error, ExitStatus, Opened};
 
 /// vLLM's example script default (`--max-file-size 5*1024**3`).
 pub const DEFAULT_MAX_PART_SIZE: u64 = 5 << 30;
@@ -29,23 +30,32 @@ pub struct ShardOptions {
     pub out: PathBuf,
     pub max_part_size: u64,
     /// Ranks to write; all when `None`.
-    pub ranks: Option<Vec<u64>>,
+    pub ranks: Option<crate::ranks::RankList>,
     pub force: bool,
     pub verify: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
-    #[error("{0}: already exists; pass --force to replace it")]
+    #[error(
+        "-o {0}: holds an earlier wload output; pass --force to replace it (only once the new output is complete)"
+    )]
     OutExists(PathBuf),
-    #[error("--ranks: rank {rank} is out of range for --tp {tp}")]
-    BadRank { rank: u64, tp: u64 },
+    #[error(transparent)]
+    BadRank(#[from] crate::ranks::RankOutOfRange),
     #[error(
         "-o {0}: the output folder is, or contains, the source checkpoint; choose another folder"
     )]
     OutIsSource(PathBuf),
-    #[error("-o {0}: not usable as an output folder name")]
-    BadOut(PathBuf),
+    #[error("-o {}: {problem}", .path.display())]
+    Out {
+        path: PathBuf,
+        problem: output::OutProblem,
+    },
+    #[error(
+        "-o {0}: appeared or changed while this run was writing (another wload run, or another program, got there first); it was left as it is and this run's output was discarded: check it, then run again (with --force to replace an earlier wload output)"
+    )]
+    Raced(PathBuf),
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,
@@ -63,6 +73,19 @@ impl ShardError {
             op,
             path: path.to_path_buf(),
             source,
+        }
+    }
+
+    pub fn exit_status(&self) -> ExitStatus {
+        match self {
+            ShardError::OutExists(_)
+            | ShardError::BadRank(_)
+            | ShardError::OutIsSource(_)
+            | ShardError::Out { .. } => ExitStatus::Usage,
+            ShardError::Raced(_) | ShardError::Io { .. } => ExitStatus::Runtime,
+            ShardError::Exec(ExecError::Corrupt { .. }) => ExitStatus::Checkpoint,
+            ShardError::Exec(ExecError::Cancelled) => ExitStatus::Interrupted,
+            ShardError::Exec(_) => ExitStatus::Runtime,
         }
     }
 }
@@ -83,6 +106,11 @@ pub struct Manifest {
     pub max_part_size: u64,
     pub tie_word_embeddings: bool,
     pub files: Vec<ManifestFile>,
+    /// Everything else wload put in OUT (config.json, copied side files), so that `--force`
+    /// can tell an earlier output from a folder with the user's own files in it. Absent in
+    /// manifests of wload 0.1.0 before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_files: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -102,6 +130,8 @@ pub struct ShardReport {
     pub bytes: u64,
     pub side_files: Vec<String>,
     pub verified: bool,
+    /// Leftover staging folders of dead runs that this run removed.
+    pub removed_leftovers: Vec<output::Swept>,
     pub timings: ShardTimings,
 }
 
@@ -115,23 +145,18 @@ pub struct ShardTimings {
     pub verify_s: f64,
 }
 
-/// Refuses an existing OUT (without --force) and bad ranks before any work is done.
-pub fn precheck(opts: &ShardOptions, tp: u64, source: &Path) -> Result<(), ShardError> {
-    if opts.out.exists() && !opts.force {
-        return Err(ShardError::OutExists(opts.out.clone()));
-    }
-    // Replacing OUT must never delete the source (OUT == SOURCE, or SOURCE inside OUT).
-    if let (Ok(a), Ok(b)) = (opts.out.canonicalize(), source.canonicalize())
-        && b.starts_with(&a)
-    {
-        return Err(ShardError::OutIsSource(opts.out.clone()));
-    }
-    for &rank in opts.ranks.iter().flatten() {
-        if rank >= tp {
-            return Err(ShardError::BadRank { rank, tp });
-        }
-    }
-    Ok(())
+/// Checks OUT and `--ranks` before any work is done: see [`output`] for what OUT may be.
+pub fn precheck(
+    opts: &ShardOptions,
+    tp: u64,
+    source: &Path,
+) -> Result<(output::Target, Vec<u64>), ShardError> {
+    let ranks = match &opts.ranks {
+        Some(list) => list.resolve(tp)?,
+        None => (0..tp).collect(),
+    };
+    let target = output::check(&opts.out, opts.force, source)?;
+    Ok((target, ranks))
 }
 
 /// Writes the shards. `progress` is built once the total size is known.
@@ -142,8 +167,8 @@ pub fn shard(
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<ShardReport, Error> {
-    precheck(opts, plan.tp, &opened.resolved.root)?;
-    sibling(&opts.out, "wload-tmp")?;
+    let (target, ranks) = precheck(opts, plan.tp, &opened.resolved.root)?;
+    let removed_leftovers = output::sweep(&opts.out);
     let root = &opened.resolved.root;
     let mut timings = ShardTimings {
         open: opened.timings,
@@ -171,15 +196,6 @@ pub fn shard(
         plan.retie = None;
     }
 
-    let ranks: Vec<u64> = match &opts.ranks {
-        Some(v) => v
-            .iter()
-            .copied()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect(),
-        None => (0..plan.tp).collect(),
-    };
     let files: Vec<PartFile> = plan
         .ranks
         .iter()
@@ -188,19 +204,17 @@ pub fn shard(
         .collect();
     let total: u64 = files.iter().map(|f| f.size).sum();
 
-    let tmp = sibling(&opts.out, "wload-tmp")?;
-    let cleanup = Cleanup(Some(tmp.clone()));
-    fs::create_dir(&tmp).map_err(|e| ShardError::io("creating", &tmp, e))?;
+    let staging = output::Staging::create(&target)?;
+    let tmp = staging.path();
 
     let t = Instant::now();
     let bar = progress(total);
-    write::write_parts(&plan, root, &tmp, &files, cancel, bar.as_ref())
-        .map_err(ShardError::from)?;
+    write::write_parts(&plan, root, tmp, &files, cancel, bar.as_ref()).map_err(ShardError::from)?;
     timings.write_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let side = copy_side_files(root, &tmp, &opts.out, cancel)?;
-    write_config(root, &tmp, &plan)?;
+    let side = copy_side_files(root, tmp, &opts.out, cancel)?;
+    let config = write_config(root, tmp, &plan)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
@@ -216,11 +230,11 @@ pub fn shard(
     timings.hash_s = t.elapsed().as_secs_f64();
 
     if let Some(fault) = std::env::var_os("WLOAD_TEST_FLIP_BYTE") {
-        flip_byte_for_tests(&tmp, &fault.to_string_lossy());
+        flip_byte_for_tests(tmp, &fault.to_string_lossy());
     }
     if opts.verify {
         let t = Instant::now();
-        verify::verify_parts(&plan, root, &tmp, &files, cancel, &crate::exec::Quiet)
+        verify::verify_parts(&plan, root, tmp, &files, cancel, &crate::exec::Quiet)
             .map_err(ShardError::from)?;
         timings.verify_s = t.elapsed().as_secs_f64();
     }
@@ -255,69 +269,22 @@ pub fn shard(
                 xxh3: h,
             })
             .collect(),
+        side_files: Some(side.iter().cloned().chain(config).collect()),
     };
     let mpath = tmp.join(MANIFEST);
     let text = serde_json::to_string_pretty(&manifest).expect("manifest serialises") + "\n";
     fs::write(&mpath, text).map_err(|e| ShardError::io("writing", &mpath, e))?;
 
-    publish(&tmp, &opts.out)?;
-    std::mem::forget(cleanup);
+    staging.publish(&target)?;
     Ok(ShardReport {
         out: opts.out.display().to_string(),
         bytes: total,
         manifest,
         side_files: side,
         verified: opts.verify,
+        removed_leftovers,
         timings,
     })
-}
-
-/// Removes the temporary folder unless disarmed.
-struct Cleanup(Option<PathBuf>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_dir_all(p);
-        }
-    }
-}
-
-/// `.NAME.TAG-PID` next to `out`: same filesystem, so the final rename is atomic.
-fn sibling(out: &Path, tag: &str) -> Result<PathBuf, ShardError> {
-    let name = out
-        .file_name()
-        .ok_or_else(|| ShardError::BadOut(out.to_path_buf()))?;
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    Ok(parent.join(format!(
-        ".{}.{tag}-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    )))
-}
-
-/// Moves the finished folder to `out`; an existing `out` (--force) is moved aside first and
-/// removed only once the new one is in place.
-fn publish(tmp: &Path, out: &Path) -> Result<(), ShardError> {
-    if out.exists() {
-        let old = sibling(out, "wload-old")?;
-        fs::rename(out, &old).map_err(|e| ShardError::io("moving aside", out, e))?;
-        if let Err(e) = fs::rename(tmp, out) {
-            let _ = fs::rename(&old, out);
-            return Err(ShardError::io("renaming into", out, e));
-        }
-        let _ = if old.is_dir() {
-            fs::remove_dir_all(&old)
-        } else {
-            fs::remove_file(&old)
-        };
-        Ok(())
-    } else {
-        fs::rename(tmp, out).map_err(|e| ShardError::io("renaming into", out, e))
-    }
 }
 
 /// vLLM's example copies every entry of the model folder whose extension is not .bin, .pt or
@@ -378,10 +345,10 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<(), ShardError> {
 
 /// config.json as vLLM needs it: copied unchanged, except that when lm_head stays a tensor of its
 /// own, `tie_word_embeddings` must say false (the sharded loader builds the module tree from it).
-fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<(), ShardError> {
+fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, ShardError> {
     let src = root.join("config.json");
     if !src.exists() {
-        return Ok(()); // Mistral-native source: params.json was copied with the side files.
+        return Ok(None); // Mistral-native source: params.json was copied with the side files.
     }
     let text = fs::read_to_string(&src).map_err(|e| ShardError::io("reading", &src, e))?;
     let mut cfg: Value = serde_json::from_str(&text).map_err(|e| {
@@ -401,12 +368,11 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<(), ShardError> 
             t["tie_word_embeddings"] = Value::Bool(false);
         }
         let text = serde_json::to_string_pretty(&cfg).expect("config serialises") + "\n";
-        fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))
+        fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))?;
     } else {
-        fs::copy(&src, &dst)
-            .map(|_| ())
-            .map_err(|e| ShardError::io("copying", &src, e))
+        fs::copy(&src, &dst).map_err(|e| ShardError::io("copying", &src, e))?;
     }
+    Ok(Some("config.json".into()))
 }
 
 /// XXH3-64 of a file, hex; the manifest's fast hash. Read in 8 MiB steps rather than mapped, so

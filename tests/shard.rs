@@ -392,37 +392,6 @@ fn rank_out_of_range_is_a_usage_error() {
     assert_nothing_left(&out, &context(&o));
 }
 
-/// An existing OUT is refused without --force (and left alone), replaced with it.
-#[test]
-fn existing_out_needs_force() {
-    let work = TempDir::new().unwrap();
-    let out = work.path().join("out");
-    fs::create_dir(&out).unwrap();
-    let marker = out.join("marker.txt");
-    fs::write(&marker, b"keep me").unwrap();
-
-    let o = shard(&fixture(GQA), 2, &out, &[]);
-    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
-    assert!(stderr(&o).contains("--force"), "{}", context(&o));
-    assert_eq!(fs::read(&marker).unwrap(), b"keep me", "OUT was touched");
-    assert_eq!(
-        fs::read_dir(&out).unwrap().count(),
-        1,
-        "OUT gained files without --force"
-    );
-    assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
-
-    shard_ok(&fixture(GQA), 2, &out, &["--force"]);
-    assert!(!marker.exists(), "--force keeps the old OUT's files");
-    let golden = expected(GQA, 2);
-    assert_eq!(part_names(&out), part_names(&golden));
-    for n in part_names(&golden) {
-        assert_eq!(compare_files(&golden.join(&n), &out.join(&n)), None, "{n}");
-    }
-    check_manifest(&out);
-    assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
-}
-
 /// OUT must not be the source itself.
 #[test]
 fn out_equal_to_source_is_refused() {
@@ -559,16 +528,17 @@ fn unwritable_target_fails_cleanly() {
     use std::os::unix::fs::PermissionsExt;
     let work = TempDir::new().unwrap();
 
-    // A regular file where a parent folder should be: fails for root too.
+    // A regular file where a parent folder should be (tests/out_safety.rs has more): a usage
+    // error, found before any work.
     let file = work.path().join("a-file");
     fs::write(&file, b"not a folder").unwrap();
     let out = file.join("out");
     let o = shard(&fixture(GQA), 2, &out, &[]);
     let ctx = context(&o);
-    assert_eq!(o.status.code(), Some(1), "{ctx}");
+    assert_eq!(o.status.code(), Some(2), "{ctx}");
     assert!(stderr(&o).starts_with("error: "), "{ctx}");
     assert!(stderr(&o).contains(s(&file)), "names the path; {ctx}");
-    assert!(stderr(&o).contains("Not a directory"), "{ctx}");
+    assert!(stderr(&o).contains("not an existing folder"), "{ctx}");
     assert_eq!(fs::read(&file).unwrap(), b"not a folder");
 
     // A read-only parent: only meaningful when permissions apply to this process.

@@ -1,0 +1,127 @@
+//! `--ranks`: a list of tensor-parallel ranks (`0-3,5`), kept as ranges until `--tp` is known so
+//! that no input (`0-18446744073709551615`) makes wload allocate before it can say "out of range".
+
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::str::FromStr;
+
+/// Ranks as the user wrote them: inclusive ranges, in order, possibly overlapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankList(Vec<RangeInclusive<u64>>);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--ranks: rank {rank} is out of range for --tp {tp} (ranks are 0 to {last})", last = .tp.saturating_sub(1))]
+pub struct RankOutOfRange {
+    pub rank: u64,
+    pub tp: u64,
+}
+
+impl RankList {
+    /// The ranks, sorted and de-duplicated, once every one is checked to be below `tp`.
+    pub fn resolve(&self, tp: u64) -> Result<Vec<u64>, RankOutOfRange> {
+        if let Some(rank) = self.0.iter().map(|r| *r.end()).find(|&end| end >= tp) {
+            return Err(RankOutOfRange { rank, tp });
+        }
+        // Every end is below tp, so this allocates at most tp entries per range.
+        let mut out: Vec<u64> = self.0.iter().flat_map(|r| r.clone()).collect();
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+impl FromStr for RankList {
+    type Err = String;
+
+    /// `0-3,5` → ranges 0..=3 and 5..=5.
+    fn from_str(s: &str) -> Result<RankList, String> {
+        let num = |x: &str| {
+            x.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("'{x}' is not a rank number (use e.g. 0-3 or 0,2,5)"))
+        };
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let range = match part.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (num(a)?, num(b)?);
+                    if a > b {
+                        return Err(format!("'{part}' is an empty range"));
+                    }
+                    a..=b
+                }
+                None => {
+                    let r = num(part)?;
+                    r..=r
+                }
+            };
+            out.push(range);
+        }
+        if out.is_empty() {
+            return Err("no ranks given".into());
+        }
+        Ok(RankList(out))
+    }
+}
+
+impl fmt::Display for RankList {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if r.start() == r.end() {
+                write!(f, "{}", r.start())?;
+            } else {
+                write!(f, "{}-{}", r.start(), r.end())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranks(s: &str, tp: u64) -> Result<Vec<u64>, String> {
+        s.parse::<RankList>()?
+            .resolve(tp)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn lists_and_ranges() {
+        assert_eq!(ranks("0-3", 8), Ok(vec![0, 1, 2, 3]));
+        assert_eq!(ranks("0,2,5", 8), Ok(vec![0, 2, 5]));
+        assert_eq!(ranks("7, 1-2,2", 8), Ok(vec![1, 2, 7]));
+        assert_eq!("1-2,7".parse::<RankList>().unwrap().to_string(), "1-2,7");
+    }
+
+    #[test]
+    fn malformed_lists_are_refused() {
+        for bad in [
+            "3-1",
+            "a",
+            "",
+            ",",
+            "1-",
+            "-1",
+            "1-2-3",
+            "18446744073709551616",
+        ] {
+            assert!(bad.parse::<RankList>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn huge_ranges_are_refused_before_anything_is_allocated() {
+        let e = ranks("0-18446744073709551615", 8).unwrap_err();
+        assert!(
+            e.contains("rank 18446744073709551615 is out of range for --tp 8"),
+            "{e}"
+        );
+        assert!(ranks("0-100000000", 8).unwrap_err().contains("100000000"));
+        assert!(ranks("8", 8).unwrap_err().contains("ranks are 0 to 7"));
+    }
+}

@@ -1,0 +1,596 @@
+//! The output folder of `wload shard`: what may be written to or replaced, the hidden staging
+//! folder the files are built in, and the one atomic step that publishes it.
+//!
+//! The rules, so that nothing a user owns is ever lost:
+//! - OUT may be missing or an existing empty folder; `--force` also lets it replace an earlier wload
+//!   output (a folder holding a readable `wload.json` and nothing that manifest does not account
+//!   for). Anything else is refused, whatever the flags.
+//! - OUT is never a link, never the source or a folder holding it, never the current folder or
+//!   one of its ancestors.
+//! - Publication never replaces something that appeared, or changed, while this run was writing:
+//!   on Linux `renameat2(RENAME_NOREPLACE)` for a new OUT and `RENAME_EXCHANGE` (then a check of
+//!   what came out) for a replaced one; elsewhere plain `rename`, which refuses a non-empty folder.
+//! - Each staging folder records its owner (host, boot, PID, process start time): a later run into
+//!   the same parent removes the ones whose owner is gone, and says so.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{MANIFEST, Manifest, ShardError};
+
+/// Marks staging folders: `.{OUT name}.wload-tmp-{PID}`.
+const STAGING_TAG: &str = ".wload-tmp-";
+/// The owner record inside a staging folder; removed just before publication.
+const OWNER_FILE: &str = ".wload-owner.json";
+/// How many of a refused folder's entries an error names.
+const NAMED_ENTRIES: usize = 5;
+
+/// A folder's identity, to notice that OUT was replaced while this run was writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    fn of(path: &Path) -> io::Result<FileId> {
+        let m = fs::symlink_metadata(path)?;
+        Ok(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// What OUT was when it was checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Existing {
+    Missing,
+    Empty(FileId),
+    /// An earlier wload output, to be replaced (`--force`).
+    Output(FileId),
+}
+
+/// An OUT that passed [`check`]: where to publish and what may be replaced there.
+#[derive(Debug, Clone)]
+pub struct Target {
+    path: PathBuf,
+    existing: Existing,
+}
+
+/// Checks OUT against the rules above; `source` is the checkpoint folder.
+pub fn check(out: &Path, force: bool, source: &Path) -> Result<Target, ShardError> {
+    let bad = |why: OutProblem| ShardError::Out {
+        path: out.to_path_buf(),
+        problem: why,
+    };
+    if out.file_name().is_none() {
+        return Err(bad(OutProblem::NoName));
+    }
+    let parent = parent_of(out);
+    if !parent.is_dir() {
+        return Err(bad(OutProblem::NoParent(parent)));
+    }
+    let meta = match fs::symlink_metadata(out) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(Target {
+                path: out.to_path_buf(),
+                existing: Existing::Missing,
+            });
+        }
+        Err(e) => return Err(ShardError::io("checking", out, e)),
+        Ok(m) => m,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(bad(OutProblem::Link));
+    }
+    if !meta.is_dir() {
+        return Err(bad(OutProblem::NotAFolder));
+    }
+    let canon = out
+        .canonicalize()
+        .map_err(|e| ShardError::io("checking", out, e))?;
+    if source.canonicalize().is_ok_and(|s| s.starts_with(&canon)) {
+        return Err(ShardError::OutIsSource(out.to_path_buf()));
+    }
+    if std::env::current_dir().is_ok_and(|cwd| cwd.starts_with(&canon)) {
+        return Err(bad(OutProblem::HoldsCurrentFolder));
+    }
+    let id = FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    let entries = entry_names(out)?;
+    if entries.is_empty() {
+        return Ok(Target {
+            path: out.to_path_buf(),
+            existing: Existing::Empty(id),
+        });
+    }
+    classify_full(out, force, id, entries)
+}
+
+/// OUT exists and is not empty: only an earlier wload output may be replaced, and only with
+/// `--force`.
+fn classify_full(
+    out: &Path,
+    force: bool,
+    id: FileId,
+    entries: Vec<String>,
+) -> Result<Target, ShardError> {
+    let bad = |problem| ShardError::Out {
+        path: out.to_path_buf(),
+        problem,
+    };
+    let Some(manifest) = read_manifest(out) else {
+        return Err(bad(OutProblem::NotOurs(Entries::new(entries))));
+    };
+    let foreign: Vec<String> = entries
+        .into_iter()
+        .filter(|e| !manifest_accounts_for(&manifest, e))
+        .collect();
+    if !foreign.is_empty() {
+        return Err(bad(OutProblem::Foreign(Entries::new(foreign))));
+    }
+    if !force {
+        return Err(ShardError::OutExists(out.to_path_buf()));
+    }
+    Ok(Target {
+        path: out.to_path_buf(),
+        existing: Existing::Output(id),
+    })
+}
+
+fn read_manifest(dir: &Path) -> Option<Manifest> {
+    let text = fs::read(dir.join(MANIFEST)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Whether an entry of an earlier output is one wload wrote. Manifests older than the
+/// `side_files` list name only their part files; their other entries are taken as side files.
+fn manifest_accounts_for(m: &Manifest, entry: &str) -> bool {
+    entry == MANIFEST
+        || m.files.iter().any(|f| f.name == entry)
+        || m.side_files
+            .as_ref()
+            .is_none_or(|side| side.iter().any(|s| s == entry))
+}
+
+fn entry_names(dir: &Path) -> Result<Vec<String>, ShardError> {
+    let mut names = Vec::new();
+    for e in fs::read_dir(dir).map_err(|e| ShardError::io("listing", dir, e))? {
+        let e = e.map_err(|e| ShardError::io("listing", dir, e))?;
+        names.push(e.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Why OUT cannot be used; each says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutProblem {
+    #[error("not usable as an output folder name; name the folder, e.g. -o ./model-tp8")]
+    NoName,
+    #[error("its parent {} is not an existing folder; create it first", .0.display())]
+    NoParent(PathBuf),
+    #[error("is a symbolic link; wload does not write through links, pass the folder it points to")]
+    Link,
+    #[error("exists and is not a folder; choose another output path")]
+    NotAFolder,
+    #[error(
+        "is, or contains, the current folder; run wload from elsewhere or choose another output folder"
+    )]
+    HoldsCurrentFolder,
+    #[error(
+        "is not empty and is not a wload output (it holds {0}); wload only writes into a new or empty folder, and --force replaces only an earlier wload output: choose another folder, or move its contents away yourself"
+    )]
+    NotOurs(Entries),
+    #[error(
+        "is an earlier wload output, but also holds {0}, which wload did not write; move those away, or choose another folder"
+    )]
+    Foreign(Entries),
+}
+
+/// A folder's entries for a message: the first few by name, then a count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entries(Vec<String>);
+
+impl Entries {
+    fn new(names: Vec<String>) -> Entries {
+        Entries(names)
+    }
+}
+
+impl std::fmt::Display for Entries {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let shown: Vec<_> = self.0.iter().take(NAMED_ENTRIES).cloned().collect();
+        write!(f, "{}", shown.join(", "))?;
+        match self.0.len().saturating_sub(NAMED_ENTRIES) {
+            0 => Ok(()),
+            n => write!(f, " and {n} more"),
+        }
+    }
+}
+
+fn parent_of(out: &Path) -> PathBuf {
+    match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// The hidden folder next to OUT that the output is built in (same filesystem, so publication is
+/// one rename). Removed on drop unless published.
+#[derive(Debug)]
+pub struct Staging {
+    path: PathBuf,
+    published: bool,
+}
+
+impl Staging {
+    /// Creates `.{OUT}.wload-tmp-{PID}` with its owner record.
+    pub fn create(target: &Target) -> Result<Staging, ShardError> {
+        let name = target
+            .path
+            .file_name()
+            .expect("checked: OUT has a name")
+            .to_string_lossy();
+        let path =
+            parent_of(&target.path).join(format!(".{name}{STAGING_TAG}{}", std::process::id()));
+        fs::create_dir(&path).map_err(|e| ShardError::io("creating", &path, e))?;
+        let staging = Staging {
+            path,
+            published: false,
+        };
+        Owner::me(&target.path).write(&staging.path)?;
+        Ok(staging)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Moves the finished folder to OUT, as [`check`] allowed and only if OUT is still what it
+    /// was then.
+    pub fn publish(mut self, target: &Target) -> Result<(), ShardError> {
+        let owner = self.path.join(OWNER_FILE);
+        fs::remove_file(&owner).map_err(|e| ShardError::io("removing", &owner, e))?;
+        match target.existing {
+            Existing::Missing => rename_noreplace(&self.path, &target.path)?,
+            Existing::Empty(id) | Existing::Output(id) => self.replace(target, id)?,
+        }
+        self.published = true;
+        Ok(())
+    }
+
+    /// Swaps the staging folder with OUT, checks that what came out is what was checked, and
+    /// removes it; if it is not, swaps back and reports the race.
+    fn replace(&self, target: &Target, id: FileId) -> Result<(), ShardError> {
+        let out = &target.path;
+        if !exchange(&self.path, out)? {
+            return fallback_replace(&self.path, target, id);
+        }
+        // `self.path` now holds what was at OUT.
+        if !still_as_checked(&self.path, target.existing, id) {
+            let _ = exchange(&self.path, out);
+            return Err(ShardError::Raced(out.clone()));
+        }
+        if let Existing::Empty(_) = target.existing {
+            if fs::remove_dir(&self.path).is_err() {
+                // Written into since `still_as_checked` looked.
+                let _ = exchange(&self.path, out);
+                return Err(ShardError::Raced(out.clone()));
+            }
+            return Ok(());
+        }
+        // The old output stays recognisable as a leftover until it is gone.
+        Owner::me(out).write(&self.path)?;
+        fs::remove_dir_all(&self.path)
+            .map_err(|e| ShardError::io("removing the replaced output", &self.path, e))
+    }
+}
+
+/// Whether a folder that was OUT is still what [`check`] found: the same folder, still empty or
+/// still holding only what its manifest accounts for.
+fn still_as_checked(dir: &Path, existing: Existing, id: FileId) -> bool {
+    if FileId::of(dir).ok() != Some(id) {
+        return false;
+    }
+    let Ok(entries) = entry_names(dir) else {
+        return false;
+    };
+    match existing {
+        Existing::Missing => false,
+        Existing::Empty(_) => entries.is_empty(),
+        Existing::Output(_) => {
+            read_manifest(dir).is_some_and(|m| entries.iter().all(|e| manifest_accounts_for(&m, e)))
+        }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Where `renameat2` is missing (not Linux, or a filesystem without it): move OUT aside, check it,
+/// rename, then remove what was moved aside.
+fn fallback_replace(staging: &Path, target: &Target, id: FileId) -> Result<(), ShardError> {
+    let out = &target.path;
+    let aside = PathBuf::from(format!("{}.old", staging.display()));
+    fs::rename(out, &aside).map_err(|e| ShardError::io("moving aside", out, e))?;
+    if !still_as_checked(&aside, target.existing, id) {
+        let _ = fs::rename(&aside, out);
+        return Err(ShardError::Raced(out.clone()));
+    }
+    if let Err(e) = rename_noreplace(staging, out) {
+        let _ = fs::rename(&aside, out);
+        return Err(e);
+    }
+    Owner::me(out).write(&aside)?;
+    fs::remove_dir_all(&aside)
+        .map_err(|e| ShardError::io("removing the replaced output", &aside, e))
+}
+
+/// Renames `from` to `to` unless `to` exists; a `to` that appeared is a lost race.
+fn rename_noreplace(from: &Path, to: &Path) -> Result<(), ShardError> {
+    match sys::rename_noreplace(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
+            Err(ShardError::Raced(to.to_path_buf()))
+        }
+        Err(e) => Err(ShardError::io("renaming into", to, e)),
+    }
+}
+
+/// Atomically swaps two paths; `Ok(false)` where the system cannot.
+fn exchange(a: &Path, b: &Path) -> Result<bool, ShardError> {
+    match sys::exchange(a, b) {
+        Ok(()) => Ok(true),
+        Err(e) if sys::unsupported(&e) => Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ShardError::Raced(b.to_path_buf())),
+        Err(e) => Err(ShardError::io("renaming into", b, e)),
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod sys {
+    use std::ffi::CString;
+    use std::io;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    fn c(p: &Path) -> io::Result<CString> {
+        CString::new(p.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput.into())
+    }
+
+    fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> io::Result<()> {
+        let (f, t) = (c(from)?, c(to)?);
+        // SAFETY: both are valid NUL-terminated paths, relative to the current folder.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                f.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                flags,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    pub fn unsupported(e: &io::Error) -> bool {
+        matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS))
+    }
+
+    pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+        match renameat2(from, to, libc::RENAME_NOREPLACE) {
+            Err(e) if unsupported(&e) => std::fs::rename(from, to),
+            r => r,
+        }
+    }
+
+    pub fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+        renameat2(a, b, libc::RENAME_EXCHANGE)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod sys {
+    use std::io;
+    use std::path::Path;
+
+    pub fn unsupported(_: &io::Error) -> bool {
+        true
+    }
+
+    /// `rename` refuses a non-empty folder, so only an empty folder that appeared meanwhile
+    /// could be replaced.
+    pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    pub fn exchange(_: &Path, _: &Path) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+}
+
+/// Who made a staging folder: enough to tell, on this host, whether that process still runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Owner {
+    host: String,
+    /// The kernel's boot id: a PID from before a reboot is dead whatever runs under it now.
+    boot_id: Option<String>,
+    pid: u32,
+    /// The process start time (clock ticks since boot), so a reused PID is not taken for it.
+    start_ticks: Option<u64>,
+    /// Unix seconds, for messages.
+    started_unix: u64,
+    out: PathBuf,
+}
+
+impl Owner {
+    fn me(out: &Path) -> Owner {
+        let pid = std::process::id();
+        Owner {
+            host: hostname(),
+            boot_id: boot_id(),
+            pid,
+            start_ticks: start_ticks(pid),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            out: out.to_path_buf(),
+        }
+    }
+
+    fn write(&self, dir: &Path) -> Result<(), ShardError> {
+        let path = dir.join(OWNER_FILE);
+        let text = serde_json::to_vec_pretty(self).expect("owner record serialises");
+        fs::write(&path, text).map_err(|e| ShardError::io("writing", &path, e))
+    }
+
+    fn read(dir: &Path) -> Option<Owner> {
+        serde_json::from_slice(&fs::read(dir.join(OWNER_FILE)).ok()?).ok()
+    }
+
+    /// Known to be gone: same host, and another boot, no such process, or another process
+    /// under the same PID. Anything uncertain counts as alive.
+    fn is_gone(&self) -> bool {
+        if self.host != hostname() {
+            return false;
+        }
+        if let (Some(then), Some(now)) = (&self.boot_id, boot_id())
+            && *then != now
+        {
+            return true;
+        }
+        if !process_exists(self.pid) {
+            return true;
+        }
+        matches!((self.start_ticks, start_ticks(self.pid)), (Some(a), Some(b)) if a != b)
+    }
+}
+
+/// A leftover staging folder this run removed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Swept {
+    pub path: PathBuf,
+    pub pid: u32,
+    pub started_unix: u64,
+}
+
+/// Removes the staging folders in OUT's parent whose owner is gone (killed with SIGKILL, out of
+/// memory, a crash, a reboot). Folders without a readable owner record are left alone.
+pub fn sweep(out: &Path) -> Vec<Swept> {
+    let parent = parent_of(out);
+    let Ok(entries) = fs::read_dir(&parent) else {
+        return Vec::new();
+    };
+    let mut swept = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !name.starts_with('.') || !name.contains(STAGING_TAG) {
+            continue;
+        }
+        let path = e.path();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        let Some(owner) = is_dir.then(|| Owner::read(&path)).flatten() else {
+            continue;
+        };
+        if owner.is_gone() && fs::remove_dir_all(&path).is_ok() {
+            swept.push(Swept {
+                path,
+                pid: owner.pid,
+                started_unix: owner.started_unix,
+            });
+        }
+    }
+    swept.sort_by(|a, b| a.path.cmp(&b.path));
+    swept
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot.
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_process_is_not_gone_and_a_reused_pid_is() {
+        let me = Owner::me(Path::new("out"));
+        assert!(!me.is_gone());
+        let reused = Owner {
+            start_ticks: me.start_ticks.map(|t| t + 1),
+            ..me.clone()
+        };
+        assert!(reused.is_gone());
+        let other_host = Owner {
+            host: format!("{}-elsewhere", me.host),
+            pid: u32::MAX,
+            ..me.clone()
+        };
+        assert!(
+            !other_host.is_gone(),
+            "another host's folder is never ours to judge"
+        );
+        let rebooted = Owner {
+            boot_id: Some("another-boot".into()),
+            ..me
+        };
+        assert!(rebooted.is_gone());
+    }
+
+    #[test]
+    fn entries_name_the_first_few_and_count_the_rest() {
+        let names = (0..8).map(|i| format!("f{i}")).collect();
+        assert_eq!(
+            Entries::new(names).to_string(),
+            "f0, f1, f2, f3, f4 and 3 more"
+        );
+    }
+}

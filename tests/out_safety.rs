@@ -1,0 +1,562 @@
+//! `wload shard` never loses a user's data: what OUT may be, what `--force` may replace,
+//! publication that cannot clobber a concurrent run, termination signals, leftovers of killed
+//! runs, and no panic on hostile arguments or closed output streams.
+
+mod common;
+
+use std::fs::{self, File};
+use std::os::unix::fs::symlink;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as StdCommand, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tempfile::TempDir;
+
+const GQA: &str = "llama_gqa";
+
+fn fixture(name: &str) -> PathBuf {
+    fixtures_dir().join(name)
+}
+
+fn expected(case: &str, tp: u64) -> PathBuf {
+    manifest_dir()
+        .join("tests/data/golden/expected")
+        .join(case)
+        .join(format!("tp{tp}"))
+}
+
+fn shard_in(dir: Option<&Path>, source: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut cmd = wload();
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
+    cmd.args(["shard", s(source), "--tp", "2", "-o", s(out)])
+        .args(extra)
+        .output()
+        .expect("wload runs")
+}
+
+fn shard(source: &Path, out: &Path, extra: &[&str]) -> Output {
+    shard_in(None, source, out, extra)
+}
+
+fn context(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit 2 with a message that names OUT and contains `says`.
+fn assert_refused(o: &Output, out: &Path, says: &str) {
+    let ctx = context(o);
+    assert_eq!(o.status.code(), Some(2), "{ctx}");
+    assert!(stderr(o).starts_with("error: "), "{ctx}");
+    assert!(stderr(o).contains(s(out)), "names OUT; {ctx}");
+    assert!(stderr(o).contains(says), "should say {says:?}; {ctx}");
+}
+
+/// Every file below `dir` with its bytes, to prove a folder was not touched.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Entries of OUT's parent that are wload staging folders (for any OUT).
+fn staging_folders(parent: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(parent)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && n.contains(".wload-tmp-"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// OUT holds exactly the golden vLLM files for llama_gqa at TP 2.
+fn assert_golden(out: &Path) {
+    let golden = expected(GQA, 2);
+    for e in fs::read_dir(&golden).unwrap() {
+        let name = e.unwrap().file_name();
+        if !name.to_string_lossy().starts_with("model-rank-") {
+            continue;
+        }
+        let (a, b) = (
+            fs::read(golden.join(&name)).unwrap(),
+            fs::read(out.join(&name)),
+        );
+        assert!(b.is_ok_and(|b| b == a), "{name:?} differs from vLLM's");
+    }
+    assert!(out.join("wload.json").is_file());
+}
+
+#[test]
+fn an_existing_empty_folder_is_used_without_force() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let o = shard(&fixture(GQA), &out, &[]);
+    assert!(o.status.success(), "{}", context(&o));
+    assert_golden(&out);
+    assert!(staging_folders(work.path()).is_empty());
+}
+
+#[test]
+fn force_replaces_an_earlier_output_and_nothing_else() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard(&fixture("qwen2"), &out, &[]);
+    assert!(o.status.success(), "{}", context(&o));
+
+    // An earlier output: refused without --force, untouched.
+    let before = snapshot(&out);
+    let o = shard(&fixture(GQA), &out, &[]);
+    assert_refused(&o, &out, "pass --force");
+    assert!(
+        stderr(&o).contains("earlier wload output"),
+        "{}",
+        context(&o)
+    );
+    assert_eq!(snapshot(&out), before, "OUT was touched without --force");
+
+    // With --force: replaced by exactly the new output, no staging folder left.
+    let o = shard(&fixture(GQA), &out, &["--force"]);
+    assert!(o.status.success(), "{}", context(&o));
+    assert_golden(&out);
+    let names: Vec<String> = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains("wload-owner")),
+        "the owner record is published: {names:?}"
+    );
+    assert!(staging_folders(work.path()).is_empty());
+
+    // The user adds a file of their own: --force no longer replaces the folder.
+    fs::write(out.join("notes.txt"), b"mine").unwrap();
+    let before = snapshot(&out);
+    let o = shard(&fixture(GQA), &out, &["--force"]);
+    assert_refused(&o, &out, "notes.txt");
+    assert!(
+        stderr(&o).contains("which wload did not write"),
+        "{}",
+        context(&o)
+    );
+    assert_eq!(snapshot(&out), before);
+}
+
+/// `--force` on a folder that is not a wload output — a home folder, a project — is refused,
+/// naming what is inside.
+#[test]
+fn force_never_replaces_a_folder_that_is_not_a_wload_output() {
+    let work = TempDir::new().unwrap();
+    let home = work.path().join("home");
+    fs::create_dir_all(home.join(".ssh")).unwrap();
+    fs::write(home.join(".ssh/id_ed25519"), b"secret").unwrap();
+    fs::write(home.join("thesis.tex"), b"years of work").unwrap();
+    for i in 0..7 {
+        fs::write(home.join(format!("photo{i}.jpg")), b"jpg").unwrap();
+    }
+    let before = snapshot(&home);
+    let o = shard(&fixture(GQA), &home, &["--force"]);
+    assert_refused(&o, &home, "is not a wload output");
+    assert!(stderr(&o).contains(".ssh, photo0.jpg"), "{}", context(&o));
+    assert!(stderr(&o).contains("and 4 more"), "{}", context(&o));
+    assert_eq!(snapshot(&home), before);
+    assert!(staging_folders(work.path()).is_empty());
+
+    // A stray wload.json that is not a manifest does not make a folder ours.
+    fs::write(home.join("wload.json"), b"{\"not\": \"a manifest\"}").unwrap();
+    let o = shard(&fixture(GQA), &home, &["--force"]);
+    assert_refused(&o, &home, "is not a wload output");
+    assert!(home.join("thesis.tex").exists());
+}
+
+/// OUT is never the current folder or one of its ancestors, even when it is an earlier output.
+#[test]
+fn out_holding_the_current_folder_is_refused() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard(&fixture(GQA), &out, &[]);
+    assert!(o.status.success(), "{}", context(&o));
+    let before = snapshot(&out);
+
+    let o = shard_in(Some(&out), &fixture(GQA), &out, &["--force"]);
+    assert_refused(&o, &out, "current folder");
+    let o = shard_in(Some(&out), &fixture(GQA), Path::new("../out"), &["--force"]);
+    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    assert!(stderr(&o).contains("current folder"), "{}", context(&o));
+    let o = shard_in(Some(work.path()), &fixture(GQA), work.path(), &["--force"]);
+    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    for name in [".", ".."] {
+        let o = shard_in(Some(&out), &fixture(GQA), Path::new(name), &["--force"]);
+        assert_eq!(o.status.code(), Some(2), "-o {name}: {}", context(&o));
+        assert!(stderr(&o).contains("not usable as an output folder name"));
+    }
+    assert_eq!(snapshot(&out), before);
+}
+
+#[test]
+fn links_files_and_missing_parents_are_refused() {
+    let work = TempDir::new().unwrap();
+    let real = work.path().join("real");
+    let o = shard(&fixture(GQA), &real, &[]);
+    assert!(o.status.success(), "{}", context(&o));
+
+    let link = work.path().join("link");
+    symlink(&real, &link).unwrap();
+    let o = shard(&fixture(GQA), &link, &["--force"]);
+    assert_refused(&o, &link, "symbolic link");
+    assert!(fs::symlink_metadata(&link).unwrap().is_symlink());
+
+    let file = work.path().join("file");
+    fs::write(&file, b"data").unwrap();
+    let o = shard(&fixture(GQA), &file, &["--force"]);
+    assert_refused(&o, &file, "not a folder");
+    assert_eq!(fs::read(&file).unwrap(), b"data");
+
+    let deep = work.path().join("no/such/parent/out");
+    let o = shard(&fixture(GQA), &deep, &[]);
+    assert_refused(&o, &deep, "create it first");
+    let under_file = file.join("out");
+    let o = shard(&fixture(GQA), &under_file, &[]);
+    assert_refused(&o, &under_file, "create it first");
+}
+
+/// A Llama of about 150 MB (zeros), large enough that a shard takes a while.
+fn big_checkpoint(dir: &Path) {
+    let (hidden, inter, layers, vocab) = (1024u64, 2048u64, 4u64, 32000u64);
+    fs::create_dir_all(dir).unwrap();
+    let mut cfg = tiny_config();
+    cfg["hidden_size"] = hidden.into();
+    cfg["intermediate_size"] = inter.into();
+    cfg["num_attention_heads"] = 8.into();
+    cfg["num_key_value_heads"] = 4.into();
+    cfg["num_hidden_layers"] = layers.into();
+    cfg["vocab_size"] = vocab.into();
+    cfg["dtype"] = "bfloat16".into();
+    write_json(&dir.join("config.json"), &cfg);
+    let kv = hidden / 2;
+    let mut shapes: Vec<(String, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![vocab, hidden]),
+        ("model.norm.weight".into(), vec![hidden]),
+        ("lm_head.weight".into(), vec![vocab, hidden]),
+    ];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        for (n, shape) in [
+            ("self_attn.q_proj.weight", vec![hidden, hidden]),
+            ("self_attn.k_proj.weight", vec![kv, hidden]),
+            ("self_attn.v_proj.weight", vec![kv, hidden]),
+            ("self_attn.o_proj.weight", vec![hidden, hidden]),
+            ("mlp.gate_proj.weight", vec![inter, hidden]),
+            ("mlp.up_proj.weight", vec![inter, hidden]),
+            ("mlp.down_proj.weight", vec![hidden, inter]),
+            ("input_layernorm.weight", vec![hidden]),
+            ("post_attention_layernorm.weight", vec![hidden]),
+        ] {
+            shapes.push((format!("{p}.{n}"), shape));
+        }
+    }
+    let data: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|(_, sh)| zeros(sh.iter().product::<u64>() as usize * 2))
+        .collect();
+    let tensors: Vec<Tensor> = shapes
+        .iter()
+        .zip(&data)
+        .map(|((n, sh), d)| (n.as_str(), "BF16", sh.as_slice(), d.as_slice()))
+        .collect();
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+}
+
+fn spawn_shard(source: &Path, out: &Path, extra: &[&str]) -> Child {
+    StdCommand::new(env!("CARGO_BIN_EXE_wload"))
+        .args(["shard", s(source), "--tp", "2", "-o", s(out), "-q"])
+        .args(extra)
+        .env_remove("RUST_BACKTRACE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wload starts")
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on our own child, which has not been reaped yet.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0);
+}
+
+/// Waits (at most 60 s, then kills it and fails) and returns the status and stderr.
+fn finish(mut child: Child) -> (ExitStatus, String) {
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("wload did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status, err)
+}
+
+/// Waits until `child` is writing part files into its staging folder in `parent`; None if it
+/// exited first.
+fn wait_for_staging(child: &mut Child, parent: &Path) -> Option<String> {
+    let t = Instant::now();
+    let writing = |name: &String| {
+        fs::read_dir(parent.join(name)).is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("model-rank-")))
+        })
+    };
+    loop {
+        if let Some(name) = staging_folders(parent)
+            .into_iter()
+            .find(|n| n.ends_with(&format!("-{}", child.id())))
+            .filter(writing)
+        {
+            return Some(name);
+        }
+        if child.try_wait().unwrap().is_some() {
+            return None;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no staging folder");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Two runs into one OUT: the first starts long before the second and finishes after it. The
+/// second publishes; the first loses the race with exit 1 and leaves the winner's output intact.
+#[test]
+fn concurrent_runs_into_one_out_never_clobber() {
+    let work = TempDir::new().unwrap();
+    let big = work.path().join("big");
+    big_checkpoint(&big);
+    let out = work.path().join("out");
+    for force in [false, true] {
+        let flags: &[&str] = if force { &["--force"] } else { &[] };
+        if force {
+            // With --force both may replace an earlier output, but not one that changed meanwhile.
+            let o = shard(&fixture("qwen2"), &out, &[]);
+            assert!(o.status.success(), "{}", context(&o));
+        }
+        let mut first = spawn_shard(&big, &out, flags);
+        let staging = wait_for_staging(&mut first, work.path()).expect("first run is writing");
+        signal(&first, libc::SIGSTOP);
+        let o = shard(&fixture(GQA), &out, flags);
+        signal(&first, libc::SIGCONT);
+        assert!(o.status.success(), "second run: {}", context(&o));
+        let winner = snapshot(&out);
+
+        let (status, err) = finish(first);
+        assert_eq!(status.code(), Some(1), "first run (force {force}): {err}");
+        assert!(
+            err.contains("appeared or changed while this run was writing"),
+            "{err}"
+        );
+        assert!(err.contains(s(&out)), "{err}");
+        assert_eq!(snapshot(&out), winner, "the winner's output was touched");
+        assert_golden(&out);
+        assert!(
+            !work.path().join(&staging).exists(),
+            "the loser left {staging}"
+        );
+        fs::remove_dir_all(&out).unwrap();
+    }
+}
+
+/// SIGTERM (timeout, Slurm, CI cancellation) and SIGHUP (a closed terminal) stop a shard as
+/// Ctrl-C does: exit 128 + n, no OUT, no staging folder.
+#[test]
+fn sigterm_and_sighup_leave_nothing() {
+    let work = TempDir::new().unwrap();
+    let big = work.path().join("big");
+    big_checkpoint(&big);
+    for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGHUP, 129)] {
+        let out = work.path().join(format!("out{sig}"));
+        let mut child = spawn_shard(&big, &out, &[]);
+        wait_for_staging(&mut child, work.path()).expect("wload is writing");
+        signal(&child, sig);
+        let (status, err) = finish(child);
+        assert_eq!(status.code(), Some(code), "signal {sig}: {status}: {err}");
+        assert!(err.contains("interrupted"), "{err}");
+        assert!(!out.exists(), "signal {sig}: OUT was published");
+        assert_eq!(staging_folders(work.path()), Vec::<String>::new());
+    }
+}
+
+/// A run killed outright (SIGKILL, out of memory) leaves its staging folder; the next run into
+/// the same parent removes it and says so. A live run's staging folder is left alone.
+#[test]
+fn leftovers_of_dead_runs_are_swept_and_live_ones_kept() {
+    let work = TempDir::new().unwrap();
+    let big = work.path().join("big");
+    big_checkpoint(&big);
+
+    // A live run, paused while writing (started first: a run sweeps when it starts).
+    let mut paused = spawn_shard(&big, &work.path().join("b"), &[]);
+    let live = wait_for_staging(&mut paused, work.path()).expect("first run is writing");
+    signal(&paused, libc::SIGSTOP);
+
+    let mut killed = spawn_shard(&big, &work.path().join("a"), &[]);
+    let dead = wait_for_staging(&mut killed, work.path()).expect("second run is writing");
+    signal(&killed, libc::SIGKILL);
+    let (status, _) = finish(killed);
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert!(
+        work.path().join(&dead).is_dir(),
+        "SIGKILL left nothing to sweep"
+    );
+
+    // A staging folder without an owner record (not provably ours) is never removed.
+    let unknown = work.path().join(".c.wload-tmp-1");
+    fs::create_dir(&unknown).unwrap();
+    fs::write(unknown.join("x"), b"x").unwrap();
+
+    let o = shard(&fixture(GQA), &work.path().join("d"), &[]);
+    signal(&paused, libc::SIGCONT);
+    assert!(o.status.success(), "{}", context(&o));
+    assert!(!work.path().join(&dead).exists(), "{dead} was not swept");
+    assert!(
+        stderr(&o).contains(&format!("note: removed {}", s(&work.path().join(&dead)))),
+        "{}",
+        context(&o)
+    );
+    assert!(
+        unknown.join("x").exists(),
+        "a folder of unknown owner was removed"
+    );
+    assert!(
+        work.path().join(&live).is_dir(),
+        "a live run's folder was removed"
+    );
+
+    let (status, err) = finish(paused);
+    assert!(status.success(), "the paused run: {status}: {err}");
+    assert!(!work.path().join(&live).exists());
+    assert!(work.path().join("b/wload.json").is_file());
+}
+
+/// `--ranks` is checked against `--tp` before anything is allocated.
+#[test]
+fn huge_rank_lists_are_refused_without_allocating() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    for ranks in ["0-18446744073709551615", "0-100000000", "2"] {
+        let t = Instant::now();
+        let o = shard(&fixture(GQA), &out, &["--ranks", ranks]);
+        assert_eq!(o.status.code(), Some(2), "--ranks {ranks}: {}", context(&o));
+        assert!(
+            stderr(&o).contains("out of range for --tp 2"),
+            "{}",
+            context(&o)
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "--ranks {ranks} is slow"
+        );
+        let o = wload()
+            .args(["load", s(&fixture(GQA)), "--tp", "2", "--dry-run"])
+            .args(["--device", "cpu", "--ranks", ranks])
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "load --ranks {ranks}: {}",
+            context(&o)
+        );
+        assert!(
+            stderr(&o).contains("out of range for --tp 2"),
+            "{}",
+            context(&o)
+        );
+    }
+    let o = shard(&fixture(GQA), &out, &["--ranks", "18446744073709551616"]);
+    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    assert!(!out.exists());
+}
+
+fn run_with_stdout(args: &[&str], stdout: Stdio, stderr: Stdio) -> Output {
+    StdCommand::new(env!("CARGO_BIN_EXE_wload"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .stdout(stdout)
+        .stderr(stderr)
+        .output()
+        .expect("wload runs")
+}
+
+/// A full disk on stdout is exit 1 with a message; a closed pipe is a quiet success; a full or
+/// closed stderr changes nothing about the exit status. Never a panic (exit 101).
+#[test]
+fn full_or_closed_output_streams_never_panic() {
+    let gqa = fixture(GQA);
+    let cases: [&[&str]; 5] = [
+        &["completions", "bash"],
+        &["man"],
+        &["inspect", s(&gqa)],
+        &["inspect", s(&gqa), "--json"],
+        &["plan", s(&gqa), "--tp", "2", "--json"],
+    ];
+    for args in cases {
+        let o = run_with_stdout(
+            args,
+            File::create("/dev/full").unwrap().into(),
+            Stdio::piped(),
+        );
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{args:?} > /dev/full: {}",
+            context(&o)
+        );
+        assert!(
+            stderr(&o).contains("No space left on device"),
+            "{}",
+            context(&o)
+        );
+
+        let mut child = StdCommand::new(env!("CARGO_BIN_EXE_wload"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // `wload … | head -0`
+        let (status, err) = finish(child);
+        assert_eq!(status.code(), Some(0), "{args:?} | closed pipe: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+    // An error with stderr full: the exit status still says what happened.
+    let o = run_with_stdout(
+        &["inspect", "/no/such/folder"],
+        Stdio::null(),
+        File::create("/dev/full").unwrap().into(),
+    );
+    assert_eq!(o.status.code(), Some(2), "exit {:?}", o.status.code());
+}
