@@ -198,7 +198,7 @@ pub fn select_ranks(
 pub fn prepare(
     opened: &Opened,
     popts: &PlanOptions,
-    ranks: &[u64],
+    given_ranks: Option<&crate::ranks::RankList>,
     warnings: &mut Vec<String>,
 ) -> Result<(Plan, SourceKind), Error> {
     let root = &opened.resolved.root;
@@ -258,9 +258,11 @@ pub fn prepare(
         });
     }
 
+    // Only now is --tp known to fit the model, so the rank list is bounded.
+    let (ranks, _) = select_ranks(popts.tp, given_ranks).map_err(Error::Load)?;
     let mut sources = Vec::new();
     let mut out_ranks = Vec::new();
-    for &r in ranks {
+    for &r in &ranks {
         let Some(parts) = files.get(&r) else {
             problems.push(Problem {
                 message: format!(
@@ -457,11 +459,13 @@ pub fn load(
 ) -> Result<LoadReport, Error> {
     let t_all = Instant::now();
     let (mut opened, _) = crate::open_detect(sopts)?;
-    let (ranks, local_base) = select_ranks(popts.tp, lopts.ranks.as_ref()).map_err(Error::Load)?;
     let mut warnings = Vec::new();
     let t = Instant::now();
-    let (mut plan, kind) = prepare(&opened, popts, &ranks, &mut warnings)?;
+    let (mut plan, kind) = prepare(&opened, popts, lopts.ranks.as_ref(), &mut warnings)?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
+    // After planning, which refuses a --tp that does not fit the model: no rank list is built
+    // for an absurd one.
+    let (ranks, local_base) = select_ranks(popts.tp, lopts.ranks.as_ref()).map_err(Error::Load)?;
     plan.ranks.retain(|r| ranks.contains(&r.rank));
     let bytes: u64 = plan.ranks.iter().map(|r| r.bytes).sum();
     let mut timings = LoadTimings {

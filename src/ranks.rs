@@ -17,12 +17,19 @@ pub struct RankOutOfRange {
 }
 
 impl RankList {
-    /// The ranks, sorted and de-duplicated, once every one is checked to be below `tp`.
-    pub fn resolve(&self, tp: u64) -> Result<Vec<u64>, RankOutOfRange> {
-        if let Some(rank) = self.0.iter().map(|r| *r.end()).find(|&end| end >= tp) {
-            return Err(RankOutOfRange { rank, tp });
+    /// Every rank is below `tp`; allocates nothing.
+    pub fn check(&self, tp: u64) -> Result<(), RankOutOfRange> {
+        match self.0.iter().map(|r| *r.end()).find(|&end| end >= tp) {
+            Some(rank) => Err(RankOutOfRange { rank, tp }),
+            None => Ok(()),
         }
-        // Every end is below tp, so this allocates at most tp entries per range.
+    }
+
+    /// The ranks, sorted and de-duplicated, once [`RankList::check`] passes. Call it with a
+    /// `tp` that is known to fit the model (planning checks that), as it allocates up to `tp`
+    /// entries per range.
+    pub fn resolve(&self, tp: u64) -> Result<Vec<u64>, RankOutOfRange> {
+        self.check(tp)?;
         let mut out: Vec<u64> = self.0.iter().flat_map(|r| r.clone()).collect();
         out.sort_unstable();
         out.dedup();

@@ -146,17 +146,11 @@ pub struct ShardTimings {
 }
 
 /// Checks OUT and `--ranks` before any work is done: see [`output`] for what OUT may be.
-pub fn precheck(
-    opts: &ShardOptions,
-    tp: u64,
-    source: &Path,
-) -> Result<(output::Target, Vec<u64>), ShardError> {
-    let ranks = match &opts.ranks {
-        Some(list) => list.resolve(tp)?,
-        None => (0..tp).collect(),
-    };
-    let target = output::check(&opts.out, opts.force, source)?;
-    Ok((target, ranks))
+pub fn precheck(opts: &ShardOptions, tp: u64, source: &Path) -> Result<output::Target, ShardError> {
+    if let Some(list) = &opts.ranks {
+        list.check(tp)?;
+    }
+    output::check(&opts.out, opts.force, source)
 }
 
 /// Writes the shards. `progress` is built once the total size is known.
@@ -167,7 +161,12 @@ pub fn shard(
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<ShardReport, Error> {
-    let (target, ranks) = precheck(opts, plan.tp, &opened.resolved.root)?;
+    let target = precheck(opts, plan.tp, &opened.resolved.root)?;
+    // The plan has checked that --tp fits the model, so this list is bounded.
+    let ranks = match &opts.ranks {
+        Some(list) => list.resolve(plan.tp).map_err(ShardError::from)?,
+        None => (0..plan.tp).collect(),
+    };
     let removed_leftovers = output::sweep(&opts.out);
     let root = &opened.resolved.root;
     let mut timings = ShardTimings {

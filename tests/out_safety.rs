@@ -496,6 +496,25 @@ fn huge_rank_lists_are_refused_without_allocating() {
             context(&o)
         );
     }
+    // An absurd --tp is refused by planning, before any per-rank list is built.
+    for tp in ["18446744073709551615", "4294967296"] {
+        for cmd in ["shard", "load"] {
+            let mut c = wload();
+            c.args([cmd, s(&fixture(GQA)), "--tp", tp, "--ranks", "0-4294967295"]);
+            if cmd == "shard" {
+                c.args(["-o", s(&out)]);
+            } else {
+                c.args(["--dry-run", "--device", "cpu"]);
+            }
+            let o = c.output().unwrap();
+            assert_eq!(o.status.code(), Some(3), "{cmd} --tp {tp}: {}", context(&o));
+            assert!(
+                stderr(&o).contains("is not divisible by tp"),
+                "{}",
+                context(&o)
+            );
+        }
+    }
     let o = shard(&fixture(GQA), &out, &["--ranks", "18446744073709551616"]);
     assert_eq!(o.status.code(), Some(2), "{}", context(&o));
     assert!(!out.exists());
