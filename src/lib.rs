@@ -16,6 +16,7 @@ pub mod plan;
 pub mod ranks;
 pub mod report;
 pub mod shard;
+pub mod small_file;
 pub mod source;
 
 use std::path::PathBuf;

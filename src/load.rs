@@ -206,7 +206,7 @@ pub fn prepare(
     if files.is_empty() {
         return Ok((crate::make_plan(opened, popts)?, SourceKind::Checkpoint));
     }
-    let manifest: Option<Manifest> = std::fs::read(root.join(MANIFEST))
+    let manifest: Option<Manifest> = crate::small_file::read(&root.join(MANIFEST))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
 
@@ -680,7 +680,7 @@ fn reference_bytes(
 fn read_all(root: &Path, plan: &Plan, kind: SourceKind) -> Result<Vec<FileSum>, LoadError> {
     use rayon::prelude::*;
     let manifest: Option<Manifest> = (kind == SourceKind::PreSharded)
-        .then(|| std::fs::read(root.join(MANIFEST)).ok())
+        .then(|| crate::small_file::read(&root.join(MANIFEST)).ok())
         .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok());
     let files: BTreeSet<&str> = plan.sources.iter().map(|s| s.file.as_str()).collect();

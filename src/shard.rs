@@ -56,6 +56,15 @@ pub enum ShardError {
         "-o {0}: appeared or changed while this run was writing (another wload run, or another program, got there first); it was left as it is and this run's output was discarded: check it, then run again (with --force to replace an earlier wload output)"
     )]
     Raced(PathBuf),
+    #[error(
+        "{}: cannot copy this side file: {source}; vLLM's example script would fail on it too: move it out of the checkpoint folder",
+        .path.display()
+    )]
+    SideFile {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,
@@ -82,7 +91,12 @@ impl ShardError {
             | ShardError::BadRank(_)
             | ShardError::OutIsSource(_)
             | ShardError::Out { .. } => ExitStatus::Usage,
-            ShardError::Raced(_) | ShardError::Io { .. } => ExitStatus::Runtime,
+            ShardError::SideFile { source, .. } if source.kind() == io::ErrorKind::InvalidInput => {
+                ExitStatus::Checkpoint
+            }
+            ShardError::Raced(_) | ShardError::SideFile { .. } | ShardError::Io { .. } => {
+                ExitStatus::Runtime
+            }
             ShardError::Exec(ExecError::Corrupt { .. }) => ExitStatus::Checkpoint,
             ShardError::Exec(ExecError::Cancelled) => ExitStatus::Interrupted,
             ShardError::Exec(_) => ExitStatus::Runtime,
@@ -321,7 +335,7 @@ fn copy_side_files(
         if path.is_dir() {
             copy_tree(&path, &dst)?;
         } else {
-            fs::copy(&path, &dst).map_err(|e| ShardError::io("copying", &path, e))?;
+            copy_file(&path, &dst)?;
         }
         copied.push(name);
     }
@@ -336,10 +350,22 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<(), ShardError> {
         if from.is_dir() {
             copy_tree(&from, &to)?;
         } else {
-            fs::copy(&from, &to).map_err(|e| ShardError::io("copying", &from, e))?;
+            copy_file(&from, &to)?;
         }
     }
     Ok(())
+}
+
+/// A regular file only, as Python's shutil.copy (which vLLM's example uses) refuses named pipes:
+/// opening one would wait for a writer forever.
+fn copy_file(from: &Path, to: &Path) -> Result<(), ShardError> {
+    crate::small_file::check_regular(from)
+        .and_then(|_| fs::copy(from, to))
+        .map(|_| ())
+        .map_err(|source| ShardError::SideFile {
+            path: from.to_path_buf(),
+            source,
+        })
 }
 
 /// config.json as vLLM needs it: copied unchanged, except that when lm_head stays a tensor of its
@@ -349,7 +375,8 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, 
     if !src.exists() {
         return Ok(None); // Mistral-native source: params.json was copied with the side files.
     }
-    let text = fs::read_to_string(&src).map_err(|e| ShardError::io("reading", &src, e))?;
+    let text =
+        crate::small_file::read_to_string(&src).map_err(|e| ShardError::io("reading", &src, e))?;
     let mut cfg: Value = serde_json::from_str(&text).map_err(|e| {
         ShardError::io(
             "parsing",

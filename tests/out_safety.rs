@@ -579,3 +579,24 @@ fn full_or_closed_output_streams_never_panic() {
     );
     assert_eq!(o.status.code(), Some(2), "exit {:?}", o.status.code());
 }
+
+/// A named pipe among the side files would block a copy forever: refused by name, exit 3, no
+/// OUT (Python's shutil.copy, which vLLM's example uses, refuses it too).
+#[test]
+fn a_named_pipe_among_the_side_files_is_refused() {
+    let src = copy_fixture(GQA);
+    let fifo = src.path().join("notes.fifo");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let t = Instant::now();
+    let o = shard(src.path(), &out, &[]);
+    assert_eq!(o.status.code(), Some(3), "{}", context(&o));
+    assert!(stderr(&o).contains("notes.fifo"), "{}", context(&o));
+    assert!(stderr(&o).contains("named pipe"), "{}", context(&o));
+    assert!(t.elapsed() < Duration::from_secs(20));
+    assert!(!out.exists());
+    assert!(staging_folders(work.path()).is_empty());
+}

@@ -146,7 +146,7 @@ fn classify_full(
 }
 
 fn read_manifest(dir: &Path) -> Option<Manifest> {
-    let text = fs::read(dir.join(MANIFEST)).ok()?;
+    let text = crate::small_file::read(&dir.join(MANIFEST)).ok()?;
     serde_json::from_slice(&text).ok()
 }
 
@@ -462,7 +462,7 @@ impl Owner {
     }
 
     fn read(dir: &Path) -> Option<Owner> {
-        serde_json::from_slice(&fs::read(dir.join(OWNER_FILE)).ok()?).ok()
+        serde_json::from_slice(&crate::small_file::read(&dir.join(OWNER_FILE)).ok()?).ok()
     }
 
     /// Known to be gone: same host, and another boot, no such process, or another process
