@@ -11,6 +11,7 @@ pub mod error;
 pub mod exec;
 pub mod inspect;
 pub mod load;
+pub mod manifest;
 pub mod mapping;
 pub mod plan;
 pub mod ranks;

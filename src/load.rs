@@ -12,8 +12,8 @@ use serde::Serialize;
 use crate::checkpoint::Checkpoint;
 use crate::exec::device::{CpuDevice, Device, DeviceError};
 use crate::exec::{ExecError, Placement, Progress, Sink, Stats};
+use crate::manifest::{self, MANIFEST, Manifest};
 use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, Source};
-use crate::shard::{MANIFEST, Manifest};
 use crate::{Error, Opened, PlanOptions, SourceOptions, Timings};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -206,9 +206,7 @@ pub fn prepare(
     if files.is_empty() {
         return Ok((crate::make_plan(opened, popts)?, SourceKind::Checkpoint));
     }
-    let manifest: Option<Manifest> = crate::small_file::read(&root.join(MANIFEST))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let manifest = Manifest::read(root);
 
     // What vLLM's fresh model holds per rank at this TP (names, dtypes, shapes).
     let mapping = crate::mapping::select(popts.mapping.as_deref(), opened.config.architecture())?;
@@ -679,16 +677,15 @@ fn reference_bytes(
 /// of a pre-sharded folder.
 fn read_all(root: &Path, plan: &Plan, kind: SourceKind) -> Result<Vec<FileSum>, LoadError> {
     use rayon::prelude::*;
-    let manifest: Option<Manifest> = (kind == SourceKind::PreSharded)
-        .then(|| crate::small_file::read(&root.join(MANIFEST)).ok())
-        .flatten()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let manifest = (kind == SourceKind::PreSharded)
+        .then(|| Manifest::read(root))
+        .flatten();
     let files: BTreeSet<&str> = plan.sources.iter().map(|s| s.file.as_str()).collect();
     files
         .into_par_iter()
         .map(|f| {
             let path = root.join(f);
-            let sum = crate::shard::hash_file(&path).map_err(|e| {
+            let sum = manifest::hash_file(&path).map_err(|e| {
                 LoadError::Exec(ExecError::Corrupt {
                     path: path.clone(),
                     message: e.to_string(),

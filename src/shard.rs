@@ -11,19 +11,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::exec::parts::{self, PartFile};
 use crate::exec::{ExecError, Progress, convert, verify, write};
+use crate::manifest::{self, MANIFEST, Manifest, ManifestFile};
 use crate::plan::Plan;
 use crate::{Error, ExitStatus, Opened};
 
 /// vLLM's example script default (`--max-file-size 5*1024**3`).
 pub const DEFAULT_MAX_PART_SIZE: u64 = 5 << 30;
-
-/// The manifest written next to the part files.
-pub const MANIFEST: &str = "wload.json";
 
 #[derive(Debug, Clone)]
 pub struct ShardOptions {
@@ -102,39 +100,6 @@ impl ShardError {
             ShardError::Exec(_) => ExitStatus::Runtime,
         }
     }
-}
-
-/// What was written, for the report and the manifest.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Manifest {
-    pub wload_version: String,
-    /// vLLM's format and version these files are for.
-    pub format: String,
-    pub source: String,
-    pub architecture: String,
-    pub family: String,
-    pub tp: u64,
-    pub ranks: Vec<u64>,
-    pub expert_parallel: bool,
-    pub dtype: String,
-    pub max_part_size: u64,
-    pub tie_word_embeddings: bool,
-    pub files: Vec<ManifestFile>,
-    /// Everything else wload put in OUT (config.json, copied side files), so that `--force`
-    /// can tell an earlier output from a folder with the user's own files in it. Absent in
-    /// manifests of wload 0.1.0 before it was added.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub side_files: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ManifestFile {
-    pub name: String,
-    pub rank: u64,
-    pub part: u64,
-    pub size: u64,
-    /// XXH3-64 of the whole file, hex.
-    pub xxh3: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -237,7 +202,8 @@ pub fn shard(
             if cancel.load(Ordering::Relaxed) {
                 return Err(ShardError::Exec(ExecError::Cancelled));
             }
-            hash_file(&tmp.join(&f.name))
+            manifest::hash_file(&tmp.join(&f.name))
+                .map_err(|e| ShardError::io("reading", &tmp.join(&f.name), e))
         })
         .collect::<Result<_, _>>()?;
     timings.hash_s = t.elapsed().as_secs_f64();
@@ -399,26 +365,6 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, 
         fs::copy(&src, &dst).map_err(|e| ShardError::io("copying", &src, e))?;
     }
     Ok(Some("config.json".into()))
-}
-
-/// XXH3-64 of a file, hex; the manifest's fast hash. Read in 8 MiB steps rather than mapped, so
-/// the file's pages never count as this process's memory.
-pub fn hash_file(path: &Path) -> Result<String, ShardError> {
-    let f = File::open(path).map_err(|e| ShardError::io("reading", path, e))?;
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    let mut buf = vec![0u8; 8 << 20];
-    let mut at = 0u64;
-    loop {
-        let n = f
-            .read_at(&mut buf, at)
-            .map_err(|e| ShardError::io("reading", path, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        at += n as u64;
-    }
-    Ok(format!("{:016x}", h.digest()))
 }
 
 /// Whether two source tensors are equal once converted to the model dtype (torch.equal on the

@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{MANIFEST, Manifest, ShardError};
+use super::ShardError;
+use crate::manifest::{MANIFEST, Manifest};
 
 /// Marks staging folders: `.{OUT name}.wload-tmp-{PID}`.
 const STAGING_TAG: &str = ".wload-tmp-";
@@ -126,7 +127,7 @@ fn classify_full(
         path: out.to_path_buf(),
         problem,
     };
-    let Some(manifest) = read_manifest(out) else {
+    let Some(manifest) = Manifest::read(out) else {
         return Err(bad(OutProblem::NotOurs(Entries::new(entries))));
     };
     let foreign: Vec<String> = entries
@@ -143,11 +144,6 @@ fn classify_full(
         path: out.to_path_buf(),
         existing: Existing::Output(id),
     })
-}
-
-fn read_manifest(dir: &Path) -> Option<Manifest> {
-    let text = crate::small_file::read(&dir.join(MANIFEST)).ok()?;
-    serde_json::from_slice(&text).ok()
 }
 
 /// Whether an entry of an earlier output is one wload wrote. Manifests older than the
@@ -306,9 +302,8 @@ fn still_as_checked(dir: &Path, existing: Existing, id: FileId) -> bool {
     match existing {
         Existing::Missing => false,
         Existing::Empty(_) => entries.is_empty(),
-        Existing::Output(_) => {
-            read_manifest(dir).is_some_and(|m| entries.iter().all(|e| manifest_accounts_for(&m, e)))
-        }
+        Existing::Output(_) => Manifest::read(dir)
+            .is_some_and(|m| entries.iter().all(|e| manifest_accounts_for(&m, e))),
     }
 }
 

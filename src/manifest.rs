@@ -1,0 +1,71 @@
+//! `wload.json`: what `wload shard` wrote (source, TP, flags, every part file with its size and
+//! XXH3), read back by `load` (to check a pre-sharded folder) and by `shard --force` (to tell an
+//! earlier output from a folder of the user's).
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The manifest's file name, next to the part files.
+pub const MANIFEST: &str = "wload.json";
+
+/// What `wload shard` wrote into OUT, as `wload.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub wload_version: String,
+    /// vLLM's format and version these files are for.
+    pub format: String,
+    pub source: String,
+    pub architecture: String,
+    pub family: String,
+    pub tp: u64,
+    pub ranks: Vec<u64>,
+    pub expert_parallel: bool,
+    pub dtype: String,
+    pub max_part_size: u64,
+    pub tie_word_embeddings: bool,
+    pub files: Vec<ManifestFile>,
+    /// Everything else wload put in OUT (config.json, copied side files), so that `--force`
+    /// can tell an earlier output from a folder with the user's own files in it. Absent in
+    /// manifests of wload 0.1.0 before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_files: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestFile {
+    pub name: String,
+    pub rank: u64,
+    pub part: u64,
+    pub size: u64,
+    /// XXH3-64 of the whole file, hex.
+    pub xxh3: String,
+}
+
+impl Manifest {
+    /// The manifest of folder `dir`, if it has a readable one.
+    pub fn read(dir: &Path) -> Option<Manifest> {
+        serde_json::from_slice(&crate::small_file::read(&dir.join(MANIFEST)).ok()?).ok()
+    }
+}
+
+/// XXH3-64 of a file, hex; the manifest's fast hash. Read in 8 MiB steps rather than mapped, so
+/// the file's pages never count as this process's memory.
+pub fn hash_file(path: &Path) -> io::Result<String> {
+    let f = File::open(path)?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 8 << 20];
+    let mut at = 0u64;
+    loop {
+        let n = f.read_at(&mut buf, at)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(format!("{:016x}", h.digest()))
+}
