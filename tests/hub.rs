@@ -79,6 +79,8 @@ struct Shared {
     /// Files whose next transfers stall, how many: the first sends its headers and half its
     /// body, later ones their headers only; then nothing, with the connection left open.
     stall: Mutex<BTreeMap<String, (u32, bool)>>,
+    /// Transfers answer with the whole file, whatever Range was asked (as a CDN may).
+    ignore_range: AtomicBool,
 }
 
 struct Hub {
@@ -97,6 +99,7 @@ impl Hub {
             stop: AtomicBool::new(false),
             cut: Mutex::new(BTreeSet::new()),
             stall: Mutex::new(BTreeMap::new()),
+            ignore_range: AtomicBool::new(false),
         });
         let sh = shared.clone();
         let thread = std::thread::spawn(move || {
@@ -325,7 +328,8 @@ fn route(sh: &Shared, path: &str, headers: &BTreeMap<String, String>) -> Reply {
         ("Accept-Ranges", "bytes".into()),
         ("Content-Type", "application/octet-stream".into()),
     ];
-    let Some(range) = headers.get("range").and_then(|r| r.strip_prefix("bytes=")) else {
+    let range = headers.get("range").and_then(|r| r.strip_prefix("bytes="));
+    let Some(range) = range.filter(|_| !sh.ignore_range.load(Ordering::SeqCst)) else {
         return (200, extra, data.clone());
     };
     let (a, b) = range.split_once('-').unwrap();
@@ -1446,6 +1450,26 @@ fn ctrl_c_stops_a_waiting_run_and_the_next_run_resumes() {
     assert!(!out.exists());
 
     hub.forget();
+    ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(hub.transfers(SHARDS[0]), [Some(format!("bytes={half}-"))]);
+    assert_eq!(fs::read(blobs.join(etag(&data))).unwrap(), data);
+}
+
+/// A server that answers a resumed request with the whole file (200, not 206) gets the file
+/// written from its start, not appended to the partial one.
+#[test]
+fn ignored_range_restarts_the_file() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    hub.shared.ignore_range.store(true, Ordering::SeqCst);
+    let home = TempDir::new().unwrap();
+    let data = llama_repo().files[SHARDS[0]].clone();
+    let half = data.len() / 2;
+    let blobs = repo_dir(&home.path().join("hub")).join("blobs");
+    fs::create_dir_all(&blobs).unwrap();
+    fs::write(blobs.join(format!("{}.part", etag(&data))), &data[..half]).unwrap();
     ok_json(
         &mut wload_hub(Some(&hub), home.path()),
         &["inspect", REPO, "--json"],

@@ -747,7 +747,7 @@ fn http_error(req: &HubRequest, file: Option<&str>, commit: &str, e: HttpError) 
             limit,
         },
         // Not an HTTP status: the file's download, or reaching the hub at all.
-        HttpError::Transport(message) => match file {
+        HttpError::Transport(message) | HttpError::Invalid(message) => match file {
             Some(f) => HubError::Download {
                 repo,
                 file: f.to_string(),
@@ -1049,13 +1049,21 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HubError> {
     fs::rename(&tmp, path).map_err(io)
 }
 
-/// Asks again, a few times, when the network rather than the request failed.
+/// Asks again, a few times, when the network rather than the request failed. A metadata request
+/// that timed out is not asked again: a hub silent for that long is reported at once, as
+/// huggingface_hub does, rather than after several timeouts.
 fn retried<T>(mut f: impl FnMut() -> Result<T, HttpError>) -> Result<T, HttpError> {
     let mut tries = 0;
     loop {
         tries += 1;
         match f() {
-            Err(e) if e.is_transient() && tries < DOWNLOAD_ATTEMPTS => backoff(&e, tries),
+            Err(e)
+                if e.is_transient()
+                    && !matches!(e, HttpError::Timeout(_))
+                    && tries < DOWNLOAD_ATTEMPTS =>
+            {
+                backoff(&e, tries)
+            }
             other => return other,
         }
     }

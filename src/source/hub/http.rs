@@ -46,8 +46,11 @@ pub enum HttpError {
     Status(u16),
     /// Nothing came for `limit`: connecting, or waiting for the next bytes.
     Timeout(Limit),
-    /// The connection failed or broke off, or the answer lacks what the hub always sends.
+    /// The connection failed or broke off.
     Transport(String),
+    /// The answer lacks what the hub always sends, or contradicts the request: asking again
+    /// would get the same.
+    Invalid(String),
     /// The partial file could not be written.
     Local(PathBuf, io::Error),
 }
@@ -83,7 +86,7 @@ impl HttpError {
         match self {
             HttpError::Status(s) => *s >= 500 || *s == 408 || *s == 429,
             HttpError::Timeout(_) | HttpError::Transport(_) => true,
-            HttpError::Local(..) => false,
+            HttpError::Invalid(_) | HttpError::Local(..) => false,
         }
     }
 }
@@ -219,7 +222,7 @@ impl Client {
             })
         };
         let missing = |what: &str| {
-            HttpError::Transport(format!(
+            HttpError::Invalid(format!(
                 "the answer (HTTP {}) has no {what} header",
                 response.status().as_u16()
             ))
@@ -233,7 +236,7 @@ impl Client {
             .ok_or_else(|| missing("X-Linked-Size or Content-Length"))?;
         // Names become paths under blobs/: an etag that could lead out of it is not one.
         if etag.is_empty() || etag.contains(['/', '\\']) || etag.starts_with('.') {
-            return Err(HttpError::Transport(format!(
+            return Err(HttpError::Invalid(format!(
                 "the answer names no usable etag ('{etag}')"
             )));
         }
@@ -271,11 +274,23 @@ impl Client {
             .header("Range", format!("bytes={have}-"))
             .call()
             .map_err(|e| HttpError::from_ureq(e, limit))?;
-        if have > 0 && response.status().as_u16() != 206 {
+        let start = match response.status().as_u16() {
+            206 => range_start(&response),
             // The Range was ignored: the whole file follows.
-            file.set_len(0).map_err(local)?;
-            have = 0;
-            progress(0);
+            _ => Some(0),
+        };
+        match start {
+            Some(0) if have > 0 => {
+                file.set_len(0).map_err(local)?;
+                have = 0;
+                progress(0);
+            }
+            Some(start) if start != have => {
+                return Err(HttpError::Invalid(format!(
+                    "asked for the bytes from {have}, the answer starts at {start}"
+                )));
+            }
+            _ => {}
         }
         let mut body = response.into_body().into_reader();
         let mut buf = vec![0; 1 << 16];
@@ -298,6 +313,13 @@ impl Client {
             std::cmp::Ordering::Greater => Err(HttpError::Status(416)),
         }
     }
+}
+
+/// Where a 206's `Content-Range: bytes START-END/SIZE` starts, when it says.
+fn range_start<B>(response: &ureq::http::Response<B>) -> Option<u64> {
+    let value = response.headers().get("Content-Range")?.to_str().ok()?;
+    let (start, _) = value.trim().strip_prefix("bytes ")?.split_once('-')?;
+    start.trim().parse().ok()
 }
 
 /// `scheme://host[:port]` of an absolute URL.
