@@ -1477,3 +1477,58 @@ fn ignored_range_restarts_the_file() {
     assert_eq!(hub.transfers(SHARDS[0]), [Some(format!("bytes={half}-"))]);
     assert_eq!(fs::read(blobs.join(etag(&data))).unwrap(), data);
 }
+
+/// A download of the same blob by another process (holding `blobs/<etag>.lock`) is waited for
+/// while its partial file grows (longer than `HF_HUB_DOWNLOAD_TIMEOUT`), and its complete file
+/// is then taken without a transfer; a holder that writes nothing is given up on.
+#[test]
+fn a_download_in_another_process_is_waited_for() {
+    use std::os::fd::AsRawFd;
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    let data = llama_repo().files[SHARDS[0]].clone();
+    let blobs = repo_dir(&home.path().join("hub")).join("blobs");
+    fs::create_dir_all(&blobs).unwrap();
+    let lock = fs::File::create(blobs.join(format!("{}.lock", etag(&data)))).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let part = blobs.join(format!("{}.part", etag(&data)));
+    fs::write(&part, &data[..data.len() / 2]).unwrap();
+    // A holder that writes nothing is given up on after the timeout.
+    let err = fails_within(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_DOWNLOAD_TIMEOUT", "1"),
+        &["inspect", REPO],
+        1,
+        Duration::from_secs(6),
+    );
+    assert!(
+        err.contains(SHARDS[0]) && err.contains("held by another download"),
+        "{err}"
+    );
+    hub.forget();
+    let writer = {
+        let (part, data) = (part.clone(), data.clone());
+        std::thread::spawn(move || {
+            // The other download goes on, slowly, for longer than HF_HUB_DOWNLOAD_TIMEOUT, then
+            // completes and lets go.
+            for _ in 0..8 {
+                std::thread::sleep(Duration::from_millis(300));
+                let mut f = fs::OpenOptions::new().append(true).open(&part).unwrap();
+                let len = fs::metadata(&part).unwrap().len() as usize;
+                f.write_all(&data[len..(len + 1).min(data.len())]).unwrap();
+            }
+            let len = fs::metadata(&part).unwrap().len() as usize;
+            let mut f = fs::OpenOptions::new().append(true).open(&part).unwrap();
+            f.write_all(&data[len..]).unwrap();
+            drop(lock);
+        })
+    };
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_DOWNLOAD_TIMEOUT", "1"),
+        &["inspect", REPO, "--json"],
+    );
+    writer.join().unwrap();
+    assert_eq!(origins(&v)[SHARDS[0]], "download");
+    assert_eq!(hub.transfers(SHARDS[0]), Vec::<Option<String>>::new());
+    assert_eq!(fs::read(blobs.join(etag(&data))).unwrap(), data);
+}

@@ -900,7 +900,7 @@ impl Fetcher<'_> {
             move |source| HubError::Io { path, source }
         };
         fs::create_dir_all(&blobs).map_err(io(&blobs))?;
-        let _lock = self.lock(&blob, file)?;
+        let _lock = self.lock(client, &blob, file)?;
         // Another process may have completed it while this one waited for the lock.
         if complete() {
             self.link(file, &meta.etag)?;
@@ -963,32 +963,44 @@ impl Fetcher<'_> {
         }
     }
 
-    /// Holds `blobs/<etag>.lock` (as hf-hub did) so that two runs do not append to one partial
-    /// file. A lock dies with its process; a live holder is given a few seconds.
-    fn lock(&self, blob: &Path, file: &str) -> Result<fs::File, HubError> {
+    /// Holds `blobs/<etag>.lock` (hf-hub's lock) so that two downloads of one blob, by two runs
+    /// or by two files of this one with the same content, do not append to one partial file.
+    /// The holder is waited for while its partial file grows; one that has written nothing for
+    /// `HF_HUB_DOWNLOAD_TIMEOUT` is given up on, as a stalled transfer would be. A lock dies with its
+    /// process, so none is ever left stale.
+    fn lock(&self, client: &Client, blob: &Path, file: &str) -> Result<fs::File, HubError> {
         use std::os::fd::AsRawFd;
+        use std::time::{Duration, Instant};
         let path = blob.with_extension("lock");
+        let part = blob.with_extension("part");
         let lock = fs::File::create(&path).map_err(|source| HubError::Io {
             path: path.clone(),
             source,
         })?;
-        for wait in 0..=5 {
-            if wait > 0 {
-                std::thread::sleep(std::time::Duration::from_secs(1));
-            }
+        let patience = Duration::from_secs(client.download.secs);
+        let len = || fs::metadata(&part).map_or(0, |m| m.len());
+        let (mut seen, mut since) = (len(), Instant::now());
+        loop {
             // SAFETY: flock on a descriptor this function owns; no memory is involved.
             if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 return Ok(lock);
             }
+            if len() != seen {
+                (seen, since) = (len(), Instant::now());
+            } else if since.elapsed() > patience {
+                return Err(HubError::Download {
+                    repo: self.req.repo.to_string(),
+                    file: file.to_string(),
+                    message: format!(
+                        "{} is held by another download of the same content, which has written nothing to {} for {} s; run again when it is done",
+                        path.display(),
+                        part.display(),
+                        patience.as_secs()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
-        Err(HubError::Download {
-            repo: self.req.repo.to_string(),
-            file: file.to_string(),
-            message: format!(
-                "another process holds {} (it is downloading the same file); run again when it is done",
-                path.display()
-            ),
-        })
     }
 
     /// `snapshots/<commit>/<file>` → `../../blobs/<etag>` (one more `..` per folder in `file`).
