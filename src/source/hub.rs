@@ -12,7 +12,7 @@
 //! go into that same layout (`blobs/<etag>.part`, renamed into place when complete, then the
 //! snapshot symlink) and resume with a `Range` request when a partial file is there. Each request
 //! has huggingface_hub's timeouts (`HF_HUB_ETAG_TIMEOUT`, `HF_HUB_DOWNLOAD_TIMEOUT`), which is why
-//! [`http`] makes them rather than hf-hub.
+//! `hub/http.rs` makes them rather than hf-hub.
 //!
 //! Where this differs from huggingface_hub: partial downloads are `blobs/<etag>.part` (hf-hub's
 //! name; a Python `.incomplete` file is adopted), download locks are `blobs/<etag>.lock` rather
@@ -134,7 +134,7 @@ pub enum HubError {
     MetadataTimeout {
         repo: String,
         endpoint: String,
-        /// "the repo's file list", "the metadata of <file>".
+        /// "the repo's file list", "the metadata of `file`".
         what: String,
         limit: Limit,
     },
@@ -705,7 +705,7 @@ fn repo_info(req: &HubRequest) -> Result<State, HubError> {
 }
 
 /// Words a failed request about `file` (or the repo itself). A stalled transfer is worded where
-/// it is retried ([`Fetcher::download_one`]), which knows how far it got.
+/// it is retried ([`Fetcher::transfer`]), which knows how far it got.
 fn http_error(req: &HubRequest, file: Option<&str>, commit: &str, e: HttpError) -> HubError {
     let repo = req.repo.to_string();
     let endpoint = req.env.endpoint.clone();
