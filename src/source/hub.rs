@@ -779,8 +779,8 @@ struct Fetcher<'a> {
 /// Files downloaded at once.
 const PARALLEL_DOWNLOADS: usize = 4;
 
-/// Tries in a row that bring no new bytes, per request; a try that brings some starts the count
-/// again (as huggingface_hub does), so a long transfer over a flaky link still completes.
+/// Failed tries in a row, per request; a try that brought new bytes before it failed starts the
+/// count again (as huggingface_hub does), so a long transfer over a flaky link still completes.
 const DOWNLOAD_ATTEMPTS: u32 = 4;
 
 impl Fetcher<'_> {
