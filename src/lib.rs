@@ -142,7 +142,8 @@ fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, Error> {
     Ok(Some(HubSettings {
         repo,
         revision,
-        env: source::hub::HubEnv::from_env(opts.download_dir.as_deref()),
+        env: source::hub::HubEnv::from_env(opts.download_dir.as_deref())
+            .map_err(|e| Error::Usage(e.to_string()))?,
     }))
 }
 

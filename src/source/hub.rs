@@ -6,11 +6,13 @@
 //! `<cache>/models--{org}--{name}/refs/<revision>` holds a commit hash, and
 //! `snapshots/<commit>/<file>` are relative symlinks to `blobs/<etag>`. wload looks files up there
 //! itself: hf-hub 0.5 honours neither `HF_HUB_CACHE` nor `HF_HUB_OFFLINE`, and a lookup must not
-//! open a connection. hf-hub is called only for what needs the network: the repo's file list
+//! open a connection. The network is asked only for the repo's file list
 //! (`GET {endpoint}/api/models/{repo}/revision/{rev}`), a missing file's etag (a blob the cache
 //! already holds, under another commit, is linked rather than fetched again) and downloads, which
-//! it writes into that same layout (`blobs/<etag>.part`, renamed into place when complete, then
-//! the snapshot symlink) and resumes with a `Range` request when a partial file is there.
+//! go into that same layout (`blobs/<etag>.part`, renamed into place when complete, then the
+//! snapshot symlink) and resume with a `Range` request when a partial file is there. Each request
+//! has huggingface_hub's timeouts (`HF_HUB_ETAG_TIMEOUT`, `HF_HUB_DOWNLOAD_TIMEOUT`), which is why
+//! `hub/http.rs` makes them rather than hf-hub.
 //!
 //! Where this differs from huggingface_hub: partial downloads are `blobs/<etag>.part` (hf-hub's
 //! name; a Python `.incomplete` file is adopted), download locks are `blobs/<etag>.lock` rather
@@ -28,14 +30,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
-use hf_hub::{Cache, Repo, RepoType};
+use hf_hub::{Repo, RepoType};
 use serde::{Deserialize, Serialize};
+
+use http::{Client, HttpError, Limit, Meta};
 
 use super::local::Listing;
 use super::{LoadFormat, Resolved, SourceError};
 use crate::config::ConfigFormat;
 use crate::exec::Progress;
+
+mod http;
 
 /// Where a file of a hub source came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -121,6 +126,21 @@ pub enum HubError {
         status: u16,
         file: Option<String>,
     },
+    #[error(
+        "{repo}: {endpoint} sent nothing for {secs} s while asked for {what}; {var} sets this timeout in seconds (default 10): raise it if the hub is only slow",
+        secs = limit.secs,
+        var = limit.var
+    )]
+    MetadataTimeout {
+        repo: String,
+        endpoint: String,
+        /// "the repo's file list", "the metadata of `file`".
+        what: String,
+        limit: Limit,
+    },
+    /// Boxed: the other variants are small, and every `Result` of the library carries one.
+    #[error(transparent)]
+    DownloadStalled(Box<Stalled>),
     #[error("{repo}: downloading {file}: {message}")]
     Download {
         repo: String,
@@ -151,6 +171,24 @@ pub enum HubError {
         #[source]
         source: io::Error,
     },
+}
+
+/// A transfer that stopped sending data, each time it was resumed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{repo}: downloading {file} from {endpoint}: no data for {secs} s, {tries} tries in a row (each resumed where the last stopped); the {have} of {size} bytes that arrived are kept in {part} and the next run resumes from there. {var} sets this timeout in seconds (default 10): raise it if the link is only slow",
+    secs = limit.secs,
+    var = limit.var
+)]
+pub struct Stalled {
+    repo: String,
+    file: String,
+    endpoint: String,
+    limit: Limit,
+    tries: u32,
+    have: u64,
+    size: u64,
+    part: PathBuf,
 }
 
 /// Why the cache alone had to answer: the suffix of a not-cached error.
@@ -217,10 +255,68 @@ pub struct HubEnv {
     pub token: Option<String>,
     /// `HF_HUB_OFFLINE` (or `TRANSFORMERS_OFFLINE`) is 1, ON, YES or TRUE: no connection at all.
     pub offline: bool,
+    /// `HF_HUB_ETAG_TIMEOUT`, seconds: the longest silence while connecting to the hub or waiting
+    /// for its answer to a metadata request (the file list, a file's etag).
+    pub etag_timeout: u64,
+    /// `HF_HUB_DOWNLOAD_TIMEOUT`, seconds: the longest silence while connecting for a transfer
+    /// or waiting for its next bytes. It bounds a stall, not the transfer.
+    pub download_timeout: u64,
+}
+
+/// huggingface_hub's default for both timeouts, in seconds.
+const DEFAULT_TIMEOUT_SECS: u64 = 10;
+
+/// A timeout variable whose value huggingface_hub would not take either.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{var}='{value}' is not a number of seconds: huggingface_hub reads it as a whole number (0 or unset means the default, {DEFAULT_TIMEOUT_SECS}); {why}"
+)]
+pub struct BadTimeout {
+    pub var: &'static str,
+    pub value: String,
+    why: &'static str,
+}
+
+/// Reads a timeout as huggingface_hub does (`int(value) or 10`: surrounding blanks, a sign and
+/// `_` between digits are allowed, 0 means the default). A negative value, which huggingface_hub
+/// reads but its HTTP client then refuses, is refused here at once; so is one beyond ~136 years,
+/// which no clock can add.
+fn parse_timeout(var: &'static str, value: Option<&str>) -> Result<u64, BadTimeout> {
+    let Some(value) = value else {
+        return Ok(DEFAULT_TIMEOUT_SECS);
+    };
+    let bad = |why| BadTimeout {
+        var,
+        value: value.to_string(),
+        why,
+    };
+    let t = value.trim();
+    let (negative, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let well_formed = !digits.is_empty()
+        && digits
+            .split('_')
+            .all(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()));
+    if !well_formed {
+        return Err(bad("write it as digits only, e.g. 30"));
+    }
+    let secs: u64 = match digits.replace('_', "").parse() {
+        Ok(n) if n <= u64::from(u32::MAX) => n,
+        _ => return Err(bad("it is too large")),
+    };
+    match secs {
+        0 => Ok(DEFAULT_TIMEOUT_SECS),
+        _ if negative => Err(bad("a timeout cannot be negative")),
+        n => Ok(n),
+    }
 }
 
 impl HubEnv {
-    pub fn from_env(download_dir: Option<&Path>) -> HubEnv {
+    /// The environment, or the timeout variable that is malformed (a usage error).
+    pub fn from_env(download_dir: Option<&Path>) -> Result<HubEnv, BadTimeout> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let home = || var("HOME").unwrap_or_else(|| "/".into());
         let expand = |p: String| match p.strip_prefix("~/") {
@@ -256,14 +352,17 @@ impl HubEnv {
                 ["1", "ON", "YES", "TRUE"].contains(&v.trim().to_ascii_uppercase().as_str())
             })
         };
-        HubEnv {
+        let timeout = |k| parse_timeout(k, var(k).as_deref());
+        Ok(HubEnv {
             cache_dir,
             endpoint: var("HF_ENDPOINT")
                 .map(|e| e.trim_end_matches('/').to_string())
                 .unwrap_or_else(|| "https://huggingface.co".into()),
             token,
             offline: truthy("HF_HUB_OFFLINE") || truthy("TRANSFORMERS_OFFLINE"),
-        }
+            etag_timeout: timeout("HF_HUB_ETAG_TIMEOUT")?,
+            download_timeout: timeout("HF_HUB_DOWNLOAD_TIMEOUT")?,
+        })
     }
 }
 
@@ -324,7 +423,7 @@ pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), SourceE
             None => None,
         },
         origins: BTreeMap::new(),
-        api: None,
+        client: None,
     };
 
     // Side files first: the index among them decides which weight files are needed.
@@ -384,7 +483,7 @@ pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), SourceE
         commit: state.commit.clone(),
         cache_dir: env.cache_dir.clone(),
         snapshot: snapshot.clone(),
-        offline: state.source != StateSource::Hub && fetcher.api.is_none(),
+        offline: state.source != StateSource::Hub && fetcher.client.is_none(),
         downloaded,
         note,
     });
@@ -573,32 +672,15 @@ fn saved_listing(repo_dir: &Path, commit: &str) -> Option<Vec<String>> {
     (saved.commit == commit).then_some(saved.files)
 }
 
-fn api(env: &HubEnv) -> Result<Api, ApiError> {
-    ApiBuilder::from_cache(Cache::new(env.cache_dir.clone()))
-        .with_endpoint(env.endpoint.clone())
-        .with_token(env.token.clone())
-        .with_progress(false)
-        // hf-hub 0.5 retries from the file's stream position, which is 0 for the append-mode
-        // file it reopens: a retry after a failure that wrote nothing appends the whole file to
-        // the partial one. Retries are done here instead (`Fetcher::download_one`), each
-        // resuming from the partial file's length.
-        .with_retries(0)
-        .with_user_agent("wload", env!("CARGO_PKG_VERSION"))
-        .build()
-}
-
 /// The hub's commit and file list for the revision.
 fn repo_info(req: &HubRequest) -> Result<State, HubError> {
-    let info = api(req.env)
-        .and_then(|api| {
-            api.repo(Repo::with_revision(
-                req.repo.to_string(),
-                RepoType::Model,
-                req.revision.to_string(),
-            ))
-            .info()
-        })
-        .map_err(|e| api_error(req, None, req.revision, e))?;
+    let info = Client::new(req.env)
+        .repo_info(&Repo::with_revision(
+            req.repo.to_string(),
+            RepoType::Model,
+            req.revision.to_string(),
+        ))
+        .map_err(|e| http_error(req, None, req.revision, e))?;
     if !is_commit(&info.sha) {
         return Err(HubError::Network {
             repo: req.repo.to_string(),
@@ -622,56 +704,62 @@ fn repo_info(req: &HubRequest) -> Result<State, HubError> {
     })
 }
 
-/// Words an hf-hub error for a request about `file` (or the repo itself).
-fn api_error(req: &HubRequest, file: Option<&str>, commit: &str, e: ApiError) -> HubError {
+/// Words a failed request about `file` (or the repo itself). A stalled transfer is worded where
+/// it is retried ([`Fetcher::transfer`]), which knows how far it got.
+fn http_error(req: &HubRequest, file: Option<&str>, commit: &str, e: HttpError) -> HubError {
     let repo = req.repo.to_string();
     let endpoint = req.env.endpoint.clone();
     let file_name = file.map(str::to_string);
-    // A failure that is not an HTTP status: the file's download, or reaching the hub at all.
-    let transport = |repo: String, endpoint: String, message: String| match file {
-        Some(f) => HubError::Download {
-            repo,
-            file: f.to_string(),
-            message,
-        },
-        None => HubError::Network {
+    match e {
+        HttpError::Status(status @ (401 | 403)) => HubError::Unauthorized {
             repo,
             endpoint,
-            message,
+            status,
+            file: file_name,
+            token: req.env.token.is_some(),
         },
-    };
-    match e {
-        ApiError::RequestError(e) => match *e {
-            ureq::Error::StatusCode(status @ (401 | 403)) => HubError::Unauthorized {
+        HttpError::Status(404) => match file {
+            Some(f) => HubError::FileNotFound {
+                repo,
+                file: f.to_string(),
+                endpoint,
+                commit: commit.to_string(),
+            },
+            None => HubError::NotFound {
+                repo,
+                revision: req.revision.to_string(),
+                endpoint,
+            },
+        },
+        HttpError::Status(status) => HubError::Http {
+            repo,
+            endpoint,
+            status,
+            file: file_name,
+        },
+        HttpError::Timeout(limit) => HubError::MetadataTimeout {
+            repo,
+            endpoint,
+            what: match file {
+                Some(f) => format!("the metadata of {f}"),
+                None => "the repo's file list".into(),
+            },
+            limit,
+        },
+        // Not an HTTP status: the file's download, or reaching the hub at all.
+        HttpError::Transport(message) | HttpError::Invalid(message) => match file {
+            Some(f) => HubError::Download {
+                repo,
+                file: f.to_string(),
+                message,
+            },
+            None => HubError::Network {
                 repo,
                 endpoint,
-                status,
-                file: file_name,
-                token: req.env.token.is_some(),
+                message,
             },
-            ureq::Error::StatusCode(404) => match file {
-                Some(f) => HubError::FileNotFound {
-                    repo,
-                    file: f.to_string(),
-                    endpoint,
-                    commit: commit.to_string(),
-                },
-                None => HubError::NotFound {
-                    repo,
-                    revision: req.revision.to_string(),
-                    endpoint,
-                },
-            },
-            ureq::Error::StatusCode(status) => HubError::Http {
-                repo,
-                endpoint,
-                status,
-                file: file_name,
-            },
-            other => transport(repo, endpoint, other.to_string()),
         },
-        ApiError::TooManyRetries(e) => api_error(req, file, commit, *e),
-        other => transport(repo, endpoint, other.to_string()),
+        HttpError::Local(path, source) => HubError::Io { path, source },
     }
 }
 
@@ -685,13 +773,14 @@ struct Fetcher<'a> {
     why: Option<Why>,
     origins: BTreeMap<String, Origin>,
     /// Made on the first download.
-    api: Option<Api>,
+    client: Option<Client>,
 }
 
 /// Files downloaded at once.
 const PARALLEL_DOWNLOADS: usize = 4;
 
-/// Tries per file; each resumes from what the ones before it fetched.
+/// Failed tries in a row, per request; a try that brought new bytes before it failed starts the
+/// count again (as huggingface_hub does), so a long transfer over a flaky link still completes.
 const DOWNLOAD_ATTEMPTS: u32 = 4;
 
 impl Fetcher<'_> {
@@ -722,27 +811,26 @@ impl Fetcher<'_> {
             }
             .into());
         }
-        if self.api.is_none() {
-            let api = api(self.req.env).map_err(|e| api_error(self.req, None, self.commit, e))?;
+        if self.client.is_none() {
             adopt_partial_downloads(&self.repo_dir.join("blobs"));
-            self.api = Some(api);
+            self.client = Some(Client::new(self.req.env));
         }
         for f in &missing {
-            // A link left behind by a deleted blob would stop hf-hub from linking the new one.
+            // A link left behind by a deleted blob would stop the new one from being linked.
             let path = self.snapshot.join(f);
             if path.symlink_metadata().is_ok() {
                 let _ = fs::remove_file(&path);
             }
         }
-        let api = self.api.as_ref().expect("made above");
-        let got = self.download(api, &missing)?;
+        let client = self.client.as_ref().expect("made above");
+        let got = self.download(client, &missing)?;
         self.origins.extend(missing.into_iter().zip(got));
         Ok(())
     }
 
     /// Fetches `files` a few at a time, in file order each one's origin; the first failure
     /// (in file order) is returned.
-    fn download(&self, api: &Api, files: &[String]) -> Result<Vec<Origin>, HubError> {
+    fn download(&self, client: &Client, files: &[String]) -> Result<Vec<Origin>, HubError> {
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
         let errors: Mutex<Vec<(usize, HubError)>> = Mutex::new(Vec::new());
@@ -755,7 +843,7 @@ impl Fetcher<'_> {
                         if i >= files.len() || failed.load(Ordering::Relaxed) {
                             break;
                         }
-                        match self.download_one(api, &files[i]) {
+                        match self.download_one(client, &files[i]) {
                             Ok(o) => origins.lock().expect("not poisoned")[i] = o,
                             Err(e) => {
                                 failed.store(true, Ordering::Relaxed);
@@ -775,74 +863,144 @@ impl Fetcher<'_> {
     }
 
     /// Puts one file in the snapshot: a link to the blob when the cache has it already (the same
-    /// content under another commit), else a download.
-    fn download_one(&self, api: &Api, file: &str) -> Result<Origin, HubError> {
+    /// content under another commit), else a download into `blobs/<etag>.part`, resumed from
+    /// what is there, renamed to the blob when complete.
+    fn download_one(&self, client: &Client, file: &str) -> Result<Origin, HubError> {
         // Pinned to the commit, so that every file comes from the same one even if the branch
         // moves meanwhile.
-        let repo = api.repo(Repo::with_revision(
+        let repo = Repo::with_revision(
             self.req.repo.to_string(),
             RepoType::Model,
             self.commit.to_string(),
-        ));
-        // hf-hub 0.5 downloads a file again even when its blob is there; huggingface_hub asks for
-        // the etag first and only links the blob. So does this, at one small request per file.
-        if let Ok(meta) = api.metadata(&repo.url(file)) {
-            let blob = self.repo_dir.join("blobs").join(meta.etag());
-            if meta.commit_hash() == self.commit
-                && fs::metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == meta.size() as u64)
-            {
-                self.link(file, meta.etag())?;
-                return Ok(Origin::Cache);
-            }
-        }
-        let bar = || Bar {
-            make: self.req.progress,
-            file,
-            bar: None,
-            counted: 0,
-            absolute_next: false,
-        };
-        let mut attempt = 0;
-        let got = loop {
-            attempt += 1;
-            let got = repo.download_with_progress(file, bar());
-            let retry = match &got {
-                Ok(_) => false,
-                // A partial file that cannot be resumed (longer than the file, or complete but
-                // not yet renamed when the run was stopped, which the hub answers with 416):
-                // start it again.
-                Err(ApiError::InvalidResume) => self.discard_partial(api, &repo.url(file)),
-                Err(ApiError::RequestError(e)) => match **e {
-                    ureq::Error::StatusCode(416) => self.discard_partial(api, &repo.url(file)),
-                    ureq::Error::StatusCode(s) => s >= 500,
-                    // The connection failed or broke off: resume from what arrived.
-                    _ => true,
-                },
-                Err(ApiError::IoError(_)) => true,
-                Err(_) => false,
-            };
-            if !retry || attempt == DOWNLOAD_ATTEMPTS {
-                break got;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(250 << attempt));
-        }
-        .map_err(|e| api_error(self.req, Some(file), self.commit, e))?;
-        // hf-hub records the commit it was asked for in refs/<commit>; huggingface_hub never
-        // writes a ref named by a commit, so neither does the cache here.
-        let _ = fs::remove_file(self.repo_dir.join("refs").join(self.commit));
-        let want = self.snapshot.join(file);
-        if got != want {
+        );
+        let url = client.file_url(&repo, file);
+        let fail = |e| http_error(self.req, Some(file), self.commit, e);
+        let meta = retried(|| client.metadata(&url)).map_err(fail)?;
+        if meta.commit != self.commit {
             return Err(HubError::Download {
                 repo: self.req.repo.to_string(),
                 file: file.to_string(),
                 message: format!(
-                    "the hub answered for another commit than {} ({})",
-                    self.commit,
-                    got.display()
+                    "the hub answered for commit {} rather than {}",
+                    meta.commit, self.commit
                 ),
             });
         }
+        let blobs = self.repo_dir.join("blobs");
+        let blob = blobs.join(&meta.etag);
+        // huggingface_hub asks for the etag first and only links a blob it already has (the
+        // same content under another commit); so does this.
+        let complete = || fs::metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == meta.size);
+        if complete() {
+            self.link(file, &meta.etag)?;
+            return Ok(Origin::Cache);
+        }
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| HubError::Io { path, source }
+        };
+        fs::create_dir_all(&blobs).map_err(io(&blobs))?;
+        let _lock = self.lock(client, &blob, file)?;
+        // Another process may have completed it while this one waited for the lock.
+        if complete() {
+            self.link(file, &meta.etag)?;
+            return Ok(Origin::Cache);
+        }
+        let part = blobs.join(format!("{}.part", meta.etag));
+        self.transfer(client, &url, file, &meta, &part)?;
+        fs::rename(&part, &blob).map_err(io(&part))?;
+        self.link(file, &meta.etag)?;
         Ok(Origin::Download)
+    }
+
+    /// Completes `part`, retrying a transfer that broke off or stalled, each try resuming from
+    /// what the ones before it wrote.
+    fn transfer(
+        &self,
+        client: &Client,
+        url: &str,
+        file: &str,
+        meta: &Meta,
+        part: &Path,
+    ) -> Result<(), HubError> {
+        let len = || fs::metadata(part).map_or(0, |m| m.len());
+        let mut bar = Shown {
+            make: self.req.progress,
+            file,
+            bar: None,
+            shown: 0,
+        };
+        let mut tries = 0;
+        loop {
+            let before = len();
+            let got = client.fetch(url, part, meta.size, &mut |have| bar.show(meta.size, have));
+            let Err(e) = got else {
+                return Ok(());
+            };
+            let retry = match &e {
+                // What is there is not this file's beginning (longer than the file, or complete
+                // but not yet renamed when the hub says so): start it again.
+                HttpError::Status(416) => fs::remove_file(part).is_ok(),
+                e => e.is_transient(),
+            };
+            tries = if len() > before { 1 } else { tries + 1 };
+            if !retry || tries >= DOWNLOAD_ATTEMPTS {
+                return Err(match e {
+                    HttpError::Timeout(limit) => HubError::DownloadStalled(Box::new(Stalled {
+                        repo: self.req.repo.to_string(),
+                        file: file.to_string(),
+                        endpoint: self.req.env.endpoint.clone(),
+                        limit,
+                        tries,
+                        have: len(),
+                        size: meta.size,
+                        part: part.to_path_buf(),
+                    })),
+                    e => http_error(self.req, Some(file), self.commit, e),
+                });
+            }
+            backoff(&e, tries);
+        }
+    }
+
+    /// Holds `blobs/<etag>.lock` (hf-hub's lock) so that two downloads of one blob, by two runs
+    /// or by two files of this one with the same content, do not append to one partial file.
+    /// The holder is waited for while its partial file grows; one that has written nothing for
+    /// `HF_HUB_DOWNLOAD_TIMEOUT` is given up on, as a stalled transfer would be. A lock dies with its
+    /// process, so none is ever left stale.
+    fn lock(&self, client: &Client, blob: &Path, file: &str) -> Result<fs::File, HubError> {
+        use std::os::fd::AsRawFd;
+        use std::time::{Duration, Instant};
+        let path = blob.with_extension("lock");
+        let part = blob.with_extension("part");
+        let lock = fs::File::create(&path).map_err(|source| HubError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let patience = Duration::from_secs(client.download.secs);
+        let len = || fs::metadata(&part).map_or(0, |m| m.len());
+        let (mut seen, mut since) = (len(), Instant::now());
+        loop {
+            // SAFETY: flock on a descriptor this function owns; no memory is involved.
+            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(lock);
+            }
+            if len() != seen {
+                (seen, since) = (len(), Instant::now());
+            } else if since.elapsed() > patience {
+                return Err(HubError::Download {
+                    repo: self.req.repo.to_string(),
+                    file: file.to_string(),
+                    message: format!(
+                        "{} is held by another download of the same content, which has written nothing to {} for {} s; run again when it is done",
+                        path.display(),
+                        part.display(),
+                        patience.as_secs()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// `snapshots/<commit>/<file>` → `../../blobs/<etag>` (one more `..` per folder in `file`).
@@ -864,18 +1022,6 @@ impl Fetcher<'_> {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && link.is_file() => Ok(()),
             other => other.map_err(io),
         }
-    }
-
-    /// Removes the partial download of the file at `url`, if there is one; true if it did.
-    fn discard_partial(&self, api: &Api, url: &str) -> bool {
-        let Ok(meta) = api.metadata(url) else {
-            return false;
-        };
-        let part = self
-            .repo_dir
-            .join("blobs")
-            .join(format!("{}.part", meta.etag()));
-        fs::remove_file(part).is_ok()
     }
 }
 
@@ -915,39 +1061,52 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HubError> {
     fs::rename(&tmp, path).map_err(io)
 }
 
-/// hf-hub's progress calls, passed on to the library's reporter.
-struct Bar<'a> {
+/// Asks again, a few times, when the network rather than the request failed. A metadata request
+/// that timed out is not asked again: a hub silent for that long is reported at once, as
+/// huggingface_hub does, rather than after several timeouts.
+fn retried<T>(mut f: impl FnMut() -> Result<T, HttpError>) -> Result<T, HttpError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match f() {
+            Err(e)
+                if e.is_transient()
+                    && !matches!(e, HttpError::Timeout(_))
+                    && tries < DOWNLOAD_ATTEMPTS =>
+            {
+                backoff(&e, tries)
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Waits before another try, unless the last one already waited out a timeout.
+fn backoff(e: &HttpError, tries: u32) {
+    if !matches!(e, HttpError::Timeout(_)) {
+        std::thread::sleep(std::time::Duration::from_millis(250 << tries.min(4)));
+    }
+}
+
+/// A download's progress bar, made when the first try starts, showing the most of the file that
+/// has arrived: resumed bytes count once, and bytes fetched again after a restart do not count.
+struct Shown<'a> {
     make: &'a DownloadProgress,
     file: &'a str,
     bar: Option<Box<dyn Progress>>,
-    /// Bytes reported so far.
-    counted: u64,
-    /// hf-hub follows each `init` with the absolute position it resumes from, then deltas.
-    absolute_next: bool,
+    shown: u64,
 }
 
-impl hf_hub::api::Progress for Bar<'_> {
-    fn init(&mut self, size: usize, _filename: &str) {
-        if self.bar.is_none() {
-            self.bar = Some(self.make.start(self.file, size as u64));
-        }
-        self.absolute_next = true;
-    }
-
-    fn update(&mut self, n: usize) {
-        let n = n as u64;
-        let delta = if std::mem::take(&mut self.absolute_next) {
-            n.saturating_sub(self.counted)
-        } else {
-            n
-        };
-        self.counted += delta;
-        if let Some(b) = &self.bar {
-            b.advance(delta);
+impl Shown<'_> {
+    fn show(&mut self, size: u64, have: u64) {
+        let bar = self
+            .bar
+            .get_or_insert_with(|| self.make.start(self.file, size));
+        if have > self.shown {
+            bar.advance(have - self.shown);
+            self.shown = have;
         }
     }
-
-    fn finish(&mut self) {}
 }
 
 #[cfg(test)]
@@ -1013,7 +1172,7 @@ mod tests {
     }
 
     #[test]
-    fn progress_counts_a_resumed_position_once() {
+    fn progress_shows_the_most_that_arrived_once() {
         use std::sync::atomic::AtomicU64;
         struct Count(Arc<AtomicU64>);
         impl Progress for Count {
@@ -1024,21 +1183,55 @@ mod tests {
         let total = Arc::new(AtomicU64::new(0));
         let t = total.clone();
         let make = DownloadProgress::new(move |_, _| Box::new(Count(t.clone())));
-        let mut bar = Bar {
+        let mut bar = Shown {
             make: &make,
             file: "f",
             bar: None,
-            counted: 0,
-            absolute_next: false,
+            shown: 0,
         };
-        use hf_hub::api::Progress as _;
-        bar.init(100, "f");
-        bar.init(100, "f");
-        bar.update(40); // resumed at 40
-        bar.update(10);
-        bar.init(100, "f"); // a retry from 50
-        bar.update(50);
-        bar.update(50);
+        bar.show(100, 40); // resumed at 40
+        bar.show(100, 50);
+        bar.show(100, 0); // the server ignored the Range: from the start again
+        bar.show(100, 30);
+        assert_eq!(total.load(Ordering::Relaxed), 50);
+        bar.show(100, 100);
         assert_eq!(total.load(Ordering::Relaxed), 100);
+    }
+
+    #[test]
+    fn timeouts_are_read_as_huggingface_hub_reads_them() {
+        let read = |v| parse_timeout("HF_HUB_ETAG_TIMEOUT", v);
+        assert_eq!(read(None).unwrap(), 10);
+        for (v, secs) in [
+            ("1", 1),
+            (" 30 ", 30),
+            ("+7", 7),
+            ("1_000", 1000),
+            ("0", 10),
+            ("-0", 10),
+            ("007", 7),
+        ] {
+            assert_eq!(read(Some(v)).unwrap(), secs, "{v}");
+        }
+        for v in [
+            "1.5",
+            "ten",
+            "",
+            " ",
+            "1e3",
+            "-5",
+            "1__0",
+            "_1",
+            "1_",
+            "0x10",
+            "99999999999999999999",
+            "4294967296",
+        ] {
+            let e = read(Some(v)).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("HF_HUB_ETAG_TIMEOUT='{v}'")),
+                "{v}: {e}"
+            );
+        }
     }
 }
