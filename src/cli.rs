@@ -119,7 +119,9 @@ A repo id is resolved as vLLM does: from the local Hugging Face cache first (HF_
 $HF_HOME/hub, else ~/.cache/huggingface/hub; or --download-dir), then by downloading only the files \
 the load format reads (the index first, then the shards it lists) and the side files (config, \
 tokenizer, ...). HF_ENDPOINT and HF_TOKEN are honoured; with HF_HUB_OFFLINE=1 no connection is \
-made and a file missing from the cache is an error."
+made and a file missing from the cache is an error. HF_HUB_ETAG_TIMEOUT (metadata requests) and \
+HF_HUB_DOWNLOAD_TIMEOUT (a stalled transfer, which is then resumed a few times) are in seconds, \
+default 10, as in huggingface_hub."
     )]
     pub source: PathBuf,
 

@@ -1420,13 +1420,16 @@ fn interrupt(child: &mut std::process::Child) {
 fn ctrl_c_stops_a_waiting_run_and_the_next_run_resumes() {
     let home = TempDir::new().unwrap();
     let silent = Silent::start();
-    let mut child = spawn_wload(&silent.url(), home.path(), &["inspect", REPO]);
-    wait_for(
-        "a connection to the silent hub",
-        Duration::from_secs(20),
-        || silent.accepted() > 0,
-    );
-    interrupt(&mut child);
+    let load: &[&str] = &["load", REPO, "--tp", "1", "--dry-run", "--device", "cpu"];
+    for (i, args) in [&["inspect", REPO][..], load].into_iter().enumerate() {
+        let mut child = spawn_wload(&silent.url(), home.path(), args);
+        wait_for(
+            "a connection to the silent hub",
+            Duration::from_secs(20),
+            || silent.accepted() > i,
+        );
+        interrupt(&mut child);
+    }
 
     let hub = Hub::start(one_repo(REPO, llama_repo()));
     hub.stall(SHARDS[0], 1);
