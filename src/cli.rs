@@ -72,7 +72,10 @@ save_sharded_state, plus the source's side files (config.json, tokenizer, ...) a
 wload.json. Then: vllm serve OUT --load-format sharded_state -tp N.\n\n\
 The output is built in a temporary folder next to OUT and renamed into place only when complete \
 (and verified, with --verify); an interrupted or failed run leaves no OUT behind. Each source byte \
-is read once, whatever the TP size, and memory stays bounded.\n\nDense slices go file to file with copy_file_range. On a filesystem where that call misbehaves (--verify reports the damage), set WLOAD_NO_COPY_FILE_RANGE=1 to copy through memory instead.",
+is read once, whatever the TP size, and memory stays bounded.\n\n\
+Dense slices go file to file with copy_file_range. On a filesystem where that call misbehaves \
+(--verify reports the damage), set WLOAD_NO_COPY_FILE_RANGE=1 to copy tensor data through memory \
+instead.",
         after_long_help = EXIT_CODES
     )]
     Shard(ShardArgs),
