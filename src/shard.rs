@@ -208,6 +208,7 @@ pub fn shard(
         .collect::<Result<_, _>>()?;
     timings.hash_s = t.elapsed().as_secs_f64();
 
+    #[cfg(feature = "test-hooks")]
     if let Some(fault) = std::env::var_os("WLOAD_TEST_FLIP_BYTE") {
         flip_byte_for_tests(tmp, &fault.to_string_lossy());
     }
@@ -409,7 +410,9 @@ fn tensors_equal(
 }
 
 /// Test hook (`WLOAD_TEST_FLIP_BYTE=FILE:OFFSET`): corrupts one byte after writing, so tests can
-/// prove that --verify catches it. Never set in normal use.
+/// prove that --verify catches it. Only in builds with the `test-hooks` feature, which the tests
+/// enable and `cargo build --release` / `cargo install` never do (see src/exec/hooks.rs).
+#[cfg(feature = "test-hooks")]
 fn flip_byte_for_tests(dir: &Path, spec: &str) {
     if let Some((name, off)) = spec.rsplit_once(':')
         && let Ok(off) = off.parse::<u64>()

@@ -299,13 +299,34 @@ fn fixture_groups() -> Vec<Vec<GoldenCase>> {
 /// Planned on the fly from the fixture: per rank, the tensors and their bytes are vLLM's.
 #[test]
 fn fixtures_load_exactly_what_vllm_held() {
-    let groups = fixture_groups();
+    load_fixtures(|_| Vec::new());
+}
+
+/// The same with the engine reading a few bytes at a time (test builds only:
+/// `WLOAD_TEST_CHUNK_BYTES`), so that every slice and conversion crosses chunk boundaries on its
+/// way into host memory.
+#[test]
+fn fixtures_load_exactly_what_vllm_held_with_tiny_chunks() {
+    // Not multiples of each other or of the fixtures' row sizes; 6 bytes splits f32 elements.
+    const CHUNKS: [u64; 4] = [6, 100, 1000, 4100];
+    load_fixtures(|i| {
+        vec![(
+            "WLOAD_TEST_CHUNK_BYTES",
+            CHUNKS[i % CHUNKS.len()].to_string(),
+        )]
+    });
+}
+
+/// Loads every golden fixture group on the CPU with the variables `env(group index)` and compares
+/// each rank with vLLM's.
+fn load_fixtures(env: impl Fn(usize) -> Vec<(&'static str, String)> + Sync) {
+    let groups: Vec<(usize, Vec<GoldenCase>)> = fixture_groups().into_iter().enumerate().collect();
     assert!(
         groups.len() >= 10,
         "golden case groups found: {}",
         groups.len()
     );
-    let failures = par_flat_map(&groups, |group| {
+    let failures = par_flat_map(&groups, |(i, group)| {
         let case = &group[0];
         let tp = case.tp.to_string();
         let mut args = vec![
@@ -318,7 +339,9 @@ fn fixtures_load_exactly_what_vllm_held() {
             "--json",
         ];
         args.extend(flags(case));
-        match try_json(&args, &[]) {
+        let env = env(*i);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        match try_json(&args, &env) {
             Err(e) => vec![format!("{}: {e}", case.name)],
             Ok(report) => {
                 let mut f: Vec<String> = group
@@ -833,11 +856,15 @@ fn system_has_libcuda() -> bool {
     in_cache || in_path
 }
 
+/// Without a driver: exit 1, and the message says to use `--device cpu`. Needs a machine without
+/// libcuda, such as CI's.
 #[test]
 fn cuda_without_a_driver_exits_1() {
     if system_has_libcuda() {
-        eprintln!("skipped: a libcuda is installed here");
-        return;
+        return missing_environment(
+            "cuda_without_a_driver_exits_1",
+            "a libcuda is installed here, so wload cannot be seen without a driver",
+        );
     }
     let fx = fixtures_dir().join(GQA);
     let f = s(&fx);
@@ -911,11 +938,12 @@ fn build_stub(dir: &Path) -> Option<()> {
     Some(())
 }
 
-/// A stub driver on `LD_LIBRARY_PATH`; `None` (after saying so) when it cannot be built.
-fn stub_driver() -> Option<(TempDir, String)> {
+/// A stub driver on `LD_LIBRARY_PATH`; `None` when there is no C compiler to build it (a failure
+/// in CI, see [`missing_environment`]).
+fn stub_driver(test: &str) -> Option<(TempDir, String)> {
     let dir = TempDir::new().unwrap();
     if build_stub(dir.path()).is_none() {
-        eprintln!("skipped: no C compiler (cc) to build the stub libcuda");
+        missing_environment(test, "no C compiler (cc) to build the stub libcuda");
         return None;
     }
     let lp = match std::env::var("LD_LIBRARY_PATH") {
@@ -927,7 +955,7 @@ fn stub_driver() -> Option<(TempDir, String)> {
 
 #[test]
 fn cuda_stub_driver_without_gpus() {
-    let Some((_dir, lp)) = stub_driver() else {
+    let Some((_dir, lp)) = stub_driver("cuda_stub_driver_without_gpus") else {
         return;
     };
     let fx = fixtures_dir().join(GQA);
@@ -976,7 +1004,7 @@ fn cuda_stub_driver_without_gpus() {
 /// Two GPUs whose contexts cannot be created: the device and the operation are named, exit 1.
 #[test]
 fn cuda_stub_driver_context_failure() {
-    let Some((_dir, lp)) = stub_driver() else {
+    let Some((_dir, lp)) = stub_driver("cuda_stub_driver_context_failure") else {
         return;
     };
     let fx = fixtures_dir().join(GQA);
@@ -1000,7 +1028,7 @@ fn cuda_stub_driver_context_failure() {
 /// ranks [1], but only 1 visible") instead of using the one GPU it was given.
 #[test]
 fn slurm_task_with_its_own_gpu_uses_ordinal_0() {
-    let Some((_dir, lp)) = stub_driver() else {
+    let Some((_dir, lp)) = stub_driver("slurm_task_with_its_own_gpu_uses_ordinal_0") else {
         return;
     };
     let fx = fixtures_dir().join(GQA);
@@ -1026,8 +1054,10 @@ fn slurm_task_with_its_own_gpu_uses_ordinal_0() {
 /// of one case load onto GPU 0 one rank at a time, with the same bytes as vLLM.
 #[test]
 fn cuda_loads_golden_cases_when_a_gpu_is_present() {
+    const TEST: &str = "cuda_loads_golden_cases_when_a_gpu_is_present";
+    // Not a missing environment: CI has no GPU, so this runs only where one is.
     if !system_has_libcuda() {
-        eprintln!("skipped: no libcuda here");
+        skipped(TEST, "no libcuda here (needs an NVIDIA driver and GPU)");
         return;
     }
     let fx = fixtures_dir().join(GQA);
@@ -1042,7 +1072,16 @@ fn cuda_loads_golden_cases_when_a_gpu_is_present() {
         "--json",
     ]);
     if !probe.status.success() {
-        eprintln!("skipped: no usable GPU ({})", stderr(&probe).trim());
+        // Only "there is no GPU" is a reason to skip; any other failure of the CUDA path is a bug
+        // this test exists to catch.
+        let err = stderr(&probe);
+        let no_gpu = ["only 0 visible", "CUDA_ERROR_NO_DEVICE", "no CUDA driver"];
+        assert!(
+            no_gpu.iter().any(|w| err.contains(w)),
+            "{TEST}: a driver is installed but loading one rank failed: {}",
+            context(&[], &probe)
+        );
+        skipped(TEST, &format!("no usable GPU ({})", err.trim()));
         return;
     }
     let cases = golden_cases();

@@ -183,16 +183,30 @@ fn check_manifest(out: &Path) -> Value {
     m
 }
 
-/// Everything that can differ between one golden case's expected folder and wload's output.
-fn golden_failures(case: &GoldenCase, work: &Path) -> Vec<String> {
+/// Everything that can differ between one golden case's expected folder and wload's output, run
+/// with `extra` flags and `env` variables.
+fn golden_failures(
+    case: &GoldenCase,
+    work: &Path,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> Vec<String> {
     let out = work.join(case.name.replace('/', "-"));
     let mut args = vec!["-q".to_string()];
     if let Some(m) = case.max_size {
         args.extend(["--max-part-size".into(), m.to_string()]);
     }
     args.extend(case.flags.iter().cloned());
+    args.extend(extra.iter().map(|a| a.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = shard(&case.fixture, case.tp, &out, &args);
+    let run = wload()
+        .args(["shard", s(&case.fixture), "--tp", &case.tp.to_string()])
+        .args(["-o", s(&out)])
+        .args(&args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("wload runs");
+    let args = format!("{args:?} {env:?}");
     if !run.status.success() {
         return vec![format!(
             "{}: wload shard {args:?}: {}",
@@ -247,9 +261,10 @@ fn golden_failures(case: &GoldenCase, work: &Path) -> Vec<String> {
     fails
 }
 
-/// Every golden case: the same part files as vLLM, each byte-identical, plus the side files.
-#[test]
-fn golden_cases_are_byte_identical_to_vllm() {
+/// Runs `each` over every golden case on a few threads and collects the differences from vLLM.
+fn golden_failures_all(
+    each: impl Fn(usize, &GoldenCase, &Path) -> Vec<String> + Sync,
+) -> (usize, Vec<String>) {
     let cases = golden_cases();
     assert!(cases.len() >= 10, "golden cases found: {}", cases.len());
     let work = TempDir::new().unwrap();
@@ -259,19 +274,52 @@ fn golden_cases_are_byte_identical_to_vllm() {
     std::thread::scope(|sc| {
         for _ in 0..workers {
             sc.spawn(|| {
-                while let Some(case) = cases.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    let f = golden_failures(case, work.path());
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(case) = cases.get(i) else { break };
+                    let f = each(i, case, work.path());
                     failures.lock().unwrap().extend(f);
                 }
             });
         }
     });
-    let failures = failures.into_inner().unwrap();
+    (cases.len(), failures.into_inner().unwrap())
+}
+
+/// Every golden case: the same part files as vLLM, each byte-identical, plus the side files.
+#[test]
+fn golden_cases_are_byte_identical_to_vllm() {
+    let (n, failures) = golden_failures_all(|_, case, work| golden_failures(case, work, &[], &[]));
     assert!(
         failures.is_empty(),
-        "{} differences from vLLM over {} golden cases:\n{}",
+        "{} differences from vLLM over {n} golden cases:\n{}",
         failures.len(),
-        cases.len(),
+        failures.join("\n")
+    );
+}
+
+/// The golden cases again with the engine reading a few bytes at a time (test builds only:
+/// `WLOAD_TEST_CHUNK_BYTES`), so that every tensor, slice and conversion of the fixtures crosses
+/// chunk boundaries; every other case copies through memory instead of `copy_file_range`, and
+/// `--verify` reads it all back in the same small chunks.
+#[test]
+fn golden_cases_are_byte_identical_with_tiny_chunks() {
+    // Not multiples of each other or of the fixtures' row sizes; 6 bytes splits f32 elements.
+    const CHUNKS: [u64; 4] = [6, 100, 1000, 4100];
+    let (n, failures) = golden_failures_all(|i, case, work| {
+        let mut env = vec![(
+            "WLOAD_TEST_CHUNK_BYTES",
+            CHUNKS[i % CHUNKS.len()].to_string(),
+        )];
+        if i % 2 == 1 {
+            env.push(("WLOAD_NO_COPY_FILE_RANGE", "1".to_string()));
+        }
+        golden_failures(case, work, &["--verify"], &env)
+    });
+    assert!(
+        failures.is_empty(),
+        "{} differences from vLLM over {n} golden cases with tiny chunks:\n{}",
+        failures.len(),
         failures.join("\n")
     );
 }
@@ -525,7 +573,6 @@ fn permissions_are_bypassed(dir: &Path) -> bool {
 /// A target that cannot be created: exit 1, the path and the OS error in the message.
 #[test]
 fn unwritable_target_fails_cleanly() {
-    use std::os::unix::fs::PermissionsExt;
     let work = TempDir::new().unwrap();
 
     // A regular file where a parent folder should be (tests/out_safety.rs has more): a usage
@@ -540,17 +587,73 @@ fn unwritable_target_fails_cleanly() {
     assert!(stderr(&o).contains(s(&file)), "names the path; {ctx}");
     assert!(stderr(&o).contains("not an existing folder"), "{ctx}");
     assert_eq!(fs::read(&file).unwrap(), b"not a folder");
+}
 
-    // A read-only parent: only meaningful when permissions apply to this process.
-    if permissions_are_bypassed(work.path()) {
-        eprintln!("skipping the read-only-parent case: running with permission override (root)");
-        return;
+/// Linux capabilities that let root ignore file permissions (capability.h).
+const CAP_DAC_OVERRIDE: libc::c_ulong = 1;
+const CAP_DAC_READ_SEARCH: libc::c_ulong = 2;
+
+/// Makes `cmd` run without the capabilities that let root ignore file permissions. They are
+/// dropped from the bounding set before exec, because exec gives root every capability left there.
+fn without_permission_override(cmd: &mut StdCommand) -> &mut StdCommand {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe, and the closure touches nothing else of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            for cap in [CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH] {
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        })
     }
+}
+
+/// A read-only parent folder: exit 1, "Permission denied", nothing left. As root (CI), wload runs
+/// without the permission override, so the folder's mode applies to it as to any user.
+#[test]
+fn read_only_parent_fails_cleanly() {
+    use std::os::unix::fs::PermissionsExt;
+    const TEST: &str = "read_only_parent_fails_cleanly";
+    let work = TempDir::new().unwrap();
     let parent = work.path().join("ro");
     fs::create_dir(&parent).unwrap();
     fs::set_permissions(&parent, fs::Permissions::from_mode(0o555)).unwrap();
+    let root = permissions_are_bypassed(work.path());
+    let run = |program: &str, args: &[&str]| {
+        let mut cmd = StdCommand::new(program);
+        cmd.args(args).env_remove("RUST_BACKTRACE");
+        if root {
+            without_permission_override(&mut cmd);
+        }
+        cmd.output()
+    };
+    // The probe proves the mode applies; otherwise the test below would test nothing.
+    let probe = parent.join("probe");
+    match run("mkdir", &[s(&probe)]) {
+        Ok(o) if !o.status.success() => {}
+        Ok(_) => {
+            fs::set_permissions(&parent, fs::Permissions::from_mode(0o755)).unwrap();
+            return missing_environment(
+                TEST,
+                "a mode 0555 folder is writable even without CAP_DAC_OVERRIDE",
+            );
+        }
+        Err(e) => {
+            fs::set_permissions(&parent, fs::Permissions::from_mode(0o755)).unwrap();
+            return missing_environment(
+                TEST,
+                &format!("cannot drop CAP_DAC_OVERRIDE as root ({e})"),
+            );
+        }
+    }
     let out = parent.join("out");
-    let o = shard(&fixture(GQA), 2, &out, &[]);
+    let o = run(
+        env!("CARGO_BIN_EXE_wload"),
+        &["shard", s(&fixture(GQA)), "--tp", "2", "-o", s(&out)],
+    )
+    .expect("wload runs");
     fs::set_permissions(&parent, fs::Permissions::from_mode(0o755)).unwrap();
     let ctx = context(&o);
     assert_eq!(o.status.code(), Some(1), "{ctx}");
@@ -581,15 +684,15 @@ fn full_disk_fails_cleanly() {
     match mounted {
         Ok(m) if m.status.success() => {}
         Ok(m) => {
-            eprintln!(
-                "skipping full_disk_fails_cleanly: cannot mount a tmpfs ({})",
+            let why = format!(
+                "cannot mount a tmpfs, which needs root ({})",
                 String::from_utf8_lossy(&m.stderr).trim()
             );
-            return;
+            return missing_environment("full_disk_fails_cleanly", &why);
         }
         Err(e) => {
-            eprintln!("skipping full_disk_fails_cleanly: cannot run mount ({e})");
-            return;
+            let why = format!("cannot run mount ({e})");
+            return missing_environment("full_disk_fails_cleanly", &why);
         }
     }
     let _guard = Mounted(dir.clone());
@@ -632,8 +735,7 @@ fn sigint_leaves_nothing() {
     let work = TempDir::new().unwrap();
     let src = work.path().join("ckpt");
     if let Err(why) = big_checkpoint(&src) {
-        eprintln!("skipping sigint_leaves_nothing: {why}");
-        return;
+        return missing_environment("sigint_leaves_nothing", &why);
     }
     let started = Instant::now();
     for (i, delay_ms) in [0u64, 30, 100, 250].into_iter().enumerate() {
@@ -714,9 +816,51 @@ fn json_report() {
     );
     let sum: u64 = files.iter().map(|f| f["size"].as_u64().unwrap()).sum();
     assert_eq!(r["bytes"].as_u64(), Some(sum), "{r:#}");
-    let w = r["timings"]["write_s"].as_f64().expect("timings.write_s");
-    assert!(w >= 0.0, "{r:#}");
     assert_eq!(r["manifest"]["tp"], 2, "{r:#}");
+}
+
+/// The timings in the --json report are seconds spent in each stage: positive for the stages that
+/// did work, zero for --verify when it did not run, and together no more than the whole run took
+/// as the test measured it (a unit mix-up, ms or ns, or a stage counted twice breaks that).
+#[test]
+fn json_timings_add_up() {
+    let work = TempDir::new().unwrap();
+    for verify in [false, true] {
+        let out = work.path().join(format!("out-{verify}"));
+        let extra: &[&str] = if verify {
+            &["--json", "--verify"]
+        } else {
+            &["--json"]
+        };
+        let started = Instant::now();
+        let o = shard_ok(&fixture("qwen2"), 2, &out, extra);
+        let wall = started.elapsed().as_secs_f64();
+        let r: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+        let t = r["timings"].as_object().expect("timings object");
+        let stage = |k: &str| {
+            t.get(k)
+                .and_then(Value::as_f64)
+                .unwrap_or_else(|| panic!("timings.{k} missing: {r:#}"))
+        };
+        for k in ["plan_s", "write_s", "hash_s"] {
+            assert!(stage(k) > 0.0, "{k} is not positive: {r:#}");
+        }
+        if verify {
+            assert!(stage("verify_s") > 0.0, "--verify ran: {r:#}");
+        } else {
+            assert_eq!(stage("verify_s"), 0.0, "--verify did not run: {r:#}");
+        }
+        let mut sum = 0.0;
+        for (k, v) in t {
+            let v = v.as_f64().unwrap_or_else(|| panic!("{k} is not a number"));
+            assert!(v.is_finite() && v >= 0.0, "{k} = {v}: {r:#}");
+            sum += v;
+        }
+        assert!(
+            sum <= wall,
+            "the stages sum to {sum} s, more than the {wall} s the run took: {r:#}"
+        );
+    }
 }
 
 /// The human summary says how to serve the result, with the right TP size.

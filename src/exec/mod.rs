@@ -2,9 +2,12 @@
 //! written, files being verified, host memory): it reads each source tensor once, in bounded
 //! chunks, and hands every destination its converted bytes through a [`Sink`].
 
+#[cfg(test)]
+mod chunk_tests;
 pub mod convert;
 pub mod cuda;
 pub mod device;
+mod hooks;
 pub mod parts;
 pub mod verify;
 pub mod write;
@@ -24,6 +27,37 @@ use crate::plan::{Piece, Plan};
 
 /// Source bytes read per step; with one step in flight per thread this bounds memory.
 pub const CHUNK_BYTES: u64 = 16 << 20;
+
+/// How the engine moves bytes. Not user settings: the defaults are what wload runs with; tests
+/// shrink the chunk so that tiny fixtures cross chunk boundaries everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecOptions {
+    /// Source bytes read per step (whole elements, at least one), and the most handed to one
+    /// [`Sink::copy_from_file`] call.
+    pub chunk_bytes: u64,
+    /// Let the sink take dense unconverted spans straight from the file ([`Sink::copy_from_file`]);
+    /// off, every byte passes through the read buffer.
+    pub direct: bool,
+}
+
+impl Default for ExecOptions {
+    fn default() -> ExecOptions {
+        ExecOptions {
+            chunk_bytes: CHUNK_BYTES,
+            direct: true,
+        }
+    }
+}
+
+impl ExecOptions {
+    /// The defaults, with the chunk size that test builds may set (`WLOAD_TEST_CHUNK_BYTES`).
+    pub fn for_run() -> ExecOptions {
+        ExecOptions {
+            chunk_bytes: hooks::chunk_bytes().unwrap_or(CHUNK_BYTES),
+            ..ExecOptions::default()
+        }
+    }
+}
 
 /// Where converted bytes go.
 pub trait Sink: Sync {
@@ -170,6 +204,30 @@ pub fn execute_with_stats(
     progress: &dyn Progress,
     stats: &Stats,
 ) -> Result<(), ExecError> {
+    execute_with(
+        plan,
+        root,
+        placements,
+        sink,
+        cancel,
+        progress,
+        stats,
+        ExecOptions::for_run(),
+    )
+}
+
+/// [`execute_with_stats`] with explicit options.
+#[allow(clippy::too_many_arguments)]
+pub fn execute_with(
+    plan: &Plan,
+    root: &Path,
+    placements: &[Placement],
+    sink: &dyn Sink,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+    stats: &Stats,
+    opts: ExecOptions,
+) -> Result<(), ExecError> {
     let mut jobs: Vec<Vec<Job>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
     let mut fills = Vec::new();
     for pl in placements {
@@ -225,7 +283,7 @@ pub fn execute_with_stats(
             let src = &plan.sources[s];
             let (path, file) = files[src.file_index].as_ref().expect("opened above");
             copy_source(
-                src, path, file, &jobs[s], sink, cancel, progress, stats, buf, out,
+                src, path, file, &jobs[s], sink, cancel, progress, stats, opts, buf, out,
             )
         },
     )?;
@@ -253,19 +311,21 @@ fn copy_source(
     cancel: &AtomicBool,
     progress: &dyn Progress,
     stats: &Stats,
+    opts: ExecOptions,
     buf: &mut Vec<u8>,
     out: &mut Vec<u8>,
 ) -> Result<(), ExecError> {
     let isz = src.dtype.bits() / 8;
     let total: u64 = src.shape.iter().product();
-    let chunk = (CHUNK_BYTES / isz).max(1);
+    let chunk = (opts.chunk_bytes / isz).max(1);
+    let step = opts.chunk_bytes.max(1);
 
     // Dense spans without conversion go file to file when the sink can (no copy through memory).
     let mut rest: Vec<&Job> = Vec::with_capacity(jobs.len());
     for job in jobs {
         let dense =
             job.b.rows == 1 || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row);
-        if !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
+        if !opts.direct || !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
             rest.push(job);
             continue;
         }
@@ -280,7 +340,7 @@ fn copy_source(
             if cancel.load(Ordering::Relaxed) {
                 return Err(ExecError::Cancelled);
             }
-            let n = CHUNK_BYTES.min(len - done);
+            let n = step.min(len - done);
             let t = Instant::now();
             if !sink.copy_from_file(job.out, to + done, file, from + done, n)? {
                 direct = false;
@@ -335,8 +395,12 @@ fn copy_source(
         for job in &jobs {
             let osz = job.to.bits() / 8;
             let stride = job.b.src_stride.max(1);
+            // Empty blocks first: `rows - 1` below must not underflow.
+            if job.b.rows == 0 || job.b.row == 0 {
+                continue;
+            }
             let last_end = job.b.src_start + (job.b.rows - 1) * job.b.src_stride + job.b.row;
-            if job.b.rows == 0 || job.b.row == 0 || last_end <= c0 || job.b.src_start >= c1 {
+            if last_end <= c0 || job.b.src_start >= c1 {
                 continue;
             }
             // Rows k whose span [s_k, s_k + row) meets [c0, c1).

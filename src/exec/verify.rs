@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use super::parts::PartFile;
-use super::{ExecError, Progress, Sink, execute, placements_for};
+use super::{ExecError, ExecOptions, Progress, Sink, Stats, execute_with, placements_for};
 use crate::plan::Plan;
 
 struct VerifySink<'a> {
@@ -70,6 +70,27 @@ pub fn verify_parts(
     cancel: &AtomicBool,
     progress: &dyn Progress,
 ) -> Result<(), ExecError> {
+    verify_parts_with(
+        plan,
+        root,
+        dir,
+        files,
+        cancel,
+        progress,
+        ExecOptions::for_run(),
+    )
+}
+
+/// [`verify_parts`] with explicit engine options.
+pub fn verify_parts_with(
+    plan: &Plan,
+    root: &Path,
+    dir: &Path,
+    files: &[PartFile],
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+    opts: ExecOptions,
+) -> Result<(), ExecError> {
     let mut opened = Vec::with_capacity(files.len());
     for f in files {
         let path = dir.join(&f.name);
@@ -94,12 +115,14 @@ pub fn verify_parts(
     for (i, f) in files.iter().enumerate() {
         sink.put(i, 0, &f.header)?;
     }
-    execute(
+    execute_with(
         plan,
         root,
         &placements_for(plan, files),
         &sink,
         cancel,
         progress,
+        &Stats::default(),
+        opts,
     )
 }

@@ -3,16 +3,23 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use super::parts::PartFile;
-use super::{ExecError, Progress, Sink, execute, placements_for};
+use super::{ExecError, ExecOptions, Progress, Sink, Stats, execute_with, placements_for};
 use crate::plan::Plan;
+
+/// The user's escape hatch from `copy_file_range`: filesystems have shipped bugs in it (OpenZFS
+/// 2.2.0's block cloning returned wrong data), and then every byte should pass through memory.
+pub const NO_COPY_FILE_RANGE: &str = "WLOAD_NO_COPY_FILE_RANGE";
+
+/// Whether [`NO_COPY_FILE_RANGE`] is set to something other than empty or `0`.
+pub fn copy_file_range_disabled() -> bool {
+    std::env::var_os(NO_COPY_FILE_RANGE).is_some_and(|v| !v.is_empty() && v != "0")
+}
 
 struct FileSink {
     files: Vec<(PathBuf, File)>,
-    /// Use copy_file_range (`WLOAD_NO_COPY_FILE_RANGE` turns it off, for comparisons).
-    direct: AtomicBool,
 }
 
 impl Sink for FileSink {
@@ -35,9 +42,6 @@ impl Sink for FileSink {
         len: u64,
     ) -> Result<bool, ExecError> {
         use std::os::fd::AsRawFd;
-        if !self.direct.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
         let (path, f) = &self.files[out];
         let (mut off_in, mut off_out) = (src_offset as libc::loff_t, offset as libc::loff_t);
         let mut left = len as usize;
@@ -87,6 +91,23 @@ pub fn write_parts(
     cancel: &AtomicBool,
     progress: &dyn Progress,
 ) -> Result<(), ExecError> {
+    let opts = ExecOptions {
+        direct: !copy_file_range_disabled(),
+        ..ExecOptions::for_run()
+    };
+    write_parts_with(plan, root, dir, files, cancel, progress, opts)
+}
+
+/// [`write_parts`] with explicit engine options.
+pub fn write_parts_with(
+    plan: &Plan,
+    root: &Path,
+    dir: &Path,
+    files: &[PartFile],
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+    opts: ExecOptions,
+) -> Result<(), ExecError> {
     let mut opened = Vec::with_capacity(files.len());
     for f in files {
         let path = dir.join(&f.name);
@@ -102,18 +123,17 @@ pub fn write_parts(
         progress.advance(f.header.len() as u64);
         opened.push((path, file));
     }
-    let sink = FileSink {
-        files: opened,
-        direct: AtomicBool::new(std::env::var_os("WLOAD_NO_COPY_FILE_RANGE").is_none()),
-    };
+    let sink = FileSink { files: opened };
     // Like cp, no fsync: the data is in the page cache and the rename publishes it.
-    execute(
+    execute_with(
         plan,
         root,
         &placements_for(plan, files),
         &sink,
         cancel,
         progress,
+        &Stats::default(),
+        opts,
     )
 }
 

@@ -365,3 +365,26 @@ pub fn json_tensor(t: &Value) -> (String, String, Vec<u64>) {
             .collect(),
     )
 }
+
+/// Whether this run is CI (`CI` set, and not `false` or `0`): there every test that needs root or a
+/// toolchain must really run, so a missing environment is a failure, not a skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "false" | "0"))
+}
+
+/// `test` cannot run because its environment (root, a tool, a kernel feature) is missing: `why`.
+/// In CI that fails the test; elsewhere the skip is printed and the caller returns. Not for tests
+/// that can never run in CI (a real GPU): those call [`skipped`] directly.
+pub fn missing_environment(test: &str, why: &str) {
+    if in_ci() {
+        panic!("{test}: {why}; CI must provide this (CI is set, so this is not skipped)");
+    }
+    skipped(test, why);
+}
+
+/// Prints `SKIPPED: <test>: <why>` where `cargo test` shows it: straight to stderr, because the
+/// harness swallows `eprintln!` output of tests that pass.
+pub fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
+}
