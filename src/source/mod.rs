@@ -222,6 +222,18 @@ pub fn resolve_listing(
         matched = Vec::new();
     }
 
+    if matched.is_empty() && !dropped.is_empty() {
+        return Err(SourceError::NoWeights {
+            root: root.to_path_buf(),
+            format: format.as_str(),
+            patterns: patterns.to_vec(),
+            hint: format!(
+                "; {} names none of the {} files matching {pattern}, and vLLM reads only the files it names: fix its weight_map or remove it",
+                format.index_file(),
+                dropped.len()
+            ),
+        });
+    }
     if matched.is_empty() {
         let other_weights: Vec<&str> = listing
             .all()
@@ -354,13 +366,21 @@ fn pick_config(
 
 /// The set of files an index's `weight_map` names, refusing any that lie outside the folder.
 pub(crate) fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SourceError::Io {
+    let bytes = std::fs::read(path).map_err(|source| SourceError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    match index_files_fast(&text) {
+    // An index that is not UTF-8 is a malformed checkpoint (exit 3), not an I/O failure.
+    let text = std::str::from_utf8(&bytes).map_err(|e| SourceError::BadIndex {
+        index: path.to_path_buf(),
+        message: format!(
+            "not valid JSON: invalid UTF-8 at byte {}; re-download or regenerate the index",
+            e.valid_up_to()
+        ),
+    })?;
+    match index_files_fast(text) {
         Some(files) => Ok(files),
-        None => index_files(path, &text),
+        None => index_files(path, text),
     }
 }
 
