@@ -1049,3 +1049,134 @@ fn fuzz_mapping_expressions() {
         },
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The nastiest findings, through the binary: exit status and message
+// ---------------------------------------------------------------------------------------------
+
+/// Runs wload, expects `code`, returns stderr; bounded in time so that a regression to a hang fails.
+fn wload_fails(args: &[&str], code: i32) -> String {
+    let out = wload()
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .output()
+        .expect("wload runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "wload {args:?}\nstderr:\n{err}"
+    );
+    err
+}
+
+/// Was: the binary overflowed its stack and aborted (SIGABRT) on a deeply nested expression.
+#[test]
+fn binary_deep_expression_in_a_mapping_is_a_usage_error() {
+    let tmp = tiny_checkpoint();
+    let file = tmp.path().join("deep.yaml");
+    let deep = format!("{}1{}", "(".repeat(100_000), ")".repeat(100_000));
+    fs::write(
+        &file,
+        format!("extends: llama\nfamily: deep\narchitectures: [LlamaForCausalLM]\nderive:\n  x: \"{deep}\"\n"),
+    )
+    .unwrap();
+    let err = wload_fails(
+        &["plan", s(tmp.path()), "--tp", "1", "--mapping", s(&file)],
+        2,
+    );
+    assert!(err.contains("deep.yaml: invalid mapping"), "{err}");
+    assert!(err.contains("more than 256 tokens"), "{err}");
+}
+
+/// Was: a panic (exit 101, "attempt to divide with overflow") while deriving values.
+#[test]
+fn binary_integer_overflow_in_a_mapping_expression_is_an_error() {
+    let tmp = tiny_checkpoint();
+    let file = tmp.path().join("boom.yaml");
+    fs::write(
+        &file,
+        "extends: llama\nfamily: boom\narchitectures: [LlamaForCausalLM]\nderive:\n  boom: (0 - 9223372036854775807 - 1) // -1\n",
+    )
+    .unwrap();
+    let out = wload()
+        .args(["plan", s(tmp.path()), "--tp", "1", "--mapping", s(&file)])
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        matches!(out.status.code(), Some(2 | 3)),
+        "{:?}\n{err}",
+        out.status
+    );
+    assert!(err.contains("boom"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Was: seconds of alias expansion before serde_saphyr's default budget gave up.
+#[test]
+fn binary_yaml_alias_bomb_is_refused_quickly() {
+    let tmp = tiny_checkpoint();
+    let file = tmp.path().join("laughs.yaml");
+    fs::write(&file, billion_laughs(&mut Rng::with_seed(9))).unwrap();
+    let t = Instant::now();
+    let err = wload_fails(
+        &["plan", s(tmp.path()), "--tp", "1", "--mapping", s(&file)],
+        2,
+    );
+    assert!(err.contains("laughs.yaml: invalid mapping"), "{err}");
+    assert!(err.contains("budget"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+/// Was: exit 1 "cannot read: stream did not contain valid UTF-8", as if the disk had failed.
+#[test]
+fn binary_config_that_is_not_utf8_is_a_checkpoint_error() {
+    let tmp = tiny_checkpoint();
+    let mut text = serde_json::to_vec(&tiny_config()).unwrap();
+    text.splice(1..1, *b"\"n\xffme\": 1, ");
+    fs::write(tmp.path().join("config.json"), text).unwrap();
+    let err = wload_fails(&["inspect", s(tmp.path())], 3);
+    assert!(err.contains("config.json: not valid JSON"), "{err}");
+}
+
+/// Was: exit 1 as for the config; and an index naming none of the files got a hint about files
+/// "this format does not read".
+#[test]
+fn binary_bad_index_is_a_checkpoint_error_naming_the_index() {
+    let tmp = tiny_checkpoint();
+    let index = tmp.path().join("model.safetensors.index.json");
+    fs::write(
+        &index,
+        b"{\"weight_map\": {\"a\": \"model\xff.safetensors\"}}",
+    )
+    .unwrap();
+    let err = wload_fails(&["inspect", s(tmp.path())], 3);
+    assert!(
+        err.contains("model.safetensors.index.json: not valid JSON: invalid UTF-8 at byte 27"),
+        "{err}"
+    );
+
+    fs::write(&index, b"{\"weight_map\": {}}").unwrap();
+    let err = wload_fails(&["inspect", s(tmp.path())], 3);
+    assert!(
+        err.contains(
+            "model.safetensors.index.json names none of the 1 files matching *.safetensors"
+        ),
+        "{err}"
+    );
+}
+
+/// A shape whose product overflows only before a zero dimension: refused as safetensors does,
+/// with the tensor named, never an overflow panic.
+#[test]
+fn binary_overflowing_shape_is_a_checkpoint_error() {
+    let tmp = tiny_checkpoint();
+    edit_header(&tmp.path().join("model.safetensors"), |h| {
+        h["model.norm.weight"]["shape"] = json!([u64::MAX, u64::MAX, 0]);
+    });
+    let err = wload_fails(&["inspect", s(tmp.path())], 3);
+    assert!(err.contains("tensor 'model.norm.weight' shape"), "{err}");
+    assert!(err.contains("more than 2^64"), "{err}");
+}

@@ -215,35 +215,40 @@ fn binary(op: Op, a: Value, b: Value) -> Result<Value, EvalError> {
         _ => {}
     }
     if let (Some(x), Some(y)) = (int(&a), int(&b)) {
+        let overflow = || {
+            EvalError::Type(format!(
+                "{op:?} of {x} and {y} is out of the 64-bit integer range"
+            ))
+        };
         let v = match op {
             Op::Lt => Value::Bool(x < y),
             Op::Le => Value::Bool(x <= y),
             Op::Gt => Value::Bool(x > y),
             Op::Ge => Value::Bool(x >= y),
-            Op::Add => Value::from(x.checked_add(y).ok_or_else(ty)?),
-            Op::Sub => Value::from(x.checked_sub(y).ok_or_else(ty)?),
-            Op::Mul => Value::from(x.checked_mul(y).ok_or_else(ty)?),
+            Op::Add => Value::from(x.checked_add(y).ok_or_else(overflow)?),
+            Op::Sub => Value::from(x.checked_sub(y).ok_or_else(overflow)?),
+            Op::Mul => Value::from(x.checked_mul(y).ok_or_else(overflow)?),
             Op::Div => {
                 if y == 0 {
                     return Err(EvalError::DivByZero);
                 }
                 // checked_rem: i64::MIN % -1 overflows (and panics even in release builds).
-                if x.checked_rem(y).ok_or_else(ty)? != 0 {
+                if x.checked_rem(y).ok_or_else(overflow)? != 0 {
                     return Err(EvalError::NotDivisible { a: x, b: y });
                 }
-                Value::from(x.checked_div(y).ok_or_else(ty)?)
+                Value::from(x.checked_div(y).ok_or_else(overflow)?)
             }
             Op::FloorDiv => {
                 if y == 0 {
                     return Err(EvalError::DivByZero);
                 }
-                Value::from(x.checked_div_euclid(y).ok_or_else(ty)?)
+                Value::from(x.checked_div_euclid(y).ok_or_else(overflow)?)
             }
             Op::Rem => {
                 if y == 0 {
                     return Err(EvalError::DivByZero);
                 }
-                Value::from(x.checked_rem_euclid(y).ok_or_else(ty)?)
+                Value::from(x.checked_rem_euclid(y).ok_or_else(overflow)?)
             }
             _ => return Err(ty()),
         };
