@@ -519,7 +519,7 @@ fn fuzz_safetensors_headers() {
     fuzz(
         "headers",
         0x5AFE_7E45,
-        2500,
+        5000,
         make_header,
         |f| f.head.clone(),
         |f| {
@@ -640,7 +640,7 @@ fn fuzz_index_files() {
         }
     }
     let index = dir.path().join("model.safetensors.index.json");
-    fuzz("index", 0x1DE7_0001, 2000, make_index, Vec::clone, |text| {
+    fuzz("index", 0x1DE7_0001, 3000, make_index, Vec::clone, |text| {
         fs::write(&index, text).unwrap();
         match source::resolve_local(dir.path(), LoadFormat::Auto, ConfigFormat::Auto) {
             Ok(r) => {
@@ -777,7 +777,7 @@ fn fuzz_configs_and_overrides() {
     fuzz(
         "config",
         0xC0F1_6000,
-        2500,
+        5000,
         make_config,
         |c| {
             let mut b = c.text.clone();
@@ -921,7 +921,7 @@ fn fuzz_mapping_files() {
     fuzz(
         "mapping",
         0x3A99_1E55,
-        1500,
+        2000,
         make_mapping,
         Vec::clone,
         |bytes| {
@@ -1037,7 +1037,7 @@ fn fuzz_mapping_expressions() {
     fuzz(
         "expr",
         0xE4_9000,
-        5000,
+        10_000,
         make_expr,
         |s| s.clone().into_bytes(),
         |src| {

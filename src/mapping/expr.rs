@@ -132,13 +132,23 @@ impl fmt::Display for Expr {
 impl<'de> Deserialize<'de> for Expr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         match Value::deserialize(d)? {
-            Value::String(s) => Expr::parse(&s)
-                .map_err(|e| serde::de::Error::custom(format!("in expression `{s}`: {e}"))),
+            Value::String(s) => Expr::parse(&s).map_err(|e| {
+                serde::de::Error::custom(format!("in expression `{}`: {e}", shorten(&s)))
+            }),
             v @ (Value::Number(_) | Value::Bool(_) | Value::Null) => Ok(Expr::literal(v)),
             other => Err(serde::de::Error::custom(format!(
                 "expected an expression, got {other}"
             ))),
         }
+    }
+}
+
+/// The expression as an error message quotes it: whole unless it is longer than any real one.
+fn shorten(s: &str) -> String {
+    const MAX: usize = 120;
+    match s.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}… ({} bytes)", &s[..at], s.len()),
+        None => s.to_string(),
     }
 }
 
