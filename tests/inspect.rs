@@ -751,3 +751,17 @@ fn weight_file_without_read_permission_is_reported_by_name() {
     );
     assert!(err.contains("chmod a+r"), "{err}");
 }
+
+/// A dangling config.json is named as such, not reported as missing.
+#[test]
+fn dangling_config_link_is_reported_as_a_link() {
+    let tmp = tiny_checkpoint();
+    fs::remove_file(tmp.path().join("config.json")).unwrap();
+    std::os::unix::fs::symlink("../blobs/cfg", tmp.path().join("config.json")).unwrap();
+    let err = inspect_fails_with_3(tmp.path());
+    assert!(
+        err.contains("config.json: symbolic link to '../blobs/cfg', which does not exist"),
+        "{err}"
+    );
+    assert!(err.contains("vLLM reads it as the model config"), "{err}");
+}

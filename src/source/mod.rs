@@ -117,18 +117,18 @@ pub enum SourceError {
     /// A hub repo id that could not be resolved or fetched.
     #[error(transparent)]
     Hub(#[from] hub::HubError),
-    /// Names vLLM's glob selects but that cannot be read as files (dangling links, folders, FIFOs,
-    /// names that are not UTF-8): reported, one line each, rather than skipped.
-    #[error("{}", unreadable_lines(root, pattern, files))]
+    /// Names vLLM's glob selects (or the config it reads) that cannot be read as files (dangling
+    /// links, folders, FIFOs, names that are not UTF-8): reported, one line each, not skipped.
+    /// `why` says how vLLM comes to open them.
+    #[error("{}", unreadable_lines(root, why, files))]
     UnreadableWeights {
         root: PathBuf,
-        pattern: &'static str,
+        why: String,
         files: Vec<local::Unreadable>,
     },
 }
 
-fn unreadable_lines(root: &Path, pattern: &str, files: &[local::Unreadable]) -> String {
-    let glob = format!("vLLM's glob selects it (it matches {pattern})");
+fn unreadable_lines(root: &Path, glob: &str, files: &[local::Unreadable]) -> String {
     files
         .iter()
         .map(|u| {
@@ -328,7 +328,7 @@ pub fn resolve_listing(
     if !bad.is_empty() {
         return Err(SourceError::UnreadableWeights {
             root: root.to_path_buf(),
-            pattern,
+            why: format!("vLLM's glob selects it (it matches {pattern})"),
             files: bad,
         });
     }
@@ -406,6 +406,13 @@ fn pick_config(
         ConfigFormat::Mistral => ("params.json", has_params),
         _ => ("config.json", has_config),
     };
+    if !present && let Some(u) = listing.unreadable(name) {
+        return Err(SourceError::UnreadableWeights {
+            root: root.to_path_buf(),
+            why: "vLLM reads it as the model config".into(),
+            files: vec![u.clone()],
+        });
+    }
     if !present {
         return Err(SourceError::NoConfig {
             root: root.to_path_buf(),
