@@ -589,3 +589,30 @@ impl<'de> Visitor<'de> for HeaderVisitor {
         Ok(RawHeader { metadata, tensors })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header reader is also what a hub snapshot goes through, without the folder listing's
+    /// checks: a FIFO must be refused at once (a blocking open would wait for a writer forever),
+    /// a folder named like a weight file likewise, both as the checkpoint's fault.
+    #[test]
+    fn fifo_and_folder_are_refused_without_waiting() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let fifo = tmp.path().join("pipe.safetensors");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file system entry.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let dir = tmp.path().join("dir.safetensors");
+        std::fs::create_dir(&dir).unwrap();
+        for (path, kind) in [(&fifo, "a FIFO"), (&dir, "a folder")] {
+            match read_header(path, "x", 0) {
+                Err(HeaderError::Unreadable { problem, .. }) => {
+                    assert!(problem.contains(kind), "{problem}")
+                }
+                other => panic!("{}: {other:?}", path.display()),
+            }
+        }
+    }
+}
