@@ -204,6 +204,14 @@ pub enum HeaderError {
         #[source]
         source: std::io::Error,
     },
+    /// The file exists but cannot be opened as a regular file: the checkpoint's fault as vLLM
+    /// would meet it, not a transient I/O failure.
+    #[error("{path}: {problem}; vLLM would fail to open it too: {fix}")]
+    Unreadable {
+        path: PathBuf,
+        problem: String,
+        fix: &'static str,
+    },
     #[error("{path}: file is empty; a safetensors file starts with an 8-byte header length")]
     Empty { path: PathBuf },
     #[error(
@@ -291,7 +299,7 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
         source,
     };
     let p = || path.to_path_buf();
-    let file = File::open(path).map_err(io)?;
+    let file = open_regular(path)?;
     let size = file.metadata().map_err(io)?.len();
     if size == 0 {
         return Err(HeaderError::Empty { path: p() });
@@ -438,6 +446,62 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
     })
 }
 
+/// Opens `path` for reading if it is a regular file. Non-blocking, so that a FIFO answers at once
+/// instead of waiting for a writer; the flag changes nothing for regular files.
+fn open_regular(path: &Path) -> Result<File, HeaderError> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let unreadable = |problem: String, fix| HeaderError::Unreadable {
+        path: path.to_path_buf(),
+        problem,
+        fix,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => unreadable(
+                "permission denied".into(),
+                "make it readable (`chmod a+r`), or run as a user who can read it",
+            ),
+            _ if e.raw_os_error() == Some(libc::ELOOP) => unreadable(
+                format!("cannot follow its symbolic link ({e})"),
+                "fix or remove the link",
+            ),
+            _ if e.raw_os_error() == Some(libc::ENXIO) => unreadable(
+                "is a socket or a device without a reader, not a regular file".into(),
+                "rename or remove it",
+            ),
+            _ => HeaderError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            },
+        })?;
+    let ft = file
+        .metadata()
+        .map_err(|source| HeaderError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a folder"
+        } else if ft.is_fifo() {
+            "a FIFO (named pipe)"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(unreadable(
+            format!("is {kind}, not a regular file"),
+            "rename or remove it",
+        ));
+    }
+    Ok(file)
+}
+
 #[derive(Deserialize)]
 struct RawTensor<'a> {
     #[serde(borrow)]
@@ -523,5 +587,32 @@ impl<'de> Visitor<'de> for HeaderVisitor {
             }
         }
         Ok(RawHeader { metadata, tensors })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header reader is also what a hub snapshot goes through, without the folder listing's
+    /// checks: a FIFO must be refused at once (a blocking open would wait for a writer forever),
+    /// a folder named like a weight file likewise, both as the checkpoint's fault.
+    #[test]
+    fn fifo_and_folder_are_refused_without_waiting() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let fifo = tmp.path().join("pipe.safetensors");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates a file system entry.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let dir = tmp.path().join("dir.safetensors");
+        std::fs::create_dir(&dir).unwrap();
+        for (path, kind) in [(&fifo, "a FIFO"), (&dir, "a folder")] {
+            match read_header(path, "x", 0) {
+                Err(HeaderError::Unreadable { problem, .. }) => {
+                    assert!(problem.contains(kind), "{problem}")
+                }
+                other => panic!("{}: {other:?}", path.display()),
+            }
+        }
     }
 }

@@ -89,11 +89,13 @@ pub fn load(
     overrides: Option<&Map<String, Value>>,
 ) -> Result<ModelConfig, ConfigError> {
     let path = root.join(file);
-    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
+    // Bytes, not a string: a file that is not UTF-8 is a malformed config (exit 3), not an I/O
+    // failure, and serde_json names the line and column of the first bad byte.
+    let bytes = std::fs::read(&path).map_err(|source| ConfigError::Io {
         path: path.clone(),
         source,
     })?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| ConfigError::BadJson {
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| ConfigError::BadJson {
         path: path.clone(),
         message: e.to_string(),
     })?;

@@ -11,6 +11,10 @@ use std::fmt;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+/// Longer than any expression a mapping needs (a few dozen tokens), short enough that the deepest
+/// tree it allows cannot overflow a thread's stack in a debug build.
+const MAX_TOKENS: usize = 256;
+
 /// A parsed expression, keeping its source text for messages.
 #[derive(Debug, Clone)]
 pub struct Expr {
@@ -128,13 +132,23 @@ impl fmt::Display for Expr {
 impl<'de> Deserialize<'de> for Expr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         match Value::deserialize(d)? {
-            Value::String(s) => Expr::parse(&s)
-                .map_err(|e| serde::de::Error::custom(format!("in expression `{s}`: {e}"))),
+            Value::String(s) => Expr::parse(&s).map_err(|e| {
+                serde::de::Error::custom(format!("in expression `{}`: {e}", shorten(&s)))
+            }),
             v @ (Value::Number(_) | Value::Bool(_) | Value::Null) => Ok(Expr::literal(v)),
             other => Err(serde::de::Error::custom(format!(
                 "expected an expression, got {other}"
             ))),
         }
+    }
+}
+
+/// The expression as an error message quotes it: whole unless it is longer than any real one.
+fn shorten(s: &str) -> String {
+    const MAX: usize = 120;
+    match s.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}… ({} bytes)", &s[..at], s.len()),
+        None => s.to_string(),
     }
 }
 
@@ -165,7 +179,10 @@ fn eval(n: &Node, s: &dyn Scope) -> Result<Value, EvalError> {
         Node::Neg(x) => {
             let v = eval(x, s)?;
             match (int(&v), v.as_f64()) {
-                (Some(i), _) if !v.is_boolean() => Ok(Value::from(-i)),
+                (Some(i), _) if !v.is_boolean() => i
+                    .checked_neg()
+                    .map(Value::from)
+                    .ok_or_else(|| EvalError::Type(format!("cannot negate {v}: out of range"))),
                 (_, Some(f)) => Ok(Value::from(-f)),
                 _ => Err(EvalError::Type(format!("cannot negate {v}"))),
             }
@@ -208,34 +225,40 @@ fn binary(op: Op, a: Value, b: Value) -> Result<Value, EvalError> {
         _ => {}
     }
     if let (Some(x), Some(y)) = (int(&a), int(&b)) {
+        let overflow = || {
+            EvalError::Type(format!(
+                "{op:?} of {x} and {y} is out of the 64-bit integer range"
+            ))
+        };
         let v = match op {
             Op::Lt => Value::Bool(x < y),
             Op::Le => Value::Bool(x <= y),
             Op::Gt => Value::Bool(x > y),
             Op::Ge => Value::Bool(x >= y),
-            Op::Add => Value::from(x.checked_add(y).ok_or_else(ty)?),
-            Op::Sub => Value::from(x.checked_sub(y).ok_or_else(ty)?),
-            Op::Mul => Value::from(x.checked_mul(y).ok_or_else(ty)?),
+            Op::Add => Value::from(x.checked_add(y).ok_or_else(overflow)?),
+            Op::Sub => Value::from(x.checked_sub(y).ok_or_else(overflow)?),
+            Op::Mul => Value::from(x.checked_mul(y).ok_or_else(overflow)?),
             Op::Div => {
                 if y == 0 {
                     return Err(EvalError::DivByZero);
                 }
-                if x % y != 0 {
+                // checked_rem: i64::MIN % -1 overflows (and panics even in release builds).
+                if x.checked_rem(y).ok_or_else(overflow)? != 0 {
                     return Err(EvalError::NotDivisible { a: x, b: y });
                 }
-                Value::from(x / y)
+                Value::from(x.checked_div(y).ok_or_else(overflow)?)
             }
             Op::FloorDiv => {
                 if y == 0 {
                     return Err(EvalError::DivByZero);
                 }
-                Value::from(x.div_euclid(y))
+                Value::from(x.checked_div_euclid(y).ok_or_else(overflow)?)
             }
             Op::Rem => {
                 if y == 0 {
                     return Err(EvalError::DivByZero);
                 }
-                Value::from(x.rem_euclid(y))
+                Value::from(x.checked_rem_euclid(y).ok_or_else(overflow)?)
             }
             _ => return Err(ty()),
         };
@@ -278,7 +301,13 @@ fn call(f: &str, args: &[Value]) -> Result<Value, EvalError> {
             if v[1] == 0 {
                 return Err(EvalError::DivByZero);
             }
-            Ok(Value::from((v[0] + v[1] - 1).div_euclid(v[1])))
+            v[1].checked_sub(1)
+                .and_then(|d| v[0].checked_add(d))
+                .and_then(|n| n.checked_div_euclid(v[1]))
+                .map(Value::from)
+                .ok_or_else(|| {
+                    EvalError::Type(format!("ceil_div({}, {}) is out of range", v[0], v[1]))
+                })
         }
         ("min", n) if n > 0 => Ok(Value::from(*ints()?.iter().min().unwrap())),
         ("max", n) if n > 0 => Ok(Value::from(*ints()?.iter().max().unwrap())),
@@ -325,6 +354,13 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
     let b = src.as_bytes();
     let mut i = 0;
     while i < b.len() {
+        // Parsing, evaluating and dropping recurse once per level of the tree, and a tree is never
+        // deeper than its token count: bounding the tokens bounds the stack, whatever the nesting.
+        if out.len() > MAX_TOKENS {
+            return Err(format!(
+                "more than {MAX_TOKENS} tokens; split the expression into `derive` entries"
+            ));
+        }
         let c = b[i] as char;
         if c.is_whitespace() {
             i += 1;
@@ -524,6 +560,34 @@ mod tests {
         assert_eq!(ev("!tie && 3 > 2").unwrap(), json!(true));
         assert_eq!(ev("tie || 0").unwrap(), json!(0));
         assert_eq!(ev("tie == false").unwrap(), json!(true));
+    }
+
+    /// Values at the edge of i64 give errors, not overflow panics (`-i64::MIN`, `i64::MIN / -1`).
+    #[test]
+    fn integer_edges_are_errors_not_panics() {
+        let cfg = json!({"min": i64::MIN, "neg": -1});
+        let scope = move |k: &str| cfg.get(k).cloned();
+        for src in [
+            "-min",
+            "min / neg",
+            "min // neg",
+            "min % neg",
+            "ceil_div(min, neg)",
+            "ceil_div(1, min)",
+            "min - 1",
+        ] {
+            assert!(Expr::parse(src).unwrap().eval(&scope).is_err(), "{src}");
+        }
+    }
+
+    /// Nesting is bounded before the parser recurses: no stack overflow.
+    #[test]
+    fn deep_or_long_expressions_are_refused() {
+        let deep = format!("{}1{}", "(".repeat(100_000), ")".repeat(100_000));
+        assert!(Expr::parse(&deep).unwrap_err().contains("tokens"));
+        let long = vec!["1"; 10_000].join(" + ");
+        assert!(Expr::parse(&long).unwrap_err().contains("tokens"));
+        assert!(Expr::parse(&vec!["1"; 100].join(" + ")).is_ok());
     }
 
     #[test]

@@ -217,13 +217,12 @@ pub fn parse(file: &str, text: &str) -> Result<Mapping, MappingError> {
         serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?
     } else {
         // Straight from the text, for error messages with line numbers.
-        serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?
+        from_yaml(text).map_err(|e| invalid(e.to_string()))?
     };
-    let common: rules::Rules =
-        serde_saphyr::from_str(COMMON).map_err(|e| MappingError::Invalid {
-            file: "common.yaml".into(),
-            message: e.to_string(),
-        })?;
+    let common: rules::Rules = from_yaml(COMMON).map_err(|e| MappingError::Invalid {
+        file: "common.yaml".into(),
+        message: e.to_string(),
+    })?;
     m.rules.merge_common(common);
     m.rules.compile().map_err(|message| MappingError::Invalid {
         file: file.to_string(),
@@ -238,7 +237,7 @@ fn resolve_extends(file: &str, text: &str, depth: usize) -> Result<Value, Mappin
         file: file.to_string(),
         message,
     };
-    let mut value: Value = serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?;
+    let mut value: Value = from_yaml(text).map_err(|e| invalid(e.to_string()))?;
     let Some(parent) = value
         .get("extends")
         .and_then(Value::as_str)
@@ -259,6 +258,24 @@ fn resolve_extends(file: &str, text: &str, depth: usize) -> Result<Value, Mappin
     }
     merge(&mut base, std::mem::take(&mut value));
     Ok(base)
+}
+
+/// A mapping file is a few thousand YAML events at most; these budgets are ten times that, and far
+/// below serde_saphyr's defaults (a million events), under which an alias bomb in a `--mapping`
+/// file ("billion laughs") takes seconds before it is refused. Within them it fails in milliseconds.
+fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_events = 50_000;
+    budget.max_nodes = 20_000;
+    budget.max_aliases = 1_000;
+    budget.max_anchors = 1_000;
+    budget.max_recorded_anchor_events = 10_000;
+    budget.max_recorded_anchor_bytes = 4 << 20;
+    budget.max_total_scalar_bytes = 4 << 20;
+    budget.max_merge_keys = 1_000;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    serde_saphyr::from_str_with_options(text, options)
 }
 
 /// Objects merge key by key; anything else replaces.

@@ -117,6 +117,42 @@ pub enum SourceError {
     /// A hub repo id that could not be resolved or fetched.
     #[error(transparent)]
     Hub(#[from] hub::HubError),
+    /// Names vLLM's glob selects (or the config it reads) that cannot be read as files (dangling
+    /// links, folders, FIFOs, names that are not UTF-8): reported, one line each, not skipped.
+    /// `why` says how vLLM comes to open them.
+    #[error("{}", unreadable_lines(root, why, files))]
+    UnreadableWeights {
+        root: PathBuf,
+        why: String,
+        files: Vec<local::Unreadable>,
+    },
+}
+
+fn unreadable_lines(root: &Path, glob: &str, files: &[local::Unreadable]) -> String {
+    files
+        .iter()
+        .map(|u| {
+            let p = root.join(&u.name);
+            let p = p.display();
+            match &u.problem {
+                local::Problem::Dangling { target } => format!(
+                    "{p}: symbolic link to '{}', which does not exist (a Hugging Face cache whose blob is gone?); {glob} and then fails to open it: restore what it points to (download the model again) or remove the link",
+                    target.display()
+                ),
+                local::Problem::BrokenLink { target, error } => format!(
+                    "{p}: symbolic link to '{}' cannot be followed ({error}); {glob} and then fails to open it: fix or remove the link",
+                    target.display()
+                ),
+                local::Problem::NotRegular { kind } => format!(
+                    "{p}: is {kind}, not a regular file; {glob} and then fails to read it: rename or remove it"
+                ),
+                local::Problem::NotUtf8 { bytes } => format!(
+                    "{p}: file name is not valid UTF-8 (bytes \"{bytes}\"); {glob}, since Python keeps undecodable bytes as surrogate escapes, but no index, report or manifest can name it: rename it to a UTF-8 name"
+                ),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\nerror: ")
 }
 
 /// Resolves a local checkpoint folder the way vLLM 0.33's DefaultModelLoader does.
@@ -147,7 +183,9 @@ pub fn resolve_listing(
     requested: LoadFormat,
     config_format: ConfigFormat,
 ) -> Result<Resolved, SourceError> {
-    let has_consolidated = listing.all().any(|p| {
+    // What vLLM's `rglob`/`glob` see: names that cannot be read are listed all the same.
+    let unreadable = listing.unreadable.iter().map(|u| u.name.as_str());
+    let has_consolidated = listing.all().chain(unreadable.clone()).any(|p| {
         let base = p.rsplit('/').next().unwrap_or(p);
         glob_match("consolidated*.safetensors", base)
     });
@@ -166,8 +204,10 @@ pub fn resolve_listing(
             let m: Vec<String> = listing
                 .top
                 .iter()
+                .map(String::as_str)
+                .chain(unreadable.clone())
                 .filter(|n| glob_match(pat, n))
-                .cloned()
+                .map(str::to_string)
                 .collect();
             (!m.is_empty()).then_some((*pat, m))
         })
@@ -222,6 +262,18 @@ pub fn resolve_listing(
         matched = Vec::new();
     }
 
+    if matched.is_empty() && !dropped.is_empty() {
+        return Err(SourceError::NoWeights {
+            root: root.to_path_buf(),
+            format: format.as_str(),
+            patterns: patterns.to_vec(),
+            hint: format!(
+                "; {} names none of the {} files matching {pattern}, and vLLM reads only the files it names: fix its weight_map or remove it",
+                format.index_file(),
+                dropped.len()
+            ),
+        });
+    }
     if matched.is_empty() {
         let other_weights: Vec<&str> = listing
             .all()
@@ -246,11 +298,10 @@ pub fn resolve_listing(
     matched.sort_by(|a, b| natural_cmp(a, b));
 
     // Everything else that looks like weights gets a line saying why it is not read.
-    for p in listing.all() {
-        if !is_weight_like(p)
-            || matched.iter().any(|m| m == p)
-            || dropped.iter().any(|d| d.file == p)
-        {
+    let kept: HashSet<&str> = matched.iter().map(String::as_str).collect();
+    let already: HashSet<String> = dropped.iter().map(|d| d.file.clone()).collect();
+    for p in listing.all().chain(unreadable.clone()) {
+        if !is_weight_like(p) || kept.contains(p) || already.contains(p) {
             continue;
         }
         let reason = if p.contains('/') {
@@ -269,6 +320,18 @@ pub fn resolve_listing(
     }
 
     let (config_format, config_file) = pick_config(root, listing, config_format, has_consolidated)?;
+
+    let bad: Vec<local::Unreadable> = matched
+        .iter()
+        .filter_map(|f| listing.unreadable(f).cloned())
+        .collect();
+    if !bad.is_empty() {
+        return Err(SourceError::UnreadableWeights {
+            root: root.to_path_buf(),
+            why: format!("vLLM's glob selects it (it matches {pattern})"),
+            files: bad,
+        });
+    }
 
     Ok(Resolved {
         root: root.to_path_buf(),
@@ -343,6 +406,13 @@ fn pick_config(
         ConfigFormat::Mistral => ("params.json", has_params),
         _ => ("config.json", has_config),
     };
+    if !present && let Some(u) = listing.unreadable(name) {
+        return Err(SourceError::UnreadableWeights {
+            root: root.to_path_buf(),
+            why: "vLLM reads it as the model config".into(),
+            files: vec![u.clone()],
+        });
+    }
     if !present {
         return Err(SourceError::NoConfig {
             root: root.to_path_buf(),
@@ -354,13 +424,21 @@ fn pick_config(
 
 /// The set of files an index's `weight_map` names, refusing any that lie outside the folder.
 pub(crate) fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SourceError::Io {
+    let bytes = std::fs::read(path).map_err(|source| SourceError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    match index_files_fast(&text) {
+    // An index that is not UTF-8 is a malformed checkpoint (exit 3), not an I/O failure.
+    let text = std::str::from_utf8(&bytes).map_err(|e| SourceError::BadIndex {
+        index: path.to_path_buf(),
+        message: format!(
+            "not valid JSON: invalid UTF-8 at byte {}; re-download or regenerate the index",
+            e.valid_up_to()
+        ),
+    })?;
+    match index_files_fast(text) {
         Some(files) => Ok(files),
-        None => index_files(path, &text),
+        None => index_files(path, text),
     }
 }
 
