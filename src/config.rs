@@ -91,7 +91,7 @@ pub fn load(
     let path = root.join(file);
     // Bytes, not a string: a file that is not UTF-8 is a malformed config (exit 3), not an I/O
     // failure, and serde_json names the line and column of the first bad byte.
-    let bytes = std::fs::read(&path).map_err(|source| ConfigError::Io {
+    let bytes = crate::small_file::read(&path).map_err(|source| ConfigError::Io {
         path: path.clone(),
         source,
     })?;

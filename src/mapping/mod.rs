@@ -307,7 +307,7 @@ pub fn embedded() -> Vec<Mapping> {
 /// first architecture.
 pub fn select(file: Option<&Path>, arch: Option<&str>) -> Result<Mapping, MappingError> {
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path).map_err(|source| MappingError::Io {
+        let text = crate::small_file::read_to_string(path).map_err(|source| MappingError::Io {
             path: path.to_path_buf(),
             source,
         })?;

@@ -343,7 +343,7 @@ impl HubEnv {
                 let path = var("HF_TOKEN_PATH")
                     .map(expand)
                     .unwrap_or_else(|| hf_home.join("token"));
-                fs::read_to_string(path).ok()
+                crate::small_file::read_to_string(&path).ok()
             })
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty());
@@ -626,7 +626,7 @@ fn cached_state(req: &HubRequest, repo_dir: &Path, why: Why) -> Result<State, Hu
     let commit = if is_commit(req.revision) {
         req.revision.to_string()
     } else {
-        fs::read_to_string(repo_dir.join("refs").join(req.revision))
+        crate::small_file::read_to_string(&repo_dir.join("refs").join(req.revision))
             .map_err(|_| not_cached())?
             .trim()
             .to_string()
@@ -667,7 +667,7 @@ fn cached_state(req: &HubRequest, repo_dir: &Path, why: Why) -> Result<State, Hu
 }
 
 fn saved_listing(repo_dir: &Path, commit: &str) -> Option<Vec<String>> {
-    let text = fs::read(listing_path(repo_dir, commit)).ok()?;
+    let text = crate::small_file::read(&listing_path(repo_dir, commit)).ok()?;
     let saved: SavedListing = serde_json::from_slice(&text).ok()?;
     (saved.commit == commit).then_some(saved.files)
 }

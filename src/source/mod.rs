@@ -424,7 +424,7 @@ fn pick_config(
 
 /// The set of files an index's `weight_map` names, refusing any that lie outside the folder.
 pub(crate) fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
-    let bytes = std::fs::read(path).map_err(|source| SourceError::Io {
+    let bytes = crate::small_file::read(path).map_err(|source| SourceError::Io {
         path: path.to_path_buf(),
         source,
     })?;
