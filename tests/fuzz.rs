@@ -1180,3 +1180,29 @@ fn binary_overflowing_shape_is_a_checkpoint_error() {
     assert!(err.contains("tensor 'model.norm.weight' shape"), "{err}");
     assert!(err.contains("more than 2^64"), "{err}");
 }
+
+/// Was: `--mapping /dev/zero` read forever (memory growing), and a named pipe as config.json
+/// blocked on open. Small text files are read only when regular and of a sane size.
+#[test]
+fn binary_special_files_as_text_inputs_never_block() {
+    let tmp = tiny_checkpoint();
+    let err = wload_fails(
+        &["plan", s(tmp.path()), "--tp", "1", "--mapping", "/dev/zero"],
+        2,
+    );
+    assert!(
+        err.contains("/dev/zero") && err.contains("is a device"),
+        "{err}"
+    );
+
+    let cfg = tmp.path().join("config.json");
+    fs::remove_file(&cfg).unwrap();
+    let c = std::ffi::CString::new(s(&cfg)).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let err = wload_fails(&["inspect", s(tmp.path())], 3);
+    assert!(
+        err.contains("config.json") && err.contains("named pipe"),
+        "{err}"
+    );
+}
