@@ -11,9 +11,10 @@ use serde::Serialize;
 
 use crate::checkpoint::Checkpoint;
 use crate::exec::device::{CpuDevice, Device, DeviceError};
-use crate::exec::{ExecError, Placement, Progress, Sink, Stats};
+use crate::exec::{ExecError, Placement, Sink, Stats};
 use crate::manifest::{self, MANIFEST, Manifest};
 use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, Source};
+use crate::progress::{Progress, Quiet};
 use crate::{Error, Opened, PlanOptions, SourceOptions, Timings};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -668,7 +669,7 @@ fn reference_bytes(
         out: 0,
         offset: 0,
     }];
-    crate::exec::execute(plan, root, &pl, &sink, cancel, &crate::exec::Quiet)
+    crate::exec::execute(plan, root, &pl, &sink, cancel, &Quiet)
         .map_err(|e| Error::Load(e.into()))?;
     devices[0].download(0).map_err(|e| Error::Load(e.into()))
 }

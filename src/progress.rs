@@ -1,55 +1,15 @@
-//! Progress bars for the binary: indicatif on a terminal, nothing otherwise.
+//! Progress reporting, for every stage: the work tells a [`Progress`] how many bytes are done;
+//! the binary decides whether that becomes a bar. A leaf module, so that resolve (downloads) and
+//! execute (writes, loads) report the same way without importing each other.
 
-use std::io::IsTerminal;
-
-use indicatif::{ProgressBar, ProgressStyle};
-use wload::exec::Progress;
-
-struct Bar(ProgressBar);
-
-impl Progress for Bar {
-    fn advance(&self, bytes: u64) {
-        self.0.inc(bytes);
-    }
+/// Told how many output bytes are done, for progress bars.
+pub trait Progress: Sync {
+    fn advance(&self, bytes: u64);
 }
 
-impl Drop for Bar {
-    fn drop(&mut self) {
-        self.0.finish_and_clear();
-    }
-}
+/// No progress reporting.
+pub struct Quiet;
 
-/// A byte-count bar with rate and ETA when stderr is a terminal and not `--quiet`.
-pub fn bar(total: u64, quiet: bool) -> Box<dyn Progress> {
-    if quiet || !std::io::stderr().is_terminal() {
-        return Box::new(wload::exec::Quiet);
-    }
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{bar:40.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-        )
-        .expect("valid template"),
-    );
-    Box::new(Bar(pb))
-}
-
-/// One bar per file download, stacked while several run at once, when stderr is a terminal and
-/// not `--quiet`.
-pub fn download_bars(quiet: bool) -> wload::source::hub::DownloadProgress {
-    if quiet || !std::io::stderr().is_terminal() {
-        return Default::default();
-    }
-    let bars = indicatif::MultiProgress::new();
-    wload::source::hub::DownloadProgress::new(move |file, size| {
-        let pb = bars.add(ProgressBar::new(size));
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
-            )
-            .expect("valid template"),
-        );
-        pb.set_message(format!("downloading {file}"));
-        Box::new(Bar(pb))
-    })
+impl Progress for Quiet {
+    fn advance(&self, _: u64) {}
 }

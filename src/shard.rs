@@ -15,9 +15,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::exec::parts::{self, PartFile};
-use crate::exec::{ExecError, Progress, convert, verify, write};
+use crate::exec::{ExecError, convert, verify, write};
 use crate::manifest::{self, MANIFEST, Manifest, ManifestFile};
 use crate::plan::Plan;
+use crate::progress::{Progress, Quiet};
 use crate::{Error, ExitStatus, Opened};
 
 /// vLLM's example script default (`--max-file-size 5*1024**3`).
@@ -214,8 +215,7 @@ pub fn shard(
     }
     if opts.verify {
         let t = Instant::now();
-        verify::verify_parts(&plan, root, tmp, &files, cancel, &crate::exec::Quiet)
-            .map_err(ShardError::from)?;
+        verify::verify_parts(&plan, root, tmp, &files, cancel, &Quiet).map_err(ShardError::from)?;
         timings.verify_s = t.elapsed().as_secs_f64();
     }
     if cancel.load(Ordering::Relaxed) {

@@ -24,6 +24,7 @@ use rayon::prelude::*;
 use crate::dtype::Dtype;
 use crate::plan::layout::Block;
 use crate::plan::{Piece, Plan};
+pub use crate::progress::{Progress, Quiet};
 
 /// Source bytes read per step; with one step in flight per thread this bounds memory.
 pub const CHUNK_BYTES: u64 = 16 << 20;
@@ -102,18 +103,6 @@ impl Stats {
 
 fn add_since(v: &AtomicU64, t: Instant) {
     v.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-}
-
-/// Told how many output bytes are done, for progress bars.
-pub trait Progress: Sync {
-    fn advance(&self, bytes: u64);
-}
-
-/// No progress reporting.
-pub struct Quiet;
-
-impl Progress for Quiet {
-    fn advance(&self, _: u64) {}
 }
 
 #[derive(Debug, thiserror::Error)]

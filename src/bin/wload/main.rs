@@ -5,8 +5,8 @@ use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 use std::time::Instant;
 
+mod bars;
 mod interrupt;
-mod progress;
 
 use clap::{CommandFactory, Parser};
 
@@ -91,7 +91,7 @@ fn run(cli: Cli) -> Result<(), Error> {
             let cancel = interrupt::flag();
             let quiet = cli.quiet;
             let report = wload::shard::shard(&opened, plan, &opts, cancel, &|total| {
-                progress::bar(total, quiet)
+                bars::bar(total, quiet)
             })?;
             for s in &report.removed_leftovers {
                 let _ = writeln!(
@@ -128,7 +128,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 // stops the transfer cleanly.
                 &|total| {
                     interrupt::install();
-                    progress::bar(total, quiet)
+                    bars::bar(total, quiet)
                 },
             )?;
             if args.json {
@@ -166,7 +166,7 @@ fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {
             .transpose()?,
         revision: Some(a.revision.clone()),
         download_dir: a.download_dir.clone(),
-        download_progress: progress::download_bars(quiet),
+        download_progress: bars::download_bars(quiet),
     })
 }
 

@@ -1,0 +1,55 @@
+//! Progress bars for the binary: indicatif on a terminal, nothing otherwise.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use wload::progress::{Progress, Quiet};
+
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// A byte-count bar with rate and ETA when stderr is a terminal and not `--quiet`.
+pub fn bar(total: u64, quiet: bool) -> Box<dyn Progress> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return Box::new(Quiet);
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{bar:40.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .expect("valid template"),
+    );
+    Box::new(Bar(pb))
+}
+
+/// One bar per file download, stacked while several run at once, when stderr is a terminal and
+/// not `--quiet`.
+pub fn download_bars(quiet: bool) -> wload::source::hub::DownloadProgress {
+    if quiet || !std::io::stderr().is_terminal() {
+        return Default::default();
+    }
+    let bars = indicatif::MultiProgress::new();
+    wload::source::hub::DownloadProgress::new(move |file, size| {
+        let pb = bars.add(ProgressBar::new(size));
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+            )
+            .expect("valid template"),
+        );
+        pb.set_message(format!("downloading {file}"));
+        Box::new(Bar(pb))
+    })
+}
