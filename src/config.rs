@@ -48,8 +48,13 @@ pub enum ConfigError {
 
 impl ConfigError {
     /// Errors in the user's `--hf-overrides` are usage errors; the rest are the checkpoint's.
-    pub fn is_usage(&self) -> bool {
-        matches!(self, ConfigError::BadOverrides { .. })
+    pub fn exit_status(&self) -> crate::ExitStatus {
+        use crate::ExitStatus;
+        match self {
+            ConfigError::Io { .. } => ExitStatus::Runtime,
+            ConfigError::BadOverrides { .. } => ExitStatus::Usage,
+            _ => ExitStatus::Checkpoint,
+        }
     }
 }
 

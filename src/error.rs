@@ -2,21 +2,11 @@
 
 use crate::checkpoint::HeaderError;
 use crate::config::ConfigError;
+use crate::exec::ExecError;
+use crate::exec::device::DeviceError;
 use crate::source::SourceError;
 
-/// Exit statuses, documented in README.md and `wload --help`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitStatus {
-    Ok = 0,
-    /// I/O or device failure.
-    Runtime = 1,
-    /// Bad command line.
-    Usage = 2,
-    /// The checkpoint is malformed or does not fit the model / plan.
-    Checkpoint = 3,
-    /// Interrupted by Ctrl-C (SIGINT); nothing was published.
-    Interrupted = 130,
-}
+pub use crate::exit::ExitStatus;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -35,7 +25,7 @@ pub enum Error {
     #[error(transparent)]
     Shard(#[from] crate::shard::ShardError),
     #[error(transparent)]
-    Load(crate::load::LoadError),
+    Load(#[from] crate::load::LoadError),
     #[error("--filter: {0}")]
     BadFilter(#[from] regex::Error),
     #[error("writing output: {0}")]
@@ -54,9 +44,7 @@ impl Error {
                 ExitStatus::Runtime
             }
             Error::Headers(_) => ExitStatus::Checkpoint,
-            Error::Config(ConfigError::Io { .. }) => ExitStatus::Runtime,
-            Error::Config(e) if e.is_usage() => ExitStatus::Usage,
-            Error::Config(_) => ExitStatus::Checkpoint,
+            Error::Config(e) => e.exit_status(),
             Error::BadFilter(_) | Error::Usage(_) => ExitStatus::Usage,
             Error::Mapping(e) if e.is_usage() => ExitStatus::Usage,
             Error::Mapping(_) => ExitStatus::Checkpoint,
@@ -65,16 +53,7 @@ impl Error {
             Error::Plan(_) => ExitStatus::Checkpoint,
             Error::Output(_) => ExitStatus::Runtime,
             Error::Shard(e) => e.exit_status(),
-            Error::Load(
-                crate::load::LoadError::BadRank(_) | crate::load::LoadError::Launcher(_),
-            ) => ExitStatus::Usage,
-            Error::Load(crate::load::LoadError::Exec(crate::exec::ExecError::Cancelled)) => {
-                ExitStatus::Interrupted
-            }
-            Error::Load(crate::load::LoadError::Exec(crate::exec::ExecError::Corrupt {
-                ..
-            })) => ExitStatus::Checkpoint,
-            Error::Load(_) => ExitStatus::Runtime,
+            Error::Load(e) => e.exit_status(),
         }
     }
 
@@ -90,4 +69,17 @@ fn join_lines<T: std::fmt::Display>(items: &[T]) -> String {
         .map(T::to_string)
         .collect::<Vec<_>>()
         .join("\nerror: ")
+}
+
+// The loader's device and engine failures, through `?` in `load`.
+impl From<DeviceError> for Error {
+    fn from(e: DeviceError) -> Error {
+        Error::Load(e.into())
+    }
+}
+
+impl From<ExecError> for Error {
+    fn from(e: ExecError) -> Error {
+        Error::Load(e.into())
+    }
 }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod exec;
+pub mod exit;
 pub mod inspect;
 pub mod load;
 pub mod manifest;
@@ -26,7 +27,8 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-pub use error::{Error, ExitStatus};
+pub use error::Error;
+pub use exit::ExitStatus;
 
 /// What every subcommand needs to find and read a checkpoint.
 #[derive(Debug, Clone)]

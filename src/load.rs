@@ -52,6 +52,17 @@ pub enum LoadError {
     CheckFailed { rank_tensor: String, device: String },
 }
 
+impl LoadError {
+    pub fn exit_status(&self) -> crate::ExitStatus {
+        use crate::ExitStatus;
+        match self {
+            LoadError::BadRank(_) | LoadError::Launcher(_) => ExitStatus::Usage,
+            LoadError::Exec(e) => e.exit_status(),
+            LoadError::Device(_) | LoadError::CheckFailed { .. } => ExitStatus::Runtime,
+        }
+    }
+}
+
 /// Where the tensors came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -258,7 +269,7 @@ pub fn prepare(
     }
 
     // Only now is --tp known to fit the model, so the rank list is bounded.
-    let (ranks, _) = select_ranks(popts.tp, given_ranks).map_err(Error::Load)?;
+    let (ranks, _) = select_ranks(popts.tp, given_ranks).map_err(Error::from)?;
     let mut sources = Vec::new();
     let mut out_ranks = Vec::new();
     for &r in &ranks {
@@ -464,7 +475,7 @@ pub fn load(
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     // After planning, which refuses a --tp that does not fit the model: no rank list is built
     // for an absurd one.
-    let (ranks, local_base) = select_ranks(popts.tp, lopts.ranks.as_ref()).map_err(Error::Load)?;
+    let (ranks, local_base) = select_ranks(popts.tp, lopts.ranks.as_ref()).map_err(Error::from)?;
     plan.ranks.retain(|r| ranks.contains(&r.rank));
     let bytes: u64 = plan.ranks.iter().map(|r| r.bytes).sum();
     let mut timings = LoadTimings {
@@ -476,7 +487,7 @@ pub fn load(
     if lopts.dry_run {
         let mut files_read = Vec::new();
         if lopts.read {
-            files_read = read_all(&root, &plan, kind).map_err(Error::Load)?;
+            files_read = read_all(&root, &plan, kind).map_err(Error::from)?;
             let bad: Vec<&FileSum> = files_read
                 .iter()
                 .filter(|f| f.matches_manifest == Some(false))
@@ -524,7 +535,7 @@ pub fn load(
     let mut devices: Vec<Box<dyn Device>> = Vec::new();
     let mut local_base = local_base;
     if lopts.device == DeviceKind::Cuda {
-        let found = crate::exec::cuda::device_count().map_err(|e| Error::Load(e.into()))?;
+        let found = crate::exec::cuda::device_count()?;
         // A task that sees exactly its own GPUs (srun --gpus-per-task, CUDA_VISIBLE_DEVICES set
         // per process) finds them from ordinal 0.
         if found == ranks.len() {
@@ -546,13 +557,10 @@ pub fn load(
     for (j, r) in plan.ranks.iter().enumerate() {
         let mut dev: Box<dyn Device> = match lopts.device {
             DeviceKind::Cpu => Box::new(CpuDevice::default()),
-            DeviceKind::Cuda => Box::new(
-                crate::exec::cuda::CudaDevice::new(local_base + j)
-                    .map_err(|e| Error::Load(e.into()))?,
-            ),
+            DeviceKind::Cuda => Box::new(crate::exec::cuda::CudaDevice::new(local_base + j)?),
         };
         let sizes: Vec<u64> = r.tensors.iter().map(|t| t.bytes).collect();
-        dev.alloc(&sizes).map_err(|e| Error::Load(e.into()))?;
+        dev.alloc(&sizes)?;
         for ti in 0..r.tensors.len() {
             placements.push(Placement {
                 rank: j,
@@ -582,13 +590,12 @@ pub fn load(
         cancel,
         bar.as_ref(),
         &stats,
-    )
-    .map_err(|e| Error::Load(e.into()))?;
+    )?;
     drop(bar);
     timings.transfer_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for d in &devices {
-        d.synchronize().map_err(|e| Error::Load(e.into()))?;
+        d.synchronize()?;
     }
     timings.sync_s = t.elapsed().as_secs_f64();
     timings.read_s = Stats::secs(&stats.read_ns);
@@ -602,12 +609,12 @@ pub fn load(
         if lopts.checksums || lopts.check {
             let mut v = Vec::new();
             for (ti, t) in r.tensors.iter().enumerate() {
-                let got = devices[j].download(ti).map_err(|e| Error::Load(e.into()))?;
+                let got = devices[j].download(ti)?;
                 let sum = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&got));
                 if lopts.check {
                     let want = reference_bytes(&plan, &root, j, ti, cancel)?;
                     if want != got {
-                        return Err(Error::Load(LoadError::CheckFailed {
+                        return Err(Error::from(LoadError::CheckFailed {
                             rank_tensor: format!("rank {} tensor '{}'", r.rank, t.name),
                             device: devices[j].describe(),
                         }));
@@ -656,7 +663,7 @@ fn reference_bytes(
 ) -> Result<Vec<u8>, Error> {
     let mut dev = CpuDevice::default();
     let n = plan.ranks[rank].tensors[tensor].bytes;
-    dev.alloc(&[n]).map_err(|e| Error::Load(e.into()))?;
+    dev.alloc(&[n])?;
     let devices: Vec<Box<dyn Device>> = vec![Box::new(dev)];
     let sink = LoadSink {
         devices: &devices,
@@ -669,9 +676,8 @@ fn reference_bytes(
         out: 0,
         offset: 0,
     }];
-    crate::exec::execute(plan, root, &pl, &sink, cancel, &Quiet)
-        .map_err(|e| Error::Load(e.into()))?;
-    devices[0].download(0).map_err(|e| Error::Load(e.into()))
+    crate::exec::execute(plan, root, &pl, &sink, cancel, &Quiet)?;
+    Ok(devices[0].download(0)?)
 }
 
 /// `--dry-run --read`: every byte of every file the plan reads, hashed; compared with the manifest

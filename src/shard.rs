@@ -96,9 +96,7 @@ impl ShardError {
             ShardError::Raced(_) | ShardError::SideFile { .. } | ShardError::Io { .. } => {
                 ExitStatus::Runtime
             }
-            ShardError::Exec(ExecError::Corrupt { .. }) => ExitStatus::Checkpoint,
-            ShardError::Exec(ExecError::Cancelled) => ExitStatus::Interrupted,
-            ShardError::Exec(_) => ExitStatus::Runtime,
+            ShardError::Exec(e) => e.exit_status(),
         }
     }
 }

@@ -794,7 +794,7 @@ fn fuzz_configs_and_overrides() {
             fs::write(dir.path().join(file), &c.text).unwrap();
             let overrides = match c.overrides.as_deref().map(config::parse_overrides) {
                 Some(Err(e)) => {
-                    assert!(e.is_usage(), "{e}");
+                    assert_eq!(e.exit_status(), wload::ExitStatus::Usage, "{e}");
                     None
                 }
                 Some(Ok(o)) => Some(o),

@@ -136,6 +136,15 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    pub fn exit_status(&self) -> crate::ExitStatus {
+        use crate::ExitStatus;
+        match self {
+            ExecError::Corrupt { .. } => ExitStatus::Checkpoint,
+            ExecError::Cancelled => ExitStatus::Interrupted,
+            _ => ExitStatus::Runtime,
+        }
+    }
+
     pub fn io(op: &'static str, path: &Path, source: io::Error) -> ExecError {
         ExecError::Io {
             op,
