@@ -14,6 +14,7 @@ pub mod load;
 pub mod manifest;
 pub mod mapping;
 pub mod plan;
+pub mod rank_files;
 pub mod ranks;
 pub mod report;
 pub mod shard;

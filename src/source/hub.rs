@@ -505,36 +505,15 @@ fn is_commit(revision: &str) -> bool {
 /// vLLM's own snapshot holds beside the weights. Dotfiles (`.gitattributes`) are left out, and so
 /// is anything in a subfolder (vLLM ignores `original/**` and reads only the top level).
 fn is_side_file(name: &str) -> bool {
-    const WEIGHTS: &[&str] = &[
-        "safetensors",
-        "bin",
-        "pt",
-        "pth",
-        "ckpt",
-        "gguf",
-        "ggml",
-        "h5",
-        "msgpack",
-        "onnx",
-        "onnx_data",
-        "ot",
-        "tflite",
-        "npz",
-        "pkl",
-    ];
-    let ext = Path::new(name).extension().and_then(|e| e.to_str());
+    // Not vLLM's exact, case-sensitive test: `MODEL.BIN` is not fetched as a side file either.
     !name.contains('/')
         && !name.starts_with('.')
-        && !ext.is_some_and(|e| WEIGHTS.contains(&e.to_ascii_lowercase().as_str()))
+        && super::select::weight_kind(&name.to_ascii_lowercase()).is_none()
 }
 
-/// `model-rank-{r}-part-{p}.safetensors`, as `load::pre_sharded_files` recognises them.
+/// A part file `load` reads from a pre-sharded folder (pipeline parallelism off).
 fn is_rank_file(name: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    name.strip_prefix("model-rank-")
-        .and_then(|s| s.strip_suffix(".safetensors"))
-        .and_then(|s| s.split_once("-part-"))
-        .is_some_and(|(r, p)| digits(r) && digits(p))
+    crate::rank_files::RankFile::parse(name).is_some_and(|f| f.pp.is_none())
 }
 
 fn to_listing(files: &[String]) -> Listing {

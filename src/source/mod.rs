@@ -13,7 +13,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visi
 
 use crate::config::ConfigFormat;
 pub use select::LoadFormat;
-use select::{NOT_FOR_INFERENCE, glob_match, natural_cmp};
+use select::{NOT_FOR_INFERENCE, WeightKind, glob_match, natural_cmp, weight_kind};
 
 /// A weight file resolution kept, and why.
 #[derive(Debug, Clone, Serialize)]
@@ -247,7 +247,7 @@ pub fn resolve_listing(
             index = Some(index_name.to_string());
         }
     } else if !pattern.is_empty() {
-        let kind = if pattern == "*.bin" { ".bin" } else { ".pt" };
+        let kind = pattern.trim_start_matches('*');
         let files: Vec<String> = matched
             .into_iter()
             .filter(|f| !NOT_FOR_INFERENCE.contains(&f.as_str()))
@@ -354,10 +354,9 @@ pub fn resolve_listing(
     })
 }
 
+/// Weights that deserve a line saying why they are not read.
 fn is_weight_like(p: &str) -> bool {
-    [".safetensors", ".bin", ".pt", ".pth"]
-        .iter()
-        .any(|ext| p.ends_with(ext))
+    matches!(weight_kind(p), Some(WeightKind::Vllm | WeightKind::Pth))
 }
 
 /// A pre-sharded folder (vLLM's sharded_state layout): its weight files are read per rank by the
@@ -377,7 +376,7 @@ pub fn resolve_pre_sharded(
         root: root.to_path_buf(),
         requested_format: LoadFormat::Auto,
         format: LoadFormat::Safetensors,
-        pattern: "model-rank-*-part-*.safetensors".into(),
+        pattern: crate::rank_files::TP_ONLY_GLOB.into(),
         index: None,
         files: Vec::new(),
         dropped: Vec::new(),
