@@ -631,7 +631,7 @@ fn cached_state(req: &HubRequest, repo_dir: &Path, why: Why) -> Result<State, Hu
         LoadFormat::Mistral.index_file(),
     ] {
         if listing.has_top(index)
-            && let Ok(named) = super::read_index(&snapshot.join(index))
+            && let Ok(named) = super::index::files_named(&snapshot.join(index))
         {
             files.extend(named);
         }

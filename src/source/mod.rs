@@ -1,15 +1,14 @@
 //! Resolve: from SOURCE to the list of weight files vLLM would read, in its order, and the config.
 
 pub mod hub;
+mod index;
 pub mod local;
 pub mod select;
 
 use std::collections::{BTreeSet, HashSet};
-use std::fmt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::config::ConfigFormat;
 pub use select::LoadFormat;
@@ -220,7 +219,7 @@ pub fn resolve_listing(
         let index_name = format.index_file();
         if listing.has_top(index_name) {
             let index_path = root.join(index_name);
-            let listed = read_index(&index_path)?;
+            let listed = index::files_named(&index_path)?;
             let present: BTreeSet<&str> = matched.iter().map(String::as_str).collect();
             let missing: Vec<String> = listed
                 .iter()
@@ -419,194 +418,4 @@ fn pick_config(
         });
     }
     Ok((format, name.to_string()))
-}
-
-/// The set of files an index's `weight_map` names, refusing any that lie outside the folder.
-pub(crate) fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
-    let bytes = crate::small_file::read(path).map_err(|source| SourceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    // An index that is not UTF-8 is a malformed checkpoint (exit 3), not an I/O failure.
-    let text = std::str::from_utf8(&bytes).map_err(|e| SourceError::BadIndex {
-        index: path.to_path_buf(),
-        message: format!(
-            "not valid JSON: invalid UTF-8 at byte {}; re-download or regenerate the index",
-            e.valid_up_to()
-        ),
-    })?;
-    match index_files_fast(text) {
-        Some(files) => Ok(files),
-        None => index_files(path, text),
-    }
-}
-
-/// The set of files of a well-formed index, found without building a `Value` of its 100k+ entries;
-/// `None` for anything unusual (bad JSON, no `weight_map`, a value that is not a plain string, a
-/// repeated key, a file outside the folder, escapes in any string), which [`index_files`] then
-/// reads and words exactly.
-fn index_files_fast(text: &str) -> Option<BTreeSet<String>> {
-    let files: IndexFiles = serde_json::from_str(text).ok()?;
-    let files = files.0?;
-    if files.iter().any(|f| escapes(f)) {
-        return None;
-    }
-    Some(files.into_iter().map(str::to_string).collect())
-}
-
-/// An index reduced to the distinct file names of its `weight_map` (`None` when it has none).
-/// Keys and values borrow from the text, so a string with escapes fails to deserialise.
-struct IndexFiles<'a>(Option<BTreeSet<&'a str>>);
-
-impl<'de> serde::Deserialize<'de> for IndexFiles<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Top;
-        impl<'de> Visitor<'de> for Top {
-            type Value = IndexFiles<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an index object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut files = None;
-                while let Some(key) = map.next_key::<&'de str>()? {
-                    if key != "weight_map" {
-                        map.next_value::<IgnoredAny>()?;
-                    } else if files.is_some() {
-                        // The last one wins in a `Value`; leave that case to the general path.
-                        return Err(de::Error::custom("weight_map appears twice"));
-                    } else {
-                        files = Some(map.next_value_seed(WeightMap)?);
-                    }
-                }
-                Ok(IndexFiles(files))
-            }
-        }
-        d.deserialize_map(Top)
-    }
-}
-
-/// `weight_map`'s values, de-duplicated; fails on a repeated key (a `Value` keeps the last value).
-struct WeightMap;
-
-impl<'de> DeserializeSeed<'de> for WeightMap {
-    type Value = BTreeSet<&'de str>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for WeightMap {
-    type Value = BTreeSet<&'de str>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an object mapping tensor names to file names")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut files = BTreeSet::new();
-        let mut names = Vec::new();
-        let mut last = None;
-        while let Some((name, file)) = map.next_entry::<&'de str, &'de str>()? {
-            names.push(name);
-            // Consecutive entries mostly name the same file.
-            if last != Some(file) {
-                files.insert(file);
-                last = Some(file);
-            }
-        }
-        // Checked after the parse, into a set sized once: several times faster than a set that
-        // grows while the parser runs.
-        let distinct: HashSet<&str, foldhash::fast::RandomState> = names.iter().copied().collect();
-        if distinct.len() != names.len() {
-            return Err(de::Error::custom("a tensor name appears twice"));
-        }
-        Ok(files)
-    }
-}
-
-/// True when an index entry points outside the checkpoint folder.
-fn escapes(file: &str) -> bool {
-    let p = Path::new(file);
-    p.is_absolute()
-        || p.components().any(|c| {
-            matches!(
-                c,
-                Component::ParentDir | Component::RootDir | Component::Prefix(_)
-            )
-        })
-}
-
-/// [`read_index`] for any index: parses it into a `Value` and words what is wrong with it.
-fn index_files(path: &Path, text: &str) -> Result<BTreeSet<String>, SourceError> {
-    let bad = |message: String| SourceError::BadIndex {
-        index: path.to_path_buf(),
-        message,
-    };
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let map = v
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| bad("has no \"weight_map\" object".to_string()))?;
-    let mut files = BTreeSet::new();
-    for (tensor, file) in map {
-        let file = file.as_str().ok_or_else(|| {
-            bad(format!(
-                "weight_map entry for '{tensor}' is not a file name: {file}"
-            ))
-        })?;
-        if escapes(file) {
-            return Err(SourceError::IndexEscapes {
-                index: path.to_path_buf(),
-                tensor: tensor.clone(),
-                file: file.to_string(),
-            });
-        }
-        files.insert(file.to_string());
-    }
-    Ok(files)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The fast path answers only with what the general one would, and defers anything unusual.
-    #[test]
-    fn index_fast_path_agrees_with_the_general_one_or_defers() {
-        let usual = r#"{"metadata": {"total_size": 8}, "weight_map": {"a": "x.safetensors", "b": "x.safetensors", "c": "y.safetensors"}}"#;
-        let set = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>());
-        assert_eq!(
-            index_files_fast(usual),
-            set(&["x.safetensors", "y.safetensors"])
-        );
-        let deferred = [
-            // A repeated name: the last value wins, so "x" is not read.
-            r#"{"weight_map": {"a": "x", "a": "y"}}"#,
-            r#"{"weight_map": {"a": "x"}, "weight_map": {"a": "y"}}"#,
-            r#"{"weight_map": {"a": 5}}"#,
-            r#"{"weight_map": {"a": "../x"}}"#,
-            r#"{"weight_map": {"a": "/x"}}"#,
-            r#"{"weight_map": {"\u00e9": "x"}}"#,
-            r#"{"weight_map": {"a": "\u00e9"}}"#,
-            r#"{"weight_map": []}"#,
-            r#"{"metadata": {}}"#,
-            r#"[]"#,
-            r#"{"weight_map": {"a": "x"}} trailing"#,
-        ];
-        for text in deferred {
-            assert_eq!(index_files_fast(text), None, "{text}");
-        }
-        for text in deferred
-            .iter()
-            .chain([&usual, &r#"{"weight_map": {"a": ""}}"#])
-        {
-            if let Some(fast) = index_files_fast(text) {
-                let slow = index_files(Path::new("i.json"), text).ok();
-                assert_eq!(Some(fast), slow, "{text}");
-            }
-        }
-        assert_eq!(
-            index_files(Path::new("i.json"), deferred[0]).ok(),
-            set(&["y"])
-        );
-    }
 }
