@@ -182,124 +182,200 @@ pub fn resolve_listing(
     requested: LoadFormat,
     config_format: ConfigFormat,
 ) -> Result<Resolved, SourceError> {
-    // What vLLM's `rglob`/`glob` see: names that cannot be read are listed all the same.
-    let unreadable = listing.unreadable.iter().map(|u| u.name.as_str());
-    let has_consolidated = listing.all().chain(unreadable.clone()).any(|p| {
+    let has_consolidated = globbed(listing).any(|p| {
         let base = p.rsplit('/').next().unwrap_or(p);
         glob_match("consolidated*.safetensors", base)
     });
-
     let format = match requested {
         LoadFormat::Auto if has_consolidated => LoadFormat::Mistral,
         LoadFormat::Auto => LoadFormat::Hf,
         f => f,
     };
+    let mut sel = select(root, listing, format)?;
+    sel.files.sort_by(|a, b| natural_cmp(a, b));
+    explain_the_rest(listing, format, &mut sel);
+    let (config_format, config_file) = pick_config(root, listing, config_format, has_consolidated)?;
+    refuse_unreadable(root, listing, &sel)?;
+    let reason = sel.reason;
+    Ok(Resolved {
+        root: root.to_path_buf(),
+        requested_format: requested,
+        format,
+        pattern: sel.pattern.to_string(),
+        index: sel.index,
+        files: sel
+            .files
+            .into_iter()
+            .map(|file| KeptFile {
+                file,
+                reason: reason.clone(),
+                origin: None,
+            })
+            .collect(),
+        dropped: sel.dropped,
+        config_format,
+        config_file,
+        hub: None,
+    })
+}
 
-    // First pattern with a match wins.
+/// Every name vLLM's `rglob`/`glob` see: names that cannot be read are listed all the same.
+fn globbed(listing: &local::Listing) -> impl Iterator<Item = &str> {
+    listing
+        .all()
+        .chain(listing.unreadable.iter().map(|u| u.name.as_str()))
+}
+
+/// The files one allow pattern selected, and what became of the others.
+struct Selection {
+    /// The pattern whose matches were used.
+    pattern: &'static str,
+    files: Vec<String>,
+    /// Why the files are read.
+    reason: String,
+    index: Option<String>,
+    dropped: Vec<DroppedFile>,
+}
+
+/// vLLM's choice under `format`: the matches of the first allow pattern that has any, filtered
+/// by the index for safetensors.
+fn select(
+    root: &Path,
+    listing: &local::Listing,
+    format: LoadFormat,
+) -> Result<Selection, SourceError> {
     let patterns = format.allow_patterns();
-    let (pattern, mut matched) = patterns
+    let (pattern, files) = patterns
         .iter()
         .find_map(|pat| {
             let m: Vec<String> = listing
                 .top
                 .iter()
                 .map(String::as_str)
-                .chain(unreadable.clone())
+                .chain(listing.unreadable.iter().map(|u| u.name.as_str()))
                 .filter(|n| glob_match(pat, n))
                 .map(str::to_string)
                 .collect();
             (!m.is_empty()).then_some((*pat, m))
         })
         .unwrap_or(("", Vec::new()));
-
-    let mut kept_reason = format!("matches {pattern}");
-    let mut dropped = Vec::new();
-    let mut index = None;
+    let mut sel = Selection {
+        pattern,
+        files,
+        reason: format!("matches {pattern}"),
+        index: None,
+        dropped: Vec::new(),
+    };
     if pattern.ends_with(".safetensors") {
-        let index_name = format.index_file();
-        if listing.has_top(index_name) {
-            let index_path = root.join(index_name);
-            let listed = index::files_named(&index_path)?;
-            let present: BTreeSet<&str> = matched.iter().map(String::as_str).collect();
-            let missing: Vec<String> = listed
-                .iter()
-                .filter(|f| !present.contains(f.as_str()))
-                .cloned()
-                .collect();
-            if !missing.is_empty() {
-                return Err(SourceError::IndexMissingFiles {
-                    index: index_path,
-                    missing,
-                });
-            }
-            matched.retain(|f| {
-                let keep = listed.contains(f);
-                if !keep {
-                    dropped.push(DroppedFile {
-                        file: f.clone(),
-                        reason: format!("not listed in {index_name}"),
-                    });
-                }
-                keep
-            });
-            kept_reason = format!("matches {pattern}, listed in {index_name}");
-            index = Some(index_name.to_string());
+        if listing.has_top(format.index_file()) {
+            filter_by_index(root, format.index_file(), &mut sel)?;
         }
     } else if !pattern.is_empty() {
-        let kind = pattern.trim_start_matches('*');
-        let files: Vec<String> = matched
-            .into_iter()
-            .filter(|f| !NOT_FOR_INFERENCE.contains(&f.as_str()))
-            .collect();
-        if !files.is_empty() {
-            return Err(SourceError::UnsupportedWeights {
-                root: root.to_path_buf(),
-                kind,
-                files,
-            });
-        }
-        matched = Vec::new();
+        refuse_unsupported(root, pattern, &sel.files)?;
+        sel.files.clear();
     }
+    if sel.files.is_empty() {
+        return Err(no_weights(root, listing, format, &sel));
+    }
+    Ok(sel)
+}
 
-    if matched.is_empty() && !dropped.is_empty() {
-        return Err(SourceError::NoWeights {
-            root: root.to_path_buf(),
-            format: format.as_str(),
-            patterns: patterns.to_vec(),
-            hint: format!(
-                "; {} names none of the {} files matching {pattern}, and vLLM reads only the files it names: fix its weight_map or remove it",
-                format.index_file(),
-                dropped.len()
-            ),
+/// Keeps only the files the index names, as vLLM does; refuses an index naming absent files.
+fn filter_by_index(root: &Path, index_name: &str, sel: &mut Selection) -> Result<(), SourceError> {
+    let index_path = root.join(index_name);
+    let listed = index::files_named(&index_path)?;
+    let present: BTreeSet<&str> = sel.files.iter().map(String::as_str).collect();
+    let missing: Vec<String> = listed
+        .iter()
+        .filter(|f| !present.contains(f.as_str()))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        return Err(SourceError::IndexMissingFiles {
+            index: index_path,
+            missing,
         });
     }
-    if matched.is_empty() {
+    let dropped = &mut sel.dropped;
+    sel.files.retain(|f| {
+        let keep = listed.contains(f);
+        if !keep {
+            dropped.push(DroppedFile {
+                file: f.clone(),
+                reason: format!("not listed in {index_name}"),
+            });
+        }
+        keep
+    });
+    sel.reason = format!("matches {}, listed in {index_name}", sel.pattern);
+    sel.index = Some(index_name.to_string());
+    Ok(())
+}
+
+/// `.bin` and `.pt` weights, which vLLM reads and wload cannot: refused, unless every match is
+/// training state that vLLM skips too.
+fn refuse_unsupported(
+    root: &Path,
+    pattern: &'static str,
+    matched: &[String],
+) -> Result<(), SourceError> {
+    let files: Vec<String> = matched
+        .iter()
+        .filter(|f| !NOT_FOR_INFERENCE.contains(&f.as_str()))
+        .cloned()
+        .collect();
+    if files.is_empty() {
+        return Ok(());
+    }
+    Err(SourceError::UnsupportedWeights {
+        root: root.to_path_buf(),
+        kind: pattern.trim_start_matches('*'),
+        files,
+    })
+}
+
+/// vLLM's "cannot find any model weights", with a hint at what is there instead.
+fn no_weights(
+    root: &Path,
+    listing: &local::Listing,
+    format: LoadFormat,
+    sel: &Selection,
+) -> SourceError {
+    let hint = if !sel.dropped.is_empty() {
+        format!(
+            "; {} names none of the {} files matching {}, and vLLM reads only the files it names: fix its weight_map or remove it",
+            format.index_file(),
+            sel.dropped.len(),
+            sel.pattern
+        )
+    } else {
         let other_weights: Vec<&str> = listing
             .all()
             .filter(|p| is_weight_like(p))
             .take(3)
             .collect();
-        let hint = if other_weights.is_empty() {
+        if other_weights.is_empty() {
             String::new()
         } else {
             format!(
                 "; weight-like files that this format does not read: {}",
                 other_weights.join(", ")
             )
-        };
-        return Err(SourceError::NoWeights {
-            root: root.to_path_buf(),
-            format: format.as_str(),
-            patterns: patterns.to_vec(),
-            hint,
-        });
+        }
+    };
+    SourceError::NoWeights {
+        root: root.to_path_buf(),
+        format: format.as_str(),
+        patterns: format.allow_patterns().to_vec(),
+        hint,
     }
-    matched.sort_by(|a, b| natural_cmp(a, b));
+}
 
-    // Everything else that looks like weights gets a line saying why it is not read.
-    let kept: HashSet<&str> = matched.iter().map(String::as_str).collect();
-    let already: HashSet<String> = dropped.iter().map(|d| d.file.clone()).collect();
-    for p in listing.all().chain(unreadable.clone()) {
+/// Gives everything else that looks like weights a line saying why it is not read.
+fn explain_the_rest(listing: &local::Listing, format: LoadFormat, sel: &mut Selection) {
+    let kept: HashSet<&str> = sel.files.iter().map(String::as_str).collect();
+    let already: HashSet<String> = sel.dropped.iter().map(|d| d.file.clone()).collect();
+    for p in globbed(listing) {
         if !is_weight_like(p) || kept.contains(p) || already.contains(p) {
             continue;
         }
@@ -307,49 +383,36 @@ pub fn resolve_listing(
             "in a subfolder; vLLM reads only the top level".to_string()
         } else if NOT_FOR_INFERENCE.contains(&p) {
             "training state, not weights".to_string()
-        } else if patterns.iter().any(|pat| glob_match(pat, p)) {
-            format!("{pattern} matched first")
+        } else if format.allow_patterns().iter().any(|pat| glob_match(pat, p)) {
+            format!("{} matched first", sel.pattern)
         } else {
             format!("not read under load format {}", format.as_str())
         };
-        dropped.push(DroppedFile {
+        sel.dropped.push(DroppedFile {
             file: p.to_string(),
             reason,
         });
     }
+}
 
-    let (config_format, config_file) = pick_config(root, listing, config_format, has_consolidated)?;
-
-    let bad: Vec<local::Unreadable> = matched
+/// Selected names that cannot be read as files: vLLM's glob selects them and then fails.
+fn refuse_unreadable(
+    root: &Path,
+    listing: &local::Listing,
+    sel: &Selection,
+) -> Result<(), SourceError> {
+    let bad: Vec<local::Unreadable> = sel
+        .files
         .iter()
         .filter_map(|f| listing.unreadable(f).cloned())
         .collect();
-    if !bad.is_empty() {
-        return Err(SourceError::UnreadableWeights {
-            root: root.to_path_buf(),
-            why: format!("vLLM's glob selects it (it matches {pattern})"),
-            files: bad,
-        });
+    if bad.is_empty() {
+        return Ok(());
     }
-
-    Ok(Resolved {
+    Err(SourceError::UnreadableWeights {
         root: root.to_path_buf(),
-        requested_format: requested,
-        format,
-        pattern: pattern.to_string(),
-        index,
-        files: matched
-            .into_iter()
-            .map(|file| KeptFile {
-                file,
-                reason: kept_reason.clone(),
-                origin: None,
-            })
-            .collect(),
-        dropped,
-        config_format,
-        config_file,
-        hub: None,
+        why: format!("vLLM's glob selects it (it matches {})", sel.pattern),
+        files: bad,
     })
 }
 
