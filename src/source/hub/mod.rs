@@ -335,5 +335,7 @@ mod tests {
         assert!(!is_rank_file("model-rank-a-part-0.safetensors"));
         assert!(!is_rank_file("model-rank-0-part-.safetensors"));
         assert!(!is_rank_file("model-00001-of-00002.safetensors"));
+        // Pipeline-parallel files are not loaded yet: such a repo is not taken as pre-sharded.
+        assert!(!is_rank_file("model-pp-0-tp-0-part-0.safetensors"));
     }
 }
