@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod mapping;
 pub mod plan;
 pub mod progress;
+pub mod rank_files;
 pub mod ranks;
 pub mod report;
 pub mod shard;

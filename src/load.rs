@@ -144,15 +144,14 @@ impl LoadTimings {
 
 /// The part files of a folder that `shard` or vLLM wrote: rank → (part, file name).
 pub fn pre_sharded_files(root: &Path) -> BTreeMap<u64, Vec<(u64, String)>> {
-    let re = regex::Regex::new(r"^model-rank-(\d+)-part-(\d+)\.safetensors$").expect("valid");
     let mut out: BTreeMap<u64, Vec<(u64, String)>> = BTreeMap::new();
     if let Ok(rd) = std::fs::read_dir(root) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(c) = re.captures(&name)
-                && let (Ok(r), Ok(p)) = (c[1].parse(), c[2].parse())
+            if let Some(f) = crate::rank_files::RankFile::parse(&name)
+                && f.pp.is_none()
             {
-                out.entry(r).or_default().push((p, name));
+                out.entry(f.tp).or_default().push((f.part, name));
             }
         }
     }
@@ -276,8 +275,9 @@ pub fn prepare(
         let Some(parts) = files.get(&r) else {
             problems.push(Problem {
                 message: format!(
-                    "{}: no files for rank {r} (model-rank-{r}-part-*.safetensors)",
-                    root.display()
+                    "{}: no files for rank {r} ({})",
+                    root.display(),
+                    crate::rank_files::tp_only_glob(r)
                 ),
                 fix: Some("copy the missing rank files, or check --tp".into()),
             });

@@ -765,3 +765,81 @@ fn dangling_config_link_is_reported_as_a_link() {
     );
     assert!(err.contains("vLLM reads it as the model config"), "{err}");
 }
+
+// ---- one home per fact (issue 10, item 2) ----
+
+/// The index as Python's `json` reads it: escapes in names decoded, and a tensor named twice
+/// keeps its last file, so a first entry naming a file that was never shipped does not count.
+#[test]
+fn index_with_escapes_and_a_repeated_name_reads_as_json_loads_does() {
+    let tmp = tiny_checkpoint();
+    fs::write(
+        tmp.path().join("model.safetensors.index.json"),
+        r#"{"metadata": {"total_size": 1e400}, "weight_map": {
+            "lm_head.weight": "gone.safetensors",
+            "model.embed_tokens.weight": "model\u002esafetensors",
+            "model\u002enorm.weight": "model.safetensors",
+            "lm_head.weight": "model.safetensors"
+        }}"#,
+    )
+    .unwrap();
+    let out = wload_json(&["inspect", s(tmp.path()), "--json"]);
+    assert_eq!(names_of(&out, "files"), ["model.safetensors"]);
+    assert_eq!(out["tensors"].as_array().unwrap().len(), 3);
+
+    // The same repeat the other way round: the last file named is the one that must exist.
+    fs::write(
+        tmp.path().join("model.safetensors.index.json"),
+        r#"{"weight_map": {"lm_head.weight": "model.safetensors", "lm_head.weight": "gone.safetensors"}}"#,
+    )
+    .unwrap();
+    let err = inspect_fails_with_3(tmp.path());
+    assert!(
+        err.contains("weight files referenced in index but missing: gone.safetensors"),
+        "{err}"
+    );
+}
+
+/// Which files count as weights comes from one list: vLLM's formats and `.pth` get a line
+/// saying why they are not read; another framework's weights and other files get none.
+#[test]
+fn weight_like_files_are_explained_and_others_ignored() {
+    let tmp = tiny_checkpoint();
+    fs::create_dir(tmp.path().join("original")).unwrap();
+    for f in [
+        "original/consolidated.pth",
+        "training_args.bin",
+        "extra.bin",
+        "old.pt",
+        "model.gguf",
+        "tf_model.h5",
+        "MODEL.BIN",
+        "notes.txt",
+    ] {
+        fs::write(tmp.path().join(f), b"").unwrap();
+    }
+    let out = wload_json(&["inspect", s(tmp.path()), "--json"]);
+    assert_eq!(names_of(&out, "files"), ["model.safetensors"]);
+    let dropped: BTreeSet<(String, String)> = out["dropped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let field = |k: &str| d[k].as_str().unwrap().to_string();
+            (field("file"), field("reason"))
+        })
+        .collect();
+    let want: BTreeSet<(String, String)> = [
+        ("extra.bin", "*.safetensors matched first"),
+        ("old.pt", "*.safetensors matched first"),
+        ("training_args.bin", "training state, not weights"),
+        (
+            "original/consolidated.pth",
+            "in a subfolder; vLLM reads only the top level",
+        ),
+    ]
+    .into_iter()
+    .map(|(f, r)| (f.to_string(), r.to_string()))
+    .collect();
+    assert_eq!(dropped, want);
+}

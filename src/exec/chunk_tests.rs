@@ -12,11 +12,12 @@ use std::sync::atomic::AtomicBool;
 use super::device::{CpuDevice, Device};
 use super::parts::{self, PartFile};
 use super::{
-    CHUNK_BYTES, ExecError, ExecOptions, Placement, Quiet, Sink, Stats, convert, execute_with,
-    verify, write,
+    CHUNK_BYTES, ExecError, ExecOptions, Placement, Sink, Stats, convert, execute_with, verify,
+    write,
 };
 use crate::dtype::Dtype;
 use crate::plan::{OutTensor, Piece, Plan, RankPlan, Source};
+use crate::progress::Quiet;
 
 const CHUNKS: [u64; 5] = [1, 7, 64, 4096, CHUNK_BYTES];
 const SEED: u64 = 0x5eed_0009_c4c4_1e57;

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use crate::dtype::Dtype;
 use crate::plan::layout::Block;
 use crate::plan::{Piece, Plan};
-pub use crate::progress::{Progress, Quiet};
+use crate::progress::Progress;
 
 /// Source bytes read per step; with one step in flight per thread this bounds memory.
 pub const CHUNK_BYTES: u64 = 16 << 20;

@@ -4,11 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::plan::RankPlan;
-
-/// vLLM's default file pattern for TP-only runs.
-pub fn file_name(rank: u64, part: u64) -> String {
-    format!("model-rank-{rank}-part-{part}.safetensors")
-}
+use crate::rank_files::file_name;
 
 /// One output file: its name, header bytes, and where each tensor's data lands.
 #[derive(Debug, Clone)]

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use super::parts::PartFile;
-use super::{ExecError, ExecOptions, Progress, Sink, Stats, execute_with, placements_for};
+use super::{ExecError, ExecOptions, Sink, Stats, execute_with, placements_for};
 use crate::plan::Plan;
+use crate::progress::Progress;
 
 struct VerifySink<'a> {
     files: Vec<(PathBuf, File)>,

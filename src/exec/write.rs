@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use super::parts::PartFile;
-use super::{ExecError, ExecOptions, Progress, Sink, Stats, execute_with, placements_for};
+use super::{ExecError, ExecOptions, Sink, Stats, execute_with, placements_for};
 use crate::plan::Plan;
+use crate::progress::Progress;
 
 /// The user's escape hatch from `copy_file_range`: filesystems have shipped bugs in it (OpenZFS
 /// 2.2.0's block cloning returned wrong data), and then every byte should pass through memory.

@@ -1,19 +1,18 @@
 //! Resolve: from SOURCE to the list of weight files vLLM would read, in its order, and the config.
 
 pub mod hub;
+mod index;
 pub mod local;
 pub mod select;
 
 use std::collections::{BTreeSet, HashSet};
-use std::fmt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::config::ConfigFormat;
 pub use select::LoadFormat;
-use select::{NOT_FOR_INFERENCE, glob_match, natural_cmp};
+use select::{NOT_FOR_INFERENCE, WeightKind, glob_match, natural_cmp, weight_kind};
 
 /// A weight file resolution kept, and why.
 #[derive(Debug, Clone, Serialize)]
@@ -183,124 +182,200 @@ pub fn resolve_listing(
     requested: LoadFormat,
     config_format: ConfigFormat,
 ) -> Result<Resolved, SourceError> {
-    // What vLLM's `rglob`/`glob` see: names that cannot be read are listed all the same.
-    let unreadable = listing.unreadable.iter().map(|u| u.name.as_str());
-    let has_consolidated = listing.all().chain(unreadable.clone()).any(|p| {
+    let has_consolidated = globbed(listing).any(|p| {
         let base = p.rsplit('/').next().unwrap_or(p);
         glob_match("consolidated*.safetensors", base)
     });
-
     let format = match requested {
         LoadFormat::Auto if has_consolidated => LoadFormat::Mistral,
         LoadFormat::Auto => LoadFormat::Hf,
         f => f,
     };
+    let mut sel = select(root, listing, format)?;
+    sel.files.sort_by(|a, b| natural_cmp(a, b));
+    explain_the_rest(listing, format, &mut sel);
+    let (config_format, config_file) = pick_config(root, listing, config_format, has_consolidated)?;
+    refuse_unreadable(root, listing, &sel)?;
+    let reason = sel.reason;
+    Ok(Resolved {
+        root: root.to_path_buf(),
+        requested_format: requested,
+        format,
+        pattern: sel.pattern.to_string(),
+        index: sel.index,
+        files: sel
+            .files
+            .into_iter()
+            .map(|file| KeptFile {
+                file,
+                reason: reason.clone(),
+                origin: None,
+            })
+            .collect(),
+        dropped: sel.dropped,
+        config_format,
+        config_file,
+        hub: None,
+    })
+}
 
-    // First pattern with a match wins.
+/// Every name vLLM's `rglob`/`glob` see: names that cannot be read are listed all the same.
+fn globbed(listing: &local::Listing) -> impl Iterator<Item = &str> {
+    listing
+        .all()
+        .chain(listing.unreadable.iter().map(|u| u.name.as_str()))
+}
+
+/// The files one allow pattern selected, and what became of the others.
+struct Selection {
+    /// The pattern whose matches were used.
+    pattern: &'static str,
+    files: Vec<String>,
+    /// Why the files are read.
+    reason: String,
+    index: Option<String>,
+    dropped: Vec<DroppedFile>,
+}
+
+/// vLLM's choice under `format`: the matches of the first allow pattern that has any, filtered
+/// by the index for safetensors.
+fn select(
+    root: &Path,
+    listing: &local::Listing,
+    format: LoadFormat,
+) -> Result<Selection, SourceError> {
     let patterns = format.allow_patterns();
-    let (pattern, mut matched) = patterns
+    let (pattern, files) = patterns
         .iter()
         .find_map(|pat| {
             let m: Vec<String> = listing
                 .top
                 .iter()
                 .map(String::as_str)
-                .chain(unreadable.clone())
+                .chain(listing.unreadable.iter().map(|u| u.name.as_str()))
                 .filter(|n| glob_match(pat, n))
                 .map(str::to_string)
                 .collect();
             (!m.is_empty()).then_some((*pat, m))
         })
         .unwrap_or(("", Vec::new()));
-
-    let mut kept_reason = format!("matches {pattern}");
-    let mut dropped = Vec::new();
-    let mut index = None;
+    let mut sel = Selection {
+        pattern,
+        files,
+        reason: format!("matches {pattern}"),
+        index: None,
+        dropped: Vec::new(),
+    };
     if pattern.ends_with(".safetensors") {
-        let index_name = format.index_file();
-        if listing.has_top(index_name) {
-            let index_path = root.join(index_name);
-            let listed = read_index(&index_path)?;
-            let present: BTreeSet<&str> = matched.iter().map(String::as_str).collect();
-            let missing: Vec<String> = listed
-                .iter()
-                .filter(|f| !present.contains(f.as_str()))
-                .cloned()
-                .collect();
-            if !missing.is_empty() {
-                return Err(SourceError::IndexMissingFiles {
-                    index: index_path,
-                    missing,
-                });
-            }
-            matched.retain(|f| {
-                let keep = listed.contains(f);
-                if !keep {
-                    dropped.push(DroppedFile {
-                        file: f.clone(),
-                        reason: format!("not listed in {index_name}"),
-                    });
-                }
-                keep
-            });
-            kept_reason = format!("matches {pattern}, listed in {index_name}");
-            index = Some(index_name.to_string());
+        if listing.has_top(format.index_file()) {
+            filter_by_index(root, format.index_file(), &mut sel)?;
         }
     } else if !pattern.is_empty() {
-        let kind = if pattern == "*.bin" { ".bin" } else { ".pt" };
-        let files: Vec<String> = matched
-            .into_iter()
-            .filter(|f| !NOT_FOR_INFERENCE.contains(&f.as_str()))
-            .collect();
-        if !files.is_empty() {
-            return Err(SourceError::UnsupportedWeights {
-                root: root.to_path_buf(),
-                kind,
-                files,
-            });
-        }
-        matched = Vec::new();
+        refuse_unsupported(root, pattern, &sel.files)?;
+        sel.files.clear();
     }
+    if sel.files.is_empty() {
+        return Err(no_weights(root, listing, format, &sel));
+    }
+    Ok(sel)
+}
 
-    if matched.is_empty() && !dropped.is_empty() {
-        return Err(SourceError::NoWeights {
-            root: root.to_path_buf(),
-            format: format.as_str(),
-            patterns: patterns.to_vec(),
-            hint: format!(
-                "; {} names none of the {} files matching {pattern}, and vLLM reads only the files it names: fix its weight_map or remove it",
-                format.index_file(),
-                dropped.len()
-            ),
+/// Keeps only the files the index names, as vLLM does; refuses an index naming absent files.
+fn filter_by_index(root: &Path, index_name: &str, sel: &mut Selection) -> Result<(), SourceError> {
+    let index_path = root.join(index_name);
+    let listed = index::files_named(&index_path)?;
+    let present: BTreeSet<&str> = sel.files.iter().map(String::as_str).collect();
+    let missing: Vec<String> = listed
+        .iter()
+        .filter(|f| !present.contains(f.as_str()))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        return Err(SourceError::IndexMissingFiles {
+            index: index_path,
+            missing,
         });
     }
-    if matched.is_empty() {
+    let dropped = &mut sel.dropped;
+    sel.files.retain(|f| {
+        let keep = listed.contains(f);
+        if !keep {
+            dropped.push(DroppedFile {
+                file: f.clone(),
+                reason: format!("not listed in {index_name}"),
+            });
+        }
+        keep
+    });
+    sel.reason = format!("matches {}, listed in {index_name}", sel.pattern);
+    sel.index = Some(index_name.to_string());
+    Ok(())
+}
+
+/// `.bin` and `.pt` weights, which vLLM reads and wload cannot: refused, unless every match is
+/// training state that vLLM skips too.
+fn refuse_unsupported(
+    root: &Path,
+    pattern: &'static str,
+    matched: &[String],
+) -> Result<(), SourceError> {
+    let files: Vec<String> = matched
+        .iter()
+        .filter(|f| !NOT_FOR_INFERENCE.contains(&f.as_str()))
+        .cloned()
+        .collect();
+    if files.is_empty() {
+        return Ok(());
+    }
+    Err(SourceError::UnsupportedWeights {
+        root: root.to_path_buf(),
+        kind: pattern.trim_start_matches('*'),
+        files,
+    })
+}
+
+/// vLLM's "cannot find any model weights", with a hint at what is there instead.
+fn no_weights(
+    root: &Path,
+    listing: &local::Listing,
+    format: LoadFormat,
+    sel: &Selection,
+) -> SourceError {
+    let hint = if !sel.dropped.is_empty() {
+        format!(
+            "; {} names none of the {} files matching {}, and vLLM reads only the files it names: fix its weight_map or remove it",
+            format.index_file(),
+            sel.dropped.len(),
+            sel.pattern
+        )
+    } else {
         let other_weights: Vec<&str> = listing
             .all()
             .filter(|p| is_weight_like(p))
             .take(3)
             .collect();
-        let hint = if other_weights.is_empty() {
+        if other_weights.is_empty() {
             String::new()
         } else {
             format!(
                 "; weight-like files that this format does not read: {}",
                 other_weights.join(", ")
             )
-        };
-        return Err(SourceError::NoWeights {
-            root: root.to_path_buf(),
-            format: format.as_str(),
-            patterns: patterns.to_vec(),
-            hint,
-        });
+        }
+    };
+    SourceError::NoWeights {
+        root: root.to_path_buf(),
+        format: format.as_str(),
+        patterns: format.allow_patterns().to_vec(),
+        hint,
     }
-    matched.sort_by(|a, b| natural_cmp(a, b));
+}
 
-    // Everything else that looks like weights gets a line saying why it is not read.
-    let kept: HashSet<&str> = matched.iter().map(String::as_str).collect();
-    let already: HashSet<String> = dropped.iter().map(|d| d.file.clone()).collect();
-    for p in listing.all().chain(unreadable.clone()) {
+/// Gives everything else that looks like weights a line saying why it is not read.
+fn explain_the_rest(listing: &local::Listing, format: LoadFormat, sel: &mut Selection) {
+    let kept: HashSet<&str> = sel.files.iter().map(String::as_str).collect();
+    let already: HashSet<String> = sel.dropped.iter().map(|d| d.file.clone()).collect();
+    for p in globbed(listing) {
         if !is_weight_like(p) || kept.contains(p) || already.contains(p) {
             continue;
         }
@@ -308,56 +383,42 @@ pub fn resolve_listing(
             "in a subfolder; vLLM reads only the top level".to_string()
         } else if NOT_FOR_INFERENCE.contains(&p) {
             "training state, not weights".to_string()
-        } else if patterns.iter().any(|pat| glob_match(pat, p)) {
-            format!("{pattern} matched first")
+        } else if format.allow_patterns().iter().any(|pat| glob_match(pat, p)) {
+            format!("{} matched first", sel.pattern)
         } else {
             format!("not read under load format {}", format.as_str())
         };
-        dropped.push(DroppedFile {
+        sel.dropped.push(DroppedFile {
             file: p.to_string(),
             reason,
         });
     }
+}
 
-    let (config_format, config_file) = pick_config(root, listing, config_format, has_consolidated)?;
-
-    let bad: Vec<local::Unreadable> = matched
+/// Selected names that cannot be read as files: vLLM's glob selects them and then fails.
+fn refuse_unreadable(
+    root: &Path,
+    listing: &local::Listing,
+    sel: &Selection,
+) -> Result<(), SourceError> {
+    let bad: Vec<local::Unreadable> = sel
+        .files
         .iter()
         .filter_map(|f| listing.unreadable(f).cloned())
         .collect();
-    if !bad.is_empty() {
-        return Err(SourceError::UnreadableWeights {
-            root: root.to_path_buf(),
-            why: format!("vLLM's glob selects it (it matches {pattern})"),
-            files: bad,
-        });
+    if bad.is_empty() {
+        return Ok(());
     }
-
-    Ok(Resolved {
+    Err(SourceError::UnreadableWeights {
         root: root.to_path_buf(),
-        requested_format: requested,
-        format,
-        pattern: pattern.to_string(),
-        index,
-        files: matched
-            .into_iter()
-            .map(|file| KeptFile {
-                file,
-                reason: kept_reason.clone(),
-                origin: None,
-            })
-            .collect(),
-        dropped,
-        config_format,
-        config_file,
-        hub: None,
+        why: format!("vLLM's glob selects it (it matches {})", sel.pattern),
+        files: bad,
     })
 }
 
+/// Weights that deserve a line saying why they are not read.
 fn is_weight_like(p: &str) -> bool {
-    [".safetensors", ".bin", ".pt", ".pth"]
-        .iter()
-        .any(|ext| p.ends_with(ext))
+    matches!(weight_kind(p), Some(WeightKind::Vllm | WeightKind::Pth))
 }
 
 /// A pre-sharded folder (vLLM's sharded_state layout): its weight files are read per rank by the
@@ -377,7 +438,7 @@ pub fn resolve_pre_sharded(
         root: root.to_path_buf(),
         requested_format: LoadFormat::Auto,
         format: LoadFormat::Safetensors,
-        pattern: "model-rank-*-part-*.safetensors".into(),
+        pattern: crate::rank_files::TP_ONLY_GLOB.into(),
         index: None,
         files: Vec::new(),
         dropped: Vec::new(),
@@ -420,194 +481,4 @@ fn pick_config(
         });
     }
     Ok((format, name.to_string()))
-}
-
-/// The set of files an index's `weight_map` names, refusing any that lie outside the folder.
-pub(crate) fn read_index(path: &Path) -> Result<BTreeSet<String>, SourceError> {
-    let bytes = crate::small_file::read(path).map_err(|source| SourceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    // An index that is not UTF-8 is a malformed checkpoint (exit 3), not an I/O failure.
-    let text = std::str::from_utf8(&bytes).map_err(|e| SourceError::BadIndex {
-        index: path.to_path_buf(),
-        message: format!(
-            "not valid JSON: invalid UTF-8 at byte {}; re-download or regenerate the index",
-            e.valid_up_to()
-        ),
-    })?;
-    match index_files_fast(text) {
-        Some(files) => Ok(files),
-        None => index_files(path, text),
-    }
-}
-
-/// The set of files of a well-formed index, found without building a `Value` of its 100k+ entries;
-/// `None` for anything unusual (bad JSON, no `weight_map`, a value that is not a plain string, a
-/// repeated key, a file outside the folder, escapes in any string), which [`index_files`] then
-/// reads and words exactly.
-fn index_files_fast(text: &str) -> Option<BTreeSet<String>> {
-    let files: IndexFiles = serde_json::from_str(text).ok()?;
-    let files = files.0?;
-    if files.iter().any(|f| escapes(f)) {
-        return None;
-    }
-    Some(files.into_iter().map(str::to_string).collect())
-}
-
-/// An index reduced to the distinct file names of its `weight_map` (`None` when it has none).
-/// Keys and values borrow from the text, so a string with escapes fails to deserialise.
-struct IndexFiles<'a>(Option<BTreeSet<&'a str>>);
-
-impl<'de> serde::Deserialize<'de> for IndexFiles<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Top;
-        impl<'de> Visitor<'de> for Top {
-            type Value = IndexFiles<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an index object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut files = None;
-                while let Some(key) = map.next_key::<&'de str>()? {
-                    if key != "weight_map" {
-                        map.next_value::<IgnoredAny>()?;
-                    } else if files.is_some() {
-                        // The last one wins in a `Value`; leave that case to the general path.
-                        return Err(de::Error::custom("weight_map appears twice"));
-                    } else {
-                        files = Some(map.next_value_seed(WeightMap)?);
-                    }
-                }
-                Ok(IndexFiles(files))
-            }
-        }
-        d.deserialize_map(Top)
-    }
-}
-
-/// `weight_map`'s values, de-duplicated; fails on a repeated key (a `Value` keeps the last value).
-struct WeightMap;
-
-impl<'de> DeserializeSeed<'de> for WeightMap {
-    type Value = BTreeSet<&'de str>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for WeightMap {
-    type Value = BTreeSet<&'de str>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an object mapping tensor names to file names")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut files = BTreeSet::new();
-        let mut names = Vec::new();
-        let mut last = None;
-        while let Some((name, file)) = map.next_entry::<&'de str, &'de str>()? {
-            names.push(name);
-            // Consecutive entries mostly name the same file.
-            if last != Some(file) {
-                files.insert(file);
-                last = Some(file);
-            }
-        }
-        // Checked after the parse, into a set sized once: several times faster than a set that
-        // grows while the parser runs.
-        let distinct: HashSet<&str, foldhash::fast::RandomState> = names.iter().copied().collect();
-        if distinct.len() != names.len() {
-            return Err(de::Error::custom("a tensor name appears twice"));
-        }
-        Ok(files)
-    }
-}
-
-/// True when an index entry points outside the checkpoint folder.
-fn escapes(file: &str) -> bool {
-    let p = Path::new(file);
-    p.is_absolute()
-        || p.components().any(|c| {
-            matches!(
-                c,
-                Component::ParentDir | Component::RootDir | Component::Prefix(_)
-            )
-        })
-}
-
-/// [`read_index`] for any index: parses it into a `Value` and words what is wrong with it.
-fn index_files(path: &Path, text: &str) -> Result<BTreeSet<String>, SourceError> {
-    let bad = |message: String| SourceError::BadIndex {
-        index: path.to_path_buf(),
-        message,
-    };
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let map = v
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| bad("has no \"weight_map\" object".to_string()))?;
-    let mut files = BTreeSet::new();
-    for (tensor, file) in map {
-        let file = file.as_str().ok_or_else(|| {
-            bad(format!(
-                "weight_map entry for '{tensor}' is not a file name: {file}"
-            ))
-        })?;
-        if escapes(file) {
-            return Err(SourceError::IndexEscapes {
-                index: path.to_path_buf(),
-                tensor: tensor.clone(),
-                file: file.to_string(),
-            });
-        }
-        files.insert(file.to_string());
-    }
-    Ok(files)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The fast path answers only with what the general one would, and defers anything unusual.
-    #[test]
-    fn index_fast_path_agrees_with_the_general_one_or_defers() {
-        let usual = r#"{"metadata": {"total_size": 8}, "weight_map": {"a": "x.safetensors", "b": "x.safetensors", "c": "y.safetensors"}}"#;
-        let set = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>());
-        assert_eq!(
-            index_files_fast(usual),
-            set(&["x.safetensors", "y.safetensors"])
-        );
-        let deferred = [
-            // A repeated name: the last value wins, so "x" is not read.
-            r#"{"weight_map": {"a": "x", "a": "y"}}"#,
-            r#"{"weight_map": {"a": "x"}, "weight_map": {"a": "y"}}"#,
-            r#"{"weight_map": {"a": 5}}"#,
-            r#"{"weight_map": {"a": "../x"}}"#,
-            r#"{"weight_map": {"a": "/x"}}"#,
-            r#"{"weight_map": {"\u00e9": "x"}}"#,
-            r#"{"weight_map": {"a": "\u00e9"}}"#,
-            r#"{"weight_map": []}"#,
-            r#"{"metadata": {}}"#,
-            r#"[]"#,
-            r#"{"weight_map": {"a": "x"}} trailing"#,
-        ];
-        for text in deferred {
-            assert_eq!(index_files_fast(text), None, "{text}");
-        }
-        for text in deferred
-            .iter()
-            .chain([&usual, &r#"{"weight_map": {"a": ""}}"#])
-        {
-            if let Some(fast) = index_files_fast(text) {
-                let slow = index_files(Path::new("i.json"), text).ok();
-                assert_eq!(Some(fast), slow, "{text}");
-            }
-        }
-        assert_eq!(
-            index_files(Path::new("i.json"), deferred[0]).ok(),
-            set(&["y"])
-        );
-    }
 }

@@ -51,6 +51,50 @@ impl LoadFormat {
     }
 }
 
+/// What a weight file's extension says about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightKind {
+    /// A format vLLM's `hf` load format reads (`.safetensors`, `.bin`, `.pt`): also exactly what
+    /// vLLM's save_sharded_state example leaves behind when it copies a model's other files.
+    Vllm,
+    /// PyTorch weights vLLM never reads (Mistral's `original/consolidated.pth`): worth a line
+    /// saying why they are not read.
+    Pth,
+    /// Another framework's weights (GGUF, TensorFlow, Flax, ONNX, ...): never read, never fetched
+    /// as a side file.
+    Other,
+}
+
+/// Every extension that marks a file as model weights: the one list resolution, hub side files
+/// and `shard`'s copying of side files all consult.
+const WEIGHT_EXTENSIONS: &[(&str, WeightKind)] = &[
+    ("safetensors", WeightKind::Vllm),
+    ("bin", WeightKind::Vllm),
+    ("pt", WeightKind::Vllm),
+    ("pth", WeightKind::Pth),
+    ("ckpt", WeightKind::Other),
+    ("gguf", WeightKind::Other),
+    ("ggml", WeightKind::Other),
+    ("h5", WeightKind::Other),
+    ("msgpack", WeightKind::Other),
+    ("onnx", WeightKind::Other),
+    ("onnx_data", WeightKind::Other),
+    ("ot", WeightKind::Other),
+    ("tflite", WeightKind::Other),
+    ("npz", WeightKind::Other),
+    ("pkl", WeightKind::Other),
+];
+
+/// The kind of weights `name` (a file name or relative path) holds by its extension, compared
+/// exactly as Python's `os.path.splitext` result is (case-sensitive); `None` for anything else.
+pub fn weight_kind(name: &str) -> Option<WeightKind> {
+    let ext = std::path::Path::new(name).extension()?.to_str()?;
+    WEIGHT_EXTENSIONS
+        .iter()
+        .find(|(e, _)| *e == ext)
+        .map(|(_, kind)| *kind)
+}
+
 /// Files that training leaves next to `.bin`/`.pt` weights; vLLM skips them (weight_utils.py:619–634).
 pub const NOT_FOR_INFERENCE: &[&str] = &[
     "training_args.bin",
@@ -162,6 +206,30 @@ mod tests {
                 "model-10.safetensors",
             ]
         );
+    }
+
+    #[test]
+    fn weight_kinds_follow_the_extension_only() {
+        for (name, kind) in [
+            ("model.safetensors", Some(WeightKind::Vllm)),
+            ("pytorch_model.bin", Some(WeightKind::Vllm)),
+            ("sub/optimizer.pt", Some(WeightKind::Vllm)),
+            ("original/consolidated.pth", Some(WeightKind::Pth)),
+            ("model.gguf", Some(WeightKind::Other)),
+            ("model.safetensors.index.json", None),
+            ("MODEL.BIN", None),
+            (".pt", None),
+            ("config.json", None),
+            ("safetensors", None),
+        ] {
+            assert_eq!(weight_kind(name), kind, "{name}");
+        }
+        // Every allow pattern of every load format reads a kind vLLM reads.
+        for f in [LoadFormat::Hf, LoadFormat::Mistral, LoadFormat::Pt] {
+            for pat in f.allow_patterns() {
+                assert_eq!(weight_kind(pat), Some(WeightKind::Vllm), "{pat}");
+            }
+        }
     }
 
     #[test]

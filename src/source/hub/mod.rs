@@ -1,0 +1,341 @@
+//! Hugging Face Hub sources: a repo id (`org/name`, as vLLM takes it) becomes a snapshot folder of
+//! the local Hugging Face cache that holds exactly the files the selected load format reads, plus
+//! the side files (config, tokenizer, ...) that `shard` copies.
+//!
+//! The cache is the one Python's `huggingface_hub` keeps and vLLM, transformers and hf-hub share:
+//! `<cache>/models--{org}--{name}/refs/<revision>` holds a commit hash, and
+//! `snapshots/<commit>/<file>` are relative symlinks to `blobs/<etag>`. wload looks files up there
+//! itself: hf-hub 0.5 honours neither `HF_HUB_CACHE` nor `HF_HUB_OFFLINE`, and a lookup must not
+//! open a connection. The network is asked only for the repo's file list
+//! (`GET {endpoint}/api/models/{repo}/revision/{rev}`), a missing file's etag (a blob the cache
+//! already holds, under another commit, is linked rather than fetched again) and downloads, which
+//! go into that same layout (`blobs/<etag>.part`, renamed into place when complete, then the
+//! snapshot symlink) and resume with a `Range` request when a partial file is there. Each request
+//! has huggingface_hub's timeouts (`HF_HUB_ETAG_TIMEOUT`, `HF_HUB_DOWNLOAD_TIMEOUT`), which is why
+//! `http` makes them rather than hf-hub.
+//!
+//! Where this differs from huggingface_hub: partial downloads are `blobs/<etag>.part` (hf-hub's
+//! name; a Python `.incomplete` file is adopted), download locks are `blobs/<etag>.lock` rather
+//! than `.locks/`, and the file list of each commit is kept in `.wload/<commit>.json`.
+//!
+//! Which files to fetch follows vLLM's selection exactly: [`super::resolve_listing`] runs over the
+//! repo's file list, with the index (a side file, fetched first) dropping the shards it does not
+//! name; only then are the kept weight files fetched.
+//!
+//! Here: which commit and file list a revision stands for, and in what order files are fetched.
+//! `env` reads the HF_* variables; `cache` knows the cache's layout and wload's file-list
+//! records; `http` makes the requests; `download` links, downloads, resumes, retries and
+//! locks; `progress` feeds the caller's bars; `error` words what went wrong.
+
+mod cache;
+mod download;
+mod env;
+mod error;
+mod http;
+mod progress;
+
+use std::path::{Path, PathBuf};
+
+use hf_hub::{Repo, RepoType};
+use serde::Serialize;
+
+use super::local::Listing;
+use super::{LoadFormat, Resolved, SourceError};
+use crate::config::ConfigFormat;
+pub use cache::folder_name;
+use cache::{State, StateSource};
+use download::Fetcher;
+pub use env::{BadTimeout, HubEnv};
+pub use error::{HubError, Stalled, Why};
+use http::Client;
+pub use progress::DownloadProgress;
+
+/// Where a file of a hub source came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// Already in the local cache.
+    Cache,
+    /// Downloaded by this run.
+    Download,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Cache => "cache",
+            Origin::Download => "download",
+        }
+    }
+}
+
+/// What a hub source resolved to.
+#[derive(Debug, Clone, Serialize)]
+pub struct HubSource {
+    /// `org/name`.
+    pub repo: String,
+    /// `--revision` as given (branch, tag or commit).
+    pub revision: String,
+    /// The commit the revision points to.
+    pub commit: String,
+    /// The cache folder (`--download-dir`, `HF_HUB_CACHE` or `$HF_HOME/hub`).
+    pub cache_dir: PathBuf,
+    /// `snapshots/<commit>` of the repo in the cache: the checkpoint folder.
+    pub snapshot: PathBuf,
+    /// True when nothing was asked of the hub: `HF_HUB_OFFLINE`, a commit whose files were all
+    /// cached, or a hub that could not be reached (see `note`).
+    pub offline: bool,
+    /// Every file this run downloaded (weights and side files), in file-name order.
+    pub downloaded: Vec<String>,
+    /// Why the cache was used without asking the hub, when it was not by choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The repo id SOURCE names, when it is one: not an existing local path, and shaped like
+/// `org/name` (`^[A-Za-z0-9][\w.-]*/[\w.-]+$`).
+pub fn repo_id(source: &Path) -> Option<String> {
+    let s = source.to_str()?;
+    if source.exists() {
+        return None;
+    }
+    let (org, name) = s.split_once('/')?;
+    let word = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    let ok = org.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && org.chars().all(word)
+        && !name.is_empty()
+        && name.chars().all(word);
+    ok.then(|| s.to_string())
+}
+
+/// What the caller wants from the repo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// A checkpoint, selected as vLLM does.
+    Checkpoint,
+    /// A pre-sharded folder (`model-rank-*-part-*.safetensors`) when the repo is one, else a
+    /// checkpoint (`load`).
+    Detect,
+}
+
+/// One hub source to resolve.
+#[derive(Debug, Clone)]
+pub struct HubRequest<'a> {
+    pub repo: &'a str,
+    pub revision: &'a str,
+    pub load_format: LoadFormat,
+    pub config_format: ConfigFormat,
+    pub env: &'a HubEnv,
+    pub progress: &'a DownloadProgress,
+}
+
+/// Resolves a repo id to a cache snapshot holding what is needed, downloading what is missing
+/// (unless offline), and resolves that snapshot as vLLM would. Returns the resolution and whether
+/// the repo is pre-sharded (only with [`Want::Detect`]).
+pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), SourceError> {
+    let repo_dir = req.env.cache_dir.join(folder_name(req.repo));
+    let (state, note) = find_state(req, &repo_dir)?;
+    let snapshot = cache::snapshot_dir(&repo_dir, &state.commit);
+    let why = match &note {
+        Some(n) => Some(Why::Unreachable(n.clone())),
+        None if req.env.offline => Some(Why::Offline),
+        None => None,
+    };
+    let mut fetcher = Fetcher::new(req, &repo_dir, &snapshot, &state.commit, why);
+    let (mut resolved, pre_sharded) =
+        select_and_fetch(req, want, &snapshot, &state.listing(), &mut fetcher)?;
+    if state.source == StateSource::Hub {
+        cache::record(&repo_dir, req.repo, req.revision, &state)?;
+    }
+    for f in &mut resolved.files {
+        f.origin = fetcher.origins.get(&f.file).copied();
+    }
+    let downloaded = fetcher
+        .origins
+        .iter()
+        .filter(|(_, o)| **o == Origin::Download)
+        .map(|(f, _)| f.clone())
+        .collect();
+    resolved.hub = Some(HubSource {
+        repo: req.repo.to_string(),
+        revision: req.revision.to_string(),
+        commit: state.commit.clone(),
+        cache_dir: req.env.cache_dir.clone(),
+        offline: state.source != StateSource::Hub && !fetcher.asked_hub(),
+        snapshot,
+        downloaded,
+        note,
+    });
+    Ok((resolved, pre_sharded))
+}
+
+/// Fetches the side files, then selects as vLLM would (the index among the side files decides
+/// which weight files are needed) and fetches what was selected.
+fn select_and_fetch(
+    req: &HubRequest,
+    want: Want,
+    snapshot: &Path,
+    listing: &Listing,
+    fetcher: &mut Fetcher,
+) -> Result<(Resolved, bool), SourceError> {
+    let top = |keep: fn(&str) -> bool| -> Vec<String> {
+        listing.top.iter().filter(|f| keep(f)).cloned().collect()
+    };
+    fetcher.ensure(&top(is_side_file))?;
+    let rank_files = top(is_rank_file);
+    if want == Want::Detect && !rank_files.is_empty() {
+        fetcher.ensure(&rank_files)?;
+        return Ok((
+            super::resolve_pre_sharded(snapshot, req.config_format)?,
+            true,
+        ));
+    }
+    let r = super::resolve_listing(snapshot, listing, req.load_format, req.config_format)?;
+    fetcher.ensure(&r.file_names())?;
+    Ok((r, false))
+}
+
+/// A top-level file of a repo that is not weights: config, tokenizer, generation config, index,
+/// chat templates, README and licence. What `shard` copies next to the per-rank files, and what
+/// vLLM's own snapshot holds beside the weights. Dotfiles (`.gitattributes`) are left out, and so
+/// is anything in a subfolder (vLLM ignores `original/**` and reads only the top level).
+fn is_side_file(name: &str) -> bool {
+    // Not vLLM's exact, case-sensitive test: `MODEL.BIN` is not fetched as a side file either.
+    !name.contains('/')
+        && !name.starts_with('.')
+        && super::select::weight_kind(&name.to_ascii_lowercase()).is_none()
+}
+
+/// A part file `load` reads from a pre-sharded folder (pipeline parallelism off).
+fn is_rank_file(name: &str) -> bool {
+    crate::rank_files::RankFile::parse(name).is_some_and(|f| f.pp.is_none())
+}
+
+/// Asks the hub unless offline (or unless a commit is asked for whose file list is saved);
+/// falls back to the cache when the hub cannot answer, as huggingface_hub does. The note says why.
+fn find_state(req: &HubRequest, repo_dir: &Path) -> Result<(State, Option<String>), SourceError> {
+    let env = req.env;
+    if env.offline {
+        return Ok((cache::cached_state(req, repo_dir, Why::Offline)?, None));
+    }
+    if cache::is_commit(req.revision)
+        && let Some(files) = cache::saved_listing(repo_dir, req.revision)
+    {
+        return Ok((
+            State {
+                commit: req.revision.to_string(),
+                files,
+                source: StateSource::Saved,
+            },
+            None,
+        ));
+    }
+    match repo_info(req) {
+        Ok(state) => Ok((state, None)),
+        Err(e) => {
+            let why = Why::Unreachable(e.to_string());
+            match cache::cached_state(req, repo_dir, why) {
+                Ok(state) => Ok((state, Some(e.to_string()))),
+                // Nothing cached: the hub's own error says best what is wrong.
+                Err(_) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// The hub's commit and file list for the revision.
+fn repo_info(req: &HubRequest) -> Result<State, HubError> {
+    let info = Client::new(req.env)
+        .repo_info(&Repo::with_revision(
+            req.repo.to_string(),
+            RepoType::Model,
+            req.revision.to_string(),
+        ))
+        .map_err(|e| error::http_error(req, None, req.revision, e))?;
+    if !cache::is_commit(&info.sha) {
+        return Err(HubError::Network {
+            repo: req.repo.to_string(),
+            endpoint: req.env.endpoint.clone(),
+            message: format!("the answer names no commit (sha '{}')", info.sha),
+        });
+    }
+    // Names become paths under the snapshot: anything that could lead out of it is ignored.
+    let safe = |f: &str| {
+        !f.starts_with('/') && f.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+    };
+    Ok(State {
+        commit: info.sha,
+        files: info
+            .siblings
+            .into_iter()
+            .map(|s| s.rfilename)
+            .filter(|f| safe(f))
+            .collect(),
+        source: StateSource::Hub,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repo_ids_are_recognised() {
+        for id in ["meta-llama/Llama-3.1-8B", "a/b", "Qwen/Qwen2.5-0.5B_x.y"] {
+            assert_eq!(repo_id(Path::new(id)).as_deref(), Some(id), "{id}");
+        }
+        for not in [
+            "gpt2",
+            "./org/name",
+            "/abs/path",
+            "org/name/sub",
+            "-org/name",
+            "org/",
+            "/name",
+            "org/na me",
+            "src/source",
+        ] {
+            assert_eq!(repo_id(Path::new(not)), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn side_files_are_top_level_non_weights() {
+        for yes in [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer.model",
+            "tokenizer_config.json",
+            "params.json",
+            "chat_template.jinja",
+            "model.safetensors.index.json",
+            "README.md",
+        ] {
+            assert!(is_side_file(yes), "{yes}");
+        }
+        for no in [
+            "model.safetensors",
+            "pytorch_model.bin",
+            "consolidated.pth",
+            "model.gguf",
+            "tf_model.h5",
+            "flax_model.msgpack",
+            ".gitattributes",
+            "original/params.json",
+        ] {
+            assert!(!is_side_file(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn rank_files_match_the_loader() {
+        assert!(is_rank_file("model-rank-0-part-0.safetensors"));
+        assert!(is_rank_file("model-rank-12-part-3.safetensors"));
+        assert!(!is_rank_file("model-rank-a-part-0.safetensors"));
+        assert!(!is_rank_file("model-rank-0-part-.safetensors"));
+        assert!(!is_rank_file("model-00001-of-00002.safetensors"));
+        // Pipeline-parallel files are not loaded yet: such a repo is not taken as pre-sharded.
+        assert!(!is_rank_file("model-pp-0-tp-0-part-0.safetensors"));
+    }
+}
