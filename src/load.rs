@@ -187,7 +187,7 @@ pub fn select_ranks(
             .map_err(|_| LoadError::Launcher(format!("{who}: {name}='{v}' is not a number")))
     };
     let (rank, world) = (parse("rank", &r)?, parse("world size", &w)?);
-    if world == 0 || tp % world != 0 || rank >= world {
+    if world == 0 || !tp.is_multiple_of(world) || rank >= world {
         return Err(LoadError::Launcher(format!(
             "{who}: {world} processes cannot share --tp {tp} evenly (this is process {rank}); start \
              one process per GPU (world size {tp}), or one per node with --tp divisible by the node count"

@@ -747,7 +747,7 @@ fn unexpected_tensor_in_a_rank_file_is_named() {
         serde_json::json!({"dtype": "F32", "shape": [2], "data_offsets": [start, start + 8]}),
     );
     raw.header_text = serde_json::to_vec(&Value::Object(h)).unwrap();
-    while raw.header_text.len() % 8 != 0 {
+    while !raw.header_text.len().is_multiple_of(8) {
         raw.header_text.push(b' ');
     }
     raw.write(&file);

@@ -80,17 +80,15 @@ fn walk(root: &Path, dir: &Path, out: &mut Listing) -> Result<(), (PathBuf, io::
             .to_string_lossy()
             .into_owned();
         let at_top = dir == root;
-        if at_top {
-            if let Some(problem) = problem_of(&path, &entry.file_name(), ft) {
-                out.unreadable.push(Unreadable {
-                    name: rel.clone(),
-                    problem,
-                });
-                if ft.is_dir() {
-                    walk(root, &path, out)?;
-                }
-                continue;
+        if at_top && let Some(problem) = problem_of(&path, &entry.file_name(), ft) {
+            out.unreadable.push(Unreadable {
+                name: rel.clone(),
+                problem,
+            });
+            if ft.is_dir() {
+                walk(root, &path, out)?;
             }
+            continue;
         }
         let is_file = ft.is_file() || (ft.is_symlink() && path.is_file());
         if ft.is_dir() {

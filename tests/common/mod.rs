@@ -100,7 +100,7 @@ pub fn safetensors_bytes(tensors: &[Tensor]) -> Vec<u8> {
         );
     }
     let mut text = serde_json::to_vec(&Value::Object(header)).expect("serialisable header");
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     assemble(&text, &data)
