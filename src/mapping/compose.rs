@@ -365,6 +365,9 @@ fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saph
     budget.max_merge_keys = 1_000;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
+    // The whole document is walked under the budget first, whatever its keys: typed reading stops
+    // at the first unknown key, and a bomb must be refused as one, not by accident.
+    serde_saphyr::from_str_with_options::<serde::de::IgnoredAny>(text, options.clone())?;
     serde_saphyr::from_str_with_options(text, options)
 }
 
