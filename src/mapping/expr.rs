@@ -30,6 +30,15 @@ enum Node {
     Neg(Box<Node>),
     Bin(Op, Box<Node>, Box<Node>),
     Call(String, Vec<Node>),
+    /// A per-layer derived value written in place of its name (see [`Expr::substitute`]).
+    Derived(Box<Derived>),
+}
+
+#[derive(Debug, Clone)]
+struct Derived {
+    name: String,
+    src: String,
+    body: Node,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -63,6 +72,13 @@ pub enum EvalError {
     DivByZero,
     #[error("{0}")]
     Type(String),
+    /// A per-layer derived value inside the expression failed.
+    #[error("{name} = `{expr}`: {source}")]
+    Derived {
+        name: String,
+        expr: String,
+        source: Box<EvalError>,
+    },
 }
 
 /// Variable lookup: config fields, derived values, `tp`, `i`, ...
@@ -120,6 +136,95 @@ impl Expr {
 
     pub fn eval_bool(&self, s: &dyn Scope) -> Result<bool, EvalError> {
         Ok(truthy(&self.eval(s)?))
+    }
+
+    /// Whether the expression reads the variable `name` itself (not through a value substituted
+    /// into it).
+    pub fn reads(&self, name: &str) -> bool {
+        let mut found = false;
+        walk(&self.node, &mut |n| {
+            found |= matches!(n, Node::Var(v) if v == name);
+        });
+        found
+    }
+
+    /// The variables the expression reads itself, each once, in order of appearance.
+    pub fn vars(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        walk(&self.node, &mut |n| {
+            if let Node::Var(v) = n
+                && !out.contains(&v.as_str())
+            {
+                out.push(v);
+            }
+        });
+        out
+    }
+
+    /// Whether a value substituted into the expression is inside it.
+    pub fn has_substitutions(&self) -> bool {
+        let mut found = false;
+        walk(&self.node, &mut |n| found |= matches!(n, Node::Derived(_)));
+        found
+    }
+
+    /// The expression with every read of `name` replaced by `value`, evaluated where it is read;
+    /// the source text stays the same, and a failure inside `value` names it. Values substituted
+    /// earlier are left as they are: their own reads were resolved when they were defined.
+    pub fn substitute(&self, name: &str, value: &Expr) -> Expr {
+        let derived = Node::Derived(Box::new(Derived {
+            name: name.to_string(),
+            src: value.src.clone(),
+            body: value.node.clone(),
+        }));
+        Expr {
+            src: self.src.clone(),
+            node: replace(&self.node, name, &derived),
+        }
+    }
+
+    /// Nodes in the tree, counting each substituted value in full: how much evaluating it costs.
+    pub fn size(&self) -> usize {
+        size(&self.node)
+    }
+}
+
+/// Visits every node outside substituted values.
+fn walk<'a>(n: &'a Node, f: &mut dyn FnMut(&'a Node)) {
+    f(n);
+    match n {
+        Node::Lit(_) | Node::Var(_) | Node::Derived(_) => {}
+        Node::Not(x) | Node::Neg(x) => walk(x, f),
+        Node::Bin(_, a, b) => {
+            walk(a, f);
+            walk(b, f);
+        }
+        Node::Call(_, args) => args.iter().for_each(|a| walk(a, f)),
+    }
+}
+
+fn replace(n: &Node, name: &str, with: &Node) -> Node {
+    let r = |x: &Node| Box::new(replace(x, name, with));
+    match n {
+        Node::Var(v) if v == name => with.clone(),
+        Node::Lit(_) | Node::Var(_) | Node::Derived(_) => n.clone(),
+        Node::Not(x) => Node::Not(r(x)),
+        Node::Neg(x) => Node::Neg(r(x)),
+        Node::Bin(op, a, b) => Node::Bin(*op, r(a), r(b)),
+        Node::Call(f, args) => Node::Call(
+            f.clone(),
+            args.iter().map(|a| replace(a, name, with)).collect(),
+        ),
+    }
+}
+
+fn size(n: &Node) -> usize {
+    1 + match n {
+        Node::Lit(_) | Node::Var(_) => 0,
+        Node::Derived(d) => size(&d.body),
+        Node::Not(x) | Node::Neg(x) => size(x),
+        Node::Bin(_, a, b) => size(a).saturating_add(size(b)),
+        Node::Call(_, args) => args.iter().map(size).fold(0, usize::saturating_add),
     }
 }
 
@@ -207,6 +312,11 @@ fn eval(n: &Node, s: &dyn Scope) -> Result<Value, EvalError> {
                 .collect::<Result<Vec<_>, _>>()?;
             call(f, &vals)
         }
+        Node::Derived(d) => eval(&d.body, s).map_err(|e| EvalError::Derived {
+            name: d.name.clone(),
+            expr: d.src.clone(),
+            source: Box::new(e),
+        }),
     }
 }
 

@@ -2,6 +2,7 @@
 //! binary), saying how checkpoint names become vLLM parameters and what each parameter looks like.
 //! The format is documented in docs/mapping-format.md.
 
+mod compose;
 pub mod expr;
 pub mod rules;
 
@@ -13,75 +14,54 @@ use serde_json::Value;
 
 pub use expr::Expr;
 
-/// The mapping files shipped in the binary, by file name.
-pub const EMBEDDED: &[(&str, &str)] = &[
-    ("llama.yaml", include_str!("../../mappings/llama.yaml")),
-    ("mistral.yaml", include_str!("../../mappings/mistral.yaml")),
-    ("qwen2.yaml", include_str!("../../mappings/qwen2.yaml")),
-    ("qwen3.yaml", include_str!("../../mappings/qwen3.yaml")),
-    ("gemma2.yaml", include_str!("../../mappings/gemma2.yaml")),
-    ("phi3.yaml", include_str!("../../mappings/phi3.yaml")),
-    ("mixtral.yaml", include_str!("../../mappings/mixtral.yaml")),
-    (
-        "qwen3_moe.yaml",
-        include_str!("../../mappings/qwen3_moe.yaml"),
-    ),
-];
+/// The family files shipped in the binary, by file name: every `mappings/*.yaml` but
+/// `common.yaml`, listed by build.rs, so that a new file needs no Rust edit.
+pub const EMBEDDED: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/mappings.rs"));
 
-/// Rules every family gets (vLLM's AutoWeightsLoader adds them to every mapper).
+/// Rules every family gets (vLLM's AutoWeightsLoader adds them to every mapper), and the named
+/// parameter blocks family files `use`.
 pub const COMMON: &str = include_str!("../../mappings/common.yaml");
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A mapping resolved from its file, the files it extends and the blocks it uses: what the
+/// planner reads.
+#[derive(Debug, Clone)]
 pub struct Mapping {
-    /// Family whose file this one starts from: maps merge key by key, lists and values replace.
-    #[serde(default)]
+    /// Family whose file this one starts from (docs/mapping-format.md says how they merge).
     pub extends: Option<String>,
     /// Short name, e.g. `llama`.
     pub family: String,
-    #[serde(default)]
     pub description: String,
     /// config.json `architectures[0]` values this mapping serves.
     pub architectures: Vec<String>,
     /// Config values used when config.json lacks them (the transformers config class defaults).
-    #[serde(default)]
     pub defaults: IndexMap<String, Value>,
-    /// Derived values, in order; each may use config fields and the entries before it.
-    #[serde(default)]
+    /// Derived values, in order; each may use config fields and the entries before it. Values
+    /// that depend on the layer index `i` are not here: they are written into the `layer`
+    /// parameters' expressions that read them, and evaluated per layer there.
     pub derive: IndexMap<String, Expr>,
     /// Conditions vLLM enforces for a given `tp` (and `ep`), with the message and fix to print.
-    #[serde(default)]
     pub checks: Vec<Check>,
-    #[serde(default)]
     pub rules: rules::Rules,
     /// Checkpoint names with these suffixes are skipped silently when nothing maps them
     /// (vLLM's unexpected-suffix ignore list; `.bias` is always in it).
-    #[serde(default)]
     pub ignore_unexpected_suffixes: Vec<String>,
     pub parameters: Parameters,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct Check {
     pub rule: Expr,
     pub message: String,
-    #[serde(default)]
     pub fix: Option<String>,
 }
 
 /// vLLM's parameters in state_dict order: the ones before the decoder layers, those of layer `{i}`
 /// (repeated `layers` times), and the ones after.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct Parameters {
-    #[serde(default = "default_layers")]
     pub layers: Expr,
-    #[serde(default)]
     pub head: Vec<ParamSpec>,
-    #[serde(default)]
     pub layer: Vec<ParamSpec>,
-    #[serde(default)]
     pub tail: Vec<ParamSpec>,
 }
 
@@ -89,35 +69,24 @@ fn default_layers() -> Expr {
     Expr::parse("num_hidden_layers").expect("valid expression")
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct ParamSpec {
     /// vLLM name; `{i}` is the layer index.
     pub name: String,
     /// Present only when this holds (e.g. `qkv_bias`, `i in mlp_only_layers`).
-    #[serde(default)]
     pub when: Option<Expr>,
     pub layout: Layout,
     /// `model` (the resolved model dtype) or a safetensors dtype such as `F32`.
-    #[serde(default = "model_dtype")]
     pub dtype: String,
     /// Filled with `fill` and never read from the checkpoint (persistent buffers).
-    #[serde(default)]
     pub buffer: bool,
     /// Value for buffers, and for `optional` parameters the checkpoint lacks.
-    #[serde(default)]
     pub fill: Option<f64>,
     /// A checkpoint without this tensor is fine (it is filled with `fill`, default 0).
-    #[serde(default)]
     pub optional: bool,
     /// This parameter is the same tensor as another when the condition holds (tied embeddings):
     /// vLLM keeps one key, the lexicographically smaller, at the first one's place.
-    #[serde(default)]
     pub tied_to: Option<Tied>,
-}
-
-fn model_dtype() -> String {
-    "model".into()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -173,6 +142,44 @@ fn default_vocab_padding() -> u64 {
     64
 }
 
+impl Layout {
+    /// Every expression in the layout, for rewriting.
+    fn exprs_mut(&mut self) -> Vec<&mut Expr> {
+        match self {
+            Layout::Replicated { shape } | Layout::Column { shape } | Layout::Row { shape } => {
+                shape.iter_mut().collect()
+            }
+            Layout::MergedColumn { sizes, inner } => sizes.iter_mut().chain(inner).collect(),
+            Layout::Qkv {
+                heads,
+                kv_heads,
+                head_dim,
+                inner,
+            } => [heads, kv_heads, head_dim]
+                .into_iter()
+                .chain(inner.iter_mut())
+                .collect(),
+            Layout::Vocab { vocab, inner, .. } => std::iter::once(vocab).chain(inner).collect(),
+            Layout::Experts {
+                experts,
+                intermediate,
+                hidden,
+                ..
+            } => vec![experts, intermediate, hidden],
+        }
+    }
+}
+
+impl ParamSpec {
+    /// Every expression of the parameter (`when`, the layout's, `tied_to.when`), for rewriting.
+    fn exprs_mut(&mut self) -> Vec<&mut Expr> {
+        let mut out = self.layout.exprs_mut();
+        out.extend(self.when.as_mut());
+        out.extend(self.tied_to.as_mut().map(|t| &mut t.when));
+        out
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ExpertPart {
@@ -206,93 +213,10 @@ impl MappingError {
     }
 }
 
-/// Parses one mapping file's text (following `extends`) and merges the common rules into it.
+/// Parses one mapping file's text: follows `extends`, expands the blocks it uses, applies its
+/// edits, and merges the common rules into it.
 pub fn parse(file: &str, text: &str) -> Result<Mapping, MappingError> {
-    let invalid = |message: String| MappingError::Invalid {
-        file: file.to_string(),
-        message,
-    };
-    let value = resolve_extends(file, text, 0)?;
-    let mut m: Mapping = if value.get("extends").is_some() {
-        serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?
-    } else {
-        // Straight from the text, for error messages with line numbers.
-        from_yaml(text).map_err(|e| invalid(e.to_string()))?
-    };
-    let common: rules::Rules = from_yaml(COMMON).map_err(|e| MappingError::Invalid {
-        file: "common.yaml".into(),
-        message: e.to_string(),
-    })?;
-    m.rules.merge_common(common);
-    m.rules.compile().map_err(|message| MappingError::Invalid {
-        file: file.to_string(),
-        message,
-    })?;
-    Ok(m)
-}
-
-/// The file's YAML as a value, with its `extends` chain merged underneath it.
-fn resolve_extends(file: &str, text: &str, depth: usize) -> Result<Value, MappingError> {
-    let invalid = |message: String| MappingError::Invalid {
-        file: file.to_string(),
-        message,
-    };
-    let mut value: Value = from_yaml(text).map_err(|e| invalid(e.to_string()))?;
-    let Some(parent) = value
-        .get("extends")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-    else {
-        return Ok(value);
-    };
-    if depth > 8 {
-        return Err(invalid("`extends` chain is too deep (a cycle?)".into()));
-    }
-    let (pfile, ptext) = EMBEDDED
-        .iter()
-        .find(|(f, _)| f.trim_end_matches(".yaml") == parent)
-        .ok_or_else(|| invalid(format!("extends unknown family '{parent}'")))?;
-    let mut base = resolve_extends(pfile, ptext, depth + 1)?;
-    if let Value::Object(b) = &mut base {
-        b.remove("extends");
-    }
-    merge(&mut base, std::mem::take(&mut value));
-    Ok(base)
-}
-
-/// A mapping file is a few thousand YAML events at most; these budgets are ten times that, and far
-/// below serde_saphyr's defaults (a million events), under which an alias bomb in a `--mapping`
-/// file ("billion laughs") takes seconds before it is refused. Within them it fails in milliseconds.
-fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
-    let mut budget = serde_saphyr::Budget::default();
-    budget.max_events = 50_000;
-    budget.max_nodes = 20_000;
-    budget.max_aliases = 1_000;
-    budget.max_anchors = 1_000;
-    budget.max_recorded_anchor_events = 10_000;
-    budget.max_recorded_anchor_bytes = 4 << 20;
-    budget.max_total_scalar_bytes = 4 << 20;
-    budget.max_merge_keys = 1_000;
-    let mut options = serde_saphyr::Options::default();
-    options.budget = Some(budget);
-    serde_saphyr::from_str_with_options(text, options)
-}
-
-/// Objects merge key by key; anything else replaces.
-fn merge(base: &mut Value, over: Value) {
-    match (base, over) {
-        (Value::Object(b), Value::Object(o)) => {
-            for (k, v) in o {
-                match b.get_mut(&k) {
-                    Some(slot) => merge(slot, v),
-                    None => {
-                        b.insert(k, v);
-                    }
-                }
-            }
-        }
-        (slot, v) => *slot = v,
-    }
+    compose::resolve(file, text)
 }
 
 /// Every embedded mapping, parsed.

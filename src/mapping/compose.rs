@@ -1,0 +1,561 @@
+//! How mapping files compose (docs/mapping-format.md, "Composing files"): a file may extend a
+//! shipped family, `use` the named parameter blocks of common.yaml (or of the files it extends),
+//! and edit the lists it inherits by name. Each file is read on its own, so that its errors carry
+//! its line numbers; the chain is folded from the root down; and the result is resolved into the
+//! [`Mapping`] the planner reads, which knows nothing of blocks or edits.
+
+mod edit;
+mod per_layer;
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+use serde_json::Value;
+
+use self::edit::{Entry, Placed};
+use self::per_layer::PerLayer;
+use super::rules::{ExpertRule, MistralRemap, RegexRule, Rename, Rules, Stacked};
+use super::{COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, ParamSpec, Parameters};
+
+/// `extends` chains deeper than this are refused (the shipped ones are at most three files deep);
+/// it also stops a file that extends itself.
+const MAX_DEPTH: usize = 8;
+
+/// One mapping file as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileDoc {
+    #[serde(default)]
+    extends: Option<String>,
+    family: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default)]
+    defaults: IndexMap<String, Value>,
+    #[serde(default)]
+    derive: IndexMap<String, Expr>,
+    #[serde(default)]
+    checks: Vec<CheckEntry>,
+    #[serde(default)]
+    rules: RulesEdit,
+    #[serde(default)]
+    ignore_unexpected_suffixes: Option<Vec<String>>,
+    #[serde(default)]
+    blocks: IndexMap<String, Vec<Entry>>,
+    #[serde(default)]
+    parameters: ParamsEdit,
+}
+
+/// common.yaml: the rules every family gets, and the blocks every file may use.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommonDoc {
+    #[serde(default)]
+    rules: Rules,
+    #[serde(default)]
+    blocks: IndexMap<String, Vec<Entry>>,
+}
+
+/// A file's `rules`: each kind it names replaces the inherited one whole, because their order is
+/// vLLM's and a later rule sees what an earlier one rewrote.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RulesEdit {
+    scope: Option<String>,
+    mistral: Option<MistralRemap>,
+    regex: Option<Vec<RegexRule>>,
+    substr: Option<Vec<Rename>>,
+    stacked: Option<Vec<Stacked>>,
+    prefix: Option<Vec<Rename>>,
+    suffix: Option<Vec<Rename>>,
+    experts: Option<Vec<ExpertRule>>,
+}
+
+/// A check as written: a new one, one replacing the inherited check with the same `rule`, or
+/// `{remove: RULE}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckEntry {
+    rule: Option<Expr>,
+    message: Option<String>,
+    fix: Option<String>,
+    remove: Option<String>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParamsEdit {
+    layers: Option<Expr>,
+    #[serde(default)]
+    head: Vec<Entry>,
+    #[serde(default)]
+    layer: Vec<Entry>,
+    #[serde(default)]
+    tail: Vec<Entry>,
+}
+
+/// A file with everything it extends folded in; blocks already expanded.
+struct Composed {
+    defaults: IndexMap<String, Value>,
+    derive: IndexMap<String, Expr>,
+    checks: Vec<Check>,
+    rules: Rules,
+    ignore_unexpected_suffixes: Vec<String>,
+    blocks: IndexMap<String, Vec<ParamSpec>>,
+    layers: Expr,
+    head: Vec<Placed>,
+    layer: Vec<Placed>,
+    tail: Vec<Placed>,
+}
+
+/// Parses `text` (the file `file`) with everything it extends and uses.
+pub(super) fn resolve(file: &str, text: &str) -> Result<Mapping, MappingError> {
+    let common: CommonDoc = from_yaml(COMMON).map_err(|e| invalid("common.yaml", e))?;
+    let doc: FileDoc = from_yaml(text).map_err(|e| invalid(file, e))?;
+    let header = Header {
+        extends: doc.extends.clone(),
+        family: doc.family.clone(),
+        description: doc.description.clone(),
+        architectures: doc.architectures.clone(),
+    };
+    let root = Composed::root(common.blocks).map_err(|e| invalid("common.yaml", e))?;
+    compose(file, doc, root, 0)?
+        .finish(header, common.rules)
+        .map_err(|e| invalid(file, e))
+}
+
+/// What a file says about itself, never inherited: a file that extends Llama is not Llama.
+struct Header {
+    extends: Option<String>,
+    family: String,
+    description: String,
+    architectures: Vec<String>,
+}
+
+fn invalid(file: &str, message: impl ToString) -> MappingError {
+    MappingError::Invalid {
+        file: file.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// `doc` applied over the chain it extends, which starts from `root`.
+fn compose(
+    file: &str,
+    doc: FileDoc,
+    root: Composed,
+    depth: usize,
+) -> Result<Composed, MappingError> {
+    let base = match &doc.extends {
+        None => root,
+        Some(_) if depth >= MAX_DEPTH => {
+            return Err(invalid(
+                file,
+                format!("`extends` chain is deeper than {MAX_DEPTH} files (a cycle?)"),
+            ));
+        }
+        Some(parent) => {
+            let Some((pfile, ptext)) = EMBEDDED
+                .iter()
+                .find(|(f, _)| f.strip_suffix(".yaml") == Some(parent.as_str()))
+            else {
+                let known: Vec<&str> = EMBEDDED
+                    .iter()
+                    .filter_map(|(f, _)| f.strip_suffix(".yaml"))
+                    .collect();
+                return Err(invalid(
+                    file,
+                    format!(
+                        "extends unknown family '{parent}' (shipped: {})",
+                        known.join(", ")
+                    ),
+                ));
+            };
+            let pdoc: FileDoc = from_yaml(ptext).map_err(|e| invalid(pfile, e))?;
+            compose(pfile, pdoc, root, depth + 1)?
+        }
+    };
+    base.apply(doc).map_err(|e| invalid(file, e))
+}
+
+impl Composed {
+    fn root(blocks: IndexMap<String, Vec<Entry>>) -> Result<Composed, String> {
+        let mut c = Composed {
+            defaults: IndexMap::new(),
+            derive: IndexMap::new(),
+            checks: Vec::new(),
+            rules: Rules::default(),
+            ignore_unexpected_suffixes: Vec::new(),
+            blocks: IndexMap::new(),
+            layers: super::default_layers(),
+            head: Vec::new(),
+            layer: Vec::new(),
+            tail: Vec::new(),
+        };
+        c.define_blocks(blocks)?;
+        Ok(c)
+    }
+
+    /// One file's contents over what it inherits.
+    fn apply(mut self, doc: FileDoc) -> Result<Composed, String> {
+        // IndexMap::insert keeps an inherited key where it was: derived values keep their order.
+        self.defaults.extend(doc.defaults);
+        self.derive.extend(doc.derive);
+        self.edit_checks(doc.checks)?;
+        doc.rules.apply(&mut self.rules);
+        if let Some(s) = doc.ignore_unexpected_suffixes {
+            self.ignore_unexpected_suffixes = s;
+        }
+        self.define_blocks(doc.blocks)?;
+        let p = doc.parameters;
+        if let Some(l) = p.layers {
+            self.layers = l;
+        }
+        edit::apply(&mut self.head, p.head, "head", &self.blocks)?;
+        edit::apply(&mut self.layer, p.layer, "layer", &self.blocks)?;
+        edit::apply(&mut self.tail, p.tail, "tail", &self.blocks)?;
+        Ok(self)
+    }
+
+    fn define_blocks(&mut self, blocks: IndexMap<String, Vec<Entry>>) -> Result<(), String> {
+        for (name, entries) in blocks {
+            let specs = edit::define_block(&name, entries)?;
+            self.blocks.insert(name, specs);
+        }
+        Ok(())
+    }
+
+    fn edit_checks(&mut self, entries: Vec<CheckEntry>) -> Result<(), String> {
+        for e in entries {
+            match e {
+                CheckEntry {
+                    remove: Some(rule),
+                    rule: None,
+                    message: None,
+                    fix: None,
+                } => {
+                    let before = self.checks.len();
+                    self.checks.retain(|c| c.rule.src() != rule);
+                    if self.checks.len() == before {
+                        return Err(format!(
+                            "checks: `remove: {rule}`: no inherited check has that rule"
+                        ));
+                    }
+                }
+                CheckEntry {
+                    remove: None,
+                    rule: Some(rule),
+                    message: Some(message),
+                    fix,
+                } => {
+                    let check = Check { rule, message, fix };
+                    match self
+                        .checks
+                        .iter_mut()
+                        .find(|c| c.rule.src() == check.rule.src())
+                    {
+                        Some(old) => *old = check,
+                        None => self.checks.push(check),
+                    }
+                }
+                _ => {
+                    return Err(
+                        "checks: each entry is `{rule, message, fix}` or `{remove: RULE}`".into(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The resolved mapping: blocks and edits gone, per-layer values written into the `layer`
+    /// parameters that read them, the common rules merged in.
+    fn finish(self, header: Header, common: Rules) -> Result<Mapping, String> {
+        let (derive, per_layer) = PerLayer::split(self.derive)?;
+        let refuse = |place: &str, e: &Expr| match per_layer.read_by(e) {
+            Some(v) => Err(format!(
+                "{place}: `{e}` reads {v}, which depends on the layer index; only `layer` parameters may"
+            )),
+            None => Ok(()),
+        };
+        refuse("parameters.layers", &self.layers)?;
+        for c in &self.checks {
+            refuse("checks", &c.rule)?;
+        }
+        for p in self.rules.mistral.iter().flat_map(|m| &m.permute) {
+            refuse(&format!("rules.mistral.permute {}", p.token), &p.heads)?;
+        }
+        let unplace = |list: Vec<Placed>| list.into_iter().map(|p| p.spec).collect::<Vec<_>>();
+        let mut head = unplace(self.head);
+        let mut tail = unplace(self.tail);
+        for spec in head.iter_mut().chain(tail.iter_mut()) {
+            if spec.name.contains("{i}") {
+                return Err(format!(
+                    "{}: `{{i}}` (the layer index) only means something in `layer` parameters",
+                    spec.name
+                ));
+            }
+            let name = spec.name.clone();
+            for e in spec.exprs_mut() {
+                refuse(&name, e)?;
+            }
+        }
+        let mut layer = unplace(self.layer);
+        for spec in &mut layer {
+            per_layer
+                .write_into(spec)
+                .map_err(|e| format!("parameters.layer: {}: {e}", spec.name))?;
+        }
+        let mut rules = self.rules;
+        rules.merge_common(common);
+        rules.compile()?;
+        Ok(Mapping {
+            extends: header.extends,
+            family: header.family,
+            description: header.description,
+            architectures: header.architectures,
+            defaults: self.defaults,
+            derive,
+            checks: self.checks,
+            rules,
+            ignore_unexpected_suffixes: self.ignore_unexpected_suffixes,
+            parameters: Parameters {
+                layers: self.layers,
+                head,
+                layer,
+                tail,
+            },
+        })
+    }
+}
+
+impl RulesEdit {
+    fn apply(self, r: &mut Rules) {
+        fn set<T>(slot: &mut T, v: Option<T>) {
+            if let Some(v) = v {
+                *slot = v;
+            }
+        }
+        set(&mut r.scope, self.scope);
+        if self.mistral.is_some() {
+            r.mistral = self.mistral;
+        }
+        set(&mut r.regex, self.regex);
+        set(&mut r.substr, self.substr);
+        set(&mut r.stacked, self.stacked);
+        set(&mut r.prefix, self.prefix);
+        set(&mut r.suffix, self.suffix);
+        set(&mut r.experts, self.experts);
+    }
+}
+
+/// A mapping file is a few thousand YAML events at most; these budgets are ten times that, and far
+/// below serde_saphyr's defaults (a million events), under which an alias bomb in a `--mapping`
+/// file ("billion laughs") takes seconds before it is refused. Within them it fails in milliseconds.
+fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_events = 50_000;
+    budget.max_nodes = 20_000;
+    budget.max_aliases = 1_000;
+    budget.max_anchors = 1_000;
+    budget.max_recorded_anchor_events = 10_000;
+    budget.max_recorded_anchor_bytes = 4 << 20;
+    budget.max_total_scalar_bytes = 4 << 20;
+    budget.max_merge_keys = 1_000;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    // The whole document is walked under the budget first, whatever its keys: typed reading stops
+    // at the first unknown key, and a bomb must be refused as one, not by accident.
+    serde_saphyr::from_str_with_options::<serde::de::IgnoredAny>(text, options.clone())?;
+    serde_saphyr::from_str_with_options(text, options)
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::resolve;
+    use crate::mapping::{Mapping, embedded};
+
+    fn names(list: &[crate::mapping::ParamSpec]) -> Vec<&str> {
+        list.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    fn layer(m: &Mapping) -> Vec<&str> {
+        names(&m.parameters.layer)
+    }
+
+    fn llama() -> Mapping {
+        embedded()
+            .into_iter()
+            .find(|m| m.family == "llama")
+            .unwrap()
+    }
+
+    pub(super) fn child(body: &str) -> Result<Mapping, String> {
+        let text = format!("extends: llama\nfamily: t\narchitectures: [T]\n{body}");
+        resolve("t.yaml", &text).map_err(|e| e.to_string())
+    }
+
+    const SCALE: &str = "model.layers.{i}.self_attn.attn._prob_scale";
+
+    #[test]
+    fn a_new_parameter_goes_after_its_anchor_and_entries_keep_their_order() {
+        let m = child(
+            "parameters:\n  layer:\n    - {name: a, after: attention_scales, layout: {kind: replicated, shape: []}}\n    - {name: b, after: attention_scales, layout: {kind: replicated, shape: []}}\n    - {name: c, before: dense_mlp, layout: {kind: replicated, shape: []}}\n    - {name: z, layout: {kind: replicated, shape: []}}\n",
+        )
+        .unwrap();
+        let l = layer(&m);
+        let at = l.iter().position(|n| *n == SCALE).unwrap();
+        assert_eq!(&l[at + 1..at + 4], ["a", "b", "c"]);
+        assert_eq!(l[at + 4], "model.layers.{i}.mlp.gate_up_proj.weight");
+        assert_eq!(l.last(), Some(&"z"));
+        assert_eq!(l.len(), layer(&llama()).len() + 4);
+    }
+
+    #[test]
+    fn a_named_entry_changes_only_the_fields_it_states_and_stays_in_place() {
+        let m = child(
+            "parameters:\n  layer:\n    - {name: \"model.layers.{i}.mlp.down_proj.weight\", when: \"i > 0\"}\n",
+        )
+        .unwrap();
+        assert_eq!(layer(&m), layer(&llama()));
+        let down = m
+            .parameters
+            .layer
+            .iter()
+            .find(|s| s.name.ends_with("down_proj.weight"))
+            .unwrap();
+        assert_eq!(down.when.as_ref().unwrap().src(), "i > 0");
+        assert!(matches!(down.layout, crate::mapping::Layout::Row { .. }));
+    }
+
+    #[test]
+    fn a_moved_entry_goes_where_it_says() {
+        let m = child(
+            "parameters:\n  layer:\n    - {name: \"model.layers.{i}.input_layernorm.weight\", before: attention}\n",
+        )
+        .unwrap();
+        assert_eq!(layer(&m)[0], "model.layers.{i}.input_layernorm.weight");
+        assert_eq!(layer(&m).len(), layer(&llama()).len());
+    }
+
+    #[test]
+    fn remove_takes_a_parameter_or_a_whole_block() {
+        let m = child("parameters:\n  layer:\n    - remove: dense_mlp\n  tail:\n    - remove: lm_head.weight\n").unwrap();
+        assert!(!layer(&m).iter().any(|n| n.contains(".mlp.")));
+        assert_eq!(layer(&m).len(), layer(&llama()).len() - 4);
+        assert_eq!(names(&m.parameters.tail), ["model.norm.weight"]);
+    }
+
+    #[test]
+    fn checks_are_inherited_replaced_by_rule_and_removed() {
+        let parent = llama();
+        let heads = parent.checks[0].rule.src().to_string();
+        let kv = parent.checks[1].rule.src().to_string();
+        let m = child(&format!(
+            "checks:\n  - {{rule: \"{heads}\", message: other words}}\n  - {{rule: \"tp < 9\", message: small}}\n"
+        ))
+        .unwrap();
+        let rules: Vec<&str> = m.checks.iter().map(|c| c.rule.src()).collect();
+        assert_eq!(rules, [heads.as_str(), kv.as_str(), "tp < 9"]);
+        assert_eq!(m.checks[0].message, "other words");
+        let m = child(&format!("checks:\n  - remove: \"{kv}\"\n")).unwrap();
+        assert_eq!(m.checks.len(), 1);
+        let e = child("checks:\n  - remove: \"tp > 1\"\n").unwrap_err();
+        assert!(
+            e.contains("tp > 1") && e.contains("no inherited check"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_block_fills_its_placeholders_and_adds_its_when() {
+        let m = child(
+            "parameters:\n  layer:\n    - remove: dense_mlp\n    - {use: routed_experts, with: {moe: feed}, when: \"i > 0\", after: attention_scales}\n",
+        )
+        .unwrap();
+        let gate = m
+            .parameters
+            .layer
+            .iter()
+            .find(|s| s.name == "model.layers.{i}.feed.gate.weight")
+            .unwrap();
+        assert_eq!(gate.when.as_ref().unwrap().src(), "i > 0");
+        // The block's own `when` and the entry's both hold.
+        let m = child("parameters:\n  layer:\n    - remove: dense_mlp\n    - {use: dense_mlp, when: \"i > 0\"}\n").unwrap();
+        let bias = m
+            .parameters
+            .layer
+            .iter()
+            .find(|s| s.name.ends_with("down_proj.bias"))
+            .unwrap();
+        assert_eq!(bias.when.as_ref().unwrap().src(), "(i > 0) && (mlp_bias)");
+    }
+
+    #[test]
+    fn mistakes_in_edits_are_named() {
+        let cases = [
+            (
+                "parameters:\n  layer:\n    - remove: nothing_here\n",
+                "nothing_here",
+            ),
+            (
+                "parameters:\n  layer:\n    - {use: no_such_block}\n",
+                "no block named 'no_such_block'",
+            ),
+            (
+                "parameters:\n  layer:\n    - {use: routed_experts}\n",
+                "`{moe}` is not filled in",
+            ),
+            (
+                "parameters:\n  layer:\n    - {use: attention_scales, with: {x: y}}\n",
+                "no `{x}`",
+            ),
+            (
+                "parameters:\n  layer:\n    - {use: attention}\n",
+                "already in the list",
+            ),
+            (
+                "parameters:\n  layer:\n    - {name: a, use: attention}\n",
+                "exactly one",
+            ),
+            (
+                "parameters:\n  layer:\n    - {remove: a, after: b}\n",
+                "stands alone",
+            ),
+            (
+                "parameters:\n  layer:\n    - {name: a, layout: {kind: replicated, shape: []}, after: nowhere}\n",
+                "'nowhere'",
+            ),
+            (
+                "parameters:\n  layer:\n    - {name: a}\n",
+                "needs a `layout`",
+            ),
+            (
+                "parameters:\n  layer:\n    - {use: attention_scales, layout: {kind: replicated, shape: []}}\n",
+                "takes only",
+            ),
+            ("blocks:\n  a.b: []\n", "block name"),
+            (
+                "parameters:\n  head:\n    - {name: \"x.{i}\", layout: {kind: replicated, shape: []}}\n",
+                "only means something in `layer`",
+            ),
+        ];
+        for (body, says) in cases {
+            let e = child(body).expect_err(body);
+            assert!(e.contains("t.yaml") && e.contains(says), "{body}\n→ {e}");
+        }
+        let e = resolve("t.yaml", "extends: nonexistent\nfamily: t\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nonexistent") && e.contains("llama"), "{e}");
+    }
+
+    #[test]
+    fn header_fields_are_not_inherited() {
+        let m = resolve("t.yaml", "extends: llama\nfamily: t\n").unwrap();
+        assert!(m.architectures.is_empty());
+        assert_eq!(m.description, "");
+        assert_eq!(m.extends.as_deref(), Some("llama"));
+    }
+}
