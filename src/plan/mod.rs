@@ -5,7 +5,10 @@
 pub mod layout;
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -52,7 +55,7 @@ pub struct PlanOptions {
 }
 
 /// One thing wrong with the checkpoint for this model and TP size, with the likely fix.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct Problem {
     pub message: String,
     pub fix: Option<String>,
@@ -244,15 +247,31 @@ impl Env {
     }
 }
 
-/// Problems in the order found, each once.
+/// Problems in the order found, each once. A checkpoint with tens of thousands of layers can
+/// yield hundreds of thousands of problems, so "seen before?" is a hash lookup, not a scan: the
+/// table holds indices into the list rather than a second copy of every message.
 #[derive(Default)]
-struct Problems(Vec<Problem>);
+struct Problems {
+    list: Vec<Problem>,
+    seen: HashTable<usize>,
+    hasher: foldhash::fast::FixedState,
+}
 
 impl Problems {
     fn push(&mut self, p: Problem) {
-        if !self.0.contains(&p) {
-            self.0.push(p);
+        let Problems { list, seen, hasher } = self;
+        let hash = hasher.hash_one(&p);
+        match seen.entry(hash, |&i| list[i] == p, |&i| hasher.hash_one(&list[i])) {
+            Entry::Occupied(_) => {}
+            Entry::Vacant(v) => {
+                v.insert(list.len());
+                list.push(p);
+            }
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.list.is_empty()
     }
 }
 
@@ -286,7 +305,7 @@ pub fn plan(
             ),
             fix: Some("use the unquantized checkpoint".into()),
         });
-        return Err(PlanError::Invalid(problems.0));
+        return Err(PlanError::Invalid(problems.list));
     }
     let model_dtype = resolve_dtype(opts.dtype, config);
     let arch = config.architecture().unwrap_or(&mapping.family).to_string();
@@ -316,7 +335,7 @@ pub fn plan(
             }),
         }
     }
-    let mut geometry_ok = problems.0.is_empty();
+    let mut geometry_ok = problems.is_empty();
     for c in &mapping.checks {
         match c.rule.eval_bool(&env.scope(None)) {
             Ok(true) => {}
@@ -349,6 +368,8 @@ pub fn plan(
         }
     };
     let mut params: Vec<Param> = Vec::new();
+    // Where each name first appears, for `tied_to` (the earliest parameter of that name).
+    let mut first_index: HashMap<String, usize> = HashMap::new();
     let mut retie = None;
     let specs = mapping
         .parameters
@@ -417,7 +438,7 @@ pub fn plan(
                     });
                 }
                 Ok(true) => {
-                    alias_of = params.iter().position(|p| p.name == other);
+                    alias_of = first_index.get(other.as_str()).copied();
                     if alias_of.is_none() {
                         problems.push(Problem {
                             message: format!("{name}: tied_to names '{other}', which is not a parameter before it"),
@@ -432,6 +453,7 @@ pub fn plan(
                 }),
             }
         }
+        first_index.entry(name.clone()).or_insert(params.len());
         params.push(Param {
             name,
             spec,
@@ -639,8 +661,8 @@ pub fn plan(
             }
         }
     }
-    if !problems.0.is_empty() {
-        return Err(PlanError::Invalid(problems.0));
+    if !problems.is_empty() {
+        return Err(PlanError::Invalid(problems.list));
     }
 
     // Per-rank tensors, in state_dict order; tied pairs become one key, the smaller name, at the
