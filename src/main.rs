@@ -60,7 +60,8 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Plan(args) => {
             let opened = wload::open(&source_options(&args.source, cli.quiet)?)?;
-            let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)?;
+            let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)
+                .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &report)
                     .map_err(|e| Error::Output(e.into()))?;
@@ -81,7 +82,8 @@ fn run(cli: Cli) -> Result<(), Error> {
             };
             wload::shard::precheck(&opts, args.parallel.tp, &opened.resolved.root)?;
             let t = Instant::now();
-            let plan = wload::make_plan(&opened, &plan_options(&args.parallel))?;
+            let plan = wload::make_plan(&opened, &plan_options(&args.parallel))
+                .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
             opened.timings.plan_s = t.elapsed().as_secs_f64();
             let cancel = interrupt_flag();
             let quiet = cli.quiet;
@@ -112,7 +114,8 @@ fn run(cli: Cli) -> Result<(), Error> {
                 &lopts,
                 interrupt_flag(),
                 &|total| progress::bar(total, quiet),
-            )?;
+            )
+            .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &report)
                     .map_err(|e| Error::Output(e.into()))?;

@@ -33,6 +33,32 @@ pub struct PlanReport {
     pub plan: Plan,
 }
 
+/// `--json` when planning is refused: every problem, complete, while the terminal gets a summary.
+#[derive(Debug, Serialize)]
+pub struct ProblemsReport<'a> {
+    pub schema_version: u32,
+    pub wload_version: &'static str,
+    pub exit_status: u8,
+    pub problem_count: usize,
+    pub problems: &'a [Problem],
+}
+
+impl<'a> ProblemsReport<'a> {
+    /// The report for an error that is a list of problems; `None` for any other error.
+    pub fn of(e: &'a crate::Error) -> Option<ProblemsReport<'a>> {
+        match e {
+            crate::Error::Plan(PlanError::Invalid(ps)) => Some(ProblemsReport {
+                schema_version: SCHEMA_VERSION,
+                wload_version: env!("CARGO_PKG_VERSION"),
+                exit_status: e.exit_status() as u8,
+                problem_count: ps.len(),
+                problems: ps,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// `--dtype`, as vLLM spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -65,27 +91,10 @@ pub struct Problem {
 pub enum PlanError {
     #[error(transparent)]
     Mapping(#[from] crate::mapping::MappingError),
-    #[error("{}", render_problems(.0))]
+    #[error("{}", crate::report::ProblemList(.0))]
     Invalid(Vec<Problem>),
     #[error("--tp must be at least 1")]
     BadTp,
-}
-
-fn render_problems(ps: &[Problem]) -> String {
-    let mut s = format!(
-        "{} problem{} found; vLLM would refuse this checkpoint or load it wrongly:",
-        ps.len(),
-        if ps.len() == 1 { "" } else { "s" }
-    );
-    for p in ps {
-        s.push_str("\n  - ");
-        s.push_str(&p.message);
-        if let Some(f) = &p.fix {
-            s.push_str("\n    fix: ");
-            s.push_str(f);
-        }
-    }
-    s
 }
 
 /// A checkpoint tensor some piece reads.
