@@ -377,8 +377,10 @@ pub fn plan(
         }
     };
     let mut params: Vec<Param> = Vec::new();
-    // Where each name first appears, for `tied_to` (the earliest parameter of that name).
-    let mut first_index: HashMap<String, usize> = HashMap::new();
+    // Where each name first appears, for `tied_to`: indices into `params`, found through their
+    // names, so that no name is copied (a config can claim hundreds of thousands of parameters).
+    let mut first_index: HashTable<usize> = HashTable::new();
+    let name_hasher = foldhash::fast::FixedState::default();
     let mut retie = None;
     let specs = mapping
         .parameters
@@ -447,7 +449,9 @@ pub fn plan(
                     });
                 }
                 Ok(true) => {
-                    alias_of = first_index.get(other.as_str()).copied();
+                    alias_of = first_index
+                        .find(name_hasher.hash_one(&other), |&j| params[j].name == other)
+                        .copied();
                     if alias_of.is_none() {
                         problems.push(Problem {
                             message: format!("{name}: tied_to names '{other}', which is not a parameter before it"),
@@ -462,7 +466,13 @@ pub fn plan(
                 }),
             }
         }
-        first_index.entry(name.clone()).or_insert(params.len());
+        if let Entry::Vacant(v) = first_index.entry(
+            name_hasher.hash_one(&name),
+            |&j| params[j].name == name,
+            |&j| name_hasher.hash_one(&params[j].name),
+        ) {
+            v.insert(params.len());
+        }
         params.push(Param {
             name,
             spec,
