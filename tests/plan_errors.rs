@@ -816,3 +816,22 @@ fn a_few_problems_are_printed_whole_in_the_order_found() {
     assert!(!r.stderr.contains("… and"), "{}", r.context());
     assert!(!r.stderr.contains("in all"), "{}", r.context());
 }
+
+#[test]
+fn a_config_claiming_a_billion_layers_is_refused_before_anything_is_built() {
+    // Building a billion layers' parameters would exhaust memory and abort.
+    let fixture = fixtures_dir().join("llama_gqa");
+    let r = plan(
+        &fixture,
+        &[
+            "--tp",
+            "2",
+            "--hf-overrides",
+            r#"{"num_hidden_layers": 1000000000}"#,
+        ],
+    );
+    r.refused(3)
+        .one_line_says(&["1000000000 layers", "num_hidden_layers", "at most 100000"])
+        .fix_for("1000000000 layers", "--hf-overrides");
+    assert_eq!(r.problem_count(), 1, "{}", r.context());
+}

@@ -19,6 +19,11 @@ use crate::mapping::rules::{Outcome, ShardId};
 use crate::mapping::{Expr, Layout, Mapping, ParamSpec};
 use layout::{Block, Geometry, Rank, SlotKey};
 
+/// The most layers a config may claim. Every layer's parameters are built before the checkpoint
+/// is compared with them (about 6 KB a layer for Llama): a billion from a typo or a hostile
+/// config must be refused, not abort on a failed allocation. Real models have a few hundred.
+pub const MAX_LAYERS: u64 = 100_000;
+
 /// Bumped when a field of the plan JSON changes meaning or disappears.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -376,6 +381,16 @@ pub fn plan(
             0
         }
     };
+    if layers > MAX_LAYERS {
+        problems.push(Problem {
+            message: format!(
+                "the config gives {layers} layers (`{}`); wload plans at most {MAX_LAYERS}",
+                mapping.parameters.layers
+            ),
+            fix: Some("check num_hidden_layers in config.json or --hf-overrides".into()),
+        });
+        return Err(PlanError::Invalid(problems.list));
+    }
     let mut params: Vec<Param> = Vec::new();
     // Where each name first appears, for `tied_to`: indices into `params`, found through their
     // names, so that no name is copied (a config can claim hundreds of thousands of parameters).
