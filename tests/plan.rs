@@ -113,3 +113,120 @@ fn plan_json_has_the_documented_shape() {
     assert_eq!(ranks.len(), 1);
     assert_eq!(ranks[0]["rank"], Value::from(3));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Cost: planning is linear in the number of tensors and parameters
+
+/// Opens `dir` in-process, as `wload plan` does.
+fn open_dir(dir: &std::path::Path, layers_override: Option<u64>) -> wload::Opened {
+    wload::open(&wload::SourceOptions {
+        source: dir.to_path_buf(),
+        load_format: wload::source::LoadFormat::Auto,
+        config_format: wload::config::ConfigFormat::Auto,
+        hf_overrides: layers_override.map(|n| {
+            serde_json::Map::from_iter([("num_hidden_layers".to_string(), Value::from(n))])
+        }),
+        revision: None,
+        download_dir: None,
+        download_progress: Default::default(),
+    })
+    .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// CPU time of the calling thread: unlike wall time, not inflated while other processes (or
+/// other tests) hold the cores. Planning runs on the calling thread only.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// The least thread CPU time of `runs` plans of `opened` at `--tp 2`, and what the last one
+/// returned. The minimum, because cache and allocator noise only ever add time; more runs for a
+/// small checkpoint, whose few milliseconds are the easiest to disturb.
+fn time_plan(
+    opened: &wload::Opened,
+    runs: usize,
+) -> (f64, Result<wload::plan::Plan, wload::plan::PlanError>) {
+    let mapping = wload::mapping::select(None, opened.config.architecture()).expect("mapping");
+    let opts = wload::plan::PlanOptions {
+        tp: 2,
+        expert_parallel: false,
+        dtype: wload::plan::DtypeChoice::Auto,
+        shapes_only: false,
+    };
+    let mut best = f64::INFINITY;
+    let mut last = None;
+    for _ in 0..runs {
+        let t = thread_cpu_seconds();
+        let r = wload::plan::plan(&mapping, &opened.config, &opened.checkpoint, &opts);
+        best = best.min(thread_cpu_seconds() - t);
+        last = Some(r);
+    }
+    (best, last.expect("at least one run"))
+}
+
+/// 8× the layers must cost about 8× the time: a quadratic step would cost 64×. 20× leaves room
+/// for noise without letting a quadratic step through (the old problem list took about 50×).
+fn assert_linear(what: &str, small: f64, large: f64) {
+    let ratio = large / small;
+    eprintln!("{what}: {small:.4} s → {large:.4} s ({ratio:.1}×)");
+    assert!(
+        ratio < 20.0,
+        "{what}: 8× the layers took {ratio:.1}× the CPU time ({small:.4} s → {large:.4} s); planning should be linear"
+    );
+}
+
+#[test]
+fn a_checkpoint_of_2000_layers_that_fits_plans_in_linear_time() {
+    let (small, large) = (250, 2000);
+    let mut secs = Vec::new();
+    for layers in [small, large] {
+        let dir = tempfile::TempDir::new().unwrap();
+        many_layers_checkpoint(dir.path(), layers, |n| n);
+        let opened = open_dir(dir.path(), None);
+        let (t, r) = time_plan(&opened, if layers == small { 7 } else { 3 });
+        let plan = r.unwrap_or_else(|e| panic!("{layers} layers: {e}"));
+        // Per layer: qkv, o_proj, 4 attention scales, gate_up, down, 2 norms; plus embedding,
+        // final norm and lm_head.
+        for rank in &plan.ranks {
+            assert_eq!(
+                rank.tensors.len() as u64,
+                10 * layers + 3,
+                "rank {}",
+                rank.rank
+            );
+        }
+        assert_eq!(plan.sources.len() as u64, 9 * layers + 3);
+        secs.push(t);
+    }
+    assert_linear("a checkpoint that fits", secs[0], secs[1]);
+}
+
+#[test]
+fn a_config_claiming_thousands_of_missing_layers_is_refused_in_linear_time() {
+    // One layer in the checkpoint, many in the config: six problems per missing layer (qkv,
+    // o_proj, gate_up, down and the two norms), each of which must be checked against those
+    // found before it to be reported once.
+    let dir = tempfile::TempDir::new().unwrap();
+    many_layers_checkpoint(dir.path(), 1, |n| n);
+    let (small, large) = (500, 4000);
+    let mut secs = Vec::new();
+    for layers in [small, large] {
+        let opened = open_dir(dir.path(), Some(layers));
+        let (t, r) = time_plan(&opened, if layers == small { 7 } else { 3 });
+        match r {
+            Err(wload::plan::PlanError::Invalid(ps)) => {
+                assert_eq!(ps.len() as u64, 6 * (layers - 1), "{layers} layers")
+            }
+            other => panic!("{layers} layers: expected problems, got {other:?}"),
+        }
+        secs.push(t);
+    }
+    assert_linear("a checkpoint that does not fit", secs[0], secs[1]);
+}

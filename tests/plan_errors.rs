@@ -92,11 +92,12 @@ impl Run {
     /// The number of problems the error header announces.
     fn problem_count(&self) -> usize {
         let head = self.stderr.lines().next().unwrap_or("");
-        // "error: N problem(s) found; ..."
+        // "error: N problem(s) found; ...", N with thousands separators
         head.trim_start_matches("error: ")
             .split(' ')
             .next()
             .expect("problem count in the first line")
+            .replace(',', "")
             .parse()
             .unwrap_or_else(|_| panic!("no problem count in {head:?}"))
     }
@@ -658,4 +659,179 @@ fn quantized_checkpoint_is_refused_with_its_quant_method() {
     plan(tmp.path(), &["--tp", "2"])
         .refused(3)
         .says(&["quantized", "\"fp8\""]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output bounded on the terminal, complete in --json
+
+/// 10,000 layers whose up_proj is misnamed: each layer has a tensor nothing takes and a
+/// gate_up_proj without its up half, 20,000 problems of two kinds.
+fn ten_thousand_misnamed_layers() -> tempfile::TempDir {
+    let tmp = tempfile::TempDir::new().unwrap();
+    many_layers_checkpoint(tmp.path(), 10_000, |n| n.replace(".up_proj.", ".upp_proj."));
+    tmp
+}
+
+#[test]
+fn twenty_thousand_problems_are_summarised_on_the_terminal_by_kind() {
+    let tmp = ten_thousand_misnamed_layers();
+    let r = plan(tmp.path(), &["--tp", "2"]);
+    r.refused(3);
+    assert_eq!(r.problem_count(), 20_000, "{}", &r.stderr[..2000]);
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert!(lines.len() < 300, "{} lines on stderr", lines.len());
+    // The first five of each kind, in the order found, each with its fix.
+    let shown: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("  - "))
+        .collect();
+    // Tensors are met in a file's key order (sorted names: layer 0, 1, 10, 100, 1000, …),
+    // parameters in the model's (layer 0, 1, 2, …).
+    let mut unmapped: Vec<String> = (0..10_000)
+        .map(|i| format!("tensor 'model.layers.{i}.mlp.upp_proj.weight' matches no parameter"))
+        .collect();
+    unmapped.sort();
+    let missing = |i: u64| {
+        format!(
+            "parameter 'model.layers.{i}.mlp.gate_up_proj.weight' has nothing in the checkpoint to fill it (missing shard 1)"
+        )
+    };
+    let expected: Vec<String> = unmapped
+        .into_iter()
+        .take(5)
+        .chain((0..5).map(missing))
+        .collect();
+    assert_eq!(shown.len(), expected.len(), "{}", r.stderr);
+    for (got, want) in shown.iter().zip(&expected) {
+        assert!(
+            got.contains(want.as_str()),
+            "{got:?} should contain {want:?}"
+        );
+    }
+    let fixes = lines.iter().filter(|l| l.starts_with("    fix: ")).count();
+    assert_eq!(fixes, shown.len(), "{}", r.stderr);
+    // Then how many more of each kind, and the total.
+    let more: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("  … and "))
+        .collect();
+    assert_eq!(
+        more,
+        [
+            "  … and 9,995 more like this",
+            "  … and 9,995 more like this"
+        ],
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("20,000 problems in all, 10 shown above; pass --json for the complete list")
+    );
+}
+
+#[test]
+fn json_lists_every_problem_when_the_plan_is_refused() {
+    let tmp = ten_thousand_misnamed_layers();
+    let out_parent = tempfile::TempDir::new().unwrap();
+    let out = out_parent.path().join("out");
+    for cmd in [
+        vec!["plan", s(tmp.path()), "--tp", "2", "--json"],
+        vec!["load", s(tmp.path()), "--tp", "2", "--dry-run", "--json"],
+        vec!["shard", s(tmp.path()), "--tp", "2", "-o", s(&out), "--json"],
+    ] {
+        let r = run(&cmd);
+        assert_eq!(
+            r.code,
+            Some(3),
+            "{cmd:?}: {}",
+            &r.stderr[..2000.min(r.stderr.len())]
+        );
+        assert!(
+            r.stderr.starts_with("error: 20,000 problems found"),
+            "{cmd:?}"
+        );
+        assert!(
+            r.stderr.lines().count() < 300,
+            "{cmd:?}: the terminal still gets a summary"
+        );
+        let doc: Value = serde_json::from_str(&r.stdout)
+            .unwrap_or_else(|e| panic!("{cmd:?}: stdout is not one JSON document: {e}"));
+        assert_eq!(doc["schema_version"], 1, "{cmd:?}");
+        assert_eq!(doc["exit_status"], 3, "{cmd:?}");
+        assert_eq!(doc["problem_count"], 20_000, "{cmd:?}");
+        let problems = doc["problems"].as_array().expect("problems");
+        assert_eq!(problems.len(), 20_000, "{cmd:?}");
+        // Every layer's two problems, each with its fix.
+        let mut unmapped = vec![false; 10_000];
+        let mut missing = vec![false; 10_000];
+        for p in problems {
+            let m = p["message"].as_str().expect("message");
+            assert!(p["fix"].as_str().is_some_and(|f| !f.is_empty()), "{p}");
+            let layer = |prefix: &str| -> Option<usize> {
+                let rest = &m[m.find(prefix)? + prefix.len()..];
+                rest[..rest.find('.')?].parse().ok()
+            };
+            if m.contains("matches no parameter") {
+                unmapped[layer("'model.layers.").expect("layer")] = true;
+            } else if m.contains("has nothing in the checkpoint") {
+                missing[layer("'model.layers.").expect("layer")] = true;
+            } else {
+                panic!("{cmd:?}: unexpected problem {m}");
+            }
+        }
+        assert!(
+            unmapped.iter().all(|&x| x),
+            "{cmd:?}: every misnamed tensor is listed"
+        );
+        assert!(
+            missing.iter().all(|&x| x),
+            "{cmd:?}: every unfilled parameter is listed"
+        );
+    }
+    assert!(!out.exists(), "a refused shard writes nothing");
+}
+
+#[test]
+fn a_few_problems_are_printed_whole_in_the_order_found() {
+    // Under the per-kind limit nothing is grouped or counted: the list reads as before.
+    let tmp = tempfile::TempDir::new().unwrap();
+    many_layers_checkpoint(tmp.path(), 3, |n| n.replace(".up_proj.", ".upp_proj."));
+    let r = plan(tmp.path(), &["--tp", "2"]);
+    r.refused(3);
+    assert_eq!(r.problem_count(), 6, "{}", r.context());
+    let shown: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("  - ")).collect();
+    assert_eq!(shown.len(), 6, "{}", r.context());
+    // Tensors are checked before parameters: the three unmapped names, then the three gaps.
+    for (i, l) in shown.iter().enumerate() {
+        let want = if i < 3 {
+            "matches no parameter"
+        } else {
+            "has nothing in the checkpoint"
+        };
+        assert!(l.contains(want), "line {i}: {l}");
+    }
+    assert!(!r.stderr.contains("… and"), "{}", r.context());
+    assert!(!r.stderr.contains("in all"), "{}", r.context());
+}
+
+#[test]
+fn a_config_claiming_a_billion_layers_is_refused_before_anything_is_built() {
+    // Building a billion layers' parameters would exhaust memory and abort.
+    let fixture = fixtures_dir().join("llama_gqa");
+    let r = plan(
+        &fixture,
+        &[
+            "--tp",
+            "2",
+            "--hf-overrides",
+            r#"{"num_hidden_layers": 1000000000}"#,
+        ],
+    );
+    r.refused(3)
+        .one_line_says(&["1000000000 layers", "num_hidden_layers", "at most 100000"])
+        .fix_for("1000000000 layers", "--hf-overrides");
+    assert_eq!(r.problem_count(), 1, "{}", r.context());
 }

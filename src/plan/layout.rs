@@ -133,7 +133,7 @@ impl Geometry {
     pub fn check(&self, r: Rank) -> Vec<String> {
         let tp = r.tp;
         let div = |what: &str, v: u64| {
-            (v % tp != 0).then(|| format!("{what} ({v}) is not divisible by tp ({tp})"))
+            (!v.is_multiple_of(tp)).then(|| format!("{what} ({v}) is not divisible by tp ({tp})"))
         };
         match self {
             Geometry::Replicated { .. } => vec![],
@@ -147,7 +147,8 @@ impl Geometry {
                 heads, kv_heads, ..
             } => {
                 let mut v: Vec<String> = div("attention heads", *heads).into_iter().collect();
-                if *kv_heads == 0 || (kv_heads % tp != 0 && tp % kv_heads != 0) {
+                if *kv_heads == 0 || (!kv_heads.is_multiple_of(tp) && !tp.is_multiple_of(*kv_heads))
+                {
                     v.push(format!(
                         "kv heads ({kv_heads}) and tp ({tp}) must divide one another"
                     ));

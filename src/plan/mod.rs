@@ -5,7 +5,10 @@
 pub mod layout;
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -15,6 +18,11 @@ use crate::dtype::Dtype;
 use crate::mapping::rules::{Outcome, ShardId};
 use crate::mapping::{Expr, Layout, Mapping, ParamSpec};
 use layout::{Block, Geometry, Rank, SlotKey};
+
+/// The most layers a config may claim. Every layer's parameters are built before the checkpoint
+/// is compared with them (about 6 KB a layer for Llama): a billion from a typo or a hostile
+/// config must be refused, not abort on a failed allocation. Real models have a few hundred.
+pub const MAX_LAYERS: u64 = 100_000;
 
 /// Bumped when a field of the plan JSON changes meaning or disappears.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -28,6 +36,32 @@ pub struct PlanReport {
     pub timings: crate::Timings,
     #[serde(flatten)]
     pub plan: Plan,
+}
+
+/// `--json` when planning is refused: every problem, complete, while the terminal gets a summary.
+#[derive(Debug, Serialize)]
+pub struct ProblemsReport<'a> {
+    pub schema_version: u32,
+    pub wload_version: &'static str,
+    pub exit_status: u8,
+    pub problem_count: usize,
+    pub problems: &'a [Problem],
+}
+
+impl<'a> ProblemsReport<'a> {
+    /// The report for an error that is a list of problems; `None` for any other error.
+    pub fn of(e: &'a crate::Error) -> Option<ProblemsReport<'a>> {
+        match e {
+            crate::Error::Plan(PlanError::Invalid(ps)) => Some(ProblemsReport {
+                schema_version: SCHEMA_VERSION,
+                wload_version: env!("CARGO_PKG_VERSION"),
+                exit_status: e.exit_status() as u8,
+                problem_count: ps.len(),
+                problems: ps,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// `--dtype`, as vLLM spells it.
@@ -52,7 +86,7 @@ pub struct PlanOptions {
 }
 
 /// One thing wrong with the checkpoint for this model and TP size, with the likely fix.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct Problem {
     pub message: String,
     pub fix: Option<String>,
@@ -62,27 +96,10 @@ pub struct Problem {
 pub enum PlanError {
     #[error(transparent)]
     Mapping(#[from] crate::mapping::MappingError),
-    #[error("{}", render_problems(.0))]
+    #[error("{}", crate::report::ProblemList(.0))]
     Invalid(Vec<Problem>),
     #[error("--tp must be at least 1")]
     BadTp,
-}
-
-fn render_problems(ps: &[Problem]) -> String {
-    let mut s = format!(
-        "{} problem{} found; vLLM would refuse this checkpoint or load it wrongly:",
-        ps.len(),
-        if ps.len() == 1 { "" } else { "s" }
-    );
-    for p in ps {
-        s.push_str("\n  - ");
-        s.push_str(&p.message);
-        if let Some(f) = &p.fix {
-            s.push_str("\n    fix: ");
-            s.push_str(f);
-        }
-    }
-    s
 }
 
 /// A checkpoint tensor some piece reads.
@@ -244,15 +261,31 @@ impl Env {
     }
 }
 
-/// Problems in the order found, each once.
+/// Problems in the order found, each once. A checkpoint with tens of thousands of layers can
+/// yield hundreds of thousands of problems, so "seen before?" is a hash lookup, not a scan: the
+/// table holds indices into the list rather than a second copy of every message.
 #[derive(Default)]
-struct Problems(Vec<Problem>);
+struct Problems {
+    list: Vec<Problem>,
+    seen: HashTable<usize>,
+    hasher: foldhash::fast::FixedState,
+}
 
 impl Problems {
     fn push(&mut self, p: Problem) {
-        if !self.0.contains(&p) {
-            self.0.push(p);
+        let Problems { list, seen, hasher } = self;
+        let hash = hasher.hash_one(&p);
+        match seen.entry(hash, |&i| list[i] == p, |&i| hasher.hash_one(&list[i])) {
+            Entry::Occupied(_) => {}
+            Entry::Vacant(v) => {
+                v.insert(list.len());
+                list.push(p);
+            }
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.list.is_empty()
     }
 }
 
@@ -286,7 +319,7 @@ pub fn plan(
             ),
             fix: Some("use the unquantized checkpoint".into()),
         });
-        return Err(PlanError::Invalid(problems.0));
+        return Err(PlanError::Invalid(problems.list));
     }
     let model_dtype = resolve_dtype(opts.dtype, config);
     let arch = config.architecture().unwrap_or(&mapping.family).to_string();
@@ -316,7 +349,7 @@ pub fn plan(
             }),
         }
     }
-    let mut geometry_ok = problems.0.is_empty();
+    let mut geometry_ok = problems.is_empty();
     for c in &mapping.checks {
         match c.rule.eval_bool(&env.scope(None)) {
             Ok(true) => {}
@@ -348,7 +381,21 @@ pub fn plan(
             0
         }
     };
+    if layers > MAX_LAYERS {
+        problems.push(Problem {
+            message: format!(
+                "the config gives {layers} layers (`{}`); wload plans at most {MAX_LAYERS}",
+                mapping.parameters.layers
+            ),
+            fix: Some("check num_hidden_layers in config.json or --hf-overrides".into()),
+        });
+        return Err(PlanError::Invalid(problems.list));
+    }
     let mut params: Vec<Param> = Vec::new();
+    // Where each name first appears, for `tied_to`: indices into `params`, found through their
+    // names, so that no name is copied (a config can claim hundreds of thousands of parameters).
+    let mut first_index: HashTable<usize> = HashTable::new();
+    let name_hasher = foldhash::fast::FixedState::default();
     let mut retie = None;
     let specs = mapping
         .parameters
@@ -417,7 +464,9 @@ pub fn plan(
                     });
                 }
                 Ok(true) => {
-                    alias_of = params.iter().position(|p| p.name == other);
+                    alias_of = first_index
+                        .find(name_hasher.hash_one(&other), |&j| params[j].name == other)
+                        .copied();
                     if alias_of.is_none() {
                         problems.push(Problem {
                             message: format!("{name}: tied_to names '{other}', which is not a parameter before it"),
@@ -431,6 +480,13 @@ pub fn plan(
                     fix: None,
                 }),
             }
+        }
+        if let Entry::Vacant(v) = first_index.entry(
+            name_hasher.hash_one(&name),
+            |&j| params[j].name == name,
+            |&j| name_hasher.hash_one(&params[j].name),
+        ) {
+            v.insert(params.len());
         }
         params.push(Param {
             name,
@@ -639,8 +695,8 @@ pub fn plan(
             }
         }
     }
-    if !problems.0.is_empty() {
-        return Err(PlanError::Invalid(problems.0));
+    if !problems.is_empty() {
+        return Err(PlanError::Invalid(problems.list));
     }
 
     // Per-rank tensors, in state_dict order; tied pairs become one key, the smaller name, at the
@@ -754,7 +810,7 @@ fn push_copies(
     let b = take.block();
     let region = take.region();
     match heads {
-        Some(h) if take.dim == 0 && h > 0 && src_shape[0] % h == 0 => {
+        Some(h) if take.dim == 0 && h > 0 && src_shape[0].is_multiple_of(h) => {
             let hd = src_shape[0] / h;
             let inner: u64 = src_shape[1..].iter().product();
             let mut dst = b.dst_start;

@@ -388,3 +388,43 @@ pub fn skipped(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
 }
+
+/// Writes into `dir` a Llama checkpoint with `layers` layers of tiny BF16 tensors (hidden 8,
+/// 2 heads, 1 KV head, intermediate 16, vocab 16) in one `model.safetensors`, every tensor name
+/// passed through `rename` (to plant the same fault in every layer). For tests of scale.
+pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -> String) {
+    let mut config = tiny_config();
+    config["num_hidden_layers"] = json!(layers);
+    write_json(&dir.join("config.json"), &config);
+    let per_layer: [(&str, &[u64]); 9] = [
+        ("self_attn.q_proj.weight", &[8, 8]),
+        ("self_attn.k_proj.weight", &[4, 8]),
+        ("self_attn.v_proj.weight", &[4, 8]),
+        ("self_attn.o_proj.weight", &[8, 8]),
+        ("mlp.gate_proj.weight", &[16, 8]),
+        ("mlp.up_proj.weight", &[16, 8]),
+        ("mlp.down_proj.weight", &[8, 16]),
+        ("input_layernorm.weight", &[8]),
+        ("post_attention_layernorm.weight", &[8]),
+    ];
+    let mut specs: Vec<(String, &[u64])> = vec![("model.embed_tokens.weight".into(), &[16, 8])];
+    for i in 0..layers {
+        specs.extend(
+            per_layer
+                .iter()
+                .map(|(n, sh)| (format!("model.layers.{i}.{n}"), *sh)),
+        );
+    }
+    specs.push(("model.norm.weight".into(), &[8]));
+    specs.push(("lm_head.weight".into(), &[16, 8]));
+    let specs: Vec<(String, &[u64])> = specs.into_iter().map(|(n, sh)| (rename(n), sh)).collect();
+    let data = zeros(16 * 8 * 2);
+    let tensors: Vec<Tensor> = specs
+        .iter()
+        .map(|(n, sh)| {
+            let bytes = 2 * sh.iter().product::<u64>() as usize;
+            (n.as_str(), "BF16", *sh, &data[..bytes])
+        })
+        .collect();
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+}

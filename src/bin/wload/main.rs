@@ -64,7 +64,8 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Plan(args) => {
             let opened = wload::open(&source_options(&args.source, cli.quiet)?)?;
-            let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)?;
+            let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)
+                .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &report)
                     .map_err(|e| Error::Output(e.into()))?;
@@ -85,7 +86,8 @@ fn run(cli: Cli) -> Result<(), Error> {
             };
             wload::shard::precheck(&opts, args.parallel.tp, &opened.resolved.root)?;
             let t = Instant::now();
-            let plan = wload::make_plan(&opened, &plan_options(&args.parallel))?;
+            let plan = wload::make_plan(&opened, &plan_options(&args.parallel))
+                .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
             opened.timings.plan_s = t.elapsed().as_secs_f64();
             interrupt::install();
             let cancel = interrupt::flag();
@@ -130,7 +132,8 @@ fn run(cli: Cli) -> Result<(), Error> {
                     interrupt::install();
                     bars::bar(total, quiet)
                 },
-            )?;
+            )
+            .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
             if args.json {
                 serde_json::to_writer_pretty(&mut out, &report)
                     .map_err(|e| Error::Output(e.into()))?;
