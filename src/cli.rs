@@ -8,7 +8,7 @@ use crate::config::ConfigFormat;
 use crate::load::DeviceKind;
 use crate::plan::DtypeChoice;
 use crate::ranks::RankList;
-use crate::source::LoadFormat;
+use crate::resolve::LoadFormat;
 
 const EXIT_CODES: &str = "\
 Exit status:

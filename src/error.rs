@@ -4,14 +4,14 @@ use crate::checkpoint::HeaderError;
 use crate::config::ConfigError;
 use crate::exec::ExecError;
 use crate::exec::device::DeviceError;
-use crate::source::SourceError;
+use crate::resolve::ResolveError;
 
 pub use crate::exit::ExitStatus;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Source(#[from] SourceError),
+    Resolve(#[from] ResolveError),
     #[error("{}", join_lines(.0))]
     Headers(Vec<HeaderError>),
     #[error(transparent)]
@@ -35,11 +35,11 @@ pub enum Error {
 impl Error {
     pub fn exit_status(&self) -> ExitStatus {
         match self {
-            Error::Source(SourceError::NotFound { .. } | SourceError::NotADirectory { .. }) => {
+            Error::Resolve(ResolveError::NotFound { .. } | ResolveError::NotADirectory { .. }) => {
                 ExitStatus::Usage
             }
-            Error::Source(SourceError::Io { .. } | SourceError::Hub(_)) => ExitStatus::Runtime,
-            Error::Source(_) => ExitStatus::Checkpoint,
+            Error::Resolve(ResolveError::Io { .. } | ResolveError::Hub(_)) => ExitStatus::Runtime,
+            Error::Resolve(_) => ExitStatus::Checkpoint,
             Error::Headers(v) if v.iter().any(|e| matches!(e, HeaderError::Io { .. })) => {
                 ExitStatus::Runtime
             }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::config::ModelConfig;
 use crate::dtype::Dtype;
-use crate::source::{DroppedFile, Resolved};
+use crate::resolve::{DroppedFile, Resolved};
 use crate::{Error, Opened};
 
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.
@@ -22,7 +22,7 @@ pub struct Inspection<'a> {
     pub source: String,
     /// For a hub repo id: the revision, commit, cache snapshot and what was downloaded.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub: Option<crate::source::hub::HubSource>,
+    pub hub: Option<crate::resolve::hub::HubSource>,
     pub format: FormatInfo,
     pub files: Vec<FileInfo>,
     pub dropped: Vec<DroppedFile>,
@@ -53,7 +53,7 @@ pub struct FileInfo {
     pub metadata: Option<BTreeMap<String, String>>,
     /// For a hub repo id: "cache" or "download".
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub origin: Option<crate::source::hub::Origin>,
+    pub origin: Option<crate::resolve::hub::Origin>,
 }
 
 #[derive(Debug, Serialize)]

@@ -19,9 +19,9 @@ pub mod progress;
 pub mod rank_files;
 pub mod ranks;
 pub mod report;
+pub mod resolve;
 pub mod shard;
 pub mod small_file;
-pub mod source;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -36,7 +36,7 @@ pub use exit::ExitStatus;
 pub struct SourceOptions {
     /// A checkpoint folder, or a Hugging Face Hub repo id (`org/name`) when no such path exists.
     pub source: PathBuf,
-    pub load_format: source::LoadFormat,
+    pub load_format: resolve::LoadFormat,
     pub config_format: config::ConfigFormat,
     pub hf_overrides: Option<Map<String, Value>>,
     /// For a repo id: the branch, tag or commit (`main` when `None`), as vLLM's `--revision`.
@@ -45,13 +45,13 @@ pub struct SourceOptions {
     /// vLLM's `--download-dir`.
     pub download_dir: Option<PathBuf>,
     /// Reports each download's progress (nothing by default).
-    pub download_progress: source::hub::DownloadProgress,
+    pub download_progress: resolve::hub::DownloadProgress,
 }
 
 /// A resolved checkpoint: its files, their headers and the model config. No tensor data is read.
 #[derive(Debug, Clone)]
 pub struct Opened {
-    pub resolved: source::Resolved,
+    pub resolved: resolve::Resolved,
     pub config: config::ModelConfig,
     pub checkpoint: checkpoint::Checkpoint,
     pub timings: Timings,
@@ -80,9 +80,9 @@ pub fn open(opts: &SourceOptions) -> Result<Opened, Error> {
 pub fn open_with(opts: &SourceOptions, pre_sharded: bool) -> Result<Opened, Error> {
     let t = Instant::now();
     let resolved = match hub_request(opts)? {
-        Some(req) => source::hub::resolve(&req.request(opts), source::hub::Want::Checkpoint)?.0,
-        None if pre_sharded => source::resolve_pre_sharded(&opts.source, opts.config_format)?,
-        None => source::resolve_local(&opts.source, opts.load_format, opts.config_format)?,
+        Some(req) => resolve::hub::resolve(&req.request(opts), resolve::hub::Want::Checkpoint)?.0,
+        None if pre_sharded => resolve::resolve_pre_sharded(&opts.source, opts.config_format)?,
+        None => resolve::resolve_local(&opts.source, opts.load_format, opts.config_format)?,
     };
     finish_open(opts, resolved, t.elapsed().as_secs_f64())
 }
@@ -94,7 +94,7 @@ pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, bool), Error> {
         Some(req) => {
             let t = Instant::now();
             let (resolved, pre_sharded) =
-                source::hub::resolve(&req.request(opts), source::hub::Want::Detect)?;
+                resolve::hub::resolve(&req.request(opts), resolve::hub::Want::Detect)?;
             Ok((
                 finish_open(opts, resolved, t.elapsed().as_secs_f64())?,
                 pre_sharded,
@@ -111,12 +111,12 @@ pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, bool), Error> {
 struct HubSettings {
     repo: String,
     revision: String,
-    env: source::hub::HubEnv,
+    env: resolve::hub::HubEnv,
 }
 
 impl HubSettings {
-    fn request<'a>(&'a self, opts: &'a SourceOptions) -> source::hub::HubRequest<'a> {
-        source::hub::HubRequest {
+    fn request<'a>(&'a self, opts: &'a SourceOptions) -> resolve::hub::HubRequest<'a> {
+        resolve::hub::HubRequest {
             repo: &self.repo,
             revision: &self.revision,
             load_format: opts.load_format,
@@ -128,7 +128,7 @@ impl HubSettings {
 }
 
 fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, Error> {
-    let Some(repo) = source::hub::repo_id(&opts.source) else {
+    let Some(repo) = resolve::hub::repo_id(&opts.source) else {
         return Ok(None);
     };
     let revision = opts.revision.clone().unwrap_or_else(|| "main".into());
@@ -146,7 +146,7 @@ fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, Error> {
     Ok(Some(HubSettings {
         repo,
         revision,
-        env: source::hub::HubEnv::from_env(opts.download_dir.as_deref())
+        env: resolve::hub::HubEnv::from_env(opts.download_dir.as_deref())
             .map_err(|e| Error::Usage(e.to_string()))?,
     }))
 }
@@ -154,7 +154,7 @@ fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, Error> {
 /// Reads the config and every selected file's header.
 fn finish_open(
     opts: &SourceOptions,
-    resolved: source::Resolved,
+    resolved: resolve::Resolved,
     resolve_s: f64,
 ) -> Result<Opened, Error> {
     let t = Instant::now();

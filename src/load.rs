@@ -13,7 +13,7 @@ use crate::checkpoint::Checkpoint;
 use crate::exec::device::{CpuDevice, Device, DeviceError};
 use crate::exec::{ExecError, Placement, Sink, Stats};
 use crate::manifest::{self, MANIFEST, Manifest};
-use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, Source};
+use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, SourceTensor};
 use crate::progress::{Progress, Quiet};
 use crate::{Error, Opened, PlanOptions, SourceOptions, Timings};
 
@@ -66,7 +66,7 @@ impl LoadError {
 /// Where the tensors came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum SourceKind {
+pub enum InputKind {
     /// A Hugging Face / Mistral checkpoint, planned on the fly.
     Checkpoint,
     /// Per-rank files written by `wload shard` or vLLM's save_sharded_state.
@@ -76,7 +76,7 @@ pub enum SourceKind {
 #[derive(Debug, Serialize)]
 pub struct LoadReport {
     pub source: String,
-    pub kind: SourceKind,
+    pub kind: InputKind,
     pub device: DeviceKind,
     pub dry_run: bool,
     pub tp: u64,
@@ -211,11 +211,11 @@ pub fn prepare(
     popts: &PlanOptions,
     given_ranks: Option<&crate::ranks::RankList>,
     warnings: &mut Vec<String>,
-) -> Result<(Plan, SourceKind), Error> {
+) -> Result<(Plan, InputKind), Error> {
     let root = &opened.resolved.root;
     let files = pre_sharded_files(root);
     if files.is_empty() {
-        return Ok((crate::make_plan(opened, popts)?, SourceKind::Checkpoint));
+        return Ok((crate::make_plan(opened, popts)?, InputKind::Checkpoint));
     }
     let manifest = Manifest::read(root);
 
@@ -339,7 +339,7 @@ pub fn prepare(
                             ));
                         }
                         let numel = t.numel();
-                        sources.push(Source {
+                        sources.push(SourceTensor {
                             name: t.name.clone(),
                             file: f.name.clone(),
                             file_index: t.file,
@@ -403,7 +403,7 @@ pub fn prepare(
             retie: None,
             skipped: Vec::new(),
         },
-        SourceKind::PreSharded,
+        InputKind::PreSharded,
     ))
 }
 
@@ -682,9 +682,9 @@ fn reference_bytes(
 
 /// `--dry-run --read`: every byte of every file the plan reads, hashed; compared with the manifest
 /// of a pre-sharded folder.
-fn read_all(root: &Path, plan: &Plan, kind: SourceKind) -> Result<Vec<FileSum>, LoadError> {
+fn read_all(root: &Path, plan: &Plan, kind: InputKind) -> Result<Vec<FileSum>, LoadError> {
     use rayon::prelude::*;
-    let manifest = (kind == SourceKind::PreSharded)
+    let manifest = (kind == InputKind::PreSharded)
         .then(|| Manifest::read(root))
         .flatten();
     let files: BTreeSet<&str> = plan.sources.iter().map(|s| s.file.as_str()).collect();

@@ -555,8 +555,8 @@ pub fn write_load(w: &mut dyn Write, r: &crate::load::LoadReport, quiet: bool) -
             r.ranks.len(),
             human_bytes(r.bytes),
             match r.kind {
-                crate::load::SourceKind::Checkpoint => "checkpoint",
-                crate::load::SourceKind::PreSharded => "pre-sharded",
+                crate::load::InputKind::Checkpoint => "checkpoint",
+                crate::load::InputKind::PreSharded => "pre-sharded",
             }
         )?;
         for f in &r.files_read {

@@ -289,8 +289,8 @@ fn copy_side_files(
         }
         let name = e.file_name().to_string_lossy().into_owned();
         let path = e.path();
-        let weights = crate::source::select::weight_kind(&name);
-        if weights == Some(crate::source::select::WeightKind::Vllm) || name == "config.json" {
+        let weights = crate::resolve::select::weight_kind(&name);
+        if weights == Some(crate::resolve::select::WeightKind::Vllm) || name == "config.json" {
             continue;
         }
         if path.canonicalize().is_ok_and(|c| skip.contains(&c)) || name.contains(".wload-tmp-") {

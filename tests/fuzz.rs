@@ -24,7 +24,7 @@ use tempfile::TempDir;
 use common::*;
 use wload::config::{self, ConfigFormat};
 use wload::mapping::{self, Expr};
-use wload::source::{self, LoadFormat};
+use wload::resolve::{self, LoadFormat};
 use wload::{checkpoint, error::Error};
 
 /// No single input may take longer than this (the bound).
@@ -642,7 +642,7 @@ fn fuzz_index_files() {
     let index = dir.path().join("model.safetensors.index.json");
     fuzz("index", 0x1DE7_0001, 3000, make_index, Vec::clone, |text| {
         fs::write(&index, text).unwrap();
-        match source::resolve_local(dir.path(), LoadFormat::Auto, ConfigFormat::Auto) {
+        match resolve::resolve_local(dir.path(), LoadFormat::Auto, ConfigFormat::Auto) {
             Ok(r) => {
                 for f in &r.files {
                     assert!(dir.path().join(&f.file).is_file(), "kept {}", f.file);

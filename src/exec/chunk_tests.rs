@@ -16,7 +16,7 @@ use super::{
     write,
 };
 use crate::dtype::Dtype;
-use crate::plan::{OutTensor, Piece, Plan, RankPlan, Source};
+use crate::plan::{OutTensor, Piece, Plan, RankPlan, SourceTensor};
 use crate::progress::Quiet;
 
 const CHUNKS: [u64; 5] = [1, 7, 64, 4096, CHUNK_BYTES];
@@ -188,7 +188,7 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         // Unaligned junk before each tensor: offsets must come from the plan, not alignment.
         let pad = rng.range(0, 13) as usize;
         files[fi].extend((0..pad).map(|_| rng.next() as u8));
-        sources.push(Source {
+        sources.push(SourceTensor {
             name: format!("src.{i}"),
             file: format!("ckpt-{fi}.bin"),
             file_index: fi,
@@ -523,7 +523,7 @@ fn chunked_copies_match_a_naive_reference() {
 fn empty_blocks_copy_nothing() {
     let root = tempfile::TempDir::new().unwrap();
     fs::write(root.path().join("ckpt-0.bin"), [7u8; 64]).unwrap();
-    let source = Source {
+    let source = SourceTensor {
         name: "src".into(),
         file: "ckpt-0.bin".into(),
         file_index: 0,

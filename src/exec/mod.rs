@@ -301,7 +301,7 @@ pub fn execute_with(
 
 #[allow(clippy::too_many_arguments)]
 fn copy_source(
-    src: &crate::plan::Source,
+    src: &crate::plan::SourceTensor,
     path: &Path,
     file: &File,
     jobs: &[Job],

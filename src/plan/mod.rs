@@ -104,7 +104,7 @@ pub enum PlanError {
 
 /// A checkpoint tensor some piece reads.
 #[derive(Debug, Clone, Serialize)]
-pub struct Source {
+pub struct SourceTensor {
     pub name: String,
     pub file: String,
     #[serde(skip)]
@@ -172,7 +172,7 @@ pub struct Plan {
     pub tp: u64,
     pub expert_parallel: bool,
     pub dtype: Dtype,
-    pub sources: Vec<Source>,
+    pub sources: Vec<SourceTensor>,
     pub ranks: Vec<RankPlan>,
     /// Whether lm_head and the embedding are one tensor in the output (config.json must say so).
     pub tie_word_embeddings: bool,
@@ -503,7 +503,7 @@ pub fn plan(
         .collect();
 
     // Map every checkpoint tensor (the copies vLLM keeps) onto a parameter slot.
-    let mut sources: Vec<Source> = Vec::new();
+    let mut sources: Vec<SourceTensor> = Vec::new();
     let mut fed: Vec<HashMap<SlotKey, (usize, Option<String>)>> =
         vec![HashMap::new(); params.len()];
     let mut skipped = Vec::new();
@@ -846,8 +846,8 @@ fn push_copies(
     }
 }
 
-fn source_of(t: &TensorInfo, file: &str) -> Source {
-    Source {
+fn source_of(t: &TensorInfo, file: &str) -> SourceTensor {
+    SourceTensor {
         name: t.name.clone(),
         file: file.to_string(),
         file_index: t.file,

@@ -36,12 +36,12 @@ pub fn bar(total: u64, quiet: bool) -> Box<dyn Progress> {
 
 /// One bar per file download, stacked while several run at once, when stderr is a terminal and
 /// not `--quiet`.
-pub fn download_bars(quiet: bool) -> wload::source::hub::DownloadProgress {
+pub fn download_bars(quiet: bool) -> wload::resolve::hub::DownloadProgress {
     if quiet || !std::io::stderr().is_terminal() {
         return Default::default();
     }
     let bars = indicatif::MultiProgress::new();
-    wload::source::hub::DownloadProgress::new(move |file, size| {
+    wload::resolve::hub::DownloadProgress::new(move |file, size| {
         let pb = bars.add(ProgressBar::new(size));
         pb.set_style(
             ProgressStyle::with_template(

@@ -40,7 +40,7 @@ use hf_hub::{Repo, RepoType};
 use serde::Serialize;
 
 use super::local::Listing;
-use super::{LoadFormat, Resolved, SourceError};
+use super::{LoadFormat, ResolveError, Resolved};
 use crate::config::ConfigFormat;
 pub use cache::folder_name;
 use cache::{State, StateSource};
@@ -132,7 +132,7 @@ pub struct HubRequest<'a> {
 /// Resolves a repo id to a cache snapshot holding what is needed, downloading what is missing
 /// (unless offline), and resolves that snapshot as vLLM would. Returns the resolution and whether
 /// the repo is pre-sharded (only with [`Want::Detect`]).
-pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), SourceError> {
+pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), ResolveError> {
     let repo_dir = req.env.cache_dir.join(folder_name(req.repo));
     let (state, note) = find_state(req, &repo_dir)?;
     let snapshot = cache::snapshot_dir(&repo_dir, &state.commit);
@@ -177,7 +177,7 @@ fn select_and_fetch(
     snapshot: &Path,
     listing: &Listing,
     fetcher: &mut Fetcher,
-) -> Result<(Resolved, bool), SourceError> {
+) -> Result<(Resolved, bool), ResolveError> {
     let top = |keep: fn(&str) -> bool| -> Vec<String> {
         listing.top.iter().filter(|f| keep(f)).cloned().collect()
     };
@@ -213,7 +213,7 @@ fn is_rank_file(name: &str) -> bool {
 
 /// Asks the hub unless offline (or unless a commit is asked for whose file list is saved);
 /// falls back to the cache when the hub cannot answer, as huggingface_hub does. The note says why.
-fn find_state(req: &HubRequest, repo_dir: &Path) -> Result<(State, Option<String>), SourceError> {
+fn find_state(req: &HubRequest, repo_dir: &Path) -> Result<(State, Option<String>), ResolveError> {
     let env = req.env;
     if env.offline {
         return Ok((cache::cached_state(req, repo_dir, Why::Offline)?, None));
@@ -293,7 +293,7 @@ mod tests {
             "org/",
             "/name",
             "org/na me",
-            "src/source",
+            "src/resolve",
         ] {
             assert_eq!(repo_id(Path::new(not)), None, "{not}");
         }

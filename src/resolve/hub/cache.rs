@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{HubError, HubRequest, Why};
-use crate::source::LoadFormat;
-use crate::source::local::{self, Listing};
+use crate::resolve::LoadFormat;
+use crate::resolve::local::{self, Listing};
 
 /// `models--org--name`, as huggingface_hub names a model repo's cache folder.
 pub fn folder_name(repo: &str) -> String {
@@ -152,7 +152,7 @@ fn snapshot_files(snapshot: &Path) -> Result<Vec<String>, HubError> {
         LoadFormat::Mistral.index_file(),
     ] {
         if listing.has_top(index)
-            && let Ok(named) = crate::source::index::files_named(&snapshot.join(index))
+            && let Ok(named) = crate::resolve::index::files_named(&snapshot.join(index))
         {
             files.extend(named);
         }

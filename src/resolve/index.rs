@@ -19,16 +19,16 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
-use super::SourceError;
+use super::ResolveError;
 
 /// The distinct files `path`'s `weight_map` names, refusing any that lie outside the folder.
-pub(crate) fn files_named(path: &Path) -> Result<BTreeSet<String>, SourceError> {
-    let bytes = crate::small_file::read(path).map_err(|source| SourceError::Io {
+pub(crate) fn files_named(path: &Path) -> Result<BTreeSet<String>, ResolveError> {
+    let bytes = crate::small_file::read(path).map_err(|source| ResolveError::Io {
         path: path.to_path_buf(),
         source,
     })?;
     // An index that is not UTF-8 is a malformed checkpoint (exit 3), not an I/O failure.
-    let text = std::str::from_utf8(&bytes).map_err(|e| SourceError::BadIndex {
+    let text = std::str::from_utf8(&bytes).map_err(|e| ResolveError::BadIndex {
         index: path.to_path_buf(),
         message: format!(
             "not valid JSON: invalid UTF-8 at byte {}; re-download or regenerate the index",
@@ -39,8 +39,8 @@ pub(crate) fn files_named(path: &Path) -> Result<BTreeSet<String>, SourceError> 
 }
 
 /// [`files_named`] for the index's text.
-fn files_in(path: &Path, text: &str) -> Result<BTreeSet<String>, SourceError> {
-    let bad = |message: String| SourceError::BadIndex {
+fn files_in(path: &Path, text: &str) -> Result<BTreeSet<String>, ResolveError> {
+    let bad = |message: String| ResolveError::BadIndex {
         index: path.to_path_buf(),
         message,
     };
@@ -66,7 +66,7 @@ fn files_in(path: &Path, text: &str) -> Result<BTreeSet<String>, SourceError> {
             continue;
         }
         if escapes(file) {
-            return Err(SourceError::IndexEscapes {
+            return Err(ResolveError::IndexEscapes {
                 index: path.to_path_buf(),
                 tensor: tensor.to_string(),
                 file: file.to_string(),
@@ -294,8 +294,10 @@ mod tests {
 
     fn parse(text: &str) -> Result<BTreeSet<String>, String> {
         files_in(Path::new("i.json"), text).map_err(|e| match e {
-            SourceError::BadIndex { message, .. } => message,
-            SourceError::IndexEscapes { tensor, file, .. } => format!("escapes: {tensor} → {file}"),
+            ResolveError::BadIndex { message, .. } => message,
+            ResolveError::IndexEscapes { tensor, file, .. } => {
+                format!("escapes: {tensor} → {file}")
+            }
             e => panic!("unexpected {e}"),
         })
     }

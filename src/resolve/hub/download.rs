@@ -16,7 +16,7 @@ use super::error::http_error;
 use super::http::{Client, HttpError, Meta};
 use super::progress::Shown;
 use super::{HubError, HubRequest, Origin, Stalled, Why};
-use crate::source::SourceError;
+use crate::resolve::ResolveError;
 
 /// Makes sure files are in the snapshot: found in the cache, or downloaded.
 pub(super) struct Fetcher<'a> {
@@ -64,7 +64,7 @@ impl<'a> Fetcher<'a> {
     }
 
     /// Makes sure `files` are in the snapshot: found there, or downloaded unless `why` forbids it.
-    pub(super) fn ensure(&mut self, files: &[String]) -> Result<(), SourceError> {
+    pub(super) fn ensure(&mut self, files: &[String]) -> Result<(), ResolveError> {
         let mut missing = Vec::new();
         for f in files {
             if self.origins.contains_key(f) {

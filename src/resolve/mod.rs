@@ -60,7 +60,7 @@ impl Resolved {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum SourceError {
+pub enum ResolveError {
     #[error("{path}: no such file or directory")]
     NotFound { path: PathBuf },
     #[error("{path}: not a directory; SOURCE is a checkpoint folder")]
@@ -159,18 +159,18 @@ pub fn resolve_local(
     root: &Path,
     requested: LoadFormat,
     config_format: ConfigFormat,
-) -> Result<Resolved, SourceError> {
+) -> Result<Resolved, ResolveError> {
     if !root.exists() {
-        return Err(SourceError::NotFound {
+        return Err(ResolveError::NotFound {
             path: root.to_path_buf(),
         });
     }
     if !root.is_dir() {
-        return Err(SourceError::NotADirectory {
+        return Err(ResolveError::NotADirectory {
             path: root.to_path_buf(),
         });
     }
-    let listing = local::list(root).map_err(|(path, source)| SourceError::Io { path, source })?;
+    let listing = local::list(root).map_err(|(path, source)| ResolveError::Io { path, source })?;
     resolve_listing(root, &listing, requested, config_format)
 }
 
@@ -181,7 +181,7 @@ pub fn resolve_listing(
     listing: &local::Listing,
     requested: LoadFormat,
     config_format: ConfigFormat,
-) -> Result<Resolved, SourceError> {
+) -> Result<Resolved, ResolveError> {
     let has_consolidated = globbed(listing).any(|p| {
         let base = p.rsplit('/').next().unwrap_or(p);
         glob_match("consolidated*.safetensors", base)
@@ -243,7 +243,7 @@ fn select(
     root: &Path,
     listing: &local::Listing,
     format: LoadFormat,
-) -> Result<Selection, SourceError> {
+) -> Result<Selection, ResolveError> {
     let patterns = format.allow_patterns();
     let (pattern, files) = patterns
         .iter()
@@ -281,7 +281,7 @@ fn select(
 }
 
 /// Keeps only the files the index names, as vLLM does; refuses an index naming absent files.
-fn filter_by_index(root: &Path, index_name: &str, sel: &mut Selection) -> Result<(), SourceError> {
+fn filter_by_index(root: &Path, index_name: &str, sel: &mut Selection) -> Result<(), ResolveError> {
     let index_path = root.join(index_name);
     let listed = index::files_named(&index_path)?;
     let present: BTreeSet<&str> = sel.files.iter().map(String::as_str).collect();
@@ -291,7 +291,7 @@ fn filter_by_index(root: &Path, index_name: &str, sel: &mut Selection) -> Result
         .cloned()
         .collect();
     if !missing.is_empty() {
-        return Err(SourceError::IndexMissingFiles {
+        return Err(ResolveError::IndexMissingFiles {
             index: index_path,
             missing,
         });
@@ -318,7 +318,7 @@ fn refuse_unsupported(
     root: &Path,
     pattern: &'static str,
     matched: &[String],
-) -> Result<(), SourceError> {
+) -> Result<(), ResolveError> {
     let files: Vec<String> = matched
         .iter()
         .filter(|f| !NOT_FOR_INFERENCE.contains(&f.as_str()))
@@ -327,7 +327,7 @@ fn refuse_unsupported(
     if files.is_empty() {
         return Ok(());
     }
-    Err(SourceError::UnsupportedWeights {
+    Err(ResolveError::UnsupportedWeights {
         root: root.to_path_buf(),
         kind: pattern.trim_start_matches('*'),
         files,
@@ -340,7 +340,7 @@ fn no_weights(
     listing: &local::Listing,
     format: LoadFormat,
     sel: &Selection,
-) -> SourceError {
+) -> ResolveError {
     let hint = if !sel.dropped.is_empty() {
         format!(
             "; {} names none of the {} files matching {}, and vLLM reads only the files it names: fix its weight_map or remove it",
@@ -363,7 +363,7 @@ fn no_weights(
             )
         }
     };
-    SourceError::NoWeights {
+    ResolveError::NoWeights {
         root: root.to_path_buf(),
         format: format.as_str(),
         patterns: format.allow_patterns().to_vec(),
@@ -400,7 +400,7 @@ fn refuse_unreadable(
     root: &Path,
     listing: &local::Listing,
     sel: &Selection,
-) -> Result<(), SourceError> {
+) -> Result<(), ResolveError> {
     let bad: Vec<local::Unreadable> = sel
         .files
         .iter()
@@ -409,7 +409,7 @@ fn refuse_unreadable(
     if bad.is_empty() {
         return Ok(());
     }
-    Err(SourceError::UnreadableWeights {
+    Err(ResolveError::UnreadableWeights {
         root: root.to_path_buf(),
         why: format!("vLLM's glob selects it (it matches {})", sel.pattern),
         files: bad,
@@ -426,13 +426,13 @@ fn is_weight_like(p: &str) -> bool {
 pub fn resolve_pre_sharded(
     root: &Path,
     config_format: ConfigFormat,
-) -> Result<Resolved, SourceError> {
+) -> Result<Resolved, ResolveError> {
     if !root.is_dir() {
-        return Err(SourceError::NotFound {
+        return Err(ResolveError::NotFound {
             path: root.to_path_buf(),
         });
     }
-    let listing = local::list(root).map_err(|(path, source)| SourceError::Io { path, source })?;
+    let listing = local::list(root).map_err(|(path, source)| ResolveError::Io { path, source })?;
     let (config_format, config_file) = pick_config(root, &listing, config_format, false)?;
     Ok(Resolved {
         root: root.to_path_buf(),
@@ -455,7 +455,7 @@ fn pick_config(
     listing: &local::Listing,
     requested: ConfigFormat,
     has_consolidated: bool,
-) -> Result<(ConfigFormat, String), SourceError> {
+) -> Result<(ConfigFormat, String), ResolveError> {
     let has_params = listing.has_top("params.json");
     let has_config = listing.has_top("config.json");
     let format = match requested {
@@ -468,14 +468,14 @@ fn pick_config(
         _ => ("config.json", has_config),
     };
     if !present && let Some(u) = listing.unreadable(name) {
-        return Err(SourceError::UnreadableWeights {
+        return Err(ResolveError::UnreadableWeights {
             root: root.to_path_buf(),
             why: "vLLM reads it as the model config".into(),
             files: vec![u.clone()],
         });
     }
     if !present {
-        return Err(SourceError::NoConfig {
+        return Err(ResolveError::NoConfig {
             root: root.to_path_buf(),
             mistral: format == ConfigFormat::Mistral || has_consolidated,
         });
