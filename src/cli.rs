@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::commands::load::DeviceKind;
 use crate::config::ConfigFormat;
-use crate::load::DeviceKind;
 use crate::plan::DtypeChoice;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;

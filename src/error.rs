@@ -23,9 +23,11 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
     #[error(transparent)]
-    Shard(#[from] crate::shard::ShardError),
+    Shard(#[from] crate::commands::shard::ShardError),
     #[error(transparent)]
-    Load(#[from] crate::load::LoadError),
+    Load(#[from] crate::commands::load::LoadError),
+    #[error(transparent)]
+    Ranks(#[from] crate::ranks::RankError),
     #[error("--filter: {0}")]
     BadFilter(#[from] regex::Error),
     #[error("writing output: {0}")]
@@ -54,6 +56,7 @@ impl Error {
             Error::Output(_) => ExitStatus::Runtime,
             Error::Shard(e) => e.exit_status(),
             Error::Load(e) => e.exit_status(),
+            Error::Ranks(_) => ExitStatus::Usage,
         }
     }
 

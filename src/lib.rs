@@ -5,22 +5,21 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod exec;
 pub mod exit;
-pub mod inspect;
-pub mod load;
 pub mod manifest;
 pub mod mapping;
 pub mod plan;
+pub mod pre_sharded;
 pub mod progress;
 pub mod rank_files;
 pub mod ranks;
 pub mod report;
 pub mod resolve;
-pub mod shard;
 pub mod small_file;
 
 use std::path::PathBuf;
@@ -28,6 +27,7 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
+pub use commands::{inspect, load, shard};
 pub use error::Error;
 pub use exit::ExitStatus;
 
@@ -101,7 +101,7 @@ pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, bool), Error> {
             ))
         }
         None => {
-            let pre_sharded = !load::pre_sharded_files(&opts.source).is_empty();
+            let pre_sharded = !pre_sharded::files(&opts.source).is_empty();
             Ok((open_with(opts, pre_sharded)?, pre_sharded))
         }
     }

@@ -1,5 +1,6 @@
-//! `--ranks`: a list of tensor-parallel ranks (`0-3,5`), kept as ranges until `--tp` is known so
-//! that no input (`0-18446744073709551615`) makes wload allocate before it can say "out of range".
+//! Which ranks this process handles: `--ranks` (`0-3,5`, kept as ranges until `--tp` is known so
+//! that no input such as `0-18446744073709551615` makes wload allocate before it can say "out of
+//! range"), else the share a launcher (torchrun, srun) gives this process, else all.
 
 use std::fmt;
 use std::ops::RangeInclusive;
@@ -14,6 +15,16 @@ pub struct RankList(Vec<RangeInclusive<u64>>);
 pub struct RankOutOfRange {
     pub rank: u64,
     pub tp: u64,
+}
+
+/// Why no rank list could be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RankError {
+    #[error(transparent)]
+    OutOfRange(#[from] RankOutOfRange),
+    /// RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS (srun) do not fit `--tp`.
+    #[error("{0}")]
+    Launcher(String),
 }
 
 impl RankList {
@@ -85,6 +96,46 @@ impl fmt::Display for RankList {
         }
         Ok(())
     }
+}
+
+/// Ranks from `--ranks`, else from torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or Slurm
+/// (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), else all; and the first local device ordinal.
+pub fn select(tp: u64, given: Option<&RankList>) -> Result<(Vec<u64>, usize), RankError> {
+    if let Some(v) = given {
+        return Ok((v.resolve(tp)?, 0));
+    }
+    let env = |k: &str| std::env::var(k).ok();
+    let launcher = match (env("RANK"), env("WORLD_SIZE")) {
+        (Some(r), Some(w)) => Some(("torchrun", r, w, env("LOCAL_RANK"))),
+        _ => match (env("SLURM_PROCID"), env("SLURM_NTASKS")) {
+            (Some(r), Some(w)) => Some(("srun", r, w, env("SLURM_LOCALID"))),
+            _ => None,
+        },
+    };
+    let Some((who, r, w, local)) = launcher else {
+        return Ok(((0..tp).collect(), 0));
+    };
+    let parse = |name: &str, v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|_| RankError::Launcher(format!("{who}: {name}='{v}' is not a number")))
+    };
+    let (rank, world) = (parse("rank", &r)?, parse("world size", &w)?);
+    if world == 0 || !tp.is_multiple_of(world) || rank >= world {
+        return Err(RankError::Launcher(format!(
+            "{who}: {world} processes cannot share --tp {tp} evenly (this is process {rank}); start \
+             one process per GPU (world size {tp}), or one per node with --tp divisible by the node count"
+        )));
+    }
+    let per = tp / world;
+    let local = match local {
+        Some(l) => parse("local rank", &l)? as usize,
+        None => 0,
+    };
+    Ok((
+        (rank * per..(rank + 1) * per).collect(),
+        local * per as usize,
+    ))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
-use crate::inspect::{Inspection, TensorRow};
+use crate::commands::inspect::{Inspection, TensorRow};
 use crate::plan::{Piece, PlanReport, Problem};
 
 /// A plain aligned table; columns marked numeric are right-aligned.
@@ -502,7 +502,7 @@ pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Resul
 }
 
 /// The `shard` summary: where the files went and how long each stage took.
-pub fn write_shard(w: &mut dyn Write, r: &crate::shard::ShardReport) -> io::Result<()> {
+pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> io::Result<()> {
     let m = &r.manifest;
     writeln!(
         w,
@@ -544,7 +544,11 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::shard::ShardReport) -> io::Resu
 }
 
 /// The `load` report: per-rank bytes and copy rates, then where the time went.
-pub fn write_load(w: &mut dyn Write, r: &crate::load::LoadReport, quiet: bool) -> io::Result<()> {
+pub fn write_load(
+    w: &mut dyn Write,
+    r: &crate::commands::load::LoadReport,
+    quiet: bool,
+) -> io::Result<()> {
     let t = &r.timings;
     if r.dry_run {
         writeln!(
@@ -555,8 +559,8 @@ pub fn write_load(w: &mut dyn Write, r: &crate::load::LoadReport, quiet: bool) -
             r.ranks.len(),
             human_bytes(r.bytes),
             match r.kind {
-                crate::load::InputKind::Checkpoint => "checkpoint",
-                crate::load::InputKind::PreSharded => "pre-sharded",
+                crate::commands::load::InputKind::Checkpoint => "checkpoint",
+                crate::commands::load::InputKind::PreSharded => "pre-sharded",
             }
         )?;
         for f in &r.files_read {

@@ -2,20 +2,20 @@
 //! memory, with stage timings; or, with `--dry-run`, every check vLLM would fail, before any
 //! device is touched.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::checkpoint::Checkpoint;
 use crate::exec::device::{CpuDevice, Device, DeviceError};
 use crate::exec::{ExecError, Placement, Sink, Stats};
-use crate::manifest::{self, MANIFEST, Manifest};
-use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, SourceTensor};
+use crate::manifest::{self, Manifest};
+use crate::plan::{self, Plan, Problem};
 use crate::progress::{Progress, Quiet};
 use crate::{Error, Opened, PlanOptions, SourceOptions, Timings};
+use crate::{pre_sharded, ranks};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -44,10 +44,8 @@ pub enum LoadError {
     Device(#[from] DeviceError),
     #[error(transparent)]
     Exec(#[from] ExecError),
-    #[error("{0}")]
-    Launcher(String),
     #[error(transparent)]
-    BadRank(#[from] crate::ranks::RankOutOfRange),
+    Ranks(#[from] ranks::RankError),
     #[error("--check: {rank_tensor} differs after the round trip through {device}")]
     CheckFailed { rank_tensor: String, device: String },
 }
@@ -56,7 +54,7 @@ impl LoadError {
     pub fn exit_status(&self) -> crate::ExitStatus {
         use crate::ExitStatus;
         match self {
-            LoadError::BadRank(_) | LoadError::Launcher(_) => ExitStatus::Usage,
+            LoadError::Ranks(_) => ExitStatus::Usage,
             LoadError::Exec(e) => e.exit_status(),
             LoadError::Device(_) | LoadError::CheckFailed { .. } => ExitStatus::Runtime,
         }
@@ -142,269 +140,20 @@ impl LoadTimings {
     }
 }
 
-/// The part files of a folder that `shard` or vLLM wrote: rank → (part, file name).
-pub fn pre_sharded_files(root: &Path) -> BTreeMap<u64, Vec<(u64, String)>> {
-    let mut out: BTreeMap<u64, Vec<(u64, String)>> = BTreeMap::new();
-    if let Ok(rd) = std::fs::read_dir(root) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(f) = crate::rank_files::RankFile::parse(&name)
-                && f.pp.is_none()
-            {
-                out.entry(f.tp).or_default().push((f.part, name));
-            }
-        }
-    }
-    for v in out.values_mut() {
-        v.sort();
-    }
-    out
-}
-
-/// Ranks from `--ranks`, else from torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or Slurm
-/// (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), else all; and the first local device ordinal.
-pub fn select_ranks(
-    tp: u64,
-    given: Option<&crate::ranks::RankList>,
-) -> Result<(Vec<u64>, usize), LoadError> {
-    if let Some(v) = given {
-        return Ok((v.resolve(tp)?, 0));
-    }
-    let env = |k: &str| std::env::var(k).ok();
-    let launcher = match (env("RANK"), env("WORLD_SIZE")) {
-        (Some(r), Some(w)) => Some(("torchrun", r, w, env("LOCAL_RANK"))),
-        _ => match (env("SLURM_PROCID"), env("SLURM_NTASKS")) {
-            (Some(r), Some(w)) => Some(("srun", r, w, env("SLURM_LOCALID"))),
-            _ => None,
-        },
-    };
-    let Some((who, r, w, local)) = launcher else {
-        return Ok(((0..tp).collect(), 0));
-    };
-    let parse = |name: &str, v: &str| {
-        v.trim()
-            .parse::<u64>()
-            .map_err(|_| LoadError::Launcher(format!("{who}: {name}='{v}' is not a number")))
-    };
-    let (rank, world) = (parse("rank", &r)?, parse("world size", &w)?);
-    if world == 0 || !tp.is_multiple_of(world) || rank >= world {
-        return Err(LoadError::Launcher(format!(
-            "{who}: {world} processes cannot share --tp {tp} evenly (this is process {rank}); start \
-             one process per GPU (world size {tp}), or one per node with --tp divisible by the node count"
-        )));
-    }
-    let per = tp / world;
-    let local = match local {
-        Some(l) => parse("local rank", &l)? as usize,
-        None => 0,
-    };
-    Ok((
-        (rank * per..(rank + 1) * per).collect(),
-        local * per as usize,
-    ))
-}
-
 /// What each rank must hold: the plan for a checkpoint, or for a pre-sharded folder a plan that
-/// copies its files' tensors whole — after checking them against what vLLM's module tree needs.
+/// copies its files' tensors whole (see [`crate::pre_sharded`]).
 pub fn prepare(
     opened: &Opened,
     popts: &PlanOptions,
     given_ranks: Option<&crate::ranks::RankList>,
     warnings: &mut Vec<String>,
 ) -> Result<(Plan, InputKind), Error> {
-    let root = &opened.resolved.root;
-    let files = pre_sharded_files(root);
+    let files = pre_sharded::files(&opened.resolved.root);
     if files.is_empty() {
         return Ok((crate::make_plan(opened, popts)?, InputKind::Checkpoint));
     }
-    let manifest = Manifest::read(root);
-
-    // What vLLM's fresh model holds per rank at this TP (names, dtypes, shapes).
-    let mapping = crate::mapping::select(popts.mapping.as_deref(), opened.config.architecture())?;
-    let empty = Checkpoint::from_files(Vec::new());
-    let expected = plan::plan(
-        &mapping,
-        &opened.config,
-        &empty,
-        &plan::PlanOptions {
-            tp: popts.tp,
-            expert_parallel: popts.expert_parallel
-                || manifest.as_ref().is_some_and(|m| m.expert_parallel),
-            dtype: popts.dtype,
-            shapes_only: true,
-        },
-    )?;
-
-    let mut problems = Vec::new();
-    if let Some(m) = &manifest
-        && m.tp != popts.tp
-    {
-        problems.push(Problem {
-            message: format!(
-                "{}: written for --tp {}, loaded with --tp {}",
-                root.join(MANIFEST).display(),
-                m.tp,
-                popts.tp
-            ),
-            fix: Some(format!(
-                "load with --tp {} (vLLM's loader would accept smaller tensors silently)",
-                m.tp
-            )),
-        });
-    }
-    let extra: Vec<u64> = files.keys().copied().filter(|r| *r >= popts.tp).collect();
-    if !extra.is_empty() {
-        problems.push(Problem {
-            message: format!(
-                "{}: has files for ranks {extra:?}, beyond --tp {}",
-                root.display(),
-                popts.tp
-            ),
-            fix: Some(format!(
-                "load with --tp {}",
-                files.keys().max().map_or(1, |m| m + 1)
-            )),
-        });
-    }
-
-    // Only now is --tp known to fit the model, so the rank list is bounded.
-    let (ranks, _) = select_ranks(popts.tp, given_ranks).map_err(Error::from)?;
-    let mut sources = Vec::new();
-    let mut out_ranks = Vec::new();
-    for &r in &ranks {
-        let Some(parts) = files.get(&r) else {
-            problems.push(Problem {
-                message: format!(
-                    "{}: no files for rank {r} ({})",
-                    root.display(),
-                    crate::rank_files::tp_only_glob(r)
-                ),
-                fix: Some("copy the missing rank files, or check --tp".into()),
-            });
-            continue;
-        };
-        let names: Vec<String> = parts.iter().map(|(_, n)| n.clone()).collect();
-        let ck = Checkpoint::open(root, &names).map_err(Error::Headers)?;
-        let want = &expected.ranks[r as usize];
-        let want_by: BTreeMap<&str, &OutTensor> =
-            want.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-        let mut seen = BTreeSet::new();
-        let mut tensors = Vec::new();
-        for f in &ck.files {
-            for t in &f.tensors {
-                if !seen.insert(t.name.clone()) {
-                    problems.push(Problem {
-                        message: format!(
-                            "{}: tensor '{}' appears in two part files of rank {r}",
-                            f.name, t.name
-                        ),
-                        fix: Some("remove the duplicate (vLLM raises KeyError)".into()),
-                    });
-                    continue;
-                }
-                match want_by.get(t.name.as_str()) {
-                    None => problems.push(Problem {
-                        message: format!(
-                            "{}: unexpected tensor '{}' (vLLM's {} at tp {} has no such parameter; its loader raises KeyError)",
-                            f.name, t.name, expected.architecture, popts.tp
-                        ),
-                        fix: Some("re-shard from the original checkpoint with `wload shard`".into()),
-                    }),
-                    Some(w) if w.shape != t.shape => problems.push(Problem {
-                        message: format!(
-                            "{}: tensor '{}' has shape {:?}, but rank {r} of {} at tp {} needs {:?}",
-                            f.name, t.name, t.shape, expected.architecture, popts.tp, w.shape
-                        ),
-                        fix: Some(if t.name.contains("experts") {
-                            "the folder was probably sharded for another --tp or with(out) --enable-expert-parallel; load it the same way".into()
-                        } else {
-                            "the folder was probably sharded for another --tp; load it with that TP size".into()
-                        }),
-                    }),
-                    Some(w) if w.dtype != t.dtype && !plan::convertible(t.dtype, w.dtype) => {
-                        problems.push(Problem {
-                            message: format!(
-                                "{}: tensor '{}' is {}, which cannot be converted to the parameter's {}",
-                                f.name, t.name, t.dtype, w.dtype
-                            ),
-                            fix: Some("re-shard with the intended --dtype".into()),
-                        })
-                    }
-                    Some(w) => {
-                        if w.dtype != t.dtype {
-                            // vLLM's loader only warns, and `copy_` converts: so do we.
-                            warnings.push(format!(
-                                "{}: '{}' is {} where vLLM's parameter is {}; converted as vLLM does",
-                                f.name, t.name, t.dtype, w.dtype
-                            ));
-                        }
-                        let numel = t.numel();
-                        sources.push(SourceTensor {
-                            name: t.name.clone(),
-                            file: f.name.clone(),
-                            file_index: t.file,
-                            offset: t.offset,
-                            dtype: t.dtype,
-                            shape: t.shape.clone(),
-                        });
-                        tensors.push(OutTensor {
-                            name: t.name.clone(),
-                            dtype: w.dtype,
-                            shape: t.shape.clone(),
-                            bytes: w.bytes,
-                            pieces: vec![Piece::Copy {
-                                source: sources.len() - 1,
-                                region: "all".into(),
-                                rows: 1,
-                                row: numel,
-                                src_start: 0,
-                                src_stride: numel,
-                                dst_start: 0,
-                                dst_stride: numel,
-                            }],
-                        });
-                    }
-                }
-            }
-        }
-        for w in &want.tensors {
-            if !seen.contains(&w.name) {
-                problems.push(Problem {
-                    message: format!("rank {r}: missing tensor '{}' (vLLM: \"Missing keys ... in loaded state\")", w.name),
-                    fix: Some("re-shard from the original checkpoint with `wload shard`".into()),
-                });
-            }
-        }
-        out_ranks.push(RankPlan {
-            rank: r,
-            bytes: tensors.iter().map(|t| t.bytes).sum(),
-            tensors,
-        });
-    }
-    if !problems.is_empty() {
-        return Err(plan::PlanError::Invalid(problems).into());
-    }
-    // Sources of different ranks live in different files: index files by name.
-    let mut file_ix: BTreeMap<String, usize> = BTreeMap::new();
-    for s in &mut sources {
-        let n = file_ix.len();
-        s.file_index = *file_ix.entry(s.file.clone()).or_insert(n);
-    }
-    Ok((
-        Plan {
-            family: expected.family,
-            architecture: expected.architecture,
-            tp: popts.tp,
-            expert_parallel: expected.expert_parallel,
-            dtype: expected.dtype,
-            sources,
-            ranks: out_ranks,
-            tie_word_embeddings: expected.tie_word_embeddings,
-            retie: None,
-            skipped: Vec::new(),
-        },
-        InputKind::PreSharded,
-    ))
+    let plan = pre_sharded::plan(opened, popts, &files, given_ranks, warnings)?;
+    Ok((plan, InputKind::PreSharded))
 }
 
 struct LoadSink<'a> {
@@ -475,7 +224,8 @@ pub fn load(
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     // After planning, which refuses a --tp that does not fit the model: no rank list is built
     // for an absurd one.
-    let (ranks, local_base) = select_ranks(popts.tp, lopts.ranks.as_ref()).map_err(Error::from)?;
+    let (ranks, local_base) =
+        ranks::select(popts.tp, lopts.ranks.as_ref()).map_err(LoadError::from)?;
     plan.ranks.retain(|r| ranks.contains(&r.rank));
     let bytes: u64 = plan.ranks.iter().map(|r| r.bytes).sum();
     let mut timings = LoadTimings {

@@ -1,0 +1,314 @@
+//! Pre-sharded folders (`model-rank-{r}-part-{k}.safetensors`, written by `wload shard` or by
+//! vLLM's save_sharded_state): found, checked against what vLLM's model holds at this TP, and
+//! planned as whole-tensor copies. vLLM's own sharded_state loader accepts tensors of the wrong
+//! shape silently; this is where wload does not.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use crate::checkpoint::{Checkpoint, TensorInfo, WeightFile};
+use crate::manifest::{MANIFEST, Manifest};
+use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, SourceTensor};
+use crate::ranks::{self, RankList};
+use crate::{Error, Opened, PlanOptions};
+
+/// Rank → its part files, as (part, file name), in part order.
+pub type RankFiles = BTreeMap<u64, Vec<(u64, String)>>;
+
+/// The part files of a folder that `shard` or vLLM wrote: rank → (part, file name).
+pub fn files(root: &Path) -> RankFiles {
+    let mut out = RankFiles::new();
+    if let Ok(rd) = std::fs::read_dir(root) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(f) = crate::rank_files::RankFile::parse(&name)
+                && f.pp.is_none()
+            {
+                out.entry(f.tp).or_default().push((f.part, name));
+            }
+        }
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    out
+}
+
+/// The plan for a pre-sharded folder's `files`, for the ranks this process loads; every problem
+/// vLLM would hit (or silently accept) at once.
+pub fn plan(
+    opened: &Opened,
+    popts: &PlanOptions,
+    files: &RankFiles,
+    given_ranks: Option<&RankList>,
+    warnings: &mut Vec<String>,
+) -> Result<Plan, Error> {
+    let root = &opened.resolved.root;
+    let manifest = Manifest::read(root);
+    let expected = expected_plan(opened, popts, manifest.as_ref())?;
+    let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
+    // Only now is --tp known to fit the model, so the rank list is bounded.
+    let (ranks, _) = ranks::select(popts.tp, given_ranks)?;
+    let mut built = Built::default();
+    for &r in &ranks {
+        let Some(parts) = files.get(&r) else {
+            problems.push(Problem {
+                message: format!(
+                    "{}: no files for rank {r} ({})",
+                    root.display(),
+                    crate::rank_files::tp_only_glob(r)
+                ),
+                fix: Some("copy the missing rank files, or check --tp".into()),
+            });
+            continue;
+        };
+        let names: Vec<String> = parts.iter().map(|(_, n)| n.clone()).collect();
+        let ck = Checkpoint::open(root, &names).map_err(Error::Headers)?;
+        let check = RankCheck {
+            rank: r,
+            tp: popts.tp,
+            expected: &expected,
+        };
+        built
+            .ranks
+            .push(check.run(&ck, &mut built.sources, &mut problems, warnings));
+    }
+    if !problems.is_empty() {
+        return Err(plan::PlanError::Invalid(problems).into());
+    }
+    Ok(built.finish(expected, popts.tp))
+}
+
+/// What vLLM's fresh model holds per rank at this TP (names, dtypes, shapes): the checkpoint
+/// planner run over no checkpoint.
+fn expected_plan(
+    opened: &Opened,
+    popts: &PlanOptions,
+    manifest: Option<&Manifest>,
+) -> Result<Plan, Error> {
+    let mapping = crate::mapping::select(popts.mapping.as_deref(), opened.config.architecture())?;
+    let empty = Checkpoint::from_files(Vec::new());
+    Ok(plan::plan(
+        &mapping,
+        &opened.config,
+        &empty,
+        &plan::PlanOptions {
+            tp: popts.tp,
+            expert_parallel: popts.expert_parallel || manifest.is_some_and(|m| m.expert_parallel),
+            dtype: popts.dtype,
+            shapes_only: true,
+        },
+    )?)
+}
+
+/// The folder as a whole: written for another TP (per its manifest), or holding ranks past it.
+fn folder_problems(
+    root: &Path,
+    tp: u64,
+    files: &RankFiles,
+    manifest: Option<&Manifest>,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Some(m) = manifest
+        && m.tp != tp
+    {
+        problems.push(Problem {
+            message: format!(
+                "{}: written for --tp {}, loaded with --tp {tp}",
+                root.join(MANIFEST).display(),
+                m.tp,
+            ),
+            fix: Some(format!(
+                "load with --tp {} (vLLM's loader would accept smaller tensors silently)",
+                m.tp
+            )),
+        });
+    }
+    let extra: Vec<u64> = files.keys().copied().filter(|r| *r >= tp).collect();
+    if !extra.is_empty() {
+        problems.push(Problem {
+            message: format!(
+                "{}: has files for ranks {extra:?}, beyond --tp {tp}",
+                root.display(),
+            ),
+            fix: Some(format!(
+                "load with --tp {}",
+                files.keys().max().map_or(1, |m| m + 1)
+            )),
+        });
+    }
+    problems
+}
+
+/// One rank's files against what that rank of vLLM's model holds.
+struct RankCheck<'a> {
+    rank: u64,
+    tp: u64,
+    expected: &'a Plan,
+}
+
+impl RankCheck<'_> {
+    /// Every tensor of the rank's files checked and, when it fits, planned as a whole copy;
+    /// then every parameter the files lack.
+    fn run(
+        &self,
+        ck: &Checkpoint,
+        sources: &mut Vec<SourceTensor>,
+        problems: &mut Vec<Problem>,
+        warnings: &mut Vec<String>,
+    ) -> RankPlan {
+        let r = self.rank;
+        let want = &self.expected.ranks[r as usize];
+        let want_by: BTreeMap<&str, &OutTensor> =
+            want.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let mut seen = BTreeSet::new();
+        let mut tensors = Vec::new();
+        for f in &ck.files {
+            for t in &f.tensors {
+                if !seen.insert(t.name.clone()) {
+                    problems.push(Problem {
+                        message: format!(
+                            "{}: tensor '{}' appears in two part files of rank {r}",
+                            f.name, t.name
+                        ),
+                        fix: Some("remove the duplicate (vLLM raises KeyError)".into()),
+                    });
+                    continue;
+                }
+                match self.check(f, t, want_by.get(t.name.as_str()).copied()) {
+                    Err(p) => problems.push(p),
+                    Ok(w) => {
+                        if w.dtype != t.dtype {
+                            // vLLM's loader only warns, and `copy_` converts: so do we.
+                            warnings.push(format!(
+                                "{}: '{}' is {} where vLLM's parameter is {}; converted as vLLM does",
+                                f.name, t.name, t.dtype, w.dtype
+                            ));
+                        }
+                        tensors.push(whole_copy(f, t, w, sources));
+                    }
+                }
+            }
+        }
+        for w in &want.tensors {
+            if !seen.contains(&w.name) {
+                problems.push(Problem {
+                    message: format!("rank {r}: missing tensor '{}' (vLLM: \"Missing keys ... in loaded state\")", w.name),
+                    fix: Some("re-shard from the original checkpoint with `wload shard`".into()),
+                });
+            }
+        }
+        RankPlan {
+            rank: r,
+            bytes: tensors.iter().map(|t| t.bytes).sum(),
+            tensors,
+        }
+    }
+
+    /// The parameter a file's tensor fills, if it fits it.
+    fn check<'w>(
+        &self,
+        f: &WeightFile,
+        t: &TensorInfo,
+        want: Option<&'w OutTensor>,
+    ) -> Result<&'w OutTensor, Problem> {
+        let (r, tp, arch) = (self.rank, self.tp, &self.expected.architecture);
+        let Some(w) = want else {
+            return Err(Problem {
+                message: format!(
+                    "{}: unexpected tensor '{}' (vLLM's {arch} at tp {tp} has no such parameter; its loader raises KeyError)",
+                    f.name, t.name
+                ),
+                fix: Some("re-shard from the original checkpoint with `wload shard`".into()),
+            });
+        };
+        if w.shape != t.shape {
+            return Err(Problem {
+                message: format!(
+                    "{}: tensor '{}' has shape {:?}, but rank {r} of {arch} at tp {tp} needs {:?}",
+                    f.name, t.name, t.shape, w.shape
+                ),
+                fix: Some(if t.name.contains("experts") {
+                    "the folder was probably sharded for another --tp or with(out) --enable-expert-parallel; load it the same way".into()
+                } else {
+                    "the folder was probably sharded for another --tp; load it with that TP size"
+                        .into()
+                }),
+            });
+        }
+        if w.dtype != t.dtype && !plan::convertible(t.dtype, w.dtype) {
+            return Err(Problem {
+                message: format!(
+                    "{}: tensor '{}' is {}, which cannot be converted to the parameter's {}",
+                    f.name, t.name, t.dtype, w.dtype
+                ),
+                fix: Some("re-shard with the intended --dtype".into()),
+            });
+        }
+        Ok(w)
+    }
+}
+
+/// A rank tensor filled by one copy of a whole file tensor.
+fn whole_copy(
+    f: &WeightFile,
+    t: &TensorInfo,
+    w: &OutTensor,
+    sources: &mut Vec<SourceTensor>,
+) -> OutTensor {
+    let numel = t.numel();
+    sources.push(SourceTensor {
+        name: t.name.clone(),
+        file: f.name.clone(),
+        file_index: t.file,
+        offset: t.offset,
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+    });
+    OutTensor {
+        name: t.name.clone(),
+        dtype: w.dtype,
+        shape: t.shape.clone(),
+        bytes: w.bytes,
+        pieces: vec![Piece::Copy {
+            source: sources.len() - 1,
+            region: "all".into(),
+            rows: 1,
+            row: numel,
+            src_start: 0,
+            src_stride: numel,
+            dst_start: 0,
+            dst_stride: numel,
+        }],
+    }
+}
+
+/// The source tensors and rank plans built so far.
+#[derive(Default)]
+struct Built {
+    sources: Vec<SourceTensor>,
+    ranks: Vec<RankPlan>,
+}
+
+impl Built {
+    fn finish(mut self, expected: Plan, tp: u64) -> Plan {
+        // Sources of different ranks live in different files: index files by name.
+        let mut file_ix: BTreeMap<String, usize> = BTreeMap::new();
+        for s in &mut self.sources {
+            let n = file_ix.len();
+            s.file_index = *file_ix.entry(s.file.clone()).or_insert(n);
+        }
+        Plan {
+            family: expected.family,
+            architecture: expected.architecture,
+            tp,
+            expert_parallel: expected.expert_parallel,
+            dtype: expected.dtype,
+            sources: self.sources,
+            ranks: self.ranks,
+            tie_word_embeddings: expected.tie_word_embeddings,
+            retie: None,
+            skipped: Vec::new(),
+        }
+    }
+}
