@@ -208,7 +208,8 @@ impl Sink for LoadSink<'_> {
     }
 }
 
-/// Resolves, plans and (unless dry-run) loads.
+/// Resolves, plans and (unless dry-run) loads: [`plan_ranks`], then [`dry_run`] or
+/// [`open_devices`] → [`transfer`] → [`read_back`].
 pub fn load(
     sopts: &SourceOptions,
     popts: &PlanOptions,
@@ -217,100 +218,175 @@ pub fn load(
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<LoadReport, Error> {
     let t_all = Instant::now();
+    let planned = plan_ranks(sopts, popts, lopts)?;
+    let mut timings = LoadTimings {
+        open: planned.opened.timings,
+        ..Default::default()
+    };
+    let mut report = if lopts.dry_run {
+        dry_run(&planned, lopts)?
+    } else {
+        let devices = open_devices(&planned, lopts.device, &mut timings)?;
+        let copy_s = transfer(&planned, &devices, cancel, progress, &mut timings)?;
+        let ranks = read_back(&planned, &devices, &copy_s, lopts, cancel)?;
+        planned.report(lopts, ranks, Vec::new())
+    };
+    timings.total_s = t_all.elapsed().as_secs_f64();
+    report.timings = timings;
+    Ok(report)
+}
+
+/// What this process loads: the plan, narrowed to its ranks.
+struct Planned {
+    opened: Opened,
+    plan: Plan,
+    kind: InputKind,
+    /// The local device ordinal of this process's first rank.
+    local_base: usize,
+    warnings: Vec<String>,
+}
+
+impl Planned {
+    fn root(&self) -> &Path {
+        &self.opened.resolved.root
+    }
+
+    fn bytes(&self) -> u64 {
+        self.plan.ranks.iter().map(|r| r.bytes).sum()
+    }
+
+    fn report(
+        &self,
+        lopts: &LoadOptions,
+        ranks: Vec<RankReport>,
+        files: Vec<FileSum>,
+    ) -> LoadReport {
+        LoadReport {
+            source: self.root().display().to_string(),
+            kind: self.kind,
+            device: lopts.device,
+            dry_run: lopts.dry_run,
+            tp: self.plan.tp,
+            ranks,
+            bytes: self.bytes(),
+            timings: LoadTimings::default(),
+            warnings: self.warnings.clone(),
+            files_read: files,
+        }
+    }
+}
+
+/// Resolve and plan; then this process's ranks (only after planning, which refuses a --tp that
+/// does not fit the model, so no rank list is built for an absurd one).
+fn plan_ranks(
+    sopts: &SourceOptions,
+    popts: &PlanOptions,
+    lopts: &LoadOptions,
+) -> Result<Planned, Error> {
     let (mut opened, _) = crate::open_detect(sopts)?;
     let mut warnings = Vec::new();
     let t = Instant::now();
     let (mut plan, kind) = prepare(&opened, popts, lopts.ranks.as_ref(), &mut warnings)?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
-    // After planning, which refuses a --tp that does not fit the model: no rank list is built
-    // for an absurd one.
     let (ranks, local_base) =
         ranks::select(popts.tp, lopts.ranks.as_ref()).map_err(LoadError::from)?;
     plan.ranks.retain(|r| ranks.contains(&r.rank));
-    let bytes: u64 = plan.ranks.iter().map(|r| r.bytes).sum();
-    let mut timings = LoadTimings {
-        open: opened.timings,
-        ..Default::default()
-    };
-    let root = opened.resolved.root.clone();
+    Ok(Planned {
+        opened,
+        plan,
+        kind,
+        local_base,
+        warnings,
+    })
+}
 
-    if lopts.dry_run {
-        let mut files_read = Vec::new();
-        if lopts.read {
-            files_read = read_all(&root, &plan, kind).map_err(Error::from)?;
-            let bad: Vec<&FileSum> = files_read
-                .iter()
-                .filter(|f| f.matches_manifest == Some(false))
-                .collect();
-            if !bad.is_empty() {
-                return Err(plan::PlanError::Invalid(
-                    bad.iter()
-                        .map(|f| Problem {
-                            message: format!("{}: checksum {} differs from the manifest (wload.json): the file changed or is corrupt", f.file, f.xxh3),
-                            fix: Some("re-shard, or copy the file again".into()),
-                        })
-                        .collect(),
-                )
-                .into());
-            }
+/// `--dry-run`: the plan's checks passed; with `--read`, every byte read and hashed (and
+/// compared with the manifest).
+fn dry_run(planned: &Planned, lopts: &LoadOptions) -> Result<LoadReport, Error> {
+    let mut files_read = Vec::new();
+    if lopts.read {
+        files_read = read_all(planned.root(), &planned.plan, planned.kind)?;
+        let bad: Vec<Problem> = files_read
+            .iter()
+            .filter(|f| f.matches_manifest == Some(false))
+            .map(|f| Problem {
+                message: format!("{}: checksum {} differs from the manifest (wload.json): the file changed or is corrupt", f.file, f.xxh3),
+                fix: Some("re-shard, or copy the file again".into()),
+            })
+            .collect();
+        if !bad.is_empty() {
+            return Err(plan::PlanError::Invalid(bad).into());
         }
-        timings.total_s = t_all.elapsed().as_secs_f64();
-        return Ok(LoadReport {
-            source: root.display().to_string(),
-            kind,
-            device: lopts.device,
-            dry_run: true,
-            tp: plan.tp,
-            ranks: plan
-                .ranks
-                .iter()
-                .map(|r| RankReport {
-                    rank: r.rank,
-                    device: "-".into(),
-                    tensors: r.tensors.len(),
-                    bytes: r.bytes,
-                    copy_s: 0.0,
-                    checksums: None,
-                })
-                .collect(),
-            bytes,
-            timings,
-            warnings,
-            files_read,
-        });
     }
+    let ranks = planned
+        .plan
+        .ranks
+        .iter()
+        .map(|r| RankReport {
+            rank: r.rank,
+            device: "-".into(),
+            tensors: r.tensors.len(),
+            bytes: r.bytes,
+            copy_s: 0.0,
+            checksums: None,
+        })
+        .collect();
+    Ok(planned.report(lopts, ranks, files_read))
+}
 
-    // Devices: rank j of this process on local device local_base + j.
+/// A device per rank (rank j of this process on local device `local_base + j`), each with its
+/// tensors allocated.
+fn open_devices(
+    planned: &Planned,
+    kind: DeviceKind,
+    timings: &mut LoadTimings,
+) -> Result<Vec<Box<dyn Device>>, Error> {
     let t = Instant::now();
-    let mut devices: Vec<Box<dyn Device>> = Vec::new();
-    let mut local_base = local_base;
-    if lopts.device == DeviceKind::Cuda {
+    let n = planned.plan.ranks.len();
+    let mut local_base = planned.local_base;
+    if kind == DeviceKind::Cuda {
         let found = crate::exec::cuda::device_count()?;
         // A task that sees exactly its own GPUs (srun --gpus-per-task, CUDA_VISIBLE_DEVICES set
         // per process) finds them from ordinal 0.
-        if found == ranks.len() {
+        if found == n {
             local_base = 0;
         }
-        if local_base + ranks.len() > found {
-            return Err(Error::Load(
-                DeviceError::TooFewDevices {
-                    needed: local_base + ranks.len(),
-                    found,
-                    ranks: format!("{ranks:?}"),
-                }
-                .into(),
-            ));
+        if local_base + n > found {
+            let ranks: Vec<u64> = planned.plan.ranks.iter().map(|r| r.rank).collect();
+            return Err(DeviceError::TooFewDevices {
+                needed: local_base + n,
+                found,
+                ranks: format!("{ranks:?}"),
+            }
+            .into());
         }
     }
-    let mut map = Vec::new();
-    let mut placements = Vec::new();
-    for (j, r) in plan.ranks.iter().enumerate() {
-        let mut dev: Box<dyn Device> = match lopts.device {
+    let mut devices: Vec<Box<dyn Device>> = Vec::new();
+    for (j, r) in planned.plan.ranks.iter().enumerate() {
+        let mut dev: Box<dyn Device> = match kind {
             DeviceKind::Cpu => Box::new(CpuDevice::default()),
             DeviceKind::Cuda => Box::new(crate::exec::cuda::CudaDevice::new(local_base + j)?),
         };
         let sizes: Vec<u64> = r.tensors.iter().map(|t| t.bytes).collect();
         dev.alloc(&sizes)?;
+        devices.push(dev);
+    }
+    timings.open_devices_s = t.elapsed().as_secs_f64();
+    Ok(devices)
+}
+
+/// Reads, converts and copies every tensor to its device, then waits for the devices. Returns
+/// the seconds each rank's device calls took.
+fn transfer(
+    planned: &Planned,
+    devices: &[Box<dyn Device>],
+    cancel: &AtomicBool,
+    progress: &dyn Fn(u64) -> Box<dyn Progress>,
+    timings: &mut LoadTimings,
+) -> Result<Vec<f64>, Error> {
+    let mut map = Vec::new();
+    let mut placements = Vec::new();
+    for (j, r) in planned.plan.ranks.iter().enumerate() {
         for ti in 0..r.tensors.len() {
             placements.push(Placement {
                 rank: j,
@@ -320,21 +396,19 @@ pub fn load(
             });
             map.push((j, ti));
         }
-        devices.push(dev);
     }
-    timings.open_devices_s = t.elapsed().as_secs_f64();
-
     let sink = LoadSink {
-        devices: &devices,
+        devices,
         map,
         copy_ns: (0..devices.len()).map(|_| Default::default()).collect(),
     };
     let stats = Stats::default();
     let t = Instant::now();
-    let bar = progress(bytes);
+    let bar = progress(planned.bytes());
+    let root = planned.root();
     crate::exec::execute_with_stats(
-        &plan,
-        &root,
+        &planned.plan,
+        root,
         &placements,
         &sink,
         cancel,
@@ -344,7 +418,7 @@ pub fn load(
     drop(bar);
     timings.transfer_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    for d in &devices {
+    for d in devices {
         d.synchronize()?;
     }
     timings.sync_s = t.elapsed().as_secs_f64();
@@ -352,17 +426,27 @@ pub fn load(
     timings.convert_s = Stats::secs(&stats.convert_ns);
     timings.copy_s = Stats::secs(&stats.put_ns);
     timings.bytes_read = stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(sink.copy_ns.iter().map(Stats::secs).collect())
+}
 
+/// Per-rank reports; with `--checksums` or `--check`, every tensor copied back from its device
+/// (and, with `--check`, compared with the same tensor computed on the host).
+fn read_back(
+    planned: &Planned,
+    devices: &[Box<dyn Device>],
+    copy_s: &[f64],
+    lopts: &LoadOptions,
+    cancel: &AtomicBool,
+) -> Result<Vec<RankReport>, Error> {
     let mut reports = Vec::new();
-    for (j, r) in plan.ranks.iter().enumerate() {
+    for (j, r) in planned.plan.ranks.iter().enumerate() {
         let mut sums = None;
         if lopts.checksums || lopts.check {
             let mut v = Vec::new();
             for (ti, t) in r.tensors.iter().enumerate() {
                 let got = devices[j].download(ti)?;
-                let sum = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&got));
                 if lopts.check {
-                    let want = reference_bytes(&plan, &root, j, ti, cancel)?;
+                    let want = reference_bytes(&planned.plan, planned.root(), j, ti, cancel)?;
                     if want != got {
                         return Err(Error::from(LoadError::CheckFailed {
                             rank_tensor: format!("rank {} tensor '{}'", r.rank, t.name),
@@ -374,7 +458,7 @@ pub fn load(
                     name: t.name.clone(),
                     dtype: t.dtype.to_string(),
                     shape: t.shape.clone(),
-                    xxh3: sum,
+                    xxh3: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&got)),
                 });
             }
             sums = lopts.checksums.then_some(v);
@@ -384,23 +468,11 @@ pub fn load(
             device: devices[j].describe(),
             tensors: r.tensors.len(),
             bytes: r.bytes,
-            copy_s: Stats::secs(&sink.copy_ns[j]),
+            copy_s: copy_s[j],
             checksums: sums,
         });
     }
-    timings.total_s = t_all.elapsed().as_secs_f64();
-    Ok(LoadReport {
-        source: root.display().to_string(),
-        kind,
-        device: lopts.device,
-        dry_run: false,
-        tp: plan.tp,
-        ranks: reports,
-        bytes,
-        timings,
-        warnings,
-        files_read: Vec::new(),
-    })
+    Ok(reports)
 }
 
 /// One tensor computed on the host, independently of the device, for `--check`.
