@@ -134,7 +134,7 @@ pub fn precheck(opts: &ShardOptions, tp: u64, source: &Path) -> Result<output::T
 /// Writes the shards. `progress` is built once the total size is known.
 pub fn shard(
     opened: &Opened,
-    mut plan: Plan,
+    plan: Plan,
     opts: &ShardOptions,
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
@@ -152,26 +152,7 @@ pub fn shard(
         ..Default::default()
     };
 
-    if let Some(rt) = plan.retie.clone() {
-        // vLLM loads both and re-ties them only if equal (weight_tying.py:73–99).
-        let equal = tensors_equal(&plan, root, &rt.compare[0], &rt.compare[1], plan.dtype)
-            .map_err(|e| ShardError::io("reading", root, e))?;
-        if equal {
-            for r in &mut plan.ranks {
-                let a = r.tensors.iter().position(|t| t.name == rt.compare[0]);
-                let b = r.tensors.iter().position(|t| t.name == rt.compare[1]);
-                if let (Some(a), Some(b)) = (a, b) {
-                    let (first, second) = (a.min(b), a.max(b));
-                    r.tensors[first].name = rt.keep.clone();
-                    r.tensors[first].pieces = r.tensors[a].pieces.clone();
-                    r.tensors.remove(second);
-                    r.bytes = r.tensors.iter().map(|t| t.bytes).sum();
-                }
-            }
-            plan.tie_word_embeddings = true;
-        }
-        plan.retie = None;
-    }
+    let plan = resolve_tying(plan, root)?;
 
     let files: Vec<PartFile> = plan
         .ranks
@@ -195,16 +176,7 @@ pub fn shard(
     timings.side_files_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let hashes: Vec<String> = files
-        .par_iter()
-        .map(|f| {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(ShardError::Exec(ExecError::Cancelled));
-            }
-            manifest::hash_file(&tmp.join(&f.name))
-                .map_err(|e| ShardError::io("reading", &tmp.join(&f.name), e))
-        })
-        .collect::<Result<_, _>>()?;
+    let hashes = hash_parts(tmp, &files, cancel)?;
     timings.hash_s = t.elapsed().as_secs_f64();
 
     #[cfg(feature = "test-hooks")]
@@ -220,18 +192,88 @@ pub fn shard(
         return Err(ShardError::Exec(ExecError::Cancelled).into());
     }
 
-    let manifest = Manifest {
+    let side_and_config = side.iter().cloned().chain(config).collect();
+    let manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
+    write_manifest(tmp, &manifest)?;
+
+    staging.publish(&target)?;
+    Ok(ShardReport {
+        out: opts.out.display().to_string(),
+        bytes: total,
+        manifest,
+        side_files: side,
+        verified: opts.verify,
+        removed_leftovers,
+        timings,
+    })
+}
+
+/// vLLM loads lm_head and the embedding both and re-ties them only if they are equal
+/// (weight_tying.py:73–99): the plan says which two to compare; when equal, each rank keeps one
+/// tensor under the tied name.
+fn resolve_tying(mut plan: Plan, root: &Path) -> Result<Plan, ShardError> {
+    let Some(rt) = plan.retie.take() else {
+        return Ok(plan);
+    };
+    let equal = tensors_equal(&plan, root, &rt.compare[0], &rt.compare[1], plan.dtype)
+        .map_err(|e| ShardError::io("reading", root, e))?;
+    if !equal {
+        return Ok(plan);
+    }
+    for r in &mut plan.ranks {
+        let a = r.tensors.iter().position(|t| t.name == rt.compare[0]);
+        let b = r.tensors.iter().position(|t| t.name == rt.compare[1]);
+        if let (Some(a), Some(b)) = (a, b) {
+            let (first, second) = (a.min(b), a.max(b));
+            r.tensors[first].name = rt.keep.clone();
+            r.tensors[first].pieces = r.tensors[a].pieces.clone();
+            r.tensors.remove(second);
+            r.bytes = r.tensors.iter().map(|t| t.bytes).sum();
+        }
+    }
+    plan.tie_word_embeddings = true;
+    Ok(plan)
+}
+
+/// XXH3 of every written part file, in parallel, for the manifest.
+fn hash_parts(
+    tmp: &Path,
+    files: &[PartFile],
+    cancel: &AtomicBool,
+) -> Result<Vec<String>, ShardError> {
+    files
+        .par_iter()
+        .map(|f| {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(ShardError::Exec(ExecError::Cancelled));
+            }
+            let path = tmp.join(&f.name);
+            manifest::hash_file(&path).map_err(|e| ShardError::io("reading", &path, e))
+        })
+        .collect()
+}
+
+fn manifest_for(
+    root: &Path,
+    plan: &Plan,
+    opts: &ShardOptions,
+    ranks: &[u64],
+    files: &[PartFile],
+    hashes: Vec<String>,
+    side_files: Vec<String>,
+) -> Manifest {
+    Manifest {
         wload_version: env!("CARGO_PKG_VERSION").into(),
         format: "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into(),
         source: root
             .canonicalize()
-            .unwrap_or_else(|_| root.clone())
+            .unwrap_or_else(|_| root.to_path_buf())
             .display()
             .to_string(),
         architecture: plan.architecture.clone(),
         family: plan.family.clone(),
         tp: plan.tp,
-        ranks: ranks.clone(),
+        ranks: ranks.to_vec(),
         expert_parallel: plan.expert_parallel,
         dtype: plan.dtype.to_string(),
         max_part_size: opts.max_part_size,
@@ -247,22 +289,14 @@ pub fn shard(
                 xxh3: h,
             })
             .collect(),
-        side_files: Some(side.iter().cloned().chain(config).collect()),
-    };
-    let mpath = tmp.join(MANIFEST);
-    let text = serde_json::to_string_pretty(&manifest).expect("manifest serialises") + "\n";
-    fs::write(&mpath, text).map_err(|e| ShardError::io("writing", &mpath, e))?;
+        side_files: Some(side_files),
+    }
+}
 
-    staging.publish(&target)?;
-    Ok(ShardReport {
-        out: opts.out.display().to_string(),
-        bytes: total,
-        manifest,
-        side_files: side,
-        verified: opts.verify,
-        removed_leftovers,
-        timings,
-    })
+fn write_manifest(tmp: &Path, manifest: &Manifest) -> Result<(), ShardError> {
+    let path = tmp.join(MANIFEST);
+    let text = serde_json::to_string_pretty(manifest).expect("manifest serialises") + "\n";
+    fs::write(&path, text).map_err(|e| ShardError::io("writing", &path, e))
 }
 
 /// vLLM's example copies every entry of the model folder whose extension is not .bin, .pt or
