@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use crate::dtype::Dtype;
 use crate::plan::layout::Block;
-use crate::plan::{Piece, Plan};
+use crate::plan::{Piece, Plan, SourceTensor};
 use crate::progress::Progress;
 
 /// Source bytes read per step; with one step in flight per thread this bounds memory.
@@ -275,16 +275,20 @@ pub fn execute_with(
         .filter(|&s| !jobs[s].is_empty())
         .collect();
     order.sort_by_key(|&s| (plan.sources[s].file_index, plan.sources[s].offset));
-    order.par_iter().try_for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(buf, out): &mut (Vec<u8>, Vec<u8>), &s| {
+    let run = Run {
+        sink,
+        cancel,
+        progress,
+        stats,
+        opts,
+    };
+    order
+        .par_iter()
+        .try_for_each_init(Buffers::default, |bufs, &s| {
             let src = &plan.sources[s];
             let (path, file) = files[src.file_index].as_ref().expect("opened above");
-            copy_source(
-                src, path, file, &jobs[s], sink, cancel, progress, stats, opts, buf, out,
-            )
-        },
-    )?;
+            run.copy_source(src, path, file, &jobs[s], bufs)
+        })?;
 
     for (out, offset, dtype, value, count) in fills {
         if cancel.load(Ordering::Relaxed) {
@@ -299,182 +303,233 @@ pub fn execute_with(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn copy_source(
-    src: &crate::plan::SourceTensor,
-    path: &Path,
-    file: &File,
-    jobs: &[Job],
-    sink: &dyn Sink,
-    cancel: &AtomicBool,
-    progress: &dyn Progress,
-    stats: &Stats,
+/// What every source's copy shares: where bytes go, when to stop, what to count.
+struct Run<'a> {
+    sink: &'a dyn Sink,
+    cancel: &'a AtomicBool,
+    progress: &'a dyn Progress,
+    stats: &'a Stats,
     opts: ExecOptions,
-    buf: &mut Vec<u8>,
-    out: &mut Vec<u8>,
-) -> Result<(), ExecError> {
-    let isz = src.dtype.bits() / 8;
-    let total: u64 = src.shape.iter().product();
-    let chunk = (opts.chunk_bytes / isz).max(1);
-    let step = opts.chunk_bytes.max(1);
+}
 
-    // Dense spans without conversion go file to file when the sink can (no copy through memory).
-    let mut rest: Vec<&Job> = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let dense =
-            job.b.rows == 1 || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row);
-        if !opts.direct || !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
-            rest.push(job);
-            continue;
+/// A worker thread's read and conversion buffers, reused from one source to the next.
+#[derive(Default)]
+struct Buffers {
+    read: Vec<u8>,
+    converted: Vec<u8>,
+}
+
+impl Run<'_> {
+    /// Every job of one source tensor: dense spans file to file where the sink can, the rest
+    /// from one chunked read of the source.
+    fn copy_source(
+        &self,
+        src: &SourceTensor,
+        path: &Path,
+        file: &File,
+        jobs: &[Job],
+        bufs: &mut Buffers,
+    ) -> Result<(), ExecError> {
+        let rest = self.copy_direct(src, path, file, jobs)?;
+        if rest.is_empty() {
+            return Ok(());
         }
-        let len = job.b.rows * job.b.row * isz;
-        let (from, to) = (
-            src.offset + job.b.src_start * isz,
-            job.base + job.b.dst_start * isz,
-        );
-        let mut done = 0;
-        let mut direct = true;
-        while done < len {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(ExecError::Cancelled);
-            }
-            let n = step.min(len - done);
-            let t = Instant::now();
-            if !sink.copy_from_file(job.out, to + done, file, from + done, n)? {
-                direct = false;
-                break;
-            }
-            add_since(&stats.put_ns, t);
-            stats.bytes_read.fetch_add(n, Ordering::Relaxed);
-            progress.advance(n);
-            done += n;
-        }
-        if !direct {
-            if done > 0 {
-                return Err(ExecError::Corrupt {
-                    path: path.to_path_buf(),
-                    message: format!("direct copy of '{}' stopped part-way", src.name),
-                });
-            }
-            rest.push(job);
+        self.copy_chunked(src, path, file, &rest, bufs)
+    }
+
+    fn stopped(&self) -> Result<(), ExecError> {
+        if self.cancel.load(Ordering::Relaxed) {
+            Err(ExecError::Cancelled)
+        } else {
+            Ok(())
         }
     }
-    if rest.is_empty() {
-        return Ok(());
-    }
-    let jobs = rest;
 
-    let mut c0 = 0;
-    while c0 < total {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(ExecError::Cancelled);
-        }
-        let c1 = (c0 + chunk).min(total);
-        buf.resize(((c1 - c0) * isz) as usize, 0);
+    /// Hands `bytes` to the sink, timed and counted.
+    fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError> {
         let t = Instant::now();
-        file.read_exact_at(buf, src.offset + c0 * isz)
-            .map_err(|e| {
-                if e.kind() == io::ErrorKind::UnexpectedEof {
-                    ExecError::Corrupt {
+        self.sink.put(out, offset, bytes)?;
+        add_since(&self.stats.put_ns, t);
+        self.progress.advance(bytes.len() as u64);
+        Ok(())
+    }
+
+    /// Dense spans without conversion go file to file when the sink can (no copy through
+    /// memory). Returns the jobs left for the chunked path.
+    fn copy_direct<'j>(
+        &self,
+        src: &SourceTensor,
+        path: &Path,
+        file: &File,
+        jobs: &'j [Job],
+    ) -> Result<Vec<&'j Job>, ExecError> {
+        let isz = src.dtype.bits() / 8;
+        let step = self.opts.chunk_bytes.max(1);
+        let mut rest: Vec<&Job> = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let dense =
+                job.b.rows == 1 || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row);
+            if !self.opts.direct || !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
+                rest.push(job);
+                continue;
+            }
+            let len = job.b.rows * job.b.row * isz;
+            let (from, to) = (
+                src.offset + job.b.src_start * isz,
+                job.base + job.b.dst_start * isz,
+            );
+            let mut done = 0;
+            while done < len {
+                self.stopped()?;
+                let n = step.min(len - done);
+                let t = Instant::now();
+                if !self
+                    .sink
+                    .copy_from_file(job.out, to + done, file, from + done, n)?
+                {
+                    break;
+                }
+                add_since(&self.stats.put_ns, t);
+                self.stats.bytes_read.fetch_add(n, Ordering::Relaxed);
+                self.progress.advance(n);
+                done += n;
+            }
+            if done < len {
+                if done > 0 {
+                    return Err(ExecError::Corrupt {
                         path: path.to_path_buf(),
-                        message: format!(
-                            "tensor '{}' is cut short: the file is truncated",
-                            src.name
-                        ),
-                    }
-                } else {
-                    ExecError::io("reading", path, e)
+                        message: format!("direct copy of '{}' stopped part-way", src.name),
+                    });
                 }
-            })?;
-        add_since(&stats.read_ns, t);
-        stats
-            .bytes_read
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        for job in &jobs {
-            let osz = job.to.bits() / 8;
-            let stride = job.b.src_stride.max(1);
-            // Empty blocks first: `rows - 1` below must not underflow.
-            if job.b.rows == 0 || job.b.row == 0 {
-                continue;
-            }
-            let last_end = job.b.src_start + (job.b.rows - 1) * job.b.src_stride + job.b.row;
-            if last_end <= c0 || job.b.src_start >= c1 {
-                continue;
-            }
-            // Rows k whose span [s_k, s_k + row) meets [c0, c1).
-            let k_lo = if c0 < job.b.src_start + job.b.row {
-                0
-            } else {
-                (c0 - job.b.src_start - job.b.row) / stride + 1
-            };
-            let k_hi = if job.b.rows == 1 {
-                1
-            } else {
-                (c1 - job.b.src_start).div_ceil(stride).min(job.b.rows)
-            };
-            // Memory sinks take strided rows one by one without a gather buffer; for files and
-            // devices one large put beats many small ones.
-            let contiguous =
-                (job.b.rows == 1 || job.b.dst_stride == job.b.row) && !sink.cheap_small_puts();
-            let src_dense = job.b.rows == 1 || job.b.src_stride == job.b.row;
-            if (job.b.rows == 1 || job.b.dst_stride == job.b.row)
-                && src_dense
-                && src.dtype == job.to
-            {
-                // One span, no conversion: hand the read buffer over without a copy.
-                let s = job.b.src_start + k_lo * job.b.src_stride;
-                let a = s.max(c0);
-                let e = (job.b.src_start + (k_hi - 1) * job.b.src_stride + job.b.row).min(c1);
-                if a < e {
-                    let dst = job.b.dst_start + k_lo * job.b.dst_stride + (a - s);
-                    let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
-                    let t = Instant::now();
-                    sink.put(job.out, job.base + dst * osz, bytes)?;
-                    add_since(&stats.put_ns, t);
-                    progress.advance(bytes.len() as u64);
-                }
-                continue;
-            }
-            out.clear();
-            let mut first: Option<u64> = None;
-            for k in k_lo..k_hi {
-                let s = job.b.src_start + k * job.b.src_stride;
-                let (a, e) = (s.max(c0), (s + job.b.row).min(c1));
-                if a >= e {
-                    continue;
-                }
-                let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
-                let dst = job.b.dst_start + k * job.b.dst_stride + (a - s);
-                let t = Instant::now();
-                if contiguous {
-                    first.get_or_insert(dst);
-                    convert::convert_into(src.dtype, job.to, bytes, out);
-                    add_since(&stats.convert_ns, t);
-                } else if src.dtype == job.to {
-                    let t = Instant::now();
-                    sink.put(job.out, job.base + dst * osz, bytes)?;
-                    add_since(&stats.put_ns, t);
-                    progress.advance(bytes.len() as u64);
-                } else {
-                    out.clear();
-                    convert::convert_into(src.dtype, job.to, bytes, out);
-                    add_since(&stats.convert_ns, t);
-                    let t = Instant::now();
-                    sink.put(job.out, job.base + dst * osz, out)?;
-                    add_since(&stats.put_ns, t);
-                    progress.advance(out.len() as u64);
-                }
-            }
-            if let Some(dst) = first {
-                let t = Instant::now();
-                sink.put(job.out, job.base + dst * osz, out)?;
-                add_since(&stats.put_ns, t);
-                progress.advance(out.len() as u64);
+                rest.push(job);
             }
         }
-        c0 = c1;
+        Ok(rest)
     }
-    Ok(())
+
+    /// Reads the source once, chunk by chunk, and hands each job its rows of every chunk.
+    fn copy_chunked(
+        &self,
+        src: &SourceTensor,
+        path: &Path,
+        file: &File,
+        jobs: &[&Job],
+        bufs: &mut Buffers,
+    ) -> Result<(), ExecError> {
+        let isz = src.dtype.bits() / 8;
+        let total: u64 = src.shape.iter().product();
+        let chunk = (self.opts.chunk_bytes / isz).max(1);
+        let mut c0 = 0;
+        while c0 < total {
+            self.stopped()?;
+            let c1 = (c0 + chunk).min(total);
+            let buf = &mut bufs.read;
+            buf.resize(((c1 - c0) * isz) as usize, 0);
+            let t = Instant::now();
+            file.read_exact_at(buf, src.offset + c0 * isz)
+                .map_err(|e| {
+                    if e.kind() == io::ErrorKind::UnexpectedEof {
+                        ExecError::Corrupt {
+                            path: path.to_path_buf(),
+                            message: format!(
+                                "tensor '{}' is cut short: the file is truncated",
+                                src.name
+                            ),
+                        }
+                    } else {
+                        ExecError::io("reading", path, e)
+                    }
+                })?;
+            add_since(&self.stats.read_ns, t);
+            self.stats
+                .bytes_read
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            for job in jobs {
+                self.put_chunk(src, job, (c0, c1), &bufs.read, &mut bufs.converted)?;
+            }
+            c0 = c1;
+        }
+        Ok(())
+    }
+
+    /// The rows of `job` that meet source elements `[c0, c1)`, held in `buf`.
+    fn put_chunk(
+        &self,
+        src: &SourceTensor,
+        job: &Job,
+        (c0, c1): (u64, u64),
+        buf: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ExecError> {
+        let isz = src.dtype.bits() / 8;
+        let osz = job.to.bits() / 8;
+        let stride = job.b.src_stride.max(1);
+        // Empty blocks first: `rows - 1` below must not underflow.
+        if job.b.rows == 0 || job.b.row == 0 {
+            return Ok(());
+        }
+        let last_end = job.b.src_start + (job.b.rows - 1) * job.b.src_stride + job.b.row;
+        if last_end <= c0 || job.b.src_start >= c1 {
+            return Ok(());
+        }
+        // Rows k whose span [s_k, s_k + row) meets [c0, c1).
+        let k_lo = if c0 < job.b.src_start + job.b.row {
+            0
+        } else {
+            (c0 - job.b.src_start - job.b.row) / stride + 1
+        };
+        let k_hi = if job.b.rows == 1 {
+            1
+        } else {
+            (c1 - job.b.src_start).div_ceil(stride).min(job.b.rows)
+        };
+        let dst_dense = job.b.rows == 1 || job.b.dst_stride == job.b.row;
+        let src_dense = job.b.rows == 1 || job.b.src_stride == job.b.row;
+        if dst_dense && src_dense && src.dtype == job.to {
+            // One span, no conversion: hand the read buffer over without a copy.
+            let s = job.b.src_start + k_lo * job.b.src_stride;
+            let a = s.max(c0);
+            let e = (job.b.src_start + (k_hi - 1) * job.b.src_stride + job.b.row).min(c1);
+            if a < e {
+                let dst = job.b.dst_start + k_lo * job.b.dst_stride + (a - s);
+                let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
+                self.put(job.out, job.base + dst * osz, bytes)?;
+            }
+            return Ok(());
+        }
+        // Memory sinks take strided rows one by one without a gather buffer; for files and
+        // devices one large put beats many small ones.
+        let gather = dst_dense && !self.sink.cheap_small_puts();
+        out.clear();
+        let mut first: Option<u64> = None;
+        for k in k_lo..k_hi {
+            let s = job.b.src_start + k * job.b.src_stride;
+            let (a, e) = (s.max(c0), (s + job.b.row).min(c1));
+            if a >= e {
+                continue;
+            }
+            let bytes = &buf[((a - c0) * isz) as usize..((e - c0) * isz) as usize];
+            let dst = job.b.dst_start + k * job.b.dst_stride + (a - s);
+            if gather {
+                first.get_or_insert(dst);
+                let t = Instant::now();
+                convert::convert_into(src.dtype, job.to, bytes, out);
+                add_since(&self.stats.convert_ns, t);
+            } else if src.dtype == job.to {
+                self.put(job.out, job.base + dst * osz, bytes)?;
+            } else {
+                out.clear();
+                let t = Instant::now();
+                convert::convert_into(src.dtype, job.to, bytes, out);
+                add_since(&self.stats.convert_ns, t);
+                self.put(job.out, job.base + dst * osz, out)?;
+            }
+        }
+        if let Some(dst) = first {
+            self.put(job.out, job.base + dst * osz, out)?;
+        }
+        Ok(())
+    }
 }
 
 /// Every tensor of the given part files, placed at its data offset in file `out`.
