@@ -249,13 +249,14 @@ pub enum HeaderError {
         end: u64,
     },
     #[error(
-        "{path}: tensor '{tensor}' shape {shape:?} of {dtype} needs {expected} bytes, but its data_offsets span {found}"
+        "{path}: tensor '{tensor}' shape {shape:?} of {dtype} needs {expected}, but its data_offsets span {found}"
     )]
     SizeMismatch {
         path: PathBuf,
         tensor: String,
         dtype: Dtype,
         shape: Vec<u64>,
+        /// With its unit: "256 bytes", or why no byte count fits.
         expected: String,
         found: u64,
     },
@@ -547,8 +548,8 @@ fn check_tensor<'a>(
                 (Some(n), None) if n.checked_mul(dtype.bits()).is_some() => {
                     format!("a fractional number of bytes ({n} × {} bits)", dtype.bits())
                 }
-                (_, Some(b)) => b.to_string(),
-                _ => "more than 2^64".to_string(),
+                (_, Some(b)) => format!("{b} bytes"),
+                _ => "more than 2^64 bytes".to_string(),
             },
             tensor: tname.to_string(),
             found: end - start,

@@ -178,6 +178,17 @@ fn crate_refusals_are_explained_by_tensor() {
             "tensor 'model.norm.weight' shape [129] of BF16 needs 258 bytes",
         ),
         (
+            "byte boundary",
+            Box::new(move |p: &Path| {
+                edit_header(p, |h| {
+                    h[norm]["dtype"] = json!("F4");
+                    h[norm]["shape"] = json!([511]);
+                })
+            }),
+            "shape [511] of F4 needs a fractional number of bytes (511 × 4 bits), but its \
+             data_offsets span 256",
+        ),
+        (
             "invalid JSON",
             Box::new(move |p: &Path| edit_header(p, |h| h[norm]["dtype"] = json!("Q7"))),
             "tensor 'model.norm.weight' has unknown dtype 'Q7'",
