@@ -1,5 +1,5 @@
-//! Safetensors headers → the tensor table. Only the first `8 + n` bytes of each file are read here;
-//! tensor data is never touched at this stage.
+//! Safetensors headers → the tensor table, read and validated by the `safetensors` crate over a
+//! map of each file. Only the header's pages are touched; tensor data is never read at this stage.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
+use memmap2::Mmap;
 use rayon::prelude::*;
+use safetensors::SafeTensors;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
@@ -228,6 +230,11 @@ pub enum HeaderError {
     NotUtf8 { path: PathBuf, at: usize },
     #[error("{path}: header is not valid safetensors JSON: {message}")]
     BadJson { path: PathBuf, message: String },
+    /// The `safetensors` crate refused the header for a reason wload's own checks do not name.
+    #[error(
+        "{path}: the safetensors library refuses the header ({reason}); vLLM could not load it either: re-download or re-export the file"
+    )]
+    Refused { path: PathBuf, reason: String },
     #[error("{path}: tensor '{tensor}' has unknown dtype '{dtype}' (known: {known})", known = dtype::known_names())]
     UnknownDtype {
         path: PathBuf,
@@ -242,13 +249,14 @@ pub enum HeaderError {
         end: u64,
     },
     #[error(
-        "{path}: tensor '{tensor}' shape {shape:?} of {dtype} needs {expected} bytes, but its data_offsets span {found}"
+        "{path}: tensor '{tensor}' shape {shape:?} of {dtype} needs {expected}, but its data_offsets span {found}"
     )]
     SizeMismatch {
         path: PathBuf,
         tensor: String,
         dtype: Dtype,
         shape: Vec<u64>,
+        /// With its unit: "256 bytes", or why no byte count fits.
         expected: String,
         found: u64,
     },
@@ -292,24 +300,32 @@ pub enum HeaderError {
     },
 }
 
-/// Reads the header of one file and checks it the way safetensors does, with better messages.
+/// Reads the header of one file with the `safetensors` crate, the reader vLLM's `safe_open` uses,
+/// so that wload accepts exactly the files vLLM can load. The file is mapped, not read: the crate
+/// wants the whole file as one buffer (it checks that the tensors cover it to the last byte), and
+/// a map gives that while faulting in only the header's pages. On top of the crate, wload refuses
+/// duplicate names and dtypes it cannot convert, and when the crate refuses a file, wload finds
+/// the problem itself to name the tensor and the fix.
 pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightFile, HeaderError> {
-    let io = |source| HeaderError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     let p = || path.to_path_buf();
     let file = open_regular(path)?;
-    let size = file.metadata().map_err(io)?.len();
+    let size = file
+        .metadata()
+        .map_err(|source| HeaderError::Io { path: p(), source })?
+        .len();
     if size == 0 {
         return Err(HeaderError::Empty { path: p() });
     }
     if size < 8 {
         return Err(HeaderError::TooShort { path: p(), size });
     }
+    // Read, not mapped: a file that is not safetensors at all is the checkpoint's fault (exit 3)
+    // even on a file system that cannot map files.
     let mut len_bytes = [0u8; 8];
-    file.read_exact_at(&mut len_bytes, 0).map_err(io)?;
+    file.read_exact_at(&mut len_bytes, 0)
+        .map_err(|source| HeaderError::Io { path: p(), source })?;
     let header_len = u64::from_le_bytes(len_bytes);
+    // The crate checks these too, but says neither the length nor the file size.
     if header_len > MAX_HEADER_LEN {
         return Err(HeaderError::HeaderTooLarge {
             path: p(),
@@ -323,103 +339,256 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
             size,
         });
     }
-    let mut buf = vec![0u8; header_len as usize];
-    file.read_exact_at(&mut buf, 8).map_err(io)?;
-    let text = std::str::from_utf8(&buf).map_err(|e| HeaderError::NotUtf8 {
-        path: p(),
-        at: e.valid_up_to(),
-    })?;
-    let raw = RawHeader::parse(text).map_err(|e| HeaderError::BadJson {
-        path: p(),
-        message: e.to_string(),
-    })?;
-    let data_len = size - 8 - header_len;
-    let data_start = 8 + header_len;
-
-    let mut tensors = Vec::with_capacity(raw.tensors.len());
-    for (tname, rt) in raw.tensors {
-        let tname = tname.into_owned();
-        let dtype: Dtype = rt.dtype.0.parse().map_err(|()| HeaderError::UnknownDtype {
+    let map = map_file(&file, path)?;
+    if map.len() as u64 != size {
+        return Err(HeaderError::Io {
             path: p(),
-            tensor: tname.clone(),
-            dtype: rt.dtype.0.to_string(),
-        })?;
-        let (start, end) = rt.data_offsets;
-        if end < start {
-            return Err(HeaderError::ReversedOffsets {
-                path: p(),
-                tensor: tname,
-                start,
-                end,
-            });
+            source: std::io::Error::other(
+                "the file changed size while its header was read; read it again once nothing writes to it",
+            ),
+        });
+    }
+    let text = &map[8..8 + header_len as usize];
+    let data_len = size - 8 - header_len;
+    let metadata = match SafeTensors::read_metadata(&map) {
+        Ok((_, metadata)) => metadata,
+        Err(e) => {
+            return Err(
+                diagnose(path, text, data_len).unwrap_or_else(|| HeaderError::Refused {
+                    path: p(),
+                    reason: e.to_string(),
+                }),
+            );
         }
-        let numel = rt.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        let expected = numel.and_then(|n| dtype.byte_size(n));
-        if expected != Some(end - start) {
-            return Err(HeaderError::SizeMismatch {
+    };
+    // The crate keeps the last of two equal names; vLLM would silently load one copy of two
+    // tensors, so a file that names one twice is refused.
+    let named = metadata.tensors();
+    if count_tensor_keys(text) != Some(named.len()) {
+        return Err(
+            diagnose(path, text, data_len).unwrap_or_else(|| HeaderError::BadJson {
                 path: p(),
-                dtype,
-                shape: rt.shape,
-                expected: match (numel, expected) {
-                    (Some(n), None) if n.checked_mul(dtype.bits()).is_some() => {
-                        format!("a fractional number of bytes ({n} × {} bits)", dtype.bits())
-                    }
-                    (_, Some(b)) => b.to_string(),
-                    _ => "more than 2^64".to_string(),
-                },
-                tensor: tname,
-                found: end - start,
-            });
-        }
-        if end > data_len {
-            return Err(HeaderError::PastEnd {
+                message: "a tensor name appears twice".into(),
+            }),
+        );
+    }
+    let data_start = 8 + header_len;
+    let mut tensors = Vec::with_capacity(named.len());
+    for (tname, info) in named {
+        // A dtype that a newer `safetensors` knows and wload does not is refused, not guessed.
+        let dtype = Dtype::ALL
+            .into_iter()
+            .find(|&d| crate_dtype(d) == info.dtype)
+            .ok_or_else(|| HeaderError::UnknownDtype {
                 path: p(),
-                tensor: tname,
-                end,
-                data_len,
-            });
-        }
+                tensor: tname.clone(),
+                dtype: info.dtype.to_string(),
+            })?;
+        let (start, end) = info.data_offsets;
         tensors.push(TensorInfo {
             name: tname,
             dtype,
-            shape: rt.shape,
+            shape: info.shape.iter().map(|&d| d as u64).collect(),
             file: file_index,
-            offset: data_start + start,
-            len: end - start,
+            offset: data_start + start as u64,
+            len: (end - start) as u64,
         });
     }
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(WeightFile {
+        name: name.to_string(),
+        path: path.to_path_buf(),
+        size,
+        header_len,
+        metadata: metadata
+            .metadata()
+            .as_ref()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        tensors,
+    })
+}
 
-    // Layout checks walk the tensors in data order: overlap, gaps, truncation, trailing bytes.
-    let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
-    by_offset.sort_by_key(|t| (t.offset, t.offset + t.len));
-    let mut cursor = 0u64;
-    let mut prev: Option<&TensorInfo> = None;
-    for t in &by_offset {
-        let (s, e) = (t.offset - data_start, t.offset - data_start + t.len);
-        if s < cursor {
-            let q = prev.expect("cursor > 0 implies a previous tensor");
-            return Err(HeaderError::Overlap {
+/// wload's dtype as the `safetensors` crate spells it: the same 22 types (dtype.rs follows
+/// safetensors 0.8), so the header writer can use the crate's types and the reader can map back.
+pub(crate) fn crate_dtype(d: Dtype) -> safetensors::Dtype {
+    use safetensors::Dtype as S;
+    match d {
+        Dtype::Bool => S::BOOL,
+        Dtype::F4 => S::F4,
+        Dtype::F6E2M3 => S::F6_E2M3,
+        Dtype::F6E3M2 => S::F6_E3M2,
+        Dtype::U8 => S::U8,
+        Dtype::I8 => S::I8,
+        Dtype::F8E5M2 => S::F8_E5M2,
+        Dtype::F8E4M3 => S::F8_E4M3,
+        Dtype::F8E8M0 => S::F8_E8M0,
+        Dtype::F8E4M3Fnuz => S::F8_E4M3FNUZ,
+        Dtype::F8E5M2Fnuz => S::F8_E5M2FNUZ,
+        Dtype::I16 => S::I16,
+        Dtype::U16 => S::U16,
+        Dtype::F16 => S::F16,
+        Dtype::Bf16 => S::BF16,
+        Dtype::I32 => S::I32,
+        Dtype::U32 => S::U32,
+        Dtype::F32 => S::F32,
+        Dtype::C64 => S::C64,
+        Dtype::F64 => S::F64,
+        Dtype::I64 => S::I64,
+        Dtype::U64 => S::U64,
+    }
+}
+
+/// Maps the whole file read-only. Only the pages the header reader touches are read from disk.
+fn map_file(file: &File, path: &Path) -> Result<Mmap, HeaderError> {
+    // SAFETY: the map is read-only and dropped before `read_header` returns. Another process
+    // truncating the file meanwhile would make reading a vanished page fault (SIGBUS), a risk
+    // that vLLM's `safe_open`, which maps the file the same way, takes as well.
+    unsafe { Mmap::map(file) }.map_err(|e| HeaderError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(
+            e.kind(),
+            format!(
+                "cannot map it into memory ({e}); safetensors maps weight files, so vLLM \
+                 could not load it here either: copy the checkpoint to a local file system"
+            ),
+        ),
+    })
+}
+
+/// How many tensor entries (keys other than `__metadata__`) the header object has, duplicates
+/// included; `None` when it is not a JSON object. Values are skipped, not built.
+fn count_tensor_keys(text: &[u8]) -> Option<usize> {
+    struct Count;
+    impl<'de> Visitor<'de> for Count {
+        type Value = usize;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+            let mut n = 0;
+            while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
+                map.next_value::<de::IgnoredAny>()?;
+                n += usize::from(key != "__metadata__");
+            }
+            Ok(n)
+        }
+    }
+    serde_json::Deserializer::from_slice(text)
+        .deserialize_map(Count)
+        .ok()
+}
+
+/// The first problem in a header that the `safetensors` crate refused, in wload's words: the
+/// file, the tensor, and what is wrong with it. `None` when wload finds nothing to add to the
+/// crate's own reason.
+fn diagnose(path: &Path, text: &[u8], data_len: u64) -> Option<HeaderError> {
+    let p = || path.to_path_buf();
+    let text = match std::str::from_utf8(text) {
+        Ok(t) => t,
+        Err(e) => {
+            return Some(HeaderError::NotUtf8 {
                 path: p(),
-                first: q.name.clone(),
-                first_start: q.offset - data_start,
-                first_end: q.offset - data_start + q.len,
-                second: t.name.clone(),
-                second_start: s,
-                second_end: e,
+                at: e.valid_up_to(),
             });
         }
-        if e > data_len {
-            return Err(HeaderError::PastEnd {
+    };
+    let raw = match RawHeader::parse(text) {
+        Ok(raw) => raw,
+        Err(e) => {
+            return Some(HeaderError::BadJson {
                 path: p(),
-                tensor: t.name.clone(),
-                end: e,
-                data_len,
+                message: e.to_string(),
+            });
+        }
+    };
+    let mut spans = Vec::with_capacity(raw.tensors.len());
+    for (tname, rt) in raw.tensors {
+        match check_tensor(path, &tname, rt, data_len) {
+            Ok(span) => spans.push(span),
+            Err(e) => return Some(e),
+        }
+    }
+    check_packing(path, spans, data_len).err()
+}
+
+/// A tensor's place in the data region: (start, end, name).
+type Span<'a> = (u64, u64, Cow<'a, str>);
+
+/// One tensor's entry on its own: a known dtype, offsets in order, a size that matches its
+/// shape, and an end inside the data region.
+fn check_tensor<'a>(
+    path: &Path,
+    tname: &Cow<'a, str>,
+    rt: RawTensor,
+    data_len: u64,
+) -> Result<Span<'a>, HeaderError> {
+    let p = || path.to_path_buf();
+    let dtype: Dtype = rt.dtype.0.parse().map_err(|()| HeaderError::UnknownDtype {
+        path: p(),
+        tensor: tname.to_string(),
+        dtype: rt.dtype.0.to_string(),
+    })?;
+    let (start, end) = rt.data_offsets;
+    if end < start {
+        return Err(HeaderError::ReversedOffsets {
+            path: p(),
+            tensor: tname.to_string(),
+            start,
+            end,
+        });
+    }
+    let numel = rt.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    let expected = numel.and_then(|n| dtype.byte_size(n));
+    if expected != Some(end - start) {
+        return Err(HeaderError::SizeMismatch {
+            path: p(),
+            dtype,
+            shape: rt.shape,
+            expected: match (numel, expected) {
+                (Some(n), None) if n.checked_mul(dtype.bits()).is_some() => {
+                    format!("a fractional number of bytes ({n} × {} bits)", dtype.bits())
+                }
+                (_, Some(b)) => format!("{b} bytes"),
+                _ => "more than 2^64 bytes".to_string(),
+            },
+            tensor: tname.to_string(),
+            found: end - start,
+        });
+    }
+    if end > data_len {
+        return Err(HeaderError::PastEnd {
+            path: p(),
+            tensor: tname.to_string(),
+            end,
+            data_len,
+        });
+    }
+    Ok((start, end, tname.clone()))
+}
+
+/// The tensors together, walked in data order: no overlap, no gap, nothing after the last.
+fn check_packing(path: &Path, mut spans: Vec<Span>, data_len: u64) -> Result<(), HeaderError> {
+    let p = || path.to_path_buf();
+    spans.sort_by_key(|&(s, e, _)| (s, e));
+    let mut cursor = 0u64;
+    let mut prev: Option<&Span> = None;
+    for t in &spans {
+        let (s, e, ref name) = *t;
+        if let Some(q) = prev.filter(|_| s < cursor) {
+            return Err(HeaderError::Overlap {
+                path: p(),
+                first: q.2.to_string(),
+                first_start: q.0,
+                first_end: q.1,
+                second: name.to_string(),
+                second_start: s,
+                second_end: e,
             });
         }
         if s > cursor {
             return Err(HeaderError::Gap {
                 path: p(),
-                tensor: t.name.clone(),
+                tensor: name.to_string(),
                 at: s,
                 gap: s - cursor,
             });
@@ -434,16 +603,7 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
             data_len,
         });
     }
-
-    tensors.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(WeightFile {
-        name: name.to_string(),
-        path: path.to_path_buf(),
-        size,
-        header_len,
-        metadata: raw.metadata,
-        tensors,
-    })
+    Ok(())
 }
 
 /// Opens `path` for reading if it is a regular file. Non-blocking, so that a FIFO answers at once
@@ -537,11 +697,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     }
 }
 
-/// The header object: `__metadata__` plus one entry per tensor. Deserialised by hand so that
-/// duplicate keys are caught and no intermediate `Value` tree is built (128k tensors parse in
-/// milliseconds). Names borrow from the header text.
+/// The header object's tensor entries, for [`diagnose`]: deserialised by hand so that duplicate
+/// keys are caught and named. Names borrow from the header text.
 struct RawHeader<'de> {
-    metadata: Option<BTreeMap<String, String>>,
     tensors: Vec<(Cow<'de, str>, RawTensor<'de>)>,
 }
 
@@ -568,7 +726,6 @@ impl<'de> Visitor<'de> for HeaderVisitor {
         f.write_str("a JSON object mapping tensor names to {dtype, shape, data_offsets}")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeader<'de>, A::Error> {
-        let mut metadata = None;
         let mut tensors = Vec::with_capacity(self.capacity);
         // Cloning a borrowed key is free.
         let mut seen: HashSet<Cow<'de, str>, NameHasher> =
@@ -578,7 +735,8 @@ impl<'de> Visitor<'de> for HeaderVisitor {
                 return Err(de::Error::custom(format_args!("key '{key}' appears twice")));
             }
             if key == "__metadata__" {
-                metadata = Some(map.next_value()?);
+                // Checked as the crate reads it: absent, null, or strings to strings.
+                map.next_value::<Option<BTreeMap<String, String>>>()?;
             } else {
                 let t: RawTensor = map
                     .next_value()
@@ -586,7 +744,7 @@ impl<'de> Visitor<'de> for HeaderVisitor {
                 tensors.push((key, t));
             }
         }
-        Ok(RawHeader { metadata, tensors })
+        Ok(RawHeader { tensors })
     }
 }
 
