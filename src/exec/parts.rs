@@ -200,7 +200,7 @@ mod tests {
             let dtype = Dtype::ALL[rng.usize(..Dtype::ALL.len())];
             let mut shape: Vec<u64> = (0..rng.usize(0..4)).map(|_| rng.u64(0..7)).collect();
             // Packed types need a whole number of bytes: an even element count.
-            if dtype.bits() % 8 != 0 {
+            if !dtype.bits().is_multiple_of(8) {
                 shape.push(8);
             }
             let numel = shape.iter().product();
