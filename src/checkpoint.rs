@@ -300,6 +300,17 @@ pub enum HeaderError {
     },
 }
 
+impl HeaderError {
+    /// A file that cannot be read is a runtime failure; one that reads but is malformed is the
+    /// checkpoint's.
+    pub fn exit_status(&self) -> crate::ExitStatus {
+        match self {
+            HeaderError::Io { .. } => crate::ExitStatus::Runtime,
+            _ => crate::ExitStatus::Checkpoint,
+        }
+    }
+}
+
 /// Reads the header of one file with the `safetensors` crate, the reader vLLM's `safe_open` uses,
 /// so that wload accepts exactly the files vLLM can load. The file is mapped, not read: the crate
 /// wants the whole file as one buffer (it checks that the tensors cover it to the last byte), and

@@ -37,19 +37,16 @@ pub enum Error {
 impl Error {
     pub fn exit_status(&self) -> ExitStatus {
         match self {
-            Error::Resolve(ResolveError::NotFound { .. } | ResolveError::NotADirectory { .. }) => {
-                ExitStatus::Usage
-            }
-            Error::Resolve(ResolveError::Io { .. } | ResolveError::Hub(_)) => ExitStatus::Runtime,
-            Error::Resolve(_) => ExitStatus::Checkpoint,
-            Error::Headers(v) if v.iter().any(|e| matches!(e, HeaderError::Io { .. })) => {
-                ExitStatus::Runtime
-            }
-            Error::Headers(_) => ExitStatus::Checkpoint,
+            Error::Resolve(e) => e.exit_status(),
+            // The most serious of the files' problems: one that cannot be read at all.
+            Error::Headers(v) => v
+                .iter()
+                .map(HeaderError::exit_status)
+                .find(|s| *s == ExitStatus::Runtime)
+                .unwrap_or(ExitStatus::Checkpoint),
             Error::Config(e) => e.exit_status(),
             Error::BadFilter(_) | Error::Usage(_) => ExitStatus::Usage,
-            Error::Mapping(e) if e.is_usage() => ExitStatus::Usage,
-            Error::Mapping(_) => ExitStatus::Checkpoint,
+            Error::Mapping(e) => e.exit_status(),
             Error::Plan(crate::plan::PlanError::BadTp) => ExitStatus::Usage,
             Error::Plan(crate::plan::PlanError::Mapping(e)) if e.is_usage() => ExitStatus::Usage,
             Error::Plan(_) => ExitStatus::Checkpoint,

@@ -127,6 +127,18 @@ pub enum ResolveError {
     },
 }
 
+impl ResolveError {
+    pub fn exit_status(&self) -> crate::ExitStatus {
+        use crate::ExitStatus;
+        match self {
+            ResolveError::NotFound { .. } | ResolveError::NotADirectory { .. } => ExitStatus::Usage,
+            ResolveError::Io { .. } => ExitStatus::Runtime,
+            ResolveError::Hub(e) => e.exit_status(),
+            _ => ExitStatus::Checkpoint,
+        }
+    }
+}
+
 fn unreadable_lines(root: &Path, glob: &str, files: &[local::Unreadable]) -> String {
     files
         .iter()
