@@ -172,7 +172,7 @@ impl LoadSink<'_> {
     ) -> Result<T, ExecError> {
         let (d, b) = self.map[out];
         let t = Instant::now();
-        let r = f(self.devices[d].as_ref(), b).map_err(|e| ExecError::Device(e.to_string()))?;
+        let r = f(self.devices[d].as_ref(), b).map_err(ExecError::Device)?;
         self.copy_ns[d].fetch_add(
             t.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,

@@ -361,9 +361,7 @@ struct MemSink(CpuDevice);
 
 impl Sink for MemSink {
     fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError> {
-        self.0
-            .upload(out, offset, bytes)
-            .map_err(|e| ExecError::Device(e.to_string()))
+        self.0.upload(out, offset, bytes).map_err(ExecError::Device)
     }
 
     fn starts_zeroed(&self) -> bool {
@@ -384,7 +382,7 @@ impl Sink for MemSink {
     ) -> Result<bool, ExecError> {
         self.0
             .upload_from_file(out, offset, src, src_offset, len)
-            .map_err(|e| ExecError::Device(e.to_string()))
+            .map_err(ExecError::Device)
     }
 }
 

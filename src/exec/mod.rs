@@ -123,8 +123,8 @@ pub enum ExecError {
         offset: u64,
     },
     /// A device (GPU, host memory) failed.
-    #[error("{0}")]
-    Device(String),
+    #[error(transparent)]
+    Device(#[from] device::DeviceError),
     /// A checkpoint file is not what its header promises (truncated).
     #[error("{path}: {message}")]
     Corrupt { path: PathBuf, message: String },
