@@ -1,4 +1,4 @@
-//! The names of vLLM's sharded_state part files, written and read here only (vllm-spec.md §1.1).
+//! The names of vLLM's sharded_state part files, written and read here only (vLLM 0.33 `model_executor/model_loader/sharded_state_loader.py`).
 //!
 //! vLLM renders one of two patterns with plain Python ints (no sign, no zero padding):
 //! `model-rank-{tp}-part-{part}.safetensors` when pipeline parallelism is off, and

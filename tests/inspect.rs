@@ -532,7 +532,7 @@ fn verbose_human_output_shows_header_sizes_and_reasons() {
 }
 
 /// vLLM lists a local folder recursively to pick the format, so a consolidated file in a subfolder
-/// flips `auto` to mistral, whose top-level-only glob then finds nothing (vllm-spec.md §2.1).
+/// flips `auto` to mistral, whose top-level-only glob then finds nothing (vLLM 0.33 `default_loader.py`).
 #[test]
 fn nested_consolidated_file_flips_auto_to_mistral_and_finds_no_weights() {
     let tmp = tiny_checkpoint();

@@ -1,5 +1,5 @@
 //! vLLM's sharded_state files: which tensors go into which part file, and each file's header,
-//! byte for byte as `safetensors.torch.save_file` writes it (vllm-spec.md §1).
+//! byte for byte as `safetensors.torch.save_file` writes it (vLLM 0.33 `model_executor/model_loader/sharded_state_loader.py`, `save_model`).
 
 use crate::checkpoint;
 use crate::plan::RankPlan;

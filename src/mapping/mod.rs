@@ -96,7 +96,7 @@ pub struct Tied {
     pub when: Expr,
 }
 
-/// How a parameter is split across tensor-parallel ranks (vllm-spec.md §4–§5).
+/// How a parameter is split across tensor-parallel ranks (vLLM 0.33 `layers/linear.py`, `layers/vocab_parallel_embedding.py`, `layers/fused_moe/`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Layout {

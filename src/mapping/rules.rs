@@ -1,5 +1,5 @@
 //! Name rules: checkpoint tensor name → vLLM parameter name (+ shard id, expert id), applied in the
-//! fixed order of vLLM's `WeightsMapper._map_name_with_shard` (vllm-spec.md §3.1).
+//! fixed order of vLLM's `WeightsMapper._map_name_with_shard` (vLLM 0.33 `model_executor/models/utils.py`, `WeightsMapper`).
 
 use std::fmt;
 

@@ -1,5 +1,5 @@
 //! The geometry of each parallel layout: per-rank shapes, the checkpoint shapes each shard expects,
-//! and the block moves that fill a rank's tensor (vllm-spec.md §4–§5).
+//! and the block moves that fill a rank's tensor (vLLM 0.33 `layers/linear.py`, `layers/vocab_parallel_embedding.py`, `layers/fused_moe/`).
 
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;

@@ -1,4 +1,4 @@
-//! Which files vLLM reads from a listing, and in what order (vllm-spec.md §2).
+//! Which files vLLM reads from a listing, and in what order (vLLM 0.33 `model_executor/model_loader/default_loader.py`, `weight_utils.py`).
 
 use std::cmp::Ordering;
 
