@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-use crate::{Error, checkpoint, config, pre_sharded, resolve};
+use crate::{Error, checkpoint, config, rank_files, resolve};
 
 /// What every subcommand needs to find and read a checkpoint.
 #[derive(Debug, Clone)]
@@ -78,7 +78,7 @@ pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, bool), Error> {
             ))
         }
         None => {
-            let pre_sharded = !pre_sharded::files(&opts.source).is_empty();
+            let pre_sharded = !rank_files::in_folder(&opts.source).is_empty();
             Ok((open_with(opts, pre_sharded)?, pre_sharded))
         }
     }

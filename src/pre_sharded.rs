@@ -12,27 +12,7 @@ use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, SourceTensor}
 use crate::ranks::{self, RankList};
 use crate::{Error, Opened, PlanOptions};
 
-/// Rank → its part files, as (part, file name), in part order.
-pub type RankFiles = BTreeMap<u64, Vec<(u64, String)>>;
-
-/// The part files of a folder that `shard` or vLLM wrote: rank → (part, file name).
-pub fn files(root: &Path) -> RankFiles {
-    let mut out = RankFiles::new();
-    if let Ok(rd) = std::fs::read_dir(root) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(f) = crate::rank_files::RankFile::parse(&name)
-                && f.pp.is_none()
-            {
-                out.entry(f.tp).or_default().push((f.part, name));
-            }
-        }
-    }
-    for v in out.values_mut() {
-        v.sort();
-    }
-    out
-}
+pub use crate::rank_files::{RankFiles, in_folder as files};
 
 /// The plan for a pre-sharded folder's `files`, for the ranks this process loads; every problem
 /// vLLM would hit (or silently accept) at once.

@@ -7,7 +7,9 @@
 //! spelling (`model-rank-01-…` is no file of rank 1), while the part number is whatever the glob
 //! matched: leading zeros there are read like any other digits.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::path::Path;
 
 const SUFFIX: &str = ".safetensors";
 
@@ -88,6 +90,28 @@ fn part_number(s: &str) -> Option<u64> {
         return None;
     }
     s.parse().ok()
+}
+
+/// Rank → its part files, as (part, file name), in part order.
+pub type RankFiles = BTreeMap<u64, Vec<(u64, String)>>;
+
+/// The part files of a folder that `shard` or vLLM wrote: rank → (part, file name).
+pub fn in_folder(root: &Path) -> RankFiles {
+    let mut out = RankFiles::new();
+    if let Ok(rd) = std::fs::read_dir(root) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(f) = RankFile::parse(&name)
+                && f.pp.is_none()
+            {
+                out.entry(f.tp).or_default().push((f.part, name));
+            }
+        }
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    out
 }
 
 #[cfg(test)]
