@@ -1,8 +1,6 @@
 //! `wload inspect`: file selection, the tensor table and the config, checked against the golden
 //! fixtures (read independently of the crate) and small generated checkpoints.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
@@ -12,7 +10,7 @@ use predicates::prelude::*;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use common::*;
+use crate::support::*;
 
 /// (name, dtype, shape, file) of one tensor.
 type Row = (String, String, Vec<u64>, String);
@@ -489,7 +487,7 @@ fn checkpoint_with_many_tensors() -> TempDir {
 fn closed_stdout_is_not_an_error() {
     let tmp = checkpoint_with_many_tensors();
     for json in [false, true] {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wload"));
+        let mut cmd = wload_process();
         cmd.args(["inspect", s(tmp.path())]);
         if json {
             cmd.arg("--json");
@@ -571,9 +569,7 @@ fn inspect_fails_with_3(dir: &std::path::Path) -> String {
         .timeout(std::time::Duration::from_secs(60))
         .output()
         .expect("wload runs");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(3), "stderr:\n{stderr}");
-    stderr
+    assert_refused(&out, 3, &[])
 }
 
 /// A broken Hugging Face cache: the link is selected by vLLM's glob and then fails to open.
@@ -733,7 +729,7 @@ fn weight_file_without_read_permission_is_reported_by_name() {
     let bin_dir = TempDir::new().unwrap();
     fs::set_permissions(bin_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let bin = bin_dir.path().join("wload");
-    fs::copy(assert_cmd::cargo::cargo_bin("wload"), &bin).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_wload"), &bin).unwrap();
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(["inspect", s(tmp.path())])

@@ -1,21 +1,29 @@
-//! Helpers shared by the integration tests: the binary, golden fixtures copied into temp folders,
-//! and a minimal safetensors writer/reader that does not use the crate's own code, so that the tests
-//! check wload against an independent reading of the format.
-
-// Each test binary uses a different subset of these helpers.
-#![allow(dead_code)]
+//! Helpers shared by the integration tests: the one way to run the binary ([`wload`],
+//! [`wload_process`], [`run`], [`shard`]) and to check a refusal ([`assert_refused`]), golden
+//! fixtures copied into temp folders, and a minimal safetensors writer/reader that does not use the
+//! crate's own code, so that the tests check wload against an independent reading of the format.
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
 
 use assert_cmd::Command;
 use serde_json::{Map, Value, json};
 use tempfile::TempDir;
 
 /// `wload` as built by cargo for this test run, with a clean environment for the variables that
-/// change its behaviour.
+/// change its behaviour, killed (and the test failed) after [`RUN_LIMIT`].
 pub fn wload() -> Command {
-    let mut cmd = Command::cargo_bin("wload").expect("the wload binary is built for tests");
+    let mut cmd = Command::from_std(wload_process());
+    cmd.timeout(RUN_LIMIT);
+    cmd
+}
+
+/// The same as [`wload`], as a plain child process: for the tests that spawn it, signal it or wait
+/// on it themselves (and bound that wait themselves).
+pub fn wload_process() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wload"));
     cmd.env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE")
         .env_remove("HF_HUB_OFFLINE");
@@ -427,4 +435,100 @@ pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -
         })
         .collect();
     write_safetensors(&dir.join("model.safetensors"), &tensors);
+}
+
+/// The longest any one `wload` run may take before the test fails; a regression to a hang then
+/// fails its test instead of blocking the whole suite (which is now one process).
+pub const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// The fixture most tests use: 8 q / 4 kv heads, six source files, ≈1.1 MiB of output at any TP.
+pub const GQA: &str = "llama_gqa";
+
+/// The golden fixture `name` (read-only: copy it with [`copy_fixture`] to change it).
+pub fn fixture(name: &str) -> PathBuf {
+    fixtures_dir().join(name)
+}
+
+/// The golden case folder `expected/<case>/tp<tp>`: what vLLM wrote.
+pub fn expected(case: &str, tp: u64) -> PathBuf {
+    manifest_dir()
+        .join("tests/data/golden/expected")
+        .join(case)
+        .join(format!("tp{tp}"))
+}
+
+/// `wload ARGS…` run to completion (see [`wload`] for its environment and time limit).
+pub fn run(args: &[&str]) -> Output {
+    wload().args(args).output().expect("wload runs")
+}
+
+/// `wload shard SOURCE --tp TP -o OUT EXTRA…`, run to completion.
+pub fn shard(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
+    let tp = tp.to_string();
+    let mut args = vec!["shard", s(source), "--tp", &tp, "-o", s(out)];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// [`shard`], expected to succeed.
+pub fn shard_ok(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
+    let o = shard(source, tp, out, extra);
+    assert!(
+        o.status.success(),
+        "wload shard {} --tp {tp} {extra:?} failed: {}",
+        source.display(),
+        context(&o)
+    );
+    o
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Exit status, stderr and the start of stdout, for assertion messages.
+pub fn context(out: &Output) -> String {
+    let so = stdout(out);
+    let end = (0..=so.len().min(2000))
+        .rev()
+        .find(|&i| so.is_char_boundary(i))
+        .unwrap_or(0);
+    format!(
+        "exit {:?}\nstderr:\n{}\nstdout (start):\n{}",
+        out.status.code(),
+        stderr(out),
+        &so[..end]
+    )
+}
+
+/// A refusal as wload makes one: exit status `code`, stderr starting with `error: ` and containing
+/// every one of `needles` (exact substrings), no panic, nothing on stdout. Returns stderr.
+pub fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> String {
+    let ctx = context(out);
+    assert_eq!(out.status.code(), Some(code), "{ctx}");
+    let err = stderr(out);
+    assert!(err.starts_with("error: "), "an `error: ` message; {ctx}");
+    for n in needles {
+        assert!(err.contains(n), "stderr should contain {n:?}; {ctx}");
+    }
+    assert!(!err.contains("panicked"), "{ctx}");
+    assert!(out.stdout.is_empty(), "nothing on stdout; {ctx}");
+    err
+}
+
+/// CPU time of the calling thread: unlike wall time, not inflated while other processes (or
+/// other tests) hold the cores.
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
