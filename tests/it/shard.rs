@@ -591,10 +591,8 @@ fn read_only_parent_fails_cleanly() {
     )
     .expect("wload runs");
     fs::set_permissions(&parent, fs::Permissions::from_mode(0o755)).unwrap();
-    let ctx = context(&o);
-    assert_eq!(o.status.code(), Some(1), "{ctx}");
-    assert!(stderr(&o).contains("Permission denied"), "{ctx}");
-    assert_nothing_left(&out, &ctx);
+    assert_refused(&o, 1, &["Permission denied"]);
+    assert_nothing_left(&out, &context(&o));
 }
 
 /// Unmounts on drop (before the temp folder under it is removed).
@@ -634,10 +632,8 @@ fn full_disk_fails_cleanly() {
     let _guard = Mounted(dir.clone());
     let out = dir.join("out");
     let o = shard(&fixture(GQA), 2, &out, &[]);
-    let ctx = context(&o);
-    assert_eq!(o.status.code(), Some(1), "{ctx}");
-    assert!(stderr(&o).contains("No space left"), "{ctx}");
-    assert_nothing_left(&out, &ctx);
+    assert_refused(&o, 1, &["No space left"]);
+    assert_nothing_left(&out, &context(&o));
     assert_eq!(
         fs::read_dir(&dir).unwrap().count(),
         0,
