@@ -1,6 +1,7 @@
 //! The one way to run the binary ([`wload`], [`wload_process`], [`run`], [`shard`]) and to check
 //! what it said ([`context`], [`assert_refused`]).
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
@@ -32,9 +33,17 @@ pub fn wload_process() -> std::process::Command {
     cmd
 }
 
-/// `wload ARGS…` run to completion (see [`wload`] for its environment and time limit).
+/// `wload ARGS…` run to completion (see [`wload`] for its environment and time limit); a run
+/// killed at the time limit fails the test here.
 pub fn run(args: &[&str]) -> Output {
-    wload().args(args).output().expect("wload runs")
+    let out = wload().args(args).output().expect("wload runs");
+    assert_ne!(
+        out.status.signal(),
+        Some(libc::SIGKILL),
+        "wload {args:?}: {}",
+        context(&out)
+    );
+    out
 }
 
 /// Runs `wload <args>`, expects success, and parses stdout as JSON.
@@ -88,9 +97,16 @@ pub fn context(out: &Output) -> String {
         .rev()
         .find(|&i| so.is_char_boundary(i))
         .unwrap_or(0);
+    // `Command::timeout` kills with SIGKILL and still returns the output: say so.
+    let status = match out.status.signal() {
+        Some(libc::SIGKILL) => {
+            format!("killed by SIGKILL (over the {RUN_LIMIT:?} limit, or out of memory)")
+        }
+        Some(n) => format!("killed by signal {n}"),
+        None => format!("exit {:?}", out.status.code()),
+    };
     format!(
-        "exit {:?}\nstderr:\n{}\nstdout (start):\n{}",
-        out.status.code(),
+        "{status}\nstderr:\n{}\nstdout (start):\n{}",
         stderr(out),
         &so[..end]
     )
