@@ -3,8 +3,6 @@
 //! unwritable or full target, corrupted output under --verify, Ctrl-C) leaves an OUT or a temporary
 //! folder behind.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,57 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use common::*;
-
-/// The fixture most tests shard: 8 q / 4 kv heads, six source files, ≈1.1 MiB of output at any TP.
-const GQA: &str = "llama_gqa";
-
-fn fixture(name: &str) -> PathBuf {
-    fixtures_dir().join(name)
-}
-
-/// The golden case folder `expected/<case>/tp<tp>`.
-fn expected(case: &str, tp: u64) -> PathBuf {
-    manifest_dir()
-        .join("tests/data/golden/expected")
-        .join(case)
-        .join(format!("tp{tp}"))
-}
-
-/// `wload shard SOURCE --tp TP -o OUT EXTRA…`, run to completion.
-fn shard(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
-    wload()
-        .args(["shard", s(source), "--tp", &tp.to_string(), "-o", s(out)])
-        .args(extra)
-        .output()
-        .expect("wload runs")
-}
-
-/// Exit status and stderr, for assertion messages.
-fn context(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstderr:\n{}\nstdout:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    )
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Runs the shard and expects success.
-fn shard_ok(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
-    let o = shard(source, tp, out, extra);
-    assert!(
-        o.status.success(),
-        "wload shard {} --tp {tp} {extra:?} failed: {}",
-        source.display(),
-        context(&o)
-    );
-    o
-}
+use crate::support::*;
 
 /// Names of the `model-rank-*-part-*.safetensors` files in `dir`.
 fn part_names(dir: &Path) -> BTreeSet<String> {
@@ -434,9 +382,7 @@ fn rank_out_of_range_is_a_usage_error() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
     let o = shard(&fixture(GQA), 4, &out, &["--ranks", "9"]);
-    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
-    assert!(stderr(&o).contains('9'), "{}", context(&o));
-    assert!(!stderr(&o).contains("panicked"), "{}", context(&o));
+    assert_refused(&o, 2, &["9"]);
     assert_nothing_left(&out, &context(&o));
 }
 
@@ -446,7 +392,7 @@ fn out_equal_to_source_is_refused() {
     let src = copy_fixture(GQA);
     let before = fs::read_dir(src.path()).unwrap().count();
     let o = shard(src.path(), 2, src.path(), &["--force"]);
-    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    assert_refused(&o, 2, &[]);
     assert_eq!(fs::read_dir(src.path()).unwrap().count(), before);
 }
 
@@ -468,7 +414,7 @@ fn force_never_deletes_the_source() {
         "the source checkpoint was deleted by --force; {}",
         context(&o)
     );
-    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    assert_refused(&o, 2, &[]);
 }
 
 /// --verify passes on a correct run.
@@ -548,14 +494,8 @@ fn bad_source_leaves_nothing() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
     let o = shard(src.path(), 2, &out, &[]);
-    let ctx = context(&o);
-    assert_eq!(o.status.code(), Some(3), "{ctx}");
-    assert!(
-        stderr(&o).contains("model-00003-of-00006.safetensors"),
-        "{ctx}"
-    );
-    assert!(stderr(&o).contains("truncated"), "{ctx}");
-    assert_nothing_left(&out, &ctx);
+    assert_refused(&o, 3, &["model-00003-of-00006.safetensors", "truncated"]);
+    assert_nothing_left(&out, &context(&o));
 }
 
 /// Whether this process can write into a folder with mode 0o555 (root, CAP_DAC_OVERRIDE).
@@ -575,17 +515,13 @@ fn permissions_are_bypassed(dir: &Path) -> bool {
 fn unwritable_target_fails_cleanly() {
     let work = TempDir::new().unwrap();
 
-    // A regular file where a parent folder should be (tests/out_safety.rs has more): a usage
+    // A regular file where a parent folder should be (tests/it/out_safety.rs has more): a usage
     // error, found before any work.
     let file = work.path().join("a-file");
     fs::write(&file, b"not a folder").unwrap();
     let out = file.join("out");
     let o = shard(&fixture(GQA), 2, &out, &[]);
-    let ctx = context(&o);
-    assert_eq!(o.status.code(), Some(2), "{ctx}");
-    assert!(stderr(&o).starts_with("error: "), "{ctx}");
-    assert!(stderr(&o).contains(s(&file)), "names the path; {ctx}");
-    assert!(stderr(&o).contains("not an existing folder"), "{ctx}");
+    assert_refused(&o, 2, &[s(&file), "not an existing folder"]);
     assert_eq!(fs::read(&file).unwrap(), b"not a folder");
 }
 
@@ -655,10 +591,8 @@ fn read_only_parent_fails_cleanly() {
     )
     .expect("wload runs");
     fs::set_permissions(&parent, fs::Permissions::from_mode(0o755)).unwrap();
-    let ctx = context(&o);
-    assert_eq!(o.status.code(), Some(1), "{ctx}");
-    assert!(stderr(&o).contains("Permission denied"), "{ctx}");
-    assert_nothing_left(&out, &ctx);
+    assert_refused(&o, 1, &["Permission denied"]);
+    assert_nothing_left(&out, &context(&o));
 }
 
 /// Unmounts on drop (before the temp folder under it is removed).
@@ -698,10 +632,8 @@ fn full_disk_fails_cleanly() {
     let _guard = Mounted(dir.clone());
     let out = dir.join("out");
     let o = shard(&fixture(GQA), 2, &out, &[]);
-    let ctx = context(&o);
-    assert_eq!(o.status.code(), Some(1), "{ctx}");
-    assert!(stderr(&o).contains("No space left"), "{ctx}");
-    assert_nothing_left(&out, &ctx);
+    assert_refused(&o, 1, &["No space left"]);
+    assert_nothing_left(&out, &context(&o));
     assert_eq!(
         fs::read_dir(&dir).unwrap().count(),
         0,
@@ -740,7 +672,7 @@ fn sigint_leaves_nothing() {
     let started = Instant::now();
     for (i, delay_ms) in [0u64, 30, 100, 250].into_iter().enumerate() {
         let out = work.path().join(format!("out{i}"));
-        let mut child = StdCommand::new(env!("CARGO_BIN_EXE_wload"))
+        let mut child = wload_process()
             .args(["shard", s(&src), "--tp", "2", "-o", s(&out), "-q"])
             .env_remove("RUST_BACKTRACE")
             .stdout(Stdio::null())

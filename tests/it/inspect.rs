@@ -1,8 +1,6 @@
 //! `wload inspect`: file selection, the tensor table and the config, checked against the golden
 //! fixtures (read independently of the crate) and small generated checkpoints.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
@@ -12,7 +10,7 @@ use predicates::prelude::*;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use common::*;
+use crate::support::*;
 
 /// (name, dtype, shape, file) of one tensor.
 type Row = (String, String, Vec<u64>, String);
@@ -205,12 +203,11 @@ fn load_format_hf_reads_the_shards_and_drops_consolidated() {
 fn index_naming_a_deleted_file_is_a_checkpoint_error() {
     let tmp = copy_fixture("llama_gqa");
     fs::remove_file(tmp.path().join("model-00003-of-00006.safetensors")).unwrap();
-    wload()
-        .args(["inspect", s(tmp.path())])
-        .assert()
-        .code(3)
-        .stderr(predicate::str::starts_with("error: "))
-        .stderr(predicate::str::contains("model-00003-of-00006.safetensors"));
+    assert_refused(
+        &run(&["inspect", s(tmp.path())]),
+        3,
+        &["model-00003-of-00006.safetensors"],
+    );
 }
 
 fn set_index_entry(dir: &std::path::Path, tensor: &str, file: &str) {
@@ -228,12 +225,11 @@ fn index_naming_a_file_never_shipped_is_a_checkpoint_error() {
         "model.extra.weight",
         "model-00007-of-00006.safetensors",
     );
-    wload()
-        .args(["inspect", s(tmp.path()), "--json"])
-        .assert()
-        .code(3)
-        .stdout(predicate::str::is_empty())
-        .stderr(predicate::str::contains("model-00007-of-00006.safetensors"));
+    assert_refused(
+        &run(&["inspect", s(tmp.path()), "--json"]),
+        3,
+        &["model-00007-of-00006.safetensors"],
+    );
 }
 
 #[test]
@@ -261,11 +257,7 @@ fn index_pointing_outside_the_folder_is_refused() {
             .args(["inspect", s(&ckpt), "--json"])
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(3), "{target}: {stderr}");
-        assert!(stderr.contains(target), "{target}: {stderr}");
-        assert!(stderr.contains("outside"), "{target}: {stderr}");
-        assert!(out.stdout.is_empty(), "{target}");
+        assert_refused(&out, 3, &[target, "outside"]);
     }
 }
 
@@ -343,13 +335,11 @@ fn bin_only_folder_is_not_supported() {
         &tmp.path().join("pytorch_model.bin"),
         b"PK\x03\x04 not really a zip",
     );
-    wload()
-        .args(["inspect", s(tmp.path())])
-        .assert()
-        .code(3)
-        .stderr(predicate::str::starts_with("error: "))
-        .stderr(predicate::str::contains("pytorch_model.bin"))
-        .stderr(predicate::str::contains("not support"));
+    assert_refused(
+        &run(&["inspect", s(tmp.path())]),
+        3,
+        &["pytorch_model.bin", "not support"],
+    );
 }
 
 #[test]
@@ -380,39 +370,33 @@ fn filter_restricts_tensors_and_totals() {
 
 #[test]
 fn invalid_filter_is_a_usage_error() {
-    wload()
-        .args([
+    assert_refused(
+        &run(&[
             "inspect",
             s(&fixtures_dir().join("llama_gqa")),
             "--filter",
             "(",
-        ])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::starts_with("error: "))
-        .stderr(predicate::str::contains("--filter"));
+        ]),
+        2,
+        &["--filter"],
+    );
 }
 
 #[test]
 fn nonexistent_source_is_a_usage_error() {
     let tmp = TempDir::new().unwrap();
     let missing = tmp.path().join("no-such-checkpoint");
-    wload()
-        .args(["inspect", s(&missing)])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::starts_with("error: "))
-        .stderr(predicate::str::contains("no-such-checkpoint"));
+    assert_refused(&run(&["inspect", s(&missing)]), 2, &["no-such-checkpoint"]);
 }
 
 #[test]
 fn source_that_is_a_file_is_a_usage_error() {
     let dir = fixtures_dir().join("llama_gqa");
-    wload()
-        .args(["inspect", s(&dir.join("config.json"))])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("not a directory"));
+    assert_refused(
+        &run(&["inspect", s(&dir.join("config.json"))]),
+        2,
+        &["not a directory"],
+    );
 }
 
 #[test]
@@ -434,11 +418,8 @@ fn hf_overrides_apply_to_the_config() {
 fn bad_hf_overrides_are_a_usage_error() {
     let dir = fixtures_dir().join("llama_gqa");
     for bad in [r#"{"num_hidden_layers": 7"#, "[1, 2]", "not json"] {
-        wload()
-            .args(["inspect", s(&dir), "--hf-overrides", bad])
-            .assert()
-            .code(2)
-            .stderr(predicate::str::starts_with("error: --hf-overrides"));
+        let err = assert_refused(&run(&["inspect", s(&dir), "--hf-overrides", bad]), 2, &[]);
+        assert!(err.starts_with("error: --hf-overrides"), "{err}");
     }
 }
 
@@ -489,7 +470,7 @@ fn checkpoint_with_many_tensors() -> TempDir {
 fn closed_stdout_is_not_an_error() {
     let tmp = checkpoint_with_many_tensors();
     for json in [false, true] {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wload"));
+        let mut cmd = wload_process();
         cmd.args(["inspect", s(tmp.path())]);
         if json {
             cmd.arg("--json");
@@ -541,14 +522,11 @@ fn nested_consolidated_file_flips_auto_to_mistral_and_finds_no_weights() {
         &tmp.path().join("original/consolidated.safetensors"),
         &[("norm.weight", "F32", &[8], &zeros(32))],
     );
-    wload()
-        .args(["inspect", s(tmp.path())])
-        .assert()
-        .code(3)
-        .stderr(predicate::str::contains("mistral"))
-        .stderr(predicate::str::contains(
-            "original/consolidated.safetensors",
-        ));
+    assert_refused(
+        &run(&["inspect", s(tmp.path())]),
+        3,
+        &["mistral", "original/consolidated.safetensors"],
+    );
     // Asking for hf explicitly reads the top-level file and says why the nested one is not read.
     let out = wload_json(&["inspect", s(tmp.path()), "--json", "--load-format", "hf"]);
     assert_eq!(names_of(&out, "files"), ["model.safetensors"]);
@@ -571,9 +549,7 @@ fn inspect_fails_with_3(dir: &std::path::Path) -> String {
         .timeout(std::time::Duration::from_secs(60))
         .output()
         .expect("wload runs");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(3), "stderr:\n{stderr}");
-    stderr
+    assert_refused(&out, 3, &[])
 }
 
 /// A broken Hugging Face cache: the link is selected by vLLM's glob and then fails to open.
@@ -733,7 +709,7 @@ fn weight_file_without_read_permission_is_reported_by_name() {
     let bin_dir = TempDir::new().unwrap();
     fs::set_permissions(bin_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let bin = bin_dir.path().join("wload");
-    fs::copy(assert_cmd::cargo::cargo_bin("wload"), &bin).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_wload"), &bin).unwrap();
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(["inspect", s(tmp.path())])
@@ -743,13 +719,11 @@ fn weight_file_without_read_permission_is_reported_by_name() {
         cmd.uid(65534).gid(65534).env("HOME", "/");
     }
     let out = cmd.output().expect("wload runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "stderr:\n{err}");
-    assert!(
-        err.contains("secret.safetensors: permission denied"),
-        "{err}"
+    assert_refused(
+        &out,
+        3,
+        &["secret.safetensors: permission denied", "chmod a+r"],
     );
-    assert!(err.contains("chmod a+r"), "{err}");
 }
 
 /// A dangling config.json is named as such, not reported as missing.

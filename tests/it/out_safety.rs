@@ -2,65 +2,29 @@
 //! publication that cannot clobber a concurrent run, termination signals, leftovers of killed
 //! runs, and no panic on hostile arguments or closed output streams.
 
-mod common;
-
 use std::fs::{self, File};
 use std::os::unix::fs::symlink;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command as StdCommand, ExitStatus, Output, Stdio};
+use std::process::{Child, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::support::*;
 use tempfile::TempDir;
 
-const GQA: &str = "llama_gqa";
-
-fn fixture(name: &str) -> PathBuf {
-    fixtures_dir().join(name)
-}
-
-fn expected(case: &str, tp: u64) -> PathBuf {
-    manifest_dir()
-        .join("tests/data/golden/expected")
-        .join(case)
-        .join(format!("tp{tp}"))
-}
-
-fn shard_in(dir: Option<&Path>, source: &Path, out: &Path, extra: &[&str]) -> Output {
-    let mut cmd = wload();
-    if let Some(d) = dir {
-        cmd.current_dir(d);
-    }
-    cmd.args(["shard", s(source), "--tp", "2", "-o", s(out)])
+/// `wload shard SOURCE --tp 2 -o OUT EXTRA…` run in the folder `dir` (for relative OUTs).
+fn shard_in(dir: &Path, source: &Path, out: &Path, extra: &[&str]) -> Output {
+    wload()
+        .current_dir(dir)
+        .args(["shard", s(source), "--tp", "2", "-o", s(out)])
         .args(extra)
         .output()
         .expect("wload runs")
 }
 
-fn shard(source: &Path, out: &Path, extra: &[&str]) -> Output {
-    shard_in(None, source, out, extra)
-}
-
-fn context(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 /// Exit 2 with a message that names OUT and contains `says`.
-fn assert_refused(o: &Output, out: &Path, says: &str) {
-    let ctx = context(o);
-    assert_eq!(o.status.code(), Some(2), "{ctx}");
-    assert!(stderr(o).starts_with("error: "), "{ctx}");
-    assert!(stderr(o).contains(s(out)), "names OUT; {ctx}");
-    assert!(stderr(o).contains(says), "should say {says:?}; {ctx}");
+fn assert_out_refused(o: &Output, out: &Path, says: &str) {
+    assert_refused(o, 2, &[s(out), says]);
 }
 
 /// Every file below `dir` with its bytes, to prove a folder was not touched.
@@ -114,7 +78,7 @@ fn an_existing_empty_folder_is_used_without_force() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
     fs::create_dir(&out).unwrap();
-    let o = shard(&fixture(GQA), &out, &[]);
+    let o = shard(&fixture(GQA), 2, &out, &[]);
     assert!(o.status.success(), "{}", context(&o));
     assert_golden(&out);
     assert!(staging_folders(work.path()).is_empty());
@@ -124,13 +88,13 @@ fn an_existing_empty_folder_is_used_without_force() {
 fn force_replaces_an_earlier_output_and_nothing_else() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
-    let o = shard(&fixture("qwen2"), &out, &[]);
+    let o = shard(&fixture("qwen2"), 2, &out, &[]);
     assert!(o.status.success(), "{}", context(&o));
 
     // An earlier output: refused without --force, untouched.
     let before = snapshot(&out);
-    let o = shard(&fixture(GQA), &out, &[]);
-    assert_refused(&o, &out, "pass --force");
+    let o = shard(&fixture(GQA), 2, &out, &[]);
+    assert_out_refused(&o, &out, "pass --force");
     assert!(
         stderr(&o).contains("earlier wload output"),
         "{}",
@@ -139,7 +103,7 @@ fn force_replaces_an_earlier_output_and_nothing_else() {
     assert_eq!(snapshot(&out), before, "OUT was touched without --force");
 
     // With --force: replaced by exactly the new output, no staging folder left.
-    let o = shard(&fixture(GQA), &out, &["--force"]);
+    let o = shard(&fixture(GQA), 2, &out, &["--force"]);
     assert!(o.status.success(), "{}", context(&o));
     assert_golden(&out);
     let names: Vec<String> = fs::read_dir(&out)
@@ -155,8 +119,8 @@ fn force_replaces_an_earlier_output_and_nothing_else() {
     // The user adds a file of their own: --force no longer replaces the folder.
     fs::write(out.join("notes.txt"), b"mine").unwrap();
     let before = snapshot(&out);
-    let o = shard(&fixture(GQA), &out, &["--force"]);
-    assert_refused(&o, &out, "notes.txt");
+    let o = shard(&fixture(GQA), 2, &out, &["--force"]);
+    assert_out_refused(&o, &out, "notes.txt");
     assert!(
         stderr(&o).contains("which wload did not write"),
         "{}",
@@ -178,8 +142,8 @@ fn force_never_replaces_a_folder_that_is_not_a_wload_output() {
         fs::write(home.join(format!("photo{i}.jpg")), b"jpg").unwrap();
     }
     let before = snapshot(&home);
-    let o = shard(&fixture(GQA), &home, &["--force"]);
-    assert_refused(&o, &home, "is not a wload output");
+    let o = shard(&fixture(GQA), 2, &home, &["--force"]);
+    assert_out_refused(&o, &home, "is not a wload output");
     assert!(stderr(&o).contains(".ssh, photo0.jpg"), "{}", context(&o));
     assert!(stderr(&o).contains("and 4 more"), "{}", context(&o));
     assert_eq!(snapshot(&home), before);
@@ -187,8 +151,8 @@ fn force_never_replaces_a_folder_that_is_not_a_wload_output() {
 
     // A stray wload.json that is not a manifest does not make a folder ours.
     fs::write(home.join("wload.json"), b"{\"not\": \"a manifest\"}").unwrap();
-    let o = shard(&fixture(GQA), &home, &["--force"]);
-    assert_refused(&o, &home, "is not a wload output");
+    let o = shard(&fixture(GQA), 2, &home, &["--force"]);
+    assert_out_refused(&o, &home, "is not a wload output");
     assert!(home.join("thesis.tex").exists());
 }
 
@@ -197,21 +161,19 @@ fn force_never_replaces_a_folder_that_is_not_a_wload_output() {
 fn out_holding_the_current_folder_is_refused() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
-    let o = shard(&fixture(GQA), &out, &[]);
+    let o = shard(&fixture(GQA), 2, &out, &[]);
     assert!(o.status.success(), "{}", context(&o));
     let before = snapshot(&out);
 
-    let o = shard_in(Some(&out), &fixture(GQA), &out, &["--force"]);
-    assert_refused(&o, &out, "current folder");
-    let o = shard_in(Some(&out), &fixture(GQA), Path::new("../out"), &["--force"]);
-    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
-    assert!(stderr(&o).contains("current folder"), "{}", context(&o));
-    let o = shard_in(Some(work.path()), &fixture(GQA), work.path(), &["--force"]);
-    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    let o = shard_in(&out, &fixture(GQA), &out, &["--force"]);
+    assert_out_refused(&o, &out, "current folder");
+    let o = shard_in(&out, &fixture(GQA), Path::new("../out"), &["--force"]);
+    assert_refused(&o, 2, &["current folder"]);
+    let o = shard_in(work.path(), &fixture(GQA), work.path(), &["--force"]);
+    assert_refused(&o, 2, &[]);
     for name in [".", ".."] {
-        let o = shard_in(Some(&out), &fixture(GQA), Path::new(name), &["--force"]);
-        assert_eq!(o.status.code(), Some(2), "-o {name}: {}", context(&o));
-        assert!(stderr(&o).contains("not usable as an output folder name"));
+        let o = shard_in(&out, &fixture(GQA), Path::new(name), &["--force"]);
+        assert_refused(&o, 2, &["not usable as an output folder name"]);
     }
     assert_eq!(snapshot(&out), before);
 }
@@ -220,27 +182,27 @@ fn out_holding_the_current_folder_is_refused() {
 fn links_files_and_missing_parents_are_refused() {
     let work = TempDir::new().unwrap();
     let real = work.path().join("real");
-    let o = shard(&fixture(GQA), &real, &[]);
+    let o = shard(&fixture(GQA), 2, &real, &[]);
     assert!(o.status.success(), "{}", context(&o));
 
     let link = work.path().join("link");
     symlink(&real, &link).unwrap();
-    let o = shard(&fixture(GQA), &link, &["--force"]);
-    assert_refused(&o, &link, "symbolic link");
+    let o = shard(&fixture(GQA), 2, &link, &["--force"]);
+    assert_out_refused(&o, &link, "symbolic link");
     assert!(fs::symlink_metadata(&link).unwrap().is_symlink());
 
     let file = work.path().join("file");
     fs::write(&file, b"data").unwrap();
-    let o = shard(&fixture(GQA), &file, &["--force"]);
-    assert_refused(&o, &file, "not a folder");
+    let o = shard(&fixture(GQA), 2, &file, &["--force"]);
+    assert_out_refused(&o, &file, "not a folder");
     assert_eq!(fs::read(&file).unwrap(), b"data");
 
     let deep = work.path().join("no/such/parent/out");
-    let o = shard(&fixture(GQA), &deep, &[]);
-    assert_refused(&o, &deep, "create it first");
+    let o = shard(&fixture(GQA), 2, &deep, &[]);
+    assert_out_refused(&o, &deep, "create it first");
     let under_file = file.join("out");
-    let o = shard(&fixture(GQA), &under_file, &[]);
-    assert_refused(&o, &under_file, "create it first");
+    let o = shard(&fixture(GQA), 2, &under_file, &[]);
+    assert_out_refused(&o, &under_file, "create it first");
 }
 
 /// A Llama of about 150 MB (zeros), large enough that a shard takes a while.
@@ -291,7 +253,7 @@ fn big_checkpoint(dir: &Path) {
 }
 
 fn spawn_shard(source: &Path, out: &Path, extra: &[&str]) -> Child {
-    StdCommand::new(env!("CARGO_BIN_EXE_wload"))
+    wload_process()
         .args(["shard", s(source), "--tp", "2", "-o", s(out), "-q"])
         .args(extra)
         .env_remove("RUST_BACKTRACE")
@@ -361,13 +323,13 @@ fn concurrent_runs_into_one_out_never_clobber() {
         let flags: &[&str] = if force { &["--force"] } else { &[] };
         if force {
             // With --force both may replace an earlier output, but not one that changed meanwhile.
-            let o = shard(&fixture("qwen2"), &out, &[]);
+            let o = shard(&fixture("qwen2"), 2, &out, &[]);
             assert!(o.status.success(), "{}", context(&o));
         }
         let mut first = spawn_shard(&big, &out, flags);
         let staging = wait_for_staging(&mut first, work.path()).expect("first run is writing");
         signal(&first, libc::SIGSTOP);
-        let o = shard(&fixture(GQA), &out, flags);
+        let o = shard(&fixture(GQA), 2, &out, flags);
         signal(&first, libc::SIGCONT);
         assert!(o.status.success(), "second run: {}", context(&o));
         let winner = snapshot(&out);
@@ -437,7 +399,7 @@ fn leftovers_of_dead_runs_are_swept_and_live_ones_kept() {
     fs::create_dir(&unknown).unwrap();
     fs::write(unknown.join("x"), b"x").unwrap();
 
-    let o = shard(&fixture(GQA), &work.path().join("d"), &[]);
+    let o = shard(&fixture(GQA), 2, &work.path().join("d"), &[]);
     signal(&paused, libc::SIGCONT);
     assert!(o.status.success(), "{}", context(&o));
     assert!(!work.path().join(&dead).exists(), "{dead} was not swept");
@@ -468,13 +430,8 @@ fn huge_rank_lists_are_refused_without_allocating() {
     let out = work.path().join("out");
     for ranks in ["0-18446744073709551615", "0-100000000", "2"] {
         let t = Instant::now();
-        let o = shard(&fixture(GQA), &out, &["--ranks", ranks]);
-        assert_eq!(o.status.code(), Some(2), "--ranks {ranks}: {}", context(&o));
-        assert!(
-            stderr(&o).contains("out of range for --tp 2"),
-            "{}",
-            context(&o)
-        );
+        let o = shard(&fixture(GQA), 2, &out, &["--ranks", ranks]);
+        assert_refused(&o, 2, &["out of range for --tp 2"]);
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "--ranks {ranks} is slow"
@@ -484,17 +441,7 @@ fn huge_rank_lists_are_refused_without_allocating() {
             .args(["--device", "cpu", "--ranks", ranks])
             .output()
             .unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(2),
-            "load --ranks {ranks}: {}",
-            context(&o)
-        );
-        assert!(
-            stderr(&o).contains("out of range for --tp 2"),
-            "{}",
-            context(&o)
-        );
+        assert_refused(&o, 2, &["out of range for --tp 2"]);
     }
     // An absurd --tp is refused by planning, before any per-rank list is built.
     for tp in ["18446744073709551615", "4294967296"] {
@@ -507,21 +454,16 @@ fn huge_rank_lists_are_refused_without_allocating() {
                 c.args(["--dry-run", "--device", "cpu"]);
             }
             let o = c.output().unwrap();
-            assert_eq!(o.status.code(), Some(3), "{cmd} --tp {tp}: {}", context(&o));
-            assert!(
-                stderr(&o).contains("is not divisible by tp"),
-                "{}",
-                context(&o)
-            );
+            assert_refused(&o, 3, &["is not divisible by tp"]);
         }
     }
-    let o = shard(&fixture(GQA), &out, &["--ranks", "18446744073709551616"]);
-    assert_eq!(o.status.code(), Some(2), "{}", context(&o));
+    let o = shard(&fixture(GQA), 2, &out, &["--ranks", "18446744073709551616"]);
+    assert_refused(&o, 2, &[]);
     assert!(!out.exists());
 }
 
 fn run_with_stdout(args: &[&str], stdout: Stdio, stderr: Stdio) -> Output {
-    StdCommand::new(env!("CARGO_BIN_EXE_wload"))
+    wload_process()
         .args(args)
         .env("RUST_BACKTRACE", "1")
         .stdout(stdout)
@@ -560,7 +502,7 @@ fn full_or_closed_output_streams_never_panic() {
             context(&o)
         );
 
-        let mut child = StdCommand::new(env!("CARGO_BIN_EXE_wload"))
+        let mut child = wload_process()
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -592,10 +534,8 @@ fn a_named_pipe_among_the_side_files_is_refused() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
     let t = Instant::now();
-    let o = shard(src.path(), &out, &[]);
-    assert_eq!(o.status.code(), Some(3), "{}", context(&o));
-    assert!(stderr(&o).contains("notes.fifo"), "{}", context(&o));
-    assert!(stderr(&o).contains("named pipe"), "{}", context(&o));
+    let o = shard(src.path(), 2, &out, &[]);
+    assert_refused(&o, 3, &["notes.fifo", "named pipe"]);
     assert!(t.elapsed() < Duration::from_secs(20));
     assert!(!out.exists());
     assert!(staging_folders(work.path()).is_empty());

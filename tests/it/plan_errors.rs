@@ -4,14 +4,13 @@
 //! problem at once. Also the usage errors around `plan` (exit 2) and the flags that change what a
 //! valid plan holds (`--mapping`, `--dtype`).
 
-mod common;
-
 use std::fs;
 use std::path::Path;
+use std::process::Output;
 
 use serde_json::{Value, json};
 
-use common::*;
+use crate::support::*;
 
 /// layer 0's q/k/v, gate_proj and o_proj live here.
 const ATTN0: &str = "model-00002-of-00006.safetensors";
@@ -25,6 +24,7 @@ const Q0: &str = "model.layers.0.self_attn.q_proj.weight";
 
 /// What one `wload` run printed and how it ended.
 struct Run {
+    out: Output,
     code: Option<i32>,
     stdout: String,
     stderr: String,
@@ -32,19 +32,12 @@ struct Run {
 
 impl Run {
     fn context(&self) -> String {
-        format!(
-            "exit {:?}\nstderr:\n{}\nstdout:\n{}",
-            self.code, self.stderr, self.stdout
-        )
+        context(&self.out)
     }
 
-    /// Exit status `code`, one `error: …` on stderr, nothing on stdout, no panic.
+    /// A refusal with exit status `code` (see [`assert_refused`]).
     fn refused(&self, code: i32) -> &Self {
-        let ctx = self.context();
-        assert_eq!(self.code, Some(code), "{ctx}");
-        assert!(self.stderr.starts_with("error: "), "{ctx}");
-        assert!(!self.stderr.contains("panicked"), "{ctx}");
-        assert!(self.stdout.is_empty(), "nothing on stdout; {ctx}");
+        assert_refused(&self.out, code, &[]);
         self
     }
 
@@ -111,8 +104,9 @@ fn run(args: &[&str]) -> Run {
         .expect("wload runs");
     Run {
         code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stdout: stdout(&out),
+        stderr: stderr(&out),
+        out,
     }
 }
 

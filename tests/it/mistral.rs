@@ -3,12 +3,10 @@
 //! turns the llama_gqa fixture into its Mistral-native form; vLLM builds the same module tree for
 //! MistralForCausalLM as for Llama, so the shards must equal vLLM's llama_gqa output byte for byte.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
-use common::*;
+use crate::support::*;
 use serde_json::json;
 use tempfile::TempDir;
 
@@ -120,13 +118,8 @@ fn native_mistral_checkpoint_shards_like_its_hf_twin() {
     for tp in [1u64, 2, 4] {
         let out = TempDir::new().unwrap();
         let dst = out.path().join("out");
-        let tps = tp.to_string();
-        let o = wload()
-            .args(["shard", s(src.path()), "--tp", &tps, "-o", s(&dst), "-q"])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let expected = manifest_dir().join(format!("tests/data/golden/expected/llama_gqa/tp{tp}"));
+        shard_ok(src.path(), tp, &dst, &["-q"]);
+        let expected = expected("llama_gqa", tp);
         for r in 0..tp {
             let name = format!("model-rank-{r}-part-0.safetensors");
             let (want, got) = (data_of(&expected.join(&name)), data_of(&dst.join(&name)));

@@ -2,40 +2,34 @@
 //! damaged. Every one must be refused with exit status 3 and an `error: …` message naming the
 //! damaged file, never a panic or a backtrace (the tests run with `RUST_BACKTRACE=1` to prove it).
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
 use serde_json::{Value, json};
 
-use common::*;
+use crate::support::*;
 
 /// The shard the header cases damage: 4 BF16 tensors packed as
 /// input_layernorm [0, 256), down_proj [256, 65792), post_attention_layernorm [65792, 66048),
 /// model.norm [66048, 66304).
 const SHARD: &str = "model-00006-of-00006.safetensors";
 
-/// Runs `wload inspect` on the damaged copy and checks the refusal.
-fn assert_refused(dir: &Path, names: &str, says: &str) {
+/// Runs `wload inspect` on the damaged copy, with backtraces asked for, and checks the refusal:
+/// exit 3 naming `names` and saying `says` (in any case), and no backtrace.
+fn assert_inspect_refused(dir: &Path, names: &str, says: &str) {
     let out = wload()
         .args(["inspect", s(dir)])
         .env("RUST_BACKTRACE", "1")
         .env("RUST_LIB_BACKTRACE", "1")
         .output()
         .expect("wload runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let context = format!("exit {:?}, stderr:\n{stderr}", out.status.code());
-    assert_eq!(out.status.code(), Some(3), "{context}");
-    assert!(stderr.starts_with("error: "), "{context}");
-    assert!(stderr.contains(names), "should name {names}; {context}");
+    let stderr = assert_refused(&out, 3, &[names]);
+    let context = context(&out);
     assert!(
         stderr.to_lowercase().contains(&says.to_lowercase()),
         "should say {says:?}; {context}"
     );
-    assert!(!stderr.contains("panicked"), "{context}");
     assert!(!stderr.to_lowercase().contains("backtrace"), "{context}");
-    assert!(out.stdout.is_empty(), "nothing on stdout; {context}");
 }
 
 /// One test per damaged checkpoint: `case!(name, file named in the error, words in the error,
@@ -48,7 +42,7 @@ macro_rules! case {
             let tmp = copy_fixture("llama_gqa");
             let $dir: &Path = tmp.path();
             $damage;
-            assert_refused($dir, $names, $says);
+            assert_inspect_refused($dir, $names, $says);
         }
     };
 }
@@ -282,7 +276,7 @@ fn damaged_single_file_checkpoint() {
     let p = tmp.path().join("model.safetensors");
     let b = fs::read(&p).unwrap();
     write_raw(&p, &b[..b.len() - 1]);
-    assert_refused(tmp.path(), "model.safetensors", "truncated");
+    assert_inspect_refused(tmp.path(), "model.safetensors", "truncated");
 }
 
 /// Two damaged shards: both must be named, and the same way on every run.
@@ -296,7 +290,7 @@ fn every_damaged_file_is_reported() {
     write_raw(&tmp.path().join(first), b"");
     write_raw(&shard(tmp.path()), b"");
     for _ in 0..5 {
-        assert_refused(tmp.path(), first, "empty");
-        assert_refused(tmp.path(), SHARD, "empty");
+        assert_inspect_refused(tmp.path(), first, "empty");
+        assert_inspect_refused(tmp.path(), SHARD, "empty");
     }
 }

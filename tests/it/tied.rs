@@ -3,12 +3,10 @@
 //! (`lm_head.weight`, at the embedding's place) and keep `tie_word_embeddings: true`; when they
 //! differ, both keys and `tie_word_embeddings: false` in config.json, or vLLM cannot load it.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
-use common::*;
+use crate::support::*;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -51,14 +49,6 @@ fn tied_with_lm_head(equal: bool) -> TempDir {
     tmp
 }
 
-fn shard(src: &Path, out: &Path) {
-    let o = wload()
-        .args(["shard", s(src), "--tp", "2", "-o", s(out), "-q"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
 fn keys(path: &Path) -> Vec<String> {
     header_tensors(path).into_iter().map(|t| t.name).collect()
 }
@@ -73,8 +63,8 @@ fn equal_lm_head_is_retied_like_vllm() {
     let src = tied_with_lm_head(true);
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
-    shard(src.path(), &out);
-    let expected = manifest_dir().join("tests/data/golden/expected/llama_tied_fp16/tp2");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    let expected = expected("llama_tied_fp16", 2);
     for r in 0..2 {
         let name = format!("model-rank-{r}-part-0.safetensors");
         // Same files as vLLM wrote for the checkpoint without the redundant lm_head.
@@ -91,7 +81,7 @@ fn different_lm_head_stays_untied_and_config_says_so() {
     let src = tied_with_lm_head(false);
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
-    shard(src.path(), &out);
+    shard_ok(src.path(), 2, &out, &["-q"]);
     let k = keys(&out.join("model-rank-0-part-0.safetensors"));
     assert!(k.contains(&"lm_head.weight".to_string()), "{k:?}");
     assert!(

@@ -1,11 +1,9 @@
 //! `wload plan` against real vLLM 0.33 output: for every golden case, each rank's key set, order,
 //! dtypes and shapes equal what vLLM saved.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::support::*;
 use serde_json::Value;
 
 #[test]
@@ -131,19 +129,6 @@ fn open_dir(dir: &std::path::Path, layers_override: Option<u64>) -> wload::Opene
         download_progress: Default::default(),
     })
     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-}
-
-/// CPU time of the calling thread: unlike wall time, not inflated while other processes (or
-/// other tests) hold the cores. Planning runs on the calling thread only.
-fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// The least thread CPU time of `runs` plans of `opened` at `--tp 2`, and what the last one

@@ -9,8 +9,6 @@
 //! Range request; a cache laid out by Python's huggingface_hub works as it is; and the cache
 //! folder follows `--download-dir` > `HF_HUB_CACHE` > `$HF_HOME/hub`.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -26,7 +24,7 @@ use assert_cmd::Command;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use common::*;
+use crate::support::*;
 
 const REPO: &str = "acme/llama-gqa";
 const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -426,15 +424,6 @@ fn wload_at(endpoint: &str, home: &Path) -> Command {
     cmd
 }
 
-fn context(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstderr:\n{}\nstdout:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    )
-}
-
 fn run(cmd: &mut Command, args: &[&str]) -> Output {
     cmd.args(args).output().expect("wload runs")
 }
@@ -445,12 +434,9 @@ fn ok_json(cmd: &mut Command, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", context(&out)))
 }
 
+/// Runs `cmd ARGS…` and asserts a refusal with `code` (see [`assert_refused`]); returns stderr.
 fn fails_with(cmd: &mut Command, args: &[&str], code: i32) -> String {
-    let out = run(cmd, args);
-    assert_eq!(out.status.code(), Some(code), "{args:?}: {}", context(&out));
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(err.starts_with("error: "), "{err}");
-    err
+    assert_refused(&run(cmd, args), code, &[])
 }
 
 /// Each read weight file's origin, from `inspect --json`.
@@ -493,7 +479,7 @@ fn expected_downloads() -> BTreeSet<String> {
 
 /// Part and side files of `out` equal vLLM's for llama_gqa at TP 2.
 fn assert_golden_tp2(out: &Path) {
-    let golden = manifest_dir().join("tests/data/golden/expected/llama_gqa/tp2");
+    let golden = expected("llama_gqa", 2);
     for e in fs::read_dir(&golden).unwrap() {
         let name = e.unwrap().file_name().to_string_lossy().into_owned();
         if name.starts_with("oracle_meta_") {
@@ -1119,7 +1105,7 @@ fn commit_revisions_and_local_folders() {
 /// files, not a checkpoint's.
 #[test]
 fn load_takes_a_pre_sharded_repo() {
-    let golden = manifest_dir().join("tests/data/golden/expected/llama_gqa/tp2");
+    let golden = expected("llama_gqa", 2);
     let mut files = BTreeMap::new();
     for e in fs::read_dir(&golden).unwrap() {
         let e = e.unwrap();
@@ -1361,7 +1347,7 @@ fn malformed_timeouts_are_usage_errors() {
 /// and children inherit that.
 fn spawn_wload(endpoint: &str, home: &Path, args: &[&str]) -> std::process::Child {
     use std::os::unix::process::CommandExt;
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wload"));
+    let mut cmd = wload_process();
     // SAFETY: `signal` is async-signal-safe, as code between fork and exec must be.
     unsafe {
         cmd.pre_exec(|| {

@@ -1,0 +1,27 @@
+//! The integration tests, as one test binary: the crate and the test helpers are compiled and
+//! linked once, not once per file. One module per area; `support` holds what they share (how
+//! to run the binary, how a refusal looks, the golden fixtures, an independent safetensors
+//! reader and writer).
+//!
+//! All tests share one process and run in parallel: give a child its environment and working
+//! folder on its `Command` (`.env`, `.current_dir`), never through `std::env::set_var` or
+//! `set_current_dir`; a test that waits for something bounds the wait and fails rather than exit
+//! the process (see the fuzz harness's hang check).
+//!
+//! Run one area with `cargo test --test it <module>::` (for example `cargo test --test it shard::`).
+
+mod support;
+
+mod cli;
+mod errors;
+mod fuzz;
+mod hub;
+mod inspect;
+mod load;
+mod mappings;
+mod mistral;
+mod out_safety;
+mod plan;
+mod plan_errors;
+mod shard;
+mod tied;

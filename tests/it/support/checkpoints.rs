@@ -1,0 +1,95 @@
+//! Small checkpoints built in temp folders.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use super::{Tensor, write_raw, write_safetensors};
+
+/// A config.json for a tiny Llama: 1 layer, hidden 8, 2 heads, vocab 16.
+pub fn tiny_config() -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 1,
+        "vocab_size": 16,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false,
+        "dtype": "float32"
+    })
+}
+
+pub fn write_json(path: &Path, v: &Value) {
+    write_raw(path, serde_json::to_string_pretty(v).unwrap().as_bytes());
+}
+
+/// `n` zero bytes.
+pub fn zeros(n: usize) -> Vec<u8> {
+    vec![0u8; n]
+}
+
+/// A tiny valid checkpoint in a temp folder: config.json plus `model.safetensors` with an
+/// embedding, one norm and an lm_head, all F32.
+pub fn tiny_checkpoint() -> TempDir {
+    let tmp = TempDir::new().expect("temp dir");
+    write_json(&tmp.path().join("config.json"), &tiny_config());
+    write_safetensors(
+        &tmp.path().join("model.safetensors"),
+        &[
+            (
+                "model.embed_tokens.weight",
+                "F32",
+                &[16, 8],
+                &zeros(16 * 8 * 4),
+            ),
+            ("model.norm.weight", "F32", &[8], &zeros(8 * 4)),
+            ("lm_head.weight", "F32", &[16, 8], &zeros(16 * 8 * 4)),
+        ],
+    );
+    tmp
+}
+
+/// Writes into `dir` a Llama checkpoint with `layers` layers of tiny BF16 tensors (hidden 8,
+/// 2 heads, 1 KV head, intermediate 16, vocab 16) in one `model.safetensors`, every tensor name
+/// passed through `rename` (to plant the same fault in every layer). For tests of scale.
+pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -> String) {
+    let mut config = tiny_config();
+    config["num_hidden_layers"] = json!(layers);
+    write_json(&dir.join("config.json"), &config);
+    let per_layer: [(&str, &[u64]); 9] = [
+        ("self_attn.q_proj.weight", &[8, 8]),
+        ("self_attn.k_proj.weight", &[4, 8]),
+        ("self_attn.v_proj.weight", &[4, 8]),
+        ("self_attn.o_proj.weight", &[8, 8]),
+        ("mlp.gate_proj.weight", &[16, 8]),
+        ("mlp.up_proj.weight", &[16, 8]),
+        ("mlp.down_proj.weight", &[8, 16]),
+        ("input_layernorm.weight", &[8]),
+        ("post_attention_layernorm.weight", &[8]),
+    ];
+    let mut specs: Vec<(String, &[u64])> = vec![("model.embed_tokens.weight".into(), &[16, 8])];
+    for i in 0..layers {
+        specs.extend(
+            per_layer
+                .iter()
+                .map(|(n, sh)| (format!("model.layers.{i}.{n}"), *sh)),
+        );
+    }
+    specs.push(("model.norm.weight".into(), &[8]));
+    specs.push(("lm_head.weight".into(), &[16, 8]));
+    let specs: Vec<(String, &[u64])> = specs.into_iter().map(|(n, sh)| (rename(n), sh)).collect();
+    let data = zeros(16 * 8 * 2);
+    let tensors: Vec<Tensor> = specs
+        .iter()
+        .map(|(n, sh)| {
+            let bytes = 2 * sh.iter().product::<u64>() as usize;
+            (n.as_str(), "BF16", *sh, &data[..bytes])
+        })
+        .collect();
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+}

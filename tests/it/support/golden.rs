@@ -1,0 +1,161 @@
+//! The golden fixtures (tiny Hugging Face checkpoints) and what vLLM wrote for them.
+
+use std::fs;
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// The crate root.
+pub fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where the golden fixtures (tiny Hugging Face checkpoints) live.
+pub fn fixtures_dir() -> PathBuf {
+    manifest_dir().join("tests/data/golden/fixtures")
+}
+
+/// Every fixture folder, sorted by name.
+pub fn fixture_names() -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(fixtures_dir())
+        .expect("fixtures folder exists")
+        .map(|e| e.expect("readable fixtures folder"))
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Copies the fixture `name` into a fresh temp folder (files made writable, since the checked-in
+/// copies may be read-only) and returns the folder.
+pub fn copy_fixture(name: &str) -> TempDir {
+    let src = fixtures_dir().join(name);
+    let tmp = TempDir::new().expect("temp dir");
+    for entry in fs::read_dir(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display())) {
+        let entry = entry.expect("readable fixture");
+        if !entry.file_type().expect("file type").is_file() {
+            continue;
+        }
+        let to = tmp.path().join(entry.file_name());
+        fs::copy(entry.path(), &to).expect("copy fixture file");
+        let mut perms = fs::metadata(&to).expect("metadata").permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perms.set_readonly(false);
+        fs::set_permissions(&to, perms).expect("make writable");
+    }
+    tmp
+}
+
+/// One golden case: `expected/<case>/tp<N>` with the fixture and the flags vLLM ran with.
+pub struct GoldenCase {
+    pub name: String,
+    pub dir: PathBuf,
+    pub fixture: PathBuf,
+    pub tp: u64,
+    /// wload flags equivalent to the case's vLLM flags.
+    pub flags: Vec<String>,
+    /// Part size limit, for `__maxsize_<bytes>` cases.
+    pub max_size: Option<u64>,
+}
+
+/// Every golden case in tests/data/golden/expected, sorted.
+pub fn golden_cases() -> Vec<GoldenCase> {
+    let root = manifest_dir().join("tests/data/golden/expected");
+    let mut out = Vec::new();
+    let mut cases: Vec<_> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    cases.sort();
+    for case in cases {
+        let cname = case.file_name().unwrap().to_string_lossy().into_owned();
+        let mut parts = cname.split("__");
+        let fixture = fixtures_dir().join(parts.next().unwrap());
+        let mut flags = Vec::new();
+        let mut max_size = None;
+        for p in parts {
+            if let Some(d) = p.strip_prefix("dtype_") {
+                flags.extend(["--dtype".to_string(), d.to_string()]);
+            } else if p == "ep" {
+                flags.push("--enable-expert-parallel".to_string());
+            } else if let Some(m) = p.strip_prefix("maxsize_") {
+                max_size = Some(m.parse().unwrap());
+            } else {
+                panic!("unknown golden case suffix {p} in {cname}");
+            }
+        }
+        let mut tps: Vec<_> = fs::read_dir(&case)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        tps.sort();
+        for dir in tps {
+            let tp: u64 = dir.file_name().unwrap().to_string_lossy()[2..]
+                .parse()
+                .unwrap();
+            out.push(GoldenCase {
+                name: format!("{cname}/tp{tp}"),
+                dir,
+                fixture: fixture.clone(),
+                tp,
+                flags: flags.clone(),
+                max_size,
+            });
+        }
+    }
+    out
+}
+
+impl GoldenCase {
+    /// vLLM's state_dict order for `rank` (the oracle's `saved_key_order`).
+    pub fn saved_key_order(&self, rank: u64) -> Vec<String> {
+        let meta: Value = serde_json::from_slice(
+            &fs::read(self.dir.join(format!("oracle_meta_rank{rank}.json"))).unwrap(),
+        )
+        .unwrap();
+        meta["saved_key_order"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// The part files vLLM wrote for `rank`, sorted by part number.
+    pub fn rank_files(&self, rank: u64) -> Vec<PathBuf> {
+        let prefix = format!("model-rank-{rank}-part-");
+        let mut v: Vec<(u64, PathBuf)> = fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter_map(|p| {
+                let n = p.file_name()?.to_string_lossy().into_owned();
+                let part = n
+                    .strip_prefix(&prefix)?
+                    .strip_suffix(".safetensors")?
+                    .parse()
+                    .ok()?;
+                Some((part, p))
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, p)| p).collect()
+    }
+}
+
+/// The fixture most tests use: 8 q / 4 kv heads, six source files, ≈1.1 MiB of output at any TP.
+pub const GQA: &str = "llama_gqa";
+
+/// The golden fixture `name` (read-only: copy it with [`copy_fixture`] to change it).
+pub fn fixture(name: &str) -> PathBuf {
+    fixtures_dir().join(name)
+}
+
+/// The golden case folder `expected/<case>/tp<tp>`: what vLLM wrote.
+pub fn expected(case: &str, tp: u64) -> PathBuf {
+    manifest_dir()
+        .join("tests/data/golden/expected")
+        .join(case)
+        .join(format!("tp{tp}"))
+}

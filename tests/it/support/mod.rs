@@ -1,0 +1,57 @@
+//! Helpers shared by the integration tests: the one way to run the binary and to check a refusal
+//! (`run`), the golden fixtures (`golden`), a safetensors writer/reader independent of the crate
+//! (`safetensors`), small generated checkpoints (`checkpoints`), and how a test whose environment
+//! is missing is skipped or, in CI, failed.
+
+mod checkpoints;
+mod golden;
+mod run;
+mod safetensors;
+
+use std::path::Path;
+
+pub use checkpoints::*;
+pub use golden::*;
+pub use run::*;
+pub use safetensors::*;
+
+/// The path as a `&str`, for command lines.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("temp paths are UTF-8")
+}
+
+/// Whether this run is CI (`CI` set, and not `false` or `0`): there every test that needs root or a
+/// toolchain must really run, so a missing environment is a failure, not a skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "false" | "0"))
+}
+
+/// `test` cannot run because its environment (root, a tool, a kernel feature) is missing: `why`.
+/// In CI that fails the test; elsewhere the skip is printed and the caller returns. Not for tests
+/// that can never run in CI (a real GPU): those call [`skipped`] directly.
+pub fn missing_environment(test: &str, why: &str) {
+    if in_ci() {
+        panic!("{test}: {why}; CI must provide this (CI is set, so this is not skipped)");
+    }
+    skipped(test, why);
+}
+
+/// Prints `SKIPPED: <test>: <why>` where `cargo test` shows it: straight to stderr, because the
+/// harness swallows `eprintln!` output of tests that pass.
+pub fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
+}
+
+/// CPU time of the calling thread: unlike wall time, not inflated while other processes (or
+/// other tests) hold the cores.
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}

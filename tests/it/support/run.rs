@@ -1,0 +1,128 @@
+//! The one way to run the binary ([`wload`], [`wload_process`], [`run`], [`shard`]) and to check
+//! what it said ([`context`], [`assert_refused`]).
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+use super::s;
+
+/// The longest any one `wload` run may take before the test fails; a regression to a hang then
+/// fails its test instead of blocking the whole suite (all of it one process).
+pub const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// `wload` as built by cargo for this test run, with a clean environment for the variables that
+/// change its behaviour, killed (and the test failed) after [`RUN_LIMIT`].
+pub fn wload() -> Command {
+    let mut cmd = Command::from_std(wload_process());
+    cmd.timeout(RUN_LIMIT);
+    cmd
+}
+
+/// The same as [`wload`], as a plain child process: for the tests that spawn it, signal it or wait
+/// on it themselves (and bound that wait themselves).
+pub fn wload_process() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wload"));
+    cmd.env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .env_remove("HF_HUB_OFFLINE");
+    cmd
+}
+
+/// `wload ARGS…` run to completion (see [`wload`] for its environment and time limit); a run
+/// killed at the time limit fails the test here.
+pub fn run(args: &[&str]) -> Output {
+    let out = wload().args(args).output().expect("wload runs");
+    assert_ne!(
+        out.status.signal(),
+        Some(libc::SIGKILL),
+        "wload {args:?}: {}",
+        context(&out)
+    );
+    out
+}
+
+/// Runs `wload <args>`, expects success, and parses stdout as JSON.
+pub fn wload_json(args: &[&str]) -> Value {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "wload {args:?} failed: {}",
+        context(&out)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "wload {args:?}: stdout is not JSON ({e}): {}",
+            context(&out)
+        )
+    })
+}
+
+/// `wload shard SOURCE --tp TP -o OUT EXTRA…`, run to completion.
+pub fn shard(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
+    let tp = tp.to_string();
+    let mut args = vec!["shard", s(source), "--tp", &tp, "-o", s(out)];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// [`shard`], expected to succeed.
+pub fn shard_ok(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
+    let o = shard(source, tp, out, extra);
+    assert!(
+        o.status.success(),
+        "wload shard {} --tp {tp} {extra:?} failed: {}",
+        source.display(),
+        context(&o)
+    );
+    o
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Exit status, stderr and the start of stdout, for assertion messages.
+pub fn context(out: &Output) -> String {
+    let so = stdout(out);
+    let end = (0..=so.len().min(2000))
+        .rev()
+        .find(|&i| so.is_char_boundary(i))
+        .unwrap_or(0);
+    // `Command::timeout` kills with SIGKILL and still returns the output: say so.
+    let status = match out.status.signal() {
+        Some(libc::SIGKILL) => {
+            format!("killed by SIGKILL (over the {RUN_LIMIT:?} limit, or out of memory)")
+        }
+        Some(n) => format!("killed by signal {n}"),
+        None => format!("exit {:?}", out.status.code()),
+    };
+    format!(
+        "{status}\nstderr:\n{}\nstdout (start):\n{}",
+        stderr(out),
+        &so[..end]
+    )
+}
+
+/// A refusal as wload makes one: exit status `code`, stderr starting with `error: ` and containing
+/// every one of `needles` (exact substrings), no panic, nothing on stdout. Returns stderr.
+pub fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> String {
+    let ctx = context(out);
+    assert_eq!(out.status.code(), Some(code), "{ctx}");
+    let err = stderr(out);
+    assert!(err.starts_with("error: "), "an `error: ` message; {ctx}");
+    for n in needles {
+        assert!(err.contains(n), "stderr should contain {n:?}; {ctx}");
+    }
+    assert!(!err.contains("panicked"), "{ctx}");
+    assert!(out.stdout.is_empty(), "nothing on stdout; {ctx}");
+    err
+}
