@@ -23,5 +23,6 @@ mod mistral;
 mod out_safety;
 mod plan;
 mod plan_errors;
+mod safetensors_crate;
 mod shard;
 mod tied;

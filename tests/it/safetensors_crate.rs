@@ -4,8 +4,6 @@
 //! old hand-written reader did not (a null `__metadata__`) or what wload refuses on top of it
 //! (a name given twice) is deliberate.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -14,7 +12,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use wload::checkpoint::{self, HeaderError};
 
-use common::*;
+use crate::support::*;
 
 /// Every part file vLLM wrote for the golden cases.
 fn vllm_part_files() -> Vec<PathBuf> {
