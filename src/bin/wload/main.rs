@@ -10,7 +10,9 @@ mod interrupt;
 
 use clap::{CommandFactory, Parser};
 
-use wload::cli::{Cli, Command, ParallelArgs, SourceArgs};
+use wload::cli::{
+    Cli, Command, InspectArgs, LoadArgs, ParallelArgs, PlanArgs, ShardArgs, SourceArgs,
+};
 use wload::{Error, ExitStatus, SourceOptions};
 
 fn main() -> ExitCode {
@@ -42,106 +44,15 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Error> {
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
+    let g = Globals {
+        verbose: cli.verbose > 0,
+        quiet: cli.quiet,
+    };
     match cli.command {
-        Command::Inspect(args) => {
-            let opened = wload::open(&source_options(&args.source, cli.quiet)?)?;
-            let report = wload::inspect::inspect(&opened, args.filter.as_deref())?;
-            if args.json {
-                serde_json::to_writer_pretty(&mut out, &report)
-                    .map_err(|e| Error::Output(e.into()))?;
-                writeln!(out).map_err(Error::Output)?;
-            } else {
-                wload::report::write_inspection(&mut out, &report, cli.verbose > 0)
-                    .map_err(Error::Output)?;
-            }
-            out.flush().map_err(Error::Output)?;
-            // A large checkpoint is hundreds of thousands of small allocations (names, shapes,
-            // rows); freeing them one by one takes tens of milliseconds just before the process
-            // exits and the OS reclaims everything anyway. Output is flushed above; nothing here
-            // has a destructor with an effect outside the process.
-            std::mem::forget(report);
-            std::mem::forget(opened);
-        }
-        Command::Plan(args) => {
-            let opened = wload::open(&source_options(&args.source, cli.quiet)?)?;
-            let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)
-                .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
-            if args.json {
-                serde_json::to_writer_pretty(&mut out, &report)
-                    .map_err(|e| Error::Output(e.into()))?;
-                writeln!(out).map_err(Error::Output)?;
-            } else {
-                wload::report::write_plan(&mut out, &report, cli.verbose > 0)
-                    .map_err(Error::Output)?;
-            }
-        }
-        Command::Shard(args) => {
-            let mut opened = wload::open(&source_options(&args.source, cli.quiet)?)?;
-            let opts = wload::shard::ShardOptions {
-                out: args.out.clone(),
-                max_part_size: args.max_part_size,
-                ranks: args.ranks.clone(),
-                force: args.force,
-                verify: args.verify,
-            };
-            wload::shard::precheck(&opts, args.parallel.tp, &opened.resolved.root)?;
-            let t = Instant::now();
-            let plan = wload::make_plan(&opened, &plan_options(&args.parallel))
-                .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
-            opened.timings.plan_s = t.elapsed().as_secs_f64();
-            interrupt::install();
-            let cancel = interrupt::flag();
-            let quiet = cli.quiet;
-            let report = wload::shard::shard(&opened, plan, &opts, cancel, &|total| {
-                bars::bar(total, quiet)
-            })?;
-            for s in &report.removed_leftovers {
-                let _ = writeln!(
-                    io::stderr(),
-                    "note: removed {}, left by wload process {} (no longer running)",
-                    s.path.display(),
-                    s.pid
-                );
-            }
-            if args.json {
-                serde_json::to_writer_pretty(&mut out, &report)
-                    .map_err(|e| Error::Output(e.into()))?;
-                writeln!(out).map_err(Error::Output)?;
-            } else if !cli.quiet {
-                wload::report::write_shard(&mut out, &report).map_err(Error::Output)?;
-            }
-        }
-        Command::Load(args) => {
-            let lopts = wload::load::LoadOptions {
-                device: args.device,
-                dry_run: args.dry_run,
-                read: args.read,
-                ranks: args.ranks.clone(),
-                check: args.check,
-                checksums: args.checksums,
-            };
-            let quiet = cli.quiet;
-            let report = wload::load::load(
-                &source_options(&args.source, cli.quiet)?,
-                &plan_options(&args.parallel),
-                &lopts,
-                interrupt::flag(),
-                // Called once planning is done and the transfer starts: from then on a signal
-                // stops the transfer cleanly.
-                &|total| {
-                    interrupt::install();
-                    bars::bar(total, quiet)
-                },
-            )
-            .map_err(|e| wload::report::json_problems(&mut out, args.json, e))?;
-            if args.json {
-                serde_json::to_writer_pretty(&mut out, &report)
-                    .map_err(|e| Error::Output(e.into()))?;
-                writeln!(out).map_err(Error::Output)?;
-            } else {
-                wload::report::write_load(&mut out, &report, quiet).map_err(Error::Output)?;
-            }
-        }
+        Command::Inspect(args) => inspect(&args, g, &mut out)?,
+        Command::Plan(args) => plan(&args, g, &mut out)?,
+        Command::Shard(args) => shard(&args, g, &mut out)?,
+        Command::Load(args) => load(&args, g, &mut out)?,
         Command::Completions { shell } => {
             // `generate` panics on a write error: render to memory, then write and check.
             let mut script = Vec::new();
@@ -155,6 +66,130 @@ fn run(cli: Cli) -> Result<(), Error> {
         }
     }
     out.flush().map_err(Error::Output)
+}
+
+/// The flags every subcommand takes.
+#[derive(Clone, Copy)]
+struct Globals {
+    verbose: bool,
+    quiet: bool,
+}
+
+/// Writes a report for people (a table, a summary).
+type Human<'a> = &'a dyn Fn(&mut dyn Write) -> io::Result<()>;
+
+/// One JSON document with `--json`, else the human table (`human`, unless it is `None`).
+fn emit<T: serde::Serialize>(
+    out: &mut dyn Write,
+    json: bool,
+    report: &T,
+    human: Option<Human>,
+) -> Result<(), Error> {
+    if json {
+        serde_json::to_writer_pretty(&mut *out, report).map_err(|e| Error::Output(e.into()))?;
+        writeln!(out).map_err(Error::Output)
+    } else if let Some(h) = human {
+        h(out).map_err(Error::Output)
+    } else {
+        Ok(())
+    }
+}
+
+fn inspect(
+    args: &InspectArgs,
+    g: Globals,
+    out: &mut BufWriter<io::StdoutLock>,
+) -> Result<(), Error> {
+    let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let report = wload::inspect::inspect(&opened, args.filter.as_deref())?;
+    emit(
+        out,
+        args.json,
+        &report,
+        Some(&|w| wload::report::write_inspection(w, &report, g.verbose)),
+    )?;
+    out.flush().map_err(Error::Output)?;
+    // A large checkpoint is hundreds of thousands of small allocations (names, shapes, rows);
+    // freeing them one by one takes tens of milliseconds just before the process exits and the
+    // OS reclaims everything anyway. Output is flushed above; nothing here has a destructor with
+    // an effect outside the process.
+    std::mem::forget(report);
+    std::mem::forget(opened);
+    Ok(())
+}
+
+fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
+    let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)
+        .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    emit(
+        out,
+        args.json,
+        &report,
+        Some(&|w| wload::report::write_plan(w, &report, g.verbose)),
+    )
+}
+
+fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
+    let mut opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let opts = wload::shard::ShardOptions {
+        out: args.out.clone(),
+        max_part_size: args.max_part_size,
+        ranks: args.ranks.clone(),
+        force: args.force,
+        verify: args.verify,
+    };
+    // OUT and --ranks are checked before planning, which may take a while on a large model.
+    wload::shard::precheck(&opts, args.parallel.tp, &opened.resolved.root)?;
+    let t = Instant::now();
+    let plan = wload::make_plan(&opened, &plan_options(&args.parallel))
+        .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    opened.timings.plan_s = t.elapsed().as_secs_f64();
+    // From here on a signal stops the run cleanly: nothing is published, the staging folder goes.
+    interrupt::install();
+    let report = wload::shard::shard(&opened, plan, &opts, interrupt::flag(), &|total| {
+        bars::bar(total, g.quiet)
+    })?;
+    for s in &report.removed_leftovers {
+        let _ = writeln!(
+            io::stderr(),
+            "note: removed {}, left by wload process {} (no longer running)",
+            s.path.display(),
+            s.pid
+        );
+    }
+    let human: Human = &|w| wload::report::write_shard(w, &report);
+    emit(out, args.json, &report, (!g.quiet).then_some(human))
+}
+
+fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
+    let lopts = wload::load::LoadOptions {
+        device: args.device,
+        dry_run: args.dry_run,
+        read: args.read,
+        ranks: args.ranks.clone(),
+        check: args.check,
+        checksums: args.checksums,
+    };
+    let report = wload::load::load(
+        &source_options(&args.source, g.quiet)?,
+        &plan_options(&args.parallel),
+        &lopts,
+        interrupt::flag(),
+        // Called once planning is done and the transfer starts: from then on a signal stops the
+        // transfer cleanly.
+        &|total| {
+            interrupt::install();
+            bars::bar(total, g.quiet)
+        },
+    )
+    .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    emit(
+        out,
+        args.json,
+        &report,
+        Some(&|w| wload::report::write_load(w, &report, g.quiet)),
+    )
 }
 
 fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {
