@@ -320,36 +320,7 @@ impl HeaderError {
 pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightFile, HeaderError> {
     let p = || path.to_path_buf();
     let file = open_regular(path)?;
-    let size = file
-        .metadata()
-        .map_err(|source| HeaderError::Io { path: p(), source })?
-        .len();
-    if size == 0 {
-        return Err(HeaderError::Empty { path: p() });
-    }
-    if size < 8 {
-        return Err(HeaderError::TooShort { path: p(), size });
-    }
-    // Read, not mapped: a file that is not safetensors at all is the checkpoint's fault (exit 3)
-    // even on a file system that cannot map files.
-    let mut len_bytes = [0u8; 8];
-    file.read_exact_at(&mut len_bytes, 0)
-        .map_err(|source| HeaderError::Io { path: p(), source })?;
-    let header_len = u64::from_le_bytes(len_bytes);
-    // The crate checks these too, but says neither the length nor the file size.
-    if header_len > MAX_HEADER_LEN {
-        return Err(HeaderError::HeaderTooLarge {
-            path: p(),
-            len: header_len,
-        });
-    }
-    if header_len > size - 8 {
-        return Err(HeaderError::HeaderPastEnd {
-            path: p(),
-            len: header_len,
-            size,
-        });
-    }
+    let (size, header_len) = read_prefix(&file, path)?;
     let map = map_file(&file, path)?;
     if map.len() as u64 != size {
         return Err(HeaderError::Io {
@@ -374,8 +345,7 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
     };
     // The crate keeps the last of two equal names; vLLM would silently load one copy of two
     // tensors, so a file that names one twice is refused.
-    let named = metadata.tensors();
-    if count_tensor_keys(text) != Some(named.len()) {
+    if count_tensor_keys(text) != Some(metadata.tensors().len()) {
         return Err(
             diagnose(path, text, data_len).unwrap_or_else(|| HeaderError::BadJson {
                 path: p(),
@@ -383,15 +353,72 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
             }),
         );
     }
-    let data_start = 8 + header_len;
+    let tensors = tensor_table(path, &metadata, 8 + header_len, file_index)?;
+    Ok(WeightFile {
+        name: name.to_string(),
+        path: path.to_path_buf(),
+        size,
+        header_len,
+        metadata: metadata
+            .metadata()
+            .as_ref()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        tensors,
+    })
+}
+
+/// The file's size and header length, checked before anything is mapped. Read, not mapped: a
+/// file that is not safetensors at all is the checkpoint's fault (exit 3) even on a file system
+/// that cannot map files.
+fn read_prefix(file: &File, path: &Path) -> Result<(u64, u64), HeaderError> {
+    let p = || path.to_path_buf();
+    let size = file
+        .metadata()
+        .map_err(|source| HeaderError::Io { path: p(), source })?
+        .len();
+    if size == 0 {
+        return Err(HeaderError::Empty { path: p() });
+    }
+    if size < 8 {
+        return Err(HeaderError::TooShort { path: p(), size });
+    }
+    let mut len_bytes = [0u8; 8];
+    file.read_exact_at(&mut len_bytes, 0)
+        .map_err(|source| HeaderError::Io { path: p(), source })?;
+    let header_len = u64::from_le_bytes(len_bytes);
+    // The crate checks these too, but says neither the length nor the file size.
+    if header_len > MAX_HEADER_LEN {
+        return Err(HeaderError::HeaderTooLarge {
+            path: p(),
+            len: header_len,
+        });
+    }
+    if header_len > size - 8 {
+        return Err(HeaderError::HeaderPastEnd {
+            path: p(),
+            len: header_len,
+            size,
+        });
+    }
+    Ok((size, header_len))
+}
+
+/// The crate's tensors as wload's table, sorted by name, at absolute file offsets.
+fn tensor_table(
+    path: &Path,
+    metadata: &safetensors::tensor::Metadata,
+    data_start: u64,
+    file_index: usize,
+) -> Result<Vec<TensorInfo>, HeaderError> {
+    let named = metadata.tensors();
     let mut tensors = Vec::with_capacity(named.len());
     for (tname, info) in named {
         // A dtype that a newer `safetensors` knows and wload does not is refused, not guessed.
         let dtype = Dtype::ALL
             .into_iter()
-            .find(|&d| crate_dtype(d) == info.dtype)
+            .find(|&d| d.to_safetensors() == info.dtype)
             .ok_or_else(|| HeaderError::UnknownDtype {
-                path: p(),
+                path: path.to_path_buf(),
                 tensor: tname.clone(),
                 dtype: info.dtype.to_string(),
             })?;
@@ -406,47 +433,7 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
         });
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(WeightFile {
-        name: name.to_string(),
-        path: path.to_path_buf(),
-        size,
-        header_len,
-        metadata: metadata
-            .metadata()
-            .as_ref()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
-        tensors,
-    })
-}
-
-/// wload's dtype as the `safetensors` crate spells it: the same 22 types (dtype.rs follows
-/// safetensors 0.8), so the header writer can use the crate's types and the reader can map back.
-pub(crate) fn crate_dtype(d: Dtype) -> safetensors::Dtype {
-    use safetensors::Dtype as S;
-    match d {
-        Dtype::Bool => S::BOOL,
-        Dtype::F4 => S::F4,
-        Dtype::F6E2M3 => S::F6_E2M3,
-        Dtype::F6E3M2 => S::F6_E3M2,
-        Dtype::U8 => S::U8,
-        Dtype::I8 => S::I8,
-        Dtype::F8E5M2 => S::F8_E5M2,
-        Dtype::F8E4M3 => S::F8_E4M3,
-        Dtype::F8E8M0 => S::F8_E8M0,
-        Dtype::F8E4M3Fnuz => S::F8_E4M3FNUZ,
-        Dtype::F8E5M2Fnuz => S::F8_E5M2FNUZ,
-        Dtype::I16 => S::I16,
-        Dtype::U16 => S::U16,
-        Dtype::F16 => S::F16,
-        Dtype::Bf16 => S::BF16,
-        Dtype::I32 => S::I32,
-        Dtype::U32 => S::U32,
-        Dtype::F32 => S::F32,
-        Dtype::C64 => S::C64,
-        Dtype::F64 => S::F64,
-        Dtype::I64 => S::I64,
-        Dtype::U64 => S::U64,
-    }
+    Ok(tensors)
 }
 
 /// Maps the whole file read-only. Only the pages the header reader touches are read from disk.

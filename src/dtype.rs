@@ -35,6 +35,36 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// wload's dtype as the `safetensors` crate spells it: the same 22 types (dtype.rs follows
+    /// safetensors 0.8), so the header writer can use the crate's types and the reader can map back.
+    pub fn to_safetensors(self) -> safetensors::Dtype {
+        use safetensors::Dtype as S;
+        match self {
+            Dtype::Bool => S::BOOL,
+            Dtype::F4 => S::F4,
+            Dtype::F6E2M3 => S::F6_E2M3,
+            Dtype::F6E3M2 => S::F6_E3M2,
+            Dtype::U8 => S::U8,
+            Dtype::I8 => S::I8,
+            Dtype::F8E5M2 => S::F8_E5M2,
+            Dtype::F8E4M3 => S::F8_E4M3,
+            Dtype::F8E8M0 => S::F8_E8M0,
+            Dtype::F8E4M3Fnuz => S::F8_E4M3FNUZ,
+            Dtype::F8E5M2Fnuz => S::F8_E5M2FNUZ,
+            Dtype::I16 => S::I16,
+            Dtype::U16 => S::U16,
+            Dtype::F16 => S::F16,
+            Dtype::Bf16 => S::BF16,
+            Dtype::I32 => S::I32,
+            Dtype::U32 => S::U32,
+            Dtype::F32 => S::F32,
+            Dtype::C64 => S::C64,
+            Dtype::F64 => S::F64,
+            Dtype::I64 => S::I64,
+            Dtype::U64 => S::U64,
+        }
+    }
+
     pub const ALL: [Dtype; 22] = [
         Dtype::Bool,
         Dtype::F4,

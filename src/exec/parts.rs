@@ -1,7 +1,6 @@
 //! vLLM's sharded_state files: which tensors go into which part file, and each file's header,
 //! byte for byte as `safetensors.torch.save_file` writes it (vLLM 0.33 `model_executor/model_loader/sharded_state_loader.py`, `save_model`).
 
-use crate::checkpoint;
 use crate::plan::RankPlan;
 use crate::rank_files::file_name;
 
@@ -94,7 +93,7 @@ fn header(rank: &RankPlan, order: &[usize]) -> (Vec<u8>, Vec<(usize, u64)>, u64)
         entries.push((
             t.name.as_str(),
             safetensors::tensor::TensorInfo {
-                dtype: checkpoint::crate_dtype(t.dtype),
+                dtype: t.dtype.to_safetensors(),
                 shape: t.shape.iter().map(|&d| d as usize).collect(),
                 data_offsets: (offset as usize, (offset + t.bytes) as usize),
             },
@@ -241,7 +240,7 @@ mod tests {
                 .iter()
                 .map(|t| {
                     let z = Zeros {
-                        dtype: checkpoint::crate_dtype(t.dtype),
+                        dtype: t.dtype.to_safetensors(),
                         shape: t.shape.iter().map(|&d| d as usize).collect(),
                         data: vec![0; t.bytes as usize],
                     };
