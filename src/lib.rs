@@ -13,6 +13,7 @@ pub mod exit;
 pub mod inspect;
 pub mod load;
 pub mod manifest;
+pub mod map;
 pub mod mapping;
 pub mod plan;
 pub mod progress;
@@ -192,13 +193,14 @@ pub struct PlanOptions {
     pub mapping: Option<PathBuf>,
 }
 
-/// Picks the mapping and plans every rank.
+/// Picks the mapping, maps the checkpoint's names and plans every rank.
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
     let mapping = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
-    let p = plan::plan(
+    let mapped = map::map(&mapping, &opened.checkpoint);
+    let p = plan::plan_mapped(
         &mapping,
         &opened.config,
-        &opened.checkpoint,
+        &mapped,
         &plan::PlanOptions {
             tp: opts.tp,
             expert_parallel: opts.expert_parallel,

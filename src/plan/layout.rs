@@ -64,9 +64,10 @@ pub struct Block {
     pub dst_stride: u64,
 }
 
-/// Where a rank's slice of a source comes from, before any permutation.
+/// Which region of a checkpoint tensor feeds which region of a rank's tensor, before it is
+/// flattened into a [`Block`] (and before any permutation).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Take {
+pub struct Slice {
     pub slot: SlotKey,
     /// Source shape.
     pub src_shape: Vec<u64>,
@@ -81,7 +82,7 @@ pub struct Take {
     pub dst_base: u64,
 }
 
-impl Take {
+impl Slice {
     pub fn block(&self) -> Block {
         let inner: u64 = self.src_shape[self.dim + 1..].iter().product();
         let outer: u64 = self.src_shape[..self.dim].iter().product();
@@ -106,11 +107,12 @@ impl Take {
     }
 }
 
-/// A rank's tensor: its shape, the slices of sources that fill it, and zero-filled ranges.
+/// A rank's tensor: its shape, the slices of checkpoint tensors that fill it, and zero-filled
+/// ranges.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankLayout {
     pub shape: Vec<u64>,
-    pub takes: Vec<Take>,
+    pub slices: Vec<Slice>,
     /// (element offset, count) filled with zeros (vocab padding).
     pub zeros: Vec<(u64, u64)>,
 }
@@ -270,12 +272,12 @@ impl Geometry {
             s.extend_from_slice(inner);
             s
         };
-        let mut takes = Vec::new();
+        let mut slices = Vec::new();
         let mut zeros = Vec::new();
         let shape = match self {
             Geometry::Replicated { shape } => {
                 if !shape.is_empty() {
-                    takes.push(Take {
+                    slices.push(Slice {
                         slot: (None, None),
                         src_shape: shape.clone(),
                         dim: 0,
@@ -287,7 +289,7 @@ impl Geometry {
                     });
                 } else {
                     // A 0-d tensor: one element, expressed on a 1-element view.
-                    takes.push(Take {
+                    slices.push(Slice {
                         slot: (None, None),
                         src_shape: vec![1],
                         dim: 0,
@@ -304,7 +306,7 @@ impl Geometry {
                 let n = shape[0] / tp;
                 let mut out = shape.clone();
                 out[0] = n;
-                takes.push(Take {
+                slices.push(Slice {
                     slot: (None, None),
                     src_shape: shape.clone(),
                     dim: 0,
@@ -320,7 +322,7 @@ impl Geometry {
                 let n = shape[1] / tp;
                 let mut out = shape.clone();
                 out[1] = n;
-                takes.push(Take {
+                slices.push(Slice {
                     slot: (None, None),
                     src_shape: shape.clone(),
                     dim: 1,
@@ -344,7 +346,7 @@ impl Geometry {
                     } else {
                         ((Some(ShardId::Index(k as u64)), None), cat(*s, inner), 0)
                     };
-                    takes.push(Take {
+                    slices.push(Slice {
                         slot,
                         src_shape: src,
                         dim: 0,
@@ -391,7 +393,7 @@ impl Geometry {
                         };
                         ((name(s), None), cat(rows, inner), 0)
                     };
-                    takes.push(Take {
+                    slices.push(Slice {
                         slot,
                         src_shape: src,
                         dim: 0,
@@ -415,7 +417,7 @@ impl Geometry {
                 let (a, b) = ((rk * per).min(*vocab), ((rk + 1) * per).min(*vocab));
                 let row: u64 = inner.iter().product();
                 if b > a {
-                    takes.push(Take {
+                    slices.push(Slice {
                         slot: (None, None),
                         src_shape: cat(*vocab, inner),
                         dim: 0,
@@ -449,7 +451,7 @@ impl Geometry {
                         let per = 2 * ip * hidden;
                         for (j, e) in local.enumerate() {
                             for (h, s) in ["w1", "w3"].iter().enumerate() {
-                                takes.push(Take {
+                                slices.push(Slice {
                                     slot: (name(s), Some(e)),
                                     src_shape: vec![*intermediate, *hidden],
                                     dim: 0,
@@ -466,7 +468,7 @@ impl Geometry {
                     ExpertPart::W2 => {
                         let per = hidden * ip;
                         for (j, e) in local.enumerate() {
-                            takes.push(Take {
+                            slices.push(Slice {
                                 slot: (name("w2"), Some(e)),
                                 src_shape: vec![*hidden, *intermediate],
                                 dim: 1,
@@ -484,7 +486,7 @@ impl Geometry {
         };
         RankLayout {
             shape,
-            takes,
+            slices,
             zeros,
         }
     }
@@ -494,7 +496,7 @@ impl Geometry {
 mod tests {
     use super::*;
 
-    /// Every element of every rank's tensor is written exactly once, and the takes stay inside
+    /// Every element of every rank's tensor is written exactly once, and the slices stay inside
     /// their sources — for each layout and a range of TP sizes.
     #[test]
     fn pieces_tile_every_rank_exactly() {
@@ -542,7 +544,7 @@ mod tests {
                             let l = g.rank_layout(r, fused);
                             let n: u64 = l.shape.iter().product();
                             let mut hits = vec![0u8; n as usize];
-                            for t in &l.takes {
+                            for t in &l.slices {
                                 let b = t.block();
                                 let src_n: u64 = t.src_shape.iter().product();
                                 for k in 0..b.rows {
@@ -592,6 +594,6 @@ mod tests {
         );
         assert_eq!(l.shape, vec![48, 128]);
         // rank 5 holds kv head 5 // 2 = 2
-        assert_eq!((l.takes[1].from, l.takes[1].to), (32, 48));
+        assert_eq!((l.slices[1].from, l.slices[1].to), (32, 48));
     }
 }
