@@ -31,7 +31,10 @@ use crate::dtype::Dtype;
 use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
 use env::Env;
-pub use types::*;
+pub use types::{
+    DtypeChoice, OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, Problem,
+    ProblemsReport, RankPlan, Retie, SCHEMA_VERSION, Skipped, SourceTensor,
+};
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint
 /// is compared with them (about 6 KB a layer for Llama): a billion from a typo or a hostile
@@ -208,6 +211,83 @@ mod tests {
         }
         let got: Vec<&str> = ps.list.iter().map(|p| p.message.as_str()).collect();
         assert_eq!(got, ["b", "a", "c"]);
+    }
+
+    /// The llama_gqa golden fixture's config and headers.
+    fn llama_gqa() -> (ModelConfig, Checkpoint) {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/golden/fixtures/llama_gqa");
+        let config =
+            crate::config::load(&root, "config.json", crate::config::ConfigFormat::Hf, None)
+                .expect("config");
+        let names: Vec<String> = std::fs::read_dir(&root)
+            .expect("fixture")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".safetensors"))
+            .collect();
+        let ckpt = Checkpoint::open(&root, &names).expect("headers");
+        (config, ckpt)
+    }
+
+    fn options(tp: u64) -> PlanOptions {
+        PlanOptions {
+            tp,
+            expert_parallel: false,
+            dtype: DtypeChoice::Auto,
+            shapes_only: false,
+        }
+    }
+
+    #[test]
+    fn the_plan_follows_the_mapped_result_and_never_renames() {
+        let (config, ckpt) = llama_gqa();
+        let mapping = crate::mapping::select(None, config.architecture()).expect("mapping");
+        let mut mapped = map::map(&mapping, &ckpt);
+        let norm = mapped
+            .tensors
+            .iter_mut()
+            .find(|t| t.tensor.name == "model.norm.weight")
+            .expect("norm");
+        norm.fate = map::Fate::Dropped {
+            rule: "a test".into(),
+        };
+        let Err(PlanError::Invalid(problems)) =
+            plan_mapped(&mapping, &config, &mapped, &options(2))
+        else {
+            panic!("a dropped norm leaves its parameter empty");
+        };
+        assert_eq!(
+            problems
+                .iter()
+                .map(|p| p.message.as_str())
+                .collect::<Vec<_>>(),
+            ["parameter 'model.norm.weight' has nothing in the checkpoint to fill it"]
+        );
+    }
+
+    #[test]
+    fn planning_a_checkpoint_is_mapping_it_then_planning_the_result() {
+        let (config, ckpt) = llama_gqa();
+        let mapping = crate::mapping::select(None, config.architecture()).expect("mapping");
+        let direct = plan(&mapping, &config, &ckpt, &options(2)).expect("plan");
+        let staged =
+            plan_mapped(&mapping, &config, &map::map(&mapping, &ckpt), &options(2)).expect("plan");
+        assert_eq!(
+            serde_json::to_value(&direct).expect("json"),
+            serde_json::to_value(&staged).expect("json")
+        );
+        assert_eq!(
+            direct.sources.len(),
+            mapping_targets(&map::map(&mapping, &ckpt))
+        );
+    }
+
+    /// How many mapped tensors name a parameter (every one does in a checkpoint that plans).
+    fn mapping_targets(m: &Mapped) -> usize {
+        m.tensors
+            .iter()
+            .filter(|t| matches!(t.fate, map::Fate::Target(_)))
+            .count()
     }
 
     #[test]
