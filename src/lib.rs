@@ -1,7 +1,7 @@
 //! wload: resolve a checkpoint, map its names onto vLLM's parameters, plan what every tensor-parallel
 //! rank holds, then write or load it. The binary in `main.rs` is a thin shell over this library.
 //!
-//! Data flows one way: [`source`] → [`checkpoint`] + [`config`] → (mapping → plan → exec) → [`report`].
+//! Data flows one way: [`resolve`] → [`checkpoint`] + [`config`] → [`map`] → [`plan`] → [`exec`] → [`report`].
 
 pub mod checkpoint;
 pub mod cli;

@@ -3,7 +3,7 @@
 //! here, before any tensor data is read, and all of them are reported at once.
 //!
 //! It consumes the map stage's result ([`crate::map::Mapped`]) and runs in phases over a
-//! [`Planner`]: environment (`env.rs`: config, defaults, derived values, checks), parameters
+//! `Planner`: environment (`env.rs`: config, defaults, derived values, checks), parameters
 //! (`params.rs`: specs instantiated per layer), assign (`assign.rs`: mapped tensors into parameter
 //! slots), validate (`validate.rs`: everything filled, divisibility), pieces (`pieces.rs`: per-rank
 //! tensors). The geometry of each layout kind is `layout.rs`.
@@ -91,6 +91,8 @@ pub fn plan_mapped(
 /// they find.
 struct Planner<'m> {
     mapping: &'m Mapping,
+    /// Looked up by name once, not renamed: whether the checkpoint ships a tied parameter itself
+    /// (then vLLM re-ties by data, see `params.rs`).
     checkpoint: &'m Checkpoint,
     opts: &'m PlanOptions,
     env: Env,
