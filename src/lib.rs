@@ -2,9 +2,9 @@
 //! rank holds, then write or load it. The binary (`src/bin/wload/`) is a thin shell over this
 //! library.
 //!
-//! Data flows one way: [`resolve`] → [`open`] ([`checkpoint`] headers + [`config`]) → [`mapping`] →
-//! [`plan`] → [`exec`] → [`report`]; [`commands`] drive the stages, and imports point from there
-//! down. docs/architecture.md has the map.
+//! Data flows one way: [`resolve`] → [`open`] ([`checkpoint`] headers + [`config`]) → [`map`] (with
+//! the [`mapping`] rules) → [`plan`] → [`exec`] → [`report`]; [`commands`] drive the stages, and
+//! imports point from there down. docs/architecture.md has the map.
 
 pub mod checkpoint;
 pub mod cli;
@@ -15,6 +15,7 @@ pub mod error;
 pub mod exec;
 pub mod exit;
 pub mod manifest;
+pub mod map;
 pub mod mapping;
 pub mod open;
 pub mod plan;
@@ -44,13 +45,14 @@ pub struct PlanOptions {
     pub mapping: Option<PathBuf>,
 }
 
-/// Picks the mapping and plans every rank.
+/// Picks the mapping, maps the checkpoint's names and plans every rank.
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
     let mapping = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
-    let p = plan::plan(
+    let mapped = map::map(&mapping, &opened.checkpoint);
+    let p = plan::plan_mapped(
         &mapping,
         &opened.config,
-        &opened.checkpoint,
+        &mapped,
         &plan::PlanOptions {
             tp: opts.tp,
             expert_parallel: opts.expert_parallel,

@@ -64,9 +64,10 @@ pub struct Block {
     pub dst_stride: u64,
 }
 
-/// Where a rank's slice of a source comes from, before any permutation.
+/// Which region of a checkpoint tensor feeds which region of a rank's tensor, before it is
+/// flattened into a [`Block`] (and before any permutation).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Take {
+pub struct Slice {
     pub slot: SlotKey,
     /// Source shape.
     pub src_shape: Vec<u64>,
@@ -81,7 +82,7 @@ pub struct Take {
     pub dst_base: u64,
 }
 
-impl Take {
+impl Slice {
     pub fn block(&self) -> Block {
         let inner: u64 = self.src_shape[self.dim + 1..].iter().product();
         let outer: u64 = self.src_shape[..self.dim].iter().product();
@@ -106,11 +107,12 @@ impl Take {
     }
 }
 
-/// A rank's tensor: its shape, the slices of sources that fill it, and zero-filled ranges.
+/// A rank's tensor: its shape, the slices of checkpoint tensors that fill it, and zero-filled
+/// ranges.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankLayout {
     pub shape: Vec<u64>,
-    pub takes: Vec<Take>,
+    pub slices: Vec<Slice>,
     /// (element offset, count) filled with zeros (vocab padding).
     pub zeros: Vec<(u64, u64)>,
 }
@@ -175,11 +177,6 @@ impl Geometry {
 
     /// The shard ids this layout accepts, and the checkpoint shape each must have.
     pub fn expected_source(&self, shard: Option<&ShardId>) -> Result<Vec<u64>, String> {
-        let cat = |lead: u64, inner: &[u64]| {
-            let mut s = vec![lead];
-            s.extend_from_slice(inner);
-            s
-        };
         let none = |shape: &[u64]| match shard {
             None => Ok(shape.to_vec()),
             Some(s) => Err(format!(
@@ -263,230 +260,250 @@ impl Geometry {
     /// Rank `r`'s tensor and how to fill it. `fused` says the parameter is fed by one stacked
     /// tensor (shard id none) rather than by its shards.
     pub fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {
-        let tp = r.tp;
-        let rk = r.rank;
-        let cat = |lead: u64, inner: &[u64]| {
-            let mut s = vec![lead];
-            s.extend_from_slice(inner);
-            s
-        };
-        let mut takes = Vec::new();
-        let mut zeros = Vec::new();
-        let shape = match self {
-            Geometry::Replicated { shape } => {
-                if !shape.is_empty() {
-                    takes.push(Take {
-                        slot: (None, None),
-                        src_shape: shape.clone(),
-                        dim: 0,
-                        from: 0,
-                        to: shape[0],
-                        dst_shape: shape.clone(),
-                        dst_at: 0,
-                        dst_base: 0,
-                    });
-                } else {
-                    // A 0-d tensor: one element, expressed on a 1-element view.
-                    takes.push(Take {
-                        slot: (None, None),
-                        src_shape: vec![1],
-                        dim: 0,
-                        from: 0,
-                        to: 1,
-                        dst_shape: vec![1],
-                        dst_at: 0,
-                        dst_base: 0,
-                    });
-                }
-                shape.clone()
-            }
-            Geometry::Column { shape } => {
-                let n = shape[0] / tp;
-                let mut out = shape.clone();
-                out[0] = n;
-                takes.push(Take {
-                    slot: (None, None),
-                    src_shape: shape.clone(),
-                    dim: 0,
-                    from: rk * n,
-                    to: (rk + 1) * n,
-                    dst_shape: out.clone(),
-                    dst_at: 0,
-                    dst_base: 0,
-                });
-                out
-            }
-            Geometry::Row { shape } => {
-                let n = shape[1] / tp;
-                let mut out = shape.clone();
-                out[1] = n;
-                takes.push(Take {
-                    slot: (None, None),
-                    src_shape: shape.clone(),
-                    dim: 1,
-                    from: rk * n,
-                    to: (rk + 1) * n,
-                    dst_shape: out.clone(),
-                    dst_at: 0,
-                    dst_base: 0,
-                });
-                out
-            }
-            Geometry::MergedColumn { sizes, inner } => {
-                let total: u64 = sizes.iter().map(|s| s / tp).sum();
-                let out = cat(total, inner);
-                let mut at = 0;
-                let mut global = 0;
-                for (k, s) in sizes.iter().enumerate() {
-                    let n = s / tp;
-                    let (slot, src, off) = if fused {
-                        ((None, None), cat(sizes.iter().sum(), inner), global)
-                    } else {
-                        ((Some(ShardId::Index(k as u64)), None), cat(*s, inner), 0)
-                    };
-                    takes.push(Take {
-                        slot,
-                        src_shape: src,
-                        dim: 0,
-                        from: off + rk * n,
-                        to: off + (rk + 1) * n,
-                        dst_shape: out.clone(),
-                        dst_at: at,
-                        dst_base: 0,
-                    });
-                    at += n;
-                    global += s;
-                }
-                out
-            }
+        match self {
+            Geometry::Replicated { shape } => replicated(shape),
+            Geometry::Column { shape } => split(shape, 0, r),
+            Geometry::Row { shape } => split(shape, 1, r),
+            Geometry::MergedColumn { sizes, inner } => merged_column(sizes, inner, r, fused),
             Geometry::Qkv {
                 heads,
                 kv_heads,
                 head_dim,
                 inner,
-            } => {
-                let q = heads / tp * head_dim;
-                let (kv_local, replicas) = if tp >= *kv_heads {
-                    (1, tp / kv_heads)
-                } else {
-                    (kv_heads / tp, 1)
-                };
-                let k = kv_local * head_dim;
-                let kr = rk / replicas;
-                let out = cat(q + 2 * k, inner);
-                let full = cat((heads + 2 * kv_heads) * head_dim, inner);
-                let parts = [
-                    ("q", 0, rk * q, q, 0),
-                    ("k", heads * head_dim, kr * k, k, q),
-                    ("v", (heads + kv_heads) * head_dim, kr * k, k, q + k),
-                ];
-                for (s, global, from, n, at) in parts {
-                    let (slot, src, off) = if fused {
-                        ((None, None), full.clone(), global)
-                    } else {
-                        let rows = if s == "q" {
-                            heads * head_dim
-                        } else {
-                            kv_heads * head_dim
-                        };
-                        ((name(s), None), cat(rows, inner), 0)
-                    };
-                    takes.push(Take {
-                        slot,
-                        src_shape: src,
-                        dim: 0,
-                        from: off + from,
-                        to: off + from + n,
-                        dst_shape: out.clone(),
-                        dst_at: at,
-                        dst_base: 0,
-                    });
-                }
-                out
-            }
+            } => qkv([*heads, *kv_heads, *head_dim], inner, r, fused),
             Geometry::Vocab {
                 vocab,
                 inner,
                 padding,
-            } => {
-                let padded = vocab.div_ceil(*padding) * padding;
-                let per = padded / tp;
-                let out = cat(per, inner);
-                let (a, b) = ((rk * per).min(*vocab), ((rk + 1) * per).min(*vocab));
-                let row: u64 = inner.iter().product();
-                if b > a {
-                    takes.push(Take {
-                        slot: (None, None),
-                        src_shape: cat(*vocab, inner),
-                        dim: 0,
-                        from: a,
-                        to: b,
-                        dst_shape: out.clone(),
-                        dst_at: 0,
-                        dst_base: 0,
-                    });
-                }
-                if per > b - a {
-                    zeros.push(((b - a) * row, (per - (b - a)) * row));
-                }
-                out
-            }
+            } => vocab_rows(*vocab, inner, *padding, r),
             Geometry::Experts {
                 part,
                 experts,
                 intermediate,
                 hidden,
-            } => {
-                let (local, moe_tp, moe_rank) = if r.ep {
-                    (local_experts(*experts, tp, rk), 1, 0)
-                } else {
-                    (0..*experts, tp, rk)
-                };
-                let ip = intermediate / moe_tp;
-                let e_loc = local.end - local.start;
-                match part {
-                    ExpertPart::W13 => {
-                        let per = 2 * ip * hidden;
-                        for (j, e) in local.enumerate() {
-                            for (h, s) in ["w1", "w3"].iter().enumerate() {
-                                takes.push(Take {
-                                    slot: (name(s), Some(e)),
-                                    src_shape: vec![*intermediate, *hidden],
-                                    dim: 0,
-                                    from: moe_rank * ip,
-                                    to: (moe_rank + 1) * ip,
-                                    dst_shape: vec![2 * ip, *hidden],
-                                    dst_at: h as u64 * ip,
-                                    dst_base: j as u64 * per,
-                                });
-                            }
-                        }
-                        vec![e_loc, 2 * ip, *hidden]
-                    }
-                    ExpertPart::W2 => {
-                        let per = hidden * ip;
-                        for (j, e) in local.enumerate() {
-                            takes.push(Take {
-                                slot: (name("w2"), Some(e)),
-                                src_shape: vec![*hidden, *intermediate],
-                                dim: 1,
-                                from: moe_rank * ip,
-                                to: (moe_rank + 1) * ip,
-                                dst_shape: vec![*hidden, ip],
-                                dst_at: 0,
-                                dst_base: j as u64 * per,
-                            });
-                        }
-                        vec![e_loc, *hidden, ip]
-                    }
+            } => expert_blocks(*part, *experts, *intermediate, *hidden, r),
+        }
+    }
+}
+
+/// `[lead, inner...]`.
+fn cat(lead: u64, inner: &[u64]) -> Vec<u64> {
+    let mut s = vec![lead];
+    s.extend_from_slice(inner);
+    s
+}
+
+/// A slice of the slot filled whole: `src_shape[dim]` narrowed to `from..to`, written at
+/// `dst_at` along `dim` of `dst_shape`.
+fn whole_slot(src_shape: Vec<u64>, dim: usize, from: u64, to: u64, dst_shape: Vec<u64>) -> Slice {
+    Slice {
+        slot: (None, None),
+        src_shape,
+        dim,
+        from,
+        to,
+        dst_shape,
+        dst_at: 0,
+        dst_base: 0,
+    }
+}
+
+fn only(shape: Vec<u64>, slice: Slice) -> RankLayout {
+    RankLayout {
+        shape,
+        slices: vec![slice],
+        zeros: Vec::new(),
+    }
+}
+
+/// Every rank holds the whole tensor.
+fn replicated(shape: &[u64]) -> RankLayout {
+    let slice = if shape.is_empty() {
+        // A 0-d tensor: one element, expressed on a 1-element view.
+        whole_slot(vec![1], 0, 0, 1, vec![1])
+    } else {
+        whole_slot(shape.to_vec(), 0, 0, shape[0], shape.to_vec())
+    };
+    only(shape.to_vec(), slice)
+}
+
+/// Column (`dim` 0: output rows) or row (`dim` 1: input columns) parallel: an equal part each.
+fn split(shape: &[u64], dim: usize, r: Rank) -> RankLayout {
+    let n = shape[dim] / r.tp;
+    let mut out = shape.to_vec();
+    out[dim] = n;
+    let slice = whole_slot(
+        shape.to_vec(),
+        dim,
+        r.rank * n,
+        (r.rank + 1) * n,
+        out.clone(),
+    );
+    only(out, slice)
+}
+
+/// Stacked column-parallel parts (gate/up): each rank holds its rows of every part, in order.
+fn merged_column(sizes: &[u64], inner: &[u64], r: Rank, fused: bool) -> RankLayout {
+    let (tp, rk) = (r.tp, r.rank);
+    let total: u64 = sizes.iter().map(|s| s / tp).sum();
+    let out = cat(total, inner);
+    let mut slices = Vec::new();
+    let mut at = 0;
+    let mut global = 0;
+    for (k, s) in sizes.iter().enumerate() {
+        let n = s / tp;
+        let (slot, src, off) = if fused {
+            ((None, None), cat(sizes.iter().sum(), inner), global)
+        } else {
+            ((Some(ShardId::Index(k as u64)), None), cat(*s, inner), 0)
+        };
+        slices.push(Slice {
+            slot,
+            src_shape: src,
+            dim: 0,
+            from: off + rk * n,
+            to: off + (rk + 1) * n,
+            dst_shape: out.clone(),
+            dst_at: at,
+            dst_base: 0,
+        });
+        at += n;
+        global += s;
+    }
+    RankLayout {
+        shape: out,
+        slices,
+        zeros: Vec::new(),
+    }
+}
+
+/// q, k and v rows of this rank's heads; kv heads are replicated when `tp` exceeds them.
+fn qkv([heads, kv_heads, head_dim]: [u64; 3], inner: &[u64], r: Rank, fused: bool) -> RankLayout {
+    let (tp, rk) = (r.tp, r.rank);
+    let q = heads / tp * head_dim;
+    let (kv_local, replicas) = if tp >= kv_heads {
+        (1, tp / kv_heads)
+    } else {
+        (kv_heads / tp, 1)
+    };
+    let k = kv_local * head_dim;
+    let kr = rk / replicas;
+    let out = cat(q + 2 * k, inner);
+    let full = cat((heads + 2 * kv_heads) * head_dim, inner);
+    let parts = [
+        ("q", 0, rk * q, q, 0),
+        ("k", heads * head_dim, kr * k, k, q),
+        ("v", (heads + kv_heads) * head_dim, kr * k, k, q + k),
+    ];
+    let slices = parts
+        .into_iter()
+        .map(|(s, global, from, n, at)| {
+            let (slot, src, off) = if fused {
+                ((None, None), full.clone(), global)
+            } else {
+                let heads_here = if s == "q" { heads } else { kv_heads };
+                ((name(s), None), cat(heads_here * head_dim, inner), 0)
+            };
+            Slice {
+                slot,
+                src_shape: src,
+                dim: 0,
+                from: off + from,
+                to: off + from + n,
+                dst_shape: out.clone(),
+                dst_at: at,
+                dst_base: 0,
+            }
+        })
+        .collect();
+    RankLayout {
+        shape: out,
+        slices,
+        zeros: Vec::new(),
+    }
+}
+
+/// Vocab-parallel embedding rows: the vocab padded to a multiple of `padding`, an equal part
+/// each; rows past the real vocab are zeros.
+fn vocab_rows(vocab: u64, inner: &[u64], padding: u64, r: Rank) -> RankLayout {
+    let padded = vocab.div_ceil(padding) * padding;
+    let per = padded / r.tp;
+    let out = cat(per, inner);
+    let (a, b) = ((r.rank * per).min(vocab), ((r.rank + 1) * per).min(vocab));
+    let row: u64 = inner.iter().product();
+    let mut slices = Vec::new();
+    let mut zeros = Vec::new();
+    if b > a {
+        slices.push(whole_slot(cat(vocab, inner), 0, a, b, out.clone()));
+    }
+    if per > b - a {
+        zeros.push(((b - a) * row, (per - (b - a)) * row));
+    }
+    RankLayout {
+        shape: out,
+        slices,
+        zeros,
+    }
+}
+
+/// Fused expert weights: every expert's intermediate split over the ranks, or with expert
+/// parallelism whole experts spread over them.
+fn expert_blocks(
+    part: ExpertPart,
+    experts: u64,
+    intermediate: u64,
+    hidden: u64,
+    r: Rank,
+) -> RankLayout {
+    let (local, moe_tp, moe_rank) = if r.ep {
+        (local_experts(experts, r.tp, r.rank), 1, 0)
+    } else {
+        (0..experts, r.tp, r.rank)
+    };
+    let ip = intermediate / moe_tp;
+    let e_loc = local.end - local.start;
+    let (from, to) = (moe_rank * ip, (moe_rank + 1) * ip);
+    let mut slices = Vec::new();
+    let shape = match part {
+        ExpertPart::W13 => {
+            let per = 2 * ip * hidden;
+            for (j, e) in local.enumerate() {
+                for (h, s) in ["w1", "w3"].iter().enumerate() {
+                    slices.push(Slice {
+                        slot: (name(s), Some(e)),
+                        src_shape: vec![intermediate, hidden],
+                        dim: 0,
+                        from,
+                        to,
+                        dst_shape: vec![2 * ip, hidden],
+                        dst_at: h as u64 * ip,
+                        dst_base: j as u64 * per,
+                    });
                 }
             }
-        };
-        RankLayout {
-            shape,
-            takes,
-            zeros,
+            vec![e_loc, 2 * ip, hidden]
         }
+        ExpertPart::W2 => {
+            let per = hidden * ip;
+            for (j, e) in local.enumerate() {
+                slices.push(Slice {
+                    slot: (name("w2"), Some(e)),
+                    src_shape: vec![hidden, intermediate],
+                    dim: 1,
+                    from,
+                    to,
+                    dst_shape: vec![hidden, ip],
+                    dst_at: 0,
+                    dst_base: j as u64 * per,
+                });
+            }
+            vec![e_loc, hidden, ip]
+        }
+    };
+    RankLayout {
+        shape,
+        slices,
+        zeros: Vec::new(),
     }
 }
 
@@ -494,7 +511,7 @@ impl Geometry {
 mod tests {
     use super::*;
 
-    /// Every element of every rank's tensor is written exactly once, and the takes stay inside
+    /// Every element of every rank's tensor is written exactly once, and the slices stay inside
     /// their sources — for each layout and a range of TP sizes.
     #[test]
     fn pieces_tile_every_rank_exactly() {
@@ -542,7 +559,7 @@ mod tests {
                             let l = g.rank_layout(r, fused);
                             let n: u64 = l.shape.iter().product();
                             let mut hits = vec![0u8; n as usize];
-                            for t in &l.takes {
+                            for t in &l.slices {
                                 let b = t.block();
                                 let src_n: u64 = t.src_shape.iter().product();
                                 for k in 0..b.rows {
@@ -592,6 +609,6 @@ mod tests {
         );
         assert_eq!(l.shape, vec![48, 128]);
         // rank 5 holds kv head 5 // 2 = 2
-        assert_eq!((l.takes[1].from, l.takes[1].to), (32, 48));
+        assert_eq!((l.slices[1].from, l.slices[1].to), (32, 48));
     }
 }

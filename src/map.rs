@@ -1,0 +1,272 @@
+//! Map: what every checkpoint tensor becomes under a family's name rules, before any parameter is
+//! instantiated — the vLLM parameter it names, which slot of it (shard id, expert id), the
+//! conversion it needs, or the rule that drops it. Planning consumes this result and never renames.
+//!
+//! Whether a named parameter exists is not known here: the parameter list depends on the config,
+//! `--tp` and `--enable-expert-parallel` (`when:` conditions, the layer count), so "matches no
+//! parameter" and "vLLM ignores it" are the plan's assign phase's verdicts.
+
+use serde::{Serialize, Serializer};
+
+use crate::checkpoint::{Checkpoint, TensorInfo};
+use crate::mapping::Mapping;
+use crate::mapping::rules::{Outcome, ShardId};
+
+/// Every tensor vLLM keeps from the checkpoint (a copy shadowed by a later file is left out), in
+/// load order, with what it becomes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Mapped<'c> {
+    #[serde(skip)]
+    pub checkpoint: &'c Checkpoint,
+    pub tensors: Vec<MappedTensor<'c>>,
+}
+
+/// One checkpoint tensor and its fate.
+#[derive(Debug, Clone, Serialize)]
+pub struct MappedTensor<'c> {
+    #[serde(rename = "name", serialize_with = "tensor_name")]
+    pub tensor: &'c TensorInfo,
+    /// The weight file it is read from.
+    pub file: &'c str,
+    #[serde(flatten)]
+    pub fate: Fate,
+}
+
+/// Where a checkpoint tensor goes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "fate", rename_all = "snake_case")]
+pub enum Fate {
+    /// Into a slot of the parameter it names.
+    Target(Target),
+    /// Nowhere: a rule maps it to null (vLLM skips it while loading).
+    Dropped { rule: String },
+}
+
+/// The parameter slot a checkpoint tensor fills.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Target {
+    /// The vLLM parameter's name (which may not exist for this config: see the module doc).
+    pub parameter: String,
+    /// Which part of a stacked parameter (`q`/`k`/`v`, `0`/`1`, `w1`/`w2`/`w3`); none for a
+    /// parameter filled whole.
+    pub shard: Option<ShardId>,
+    /// The global expert id, for fused expert parameters.
+    pub expert: Option<u64>,
+    /// How the rows must be rearranged on the way, beyond a dtype cast.
+    pub conversion: Option<Conversion>,
+    /// The rules that changed the name, in order, for messages.
+    pub via: Vec<String>,
+}
+
+/// A rearrangement of a tensor's rows between the checkpoint and the parameter.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Conversion {
+    /// Mistral's interleaved rotary rows to the half-split order, per head; `heads` is the mapping's
+    /// expression for the head count, evaluated against the model's variables when planning.
+    RotaryPermute { heads: String },
+}
+
+impl Target {
+    /// The slot key of the parameter this tensor fills: shard id and expert id.
+    pub fn slot(&self) -> (Option<ShardId>, Option<u64>) {
+        (self.shard.clone(), self.expert)
+    }
+}
+
+/// Applies `mapping`'s name rules to every tensor vLLM keeps from `checkpoint`.
+pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
+    let tensors = checkpoint
+        .all_tensors()
+        .filter(|t| checkpoint.is_effective(t))
+        .map(|t| MappedTensor {
+            tensor: t,
+            file: &checkpoint.files[t.file].name,
+            fate: fate(mapping.rules.apply(&t.name)),
+        })
+        .collect();
+    Mapped {
+        checkpoint,
+        tensors,
+    }
+}
+
+fn fate(outcome: Outcome) -> Fate {
+    match outcome {
+        Outcome::Dropped { rule } => Fate::Dropped { rule },
+        Outcome::Mapped(m) => Fate::Target(Target {
+            parameter: m.target,
+            shard: m.shard,
+            expert: m.expert,
+            conversion: m
+                .permute_heads
+                .map(|heads| Conversion::RotaryPermute { heads }),
+            via: m.trace,
+        }),
+    }
+}
+
+fn tensor_name<S: Serializer>(t: &&TensorInfo, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&t.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::WeightFile;
+    use crate::dtype::Dtype;
+
+    fn file(name: &str, tensors: &[&str]) -> WeightFile {
+        WeightFile {
+            name: name.into(),
+            path: name.into(),
+            size: 0,
+            header_len: 0,
+            metadata: None,
+            tensors: tensors
+                .iter()
+                .map(|n| TensorInfo {
+                    name: n.to_string(),
+                    dtype: Dtype::Bf16,
+                    shape: vec![2, 2],
+                    file: 0,
+                    offset: 0,
+                    len: 8,
+                })
+                .collect(),
+        }
+    }
+
+    fn checkpoint(files: Vec<WeightFile>) -> Checkpoint {
+        let files = files
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut f)| {
+                f.tensors.iter_mut().for_each(|t| t.file = i);
+                f
+            })
+            .collect();
+        Checkpoint::from_files(files)
+    }
+
+    fn llama() -> Mapping {
+        crate::mapping::select(None, Some("LlamaForCausalLM")).expect("llama mapping")
+    }
+
+    #[test]
+    fn stacked_names_become_a_parameter_slot_and_the_rules_that_led_there() {
+        let ckpt = checkpoint(vec![file(
+            "a.safetensors",
+            &[
+                "model.layers.3.self_attn.k_proj.weight",
+                "model.layers.3.mlp.up_proj.weight",
+                "model.norm.weight",
+            ],
+        )]);
+        let m = map(&llama(), &ckpt);
+        let targets: Vec<_> = m
+            .tensors
+            .iter()
+            .map(|t| match &t.fate {
+                Fate::Target(x) => (x.parameter.as_str(), x.slot()),
+                Fate::Dropped { rule } => panic!("dropped by {rule}"),
+            })
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                (
+                    "model.layers.3.self_attn.qkv_proj.weight",
+                    (Some(ShardId::Name("k".into())), None)
+                ),
+                (
+                    "model.layers.3.mlp.gate_up_proj.weight",
+                    (Some(ShardId::Index(1)), None)
+                ),
+                ("model.norm.weight", (None, None)),
+            ]
+        );
+        let Fate::Target(k) = &m.tensors[0].fate else {
+            unreachable!()
+        };
+        assert_eq!(k.via, ["stacked '.k_proj' → '.qkv_proj' shard k"]);
+        assert_eq!(m.tensors[0].file, "a.safetensors");
+    }
+
+    #[test]
+    fn rotary_embedding_buffers_are_dropped_by_the_common_rule() {
+        let ckpt = checkpoint(vec![file(
+            "a.safetensors",
+            &["model.layers.0.self_attn.rotary_emb.inv_freq"],
+        )]);
+        let m = map(&llama(), &ckpt);
+        assert!(
+            matches!(&m.tensors[0].fate, Fate::Dropped { rule } if rule.contains("rotary_emb")),
+            "{:?}",
+            m.tensors[0].fate
+        );
+    }
+
+    #[test]
+    fn a_tensor_shadowed_by_a_later_file_is_mapped_once_from_the_file_vllm_keeps() {
+        let ckpt = checkpoint(vec![
+            file("a.safetensors", &["model.norm.weight"]),
+            file("b.safetensors", &["model.norm.weight"]),
+        ]);
+        let m = map(&llama(), &ckpt);
+        assert_eq!(m.tensors.len(), 1);
+        assert_eq!(m.tensors[0].file, "b.safetensors");
+    }
+
+    #[test]
+    fn mistral_native_q_and_k_carry_the_rotary_permutation() {
+        let mistral = crate::mapping::select(None, Some("MistralForCausalLM")).expect("mapping");
+        let ckpt = checkpoint(vec![file(
+            "consolidated.safetensors",
+            &[
+                "layers.0.attention.wk.weight",
+                "layers.0.attention.wo.weight",
+            ],
+        )]);
+        let m = map(&mistral, &ckpt);
+        let conv: Vec<_> = m
+            .tensors
+            .iter()
+            .map(|t| match &t.fate {
+                Fate::Target(x) => x.conversion.clone(),
+                Fate::Dropped { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            conv,
+            [
+                Some(Conversion::RotaryPermute {
+                    heads: "num_key_value_heads".into()
+                }),
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn the_result_serialises_with_each_tensor_its_file_and_fate() {
+        let ckpt = checkpoint(vec![file(
+            "a.safetensors",
+            &["model.layers.0.self_attn.q_proj.weight"],
+        )]);
+        let json = serde_json::to_value(map(&llama(), &ckpt)).expect("serialises");
+        assert_eq!(
+            json["tensors"][0],
+            serde_json::json!({
+                "name": "model.layers.0.self_attn.q_proj.weight",
+                "file": "a.safetensors",
+                "fate": "target",
+                "parameter": "model.layers.0.self_attn.qkv_proj.weight",
+                "shard": "q",
+                "expert": null,
+                "conversion": null,
+                "via": ["stacked '.q_proj' → '.qkv_proj' shard q"],
+            })
+        );
+    }
+}

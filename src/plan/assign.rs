@@ -1,0 +1,203 @@
+//! Assign phase: every mapped checkpoint tensor into its parameter's slot, checked on the way —
+//! the parameter exists (or vLLM ignores the name), the shard id fits the layout, the shape is the
+//! one the config implies, the dtype converts, and no slot is filled twice.
+
+use std::collections::{HashMap, HashSet};
+
+use super::layout::SlotKey;
+use super::params::Param;
+use super::{Planner, Problem, Skipped, SourceTensor, convertible};
+use crate::checkpoint::TensorInfo;
+use crate::map::{Conversion, Fate, Mapped, MappedTensor, Target};
+use crate::mapping::Expr;
+
+/// The checkpoint tensor that fills one slot of a parameter.
+pub(super) struct Feed {
+    /// Index into the plan's sources.
+    pub source: usize,
+    /// Rotary permutation over this many heads (Mistral-native q/k), when the mapping asks for
+    /// one and its head count evaluates.
+    pub rotary_heads: Option<u64>,
+}
+
+/// What the checkpoint fills.
+pub(super) struct Assigned {
+    /// The checkpoint tensors the plan reads, in checkpoint order.
+    pub sources: Vec<SourceTensor>,
+    /// Per parameter (same index): its filled slots.
+    pub fed: Vec<HashMap<SlotKey, Feed>>,
+    /// Slots some tensor names, usable or not: a tensor reported as unusable is not reported
+    /// again as missing.
+    pub present: HashSet<(usize, SlotKey)>,
+    /// Checkpoint tensors dropped by a rule or skipped as vLLM skips them.
+    pub skipped: Vec<Skipped>,
+}
+
+impl Planner<'_> {
+    pub(super) fn assign(&mut self, params: &[Param], mapped: &Mapped) -> Assigned {
+        let by_name: HashMap<&str, usize> = params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.as_str(), i))
+            .collect();
+        let mut a = Assigned {
+            sources: Vec::new(),
+            fed: (0..params.len()).map(|_| HashMap::new()).collect(),
+            present: HashSet::new(),
+            skipped: Vec::new(),
+        };
+        for m in &mapped.tensors {
+            match &m.fate {
+                Fate::Dropped { rule } => a.skipped.push(Skipped {
+                    tensor: m.tensor.name.clone(),
+                    reason: format!("dropped by {rule}"),
+                }),
+                Fate::Target(target) => match by_name.get(target.parameter.as_str()) {
+                    Some(&pi) => self.fill_slot(&params[pi], pi, m, target, &mut a),
+                    None => self.no_parameter(m, target, &mut a.skipped),
+                },
+            }
+        }
+        a
+    }
+
+    /// A name that is no parameter: skipped when vLLM ignores such names (unexpected biases and
+    /// the mapping's suffixes), otherwise a problem.
+    fn no_parameter(&mut self, m: &MappedTensor, target: &Target, skipped: &mut Vec<Skipped>) {
+        let t = m.tensor;
+        let ignored = std::iter::once(".bias")
+            .chain(
+                self.mapping
+                    .ignore_unexpected_suffixes
+                    .iter()
+                    .map(String::as_str),
+            )
+            .find(|s| target.parameter.ends_with(s));
+        if let Some(sfx) = ignored {
+            skipped.push(Skipped {
+                tensor: t.name.clone(),
+                reason: format!(
+                    "no parameter '{}'; vLLM ignores unexpected '{sfx}' names",
+                    target.parameter
+                ),
+            });
+            return;
+        }
+        let what = if target.parameter == t.name {
+            String::new()
+        } else {
+            format!(" → '{}'{}", target.parameter, via(target))
+        };
+        self.problems.push(Problem {
+            message: format!(
+                "{}: tensor '{}'{what} matches no parameter of {} (mapping '{}')",
+                m.file, t.name, self.arch, self.mapping.family
+            ),
+            fix: Some(
+                "rename the tensor, add a rule with --mapping FILE, or check that config.json names the right architecture"
+                    .into(),
+            ),
+        });
+    }
+
+    /// `m` into its slot of `p` (index `pi`), or a problem saying why it does not fit.
+    fn fill_slot(
+        &mut self,
+        p: &Param,
+        pi: usize,
+        m: &MappedTensor,
+        target: &Target,
+        a: &mut Assigned,
+    ) {
+        let (t, file, via) = (m.tensor, m.file, via(target));
+        let shard = target.shard.as_ref();
+        let key: SlotKey = target.slot();
+        a.present.insert((pi, key.clone()));
+        let expected = match p.geometry.expected_source(shard) {
+            Ok(s) => s,
+            Err(err) => {
+                self.problems.push(Problem {
+                    message: format!("{file}: tensor '{}' → '{}'{via}: {err}", t.name, p.name),
+                    fix: Some("fix the mapping rule's shard id (--mapping FILE)".into()),
+                });
+                return;
+            }
+        };
+        let shard_text = shard.map_or(String::new(), |s| format!(" shard {s}"));
+        let scalar_ok = expected.is_empty() && t.shape.iter().product::<u64>() == 1;
+        if t.shape != expected && !scalar_ok {
+            self.problems.push(Problem {
+                message: format!(
+                    "{file}: tensor '{}' has shape {:?}, but '{}'{shard_text}{via} expects {expected:?}",
+                    t.name, t.shape, p.name,
+                ),
+                fix: Some(
+                    "check config.json's dimensions (override with --hf-overrides) or that the checkpoint matches this model"
+                        .into(),
+                ),
+            });
+            return;
+        }
+        if !convertible(t.dtype, p.dtype) {
+            self.problems.push(Problem {
+                message: format!(
+                    "{file}: tensor '{}' is {}, which cannot be converted to {} for '{}'",
+                    t.name, t.dtype, p.dtype, p.name
+                ),
+                fix: Some("this checkpoint needs a quantization-aware mapping".into()),
+            });
+            return;
+        }
+        if let Some(prev) = a.fed[pi].get(&key) {
+            self.problems.push(Problem {
+                message: format!(
+                    "'{}'{shard_text}: filled twice, by '{}' and '{}'",
+                    p.name, a.sources[prev.source].name, t.name
+                ),
+                fix: Some("remove one of the two tensors from the checkpoint".into()),
+            });
+            return;
+        }
+        a.sources.push(source_of(t, file));
+        let rotary_heads = self.rotary_heads(target);
+        a.fed[pi].insert(
+            key,
+            Feed {
+                source: a.sources.len() - 1,
+                rotary_heads,
+            },
+        );
+    }
+
+    /// The head count of a rotary permutation; a count that does not evaluate means none (the
+    /// rows are then copied as they are).
+    fn rotary_heads(&self, target: &Target) -> Option<u64> {
+        match &target.conversion {
+            Some(Conversion::RotaryPermute { heads }) => Expr::parse(heads)
+                .ok()?
+                .eval_u64(&self.env.scope(None))
+                .ok(),
+            None => None,
+        }
+    }
+}
+
+/// ` (via rule, rule)` for messages; empty when no rule changed the name.
+fn via(target: &Target) -> String {
+    if target.via.is_empty() {
+        String::new()
+    } else {
+        format!(" (via {})", target.via.join(", "))
+    }
+}
+
+fn source_of(t: &TensorInfo, file: &str) -> SourceTensor {
+    SourceTensor {
+        name: t.name.clone(),
+        file: file.to_string(),
+        file_index: t.file,
+        offset: t.offset,
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+    }
+}

@@ -1,0 +1,144 @@
+//! Environment phase: the variables mapping expressions see — the config, the mapping's defaults
+//! where the config is silent, `tp`, `ep`, then the derived values — and the mapping's checks on
+//! them.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::{PlanOptions, Problem, Problems};
+use crate::config::ModelConfig;
+use crate::mapping::Mapping;
+
+const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
+
+/// Variables visible to mapping expressions: derived values, then defaults-filled config, then
+/// `tp`, `ep` and (inside layers) `i`.
+pub(super) struct Env {
+    vars: HashMap<String, Value>,
+}
+
+impl Env {
+    /// Fills the variables; a derived value that cannot be computed is a problem (and stays unset).
+    pub(super) fn new(
+        mapping: &Mapping,
+        config: &ModelConfig,
+        opts: &PlanOptions,
+        problems: &mut Problems,
+    ) -> Env {
+        let mut vars: HashMap<String, Value> = config.raw.clone().into_iter().collect();
+        for (k, v) in &mapping.defaults {
+            match vars.get(k) {
+                None | Some(Value::Null) => {
+                    vars.insert(k.clone(), v.clone());
+                }
+                _ => {}
+            }
+        }
+        vars.insert("tp".into(), Value::from(opts.tp));
+        vars.insert("ep".into(), Value::Bool(opts.expert_parallel));
+        let mut env = Env { vars };
+        for (k, e) in &mapping.derive {
+            let value = e.eval(&env.scope(None));
+            match value {
+                Ok(v) => {
+                    env.vars.insert(k.clone(), v);
+                }
+                Err(err) => problems.push(Problem {
+                    message: format!("cannot compute {k} = `{e}`: {err}"),
+                    fix: Some(ADD_FIELD.into()),
+                }),
+            }
+        }
+        env
+    }
+
+    /// The mapping's checks (vLLM's asserts on the config and TP size); false when one fails or
+    /// cannot be evaluated, and the geometry is then not worth checking per rank.
+    pub(super) fn check(&self, mapping: &Mapping, problems: &mut Problems) -> bool {
+        let mut ok = true;
+        for c in &mapping.checks {
+            match c.rule.eval_bool(&self.scope(None)) {
+                Ok(true) => {}
+                Ok(false) => {
+                    ok = false;
+                    problems.push(Problem {
+                        message: format!("{} (vLLM requires `{}`)", self.fill(&c.message), c.rule),
+                        fix: c.fix.as_ref().map(|f| self.fill(f)),
+                    });
+                }
+                Err(err) => {
+                    ok = false;
+                    problems.push(Problem {
+                        message: format!("cannot check `{}`: {err}", c.rule),
+                        fix: Some(ADD_FIELD.into()),
+                    });
+                }
+            }
+        }
+        ok
+    }
+
+    /// The variables, plus `i` inside layer `i`.
+    pub(super) fn scope<'a>(&'a self, i: Option<u64>) -> impl Fn(&str) -> Option<Value> + 'a {
+        move |k: &str| match (k, i) {
+            ("i", Some(i)) => Some(Value::from(i)),
+            _ => self.vars.get(k).cloned(),
+        }
+    }
+
+    /// Whether `name` is the boolean `true`.
+    pub(super) fn is_true(&self, name: &str) -> bool {
+        self.vars.get(name) == Some(&Value::Bool(true))
+    }
+
+    /// `{field}` in a message replaced by its value.
+    fn fill(&self, template: &str) -> String {
+        let mut out = String::new();
+        let mut rest = template;
+        while let Some(a) = rest.find('{') {
+            let Some(b) = rest[a..].find('}') else {
+                break;
+            };
+            out.push_str(&rest[..a]);
+            let key = &rest[a + 1..a + b];
+            match self.vars.get(key) {
+                Some(Value::String(s)) => out.push_str(s),
+                Some(v) => out.push_str(&v.to_string()),
+                None => out.push_str(&rest[a..=a + b]),
+            }
+            rest = &rest[a + b + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, Value)]) -> Env {
+        Env {
+            vars: vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn message_fields_are_filled_and_unknown_ones_kept() {
+        let e = env(&[("n", Value::from(7)), ("s", Value::from("x"))]);
+        assert_eq!(e.fill("n={n} s={s} m={m}"), "n=7 s=x m={m}");
+        // An unclosed brace is text (it used to repeat what came before it).
+        assert_eq!(e.fill("open {n"), "open {n");
+    }
+
+    #[test]
+    fn i_is_visible_only_inside_a_layer() {
+        let e = env(&[("i", Value::from(9))]);
+        assert_eq!(e.scope(Some(3))("i"), Some(Value::from(3)));
+        assert_eq!(e.scope(None)("i"), Some(Value::from(9)));
+    }
+}

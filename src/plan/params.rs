@@ -1,0 +1,283 @@
+//! Parameters phase: the mapping's parameter specs instantiated for this config — head, every
+//! layer, tail, in state_dict order — with their geometry and dtype evaluated and their ties
+//! resolved.
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
+
+use super::layout::Geometry;
+use super::{MAX_LAYERS, PlanError, Planner, Problem, Retie};
+use crate::dtype::Dtype;
+use crate::mapping::expr::{EvalError, Scope};
+use crate::mapping::{Expr, Layout, ParamSpec, Tied};
+
+/// A parameter instance: one spec at one layer index, with its geometry evaluated.
+pub(super) struct Param<'m> {
+    pub name: String,
+    pub spec: &'m ParamSpec,
+    pub geometry: Geometry,
+    pub dtype: Dtype,
+    /// Index of the parameter this one is the same tensor as (tied embeddings).
+    pub alias_of: Option<usize>,
+}
+
+/// The instantiated parameters, and the lm_head/embedding tie that the checkpoint leaves to be
+/// decided by data.
+pub(super) struct Params<'m> {
+    pub list: Vec<Param<'m>>,
+    pub retie: Option<Retie>,
+    /// Where each name first appears, for `tied_to`: indices into `list`, found through their
+    /// names, so that no name is copied (a config can claim hundreds of thousands of parameters).
+    first_index: HashTable<usize>,
+    hasher: foldhash::fast::FixedState,
+}
+
+impl<'m> Planner<'m> {
+    /// Every parameter the model has; a spec that cannot be instantiated is a problem and left
+    /// out. Refuses outright a layer count beyond [`MAX_LAYERS`].
+    pub(super) fn parameters(&mut self) -> Result<Params<'m>, PlanError> {
+        let layers = self.layer_count()?;
+        let mapping = self.mapping;
+        let mut params = Params {
+            list: Vec::new(),
+            retie: None,
+            first_index: HashTable::new(),
+            hasher: foldhash::fast::FixedState::default(),
+        };
+        let specs = mapping
+            .parameters
+            .head
+            .iter()
+            .map(|s| (s, None))
+            .chain(
+                (0..layers)
+                    .flat_map(|i| mapping.parameters.layer.iter().map(move |s| (s, Some(i)))),
+            )
+            .chain(mapping.parameters.tail.iter().map(|s| (s, None)));
+        for (spec, i) in specs {
+            if let Some(p) = self.instantiate(spec, i, &mut params) {
+                params.add(p);
+            }
+        }
+        Ok(params)
+    }
+
+    fn layer_count(&mut self) -> Result<u64, PlanError> {
+        let expr = &self.mapping.parameters.layers;
+        let layers = match expr.eval_u64(&self.env.scope(None)) {
+            Ok(n) => n,
+            Err(err) => {
+                self.problems.push(Problem {
+                    message: format!("cannot count layers `{expr}`: {err}"),
+                    fix: None,
+                });
+                0
+            }
+        };
+        if layers > MAX_LAYERS {
+            self.problems.push(Problem {
+                message: format!(
+                    "the config gives {layers} layers (`{expr}`); wload plans at most {MAX_LAYERS}"
+                ),
+                fix: Some("check num_hidden_layers in config.json or --hf-overrides".into()),
+            });
+            return Err(self.refusal());
+        }
+        Ok(layers)
+    }
+
+    /// `spec` at layer `i` (none for head and tail), or `None` when its `when:` is false or it
+    /// cannot be evaluated (a problem).
+    fn instantiate(
+        &mut self,
+        spec: &'m ParamSpec,
+        i: Option<u64>,
+        params: &mut Params<'m>,
+    ) -> Option<Param<'m>> {
+        let scope = self.env.scope(i);
+        if let Some(w) = &spec.when {
+            match w.eval_bool(&scope) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(err) => {
+                    self.problems.push(Problem {
+                        message: format!("{}: cannot evaluate `when: {w}`: {err}", spec.name),
+                        fix: None,
+                    });
+                    return None;
+                }
+            }
+        }
+        let name = at_layer(&spec.name, i);
+        let geometry = match evaluate_layout(&spec.layout, &scope) {
+            Ok(g) => g,
+            Err(err) => {
+                self.problems.push(Problem {
+                    message: format!("{name}: {err}"),
+                    fix: Some("check config.json, or pass the field with --hf-overrides".into()),
+                });
+                return None;
+            }
+        };
+        let dtype = if spec.dtype == "model" {
+            self.model_dtype
+        } else {
+            match spec.dtype.parse::<Dtype>() {
+                Ok(d) => d,
+                Err(()) => {
+                    self.problems.push(Problem {
+                        message: format!("{name}: unknown dtype '{}' in the mapping", spec.dtype),
+                        fix: None,
+                    });
+                    return None;
+                }
+            }
+        };
+        let tied = spec.tied_to.as_ref().map(|t| (t, t.when.eval_bool(&scope)));
+        drop(scope);
+        let alias_of = tied.and_then(|(t, when)| self.tie(&name, t, i, when, params));
+        Some(Param {
+            name,
+            spec,
+            geometry,
+            dtype,
+            alias_of,
+        })
+    }
+
+    /// The parameter `name` is the same tensor as, when its `tied_to` holds. When the checkpoint
+    /// ships this tensor too, vLLM builds the two untied, loads both and re-ties them only if they
+    /// are equal (config/model.py:1255–1281): that is recorded as the plan's re-tie instead.
+    fn tie(
+        &mut self,
+        name: &str,
+        t: &Tied,
+        i: Option<u64>,
+        when: Result<bool, EvalError>,
+        params: &mut Params<'m>,
+    ) -> Option<usize> {
+        let other = at_layer(&t.param, i);
+        match when {
+            Ok(true) if self.checkpoint.get(name).is_some() => {
+                params.retie = Some(Retie {
+                    keep: name.to_string().min(other.clone()),
+                    drop: name.to_string().max(other.clone()),
+                    compare: [other, name.to_string()],
+                });
+                None
+            }
+            Ok(true) => {
+                let found = params.find(&other);
+                if found.is_none() {
+                    self.problems.push(Problem {
+                        message: format!(
+                            "{name}: tied_to names '{other}', which is not a parameter before it"
+                        ),
+                        fix: Some("fix the mapping file".into()),
+                    });
+                }
+                found
+            }
+            Ok(false) => None,
+            Err(err) => {
+                self.problems.push(Problem {
+                    message: format!("{name}: cannot evaluate `tied_to.when: {}`: {err}", t.when),
+                    fix: None,
+                });
+                None
+            }
+        }
+    }
+}
+
+impl<'m> Params<'m> {
+    fn add(&mut self, p: Param<'m>) {
+        let Params {
+            list,
+            first_index,
+            hasher,
+            ..
+        } = self;
+        if let Entry::Vacant(v) = first_index.entry(
+            hasher.hash_one(&p.name),
+            |&j| list[j].name == p.name,
+            |&j| hasher.hash_one(&list[j].name),
+        ) {
+            v.insert(list.len());
+        }
+        list.push(p);
+    }
+
+    /// The first parameter named `name`.
+    fn find(&self, name: &str) -> Option<usize> {
+        self.first_index
+            .find(self.hasher.hash_one(name), |&j| self.list[j].name == name)
+            .copied()
+    }
+}
+
+/// `{i}` in a name replaced by the layer index.
+fn at_layer(name: &str, i: Option<u64>) -> String {
+    match i {
+        Some(i) => name.replace("{i}", &i.to_string()),
+        None => name.to_string(),
+    }
+}
+
+/// A layout's dimensions evaluated; the error names the expression that failed.
+fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, String> {
+    let one = |e: &Expr| e.eval_u64(scope).map_err(|err| format!("`{e}`: {err}"));
+    let many = |v: &[Expr]| v.iter().map(one).collect::<Result<Vec<_>, _>>();
+    Ok(match l {
+        Layout::Replicated { shape } => Geometry::Replicated {
+            shape: many(shape)?,
+        },
+        Layout::Column { shape } => Geometry::Column {
+            shape: many(shape)?,
+        },
+        Layout::Row { shape } => {
+            let shape = many(shape)?;
+            if shape.len() != 2 {
+                return Err("a row-parallel parameter needs a 2-D shape".into());
+            }
+            Geometry::Row { shape }
+        }
+        Layout::MergedColumn { sizes, inner } => Geometry::MergedColumn {
+            sizes: many(sizes)?,
+            inner: many(inner)?,
+        },
+        Layout::Qkv {
+            heads,
+            kv_heads,
+            head_dim,
+            inner,
+        } => Geometry::Qkv {
+            heads: one(heads)?,
+            kv_heads: one(kv_heads)?,
+            head_dim: one(head_dim)?,
+            inner: many(inner)?,
+        },
+        Layout::Vocab {
+            vocab,
+            inner,
+            padding,
+        } => Geometry::Vocab {
+            vocab: one(vocab)?,
+            inner: many(inner)?,
+            padding: (*padding).max(1),
+        },
+        Layout::Experts {
+            part,
+            experts,
+            intermediate,
+            hidden,
+        } => Geometry::Experts {
+            part: *part,
+            experts: one(experts)?,
+            intermediate: one(intermediate)?,
+            hidden: one(hidden)?,
+        },
+    })
+}

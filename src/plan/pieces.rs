@@ -1,0 +1,144 @@
+//! Pieces phase: per rank, the tensors vLLM holds in state_dict order, each with the pieces that
+//! fill it — a copy of a block of a source tensor per slice of its layout, or a fill.
+
+use std::collections::HashMap;
+
+use super::assign::{Assigned, Feed};
+use super::layout::{Rank, Slice, SlotKey};
+use super::params::Param;
+use super::{OutTensor, Piece, Planner, RankPlan};
+
+impl Planner<'_> {
+    /// Every rank's tensors. Tied pairs become one key, the smaller name, at the first one's
+    /// place (ShardedStateLoader._filter_subtensors).
+    pub(super) fn ranks(&self, params: &[Param], a: &Assigned, fused: &[bool]) -> Vec<RankPlan> {
+        let alias_name: HashMap<usize, String> = params
+            .iter()
+            .filter_map(|p| {
+                p.alias_of
+                    .map(|a| (a, params[a].name.clone().min(p.name.clone())))
+            })
+            .collect();
+        (0..self.opts.tp)
+            .map(|rank| {
+                let r = Rank {
+                    tp: self.opts.tp,
+                    rank,
+                    ep: self.opts.expert_parallel,
+                };
+                let tensors: Vec<OutTensor> = params
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.alias_of.is_none())
+                    .filter_map(|(pi, p)| {
+                        let name = alias_name.get(&pi).unwrap_or(&p.name);
+                        rank_tensor(p, name, r, &a.fed[pi], fused[pi])
+                    })
+                    .collect();
+                RankPlan {
+                    rank,
+                    bytes: tensors.iter().map(|t| t.bytes).sum(),
+                    tensors,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Rank `r`'s tensor of `p`, named `name`; `None` when it is empty (vLLM drops those: an EP rank
+/// without experts).
+fn rank_tensor(
+    p: &Param,
+    name: &str,
+    r: Rank,
+    fed: &HashMap<SlotKey, Feed>,
+    fused: bool,
+) -> Option<OutTensor> {
+    let l = p.geometry.rank_layout(r, fused);
+    let numel: u64 = l.shape.iter().product();
+    if numel == 0 {
+        return None;
+    }
+    let fill = p.spec.fill.unwrap_or(0.0);
+    let mut pieces = Vec::new();
+    if p.spec.buffer {
+        pieces.push(Piece::Fill {
+            dst_start: 0,
+            count: numel,
+            value: fill,
+        });
+    } else {
+        for slice in &l.slices {
+            match fed.get(&slice.slot) {
+                Some(feed) => push_copies(&mut pieces, feed, slice),
+                // An optional parameter the checkpoint leaves out keeps its fill value.
+                None => {
+                    let b = slice.block();
+                    pieces.extend((0..b.rows).map(|k| Piece::Fill {
+                        dst_start: b.dst_start + k * b.dst_stride,
+                        count: b.row,
+                        value: fill,
+                    }));
+                }
+            }
+        }
+        pieces.extend(l.zeros.iter().map(|&(at, count)| Piece::Fill {
+            dst_start: at,
+            count,
+            value: 0.0,
+        }));
+    }
+    Some(OutTensor {
+        name: name.to_string(),
+        dtype: p.dtype,
+        shape: l.shape,
+        bytes: p.dtype.byte_size(numel).unwrap_or(0),
+        pieces,
+    })
+}
+
+/// Copies for one slice; with a rotary permutation (Mistral-native q/k) each head's even rows go
+/// to its first half and odd rows to its second half.
+fn push_copies(out: &mut Vec<Piece>, feed: &Feed, slice: &Slice) {
+    let b = slice.block();
+    let region = slice.region();
+    let source = feed.source;
+    // The checkpoint tensor's shape, as the assign phase checked it (a 0-d tensor is viewed as
+    // one element, so there is always a dim 0).
+    let src_shape = &slice.src_shape;
+    match feed.rotary_heads {
+        Some(h) if slice.dim == 0 && h > 0 && src_shape[0].is_multiple_of(h) => {
+            let hd = src_shape[0] / h;
+            let inner: u64 = src_shape[1..].iter().product();
+            let mut dst = b.dst_start;
+            let mut row = slice.from;
+            while row < slice.to {
+                let head_start = row / hd * hd;
+                for half in 0..2 {
+                    out.push(Piece::Copy {
+                        source,
+                        region: format!("{region}, rotary permuted"),
+                        rows: hd / 2,
+                        row: inner,
+                        src_start: (head_start + half) * inner,
+                        src_stride: 2 * inner,
+                        dst_start: dst + half * (hd / 2) * inner,
+                        dst_stride: inner,
+                    });
+                }
+                dst += hd * inner;
+                row = head_start + hd;
+            }
+        }
+        _ => out.push(Piece::Copy {
+            source,
+            region,
+            rows: b.rows,
+            row: b.row,
+            src_start: b.src_start,
+            src_stride: b.src_stride,
+            dst_start: b.dst_start,
+            dst_stride: b.dst_stride,
+        }),
+    }
+}

@@ -1,0 +1,196 @@
+//! The plan's data: what `wload plan --json` prints and what execution consumes, and how a refusal
+//! is described.
+
+use serde::Serialize;
+
+use super::layout::Block;
+use crate::dtype::Dtype;
+
+/// Bumped when a field of the plan JSON changes meaning or disappears.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// `wload plan --json`: the plan plus where it came from.
+#[derive(Debug, Serialize)]
+pub struct PlanReport {
+    pub schema_version: u32,
+    pub wload_version: &'static str,
+    pub source: String,
+    pub timings: crate::Timings,
+    #[serde(flatten)]
+    pub plan: Plan,
+}
+
+/// `--json` when planning is refused: every problem, complete, while the terminal gets a summary.
+#[derive(Debug, Serialize)]
+pub struct ProblemsReport<'a> {
+    pub schema_version: u32,
+    pub wload_version: &'static str,
+    pub exit_status: u8,
+    pub problem_count: usize,
+    pub problems: &'a [Problem],
+}
+
+impl<'a> ProblemsReport<'a> {
+    /// The report for an error that is a list of problems; `None` for any other error.
+    pub fn of(e: &'a crate::Error) -> Option<ProblemsReport<'a>> {
+        match e {
+            crate::Error::Plan(PlanError::Invalid(ps)) => Some(ProblemsReport {
+                schema_version: SCHEMA_VERSION,
+                wload_version: env!("CARGO_PKG_VERSION"),
+                exit_status: e.exit_status() as u8,
+                problem_count: ps.len(),
+                problems: ps,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// `--dtype`, as vLLM spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DtypeChoice {
+    /// The config's dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it).
+    Auto,
+    Bfloat16,
+    Float16,
+    Float32,
+}
+
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    pub tp: u64,
+    pub expert_parallel: bool,
+    pub dtype: DtypeChoice,
+    /// Only the per-rank names, dtypes and shapes matter (checking a pre-sharded folder): a
+    /// parameter the checkpoint does not fill is not a problem.
+    pub shapes_only: bool,
+}
+
+/// One thing wrong with the checkpoint for this model and TP size, with the likely fix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct Problem {
+    pub message: String,
+    pub fix: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Mapping(#[from] crate::mapping::MappingError),
+    #[error("{}", crate::report::ProblemList(.0))]
+    Invalid(Vec<Problem>),
+    #[error("--tp must be at least 1")]
+    BadTp,
+}
+
+/// A checkpoint tensor some piece reads.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceTensor {
+    pub name: String,
+    pub file: String,
+    #[serde(skip)]
+    pub file_index: usize,
+    /// Absolute byte offset of the tensor's data in its file.
+    pub offset: u64,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+}
+
+/// How part of a rank's tensor is filled: a copy of a [`Block`] from a source tensor, or a fill.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Piece {
+    /// A [`Block`] (in elements) copied from a source tensor, converting dtype when they differ;
+    /// its fields are the block's, flat, as the plan JSON has always had them.
+    Copy {
+        /// Index into [`Plan::sources`].
+        source: usize,
+        /// Human description of the slice (`rows [64, 128)`).
+        region: String,
+        rows: u64,
+        row: u64,
+        src_start: u64,
+        src_stride: u64,
+        dst_start: u64,
+        dst_stride: u64,
+    },
+    /// `count` elements from `dst_start` set to `value`.
+    Fill {
+        dst_start: u64,
+        count: u64,
+        value: f64,
+    },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OutTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub bytes: u64,
+    pub pieces: Vec<Piece>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RankPlan {
+    pub rank: u64,
+    pub bytes: u64,
+    pub tensors: Vec<OutTensor>,
+}
+
+/// The tie between lm_head and the embedding is decided by data: the config says tied but the
+/// checkpoint ships an lm_head, so vLLM builds them untied and re-ties them if equal.
+#[derive(Debug, Clone, Serialize)]
+pub struct Retie {
+    pub keep: String,
+    pub drop: String,
+    pub compare: [String; 2],
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub family: String,
+    pub architecture: String,
+    pub tp: u64,
+    pub expert_parallel: bool,
+    pub dtype: Dtype,
+    pub sources: Vec<SourceTensor>,
+    pub ranks: Vec<RankPlan>,
+    /// Whether lm_head and the embedding are one tensor in the output (config.json must say so).
+    pub tie_word_embeddings: bool,
+    pub retie: Option<Retie>,
+    /// Checkpoint tensors dropped by a rule or skipped as vLLM skips them.
+    pub skipped: Vec<Skipped>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    pub tensor: String,
+    pub reason: String,
+}
+
+impl Piece {
+    /// The block a copy moves; `None` for a fill.
+    pub fn block(&self) -> Option<Block> {
+        match *self {
+            Piece::Copy {
+                rows,
+                row,
+                src_start,
+                src_stride,
+                dst_start,
+                dst_stride,
+                ..
+            } => Some(Block {
+                rows,
+                row,
+                src_start,
+                src_stride,
+                dst_start,
+                dst_stride,
+            }),
+            Piece::Fill { .. } => None,
+        }
+    }
+}
