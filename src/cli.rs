@@ -255,7 +255,7 @@ pub struct ShardArgs {
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    crate::exec::parts::parse_size(s)
+    crate::units::parse_size(s)
 }
 
 #[derive(Debug, Args)]

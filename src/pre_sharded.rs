@@ -8,9 +8,10 @@ use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, TensorInfo, WeightFile};
 use crate::manifest::{MANIFEST, Manifest};
+use crate::plan::PlanOptions;
 use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, SourceTensor};
 use crate::ranks::{self, RankList};
-use crate::{Error, Opened, PlanOptions};
+use crate::{Error, Opened};
 
 pub use crate::rank_files::{RankFiles, in_folder as files};
 
@@ -72,11 +73,10 @@ fn expected_plan(
         &mapping,
         &opened.config,
         &empty,
-        &plan::PlanOptions {
-            tp: popts.tp,
+        &PlanOptions {
             expert_parallel: popts.expert_parallel || manifest.is_some_and(|m| m.expert_parallel),
-            dtype: popts.dtype,
             shapes_only: true,
+            ..popts.clone()
         },
     )?)
 }

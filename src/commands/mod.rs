@@ -4,4 +4,5 @@
 
 pub mod inspect;
 pub mod load;
+pub mod plan;
 pub mod shard;

@@ -108,55 +108,11 @@ fn header(rank: &RankPlan, order: &[usize]) -> (Vec<u8>, Vec<(usize, u64)>, u64)
     (header, rel, offset)
 }
 
-/// Parses `500MB`, `5GiB`, `40000`: decimal (kB, MB, GB, TB) and binary (KiB, MiB, GiB, TiB) units.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let unit = unit.trim();
-    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1000,
-        "m" | "mb" => 1000u64.pow(2),
-        "g" | "gb" => 1000u64.pow(3),
-        "t" | "tb" => 1000u64.pow(4),
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        "tib" => 1 << 40,
-        _ => {
-            return Err(format!(
-                "unknown unit '{unit}' in '{s}' (use B, kB, MB, GB, KiB, MiB, GiB)"
-            ));
-        }
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size like 40000, 500MB or 5GiB"))?;
-    let bytes = v * mult as f64;
-    if bytes < 1.0 || !bytes.is_finite() {
-        return Err(format!("'{s}' must be at least one byte"));
-    }
-    Ok(bytes as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dtype::Dtype;
     use crate::plan::OutTensor;
-
-    #[test]
-    fn sizes_parse_with_units() {
-        assert_eq!(parse_size("40000"), Ok(40000));
-        assert_eq!(parse_size("500MB"), Ok(500_000_000));
-        assert_eq!(parse_size("5GiB"), Ok(5 << 30));
-        assert_eq!(parse_size("1.5 KiB"), Ok(1536));
-        assert!(parse_size("5 parsecs").is_err());
-        assert!(parse_size("0").is_err());
-    }
 
     /// A tensor as `safetensors::serialize` takes it: zeros of the right length.
     struct Zeros {

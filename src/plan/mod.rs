@@ -17,6 +17,7 @@ mod env;
 pub mod layout;
 mod params;
 mod pieces;
+mod problems;
 mod types;
 mod validate;
 
@@ -31,6 +32,7 @@ use crate::dtype::Dtype;
 use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
 use env::Env;
+pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList};
 pub use types::{
     DtypeChoice, OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, Problem,
     ProblemsReport, RankPlan, Retie, SCHEMA_VERSION, Skipped, SourceTensor,
@@ -236,6 +238,7 @@ mod tests {
             tp,
             expert_parallel: false,
             dtype: DtypeChoice::Auto,
+            mapping: None,
             shapes_only: false,
         }
     }

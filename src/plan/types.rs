@@ -30,22 +30,6 @@ pub struct ProblemsReport<'a> {
     pub problems: &'a [Problem],
 }
 
-impl<'a> ProblemsReport<'a> {
-    /// The report for an error that is a list of problems; `None` for any other error.
-    pub fn of(e: &'a crate::Error) -> Option<ProblemsReport<'a>> {
-        match e {
-            crate::Error::Plan(PlanError::Invalid(ps)) => Some(ProblemsReport {
-                schema_version: SCHEMA_VERSION,
-                wload_version: env!("CARGO_PKG_VERSION"),
-                exit_status: e.exit_status() as u8,
-                problem_count: ps.len(),
-                problems: ps,
-            }),
-            _ => None,
-        }
-    }
-}
-
 /// `--dtype`, as vLLM spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -62,6 +46,8 @@ pub struct PlanOptions {
     pub tp: u64,
     pub expert_parallel: bool,
     pub dtype: DtypeChoice,
+    /// `--mapping FILE` instead of the embedded mapping for the architecture.
+    pub mapping: Option<std::path::PathBuf>,
     /// Only the per-rank names, dtypes and shapes matter (checking a pre-sharded folder): a
     /// parameter the checkpoint does not fill is not a problem.
     pub shapes_only: bool,
@@ -78,7 +64,7 @@ pub struct Problem {
 pub enum PlanError {
     #[error(transparent)]
     Mapping(#[from] crate::mapping::MappingError),
-    #[error("{}", crate::report::ProblemList(.0))]
+    #[error("{}", super::problems::ProblemList(.0))]
     Invalid(Vec<Problem>),
     #[error("--tp must be at least 1")]
     BadTp,

@@ -13,7 +13,7 @@ use std::io::{self, Write};
 pub use inspect::write_inspection;
 pub use load::write_load;
 pub use plan::write_plan;
-pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList, json_problems};
+pub use problems::json_problems;
 pub use shard::write_shard;
 
 /// A plain aligned table; columns marked numeric are right-aligned.
@@ -171,44 +171,7 @@ fn push_spaces(s: &mut String, n: usize) {
     }
 }
 
-/// 1536 → "1.5 KiB".
-pub fn human_bytes(n: u64) -> String {
-    HumanBytes(n).to_string()
-}
-
-/// [`human_bytes`] as a `Display`, to format without an intermediate `String`.
-pub struct HumanBytes(pub u64);
-
-impl fmt::Display for HumanBytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-        let n = self.0;
-        let mut v = n as f64;
-        let mut u = 0;
-        while v >= 1024.0 && u + 1 < UNITS.len() {
-            v /= 1024.0;
-            u += 1;
-        }
-        if u == 0 {
-            write!(f, "{n} B")
-        } else {
-            write!(f, "{v:.1} {}", UNITS[u])
-        }
-    }
-}
-
-/// 1234567 → "1,234,567".
-pub fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
+pub use crate::units::{HumanBytes, human_bytes, thousands};
 
 /// [2, 3] → "[2, 3]".
 pub fn shape(s: &[u64]) -> String {

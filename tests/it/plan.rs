@@ -143,6 +143,7 @@ fn time_plan(
         tp: 2,
         expert_parallel: false,
         dtype: wload::plan::DtypeChoice::Auto,
+        mapping: None,
         shapes_only: false,
     };
     let mut best = f64::INFINITY;

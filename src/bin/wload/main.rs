@@ -214,5 +214,6 @@ fn plan_options(a: &ParallelArgs) -> wload::PlanOptions {
         expert_parallel: a.enable_expert_parallel,
         dtype: a.dtype,
         mapping: a.mapping.clone(),
+        shapes_only: false,
     }
 }
