@@ -70,6 +70,16 @@ pub enum PlanError {
     BadTp,
 }
 
+impl PlanError {
+    pub fn exit_status(&self) -> crate::ExitStatus {
+        match self {
+            PlanError::Mapping(e) => e.exit_status(),
+            PlanError::BadTp => crate::ExitStatus::Usage,
+            PlanError::Invalid(_) => crate::ExitStatus::Checkpoint,
+        }
+    }
+}
+
 /// A checkpoint tensor some piece reads.
 #[derive(Debug, Clone, Serialize)]
 pub struct SourceTensor {
