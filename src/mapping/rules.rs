@@ -197,36 +197,58 @@ impl Rules {
             }
         };
 
+        let mut shard = None;
+        if let Some(dropped) = self.rename(&mut inner, &mut shard, &mut trace) {
+            return dropped;
+        }
+        let mut target = format!("{outer}{inner}");
+        let expert = self.expert(&mut target, &mut shard, &mut trace);
+        Outcome::Mapped(Mapped {
+            target,
+            shard,
+            expert,
+            permute_heads,
+            trace,
+        })
+    }
+
+    /// vLLM's rename rules in their fixed order (regex, substring, stacked, prefix, suffix) on
+    /// the name inside the scope; `Some` when a rule drops the tensor.
+    fn rename(
+        &self,
+        inner: &mut String,
+        shard: &mut Option<ShardId>,
+        trace: &mut Vec<String>,
+    ) -> Option<Outcome> {
         for (r, re) in self.regex.iter().zip(&self.compiled) {
-            if re.is_match(&inner) {
+            if re.is_match(inner) {
                 let Some(rep) = &r.replace else {
-                    return Outcome::Dropped {
+                    return Some(Outcome::Dropped {
                         rule: format!("regex `{}` → null", r.pattern),
-                    };
+                    });
                 };
                 let new = re
-                    .replace_all(&inner, python_repl(rep).as_str())
+                    .replace_all(inner, python_repl(rep).as_str())
                     .into_owned();
                 trace.push(format!("regex `{}` → `{rep}`", r.pattern));
-                inner = new;
+                *inner = new;
             }
         }
         for r in &self.substr {
             if inner.contains(&r.from) {
                 let Some(to) = &r.to else {
-                    return Outcome::Dropped {
+                    return Some(Outcome::Dropped {
                         rule: format!("substring '{}' → null", r.from),
-                    };
+                    });
                 };
-                inner = inner.replacen(&r.from, to, 1);
+                *inner = inner.replacen(&r.from, to, 1);
                 trace.push(format!("substring '{}' → '{to}'", r.from));
             }
         }
-        let mut shard = None;
         for r in &self.stacked {
             if inner.contains(&r.from) {
-                inner = inner.replacen(&r.from, &r.to, 1);
-                shard = Some(r.shard.clone());
+                *inner = inner.replacen(&r.from, &r.to, 1);
+                *shard = Some(r.shard.clone());
                 trace.push(format!(
                     "stacked '{}' → '{}' shard {}",
                     r.from, r.to, r.shard
@@ -236,36 +258,46 @@ impl Rules {
         for r in &self.prefix {
             if inner.starts_with(&r.from) {
                 let Some(to) = &r.to else {
-                    return Outcome::Dropped {
+                    return Some(Outcome::Dropped {
                         rule: format!("prefix '{}' → null", r.from),
-                    };
+                    });
                 };
-                inner = inner.replacen(&r.from, to, 1);
+                *inner = inner.replacen(&r.from, to, 1);
                 trace.push(format!("prefix '{}' → '{to}'", r.from));
             }
         }
         for r in &self.suffix {
             if inner.ends_with(&r.from) {
                 let Some(to) = &r.to else {
-                    return Outcome::Dropped {
+                    return Some(Outcome::Dropped {
                         rule: format!("suffix '{}' → null", r.from),
-                    };
+                    });
                 };
                 let cut = inner.len() - r.from.len();
-                inner = format!("{}{to}", &inner[..cut]);
+                *inner = format!("{}{to}", &inner[..cut]);
                 trace.push(format!("suffix '{}' → '{to}'", r.from));
             }
         }
-        let mut target = format!("{outer}{inner}");
+        None
+    }
+
+    /// The first expert rule that matches: the per-expert name folded into the fused parameter,
+    /// and the expert id.
+    fn expert(
+        &self,
+        target: &mut String,
+        shard: &mut Option<ShardId>,
+        trace: &mut Vec<String>,
+    ) -> Option<u64> {
         let mut expert = None;
         for (r, re) in self.experts.iter().zip(&self.compiled_experts) {
-            if let Some(c) = re.captures(&target) {
+            if let Some(c) = re.captures(target) {
                 let id = c[1].parse::<u64>().ok();
                 if let Some(id) = id {
                     let whole = c.get(0).expect("group 0 always matches").range();
                     target.replace_range(whole, &r.replace);
                     expert = Some(id);
-                    shard = Some(ShardId::Name(r.shard.clone()));
+                    *shard = Some(ShardId::Name(r.shard.clone()));
                     trace.push(format!(
                         "expert `{}` → '{}' expert {id} shard {}",
                         r.pattern, r.replace, r.shard
@@ -274,13 +306,7 @@ impl Rules {
                 }
             }
         }
-        Outcome::Mapped(Mapped {
-            target,
-            shard,
-            expert,
-            permute_heads,
-            trace,
-        })
+        expert
     }
 }
 
