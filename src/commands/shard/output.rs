@@ -283,10 +283,13 @@ impl Staging {
             }
             return Ok(());
         }
-        // The old output stays recognisable as a leftover until it is gone.
-        Owner::me(out).write(&self.path)?;
-        fs::remove_dir_all(&self.path)
-            .map_err(|e| ShardError::io("removing the replaced output", &self.path, e))
+        // The old output stays recognisable as a leftover until it is gone. Best effort: the new
+        // output is already in place, and failing the run now would misreport it.
+        let _ = Owner::me(out).write(&self.path);
+        // Likewise: what cannot be removed now (a file another process holds open on a network
+        // filesystem) carries our owner record, and the next run sweeps it.
+        let _ = fs::remove_dir_all(&self.path);
+        Ok(())
     }
 }
 
@@ -329,7 +332,7 @@ fn fallback_replace(staging: &Path, target: &Target, id: FileId) -> Result<(), S
         let _ = fs::rename(&aside, out);
         return Err(e);
     }
-    Owner::me(out).write(&aside)?;
+    let _ = Owner::me(out).write(&aside);
     fs::remove_dir_all(&aside)
         .map_err(|e| ShardError::io("removing the replaced output", &aside, e))
 }
