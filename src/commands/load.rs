@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::exec::device::{CpuDevice, Device, DeviceError};
-use crate::exec::{ExecError, Placement, Sink, Stats};
+use crate::exec::{Control, ExecError, Placement, Sink, Stats};
 use crate::manifest::{self, Manifest};
 use crate::plan::{self, Plan, Problem};
 use crate::progress::{Progress, Quiet};
@@ -402,19 +402,11 @@ fn transfer(
         map,
         copy_ns: (0..devices.len()).map(|_| Default::default()).collect(),
     };
-    let stats = Stats::default();
     let t = Instant::now();
     let bar = progress(planned.bytes());
-    let root = planned.root();
-    crate::exec::execute_with_stats(
-        &planned.plan,
-        root,
-        &placements,
-        &sink,
-        cancel,
-        bar.as_ref(),
-        &stats,
-    )?;
+    let ctl = Control::new(cancel, bar.as_ref());
+    crate::exec::execute(&planned.plan, planned.root(), &placements, &sink, &ctl)?;
+    let stats = ctl.stats;
     drop(bar);
     timings.transfer_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
@@ -498,7 +490,7 @@ fn reference_bytes(
         out: 0,
         offset: 0,
     }];
-    crate::exec::execute(plan, root, &pl, &sink, cancel, &Quiet)?;
+    crate::exec::execute(plan, root, &pl, &sink, &Control::new(cancel, &Quiet))?;
     Ok(devices[0].download(0)?)
 }
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::exec::parts::{self, PartFile};
-use crate::exec::{ExecError, convert, verify, write};
+use crate::exec::{Control, ExecError, convert, verify, write};
 use crate::manifest::{self, MANIFEST, Manifest, ManifestFile};
 use crate::plan::Plan;
 use crate::progress::{Progress, Quiet};
@@ -167,7 +167,14 @@ pub fn shard(
 
     let t = Instant::now();
     let bar = progress(total);
-    write::write_parts(&plan, root, tmp, &files, cancel, bar.as_ref()).map_err(ShardError::from)?;
+    write::write_parts(
+        &plan,
+        root,
+        tmp,
+        &files,
+        &Control::new(cancel, bar.as_ref()),
+    )
+    .map_err(ShardError::from)?;
     timings.write_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
@@ -185,7 +192,8 @@ pub fn shard(
     }
     if opts.verify {
         let t = Instant::now();
-        verify::verify_parts(&plan, root, tmp, &files, cancel, &Quiet).map_err(ShardError::from)?;
+        verify::verify_parts(&plan, root, tmp, &files, &Control::new(cancel, &Quiet))
+            .map_err(ShardError::from)?;
         timings.verify_s = t.elapsed().as_secs_f64();
     }
     if cancel.load(Ordering::Relaxed) {

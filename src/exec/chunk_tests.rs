@@ -12,8 +12,7 @@ use std::sync::atomic::AtomicBool;
 use super::device::{CpuDevice, Device};
 use super::parts::{self, PartFile};
 use super::{
-    CHUNK_BYTES, ExecError, ExecOptions, Placement, Sink, Stats, convert, execute_with, verify,
-    write,
+    CHUNK_BYTES, Control, ExecError, ExecOptions, Placement, Sink, convert, execute, verify, write,
 };
 use crate::dtype::Dtype;
 use crate::plan::{OutTensor, Piece, Plan, RankPlan, SourceTensor};
@@ -407,8 +406,14 @@ fn check_files(plan: &Plan, root: &Path, srcs: &[Src], opts: ExecOptions, ctx: &
         .collect();
     let dir = tempfile::TempDir::new().unwrap();
     let cancel = AtomicBool::new(false);
-    write::write_parts_with(plan, root, dir.path(), &files, &cancel, &Quiet, opts)
-        .unwrap_or_else(|e| panic!("{ctx}: writing: {e}"));
+    write::write_parts(
+        plan,
+        root,
+        dir.path(),
+        &files,
+        &Control::new(&cancel, &Quiet).with_options(opts),
+    )
+    .unwrap_or_else(|e| panic!("{ctx}: writing: {e}"));
     for f in &files {
         let got = fs::read(dir.path().join(&f.name)).unwrap();
         let want = reference_file(plan, f, srcs);
@@ -416,8 +421,14 @@ fn check_files(plan: &Plan, root: &Path, srcs: &[Src], opts: ExecOptions, ctx: &
             panic!("{ctx}: {} differs from the reference at byte {at}", f.name);
         }
     }
-    verify::verify_parts_with(plan, root, dir.path(), &files, &cancel, &Quiet, opts)
-        .unwrap_or_else(|e| panic!("{ctx}: verifying a correct output: {e}"));
+    verify::verify_parts(
+        plan,
+        root,
+        dir.path(),
+        &files,
+        &Control::new(&cancel, &Quiet).with_options(opts),
+    )
+    .unwrap_or_else(|e| panic!("{ctx}: verifying a correct output: {e}"));
 
     // The verifier must find a flipped byte anywhere: header, data, fills, strided columns.
     // (Each probe is a whole verification: a few chunk sizes are enough.)
@@ -433,7 +444,13 @@ fn check_files(plan: &Plan, root: &Path, srcs: &[Src], opts: ExecOptions, ctx: &
         let mut bad = original.clone();
         bad[at as usize] ^= 0x10;
         fs::write(&path, &bad).unwrap();
-        let r = verify::verify_parts_with(plan, root, dir.path(), &files, &cancel, &Quiet, opts);
+        let r = verify::verify_parts(
+            plan,
+            root,
+            dir.path(),
+            &files,
+            &Control::new(&cancel, &Quiet).with_options(opts),
+        );
         match r {
             Err(ExecError::Mismatch { offset, .. }) => {
                 assert_eq!(offset, at, "{ctx}: the verifier names the flipped byte")
@@ -470,16 +487,12 @@ fn check_memory(plan: &Plan, root: &Path, srcs: &[Src], opts: ExecOptions, ctx: 
     dev.alloc(&sizes).unwrap();
     let sink = MemSink(dev);
     let cancel = AtomicBool::new(false);
-    let stats = Stats::default();
-    execute_with(
+    execute(
         plan,
         root,
         &placements,
         &sink,
-        &cancel,
-        &Quiet,
-        &stats,
-        opts,
+        &Control::new(&cancel, &Quiet).with_options(opts),
     )
     .unwrap_or_else(|e| panic!("{ctx}: loading into memory: {e}"));
     for pl in &placements {
@@ -565,15 +578,13 @@ fn empty_blocks_copy_nothing() {
             chunk_bytes,
             direct: true,
         };
-        execute_with(
+        let cancel = AtomicBool::new(false);
+        execute(
             &plan,
             root.path(),
             &pl,
             &sink,
-            &AtomicBool::new(false),
-            &Quiet,
-            &Stats::default(),
-            opts,
+            &Control::new(&cancel, &Quiet).with_options(opts),
         )
         .unwrap();
         assert_eq!(sink.0.download(0).unwrap(), vec![0u8; 8], "{opts:?}");

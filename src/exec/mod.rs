@@ -51,11 +51,13 @@ impl Default for ExecOptions {
 }
 
 impl ExecOptions {
-    /// The defaults, with the chunk size that test builds may set (`WLOAD_TEST_CHUNK_BYTES`).
+    /// The defaults, with the chunk size that test builds may set (`WLOAD_TEST_CHUNK_BYTES`),
+    /// and no direct file-to-file copies when the user turned them off
+    /// (`WLOAD_NO_COPY_FILE_RANGE`).
     pub fn for_run() -> ExecOptions {
         ExecOptions {
             chunk_bytes: hooks::chunk_bytes().unwrap_or(CHUNK_BYTES),
-            ..ExecOptions::default()
+            direct: !write::copy_file_range_disabled(),
         }
     }
 }
@@ -171,6 +173,31 @@ struct Job {
     b: Block,
 }
 
+/// How one engine run is steered: when to stop, whom to tell how far it got, how it reads; and
+/// the time it spent per stage, for the caller to read afterwards.
+pub struct Control<'a> {
+    pub cancel: &'a AtomicBool,
+    pub progress: &'a dyn Progress,
+    pub opts: ExecOptions,
+    pub stats: Stats,
+}
+
+impl<'a> Control<'a> {
+    /// The default options ([`ExecOptions::for_run`]) and fresh stats.
+    pub fn new(cancel: &'a AtomicBool, progress: &'a dyn Progress) -> Control<'a> {
+        Control {
+            cancel,
+            progress,
+            opts: ExecOptions::for_run(),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn with_options(self, opts: ExecOptions) -> Control<'a> {
+        Control { opts, ..self }
+    }
+}
+
 /// Runs every piece of the placed tensors: copies grouped by source (each source read once, in
 /// chunks, in parallel over sources), then fills.
 pub fn execute(
@@ -178,54 +205,9 @@ pub fn execute(
     root: &Path,
     placements: &[Placement],
     sink: &dyn Sink,
-    cancel: &AtomicBool,
-    progress: &dyn Progress,
+    ctl: &Control,
 ) -> Result<(), ExecError> {
-    execute_with_stats(
-        plan,
-        root,
-        placements,
-        sink,
-        cancel,
-        progress,
-        &Stats::default(),
-    )
-}
-
-/// [`execute`], accounting time per stage in `stats`.
-pub fn execute_with_stats(
-    plan: &Plan,
-    root: &Path,
-    placements: &[Placement],
-    sink: &dyn Sink,
-    cancel: &AtomicBool,
-    progress: &dyn Progress,
-    stats: &Stats,
-) -> Result<(), ExecError> {
-    execute_with(
-        plan,
-        root,
-        placements,
-        sink,
-        cancel,
-        progress,
-        stats,
-        ExecOptions::for_run(),
-    )
-}
-
-/// [`execute_with_stats`] with explicit options.
-#[allow(clippy::too_many_arguments)]
-pub fn execute_with(
-    plan: &Plan,
-    root: &Path,
-    placements: &[Placement],
-    sink: &dyn Sink,
-    cancel: &AtomicBool,
-    progress: &dyn Progress,
-    stats: &Stats,
-    opts: ExecOptions,
-) -> Result<(), ExecError> {
+    let (cancel, progress, stats, opts) = (ctl.cancel, ctl.progress, &ctl.stats, ctl.opts);
     let mut jobs: Vec<Vec<Job>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
     let mut fills = Vec::new();
     for pl in placements {

@@ -4,12 +4,10 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 use super::parts::PartFile;
-use super::{ExecError, ExecOptions, Sink, Stats, execute_with, placements_for};
+use super::{Control, ExecError, Sink, execute, placements_for};
 use crate::plan::Plan;
-use crate::progress::Progress;
 
 struct VerifySink<'a> {
     files: Vec<(PathBuf, File)>,
@@ -68,29 +66,7 @@ pub fn verify_parts(
     root: &Path,
     dir: &Path,
     files: &[PartFile],
-    cancel: &AtomicBool,
-    progress: &dyn Progress,
-) -> Result<(), ExecError> {
-    verify_parts_with(
-        plan,
-        root,
-        dir,
-        files,
-        cancel,
-        progress,
-        ExecOptions::for_run(),
-    )
-}
-
-/// [`verify_parts`] with explicit engine options.
-pub fn verify_parts_with(
-    plan: &Plan,
-    root: &Path,
-    dir: &Path,
-    files: &[PartFile],
-    cancel: &AtomicBool,
-    progress: &dyn Progress,
-    opts: ExecOptions,
+    ctl: &Control,
 ) -> Result<(), ExecError> {
     let mut opened = Vec::with_capacity(files.len());
     for f in files {
@@ -116,14 +92,5 @@ pub fn verify_parts_with(
     for (i, f) in files.iter().enumerate() {
         sink.put(i, 0, &f.header)?;
     }
-    execute_with(
-        plan,
-        root,
-        &placements_for(plan, files),
-        &sink,
-        cancel,
-        progress,
-        &Stats::default(),
-        opts,
-    )
+    execute(plan, root, &placements_for(plan, files), &sink, ctl)
 }

@@ -3,12 +3,10 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 use super::parts::PartFile;
-use super::{ExecError, ExecOptions, Sink, Stats, execute_with, placements_for};
+use super::{Control, ExecError, Sink, execute, placements_for};
 use crate::plan::Plan;
-use crate::progress::Progress;
 
 /// The user's escape hatch from `copy_file_range`: filesystems have shipped bugs in it (OpenZFS
 /// 2.2.0's block cloning returned wrong data), and then every byte should pass through memory.
@@ -89,25 +87,7 @@ pub fn write_parts(
     root: &Path,
     dir: &Path,
     files: &[PartFile],
-    cancel: &AtomicBool,
-    progress: &dyn Progress,
-) -> Result<(), ExecError> {
-    let opts = ExecOptions {
-        direct: !copy_file_range_disabled(),
-        ..ExecOptions::for_run()
-    };
-    write_parts_with(plan, root, dir, files, cancel, progress, opts)
-}
-
-/// [`write_parts`] with explicit engine options.
-pub fn write_parts_with(
-    plan: &Plan,
-    root: &Path,
-    dir: &Path,
-    files: &[PartFile],
-    cancel: &AtomicBool,
-    progress: &dyn Progress,
-    opts: ExecOptions,
+    ctl: &Control,
 ) -> Result<(), ExecError> {
     let mut opened = Vec::with_capacity(files.len());
     for f in files {
@@ -121,21 +101,12 @@ pub fn write_parts_with(
             .map_err(|e| ExecError::io("writing", &path, e))?;
         // Reserve the space now, so a full disk fails here rather than halfway through.
         allocate(&file, f.size).map_err(|e| ExecError::io("allocating", &path, e))?;
-        progress.advance(f.header.len() as u64);
+        ctl.progress.advance(f.header.len() as u64);
         opened.push((path, file));
     }
     let sink = FileSink { files: opened };
     // Like cp, no fsync: the data is in the page cache and the rename publishes it.
-    execute_with(
-        plan,
-        root,
-        &placements_for(plan, files),
-        &sink,
-        cancel,
-        progress,
-        &Stats::default(),
-        opts,
-    )
+    execute(plan, root, &placements_for(plan, files), &sink, ctl)
 }
 
 /// Reserves the file's blocks (posix_fallocate), so that a full disk is reported before any data is
