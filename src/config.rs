@@ -5,6 +5,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+pub mod aliases;
+
+pub use aliases::ConfigAlias;
+
 /// `--config-format`, as vLLM spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -36,14 +40,21 @@ pub enum ConfigError {
         found: String,
         expected: &'static str,
     },
-    #[error("{path}: required field '{field}' is missing{hint}")]
+    #[error("{path}: required field '{field}'{} is missing{hint}", or_spelling(*.also))]
     MissingField {
         path: PathBuf,
         field: &'static str,
+        /// transformers' other spelling of the field, when its config class has one.
+        also: Option<&'static str>,
         hint: &'static str,
     },
     #[error("--hf-overrides: {message}")]
     BadOverrides { message: String },
+}
+
+/// ` (or 'alias')` for an error that names a field with two spellings.
+pub fn or_spelling(also: Option<&str>) -> String {
+    also.map(|a| format!(" (or '{a}')")).unwrap_or_default()
 }
 
 impl ConfigError {
@@ -80,9 +91,13 @@ pub struct ModelConfig {
     pub dtype: Option<String>,
     /// `quantization_config.quant_method` (fp8, gptq, awq, ...), when the checkpoint is quantized.
     pub quantization: Option<String>,
-    /// The text config after overrides (the top level, or `text_config` for multimodal wrappers).
+    /// The text config after overrides (the top level, or `text_config` for multimodal wrappers),
+    /// with both spellings of each aliased attribute holding the attribute's value.
     #[serde(skip)]
     pub raw: Map<String, Value>,
+    /// transformers' attribute aliases of the text config's class, for naming both spellings.
+    #[serde(skip)]
+    pub aliases: &'static [ConfigAlias],
 }
 
 /// Reads the config the resolution picked and applies `overrides` (vLLM's `--hf-overrides` semantics:
@@ -110,9 +125,14 @@ pub fn load(
     if format == ConfigFormat::Mistral {
         map = mistral_to_hf(map);
     }
+    // In transformers' order: the config class resolves the file's aliases, vLLM then applies
+    // `--hf-overrides` with setattr (which follows the aliases), and reads either spelling.
+    each_config(&mut map, aliases::resolve);
     if let Some(o) = overrides {
         apply_overrides(&mut map, o);
     }
+    each_config(&mut map, aliases::mirror);
+    let aliases = aliases::for_map(text_config(&map));
     from_map(&path, map).map_err(|e| match e {
         // A bad value the user supplied is a usage error about the flag, not the file.
         ConfigError::BadField {
@@ -120,11 +140,34 @@ pub fn load(
             found,
             expected,
             ..
-        } if overrides.is_some_and(|o| o.contains_key(&field)) => ConfigError::BadOverrides {
-            message: format!("'{field}' is {found}, expected {expected}"),
-        },
+        } if overrides.is_some_and(|o| {
+            o.contains_key(&field)
+                || aliases::other_spelling(aliases, &field).is_some_and(|a| o.contains_key(a))
+        }) =>
+        {
+            ConfigError::BadOverrides {
+                message: format!("'{field}' is {found}, expected {expected}"),
+            }
+        }
         e => e,
     })
+}
+
+/// The config object that holds the language model's dimensions (vLLM's get_hf_text_config):
+/// `text_config` for multimodal wrappers, else the top level.
+fn text_config(top: &Map<String, Value>) -> &Map<String, Value> {
+    match top.get("text_config") {
+        Some(Value::Object(t)) => t,
+        _ => top,
+    }
+}
+
+/// `f` on the top-level config and on `text_config`, each with its own class's aliases.
+fn each_config(map: &mut Map<String, Value>, f: fn(&mut Map<String, Value>, &[ConfigAlias])) {
+    f(map, aliases::for_map(map));
+    if let Some(Value::Object(t)) = map.get_mut("text_config") {
+        f(t, aliases::for_map(t));
+    }
 }
 
 /// Parses `--hf-overrides` text: a JSON object.
@@ -143,13 +186,16 @@ pub fn parse_overrides(s: &str) -> Result<Map<String, Value>, ConfigError> {
 }
 
 fn apply_overrides(map: &mut Map<String, Value>, overrides: &Map<String, Value>) {
+    let table = aliases::for_map(map);
     for (k, v) in overrides {
+        // An alias written by the user lands on its attribute, as vLLM's setattr does.
+        let k = aliases::attribute_of(table, k);
         match (map.get_mut(k), v) {
             (Some(Value::Object(existing)), Value::Object(sub)) if k.ends_with("_config") => {
                 apply_overrides(existing, sub)
             }
             _ => {
-                map.insert(k.clone(), v.clone());
+                map.insert(k.to_string(), v.clone());
             }
         }
     }
@@ -227,13 +273,13 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         .or_else(|| top.get("torch_dtype"))
         .and_then(Value::as_str)
         .map(str::to_string);
-    // Multimodal wrappers keep the language model's dimensions in text_config (vLLM's
-    // get_hf_text_config).
-    let raw = match top.get("text_config") {
-        Some(Value::Object(t)) => t.clone(),
-        _ => top.clone(),
+    let raw = text_config(&top).clone();
+    let aliases = aliases::for_map(&raw);
+    let f = Fields {
+        path,
+        map: &raw,
+        aliases,
     };
-    let f = Fields { path, map: &raw };
     let hidden_size = f.req("hidden_size")?;
     let num_attention_heads = f.req("num_attention_heads")?;
     let num_experts = match f.opt("num_local_experts")? {
@@ -292,12 +338,14 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
             }),
         dtype,
         raw,
+        aliases,
     })
 }
 
 struct Fields<'a> {
     path: &'a Path,
     map: &'a Map<String, Value>,
+    aliases: &'static [ConfigAlias],
 }
 
 impl Fields<'_> {
@@ -317,6 +365,7 @@ impl Fields<'_> {
         self.opt(field)?.ok_or_else(|| ConfigError::MissingField {
             path: self.path.to_path_buf(),
             field,
+            also: aliases::other_spelling(self.aliases, field),
             hint: "; add it, or pass it with --hf-overrides",
         })
     }

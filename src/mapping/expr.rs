@@ -64,8 +64,12 @@ enum Op {
 /// Why an expression could not be evaluated.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EvalError {
-    #[error("config field '{0}' is missing")]
-    Missing(String),
+    #[error("config field '{name}'{} is missing", crate::config::or_spelling(.also.as_deref()))]
+    Missing {
+        name: String,
+        /// transformers' other spelling of the field, when the config class has one.
+        also: Option<String>,
+    },
     #[error("{a} is not divisible by {b}")]
     NotDivisible { a: i64, b: i64 },
     #[error("division by zero")]
@@ -84,6 +88,12 @@ pub enum EvalError {
 /// Variable lookup: config fields, derived values, `tp`, `i`, ...
 pub trait Scope {
     fn get(&self, name: &str) -> Option<Value>;
+
+    /// The other spelling of a config field (transformers' attribute aliases), so that a missing
+    /// field's error names both; none by default.
+    fn other_spelling(&self, _name: &str) -> Option<&'static str> {
+        None
+    }
 }
 
 impl<F: Fn(&str) -> Option<Value>> Scope for F {
@@ -279,7 +289,10 @@ fn int(v: &Value) -> Option<i64> {
 fn eval(n: &Node, s: &dyn Scope) -> Result<Value, EvalError> {
     match n {
         Node::Lit(v) => Ok(v.clone()),
-        Node::Var(name) => s.get(name).ok_or_else(|| EvalError::Missing(name.clone())),
+        Node::Var(name) => s.get(name).ok_or_else(|| EvalError::Missing {
+            name: name.clone(),
+            also: s.other_spelling(name).map(str::to_string),
+        }),
         Node::Not(x) => Ok(Value::Bool(!truthy(&eval(x, s)?))),
         Node::Neg(x) => {
             let v = eval(x, s)?;
@@ -293,7 +306,7 @@ fn eval(n: &Node, s: &dyn Scope) -> Result<Value, EvalError> {
             }
         }
         Node::Bin(Op::Coalesce, a, b) => match eval(a, s) {
-            Ok(Value::Null) | Err(EvalError::Missing(_)) => eval(b, s),
+            Ok(Value::Null) | Err(EvalError::Missing { .. }) => eval(b, s),
             other => other,
         },
         Node::Bin(Op::Or, a, b) => {
@@ -660,7 +673,13 @@ mod tests {
         );
         assert_eq!(ev("nope ?? 5").unwrap(), json!(5));
         assert_eq!(ev("a ?? b ?? 2").unwrap(), json!(2));
-        assert_eq!(ev("nope"), Err(EvalError::Missing("nope".into())));
+        assert_eq!(
+            ev("nope"),
+            Err(EvalError::Missing {
+                name: "nope".into(),
+                also: None
+            })
+        );
     }
 
     #[test]

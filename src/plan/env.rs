@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::{PlanOptions, Problem, Problems};
-use crate::config::ModelConfig;
+use crate::config::{ConfigAlias, ModelConfig};
 use crate::mapping::Mapping;
+use crate::mapping::expr::Scope;
 
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
 
@@ -16,6 +17,8 @@ const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overr
 /// `tp`, `ep` and (inside layers) `i`.
 pub(super) struct Env {
     vars: HashMap<String, Value>,
+    /// The config class's attribute aliases: a missing field's error names both spellings.
+    aliases: &'static [ConfigAlias],
 }
 
 impl Env {
@@ -37,7 +40,10 @@ impl Env {
         }
         vars.insert("tp".into(), Value::from(opts.tp));
         vars.insert("ep".into(), Value::Bool(opts.expert_parallel));
-        let mut env = Env { vars };
+        let mut env = Env {
+            vars,
+            aliases: config.aliases,
+        };
         for (k, e) in &mapping.derive {
             let value = e.eval(&env.scope(None));
             match value {
@@ -80,11 +86,8 @@ impl Env {
     }
 
     /// The variables, plus `i` inside layer `i`.
-    pub(super) fn scope<'a>(&'a self, i: Option<u64>) -> impl Fn(&str) -> Option<Value> + 'a {
-        move |k: &str| match (k, i) {
-            ("i", Some(i)) => Some(Value::from(i)),
-            _ => self.vars.get(k).cloned(),
-        }
+    pub(super) fn scope(&self, i: Option<u64>) -> EnvScope<'_> {
+        EnvScope { env: self, i }
     }
 
     /// Whether `name` is the boolean `true`.
@@ -114,6 +117,25 @@ impl Env {
     }
 }
 
+/// What an expression sees: the environment, and `i` inside layer `i`.
+pub(super) struct EnvScope<'a> {
+    env: &'a Env,
+    i: Option<u64>,
+}
+
+impl Scope for EnvScope<'_> {
+    fn get(&self, k: &str) -> Option<Value> {
+        match (k, self.i) {
+            ("i", Some(i)) => Some(Value::from(i)),
+            _ => self.env.vars.get(k).cloned(),
+        }
+    }
+
+    fn other_spelling(&self, name: &str) -> Option<&'static str> {
+        crate::config::aliases::other_spelling(self.env.aliases, name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +146,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
+            aliases: &[],
         }
     }
 
@@ -138,7 +161,7 @@ mod tests {
     #[test]
     fn i_is_visible_only_inside_a_layer() {
         let e = env(&[("i", Value::from(9))]);
-        assert_eq!(e.scope(Some(3))("i"), Some(Value::from(3)));
-        assert_eq!(e.scope(None)("i"), Some(Value::from(9)));
+        assert_eq!(e.scope(Some(3)).get("i"), Some(Value::from(3)));
+        assert_eq!(e.scope(None).get("i"), Some(Value::from(9)));
     }
 }

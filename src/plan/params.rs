@@ -136,7 +136,6 @@ impl<'m> Planner<'m> {
             }
         };
         let tied = spec.tied_to.as_ref().map(|t| (t, t.when.eval_bool(&scope)));
-        drop(scope);
         let alias_of = tied.and_then(|(t, when)| self.tie(&name, t, i, when, params));
         Some(Param {
             name,

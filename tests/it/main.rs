@@ -13,6 +13,7 @@
 mod support;
 
 mod cli;
+mod config_aliases;
 mod errors;
 mod fuzz;
 mod hub;

@@ -93,3 +93,84 @@ pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -
         .collect();
     write_safetensors(&dir.join("model.safetensors"), &tensors);
 }
+
+/// A one-layer Qwen3-MoE with 2 experts, bf16, tensors named as Hugging Face saves them, with
+/// `num_experts` spelled as on the Hub.
+pub fn tiny_qwen3_moe() -> TempDir {
+    let tmp = TempDir::new().unwrap();
+    write_json(
+        &tmp.path().join("config.json"),
+        &json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "hidden_size": 16,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 8,
+            "intermediate_size": 16,
+            "vocab_size": 64,
+            "num_hidden_layers": 1,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": false,
+            "dtype": "bfloat16"
+        }),
+    );
+    let mut specs: Vec<(String, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![64, 16]),
+        (
+            "model.layers.0.self_attn.q_proj.weight".into(),
+            vec![16, 16],
+        ),
+        (
+            "model.layers.0.self_attn.k_proj.weight".into(),
+            vec![16, 16],
+        ),
+        (
+            "model.layers.0.self_attn.v_proj.weight".into(),
+            vec![16, 16],
+        ),
+        (
+            "model.layers.0.self_attn.o_proj.weight".into(),
+            vec![16, 16],
+        ),
+        ("model.layers.0.self_attn.q_norm.weight".into(), vec![8]),
+        ("model.layers.0.self_attn.k_norm.weight".into(), vec![8]),
+        ("model.layers.0.mlp.gate.weight".into(), vec![2, 16]),
+    ];
+    for e in 0..2 {
+        let p = format!("model.layers.0.mlp.experts.{e}");
+        specs.push((format!("{p}.gate_proj.weight"), vec![8, 16]));
+        specs.push((format!("{p}.up_proj.weight"), vec![8, 16]));
+        specs.push((format!("{p}.down_proj.weight"), vec![16, 8]));
+    }
+    specs.extend([
+        ("model.layers.0.input_layernorm.weight".into(), vec![16]),
+        (
+            "model.layers.0.post_attention_layernorm.weight".into(),
+            vec![16],
+        ),
+        ("model.norm.weight".into(), vec![16]),
+        ("lm_head.weight".into(), vec![64, 16]),
+    ]);
+    // Distinct bytes per tensor and position, so a shard that routed one expert's slice to
+    // another place would differ.
+    let data: Vec<Vec<u8>> = specs
+        .iter()
+        .enumerate()
+        .map(|(t, (_, sh))| {
+            (0..2 * sh.iter().product::<u64>() as usize)
+                .map(|b| (b * 7 + t * 31) as u8)
+                .collect()
+        })
+        .collect();
+    let tensors: Vec<Tensor> = specs
+        .iter()
+        .zip(&data)
+        .map(|((n, sh), d)| (n.as_str(), "BF16", sh.as_slice(), d.as_slice()))
+        .collect();
+    write_safetensors(&tmp.path().join("model.safetensors"), &tensors);
+    tmp
+}

@@ -1,0 +1,156 @@
+//! transformers' attribute aliases: two spellings of one config attribute, as the config class
+//! resolves them before vLLM reads the attribute.
+//!
+//! The table is keyed by `model_type` rather than declared per mapping family because that is
+//! where transformers keeps it: the config class (picked by `model_type`) owns its
+//! `attribute_map`, the resolution happens when the config is read, before any model is chosen,
+//! and `inspect`'s summary and `--hf-overrides` must see the resolved config, not only a family's
+//! expressions.
+
+use serde_json::{Map, Value};
+
+/// `alias` is read as `attribute` (transformers' `attribute_map`: alias → attribute). When a
+/// config.json holds both, `attribute` wins, as in transformers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigAlias {
+    pub alias: &'static str,
+    pub attribute: &'static str,
+}
+
+const fn alias(alias: &'static str, attribute: &'static str) -> ConfigAlias {
+    ConfigAlias { alias, attribute }
+}
+
+// vLLM 0.33 requires transformers >=5.16.1,<5.21.0; the entries below are read from 5.20.0 (and
+// are the same in 5.24.0).
+//
+// PreTrainedConfig (configuration_utils.py, 4.57.1 `__init__` and 5.x `__post_init__`) pops the
+// `torch_dtype` kwarg into `dtype` ("If both are provided, keep `dtype`"), and 5.x keeps a
+// `torch_dtype` property that reads `dtype`: an alias for every config class.
+const BASE: &[ConfigAlias] = &[alias("torch_dtype", "dtype")];
+
+// transformers 5 renamed the routed expert count of these classes to `num_local_experts` and
+// kept `num_experts` in `attribute_map` (models/mixtral/configuration_mixtral.py,
+// models/qwen3_moe/configuration_qwen3_moe.py); 4.57.1 had no `attribute_map` there. Neither
+// version has one for llama, mistral, qwen2, qwen3, gemma2 or phi3, and the base class's is empty.
+// Configs written by transformers 5 therefore carry `num_local_experts` for Qwen3-MoE and Hub
+// configs `num_experts`, and vLLM reads the resolved attribute either way.
+const MIXTRAL: &[ConfigAlias] = &[
+    alias("torch_dtype", "dtype"),
+    alias("num_experts", "num_local_experts"),
+];
+const QWEN3_MOE: &[ConfigAlias] = &[
+    alias("torch_dtype", "dtype"),
+    alias("num_experts", "num_local_experts"),
+];
+
+/// The aliases of the config class for `model_type` (the base class's when unknown).
+pub fn for_model_type(model_type: Option<&str>) -> &'static [ConfigAlias] {
+    match model_type {
+        Some("mixtral") => MIXTRAL,
+        Some("qwen3_moe") => QWEN3_MOE,
+        _ => BASE,
+    }
+}
+
+/// The aliases for the config object `map` (by its own `model_type`).
+pub fn for_map(map: &Map<String, Value>) -> &'static [ConfigAlias] {
+    for_model_type(map.get("model_type").and_then(Value::as_str))
+}
+
+/// The other spelling of `name`, if it has one.
+pub fn other_spelling(aliases: &[ConfigAlias], name: &str) -> Option<&'static str> {
+    aliases.iter().find_map(|a| {
+        if a.attribute == name {
+            Some(a.alias)
+        } else if a.alias == name {
+            Some(a.attribute)
+        } else {
+            None
+        }
+    })
+}
+
+/// The attribute a write to `key` lands on (transformers' `__setattr__` follows `attribute_map`).
+pub fn attribute_of<'a>(aliases: &[ConfigAlias], key: &'a str) -> &'a str {
+    aliases
+        .iter()
+        .find(|a| a.alias == key)
+        .map_or(key, |a| a.attribute)
+}
+
+fn present(map: &Map<String, Value>, key: &str) -> bool {
+    !matches!(map.get(key), None | Some(Value::Null))
+}
+
+/// The alias's value moves to the attribute when the attribute is absent; a present attribute
+/// wins (transformers sets the attribute after the alias, and `dtype` over `torch_dtype`).
+pub fn resolve(map: &mut Map<String, Value>, aliases: &[ConfigAlias]) {
+    for a in aliases {
+        if !present(map, a.attribute)
+            && let Some(v) = map.get(a.alias).filter(|v| !v.is_null()).cloned()
+        {
+            map.insert(a.attribute.to_string(), v);
+        }
+    }
+}
+
+/// Both spellings read the attribute's value, as transformers' `__getattribute__` does, so a
+/// mapping expression may use either.
+pub fn mirror(map: &mut Map<String, Value>, aliases: &[ConfigAlias]) {
+    for a in aliases {
+        if let Some(v) = map.get(a.attribute).filter(|v| !v.is_null()).cloned() {
+            map.insert(a.alias.to_string(), v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!("test input is an object"),
+        }
+    }
+
+    #[test]
+    fn alias_fills_a_missing_attribute_and_the_attribute_wins_over_it() {
+        let t = for_model_type(Some("qwen3_moe"));
+        let mut m = obj(json!({"num_experts": 8}));
+        resolve(&mut m, t);
+        assert_eq!(m["num_local_experts"], json!(8));
+        let mut m = obj(json!({"num_experts": 8, "num_local_experts": 4}));
+        resolve(&mut m, t);
+        mirror(&mut m, t);
+        assert_eq!(
+            (&m["num_experts"], &m["num_local_experts"]),
+            (&json!(4), &json!(4))
+        );
+    }
+
+    #[test]
+    fn a_null_attribute_does_not_hide_the_alias() {
+        let mut m = obj(json!({"dtype": null, "torch_dtype": "bfloat16"}));
+        resolve(&mut m, BASE);
+        assert_eq!(m["dtype"], json!("bfloat16"));
+    }
+
+    #[test]
+    fn other_spelling_goes_both_ways_and_only_for_the_class() {
+        let t = for_model_type(Some("mixtral"));
+        assert_eq!(other_spelling(t, "num_experts"), Some("num_local_experts"));
+        assert_eq!(other_spelling(t, "num_local_experts"), Some("num_experts"));
+        assert_eq!(other_spelling(t, "hidden_size"), None);
+        assert_eq!(
+            other_spelling(for_model_type(Some("llama")), "num_experts"),
+            None
+        );
+        assert_eq!(attribute_of(t, "num_experts"), "num_local_experts");
+        assert_eq!(attribute_of(t, "torch_dtype"), "dtype");
+        assert_eq!(attribute_of(t, "vocab_size"), "vocab_size");
+    }
+}
