@@ -78,8 +78,8 @@ a hidden folder next to OUT and renamed into place only when complete (and verif
 leaves no OUT behind, and the hidden folders of killed runs are removed by the next run. Each \
 source byte is read once, whatever the TP size, and memory stays bounded.\n\n\
 Dense slices go file to file with copy_file_range. On a filesystem where that call misbehaves \
-(--verify reports the damage), set WLOAD_NO_COPY_FILE_RANGE=1 to copy tensor data through memory \
-instead.",
+(--verify reports the damage), set WLOAD_NO_COPY_FILE_RANGE=1 to copy tensor data and side files \
+through memory instead.",
         after_long_help = EXIT_CODES
     )]
     Shard(ShardArgs),

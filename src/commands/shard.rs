@@ -367,12 +367,36 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<(), ShardError> {
 /// opening one would wait for a writer forever.
 fn copy_file(from: &Path, to: &Path) -> Result<(), ShardError> {
     crate::small_file::check_regular(from)
-        .and_then(|_| fs::copy(from, to))
-        .map(|_| ())
+        .and_then(|_| {
+            if write::copy_file_range_disabled() {
+                copy_through_memory(from, to)
+            } else {
+                fs::copy(from, to).map(|_| ())
+            }
+        })
         .map_err(|source| ShardError::SideFile {
             path: from.to_path_buf(),
             source,
         })
+}
+
+/// `fs::copy` and `io::copy` both use copy_file_range on Linux; with WLOAD_NO_COPY_FILE_RANGE
+/// set (a filesystem whose copy_file_range corrupts data) side files go through a buffer like the
+/// tensor data does.
+fn copy_through_memory(from: &Path, to: &Path) -> io::Result<()> {
+    let src = File::open(from)?;
+    let dst = File::create(to)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    loop {
+        let n = src.read_at(&mut buf, at)?;
+        if n == 0 {
+            break;
+        }
+        dst.write_all_at(&buf[..n], at)?;
+        at += n as u64;
+    }
+    dst.set_permissions(src.metadata()?.permissions())
 }
 
 /// config.json as vLLM needs it: copied unchanged, except that when lm_head stays a tensor of its
@@ -403,7 +427,8 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, 
         let text = serde_json::to_string_pretty(&cfg).expect("config serialises") + "\n";
         fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))?;
     } else {
-        fs::copy(&src, &dst).map_err(|e| ShardError::io("copying", &src, e))?;
+        // The bytes already read, unchanged (and no copy_file_range: see `copy_through_memory`).
+        fs::write(&dst, &text).map_err(|e| ShardError::io("writing", &dst, e))?;
     }
     Ok(Some("config.json".into()))
 }
