@@ -73,6 +73,19 @@ fn assert_golden(out: &Path) {
     assert!(out.join("wload.json").is_file());
 }
 
+/// `-o out/` and `-o out/.` name the folder `out`: published there, not refused or misplaced.
+#[test]
+fn trailing_slash_and_dot_name_the_folder_itself() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    for (spelling, extra) in [("out/", &[][..]), ("out/.", &["--force"][..])] {
+        let o = shard_in(work.path(), &fixture(GQA), Path::new(spelling), extra);
+        assert!(o.status.success(), "-o {spelling}: {}", context(&o));
+        assert_golden(&out);
+        assert!(staging_folders(work.path()).is_empty());
+    }
+}
+
 #[test]
 fn an_existing_empty_folder_is_used_without_force() {
     let work = TempDir::new().unwrap();

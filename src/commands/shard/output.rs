@@ -69,13 +69,16 @@ pub fn check(out: &Path, force: bool, source: &Path) -> Result<Target, ShardErro
         path: out.to_path_buf(),
         problem: why,
     };
-    if out.file_name().is_none() {
+    let Some(name) = out.file_name() else {
         return Err(bad(OutProblem::NoName));
-    }
+    };
     let parent = parent_of(out);
     if !parent.is_dir() {
         return Err(bad(OutProblem::NoParent(parent)));
     }
+    // `out/` and `out/.` name the same folder, but rename(2) treats a trailing `/.` differently:
+    // every later step uses the plain PARENT/NAME form.
+    let out = &parent.join(name);
     let meta = match fs::symlink_metadata(out) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Ok(Target {
