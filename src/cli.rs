@@ -191,6 +191,16 @@ pub struct ParallelArgs {
     )]
     pub tp: u64,
 
+    /// Pipeline-parallel size (vLLM's --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u64).range(1..),
+        visible_alias = "pipeline-parallel-size"
+    )]
+    pub pp: u64,
+
     /// Spread MoE experts over the ranks instead of splitting each (vLLM's --enable-expert-parallel)
     #[arg(long)]
     pub enable_expert_parallel: bool,

@@ -139,11 +139,11 @@ pub fn shard(
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<ShardReport, Error> {
-    let target = precheck(opts, plan.tp, &opened.resolved.root)?;
-    // The plan has checked that --tp fits the model, so this list is bounded.
+    let target = precheck(opts, plan.world_size(), &opened.resolved.root)?;
+    // The plan has checked that --tp and --pp fit the model, so this list is bounded.
     let ranks = match &opts.ranks {
-        Some(list) => list.resolve(plan.tp).map_err(ShardError::from)?,
-        None => (0..plan.tp).collect(),
+        Some(list) => list.resolve(plan.world_size()).map_err(ShardError::from)?,
+        None => (0..plan.world_size()).collect(),
     };
     let removed_leftovers = output::sweep(&opts.out);
     let root = &opened.resolved.root;
@@ -158,7 +158,7 @@ pub fn shard(
         .ranks
         .iter()
         .filter(|r| ranks.contains(&r.rank))
-        .flat_map(|r| parts::layout(r, Some(opts.max_part_size)))
+        .flat_map(|r| parts::layout(r, Some(opts.max_part_size), plan.pp > 1))
         .collect();
     let total: u64 = files.iter().map(|f| f.size).sum();
 
@@ -272,7 +272,11 @@ fn manifest_for(
 ) -> Manifest {
     Manifest {
         wload_version: env!("CARGO_PKG_VERSION").into(),
-        format: "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into(),
+        format: if plan.pp > 1 {
+            "vllm-sharded-state (vLLM 0.33, model-pp-{pp}-tp-{tp}-part-{part}.safetensors)".into()
+        } else {
+            "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into()
+        },
         source: root
             .canonicalize()
             .unwrap_or_else(|_| root.to_path_buf())
@@ -281,6 +285,7 @@ fn manifest_for(
         architecture: plan.architecture.clone(),
         family: plan.family.clone(),
         tp: plan.tp,
+        pp: plan.pp,
         ranks: ranks.to_vec(),
         expert_parallel: plan.expert_parallel,
         dtype: plan.dtype.to_string(),
