@@ -35,7 +35,7 @@ pub fn plan(
     }
     let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
     // Only now is --tp known to fit the model, so the rank list is bounded.
-    let (ranks, _) = ranks::select(expected.world_size(), given_ranks)?;
+    let (ranks, _) = ranks::select(expected.world(), given_ranks)?;
     let mut built = Built::default();
     for &r in &ranks {
         let key = (stage_of(&expected, r), r % popts.tp);

@@ -293,7 +293,7 @@ fn plan_ranks(
     let (mut plan, kind) = prepare(&opened, popts, lopts.ranks.as_ref(), &mut warnings)?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     let (ranks, local_base) =
-        ranks::select(plan.world_size(), lopts.ranks.as_ref()).map_err(LoadError::from)?;
+        ranks::select(plan.world(), lopts.ranks.as_ref()).map_err(LoadError::from)?;
     plan.ranks.retain(|r| ranks.contains(&r.rank));
     Ok(Planned {
         opened,

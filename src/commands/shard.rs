@@ -124,9 +124,13 @@ pub struct ShardTimings {
 }
 
 /// Checks OUT and `--ranks` before any work is done: see [`output`] for what OUT may be.
-pub fn precheck(opts: &ShardOptions, tp: u64, source: &Path) -> Result<output::Target, ShardError> {
+pub fn precheck(
+    opts: &ShardOptions,
+    world: crate::ranks::World,
+    source: &Path,
+) -> Result<output::Target, ShardError> {
     if let Some(list) = &opts.ranks {
-        list.check(tp)?;
+        list.check(world)?;
     }
     output::check(&opts.out, opts.force, source)
 }
@@ -139,10 +143,10 @@ pub fn shard(
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<ShardReport, Error> {
-    let target = precheck(opts, plan.world_size(), &opened.resolved.root)?;
+    let target = precheck(opts, plan.world(), &opened.resolved.root)?;
     // The plan has checked that --tp and --pp fit the model, so this list is bounded.
     let ranks = match &opts.ranks {
-        Some(list) => list.resolve(plan.world_size()).map_err(ShardError::from)?,
+        Some(list) => list.resolve(plan.world()).map_err(ShardError::from)?,
         None => (0..plan.world_size()).collect(),
     };
     let removed_leftovers = output::sweep(&opts.out);

@@ -150,6 +150,14 @@ impl Plan {
         self.tp * self.pp
     }
 
+    /// The plan's TP and PP sizes, for rank selection and its messages.
+    pub fn world(&self) -> crate::ranks::World {
+        crate::ranks::World {
+            tp: self.tp,
+            pp: self.pp,
+        }
+    }
+
     /// The rank file of global rank `rank`'s part `part`: TP-only names without pipeline
     /// parallelism (as vLLM), `model-pp-{p}-tp-{t}-part-{k}` with it.
     pub fn rank_file(&self, rank: u64, part: u64) -> crate::rank_files::RankFile {

@@ -493,6 +493,32 @@ fn ranks_and_launchers_pick_global_ranks() {
             "model-pp-1-tp-1-part-0.safetensors".to_string()
         ])
     );
+    let o = shard(
+        &fixture(GQA),
+        2,
+        &tmp.path().join("o2"),
+        &["--pp", "2", "--ranks", "4"],
+    );
+    assert_refused(
+        &o,
+        2,
+        &["rank 4 is out of range for --tp 2 --pp 2 (ranks are 0 to 3)"],
+    );
+    let o = wload()
+        .args([
+            "load",
+            s(&fixture(GQA)),
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--dry-run",
+        ])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "3")
+        .output()
+        .unwrap();
+    assert_refused(&o, 2, &["3 processes cannot share --tp 2 --pp 2 evenly"]);
     // torchrun's second of two processes at tp 2 × pp 2 loads global ranks 2 and 3.
     let o = wload()
         .args([

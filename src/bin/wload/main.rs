@@ -142,7 +142,10 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     // OUT and --ranks are checked before planning, which may take a while on a large model.
     wload::shard::precheck(
         &opts,
-        args.parallel.tp.saturating_mul(args.parallel.pp),
+        wload::ranks::World {
+            tp: args.parallel.tp,
+            pp: args.parallel.pp,
+        },
         &opened.resolved.root,
     )?;
     let t = Instant::now();
