@@ -70,7 +70,9 @@ any tensor data is read.",
         long_about = "Write pre-sharded per-rank safetensors files for vLLM's sharded_state loader.\n\n\
 Writes model-rank-{r}-part-{p}.safetensors for every rank, byte for byte what vLLM 0.33 saves with \
 save_sharded_state, plus the source's side files (config.json, tokenizer, ...) and a manifest, \
-wload.json. Then: vllm serve OUT --load-format sharded_state -tp N.\n\n\
+wload.json. Then: vllm serve OUT --load-format sharded_state -tp N. With --pp P the files are \
+model-pp-{p}-tp-{t}-part-{k}.safetensors, one set per pipeline stage and TP rank, as vLLM names them \
+then; serve with --pipeline-parallel-size P too.\n\n\
 OUT must be new or an empty folder; --force also lets wload replace an earlier wload output (a \
 folder with its wload.json and nothing else of yours), never anything else. The output is built in \
 a hidden folder next to OUT and renamed into place only when complete (and verified, with \
