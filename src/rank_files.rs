@@ -16,6 +16,9 @@ const SUFFIX: &str = ".safetensors";
 /// The glob of every part file of a TP-only run, for messages and reports.
 pub const TP_ONLY_GLOB: &str = "model-rank-*-part-*.safetensors";
 
+/// The glob of every part file of a pipeline-parallel run.
+pub const PP_GLOB: &str = "model-pp-*-tp-*-part-*.safetensors";
+
 /// Which part of which rank a file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RankFile {
