@@ -89,13 +89,13 @@ through memory instead.",
     #[command(
         long_about = "Load a checkpoint into device memory per rank, timing every stage.\n\n\
 SOURCE is a checkpoint (planned on the fly, exactly as `plan` shows) or a pre-sharded folder \
-written by `wload shard` or by vLLM (model-rank-*-part-*.safetensors; each rank reads only its \
-own files). Rank r goes to GPU r (or, under torchrun / srun, the process's own ranks to its local \
+written by `wload shard` or by vLLM (model-rank-*-part-*.safetensors, or with --pp \
+model-pp-*-tp-*-part-*.safetensors; each rank reads only its own files). Rank r goes to GPU r (or, under torchrun / srun, the process's own ranks to its local \
 GPUs). The report gives seconds, bytes and GB/s for resolve, plan, open, read, convert, copy \
 and sync.\n\n\
 --dry-run does everything but touch a device: resolves, plans and validates as vLLM would, and \
-for pre-sharded folders also checks rank files, keys and shapes against the config and --tp, \
-which vLLM's own loader does not. With --read it also reads and checksums every byte. Exit 0 \
+for pre-sharded folders also checks rank files, keys and shapes against the config, --tp and \
+--pp, which vLLM's own loader does not. With --read it also reads and checksums every byte. Exit 0 \
 when vLLM would load it, 3 with every problem listed otherwise.",
         after_long_help = EXIT_CODES
     )]

@@ -1,6 +1,7 @@
-//! Pre-sharded folders (`model-rank-{r}-part-{k}.safetensors`, written by `wload shard` or by
-//! vLLM's save_sharded_state): found, checked against what vLLM's model holds at this TP, and
-//! planned as whole-tensor copies. vLLM's own sharded_state loader accepts tensors of the wrong
+//! Pre-sharded folders (`model-rank-{r}-part-{k}.safetensors`, or with pipeline parallelism
+//! `model-pp-{p}-tp-{t}-part-{k}.safetensors`, written by `wload shard` or by vLLM's
+//! save_sharded_state): found, checked against what vLLM's model holds at this TP and PP (a folder
+//! of another pipeline layout is refused naming both), and planned as whole-tensor copies. vLLM's own sharded_state loader accepts tensors of the wrong
 //! shape silently; this is where wload does not.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -588,3 +588,81 @@ fn parts_are_split_per_stage_and_tp_rank() {
     ]);
     assert!(ok.status.success(), "{}", context(&ok));
 }
+
+/// The top-level (non-layer) keys of each rank of `plan --json`.
+fn planned_top_level(fixture_name: &str, tp: &str, pp: &str) -> Vec<BTreeSet<String>> {
+    let p = wload_json(&[
+        "plan",
+        s(&fixture(fixture_name)),
+        "--tp",
+        tp,
+        "--pp",
+        pp,
+        "--json",
+    ]);
+    p["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["name"].as_str().unwrap().to_string())
+                .filter(|n| !n.starts_with("model.layers."))
+                .collect()
+        })
+        .collect()
+}
+
+/// Gemma 2 has no lm_head module and builds its embedding and norm on every stage
+/// (gemma2.py:259, 270: no PPMissingLayer).
+#[test]
+fn gemma2_stages_each_hold_embedding_and_norm() {
+    let want: BTreeSet<String> = ["model.embed_tokens.weight", "model.norm.weight"]
+        .map(String::from)
+        .into();
+    assert_eq!(planned_top_level("gemma2", "1", "2"), [want.clone(), want]);
+}
+
+/// Stage placement is the mapping's: a head or tail parameter without `pp_stage` is refused at
+/// PP > 1 (and fine at PP 1), and a layer parameter with one is refused.
+#[test]
+fn pp_stage_must_be_declared_for_head_and_tail_only() {
+    let tmp = TempDir::new().unwrap();
+    let llama = fs::read_to_string(manifest_dir().join("mappings/llama.yaml")).unwrap();
+    let without: String = llama
+        .lines()
+        .filter(|l| !l.contains("pp_stage"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(without, llama, "llama.yaml declares pp_stage");
+    let path = tmp.path().join("no-stages.yaml");
+    fs::write(&path, without).unwrap();
+    let gqa = fixture(GQA);
+    let base = ["plan", s(&gqa), "--tp", "1", "--mapping", s(&path)];
+    assert!(run(&base).status.success());
+    let mut pp2 = base.to_vec();
+    pp2.extend(["--pp", "2"]);
+    assert_refused(
+        &run(&pp2),
+        3,
+        &[
+            "model.embed_tokens.weight: the mapping does not say on which pipeline stages",
+            "lm_head.weight: the mapping does not say",
+            "add `pp_stage:`",
+        ],
+    );
+    let layer = llama.replace(
+        "    - use: layer_norms",
+        "    - name: model.layers.{i}.extra.weight\n      layout: {kind: replicated, shape: [hidden_size]}\n      optional: true\n      pp_stage: true\n    - use: layer_norms",
+    );
+    assert_ne!(layer, llama);
+    fs::write(&path, layer).unwrap();
+    assert_refused(
+        &run(&base),
+        3,
+        &["model.layers.{i}.extra.weight: `pp_stage` is for head and tail parameters"],
+    );
+}
