@@ -90,10 +90,12 @@ impl Planner<'_> {
             first_layer: 0,
             end_layer: layers,
         }];
-        if pp <= 1 {
+        // vLLM reads VLLM_PP_LAYER_PARTITION whatever the PP size (make_layers calls
+        // get_pp_indices, models/utils.py:907), so a bad one is refused at PP 1 too.
+        if pp <= 1 && self.opts.pp_partition.is_none() {
             return whole;
         }
-        if pp > layers {
+        if pp > 1 && pp > layers {
             self.problems.push(Problem {
                 message: format!(
                     "--pp {pp} is more than the model's {layers} layers: some pipeline stages would hold no layer"
@@ -104,7 +106,10 @@ impl Planner<'_> {
         }
         match split_layers(layers, pp, self.opts.pp_partition.as_deref()) {
             Ok(stages) => {
-                if let Some(empty) = stages.iter().find(|s| s.first_layer == s.end_layer) {
+                if let Some(empty) = stages
+                    .iter()
+                    .find(|s| pp > 1 && s.first_layer == s.end_layer)
+                {
                     self.problems.push(Problem {
                         message: format!(
                             "VLLM_PP_LAYER_PARTITION gives pipeline stage {} no layers",

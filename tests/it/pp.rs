@@ -412,6 +412,19 @@ fn vllm_pp_layer_partition_is_honoured_and_checked() {
     ] {
         assert_refused(&plan(Some(bad), false), 3, &[says]);
     }
+    // vLLM checks it at PP 1 too.
+    let o = run_env(&["plan", s(tmp.path()), "--tp", "1"], "2,1");
+    assert_refused(&o, 3, &["len(partitions)=2 does not match pp_size=1."]);
+    let o = run_env(&["plan", s(tmp.path()), "--tp", "1"], "3");
+    assert!(o.status.success(), "{}", context(&o));
+}
+
+fn run_env(args: &[&str], partition: &str) -> std::process::Output {
+    wload()
+        .args(args)
+        .env("VLLM_PP_LAYER_PARTITION", partition)
+        .output()
+        .unwrap()
 }
 
 #[test]
