@@ -51,6 +51,12 @@ pub struct ManifestFile {
     pub name: String,
     /// The global rank (`pp_rank * tp + tp_rank`).
     pub rank: u64,
+    /// With pipeline parallelism, the file's stage and TP rank (absent without: `rank` is the TP
+    /// rank, and TP-only manifests stay as they were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_rank: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_rank: Option<u64>,
     pub part: u64,
     pub size: u64,
     /// XXH3-64 of the whole file, hex.

@@ -301,6 +301,8 @@ fn manifest_for(
             .map(|(f, h)| ManifestFile {
                 name: f.name.clone(),
                 rank: f.rank,
+                pp_rank: (plan.pp > 1).then(|| f.rank / plan.tp),
+                tp_rank: (plan.pp > 1).then(|| f.rank % plan.tp),
                 part: f.part,
                 size: f.size,
                 xxh3: h,

@@ -250,8 +250,16 @@ fn three_layers_on_three_stages() {
         serde_json::from_slice(&fs::read(pp_out.join("wload.json")).unwrap()).unwrap();
     assert_eq!(m["pp"], 3);
     assert_eq!(m["ranks"], json!([0, 1, 2]));
+    let f = &m["files"][2];
+    assert_eq!(f["name"], "model-pp-2-tp-0-part-0.safetensors");
+    assert_eq!(
+        (&f["rank"], &f["pp_rank"], &f["tp_rank"]),
+        (&json!(2), &json!(2), &json!(0))
+    );
     let tp_manifest = fs::read_to_string(tp_out.join("wload.json")).unwrap();
-    assert!(!tp_manifest.contains("\"pp\""), "{tp_manifest}");
+    for field in ["\"pp\"", "pp_rank", "tp_rank"] {
+        assert!(!tp_manifest.contains(field), "{tp_manifest}");
+    }
     let ok = run(&[
         "load",
         s(&pp_out),
