@@ -246,7 +246,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__load)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --device --dry-run --read --ranks --check --checksums --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --device --dry-run --read --ranks --check --checksums --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -284,6 +284,14 @@ _wload() {
                     return 0
                     ;;
                 -t)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pipeline-parallel-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -336,7 +344,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__plan)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --rank --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --rank --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -374,6 +382,14 @@ _wload() {
                     return 0
                     ;;
                 -t)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pipeline-parallel-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -408,7 +424,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__shard)
-            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --json --verbose --quiet --help --version"
+            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -446,6 +462,14 @@ _wload() {
                     return 0
                     ;;
                 -t)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pipeline-parallel-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

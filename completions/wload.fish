@@ -64,6 +64,7 @@ complete -c wload -n "__fish_wload_using_subcommand plan" -l hf-overrides -d 'JS
 complete -c wload -n "__fish_wload_using_subcommand plan" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
 complete -c wload -n "__fish_wload_using_subcommand plan" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand plan" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
+complete -c wload -n "__fish_wload_using_subcommand plan" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank' -r
 complete -c wload -n "__fish_wload_using_subcommand plan" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''
@@ -88,6 +89,7 @@ complete -c wload -n "__fish_wload_using_subcommand shard" -l hf-overrides -d 'J
 complete -c wload -n "__fish_wload_using_subcommand shard" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand shard" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''
@@ -116,6 +118,7 @@ complete -c wload -n "__fish_wload_using_subcommand load" -l hf-overrides -d 'JS
 complete -c wload -n "__fish_wload_using_subcommand load" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
 complete -c wload -n "__fish_wload_using_subcommand load" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand load" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank' -r
 complete -c wload -n "__fish_wload_using_subcommand load" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''

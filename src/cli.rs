@@ -70,7 +70,9 @@ any tensor data is read.",
         long_about = "Write pre-sharded per-rank safetensors files for vLLM's sharded_state loader.\n\n\
 Writes model-rank-{r}-part-{p}.safetensors for every rank, byte for byte what vLLM 0.33 saves with \
 save_sharded_state, plus the source's side files (config.json, tokenizer, ...) and a manifest, \
-wload.json. Then: vllm serve OUT --load-format sharded_state -tp N.\n\n\
+wload.json. Then: vllm serve OUT --load-format sharded_state -tp N. With --pp P the files are \
+model-pp-{p}-tp-{t}-part-{k}.safetensors, one set per pipeline stage and TP rank, as vLLM names them \
+then; serve with --pipeline-parallel-size P too.\n\n\
 OUT must be new or an empty folder; --force also lets wload replace an earlier wload output (a \
 folder with its wload.json and nothing else of yours), never anything else. The output is built in \
 a hidden folder next to OUT and renamed into place only when complete (and verified, with \
@@ -87,13 +89,13 @@ through memory instead.",
     #[command(
         long_about = "Load a checkpoint into device memory per rank, timing every stage.\n\n\
 SOURCE is a checkpoint (planned on the fly, exactly as `plan` shows) or a pre-sharded folder \
-written by `wload shard` or by vLLM (model-rank-*-part-*.safetensors; each rank reads only its \
-own files). Rank r goes to GPU r (or, under torchrun / srun, the process's own ranks to its local \
+written by `wload shard` or by vLLM (model-rank-*-part-*.safetensors, or with --pp \
+model-pp-*-tp-*-part-*.safetensors; each rank reads only its own files). Rank r goes to GPU r (or, under torchrun / srun, the process's own ranks to its local \
 GPUs). The report gives seconds, bytes and GB/s for resolve, plan, open, read, convert, copy \
 and sync.\n\n\
 --dry-run does everything but touch a device: resolves, plans and validates as vLLM would, and \
-for pre-sharded folders also checks rank files, keys and shapes against the config and --tp, \
-which vLLM's own loader does not. With --read it also reads and checksums every byte. Exit 0 \
+for pre-sharded folders also checks rank files, keys and shapes against the config, --tp and \
+--pp, which vLLM's own loader does not. With --read it also reads and checksums every byte. Exit 0 \
 when vLLM would load it, 3 with every problem listed otherwise.",
         after_long_help = EXIT_CODES
     )]
@@ -190,6 +192,16 @@ pub struct ParallelArgs {
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: u64,
+
+    /// Pipeline-parallel size (vLLM's --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u64).range(1..),
+        visible_alias = "pipeline-parallel-size"
+    )]
+    pub pp: u64,
 
     /// Spread MoE experts over the ranks instead of splitting each (vLLM's --enable-expert-parallel)
     #[arg(long)]

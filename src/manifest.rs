@@ -22,6 +22,9 @@ pub struct Manifest {
     pub architecture: String,
     pub family: String,
     pub tp: u64,
+    /// Pipeline stages; absent (written only when above 1) means 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub pp: u64,
     pub ranks: Vec<u64>,
     pub expert_parallel: bool,
     pub dtype: String,
@@ -35,10 +38,25 @@ pub struct Manifest {
     pub side_files: Option<Vec<String>>,
 }
 
+fn one() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ManifestFile {
     pub name: String,
+    /// The global rank (`pp_rank * tp + tp_rank`).
     pub rank: u64,
+    /// With pipeline parallelism, the file's stage and TP rank (absent without: `rank` is the TP
+    /// rank, and TP-only manifests stay as they were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_rank: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_rank: Option<u64>,
     pub part: u64,
     pub size: u64,
     /// XXH3-64 of the whole file, hex.

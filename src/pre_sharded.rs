@@ -1,6 +1,7 @@
-//! Pre-sharded folders (`model-rank-{r}-part-{k}.safetensors`, written by `wload shard` or by
-//! vLLM's save_sharded_state): found, checked against what vLLM's model holds at this TP, and
-//! planned as whole-tensor copies. vLLM's own sharded_state loader accepts tensors of the wrong
+//! Pre-sharded folders (`model-rank-{r}-part-{k}.safetensors`, or with pipeline parallelism
+//! `model-pp-{p}-tp-{t}-part-{k}.safetensors`, written by `wload shard` or by vLLM's
+//! save_sharded_state): found, checked against what vLLM's model holds at this TP and PP (a folder
+//! of another pipeline layout is refused naming both), and planned as whole-tensor copies. vLLM's own sharded_state loader accepts tensors of the wrong
 //! shape silently; this is where wload does not.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,19 +28,26 @@ pub fn plan(
     let root = &opened.resolved.root;
     let manifest = Manifest::read(root);
     let expected = expected_plan(opened, popts, manifest.as_ref())?;
+    let stages = stage_problems(root, &expected, files, manifest.as_ref());
+    if !stages.is_empty() {
+        // Files of another pipeline layout: the per-rank checks would only repeat it, rank by
+        // rank, as missing files and keys.
+        return Err(plan::PlanError::Invalid(stages).into());
+    }
     let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
     // Only now is --tp known to fit the model, so the rank list is bounded.
-    let (ranks, _) = ranks::select(popts.tp, given_ranks)?;
+    let (ranks, _) = ranks::select(expected.world(), given_ranks)?;
     let mut built = Built::default();
     for &r in &ranks {
-        let Some(parts) = files.get(&r) else {
+        let key = (stage_of(&expected, r), r % popts.tp);
+        let Some(parts) = files.get(&key) else {
             problems.push(Problem {
                 message: format!(
                     "{}: no files for rank {r} ({})",
                     root.display(),
-                    crate::rank_files::tp_only_glob(r)
+                    crate::rank_files::rank_glob(key.0, key.1)
                 ),
-                fix: Some("copy the missing rank files, or check --tp".into()),
+                fix: Some("copy the missing rank files, or check --tp and --pp".into()),
             });
             continue;
         };
@@ -57,7 +65,89 @@ pub fn plan(
     if !problems.is_empty() {
         return Err(plan::PlanError::Invalid(problems).into());
     }
-    Ok(built.finish(expected, popts.tp))
+    Ok(built.finish(expected))
+}
+
+/// The stage in rank file names of global rank `r`: none without pipeline parallelism (vLLM's
+/// TP-only pattern).
+fn stage_of(expected: &Plan, r: u64) -> Option<u64> {
+    (expected.pp > 1).then_some(r / expected.tp)
+}
+
+/// The folder's pipeline layout against `--pp`: files of the other pattern, or of other stages,
+/// mean the folder was written for another pipeline-parallel size. vLLM globs only its own
+/// pattern and stage, so it would report missing files or keys; this names the layouts.
+fn stage_problems(
+    root: &Path,
+    expected: &Plan,
+    files: &RankFiles,
+    manifest: Option<&Manifest>,
+) -> Vec<Problem> {
+    let pp = expected.pp;
+    let found: BTreeSet<Option<u64>> = files.keys().map(|k| k.0).collect();
+    let want: BTreeSet<Option<u64>> = if pp > 1 {
+        (0..pp).map(Some).collect()
+    } else {
+        BTreeSet::from([None])
+    };
+    let manifest_pp = manifest.map(|m| m.pp);
+    if found == want && manifest_pp.is_none_or(|m| m == pp) {
+        return Vec::new();
+    }
+    let layout: Vec<String> = expected
+        .stages
+        .iter()
+        .map(|s| {
+            format!(
+                "stage {} holds layers [{}, {})",
+                s.pp_rank, s.first_layer, s.end_layer
+            )
+        })
+        .collect();
+    let stages_found: Vec<String> = found
+        .iter()
+        .map(|s| match s {
+            None => "no stage (TP-only model-rank-* files)".to_string(),
+            Some(p) => format!("stage {p}"),
+        })
+        .collect();
+    let names: Vec<&str> = files
+        .values()
+        .flat_map(|v| v.iter().map(|(_, n)| n.as_str()))
+        .take(8)
+        .collect();
+    let written_for = manifest_pp.or_else(|| {
+        if found.contains(&None) {
+            Some(1)
+        } else {
+            found.iter().flatten().max().map(|m| m + 1)
+        }
+    });
+    vec![Problem {
+        message: format!(
+            "{}: --pp {pp} expects {} ({}), but the folder has files for {}: {}{}",
+            root.display(),
+            if pp > 1 {
+                "model-pp-{p}-tp-{t}-part-{k}.safetensors files"
+            } else {
+                "model-rank-{t}-part-{k}.safetensors files"
+            },
+            layout.join(", "),
+            stages_found.join(", "),
+            names.join(", "),
+            if files.values().map(Vec::len).sum::<usize>() > names.len() {
+                ", ..."
+            } else {
+                ""
+            }
+        ),
+        fix: Some(match written_for {
+            Some(w) if w != pp => {
+                format!("load with --pp {w}, the pipeline-parallel size it was written for")
+            }
+            _ => "copy the missing stage files, or re-shard with the intended --pp".into(),
+        }),
+    }]
 }
 
 /// What vLLM's fresh model holds per rank at this TP (names, dtypes, shapes): the checkpoint
@@ -104,7 +194,8 @@ fn folder_problems(
             )),
         });
     }
-    let extra: Vec<u64> = files.keys().copied().filter(|r| *r >= tp).collect();
+    let tp_ranks: BTreeSet<u64> = files.keys().map(|k| k.1).collect();
+    let extra: Vec<u64> = tp_ranks.iter().copied().filter(|r| *r >= tp).collect();
     if !extra.is_empty() {
         problems.push(Problem {
             message: format!(
@@ -113,7 +204,7 @@ fn folder_problems(
             ),
             fix: Some(format!(
                 "load with --tp {}",
-                files.keys().max().map_or(1, |m| m + 1)
+                tp_ranks.last().map_or(1, |m| m + 1)
             )),
         });
     }
@@ -180,6 +271,8 @@ impl RankCheck<'_> {
         }
         RankPlan {
             rank: r,
+            pp_rank: want.pp_rank,
+            tp_rank: want.tp_rank,
             bytes: tensors.iter().map(|t| t.bytes).sum(),
             tensors,
         }
@@ -271,7 +364,7 @@ struct Built {
 }
 
 impl Built {
-    fn finish(mut self, expected: Plan, tp: u64) -> Plan {
+    fn finish(mut self, expected: Plan) -> Plan {
         // Sources of different ranks live in different files: index files by name.
         let mut file_ix: BTreeMap<String, usize> = BTreeMap::new();
         for s in &mut self.sources {
@@ -281,7 +374,9 @@ impl Built {
         Plan {
             family: expected.family,
             architecture: expected.architecture,
-            tp,
+            tp: expected.tp,
+            pp: expected.pp,
+            stages: expected.stages,
             expert_parallel: expected.expert_parallel,
             dtype: expected.dtype,
             sources: self.sources,

@@ -16,6 +16,9 @@ const SUFFIX: &str = ".safetensors";
 /// The glob of every part file of a TP-only run, for messages and reports.
 pub const TP_ONLY_GLOB: &str = "model-rank-*-part-*.safetensors";
 
+/// The glob of every part file of a pipeline-parallel run.
+pub const PP_GLOB: &str = "model-pp-*-tp-*-part-*.safetensors";
+
 /// Which part of which rank a file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RankFile {
@@ -76,6 +79,14 @@ pub fn tp_only_glob(tp: u64) -> String {
     format!("model-rank-{tp}-part-*{SUFFIX}")
 }
 
+/// What vLLM's loader globs for the files of TP rank `tp` of stage `pp` (either pattern).
+pub fn rank_glob(pp: Option<u64>, tp: u64) -> String {
+    match pp {
+        None => tp_only_glob(tp),
+        Some(pp) => format!("model-pp-{pp}-tp-{tp}-part-*{SUFFIX}"),
+    }
+}
+
 /// A rank as vLLM renders it: `0`, or digits without a leading zero.
 fn rank(s: &str) -> Option<u64> {
     if s.len() > 1 && s.starts_with('0') {
@@ -92,19 +103,18 @@ fn part_number(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
-/// Rank → its part files, as (part, file name), in part order.
-pub type RankFiles = BTreeMap<u64, Vec<(u64, String)>>;
+/// (pipeline stage, TP rank) → its part files, as (part, file name), in part order. The stage
+/// is `None` for TP-only names.
+pub type RankFiles = BTreeMap<(Option<u64>, u64), Vec<(u64, String)>>;
 
-/// The part files of a folder that `shard` or vLLM wrote: rank → (part, file name).
+/// The part files of a folder that `shard` or vLLM wrote, of both patterns.
 pub fn in_folder(root: &Path) -> RankFiles {
     let mut out = RankFiles::new();
     if let Ok(rd) = std::fs::read_dir(root) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(f) = RankFile::parse(&name)
-                && f.pp.is_none()
-            {
-                out.entry(f.tp).or_default().push((f.part, name));
+            if let Some(f) = RankFile::parse(&name) {
+                out.entry((f.pp, f.tp)).or_default().push((f.part, name));
             }
         }
     }

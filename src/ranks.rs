@@ -10,11 +10,40 @@ use std::str::FromStr;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankList(Vec<RangeInclusive<u64>>);
 
+/// The ranks of a run: `tp × pp`, global rank `pp_rank * tp + tp_rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct World {
+    pub tp: u64,
+    pub pp: u64,
+}
+
+impl World {
+    /// Tensor parallelism only.
+    pub fn tp(tp: u64) -> World {
+        World { tp, pp: 1 }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.tp.saturating_mul(self.pp)
+    }
+}
+
+/// As the flags say it: `--tp 4`, or `--tp 4 --pp 2`.
+impl fmt::Display for World {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "--tp {}", self.tp)?;
+        if self.pp > 1 {
+            write!(f, " --pp {}", self.pp)?;
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("--ranks: rank {rank} is out of range for --tp {tp} (ranks are 0 to {last})", last = .tp.saturating_sub(1))]
+#[error("--ranks: rank {rank} is out of range for {world} (ranks are 0 to {last})", last = .world.size().saturating_sub(1))]
 pub struct RankOutOfRange {
     pub rank: u64,
-    pub tp: u64,
+    pub world: World,
 }
 
 /// Why no rank list could be made.
@@ -29,9 +58,14 @@ pub enum RankError {
 
 impl RankList {
     /// Every rank is below `tp`; allocates nothing.
-    pub fn check(&self, tp: u64) -> Result<(), RankOutOfRange> {
-        match self.0.iter().map(|r| *r.end()).find(|&end| end >= tp) {
-            Some(rank) => Err(RankOutOfRange { rank, tp }),
+    pub fn check(&self, world: World) -> Result<(), RankOutOfRange> {
+        match self
+            .0
+            .iter()
+            .map(|r| *r.end())
+            .find(|&end| end >= world.size())
+        {
+            Some(rank) => Err(RankOutOfRange { rank, world }),
             None => Ok(()),
         }
     }
@@ -39,8 +73,8 @@ impl RankList {
     /// The ranks, sorted and de-duplicated, once [`RankList::check`] passes. Call it with a
     /// `tp` that is known to fit the model (planning checks that), as it allocates up to `tp`
     /// entries per range.
-    pub fn resolve(&self, tp: u64) -> Result<Vec<u64>, RankOutOfRange> {
-        self.check(tp)?;
+    pub fn resolve(&self, world: World) -> Result<Vec<u64>, RankOutOfRange> {
+        self.check(world)?;
         let mut out: Vec<u64> = self.0.iter().flat_map(|r| r.clone()).collect();
         out.sort_unstable();
         out.dedup();
@@ -100,10 +134,11 @@ impl fmt::Display for RankList {
 
 /// Ranks from `--ranks`, else from torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or Slurm
 /// (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), else all; and the first local device ordinal.
-pub fn select(tp: u64, given: Option<&RankList>) -> Result<(Vec<u64>, usize), RankError> {
+pub fn select(world: World, given: Option<&RankList>) -> Result<(Vec<u64>, usize), RankError> {
     if let Some(v) = given {
-        return Ok((v.resolve(tp)?, 0));
+        return Ok((v.resolve(world)?, 0));
     }
+    let tp = world.size();
     let env = |k: &str| std::env::var(k).ok();
     let launcher = match (env("RANK"), env("WORLD_SIZE")) {
         (Some(r), Some(w)) => Some(("torchrun", r, w, env("LOCAL_RANK"))),
@@ -120,11 +155,18 @@ pub fn select(tp: u64, given: Option<&RankList>) -> Result<(Vec<u64>, usize), Ra
             .parse::<u64>()
             .map_err(|_| RankError::Launcher(format!("{who}: {name}='{v}' is not a number")))
     };
+    let world_flags = world;
     let (rank, world) = (parse("rank", &r)?, parse("world size", &w)?);
     if world == 0 || !tp.is_multiple_of(world) || rank >= world {
         return Err(RankError::Launcher(format!(
-            "{who}: {world} processes cannot share --tp {tp} evenly (this is process {rank}); start \
-             one process per GPU (world size {tp}), or one per node with --tp divisible by the node count"
+            "{who}: {world} processes cannot share {flags} evenly (this is process {rank}); start \
+             one process per GPU (world size {tp}), or one per node with {by} divisible by the node count",
+            flags = world_flags,
+            by = if world_flags.pp > 1 {
+                "--tp × --pp"
+            } else {
+                "--tp"
+            },
         )));
     }
     let per = tp / world;
@@ -144,7 +186,7 @@ mod tests {
 
     fn ranks(s: &str, tp: u64) -> Result<Vec<u64>, String> {
         s.parse::<RankList>()?
-            .resolve(tp)
+            .resolve(World::tp(tp))
             .map_err(|e| e.to_string())
     }
 

@@ -78,6 +78,9 @@ pub struct LoadReport {
     pub device: DeviceKind,
     pub dry_run: bool,
     pub tp: u64,
+    /// Pipeline stages; in the JSON only when above 1, so that TP-only reports stay as they were.
+    #[serde(skip_serializing_if = "is_one")]
+    pub pp: u64,
     pub ranks: Vec<RankReport>,
     pub bytes: u64,
     pub timings: LoadTimings,
@@ -267,6 +270,7 @@ impl Planned {
             device: lopts.device,
             dry_run: lopts.dry_run,
             tp: self.plan.tp,
+            pp: self.plan.pp,
             ranks,
             bytes: self.bytes(),
             timings: LoadTimings::default(),
@@ -289,7 +293,7 @@ fn plan_ranks(
     let (mut plan, kind) = prepare(&opened, popts, lopts.ranks.as_ref(), &mut warnings)?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     let (ranks, local_base) =
-        ranks::select(popts.tp, lopts.ranks.as_ref()).map_err(LoadError::from)?;
+        ranks::select(plan.world(), lopts.ranks.as_ref()).map_err(LoadError::from)?;
     plan.ranks.retain(|r| ranks.contains(&r.rank));
     Ok(Planned {
         opened,
@@ -525,4 +529,8 @@ fn read_all(root: &Path, plan: &Plan, kind: InputKind) -> Result<Vec<FileSum>, L
             })
         })
         .collect()
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
 }

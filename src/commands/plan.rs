@@ -22,13 +22,22 @@ pub fn plan_report(
     if opts.tp == 0 {
         return Err(plan::PlanError::BadTp.into());
     }
+    if opts.pp == 0 {
+        return Err(plan::PlanError::BadPp.into());
+    }
+    let world = opts.tp.saturating_mul(opts.pp);
     if let Some(r) = rank
-        && r >= opts.tp
+        && r >= world
     {
+        let pp = if opts.pp > 1 {
+            format!(" --pp {}", opts.pp)
+        } else {
+            String::new()
+        };
         return Err(Error::Usage(format!(
-            "--rank {r} is out of range for --tp {} (ranks 0..{})",
+            "--rank {r} is out of range for --tp {}{pp} (ranks 0..{})",
             opts.tp,
-            opts.tp - 1
+            world - 1
         )));
     }
     let t = Instant::now();

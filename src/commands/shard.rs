@@ -124,9 +124,13 @@ pub struct ShardTimings {
 }
 
 /// Checks OUT and `--ranks` before any work is done: see [`output`] for what OUT may be.
-pub fn precheck(opts: &ShardOptions, tp: u64, source: &Path) -> Result<output::Target, ShardError> {
+pub fn precheck(
+    opts: &ShardOptions,
+    world: crate::ranks::World,
+    source: &Path,
+) -> Result<output::Target, ShardError> {
     if let Some(list) = &opts.ranks {
-        list.check(tp)?;
+        list.check(world)?;
     }
     output::check(&opts.out, opts.force, source)
 }
@@ -139,11 +143,11 @@ pub fn shard(
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<ShardReport, Error> {
-    let target = precheck(opts, plan.tp, &opened.resolved.root)?;
-    // The plan has checked that --tp fits the model, so this list is bounded.
+    let target = precheck(opts, plan.world(), &opened.resolved.root)?;
+    // The plan has checked that --tp and --pp fit the model, so this list is bounded.
     let ranks = match &opts.ranks {
-        Some(list) => list.resolve(plan.tp).map_err(ShardError::from)?,
-        None => (0..plan.tp).collect(),
+        Some(list) => list.resolve(plan.world()).map_err(ShardError::from)?,
+        None => (0..plan.world_size()).collect(),
     };
     let removed_leftovers = output::sweep(&opts.out);
     let root = &opened.resolved.root;
@@ -158,7 +162,7 @@ pub fn shard(
         .ranks
         .iter()
         .filter(|r| ranks.contains(&r.rank))
-        .flat_map(|r| parts::layout(r, Some(opts.max_part_size)))
+        .flat_map(|r| parts::layout(r, Some(opts.max_part_size), plan.pp > 1))
         .collect();
     let total: u64 = files.iter().map(|f| f.size).sum();
 
@@ -272,7 +276,11 @@ fn manifest_for(
 ) -> Manifest {
     Manifest {
         wload_version: env!("CARGO_PKG_VERSION").into(),
-        format: "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into(),
+        format: if plan.pp > 1 {
+            "vllm-sharded-state (vLLM 0.33, model-pp-{pp}-tp-{tp}-part-{part}.safetensors)".into()
+        } else {
+            "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into()
+        },
         source: root
             .canonicalize()
             .unwrap_or_else(|_| root.to_path_buf())
@@ -281,6 +289,7 @@ fn manifest_for(
         architecture: plan.architecture.clone(),
         family: plan.family.clone(),
         tp: plan.tp,
+        pp: plan.pp,
         ranks: ranks.to_vec(),
         expert_parallel: plan.expert_parallel,
         dtype: plan.dtype.to_string(),
@@ -292,6 +301,8 @@ fn manifest_for(
             .map(|(f, h)| ManifestFile {
                 name: f.name.clone(),
                 rank: f.rank,
+                pp_rank: (plan.pp > 1).then(|| f.rank / plan.tp),
+                tp_rank: (plan.pp > 1).then(|| f.rank % plan.tp),
                 part: f.part,
                 size: f.size,
                 xxh3: h,

@@ -243,6 +243,8 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         merged(rng, rank, &srcs, &mut tensors);
         ranks.push(RankPlan {
             rank,
+            pp_rank: 0,
+            tp_rank: rank,
             bytes: tensors.iter().map(|t| t.bytes).sum(),
             tensors,
         });
@@ -251,6 +253,8 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         family: "test".into(),
         architecture: "Test".into(),
         tp: 2,
+        pp: 1,
+        stages: Vec::new(),
         expert_parallel: false,
         dtype: Dtype::Bf16,
         sources,
@@ -402,7 +406,7 @@ fn check_files(plan: &Plan, root: &Path, srcs: &[Src], opts: ExecOptions, ctx: &
     let files: Vec<PartFile> = plan
         .ranks
         .iter()
-        .flat_map(|r| parts::layout(r, Some(part_size(r))))
+        .flat_map(|r| parts::layout(r, Some(part_size(r)), false))
         .collect();
     let dir = tempfile::TempDir::new().unwrap();
     let cancel = AtomicBool::new(false);
@@ -552,11 +556,15 @@ fn empty_blocks_copy_nothing() {
         family: "test".into(),
         architecture: "Test".into(),
         tp: 1,
+        pp: 1,
+        stages: Vec::new(),
         expert_parallel: false,
         dtype: Dtype::Bf16,
         sources: vec![source],
         ranks: vec![RankPlan {
             rank: 0,
+            pp_rank: 0,
+            tp_rank: 0,
             bytes: t.bytes,
             tensors: vec![t],
         }],

@@ -2,7 +2,7 @@
 //! byte for byte as `safetensors.torch.save_file` writes it (vLLM 0.33 `model_executor/model_loader/sharded_state_loader.py`, `save_model`).
 
 use crate::plan::RankPlan;
-use crate::rank_files::file_name;
+use crate::rank_files::{RankFile, file_name};
 
 /// One output file: its name, header bytes, and where each tensor's data lands.
 #[derive(Debug, Clone)]
@@ -41,8 +41,9 @@ pub fn split(rank: &RankPlan, max_size: Option<u64>) -> Vec<Vec<usize>> {
 }
 
 /// Lays out every part of `rank`: header and data offsets, as safetensors serialises them
-/// (tensors sorted by dtype, wider first, then by name; no metadata).
-pub fn layout(rank: &RankPlan, max_size: Option<u64>) -> Vec<PartFile> {
+/// (tensors sorted by dtype, wider first, then by name; no metadata). With `pipeline` (PP > 1)
+/// the files are named `model-pp-{p}-tp-{t}-part-{k}`, as vLLM names them then.
+pub fn layout(rank: &RankPlan, max_size: Option<u64>, pipeline: bool) -> Vec<PartFile> {
     split(rank, max_size)
         .into_iter()
         .enumerate()
@@ -58,7 +59,16 @@ pub fn layout(rank: &RankPlan, max_size: Option<u64>) -> Vec<PartFile> {
             PartFile {
                 rank: rank.rank,
                 part: p as u64,
-                name: file_name(rank.rank, p as u64),
+                name: if pipeline {
+                    RankFile {
+                        pp: Some(rank.pp_rank),
+                        tp: rank.tp_rank,
+                        part: p as u64,
+                    }
+                    .name()
+                } else {
+                    file_name(rank.rank, p as u64)
+                },
                 size: base + data_len,
                 tensors: rel.into_iter().map(|(i, o)| (i, base + o)).collect(),
                 header,
@@ -170,6 +180,8 @@ mod tests {
         }
         RankPlan {
             rank: 0,
+            pp_rank: 0,
+            tp_rank: 0,
             bytes: tensors.iter().map(|t| t.bytes).sum(),
             tensors,
         }
@@ -182,7 +194,7 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(0x5AFE);
         for case in 0..300 {
             let rank = random_rank(&mut rng);
-            let parts = layout(&rank, None);
+            let parts = layout(&rank, None, false);
             let [part] = parts.as_slice() else {
                 assert!(
                     rank.tensors.is_empty(),

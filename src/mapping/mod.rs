@@ -87,6 +87,11 @@ pub struct ParamSpec {
     /// This parameter is the same tensor as another when the condition holds (tied embeddings):
     /// vLLM keeps one key, the lexicographically smaller, at the first one's place.
     pub tied_to: Option<Tied>,
+    /// Head and tail parameters: on which pipeline stages vLLM builds this module (the others hold
+    /// a `PPMissingLayer`), as an expression of `first_stage` and `last_stage`. Models differ
+    /// (Llama builds the embedding on the first stage only, Mixtral on every stage), so it is
+    /// declared per family; layer parameters follow their layer.
+    pub pp_stage: Option<Expr>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -176,6 +181,7 @@ impl ParamSpec {
         let mut out = self.layout.exprs_mut();
         out.extend(self.when.as_mut());
         out.extend(self.tied_to.as_mut().map(|t| &mut t.when));
+        out.extend(self.pp_stage.as_mut());
         out
     }
 }

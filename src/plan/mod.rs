@@ -18,6 +18,7 @@ pub mod layout;
 mod params;
 mod pieces;
 mod problems;
+mod stages;
 mod types;
 mod validate;
 
@@ -33,6 +34,7 @@ use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
 use env::Env;
 pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList};
+pub use stages::{Stage, split_layers};
 pub use types::{
     DtypeChoice, OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, Problem,
     ProblemsReport, RankPlan, Retie, SCHEMA_VERSION, Skipped, SourceTensor,
@@ -64,8 +66,13 @@ pub fn plan_mapped(
     if opts.tp == 0 {
         return Err(PlanError::BadTp);
     }
+    if opts.pp == 0 {
+        return Err(PlanError::BadPp);
+    }
     let mut planner = Planner::new(mapping, config, mapped.checkpoint, opts)?;
     let params = planner.parameters()?;
+    let stages = planner.stages(params.layers);
+    let on_stages = planner.on_stages(&params.list);
     let assigned = planner.assign(&params.list, mapped);
     let fused = planner.filled(&params.list, &assigned);
     if planner.geometry_ok {
@@ -74,11 +81,13 @@ pub fn plan_mapped(
     if !planner.problems.is_empty() {
         return Err(planner.refusal());
     }
-    let ranks = planner.ranks(&params.list, &assigned, &fused);
+    let ranks = planner.ranks(&params.list, &assigned, &fused, &stages, &on_stages);
     Ok(Plan {
         family: mapping.family.clone(),
         architecture: planner.arch,
         tp: opts.tp,
+        pp: opts.pp,
+        stages,
         expert_parallel: opts.expert_parallel,
         dtype: planner.model_dtype,
         sources: assigned.sources,
@@ -236,6 +245,8 @@ mod tests {
     fn options(tp: u64) -> PlanOptions {
         PlanOptions {
             tp,
+            pp: 1,
+            pp_partition: None,
             expert_parallel: false,
             dtype: DtypeChoice::Auto,
             mapping: None,

@@ -21,6 +21,8 @@ pub(super) struct Param<'m> {
     pub dtype: Dtype,
     /// Index of the parameter this one is the same tensor as (tied embeddings).
     pub alias_of: Option<usize>,
+    /// The layer of a layer parameter (its pipeline stage is the one holding that layer).
+    pub layer: Option<u64>,
 }
 
 /// The instantiated parameters, and the lm_head/embedding tie that the checkpoint leaves to be
@@ -28,6 +30,8 @@ pub(super) struct Param<'m> {
 pub(super) struct Params<'m> {
     pub list: Vec<Param<'m>>,
     pub retie: Option<Retie>,
+    /// The model's layer count.
+    pub layers: u64,
     /// Where each name first appears, for `tied_to`: indices into `list`, found through their
     /// names, so that no name is copied (a config can claim hundreds of thousands of parameters).
     first_index: HashTable<usize>,
@@ -43,6 +47,7 @@ impl<'m> Planner<'m> {
         let mut params = Params {
             list: Vec::new(),
             retie: None,
+            layers,
             first_index: HashTable::new(),
             hasher: foldhash::fast::FixedState::default(),
         };
@@ -143,6 +148,7 @@ impl<'m> Planner<'m> {
             geometry,
             dtype,
             alias_of,
+            layer: i,
         })
     }
 

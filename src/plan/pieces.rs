@@ -6,42 +6,67 @@ use std::collections::HashMap;
 use super::assign::{Assigned, Feed};
 use super::layout::{Rank, Slice, SlotKey};
 use super::params::Param;
+use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan};
 
 impl Planner<'_> {
-    /// Every rank's tensors. Tied pairs become one key, the smaller name, at the first one's
-    /// place (ShardedStateLoader._filter_subtensors).
-    pub(super) fn ranks(&self, params: &[Param], a: &Assigned, fused: &[bool]) -> Vec<RankPlan> {
-        let alias_name: HashMap<usize, String> = params
-            .iter()
-            .filter_map(|p| {
-                p.alias_of
-                    .map(|a| (a, params[a].name.clone().min(p.name.clone())))
-            })
-            .collect();
-        (0..self.opts.tp)
-            .map(|rank| {
+    /// Every rank's tensors, stage by stage (global rank `pp_rank * tp + tp_rank`). A stage holds
+    /// its layers' parameters and the head and tail parameters built on it; each tensor is what
+    /// the same TP rank holds without pipeline parallelism. Tied pairs present on a stage become
+    /// one key, the smaller name, at the first one's place (ShardedStateLoader._filter_subtensors);
+    /// a tied parameter alone on its stage keeps its own name.
+    pub(super) fn ranks(
+        &self,
+        params: &[Param],
+        a: &Assigned,
+        fused: &[bool],
+        stages: &[Stage],
+        on: &[OnStage],
+    ) -> Vec<RankPlan> {
+        let mut out = Vec::new();
+        for stage in stages {
+            let here: Vec<bool> = params
+                .iter()
+                .zip(on)
+                .map(|(p, on)| holds(p, on, stage, stages.len()))
+                .collect();
+            let alias_name: HashMap<usize, String> = params
+                .iter()
+                .enumerate()
+                .filter(|&(pi, _)| here[pi])
+                .filter_map(|(_, p)| {
+                    let a = p.alias_of?;
+                    here[a].then(|| (a, params[a].name.clone().min(p.name.clone())))
+                })
+                .collect();
+            for tp_rank in 0..self.opts.tp {
                 let r = Rank {
                     tp: self.opts.tp,
-                    rank,
+                    rank: tp_rank,
                     ep: self.opts.expert_parallel,
                 };
                 let tensors: Vec<OutTensor> = params
                     .iter()
                     .enumerate()
-                    .filter(|(_, p)| p.alias_of.is_none())
+                    .filter(|&(pi, p)| here[pi] && p.alias_of.is_none_or(|a| !here[a]))
                     .filter_map(|(pi, p)| {
+                        // A tied parameter without its partner on this stage is filled as the
+                        // partner would be: they are one tensor.
+                        let src = p.alias_of.unwrap_or(pi);
                         let name = alias_name.get(&pi).unwrap_or(&p.name);
-                        rank_tensor(p, name, r, &a.fed[pi], fused[pi])
+                        rank_tensor(&params[src], name, r, &a.fed[src], fused[src])
                     })
                     .collect();
-                RankPlan {
-                    rank,
+                out.push(RankPlan {
+                    rank: stage.pp_rank * self.opts.tp + tp_rank,
+                    pp_rank: stage.pp_rank,
+                    tp_rank,
                     bytes: tensors.iter().map(|t| t.bytes).sum(),
                     tensors,
-                }
-            })
-            .collect()
+                });
+            }
+        }
+        out
     }
 }
 

@@ -44,6 +44,10 @@ pub enum DtypeChoice {
 #[derive(Debug, Clone)]
 pub struct PlanOptions {
     pub tp: u64,
+    /// Pipeline stages (vLLM's --pipeline-parallel-size); 1 without pipeline parallelism.
+    pub pp: u64,
+    /// `VLLM_PP_LAYER_PARTITION`: layer counts per stage instead of vLLM's even split.
+    pub pp_partition: Option<String>,
     pub expert_parallel: bool,
     pub dtype: DtypeChoice,
     /// `--mapping FILE` instead of the embedded mapping for the architecture.
@@ -68,13 +72,15 @@ pub enum PlanError {
     Invalid(Vec<Problem>),
     #[error("--tp must be at least 1")]
     BadTp,
+    #[error("--pp must be at least 1")]
+    BadPp,
 }
 
 impl PlanError {
     pub fn exit_status(&self) -> crate::ExitStatus {
         match self {
             PlanError::Mapping(e) => e.exit_status(),
-            PlanError::BadTp => crate::ExitStatus::Usage,
+            PlanError::BadTp | PlanError::BadPp => crate::ExitStatus::Usage,
             PlanError::Invalid(_) => crate::ExitStatus::Checkpoint,
         }
     }
@@ -130,9 +136,37 @@ pub struct OutTensor {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RankPlan {
+    /// The global rank, `pp_rank * tp + tp_rank` (vLLM's layout order within a DP group).
     pub rank: u64,
+    pub pp_rank: u64,
+    pub tp_rank: u64,
     pub bytes: u64,
     pub tensors: Vec<OutTensor>,
+}
+
+impl Plan {
+    /// How many ranks the plan has: `tp × pp`.
+    pub fn world_size(&self) -> u64 {
+        self.tp * self.pp
+    }
+
+    /// The plan's TP and PP sizes, for rank selection and its messages.
+    pub fn world(&self) -> crate::ranks::World {
+        crate::ranks::World {
+            tp: self.tp,
+            pp: self.pp,
+        }
+    }
+
+    /// The rank file of global rank `rank`'s part `part`: TP-only names without pipeline
+    /// parallelism (as vLLM), `model-pp-{p}-tp-{t}-part-{k}` with it.
+    pub fn rank_file(&self, rank: u64, part: u64) -> crate::rank_files::RankFile {
+        crate::rank_files::RankFile {
+            pp: (self.pp > 1).then_some(rank / self.tp),
+            tp: rank % self.tp,
+            part,
+        }
+    }
 }
 
 /// The tie between lm_head and the embedding is decided by data: the config says tied but the
@@ -149,6 +183,9 @@ pub struct Plan {
     pub family: String,
     pub architecture: String,
     pub tp: u64,
+    pub pp: u64,
+    /// The layers of each pipeline stage (one stage with every layer without PP).
+    pub stages: Vec<super::Stage>,
     pub expert_parallel: bool,
     pub dtype: Dtype,
     pub sources: Vec<SourceTensor>,

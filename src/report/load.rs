@@ -14,9 +14,14 @@ pub fn write_load(
     if r.dry_run {
         writeln!(
             w,
-            "ok: vLLM would load {} at tp {} ({} ranks checked, {}, {})",
+            "ok: vLLM would load {} at tp {}{} ({} ranks checked, {}, {})",
             r.source,
             r.tp,
+            if r.pp > 1 {
+                format!(" pp {}", r.pp)
+            } else {
+                String::new()
+            },
             r.ranks.len(),
             human_bytes(r.bytes),
             match r.kind {

@@ -15,7 +15,22 @@ pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Resul
     } else {
         ""
     };
-    writeln!(w, "parallel      tp {}{ep}", p.tp)?;
+    if p.pp > 1 {
+        writeln!(w, "parallel      tp {} × pp {}{ep}", p.tp, p.pp)?;
+        for s in &p.stages {
+            writeln!(
+                w,
+                "stage {:<7} layers [{}, {}), ranks {}..{}",
+                s.pp_rank,
+                s.first_layer,
+                s.end_layer,
+                s.pp_rank * p.tp,
+                (s.pp_rank + 1) * p.tp - 1
+            )?;
+        }
+    } else {
+        writeln!(w, "parallel      tp {}{ep}", p.tp)?;
+    }
     writeln!(w, "dtype         {}", p.dtype)?;
     writeln!(w, "tied lm_head  {}", p.tie_word_embeddings)?;
     if let Some(rt) = &p.retie {
@@ -34,9 +49,14 @@ pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Resul
         }
     }
     for rank in &p.ranks {
+        let stage = if p.pp > 1 {
+            format!(" (stage {}, tp rank {})", rank.pp_rank, rank.tp_rank)
+        } else {
+            String::new()
+        };
         writeln!(
             w,
-            "\nrank {} ({} tensors, {})",
+            "\nrank {}{stage} ({} tensors, {})",
             rank.rank,
             rank.tensors.len(),
             human_bytes(rank.bytes)

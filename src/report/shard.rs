@@ -9,10 +9,15 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
     let m = &r.manifest;
     writeln!(
         w,
-        "wrote {} files ({}) for tp {} ranks {:?} to {}",
+        "wrote {} files ({}) for tp {}{} ranks {:?} to {}",
         m.files.len(),
         human_bytes(r.bytes),
         m.tp,
+        if m.pp > 1 {
+            format!(" pp {}", m.pp)
+        } else {
+            String::new()
+        },
         m.ranks,
         r.out
     )?;
@@ -41,7 +46,13 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
     )?;
     writeln!(
         w,
-        "serve with: vllm serve {} --load-format sharded_state --tensor-parallel-size {}",
-        r.out, m.tp
+        "serve with: vllm serve {} --load-format sharded_state --tensor-parallel-size {}{}",
+        r.out,
+        m.tp,
+        if m.pp > 1 {
+            format!(" --pipeline-parallel-size {}", m.pp)
+        } else {
+            String::new()
+        }
     )
 }

@@ -450,7 +450,7 @@ pub fn resolve_pre_sharded(
         root: root.to_path_buf(),
         requested_format: LoadFormat::Auto,
         format: LoadFormat::Safetensors,
-        pattern: crate::rank_files::TP_ONLY_GLOB.into(),
+        pattern: pre_sharded_pattern(root).into(),
         index: None,
         files: Vec::new(),
         dropped: Vec::new(),
@@ -458,6 +458,17 @@ pub fn resolve_pre_sharded(
         config_file,
         hub: None,
     })
+}
+
+/// The pattern of a pre-sharded folder's files: the pipeline-parallel one only when every rank
+/// file there has it.
+fn pre_sharded_pattern(root: &Path) -> &'static str {
+    let files = crate::rank_files::in_folder(root);
+    if !files.is_empty() && files.keys().all(|(pp, _)| pp.is_some()) {
+        crate::rank_files::PP_GLOB
+    } else {
+        crate::rank_files::TP_ONLY_GLOB
+    }
 }
 
 /// vLLM's config-format detection (transformers_utils/config.py:889–907): Mistral's params.json

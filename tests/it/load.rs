@@ -223,7 +223,7 @@ fn compare(label: &str, case: &GoldenCase, report: &Value, ranks: &[u64]) -> Vec
 }
 
 fn tp_ranks(case: &GoldenCase) -> Vec<u64> {
-    (0..case.tp).collect()
+    (0..case.world_size()).collect()
 }
 
 /// The case's flags for loading its own expected folder: `--dtype`/EP as vLLM ran with.
@@ -499,8 +499,9 @@ fn check_files_read(label: &str, dir: &Path, report: &Value) -> Vec<String> {
 /// which for a fixture are all of them whatever the TP: it runs once per fixture folder.
 #[test]
 fn dry_runs_pass_for_every_good_case() {
-    // (label, source, tp, flags, with --read too)
-    let mut jobs: Vec<(String, PathBuf, u64, Vec<String>, bool)> = Vec::new();
+    // (label, source, (tp, world size), flags, with --read too)
+    type Job = (String, PathBuf, (u64, u64), Vec<String>, bool);
+    let mut jobs: Vec<Job> = Vec::new();
     let mut fixtures_read = BTreeSet::new();
     for g in fixture_groups() {
         let c = &g[0];
@@ -508,7 +509,7 @@ fn dry_runs_pass_for_every_good_case() {
         jobs.push((
             format!("{} (fixture)", c.name),
             c.fixture.clone(),
-            c.tp,
+            (c.tp, c.world_size()),
             c.flags.clone(),
             read,
         ));
@@ -517,12 +518,12 @@ fn dry_runs_pass_for_every_good_case() {
         jobs.push((
             format!("{} (vllm)", c.name),
             c.dir.clone(),
-            c.tp,
+            (c.tp, c.world_size()),
             c.flags.clone(),
             true,
         ));
     }
-    let failures = par_flat_map(&jobs, |(label, dir, tp, flags, with_read)| {
+    let failures = par_flat_map(&jobs, |(label, dir, (tp, world), flags, with_read)| {
         let tp_s = tp.to_string();
         let mut f = Vec::new();
         for read in [false, true] {
@@ -546,7 +547,8 @@ fn dry_runs_pass_for_every_good_case() {
             match try_json(&args, &[]) {
                 Err(e) => f.push(format!("{label}: {e}")),
                 Ok(r) => {
-                    if r["dry_run"] != true || reported_ranks(&r) != (0..*tp).collect::<Vec<_>>() {
+                    if r["dry_run"] != true || reported_ranks(&r) != (0..*world).collect::<Vec<_>>()
+                    {
                         f.push(format!(
                             "{label}: dry_run {} ranks {:?}",
                             r["dry_run"],

@@ -24,6 +24,7 @@ mod mistral;
 mod out_safety;
 mod plan;
 mod plan_errors;
+mod pp;
 mod safetensors_crate;
 mod shard;
 mod tied;

@@ -17,7 +17,7 @@ fn plan_matches_vllm_for_every_golden_case() {
         args.extend(case.flags.iter().map(String::as_str));
         let plan = wload_json(&args);
         let ranks = plan["ranks"].as_array().unwrap();
-        if ranks.len() as u64 != case.tp {
+        if ranks.len() as u64 != case.world_size() {
             failures.push(format!("{}: {} ranks planned", case.name, ranks.len()));
             continue;
         }
@@ -141,6 +141,8 @@ fn time_plan(
     let mapping = wload::mapping::select(None, opened.config.architecture()).expect("mapping");
     let opts = wload::plan::PlanOptions {
         tp: 2,
+        pp: 1,
+        pp_partition: None,
         expert_parallel: false,
         dtype: wload::plan::DtypeChoice::Auto,
         mapping: None,

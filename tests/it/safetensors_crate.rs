@@ -18,7 +18,7 @@ use crate::support::*;
 fn vllm_part_files() -> Vec<PathBuf> {
     let mut files = Vec::new();
     for case in golden_cases() {
-        for rank in 0..case.tp {
+        for rank in 0..case.world_size() {
             files.extend(case.rank_files(rank));
         }
     }

@@ -21,7 +21,10 @@ fn part_names(dir: &Path) -> BTreeSet<String> {
     fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("model-rank-") && n.ends_with(".safetensors"))
+        .filter(|n| {
+            (n.starts_with("model-rank-") || n.starts_with("model-pp-"))
+                && n.ends_with(".safetensors")
+        })
         .collect()
 }
 
@@ -163,13 +166,13 @@ fn golden_failures(
         )];
     }
     let mut fails = Vec::new();
-    for rank in 0..case.tp {
+    for rank in 0..case.world_size() {
         let want: Vec<String> = case
             .rank_files(rank)
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        let prefix = format!("model-rank-{rank}-part-");
+        let prefix = case.rank_prefix(rank);
         let got: Vec<String> = part_names(&out)
             .into_iter()
             .filter(|n| n.starts_with(&prefix))
@@ -191,7 +194,7 @@ fn golden_failures(
     }
     let extra: Vec<String> = part_names(&out)
         .into_iter()
-        .filter(|n| !(0..case.tp).any(|r| n.starts_with(&format!("model-rank-{r}-part-"))))
+        .filter(|n| !(0..case.world_size()).any(|r| n.starts_with(&case.rank_prefix(r))))
         .collect();
     if !extra.is_empty() {
         fails.push(format!("{}: files for no rank: {extra:?}", case.name));
@@ -199,7 +202,10 @@ fn golden_failures(
     // The side files vLLM's example copied must be there, unchanged (config.json included).
     for e in fs::read_dir(&case.dir).unwrap() {
         let name = e.unwrap().file_name().to_string_lossy().into_owned();
-        if name.starts_with("model-rank-") || name.starts_with("oracle_meta_") {
+        if name.starts_with("model-rank-")
+            || name.starts_with("model-pp-")
+            || name.starts_with("oracle_meta_")
+        {
             continue;
         }
         if let Some(d) = compare_files(&case.dir.join(&name), &out.join(&name)) {
@@ -360,6 +366,7 @@ fn ranks_subset_writes_only_those_ranks() {
                 dir: golden.clone(),
                 fixture: PathBuf::new(),
                 tp: 4,
+                pp: 1,
                 flags: vec![],
                 max_size: None,
             };

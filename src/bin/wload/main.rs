@@ -140,7 +140,14 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         verify: args.verify,
     };
     // OUT and --ranks are checked before planning, which may take a while on a large model.
-    wload::shard::precheck(&opts, args.parallel.tp, &opened.resolved.root)?;
+    wload::shard::precheck(
+        &opts,
+        wload::ranks::World {
+            tp: args.parallel.tp,
+            pp: args.parallel.pp,
+        },
+        &opened.resolved.root,
+    )?;
     let t = Instant::now();
     let plan = wload::make_plan(&opened, &plan_options(&args.parallel))
         .map_err(|e| wload::report::json_problems(out, args.json, e))?;
@@ -211,6 +218,9 @@ fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {
 fn plan_options(a: &ParallelArgs) -> wload::PlanOptions {
     wload::PlanOptions {
         tp: a.tp,
+        pp: a.pp,
+        // vLLM reads it from its environment (envs.VLLM_PP_LAYER_PARTITION); so does wload.
+        pp_partition: std::env::var("VLLM_PP_LAYER_PARTITION").ok(),
         expert_parallel: a.enable_expert_parallel,
         dtype: a.dtype,
         mapping: a.mapping.clone(),

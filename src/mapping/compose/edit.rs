@@ -29,6 +29,7 @@ pub(super) struct Entry {
     fill: Option<f64>,
     optional: Option<bool>,
     tied_to: Option<Tied>,
+    pp_stage: Option<Expr>,
 }
 
 /// A parameter in a list being composed, with the block that brought it, so that later files can
@@ -66,6 +67,7 @@ impl Entry {
             || self.fill.is_some()
             || self.optional.is_some()
             || self.tied_to.is_some()
+            || self.pp_stage.is_some()
     }
 
     /// How messages name the entry.
@@ -93,6 +95,7 @@ impl Entry {
             fill: self.fill,
             optional: self.optional.unwrap_or(false),
             tied_to: self.tied_to,
+            pp_stage: self.pp_stage,
         })
     }
 
@@ -115,6 +118,9 @@ impl Entry {
         set(&mut spec.optional, self.optional);
         if self.tied_to.is_some() {
             spec.tied_to = self.tied_to;
+        }
+        if self.pp_stage.is_some() {
+            spec.pp_stage = self.pp_stage;
         }
     }
 }

@@ -113,8 +113,8 @@ pub fn repo_id(source: &Path) -> Option<String> {
 pub enum Want {
     /// A checkpoint, selected as vLLM does.
     Checkpoint,
-    /// A pre-sharded folder (`model-rank-*-part-*.safetensors`) when the repo is one, else a
-    /// checkpoint (`load`).
+    /// A pre-sharded folder (`model-rank-*-part-*.safetensors`, or `model-pp-*-tp-*-part-*`)
+    /// when the repo is one, else a checkpoint (`load`).
     Detect,
 }
 
@@ -206,9 +206,10 @@ fn is_side_file(name: &str) -> bool {
         && super::select::weight_kind(&name.to_ascii_lowercase()).is_none()
 }
 
-/// A part file `load` reads from a pre-sharded folder (pipeline parallelism off).
+/// A part file `load` reads from a pre-sharded folder, of either pattern (`--pp` says which one
+/// it expects, and the folder is checked against it).
 fn is_rank_file(name: &str) -> bool {
-    crate::rank_files::RankFile::parse(name).is_some_and(|f| f.pp.is_none())
+    crate::rank_files::RankFile::parse(name).is_some()
 }
 
 /// Asks the hub unless offline (or unless a commit is asked for whose file list is saved);
@@ -335,7 +336,8 @@ mod tests {
         assert!(!is_rank_file("model-rank-a-part-0.safetensors"));
         assert!(!is_rank_file("model-rank-0-part-.safetensors"));
         assert!(!is_rank_file("model-00001-of-00002.safetensors"));
-        // Pipeline-parallel files are not loaded yet: such a repo is not taken as pre-sharded.
-        assert!(!is_rank_file("model-pp-0-tp-0-part-0.safetensors"));
+        // Pipeline-parallel files make a pre-sharded repo too (loaded with --pp).
+        assert!(is_rank_file("model-pp-0-tp-0-part-0.safetensors"));
+        assert!(!is_rank_file("model-pp-0-tp-00-part-0.safetensors"));
     }
 }

@@ -54,6 +54,8 @@ pub struct GoldenCase {
     pub dir: PathBuf,
     pub fixture: PathBuf,
     pub tp: u64,
+    /// Pipeline stages (`__pp<N>` cases: `--pp N`, files `model-pp-{p}-tp-{t}-part-{k}`).
+    pub pp: u64,
     /// wload flags equivalent to the case's vLLM flags.
     pub flags: Vec<String>,
     /// Part size limit, for `__maxsize_<bytes>` cases.
@@ -75,11 +77,15 @@ pub fn golden_cases() -> Vec<GoldenCase> {
         let fixture = fixtures_dir().join(parts.next().unwrap());
         let mut flags = Vec::new();
         let mut max_size = None;
+        let mut pp = 1;
         for p in parts {
             if let Some(d) = p.strip_prefix("dtype_") {
                 flags.extend(["--dtype".to_string(), d.to_string()]);
             } else if p == "ep" {
                 flags.push("--enable-expert-parallel".to_string());
+            } else if let Some(n) = p.strip_prefix("pp") {
+                pp = n.parse().unwrap();
+                flags.extend(["--pp".to_string(), n.to_string()]);
             } else if let Some(m) = p.strip_prefix("maxsize_") {
                 max_size = Some(m.parse().unwrap());
             } else {
@@ -100,6 +106,7 @@ pub fn golden_cases() -> Vec<GoldenCase> {
                 dir,
                 fixture: fixture.clone(),
                 tp,
+                pp,
                 flags: flags.clone(),
                 max_size,
             });
@@ -109,6 +116,21 @@ pub fn golden_cases() -> Vec<GoldenCase> {
 }
 
 impl GoldenCase {
+    /// How many ranks vLLM ran: `tp × pp`.
+    pub fn world_size(&self) -> u64 {
+        self.tp * self.pp
+    }
+
+    /// How global rank `rank`'s part file names start: vLLM's TP-only pattern, or with pipeline
+    /// parallelism `model-pp-{rank / tp}-tp-{rank % tp}-part-`.
+    pub fn rank_prefix(&self, rank: u64) -> String {
+        if self.pp > 1 {
+            format!("model-pp-{}-tp-{}-part-", rank / self.tp, rank % self.tp)
+        } else {
+            format!("model-rank-{rank}-part-")
+        }
+    }
+
     /// vLLM's state_dict order for `rank` (the oracle's `saved_key_order`).
     pub fn saved_key_order(&self, rank: u64) -> Vec<String> {
         let meta: Value = serde_json::from_slice(
@@ -125,7 +147,7 @@ impl GoldenCase {
 
     /// The part files vLLM wrote for `rank`, sorted by part number.
     pub fn rank_files(&self, rank: u64) -> Vec<PathBuf> {
-        let prefix = format!("model-rank-{rank}-part-");
+        let prefix = self.rank_prefix(rank);
         let mut v: Vec<(u64, PathBuf)> = fs::read_dir(&self.dir)
             .unwrap()
             .map(|e| e.unwrap().path())

@@ -1,0 +1,277 @@
+//! Pipeline parallelism: which layers each stage holds (vLLM's `get_pp_indices`,
+//! distributed/utils.py:198–241), and on which stages the head and tail parameters are built
+//! (each family's `pp_stage`).
+
+use std::ops::Range;
+
+use serde::Serialize;
+
+use super::params::Param;
+use super::{Planner, Problem};
+use crate::mapping::expr::Scope;
+
+/// One pipeline stage: its index and the layers it holds (global numbers, as in the keys).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stage {
+    pub pp_rank: u64,
+    pub first_layer: u64,
+    pub end_layer: u64,
+}
+
+impl Stage {
+    pub fn layers(&self) -> Range<u64> {
+        self.first_layer..self.end_layer
+    }
+}
+
+/// The layers of each of `pp` stages, as vLLM splits `layers`: `layers / pp` each, the remainder
+/// one each to the stages before the last, counting back from the second-to-last; or
+/// `partition` (`VLLM_PP_LAYER_PARTITION`, comma-separated counts) when set. The errors are
+/// vLLM's messages.
+pub fn split_layers(layers: u64, pp: u64, partition: Option<&str>) -> Result<Vec<Stage>, String> {
+    let counts: Vec<u64> = match partition {
+        Some(s) => {
+            // Python's int() accepts surrounding spaces; a negative count is no layout at all.
+            let counts = s
+                .split(',')
+                .map(|c| c.trim().parse::<u64>())
+                .collect::<Result<Vec<u64>, _>>()
+                .map_err(|_| format!("Invalid partition string: {s}"))?;
+            if counts.len() as u64 != pp {
+                return Err(format!(
+                    "len(partitions)={} does not match pp_size={pp}.",
+                    counts.len()
+                ));
+            }
+            let sum: u64 = counts.iter().sum();
+            if sum != layers {
+                return Err(format!(
+                    "sum(partitions)={sum} does not match num_hidden_layers={layers}."
+                ));
+            }
+            counts
+        }
+        None => {
+            let mut counts = vec![layers / pp; pp as usize];
+            let rem = (layers % pp) as usize;
+            let n = counts.len();
+            for i in 2..rem + 2 {
+                counts[n - i] += 1;
+            }
+            counts
+        }
+    };
+    let mut start = 0;
+    Ok(counts
+        .iter()
+        .enumerate()
+        .map(|(p, &c)| {
+            let s = Stage {
+                pp_rank: p as u64,
+                first_layer: start,
+                end_layer: start + c,
+            };
+            start += c;
+            s
+        })
+        .collect())
+}
+
+/// Where a parameter is, per stage kind: indexed by `2 * first + last`.
+pub(super) type OnStage = [bool; 4];
+
+impl Planner<'_> {
+    /// The stages for this plan; a layout vLLM would refuse, or a stage without layers, is a
+    /// problem (and one stage holding everything is returned so that later phases still run).
+    pub(super) fn stages(&mut self, layers: u64) -> Vec<Stage> {
+        let pp = self.opts.pp;
+        let whole = vec![Stage {
+            pp_rank: 0,
+            first_layer: 0,
+            end_layer: layers,
+        }];
+        // vLLM reads VLLM_PP_LAYER_PARTITION whatever the PP size (make_layers calls
+        // get_pp_indices, models/utils.py:907), so a bad one is refused at PP 1 too.
+        if pp <= 1 && self.opts.pp_partition.is_none() {
+            return whole;
+        }
+        if pp > 1 && pp > layers {
+            self.problems.push(Problem {
+                message: format!(
+                    "--pp {pp} is more than the model's {layers} layers: some pipeline stages would hold no layer"
+                ),
+                fix: Some(format!("choose a --pp of at most {layers}")),
+            });
+            return whole;
+        }
+        match split_layers(layers, pp, self.opts.pp_partition.as_deref()) {
+            Ok(stages) => {
+                if let Some(empty) = stages
+                    .iter()
+                    .find(|s| pp > 1 && s.first_layer == s.end_layer)
+                {
+                    self.problems.push(Problem {
+                        message: format!(
+                            "VLLM_PP_LAYER_PARTITION gives pipeline stage {} no layers",
+                            empty.pp_rank
+                        ),
+                        fix: Some("give every stage at least one layer".into()),
+                    });
+                    return whole;
+                }
+                stages
+            }
+            Err(msg) => {
+                self.problems.push(Problem {
+                    message: format!(
+                        "VLLM_PP_LAYER_PARTITION={:?}: {msg}",
+                        self.opts.pp_partition.as_deref().unwrap_or_default()
+                    ),
+                    fix: Some(format!(
+                        "give {pp} comma-separated layer counts that add up to {layers}, or unset VLLM_PP_LAYER_PARTITION"
+                    )),
+                });
+                whole
+            }
+        }
+    }
+
+    /// For every parameter, on which kinds of stage it is built: layer parameters everywhere
+    /// (their layer decides), head and tail parameters where their `pp_stage` holds. With one
+    /// stage everything is built and `pp_stage` is not needed.
+    pub(super) fn on_stages(&mut self, params: &[Param]) -> Vec<OnStage> {
+        params
+            .iter()
+            .map(|p| {
+                if p.layer.is_some() {
+                    if p.spec.pp_stage.is_some() {
+                        self.problems.push(Problem {
+                            message: format!(
+                                "{}: `pp_stage` is for head and tail parameters; a layer's parameters are on its stage",
+                                p.spec.name
+                            ),
+                            fix: Some("remove `pp_stage` from the layer parameter".into()),
+                        });
+                    }
+                    return [true; 4];
+                }
+                if self.opts.pp <= 1 {
+                    return [true; 4];
+                }
+                let Some(expr) = &p.spec.pp_stage else {
+                    self.problems.push(Problem {
+                        message: format!(
+                            "{}: the mapping does not say on which pipeline stages vLLM builds this parameter",
+                            p.name
+                        ),
+                        fix: Some(
+                            "add `pp_stage:` to it in the mapping (docs/mapping-format.md), or use --pp 1"
+                                .into(),
+                        ),
+                    });
+                    return [true; 4];
+                };
+                let mut on = [false; 4];
+                for (k, slot) in on.iter_mut().enumerate() {
+                    let scope = StageScope {
+                        inner: self.env.scope(None),
+                        first: k >= 2,
+                        last: k % 2 == 1,
+                    };
+                    match expr.eval_bool(&scope) {
+                        Ok(b) => *slot = b,
+                        Err(err) => {
+                            self.problems.push(Problem {
+                                message: format!(
+                                    "{}: cannot evaluate `pp_stage: {expr}`: {err}",
+                                    p.name
+                                ),
+                                fix: None,
+                            });
+                            return [true; 4];
+                        }
+                    }
+                }
+                on
+            })
+            .collect()
+    }
+}
+
+/// Whether a parameter is on `stage` of `stages`.
+pub(super) fn holds(p: &Param, on: &OnStage, stage: &Stage, stages: usize) -> bool {
+    match p.layer {
+        Some(i) => stage.layers().contains(&i),
+        None => {
+            let first = stage.pp_rank == 0;
+            let last = stage.pp_rank as usize + 1 == stages;
+            on[2 * usize::from(first) + usize::from(last)]
+        }
+    }
+}
+
+/// The environment plus `first_stage` and `last_stage`, for `pp_stage`.
+struct StageScope<'a> {
+    inner: super::env::EnvScope<'a>,
+    first: bool,
+    last: bool,
+}
+
+impl Scope for StageScope<'_> {
+    fn get(&self, name: &str) -> Option<serde_json::Value> {
+        match name {
+            "first_stage" => Some(self.first.into()),
+            "last_stage" => Some(self.last.into()),
+            _ => self.inner.get(name),
+        }
+    }
+
+    fn other_spelling(&self, name: &str) -> Option<&'static str> {
+        self.inner.other_spelling(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(layers: u64, pp: u64, partition: Option<&str>) -> Vec<u64> {
+        split_layers(layers, pp, partition)
+            .expect("a layout")
+            .iter()
+            .map(|s| s.end_layer - s.first_layer)
+            .collect()
+    }
+
+    #[test]
+    fn layers_split_as_vllm_get_pp_indices() {
+        assert_eq!(counts(3, 2, None), [2, 1]);
+        assert_eq!(counts(3, 3, None), [1, 1, 1]);
+        assert_eq!(counts(5, 3, None), [2, 2, 1]);
+        assert_eq!(counts(5, 4, None), [1, 1, 2, 1]);
+        assert_eq!(counts(8, 2, None), [4, 4]);
+        assert_eq!(counts(7, 1, None), [7]);
+        let s = split_layers(3, 2, None).unwrap();
+        assert_eq!((s[0].layers(), s[1].layers()), (0..2, 2..3));
+        let s = split_layers(5, 4, None).unwrap();
+        assert_eq!(s[2].layers(), 2..4);
+    }
+
+    #[test]
+    fn a_partition_overrides_and_is_checked_as_vllm_does() {
+        assert_eq!(counts(5, 2, Some("1,4")), [1, 4]);
+        assert_eq!(counts(5, 2, Some(" 3, 2")), [3, 2]);
+        assert_eq!(
+            split_layers(5, 2, Some("1,x")).unwrap_err(),
+            "Invalid partition string: 1,x"
+        );
+        assert_eq!(
+            split_layers(5, 2, Some("1,2,2")).unwrap_err(),
+            "len(partitions)=3 does not match pp_size=2."
+        );
+        assert_eq!(
+            split_layers(5, 2, Some("1,2")).unwrap_err(),
+            "sum(partitions)=3 does not match num_hidden_layers=5."
+        );
+    }
+}
