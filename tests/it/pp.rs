@@ -181,27 +181,7 @@ fn llama_layers(dir: &Path, n: u64) {
     config["num_hidden_layers"] = json!(n);
     config["dtype"] = json!("bfloat16");
     write_json(&dir.join("config.json"), &config);
-    let per_layer: [(&str, &[u64]); 9] = [
-        ("self_attn.q_proj.weight", &[8, 8]),
-        ("self_attn.k_proj.weight", &[4, 8]),
-        ("self_attn.v_proj.weight", &[4, 8]),
-        ("self_attn.o_proj.weight", &[8, 8]),
-        ("mlp.gate_proj.weight", &[16, 8]),
-        ("mlp.up_proj.weight", &[16, 8]),
-        ("mlp.down_proj.weight", &[8, 16]),
-        ("input_layernorm.weight", &[8]),
-        ("post_attention_layernorm.weight", &[8]),
-    ];
-    let mut specs: Vec<(String, &[u64])> = vec![("model.embed_tokens.weight".into(), &[16, 8])];
-    for i in 0..n {
-        specs.extend(
-            per_layer
-                .iter()
-                .map(|(name, sh)| (format!("model.layers.{i}.{name}"), *sh)),
-        );
-    }
-    specs.push(("model.norm.weight".into(), &[8]));
-    specs.push(("lm_head.weight".into(), &[16, 8]));
+    let specs = tiny_llama_specs(n);
     let data: Vec<Vec<u8>> = specs
         .iter()
         .enumerate()

@@ -54,14 +54,10 @@ pub fn tiny_checkpoint() -> TempDir {
     tmp
 }
 
-/// Writes into `dir` a Llama checkpoint with `layers` layers of tiny BF16 tensors (hidden 8,
-/// 2 heads, 1 KV head, intermediate 16, vocab 16) in one `model.safetensors`, every tensor name
-/// passed through `rename` (to plant the same fault in every layer). For tests of scale.
-pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -> String) {
-    let mut config = tiny_config();
-    config["num_hidden_layers"] = json!(layers);
-    write_json(&dir.join("config.json"), &config);
-    let per_layer: [(&str, &[u64]); 9] = [
+/// The tensors of a tiny Llama with `layers` layers (hidden 8, 2 heads, 1 KV head, intermediate 16,
+/// vocab 16), as Hugging Face names them, in file order: name and shape.
+pub fn tiny_llama_specs(layers: u64) -> Vec<(String, &'static [u64])> {
+    const PER_LAYER: [(&str, &[u64]); 9] = [
         ("self_attn.q_proj.weight", &[8, 8]),
         ("self_attn.k_proj.weight", &[4, 8]),
         ("self_attn.v_proj.weight", &[4, 8]),
@@ -75,14 +71,27 @@ pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -
     let mut specs: Vec<(String, &[u64])> = vec![("model.embed_tokens.weight".into(), &[16, 8])];
     for i in 0..layers {
         specs.extend(
-            per_layer
+            PER_LAYER
                 .iter()
                 .map(|(n, sh)| (format!("model.layers.{i}.{n}"), *sh)),
         );
     }
     specs.push(("model.norm.weight".into(), &[8]));
     specs.push(("lm_head.weight".into(), &[16, 8]));
-    let specs: Vec<(String, &[u64])> = specs.into_iter().map(|(n, sh)| (rename(n), sh)).collect();
+    specs
+}
+
+/// Writes into `dir` a Llama checkpoint with `layers` layers of tiny BF16 tensors
+/// ([`tiny_llama_specs`]) in one `model.safetensors`, every tensor name passed through `rename`
+/// (to plant the same fault in every layer). For tests of scale.
+pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -> String) {
+    let mut config = tiny_config();
+    config["num_hidden_layers"] = json!(layers);
+    write_json(&dir.join("config.json"), &config);
+    let specs: Vec<(String, &[u64])> = tiny_llama_specs(layers)
+        .into_iter()
+        .map(|(n, sh)| (rename(n), sh))
+        .collect();
     let data = zeros(16 * 8 * 2);
     let tensors: Vec<Tensor> = specs
         .iter()
