@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-use crate::{Error, checkpoint, config, rank_files, resolve};
+use crate::rank_files::{self, RankFiles};
+use crate::{Error, checkpoint, config, resolve};
 
 /// What every subcommand needs to find and read a checkpoint.
 #[derive(Debug, Clone)]
@@ -66,20 +67,25 @@ pub fn open_with(opts: &SourceOptions, pre_sharded: bool) -> Result<Opened, Erro
 
 /// [`open_with`] for `load`: a folder or hub repo of `model-rank-*-part-*.safetensors` files is
 /// opened as pre-sharded (the `bool`), anything else as a checkpoint.
-pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, bool), Error> {
+pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, RankFiles), Error> {
     match hub_request(opts)? {
         Some(req) => {
             let t = Instant::now();
             let (resolved, pre_sharded) =
                 resolve::hub::resolve(&req.request(opts), resolve::hub::Want::Detect)?;
+            let files = if pre_sharded {
+                rank_files::in_folder(&resolved.root)
+            } else {
+                RankFiles::new()
+            };
             Ok((
                 finish_open(opts, resolved, t.elapsed().as_secs_f64())?,
-                pre_sharded,
+                files,
             ))
         }
         None => {
-            let pre_sharded = !rank_files::in_folder(&opts.source).is_empty();
-            Ok((open_with(opts, pre_sharded)?, pre_sharded))
+            let files = rank_files::in_folder(&opts.source);
+            Ok((open_with(opts, !files.is_empty())?, files))
         }
     }
 }

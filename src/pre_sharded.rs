@@ -14,7 +14,7 @@ use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, SourceTensor}
 use crate::ranks::{self, RankList};
 use crate::{Error, Opened};
 
-pub use crate::rank_files::{RankFiles, in_folder as files};
+use crate::rank_files::RankFiles;
 
 /// The plan for a pre-sharded folder's `files`, for the ranks this process loads; every problem
 /// vLLM would hit (or silently accept) at once.

@@ -143,19 +143,20 @@ impl LoadTimings {
     }
 }
 
-/// What each rank must hold: the plan for a checkpoint, or for a pre-sharded folder a plan that
-/// copies its files' tensors whole (see [`crate::pre_sharded`]).
+/// What each rank must hold: the plan for a checkpoint or, when `files` (the rank files
+/// `open_detect` found) is not empty, a plan that copies their tensors whole (see
+/// [`crate::pre_sharded`]).
 pub fn prepare(
     opened: &Opened,
+    files: &crate::rank_files::RankFiles,
     popts: &PlanOptions,
     given_ranks: Option<&crate::ranks::RankList>,
     warnings: &mut Vec<String>,
 ) -> Result<(Plan, InputKind), Error> {
-    let files = pre_sharded::files(&opened.resolved.root);
     if files.is_empty() {
         return Ok((crate::make_plan(opened, popts)?, InputKind::Checkpoint));
     }
-    let plan = pre_sharded::plan(opened, popts, &files, given_ranks, warnings)?;
+    let plan = pre_sharded::plan(opened, popts, files, given_ranks, warnings)?;
     Ok((plan, InputKind::PreSharded))
 }
 
@@ -287,10 +288,10 @@ fn plan_ranks(
     popts: &PlanOptions,
     lopts: &LoadOptions,
 ) -> Result<Planned, Error> {
-    let (mut opened, _) = crate::open_detect(sopts)?;
+    let (mut opened, files) = crate::open_detect(sopts)?;
     let mut warnings = Vec::new();
     let t = Instant::now();
-    let (mut plan, kind) = prepare(&opened, popts, lopts.ranks.as_ref(), &mut warnings)?;
+    let (mut plan, kind) = prepare(&opened, &files, popts, lopts.ranks.as_ref(), &mut warnings)?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     let (ranks, local_base) =
         ranks::select(plan.world(), lopts.ranks.as_ref()).map_err(LoadError::from)?;

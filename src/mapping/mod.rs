@@ -217,15 +217,10 @@ impl MappingError {
     /// A `--mapping` file that cannot be read or is invalid is the command line's fault; a valid
     /// mapping that does not fit the checkpoint is the checkpoint's.
     pub fn exit_status(&self) -> crate::ExitStatus {
-        if self.is_usage() {
-            crate::ExitStatus::Usage
-        } else {
-            crate::ExitStatus::Checkpoint
+        match self {
+            MappingError::Io { .. } | MappingError::Invalid { .. } => crate::ExitStatus::Usage,
+            _ => crate::ExitStatus::Checkpoint,
         }
-    }
-
-    pub fn is_usage(&self) -> bool {
-        matches!(self, MappingError::Io { .. } | MappingError::Invalid { .. })
     }
 }
 

@@ -147,7 +147,7 @@ pub struct RankPlan {
 impl Plan {
     /// How many ranks the plan has: `tp × pp`.
     pub fn world_size(&self) -> u64 {
-        self.tp * self.pp
+        self.world().size()
     }
 
     /// The plan's TP and PP sizes, for rank selection and its messages.

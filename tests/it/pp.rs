@@ -29,25 +29,6 @@ fn read_tensors(files: &[std::path::PathBuf]) -> Tensors {
     out
 }
 
-/// The part files in `dir` whose names start with `prefix`, in part order.
-fn files_with_prefix(dir: &Path, prefix: &str) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<(u64, std::path::PathBuf)> = fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| {
-            let p = e.unwrap().path();
-            let n = p.file_name()?.to_string_lossy().into_owned();
-            let part = n
-                .strip_prefix(prefix)?
-                .strip_suffix(".safetensors")?
-                .parse()
-                .ok()?;
-            Some((part, p))
-        })
-        .collect();
-    v.sort();
-    v.into_iter().map(|(_, p)| p).collect()
-}
-
 /// Stage `p`, TP rank `t` of a PP output.
 fn stage(dir: &Path, p: u64, t: u64) -> Tensors {
     let files = files_with_prefix(dir, &format!("model-pp-{p}-tp-{t}-part-"));

@@ -1,7 +1,7 @@
 //! The golden fixtures (tiny Hugging Face checkpoints) and what vLLM wrote for them.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tempfile::TempDir;
@@ -147,23 +147,27 @@ impl GoldenCase {
 
     /// The part files vLLM wrote for `rank`, sorted by part number.
     pub fn rank_files(&self, rank: u64) -> Vec<PathBuf> {
-        let prefix = self.rank_prefix(rank);
-        let mut v: Vec<(u64, PathBuf)> = fs::read_dir(&self.dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter_map(|p| {
-                let n = p.file_name()?.to_string_lossy().into_owned();
-                let part = n
-                    .strip_prefix(&prefix)?
-                    .strip_suffix(".safetensors")?
-                    .parse()
-                    .ok()?;
-                Some((part, p))
-            })
-            .collect();
-        v.sort();
-        v.into_iter().map(|(_, p)| p).collect()
+        files_with_prefix(&self.dir, &self.rank_prefix(rank))
     }
+}
+
+/// The part files in `dir` named `{prefix}{part}.safetensors`, in part order.
+pub fn files_with_prefix(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<(u64, PathBuf)> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter_map(|p| {
+            let n = p.file_name()?.to_string_lossy().into_owned();
+            let part = n
+                .strip_prefix(prefix)?
+                .strip_suffix(".safetensors")?
+                .parse()
+                .ok()?;
+            Some((part, p))
+        })
+        .collect();
+    v.sort();
+    v.into_iter().map(|(_, p)| p).collect()
 }
 
 /// The fixture most tests use: 8 q / 4 kv heads, six source files, ≈1.1 MiB of output at any TP.
