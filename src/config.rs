@@ -91,6 +91,9 @@ pub struct ModelConfig {
     pub dtype: Option<String>,
     /// `quantization_config.quant_method` (fp8, gptq, awq, ...), when the checkpoint is quantized.
     pub quantization: Option<String>,
+    /// `quantization_config` as written (for [`crate::quant::Quantization::from_config`]).
+    #[serde(skip)]
+    pub quantization_config: Option<Value>,
     /// The text config after overrides (the top level, or `text_config` for multimodal wrappers),
     /// with both spellings of each aliased attribute holding the attribute's value.
     #[serde(skip)]
@@ -327,6 +330,10 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         vocab_size: f.req("vocab_size")?,
         num_experts,
         tie_word_embeddings,
+        quantization_config: top
+            .get("quantization_config")
+            .or(raw.get("quantization_config"))
+            .cloned(),
         quantization: top
             .get("quantization_config")
             .or(raw.get("quantization_config"))

@@ -21,6 +21,7 @@ pub mod open;
 pub mod plan;
 pub mod pre_sharded;
 pub mod progress;
+pub mod quant;
 pub mod rank_files;
 pub mod ranks;
 pub mod report;

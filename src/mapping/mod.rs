@@ -92,6 +92,68 @@ pub struct ParamSpec {
     /// (Llama builds the embedding on the first stage only, Mixtral on every stage), so it is
     /// declared per family; layer parameters follow their layer.
     pub pp_stage: Option<Expr>,
+    /// Which kind of vLLM module this parameter belongs to, for a quantized checkpoint; `None`:
+    /// the default for its layout (see [`ParamSpec::quant_role`]).
+    pub quant: Option<QuantRole>,
+}
+
+/// The kind of module a quantization method creates parameters for (vLLM's `get_quant_method`
+/// dispatches on the layer class: `LinearBase`, `RoutedExperts`, `Attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantRole {
+    /// A linear layer's `weight`: quantized, with scales beside it.
+    Linear,
+    /// A fused expert weight (`w13_weight`, `w2_weight`).
+    Experts,
+    /// The Attention layer, marked on its first scale buffer: the kv-cache scale parameters of the
+    /// method go before it.
+    Attention,
+    /// Never quantized (embeddings, norms, routers built without a quant config).
+    None,
+}
+
+impl Mapping {
+    /// This mapping with the name rules a quantization config adds to every model's mapper
+    /// (merged after the family's, as vLLM's `mapper |= quant_config.get_cache_scale_mapper()`)
+    /// and the suffixes it lets go unmatched.
+    pub fn with_quant_rules(&self, q: Option<&crate::quant::Quantization>) -> Mapping {
+        let mut m = self.clone();
+        if let Some(q) = q {
+            let (rules, suffixes) = q.name_rules();
+            m.rules.merge_common(rules);
+            m.rules
+                .compile()
+                .expect("the quantization rules are valid regexes (unit-tested)");
+            m.ignore_unexpected_suffixes
+                .extend(suffixes.iter().map(|s| s.to_string()));
+        }
+        m
+    }
+}
+
+impl ParamSpec {
+    /// The stated role, else the default for the layout: a `.weight` of a parallel linear layout
+    /// (column, row, merged_column, qkv) is a linear layer's, `experts` layouts are experts';
+    /// everything else (replicated, vocab, biases) is not quantized. A replicated linear (a
+    /// router built with the quant config) says `quant: linear`.
+    pub fn quant_role(&self) -> QuantRole {
+        if let Some(r) = self.quant {
+            return r;
+        }
+        match self.layout {
+            Layout::Experts { .. } => QuantRole::Experts,
+            Layout::Column { .. }
+            | Layout::Row { .. }
+            | Layout::MergedColumn { .. }
+            | Layout::Qkv { .. }
+                if self.name.ends_with(".weight") =>
+            {
+                QuantRole::Linear
+            }
+            _ => QuantRole::None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

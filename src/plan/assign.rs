@@ -144,7 +144,11 @@ impl Planner<'_> {
                     "{file}: tensor '{}' is {}, which cannot be converted to {} for '{}'",
                     t.name, t.dtype, p.dtype, p.name
                 ),
-                fix: Some("this checkpoint needs a quantization-aware mapping".into()),
+                fix: Some(if p.dtype == crate::dtype::Dtype::F8E4M3 {
+                    "quantization_config says this layer is FP8, but the checkpoint stores it otherwise: list the module in the config's ignored_layers / modules_to_not_convert (fp8) or ignore (compressed-tensors)".into()
+                } else {
+                    "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint".into()
+                }),
             });
             return;
         }

@@ -1,6 +1,7 @@
 //! The geometry of each parallel layout: per-rank shapes, the checkpoint shapes each shard expects,
 //! and the block moves that fill a rank's tensor (vLLM 0.33 `layers/linear.py`, `layers/vocab_parallel_embedding.py`, `layers/fused_moe/`).
 
+use super::scales;
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
 
@@ -36,6 +37,31 @@ pub enum Geometry {
         experts: u64,
         intermediate: u64,
         hidden: u64,
+    },
+    /// A linear layer's per-tensor scales: one F32 per logical shard of the weight `of`, the
+    /// same on every rank (`PerTensorScaleParameter`).
+    TensorScale {
+        of: Box<Geometry>,
+    },
+    /// Block scales of the linear weight `of`, `[block_n, block_k]` (`BlockQuantScaleParameter`).
+    BlockScale {
+        of: Box<Geometry>,
+        block: [u64; 2],
+    },
+    /// Per-tensor scales of fused experts (`w13` `[E_loc, 2]`, or `[E_loc]` for `input`; `w2`
+    /// `[E_loc]`).
+    ExpertTensorScale {
+        part: ExpertPart,
+        experts: u64,
+        input: bool,
+    },
+    /// Block scales of fused experts.
+    ExpertBlockScale {
+        part: ExpertPart,
+        experts: u64,
+        /// `[intermediate, hidden]` of the experts.
+        dims: [u64; 2],
+        block: [u64; 2],
     },
 }
 
@@ -172,6 +198,14 @@ impl Geometry {
                     .collect()
             }
             Geometry::Experts { .. } => vec![],
+            Geometry::TensorScale { .. } | Geometry::ExpertTensorScale { .. } => vec![],
+            Geometry::BlockScale { of, block } => scales::block_scale_check(of, *block, r),
+            Geometry::ExpertBlockScale {
+                experts,
+                dims,
+                block,
+                ..
+            } => scales::expert_block_check(*experts, *dims, *block, r),
         }
     }
 
@@ -224,6 +258,29 @@ impl Geometry {
                     s.unwrap_or("none")
                 )),
             },
+            // A scalar per slot; the shard id must be one the weight takes.
+            Geometry::TensorScale { of } => of.expected_source(shard).map(|_| vec![]),
+            Geometry::BlockScale { of, block } => of
+                .expected_source(shard)
+                .map(|s| scales::blocks_of(&s, *block)),
+            Geometry::ExpertTensorScale { part, .. } => Geometry::Experts {
+                part: *part,
+                experts: 0,
+                intermediate: 0,
+                hidden: 0,
+            }
+            .expected_source(shard)
+            .map(|_| vec![]),
+            Geometry::ExpertBlockScale {
+                part, dims, block, ..
+            } => Geometry::Experts {
+                part: *part,
+                experts: 0,
+                intermediate: dims[0],
+                hidden: dims[1],
+            }
+            .expected_source(shard)
+            .map(|_| scales::expert_block_source(*part, *dims, *block)),
         }
     }
 
@@ -231,6 +288,15 @@ impl Geometry {
     /// the single `fused` slot (a tensor already stacked on disk).
     pub fn required(&self) -> (Vec<SlotKey>, Option<SlotKey>) {
         match self {
+            Geometry::TensorScale { of } | Geometry::BlockScale { of, .. } => of.required(),
+            Geometry::ExpertTensorScale { part, experts, .. }
+            | Geometry::ExpertBlockScale { part, experts, .. } => Geometry::Experts {
+                part: *part,
+                experts: *experts,
+                intermediate: 0,
+                hidden: 0,
+            }
+            .required(),
             Geometry::MergedColumn { sizes, .. } => (
                 (0..sizes.len() as u64)
                     .map(|k| (Some(ShardId::Index(k)), None))
@@ -282,6 +348,19 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => expert_blocks(*part, *experts, *intermediate, *hidden, r),
+            Geometry::TensorScale { of } => scales::tensor_scale(of, fused),
+            Geometry::BlockScale { of, block } => scales::block_scale(of, *block, r, fused),
+            Geometry::ExpertTensorScale {
+                part,
+                experts,
+                input,
+            } => scales::expert_tensor_scale(*part, *experts, *input, r),
+            Geometry::ExpertBlockScale {
+                part,
+                experts,
+                dims,
+                block,
+            } => scales::expert_block_scale(*part, *experts, *dims, *block, r),
         }
     }
 }

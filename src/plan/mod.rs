@@ -18,6 +18,8 @@ pub mod layout;
 mod params;
 mod pieces;
 mod problems;
+mod quant;
+mod scales;
 mod stages;
 mod types;
 mod validate;
@@ -32,6 +34,7 @@ use crate::config::ModelConfig;
 use crate::dtype::Dtype;
 use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
+use crate::quant::Quantization;
 use env::Env;
 pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList};
 pub use stages::{Stage, split_layers};
@@ -53,7 +56,18 @@ pub fn plan(
     ckpt: &Checkpoint,
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
-    plan_mapped(mapping, config, &map::map(mapping, ckpt), opts)
+    let mapping = mapping_for(mapping, config);
+    plan_mapped(&mapping, config, &map::map(&mapping, ckpt), opts)
+}
+
+/// `mapping` with the name rules `config`'s quantization adds (kv-cache scale renames): what
+/// [`map::map`] must apply before [`plan_mapped`]. A scheme that does not parse adds none; the
+/// planner refuses it with the reason.
+pub fn mapping_for(mapping: &Mapping, config: &ModelConfig) -> Mapping {
+    let quant = Quantization::from_config(config.quantization_config.as_ref())
+        .ok()
+        .flatten();
+    mapping.with_quant_rules(quant.as_ref())
 }
 
 /// Builds the plan for `opts.tp` ranks from the mapped checkpoint, or every problem found.
@@ -108,6 +122,8 @@ struct Planner<'m> {
     opts: &'m PlanOptions,
     env: Env,
     model_dtype: Dtype,
+    /// The checkpoint's quantization scheme, if any (`quant.rs` adds its parameters).
+    quant: Option<Quantization>,
     /// The config's architecture, for messages (the mapping's family when it names none).
     arch: String,
     /// Whether the config passed the mapping's checks, so that per-rank divisibility is worth
@@ -117,7 +133,8 @@ struct Planner<'m> {
 }
 
 impl<'m> Planner<'m> {
-    /// The environment phase; a quantized checkpoint is refused before anything else.
+    /// The environment phase; a quantization scheme wload cannot write is refused before
+    /// anything else.
     fn new(
         mapping: &'m Mapping,
         config: &ModelConfig,
@@ -125,16 +142,25 @@ impl<'m> Planner<'m> {
         opts: &'m PlanOptions,
     ) -> Result<Planner<'m>, PlanError> {
         let mut problems = Problems::default();
-        if let Some(q) = &config.quantization {
-            // Quantized layers have other parameters (scales, packed weights) and post-processing:
-            // planning them as unquantized would be wrong, so say so up front.
+        let quant = match Quantization::from_config(config.quantization_config.as_ref()) {
+            Ok(q) => q,
+            Err(e) => {
+                problems.push(Problem {
+                    message: e.message,
+                    fix: Some(e.fix),
+                });
+                return Err(PlanError::Invalid(problems.list));
+            }
+        };
+        let model_dtype = resolve_dtype(opts.dtype, config);
+        if let Some(Quantization::Fp8(_)) = &quant
+            && model_dtype == Dtype::F32
+        {
+            // Fp8Config.get_supported_act_dtypes: vLLM refuses the model before loading.
             problems.push(Problem {
-                message: format!(
-                    "the checkpoint is quantized (quantization_config.quant_method = \"{q}\"); wload plans unquantized checkpoints only for now"
-                ),
-                fix: Some("use the unquantized checkpoint".into()),
+                message: "torch.float32 is not supported for quantization method fp8. Supported dtypes: [torch.bfloat16, torch.float16]".into(),
+                fix: Some("pass --dtype bfloat16 (or float16)".into()),
             });
-            return Err(PlanError::Invalid(problems.list));
         }
         let env = Env::new(mapping, config, opts, &mut problems);
         let derived = problems.is_empty();
@@ -144,7 +170,8 @@ impl<'m> Planner<'m> {
             checkpoint,
             opts,
             env,
-            model_dtype: resolve_dtype(opts.dtype, config),
+            model_dtype,
+            quant,
             arch: config.architecture().unwrap_or(&mapping.family).to_string(),
             geometry_ok,
             problems,

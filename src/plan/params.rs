@@ -23,6 +23,12 @@ pub(super) struct Param<'m> {
     pub alias_of: Option<usize>,
     /// The layer of a layer parameter (its pipeline stage is the one holding that layer).
     pub layer: Option<u64>,
+    /// Never read from the checkpoint: always `fill` (the spec's `buffer`).
+    pub buffer: bool,
+    /// The value of a buffer, and of whatever the checkpoint leaves unfilled.
+    pub fill: f64,
+    /// A checkpoint without it is fine.
+    pub optional: bool,
 }
 
 /// The instantiated parameters, and the lm_head/embedding tie that the checkpoint leaves to be
@@ -62,8 +68,16 @@ impl<'m> Planner<'m> {
             )
             .chain(mapping.parameters.tail.iter().map(|s| (s, None)));
         for (spec, i) in specs {
-            if let Some(p) = self.instantiate(spec, i, &mut params) {
+            if let Some(mut p) = self.instantiate(spec, i, &mut params) {
+                // A quantized layer's weight changes dtype and brings its scales (quant.rs).
+                let (before, after) = self.quantize(&mut p, &params);
+                for q in before {
+                    params.add(q);
+                }
                 params.add(p);
+                for q in after {
+                    params.add(q);
+                }
             }
         }
         Ok(params)
@@ -149,6 +163,9 @@ impl<'m> Planner<'m> {
             dtype,
             alias_of,
             layer: i,
+            buffer: spec.buffer,
+            fill: spec.fill.unwrap_or(0.0),
+            optional: spec.optional,
         })
     }
 
@@ -216,7 +233,7 @@ impl<'m> Params<'m> {
     }
 
     /// The first parameter named `name`.
-    fn find(&self, name: &str) -> Option<usize> {
+    pub(super) fn find(&self, name: &str) -> Option<usize> {
         self.first_index
             .find(self.hasher.hash_one(name), |&j| self.list[j].name == name)
             .copied()

@@ -84,9 +84,9 @@ fn rank_tensor(
     if numel == 0 {
         return None;
     }
-    let fill = p.spec.fill.unwrap_or(0.0);
+    let fill = p.fill;
     let mut pieces = Vec::new();
-    if p.spec.buffer {
+    if p.buffer {
         pieces.push(Piece::Fill {
             dst_start: 0,
             count: numel,

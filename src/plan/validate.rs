@@ -14,7 +14,7 @@ impl Planner<'_> {
         let mut fused = vec![false; params.len()];
         for (pi, p) in params.iter().enumerate() {
             let fed = &a.fed[pi];
-            if p.spec.buffer || p.alias_of.is_some() {
+            if p.buffer || p.alias_of.is_some() {
                 if p.alias_of.is_some() && !fed.is_empty() {
                     self.problems.push(Problem {
                         message: format!(
@@ -40,7 +40,7 @@ impl Planner<'_> {
                 continue;
             }
             fused[pi] = has_whole;
-            if has_whole || p.spec.optional || self.opts.shapes_only {
+            if has_whole || p.optional || self.opts.shapes_only {
                 continue;
             }
             if whole.is_some_and(|w| a.present.contains(&(pi, w))) {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use indexmap::IndexMap;
 use serde::Deserialize;
 
-use crate::mapping::{Expr, Layout, ParamSpec, Tied};
+use crate::mapping::{Expr, Layout, ParamSpec, QuantRole, Tied};
 
 /// One entry of a parameter list or block, as written; [`classify`] says which kind it is.
 #[derive(Deserialize)]
@@ -30,6 +30,7 @@ pub(super) struct Entry {
     optional: Option<bool>,
     tied_to: Option<Tied>,
     pp_stage: Option<Expr>,
+    quant: Option<QuantRole>,
 }
 
 /// A parameter in a list being composed, with the block that brought it, so that later files can
@@ -68,6 +69,7 @@ impl Entry {
             || self.optional.is_some()
             || self.tied_to.is_some()
             || self.pp_stage.is_some()
+            || self.quant.is_some()
     }
 
     /// How messages name the entry.
@@ -96,6 +98,7 @@ impl Entry {
             optional: self.optional.unwrap_or(false),
             tied_to: self.tied_to,
             pp_stage: self.pp_stage,
+            quant: self.quant,
         })
     }
 
@@ -121,6 +124,9 @@ impl Entry {
         }
         if self.pp_stage.is_some() {
             spec.pp_stage = self.pp_stage;
+        }
+        if self.quant.is_some() {
+            spec.quant = self.quant;
         }
     }
 }

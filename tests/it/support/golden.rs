@@ -73,8 +73,13 @@ pub fn golden_cases() -> Vec<GoldenCase> {
     cases.sort();
     for case in cases {
         let cname = case.file_name().unwrap().to_string_lossy().into_owned();
-        let mut parts = cname.split("__");
-        let fixture = fixtures_dir().join(parts.next().unwrap());
+        let mut parts = cname.split("__").peekable();
+        let mut fixture_name = parts.next().unwrap().to_string();
+        // `llama_gqa__fp8_block` was made from the fixture `llama_gqa_fp8_block` (golden README).
+        if let Some(scheme) = parts.next_if(|p| p.starts_with("fp8_")) {
+            fixture_name = format!("{fixture_name}_{scheme}");
+        }
+        let fixture = fixtures_dir().join(fixture_name);
         let mut flags = Vec::new();
         let mut max_size = None;
         let mut pp = 1;

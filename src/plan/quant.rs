@@ -1,0 +1,330 @@
+//! Quantization, inside the parameters phase: a quantized linear or expert weight becomes
+//! F8_E4M3 and brings the scale parameters its method creates, and every Attention layer gets
+//! the method's kv-cache scale parameters — in vLLM's registration order (`create_weights` of
+//! `Fp8LinearMethod`, `Fp8MoEMethod`, `CompressedTensorsW8A8Fp8`, the kv-cache methods), with
+//! vLLM's initial values for whatever the checkpoint leaves out.
+
+use super::layout::Geometry;
+use super::params::{Param, Params};
+use super::{Planner, Problem};
+use crate::dtype::Dtype;
+use crate::mapping::{ExpertPart, QuantRole};
+use crate::quant::{Quantization, WeightStrategy};
+
+/// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its
+/// post-processing reads as "not loaded".
+const F32_MIN: f64 = f32::MIN as f64;
+
+/// A parameter a quantization method adds: name suffix, geometry, dtype, initial value, and
+/// whether the checkpoint may leave it out.
+struct Extra {
+    name: String,
+    geometry: Geometry,
+    dtype: Dtype,
+    fill: f64,
+    optional: bool,
+}
+
+impl<'m> Planner<'m> {
+    /// What quantization does to `p`: parameters to add before it and after it.
+    pub(super) fn quantize(
+        &mut self,
+        p: &mut Param<'m>,
+        params: &Params<'m>,
+    ) -> (Vec<Param<'m>>, Vec<Param<'m>>) {
+        let Some(q) = self.quant.clone() else {
+            return (vec![], vec![]);
+        };
+        // A tied parameter is the partner's module under a second name: quantized as it is.
+        let partner_quantized = p.alias_of.map(|a| params.list[a].dtype == Dtype::F8E4M3);
+        let extras = match p.spec.quant_role() {
+            QuantRole::Linear => self.linear(&q, p, partner_quantized).map(|e| (vec![], e)),
+            QuantRole::Experts => self.experts(&q, p).map(|e| (vec![], e)),
+            QuantRole::Attention => self.kv_cache(&q, p, params).map(|e| (e, vec![])),
+            QuantRole::None => None,
+        };
+        let Some((before, after)) = extras else {
+            return (vec![], vec![]);
+        };
+        let make = |e: Extra| {
+            // A scale of a tied weight is tied to the partner's scale of the same name.
+            let alias_of = p.alias_of.and_then(|a| {
+                let partner = &params.list[a].name;
+                let base = module_of(partner).unwrap_or(partner);
+                let own = module_of(&p.name).unwrap_or(&p.name);
+                params.find(&e.name.replacen(own, base, 1))
+            });
+            Param {
+                name: e.name,
+                spec: p.spec,
+                geometry: e.geometry,
+                dtype: e.dtype,
+                alias_of,
+                layer: p.layer,
+                buffer: false,
+                fill: e.fill,
+                optional: e.optional,
+            }
+        };
+        (
+            before.into_iter().map(make).collect(),
+            after.into_iter().map(make).collect(),
+        )
+    }
+
+    /// A linear layer's weight: F8_E4M3 unless its module is left unquantized, then its scales.
+    fn linear(
+        &mut self,
+        q: &Quantization,
+        p: &mut Param<'m>,
+        partner_quantized: Option<bool>,
+    ) -> Option<Vec<Extra>> {
+        let module = p.name.strip_suffix(".weight")?;
+        let quantized = match partner_quantized {
+            Some(b) => Ok(b),
+            None => q.linear_quantized(module, &self.fused_shards(module)),
+        };
+        match quantized {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(message) => {
+                self.problems.push(Problem {
+                    message: format!("{module}: {message}"),
+                    fix: Some("list every part of the fused layer in the quantization config's ignore list, or none".into()),
+                });
+                return None;
+            }
+        }
+        p.dtype = Dtype::F8E4M3;
+        let of = Box::new(p.geometry.clone());
+        let per_tensor = |name: &str| Extra {
+            name: format!("{module}.{name}"),
+            geometry: Geometry::TensorScale { of: of.clone() },
+            dtype: Dtype::F32,
+            fill: F32_MIN,
+            optional: false,
+        };
+        let (weight_scale, static_input) = match q {
+            Quantization::Fp8(f) => (
+                match f.block {
+                    Some(block) => Extra {
+                        name: format!("{module}.weight_scale_inv"),
+                        geometry: Geometry::BlockScale {
+                            of: of.clone(),
+                            block,
+                        },
+                        dtype: Dtype::F32,
+                        fill: F32_MIN,
+                        optional: false,
+                    },
+                    None => per_tensor("weight_scale"),
+                },
+                f.static_activations,
+            ),
+            Quantization::CompressedFp8(c) => (
+                match c.weights {
+                    WeightStrategy::Tensor => per_tensor("weight_scale"),
+                    WeightStrategy::Channel => Extra {
+                        name: format!("{module}.weight_scale"),
+                        geometry: per_channel(&p.geometry)?,
+                        dtype: Dtype::F32,
+                        fill: F32_MIN,
+                        optional: false,
+                    },
+                    WeightStrategy::Block(block) => Extra {
+                        name: format!("{module}.weight_scale"),
+                        geometry: Geometry::BlockScale {
+                            of: of.clone(),
+                            block,
+                        },
+                        dtype: Dtype::F32,
+                        fill: F32_MIN,
+                        optional: false,
+                    },
+                },
+                c.static_activations,
+            ),
+        };
+        let mut out = vec![weight_scale];
+        if static_input {
+            out.push(per_tensor("input_scale"));
+        }
+        Some(out)
+    }
+
+    /// A fused expert weight: F8_E4M3; after `w2_weight`, both weights' scales (vLLM registers
+    /// `w13_weight`, `w2_weight`, then the scales).
+    fn experts(&mut self, q: &Quantization, p: &mut Param<'m>) -> Option<Vec<Extra>> {
+        let (module, _) = p.name.split_once(".routed_experts.")?;
+        let Geometry::Experts {
+            part,
+            experts,
+            intermediate,
+            hidden,
+        } = p.geometry
+        else {
+            return None;
+        };
+        let fp8 = match q {
+            Quantization::Fp8(f) => f,
+            Quantization::CompressedFp8(_) => {
+                if part == ExpertPart::W13 {
+                    self.problems.push(Problem {
+                        message: format!(
+                            "{module}: compressed-tensors FP8 experts (CompressedTensorsW8A8Fp8MoEMethod) are not supported yet"
+                        ),
+                        fix: Some("use the checkpoint's bf16 or `quant_method: fp8` release".into()),
+                    });
+                }
+                return None;
+            }
+        };
+        if !q.experts_quantized(module) {
+            return None;
+        }
+        p.dtype = Dtype::F8E4M3;
+        if part == ExpertPart::W13 {
+            return None;
+        }
+        let base = p.name.strip_suffix("w2_weight")?;
+        let scale = |part: ExpertPart, name: &str, geometry: Geometry| Extra {
+            name: format!("{base}{}_{name}", part_name(part)),
+            geometry,
+            dtype: Dtype::F32,
+            fill: 1.0,
+            optional: false,
+        };
+        let parts = [ExpertPart::W13, ExpertPart::W2];
+        let mut out: Vec<Extra> = match fp8.block {
+            Some(block) => parts
+                .map(|part| {
+                    let g = Geometry::ExpertBlockScale {
+                        part,
+                        experts,
+                        dims: [intermediate, hidden],
+                        block,
+                    };
+                    scale(part, "weight_scale_inv", g)
+                })
+                .into(),
+            None => parts
+                .map(|part| {
+                    let g = Geometry::ExpertTensorScale {
+                        part,
+                        experts,
+                        input: false,
+                    };
+                    scale(part, "weight_scale", g)
+                })
+                .into(),
+        };
+        if fp8.static_activations {
+            out.extend(parts.map(|part| {
+                let g = Geometry::ExpertTensorScale {
+                    part,
+                    experts,
+                    input: true,
+                };
+                scale(part, "input_scale", g)
+            }));
+        }
+        Some(out)
+    }
+
+    /// The kv-cache scale parameters of the Attention layer whose first scale buffer `p` is.
+    fn kv_cache(
+        &mut self,
+        q: &Quantization,
+        p: &Param<'m>,
+        params: &Params<'m>,
+    ) -> Option<Vec<Extra>> {
+        let module = module_of(&p.name)?;
+        let first = ["q_scale", "k_scale"]
+            .iter()
+            .all(|s| params.find(&format!("{module}.{s}")).is_none());
+        if !first {
+            return None;
+        }
+        let scalar = |name: &str, shape: Vec<u64>, dtype, fill| Extra {
+            name: format!("{module}.{name}"),
+            geometry: Geometry::Replicated { shape },
+            dtype,
+            fill,
+            optional: true,
+        };
+        let model = self.model_dtype;
+        Some(match q {
+            // Fp8KVCacheMethod: KVCacheScaleParameter, 0-d in the model dtype, -1 ("not loaded").
+            Quantization::Fp8(_) => ["q_scale", "k_scale", "v_scale", "prob_scale"]
+                .map(|n| scalar(n, vec![], model, -1.0))
+                .into(),
+            // CompressedTensorsKVCacheMethod: F32 [1] ones, then model-dtype [1] zero points.
+            Quantization::CompressedFp8(_) => ["k_scale", "v_scale", "q_scale"]
+                .map(|n| scalar(n, vec![1], Dtype::F32, 1.0))
+                .into_iter()
+                .chain(
+                    ["k_zero_point", "v_zero_point", "q_zero_point"]
+                        .map(|n| scalar(n, vec![1], model, 0.0)),
+                )
+                .collect(),
+        })
+    }
+
+    /// The checkpoint names of a fused module's parts (vLLM's `packed_modules_mapping`), from
+    /// the mapping's stacked rules: `qkv_proj` → `q_proj`, `k_proj`, `v_proj`.
+    fn fused_shards(&self, module: &str) -> Vec<String> {
+        let last = |s: &str| s.rsplit('.').next().unwrap_or(s).to_string();
+        let proj = last(module);
+        let mut shards: Vec<String> = self
+            .mapping
+            .rules
+            .stacked
+            .iter()
+            .filter(|r| last(&r.to) == proj)
+            .map(|r| last(&r.from))
+            .collect();
+        shards.dedup();
+        shards
+    }
+}
+
+/// The module a parameter belongs to: its name without the last component.
+fn module_of(name: &str) -> Option<&str> {
+    name.rsplit_once('.').map(|(m, _)| m)
+}
+
+fn part_name(part: ExpertPart) -> &'static str {
+    match part {
+        ExpertPart::W13 => "w13",
+        ExpertPart::W2 => "w2",
+    }
+}
+
+/// Per-channel scales (`ChannelQuantScaleParameter`, `[out, 1]`): sliced like the weight's rows;
+/// a row-parallel layer keeps them whole.
+fn per_channel(weight: &Geometry) -> Option<Geometry> {
+    Some(match weight {
+        Geometry::Qkv {
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } => Geometry::Qkv {
+            heads: *heads,
+            kv_heads: *kv_heads,
+            head_dim: *head_dim,
+            inner: vec![1],
+        },
+        Geometry::MergedColumn { sizes, .. } => Geometry::MergedColumn {
+            sizes: sizes.clone(),
+            inner: vec![1],
+        },
+        Geometry::Column { shape } => Geometry::Column {
+            shape: vec![*shape.first()?, 1],
+        },
+        Geometry::Row { shape } | Geometry::Replicated { shape } => Geometry::Replicated {
+            shape: vec![*shape.first()?, 1],
+        },
+        _ => return None,
+    })
+}

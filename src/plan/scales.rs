@@ -1,0 +1,493 @@
+//! The geometry of quantization scales (vLLM 0.33 `parameter.py` `PerTensorScaleParameter`,
+//! `BlockQuantScaleParameter`, `linear.py` `adjust_block_scale_shard`, `fused_moe/routed_experts.py`):
+//! per rank, which elements of which checkpoint scale fill which part of the scale parameter.
+//! Per-channel scales need no kind of their own: they are sliced like their weight's rows.
+
+use super::layout::{Geometry, Rank, RankLayout, Slice, SlotKey, local_experts};
+use crate::mapping::ExpertPart;
+use crate::mapping::rules::ShardId;
+
+/// One output partition of a linear weight on one rank, in rows: where it sits in the rank's
+/// tensor, where the checkpoint holds it, and which chunk of the checkpoint shard it takes.
+struct Part {
+    slot: SlotKey,
+    local_off: u64,
+    local_size: u64,
+    global_off: u64,
+    global_size: u64,
+    /// The chunk index: the rank for q and split layers, `rank / replicas` for replicated kv heads.
+    chunk: u64,
+}
+
+fn shard(s: &str) -> Option<ShardId> {
+    Some(ShardId::Name(s.to_string()))
+}
+
+/// The logical shards of a linear weight, as slot keys (qkv: q, k, v; merged: 0, 1, …; else one).
+pub(super) fn logical_shards(of: &Geometry) -> Vec<SlotKey> {
+    match of {
+        Geometry::Qkv { .. } => ["q", "k", "v"].iter().map(|s| (shard(s), None)).collect(),
+        Geometry::MergedColumn { sizes, .. } => (0..sizes.len() as u64)
+            .map(|k| (Some(ShardId::Index(k)), None))
+            .collect(),
+        _ => vec![(None, None)],
+    }
+}
+
+/// The output partitions of `of` on rank `r` and its input width (global, local), or `None` for
+/// a layout that is not a linear weight.
+fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
+    let (tp, rk) = (r.tp, r.rank);
+    let whole = |out: u64, chunk: u64, local: u64| Part {
+        slot: (None, None),
+        local_off: 0,
+        local_size: local,
+        global_off: 0,
+        global_size: out,
+        chunk,
+    };
+    Some(match of {
+        Geometry::Replicated { shape } if shape.len() == 2 => {
+            (vec![whole(shape[0], 0, shape[0])], shape[1], shape[1])
+        }
+        Geometry::Column { shape } if shape.len() == 2 => {
+            (vec![whole(shape[0], rk, shape[0] / tp)], shape[1], shape[1])
+        }
+        Geometry::Row { shape } => (vec![whole(shape[0], 0, shape[0])], shape[1], shape[1] / tp),
+        Geometry::MergedColumn { sizes, inner } if inner.len() == 1 => {
+            let (mut local, mut global) = (0, 0);
+            let parts = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, s)| {
+                    let p = Part {
+                        slot: (Some(ShardId::Index(k as u64)), None),
+                        local_off: local,
+                        local_size: s / tp,
+                        global_off: global,
+                        global_size: *s,
+                        chunk: rk,
+                    };
+                    local += s / tp;
+                    global += s;
+                    p
+                })
+                .collect();
+            (parts, inner[0], inner[0])
+        }
+        Geometry::Qkv {
+            heads,
+            kv_heads,
+            head_dim,
+            inner,
+        } if inner.len() == 1 => {
+            let q = heads / tp * head_dim;
+            let (kv_local, replicas) = if tp >= *kv_heads {
+                (1, tp / kv_heads.max(&1))
+            } else {
+                (kv_heads / tp, 1)
+            };
+            let kv = kv_local * head_dim;
+            let part = |s: &str, local_off, local_size, global_off, global_size, chunk| Part {
+                slot: (shard(s), None),
+                local_off,
+                local_size,
+                global_off,
+                global_size,
+                chunk,
+            };
+            let (gq, gkv) = (heads * head_dim, kv_heads * head_dim);
+            let parts = vec![
+                part("q", 0, q, 0, gq, rk),
+                part("k", q, kv, gq, gkv, rk / replicas.max(1)),
+                part("v", q + kv, kv, gq + gkv, gkv, rk / replicas.max(1)),
+            ];
+            (parts, inner[0], inner[0])
+        }
+        _ => return None,
+    })
+}
+
+/// Per-tensor scales: `[shards]` F32, the same on every rank; a fused checkpoint tensor's single
+/// scale goes into every slot.
+pub(super) fn tensor_scale(of: &Geometry, fused: bool) -> RankLayout {
+    let slots = logical_shards(of);
+    let n = slots.len() as u64;
+    let slices = slots
+        .into_iter()
+        .enumerate()
+        .map(|(k, slot)| Slice {
+            slot: if fused { (None, None) } else { slot },
+            src_shape: vec![1],
+            dim: 0,
+            from: 0,
+            to: 1,
+            dst_shape: vec![n],
+            dst_at: k as u64,
+            dst_base: 0,
+        })
+        .collect();
+    RankLayout {
+        shape: vec![n],
+        slices,
+        zeros: Vec::new(),
+    }
+}
+
+/// The checkpoint shape of a block scale for a weight of `shape`.
+pub(super) fn blocks_of(shape: &[u64], [bn, bk]: [u64; 2]) -> Vec<u64> {
+    match shape {
+        [rows, cols] => vec![rows.div_ceil(bn), cols.div_ceil(bk)],
+        other => other.to_vec(),
+    }
+}
+
+/// Block scales of a linear weight: each output partition's rows converted to blocks with vLLM's
+/// ceil formulas (`adjust_block_scale_shard`), the checkpoint's rows taken from chunk
+/// `chunk · size_b`; a row-parallel weight's scale takes its columns of blocks.
+pub(super) fn block_scale(of: &Geometry, [bn, bk]: [u64; 2], r: Rank, fused: bool) -> RankLayout {
+    let Some((parts, in_global, in_local)) = partitions(of, r) else {
+        return RankLayout {
+            shape: vec![],
+            slices: vec![],
+            zeros: vec![],
+        };
+    };
+    let rows: u64 = parts.iter().map(|p| p.local_size).sum::<u64>().div_ceil(bn);
+    let cols = in_local.div_ceil(bk);
+    let shape = vec![rows, cols];
+    if let Geometry::Row { shape: w } = of {
+        let src = vec![w[0].div_ceil(bn), in_global.div_ceil(bk)];
+        let slice = Slice {
+            slot: (None, None),
+            src_shape: src,
+            dim: 1,
+            from: r.rank * cols,
+            to: (r.rank + 1) * cols,
+            dst_shape: shape.clone(),
+            dst_at: 0,
+            dst_base: 0,
+        };
+        return RankLayout {
+            shape,
+            slices: vec![slice],
+            zeros: vec![],
+        };
+    }
+    let total_global: u64 = parts.iter().map(|p| p.global_size).sum();
+    let src_cols = in_global.div_ceil(bk);
+    let slices = parts
+        .iter()
+        .map(|p| {
+            let size_b = p.local_size.div_ceil(bn);
+            let off_b = p.local_off.div_ceil(bn);
+            let (slot, src_rows, base) = if fused {
+                (
+                    (None, None),
+                    total_global.div_ceil(bn),
+                    p.global_off.div_ceil(bn),
+                )
+            } else {
+                (p.slot.clone(), p.global_size.div_ceil(bn), 0)
+            };
+            let from = base + p.chunk * size_b;
+            Slice {
+                slot,
+                src_shape: vec![src_rows, src_cols],
+                dim: 0,
+                from,
+                to: from + size_b,
+                dst_shape: shape.clone(),
+                dst_at: off_b,
+                dst_base: 0,
+            }
+        })
+        .collect();
+    RankLayout {
+        shape,
+        slices,
+        zeros: vec![],
+    }
+}
+
+/// vLLM's `validate_fp8_block_shape` for a linear weight on rank `r`, and the slices a misaligned
+/// merged layer (which vLLM lets through, `_maybe_allow_fp8_block_shape_mismatch`) would take
+/// beyond its checkpoint scale.
+pub(super) fn block_scale_check(of: &Geometry, [bn, bk]: [u64; 2], r: Rank) -> Vec<String> {
+    let Some((parts, _, in_local)) = partitions(of, r) else {
+        return vec!["block scales need a 2-D linear weight".into()];
+    };
+    let mut out = Vec::new();
+    if r.tp > 1 && matches!(of, Geometry::Row { .. }) && !in_local.is_multiple_of(bk) {
+        out.push(format!(
+            "Weight input_size_per_partition = {in_local} is not divisible by weight quantization block_k = {bk}."
+        ));
+    }
+    let split = r.tp > 1 && matches!(of, Geometry::Column { .. });
+    if split && !parts[0].local_size.is_multiple_of(bn) {
+        out.push(format!(
+            "Weight output_partition_size = {} is not divisible by weight quantization block_n = {bn}.",
+            parts[0].local_size
+        ));
+    }
+    for s in block_scale(of, [bn, bk], r, false).slices {
+        if s.to > s.src_shape[s.dim] {
+            out.push(format!(
+                "its block scales do not align with this TP size: rank {} would read blocks [{}, {}) of a scale with {} (output partitions {:?} are not multiples of block_n = {bn}); vLLM's loader fails on this",
+                r.rank,
+                s.from,
+                s.to,
+                s.src_shape[s.dim],
+                parts.iter().map(|p| p.local_size).collect::<Vec<_>>()
+            ));
+            break;
+        }
+    }
+    out
+}
+
+/// The experts a rank holds and the TP split of their intermediate size: `(local experts, moe tp,
+/// moe rank)`.
+fn expert_split(experts: u64, r: Rank) -> (std::ops::Range<u64>, u64, u64) {
+    if r.ep {
+        (local_experts(experts, r.tp, r.rank), 1, 0)
+    } else {
+        (0..experts, r.tp, r.rank)
+    }
+}
+
+/// Per-tensor expert scales: `w13` `[E_loc, 2]` (w1, w3), or with `input` one slot per expert
+/// that w1 and w3 both write (the later-loaded wins: see pieces.rs); `w2` `[E_loc]`.
+pub(super) fn expert_tensor_scale(
+    part: ExpertPart,
+    experts: u64,
+    input: bool,
+    r: Rank,
+) -> RankLayout {
+    let (local, _, _) = expert_split(experts, r);
+    let e_loc = local.end - local.start;
+    let (shards, width): (&[&str], u64) = match (part, input) {
+        (ExpertPart::W13, false) => (&["w1", "w3"], 2),
+        (ExpertPart::W13, true) => (&["w1", "w3"], 1),
+        (ExpertPart::W2, _) => (&["w2"], 1),
+    };
+    let mut slices = Vec::new();
+    for (j, e) in local.enumerate() {
+        for (h, s) in shards.iter().enumerate() {
+            let at = if width == 2 { h as u64 } else { 0 };
+            slices.push(Slice {
+                slot: (shard(s), Some(e)),
+                src_shape: vec![1],
+                dim: 0,
+                from: 0,
+                to: 1,
+                dst_shape: vec![1],
+                dst_at: 0,
+                dst_base: j as u64 * width + at,
+            });
+        }
+    }
+    let shape = if width == 2 {
+        vec![e_loc, 2]
+    } else {
+        vec![e_loc]
+    };
+    RankLayout {
+        shape,
+        slices,
+        zeros: vec![],
+    }
+}
+
+/// Block scales of fused experts: `w13` `[E_loc, 2·ceil(I_p/bn), ceil(H/bk)]` (w1 blocks, then
+/// w3), `w2` `[E_loc, ceil(H/bn), ceil(I_p/bk)]`, each expert's checkpoint scale sliced by whole
+/// blocks of this rank's intermediate part.
+pub(super) fn expert_block_scale(
+    part: ExpertPart,
+    experts: u64,
+    [intermediate, hidden]: [u64; 2],
+    [bn, bk]: [u64; 2],
+    r: Rank,
+) -> RankLayout {
+    let (local, moe_tp, moe_rank) = expert_split(experts, r);
+    let ip = intermediate / moe_tp;
+    let e_loc = local.end - local.start;
+    let mut slices = Vec::new();
+    let shape = match part {
+        ExpertPart::W13 => {
+            let (rows_b, cols) = (ip.div_ceil(bn), hidden.div_ceil(bk));
+            let dst = vec![2 * rows_b, cols];
+            for (j, e) in local.enumerate() {
+                for (h, s) in ["w1", "w3"].iter().enumerate() {
+                    slices.push(Slice {
+                        slot: (shard(s), Some(e)),
+                        src_shape: vec![intermediate.div_ceil(bn), cols],
+                        dim: 0,
+                        from: moe_rank * rows_b,
+                        to: (moe_rank + 1) * rows_b,
+                        dst_shape: dst.clone(),
+                        dst_at: h as u64 * rows_b,
+                        dst_base: j as u64 * 2 * rows_b * cols,
+                    });
+                }
+            }
+            vec![e_loc, 2 * rows_b, cols]
+        }
+        ExpertPart::W2 => {
+            let (rows, cols_b) = (hidden.div_ceil(bn), ip.div_ceil(bk));
+            for (j, e) in local.enumerate() {
+                slices.push(Slice {
+                    slot: (shard("w2"), Some(e)),
+                    src_shape: vec![rows, intermediate.div_ceil(bk)],
+                    dim: 1,
+                    from: moe_rank * cols_b,
+                    to: (moe_rank + 1) * cols_b,
+                    dst_shape: vec![rows, cols_b],
+                    dst_at: 0,
+                    dst_base: j as u64 * rows * cols_b,
+                });
+            }
+            vec![e_loc, rows, cols_b]
+        }
+    };
+    RankLayout {
+        shape,
+        slices,
+        zeros: vec![],
+    }
+}
+
+/// vLLM's checks on fused expert block scales (`validate_fp8_block_shape_moe`, and
+/// `refine_fp8_moe_block_shape`, whose finer block grid wload does not write yet).
+pub(super) fn expert_block_check(
+    experts: u64,
+    [intermediate, hidden]: [u64; 2],
+    [bn, bk]: [u64; 2],
+    r: Rank,
+) -> Vec<String> {
+    let (_, moe_tp, _) = expert_split(experts, r);
+    let ip = intermediate / moe_tp;
+    if ip.is_multiple_of(bn) && (moe_tp == 1 || ip.is_multiple_of(bk)) {
+        return vec![];
+    }
+    let refine = gcd(gcd(bn, bk), gcd(ip, hidden));
+    if refine >= 32 {
+        return vec![format!(
+            "the experts' intermediate size per rank ({ip}) is not a multiple of the {bn}×{bk} scale blocks; vLLM refines the scale grid to {refine}×{refine} here (refine_fp8_moe_block_shape), which wload does not write yet"
+        )];
+    }
+    if !ip.is_multiple_of(bn) {
+        vec![format!(
+            "The output_size of gate's and up's weight = {ip} is not divisible by weight quantization block_n = {bn}."
+        )]
+    } else {
+        vec![format!(
+            "The input_size of down's weight = {ip} is not divisible by weight quantization block_k = {bk}."
+        )]
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// Shapes checkpoint expert block scales must have.
+pub(super) fn expert_block_source(
+    part: ExpertPart,
+    [intermediate, hidden]: [u64; 2],
+    [bn, bk]: [u64; 2],
+) -> Vec<u64> {
+    match part {
+        ExpertPart::W13 => vec![intermediate.div_ceil(bn), hidden.div_ceil(bk)],
+        ExpertPart::W2 => vec![hidden.div_ceil(bn), intermediate.div_ceil(bk)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(tp: u64, rank: u64) -> Rank {
+        Rank {
+            tp,
+            rank,
+            ep: false,
+        }
+    }
+
+    /// vllm-spec §6.2's Qwen3-8B-FP8 table (H 4096, 32/8 heads of 128, I 12288, block 128).
+    #[test]
+    fn qwen3_8b_block_scales_match_the_spec_table() {
+        let qkv = Geometry::Qkv {
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            inner: vec![4096],
+        };
+        let gate_up = Geometry::MergedColumn {
+            sizes: vec![12288, 12288],
+            inner: vec![4096],
+        };
+        let down = Geometry::Row {
+            shape: vec![4096, 12288],
+        };
+        let o = Geometry::Row {
+            shape: vec![4096, 4096],
+        };
+        let b = [128, 128];
+        let ranges = |l: &RankLayout| -> Vec<(u64, u64, u64)> {
+            l.slices.iter().map(|s| (s.from, s.to, s.dst_at)).collect()
+        };
+        // TP2, rank 1: q rows 0–15 ← [16, 32), k 16–19 ← [4, 8), v 20–23 ← [4, 8).
+        let l = block_scale(&qkv, b, rank(2, 1), false);
+        assert_eq!(l.shape, vec![24, 32]);
+        assert_eq!(ranges(&l), vec![(16, 32, 0), (4, 8, 16), (4, 8, 20)]);
+        assert_eq!(
+            block_scale(&gate_up, b, rank(2, 1), false).shape,
+            vec![96, 32]
+        );
+        assert_eq!(block_scale(&down, b, rank(2, 1), false).shape, vec![32, 48]);
+        assert_eq!(block_scale(&o, b, rank(2, 1), false).shape, vec![32, 16]);
+        // TP16, rank 5: q 0–1 ← [10, 12), k 2 ← row 5 // 2 = 2, v 3 ← row 2.
+        let l = block_scale(&qkv, b, rank(16, 5), false);
+        assert_eq!(l.shape, vec![4, 32]);
+        assert_eq!(ranges(&l), vec![(10, 12, 0), (2, 3, 2), (2, 3, 3)]);
+        assert_eq!(block_scale(&down, b, rank(8, 0), false).shape, vec![32, 12]);
+        for g in [&qkv, &gate_up, &down, &o] {
+            assert!(block_scale_check(g, b, rank(16, 3)).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_row_parallel_shard_smaller_than_a_block_is_refused_with_vllms_message() {
+        let down = Geometry::Row {
+            shape: vec![128, 256],
+        };
+        let msgs = block_scale_check(&down, [32, 32], rank(16, 0));
+        assert_eq!(
+            msgs,
+            vec![
+                "Weight input_size_per_partition = 16 is not divisible by weight quantization block_k = 32."
+            ]
+        );
+    }
+
+    #[test]
+    fn qwen3_30b_moe_at_tp8_needs_vllms_refined_grid() {
+        // moe_intermediate 768 / 8 = 96: vLLM refines 128 → 32; wload says so instead of writing it.
+        let msgs = expert_block_check(128, [768, 2048], [128, 128], rank(8, 0));
+        assert!(
+            msgs[0].contains("refines the scale grid to 32×32"),
+            "{msgs:?}"
+        );
+        assert!(expert_block_check(128, [768, 2048], [128, 128], rank(4, 0)).is_empty());
+        // A grid vLLM cannot refine (gcd < 32) gets vLLM's own error.
+        let msgs = expert_block_check(8, [48, 128], [32, 32], rank(2, 0));
+        assert_eq!(
+            msgs,
+            vec![
+                "The output_size of gate's and up's weight = 24 is not divisible by weight quantization block_n = 32."
+            ]
+        );
+    }
+}
