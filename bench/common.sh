@@ -1,5 +1,5 @@
 # Sourced by the bench scripts: paths, the wload binary, a work folder, the 8B-shaped checkpoint.
-# Sets: here, root, bin, work; and defines ensure_llama8b_4layers DIR.
+# Sets: here, root, bin, work; and defines ensure_llama8b_4layers DIR and ensure_llama8b_4layers_fp8 DIR.
 here=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -21,8 +21,23 @@ fi
 
 # The 4-layer Llama-3-8B-shaped checkpoint (about 3.6 GiB of random bf16, two files + index).
 ensure_llama8b_4layers() {
-    if [[ ! -f $1/config.json ]]; then
-        echo "generating the 4-layer Llama-3-8B-shaped checkpoint (random bf16) in $1 ..." >&2
-        python3 "$root/bench/gen_checkpoint.py" --files 2 --layers 4 --real-shapes --random --quiet --out "$1"
+    gen_llama8b_4layers "$1" "random bf16"
+}
+
+# The same checkpoint quantized as DeepSeek-V3 / Qwen3-FP8 are: the linear weights of every layer
+# in FP8 (E4M3) with F32 scales per 128 x 128 block; embeddings, norms and lm_head stay bf16
+# (about 2.8 GiB).
+ensure_llama8b_4layers_fp8() {
+    gen_llama8b_4layers "$1" "random FP8, block 128" --fp8-block 128
+}
+
+# DIR WHAT [gen_checkpoint.py options...]: generates the checkpoint unless DIR already has one.
+gen_llama8b_4layers() {
+    local dir=$1 what=$2
+    shift 2
+    if [[ ! -f $dir/config.json ]]; then
+        echo "generating the 4-layer Llama-3-8B-shaped checkpoint ($what) in $dir ..." >&2
+        python3 "$root/bench/gen_checkpoint.py" --files 2 --layers 4 --real-shapes --random --quiet \
+            --out "$dir" "$@"
     fi
 }

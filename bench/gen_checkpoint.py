@@ -18,9 +18,16 @@ Two ways to size it:
 Shapes: every tensor gets --shape (default 16,16), or with --real-shapes the shapes a
 LlamaForCausalLM of the configured dimensions would have (sparse, so still cheap on disk).
 
+FP8: with --fp8-block N, the seven linear weights of every decoder layer (q/k/v/o_proj,
+gate/up/down_proj) are F8_E4M3, each followed by its F32 `weight_scale_inv` of shape
+[ceil(out/N), ceil(in/N)], and config.json gets a block-wise fp8 quantization_config, the layout
+of DeepSeek-V3 and Qwen3-FP8 checkpoints. Embeddings, norms and lm_head stay in --dtype, and
+every scale holds 0.01 so that a loader reading them sees positive finite floats.
+
 Examples:
   gen_checkpoint.py --files 64 --tensors-per-file 2000 --out /tmp/ckpt
   gen_checkpoint.py --files 4 --layers 32 --real-shapes --out /tmp/llama8b-like
+  gen_checkpoint.py --files 2 --layers 4 --real-shapes --random --fp8-block 128 --out /tmp/fp8
 """
 
 import argparse
@@ -45,6 +52,23 @@ LAYER_TENSORS = [
     "self_attn.q_proj.weight",
     "self_attn.v_proj.weight",
 ]
+LINEAR_WEIGHTS = {s for s in LAYER_TENSORS if s.endswith("_proj.weight")}
+SCALE_SUFFIX = "_scale_inv"
+FP8_DTYPE = "F8_E4M3"
+# Positive and finite, so that a dequantizing reader of the synthetic data stays finite.
+SCALE_VALUE = 0.01
+
+
+def layer_tensors(fp8):
+    """Per-layer name suffixes; with fp8, each linear weight is followed by its block scales."""
+    if not fp8:
+        return list(LAYER_TENSORS)
+    out = []
+    for s in LAYER_TENSORS:
+        out.append(s)
+        if s in LINEAR_WEIGHTS:
+            out.append(s + SCALE_SUFFIX)
+    return out
 
 
 def parse_shape(text):
@@ -79,14 +103,14 @@ def real_shape(suffix, a):
     }[suffix]
 
 
-def tensor_names(layers, total=None):
+def tensor_names(layers, total=None, per_layer=LAYER_TENSORS):
     """(name, suffix) in checkpoint order: embed_tokens, layers, norm, lm_head.
 
     With `total`, the list is cut to exactly `total` entries, keeping norm and lm_head at the end.
     """
     names = [("model.embed_tokens.weight", "embed_tokens.weight")]
     for li in range(layers):
-        for s in LAYER_TENSORS:
+        for s in per_layer:
             names.append((f"model.layers.{li}.{s}", s))
     tail = [("model.norm.weight", "norm.weight"), ("lm_head.weight", "lm_head.weight")]
     if total is not None:
@@ -106,30 +130,51 @@ def split_even(items, parts):
     return out
 
 
-def write_safetensors(path, tensors, dtype, metadata, random_data=False):
-    """tensors: list of (name, shape). Returns the total data bytes."""
-    width = DTYPE_BYTES[dtype]
+def write_safetensors(path, tensors, metadata, random_data=False):
+    """tensors: list of (name, shape, dtype, fill); fill is None (random or zero data) or an F32
+    value written into every element. Returns the total data bytes."""
     header = {"__metadata__": metadata}
     offset = 0
-    for name, shape in tensors:
-        n = math.prod(shape) * width
+    for name, shape, dtype, _ in tensors:
+        n = math.prod(shape) * DTYPE_BYTES[dtype]
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
+    start = 8 + len(raw)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         if random_data:
             # Real bytes on disk, so copies cannot skip holes (cp --sparse) and reads are real.
-            left = offset
-            while left:
-                n = min(left, 64 << 20)
-                f.write(os.urandom(n))
-                left -= n
+            for name, shape, dtype, fill in tensors:
+                left = math.prod(shape) * DTYPE_BYTES[dtype]
+                if fill is not None:
+                    f.write(struct.pack("<f", fill) * (left // 4))
+                    continue
+                while left:
+                    n = min(left, 64 << 20)
+                    f.write(os.urandom(n))
+                    left -= n
         else:
-            f.truncate(8 + len(raw) + offset)  # zero data, sparse
+            f.truncate(start + offset)  # zero data, sparse
+            for name, shape, dtype, fill in tensors:
+                if fill is not None:
+                    f.seek(start + header[name]["data_offsets"][0])
+                    f.write(struct.pack("<f", fill) * math.prod(shape))
     return offset
+
+
+def tensor_spec(name, suffix, a):
+    """(name, shape, dtype, fill) of one tensor under the command-line options."""
+    if suffix.endswith(SCALE_SUFFIX):
+        out, inp = tensor_spec(name, suffix[: -len(SCALE_SUFFIX)], a)[1]
+        block = a.fp8_block
+        return name, [-(-out // block), -(-inp // block)], "F32", SCALE_VALUE
+    shape = real_shape(suffix, a) if a.real_shapes else list(a.shape)
+    if a.fp8_block and suffix in LINEAR_WEIGHTS:
+        return name, shape, FP8_DTYPE, None
+    return name, shape, a.dtype, None
 
 
 def main(argv=None):
@@ -155,6 +200,8 @@ def main(argv=None):
     p.add_argument("--vocab-size", type=int, default=128256)
     p.add_argument("--random", action="store_true",
                    help="write random data instead of sparse zeros (for copy/IO benchmarks)")
+    p.add_argument("--fp8-block", type=int, metavar="N",
+                   help="block-wise FP8: linear weights in F8_E4M3 with F32 N x N block scales")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
 
@@ -162,20 +209,26 @@ def main(argv=None):
         p.error("--files must be >= 1")
     if a.hidden_size % a.num_attention_heads:
         p.error("--hidden-size must be a multiple of --num-attention-heads")
+    if a.fp8_block is not None:
+        if a.fp8_block < 1:
+            p.error("--fp8-block must be >= 1")
+        if not a.real_shapes and len(a.shape) != 2:
+            p.error("--fp8-block needs 2-D weights: use a --shape like 16,16 or --real-shapes")
+    per_layer = layer_tensors(a.fp8_block is not None)
 
     if a.tensors_per_file is not None:
         if a.tensors_per_file < 1:
             p.error("--tensors-per-file must be >= 1")
         total = a.files * a.tensors_per_file
-        layers = max(math.ceil((total - 3) / len(LAYER_TENSORS)), 0)
-        names = tensor_names(layers, total)
+        layers = max(math.ceil((total - 3) / len(per_layer)), 0)
+        names = tensor_names(layers, total, per_layer)
         chunks = [names[i * a.tensors_per_file : (i + 1) * a.tensors_per_file]
                   for i in range(a.files)]
     else:
         if a.layers < 0:
             p.error("--layers must be >= 0")
         layers = a.layers
-        names = tensor_names(layers)
+        names = tensor_names(layers, per_layer=per_layer)
         if a.files > len(names):
             p.error(f"--files {a.files} exceeds the {len(names)} tensors of {layers} layers")
         chunks = split_even(names, a.files)
@@ -197,6 +250,13 @@ def main(argv=None):
         "tie_word_embeddings": False,
         "torch_dtype": TORCH_DTYPE.get(a.dtype, "bfloat16"),
     }
+    if a.fp8_block is not None:
+        config["quantization_config"] = {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "weight_block_size": [a.fp8_block, a.fp8_block],
+        }
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
@@ -204,9 +264,8 @@ def main(argv=None):
     weight_map, total_size = {}, 0
     for i, chunk in enumerate(chunks):
         fname = f"model-{i + 1:05d}-of-{a.files:05d}.safetensors"
-        tensors = [(name, real_shape(sfx, a) if a.real_shapes else list(a.shape))
-                   for name, sfx in chunk]
-        total_size += write_safetensors(os.path.join(a.out, fname), tensors, a.dtype,
+        tensors = [tensor_spec(name, sfx, a) for name, sfx in chunk]
+        total_size += write_safetensors(os.path.join(a.out, fname), tensors,
                                         {"format": "pt"}, random_data=a.random)
         for name, _ in chunk:
             weight_map[name] = fname
@@ -216,7 +275,8 @@ def main(argv=None):
 
     if not a.quiet:
         print(f"{a.out}: {a.files} files, {len(names)} tensors, {layers} layers, "
-              f"{total_size} data bytes ({a.dtype})", file=sys.stderr)
+              f"{total_size} data bytes ({a.dtype}"
+              f"{f', fp8 block {a.fp8_block}' if a.fp8_block else ''})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,63 +1,118 @@
 #!/usr/bin/env bash
-# Benchmark: `wload shard --tp 8` on a Llama-3-8B-shaped checkpoint with 4 layers (about 3.6 GiB of
-# random bf16 data in two files plus an index), against
+# Benchmark: `wload shard --tp 8` on a Llama-3-8B-shaped checkpoint with 4 layers, in two variants:
+#   bf16  about 3.6 GiB of random bf16 data in two files plus an index;
+#   fp8   the same model with its linear weights in FP8 (E4M3) and F32 scales per 128 x 128 block,
+#         as DeepSeek-V3 / Qwen3-FP8 ship (about 2.8 GiB);
+# each against
 #   - the copy limit: `cp -r` of the same folder, and
-#   - the peer: bench/peer_reshard.py (safetensors + torch on the CPU, what users write today),
+#   - the peer: bench/peer_reshard.py (safetensors + torch on the CPU, what users write today;
+#     bf16 only, as it reshards unquantized checkpoints),
 # all with a warm page cache, in one run, reported as ratios. Also wload's peak RSS.
-# Targets: wload ≤ 1.25 × cp, ≥ 5 × faster than the peer, peak RSS ≤ 512 MiB.
+# Targets, for both variants: wload ≤ 1.25 × cp, ≥ 5 × faster than the peer, peak RSS ≤ 512 MiB.
 #
 # Usage: bench/shard.sh [WORKDIR]     (default: a temp dir under /var/tmp, removed afterwards)
-# Environment: RUNS=3, PYTHON (with torch + safetensors; default .venv-bench/bin/python if present),
-#              WLOAD_BIN=PATH (skip the build)
+# Environment: RUNS=3, VARIANTS="bf16 fp8" (either or both), PYTHON (with torch + safetensors;
+#              default .venv-bench/bin/python if present), WLOAD_BIN=PATH (skip the build)
 set -euo pipefail
 BENCH_DIR=${1:-} source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RUNS=${RUNS:-3}
+VARIANTS=${VARIANTS:-bf16 fp8}
+for v in $VARIANTS; do
+    [[ $v == bf16 || $v == fp8 ]] || { echo "bench/shard.sh: unknown variant '$v' in VARIANTS (bf16, fp8)" >&2; exit 2; }
+done
 if [[ -z ${PYTHON:-} ]]; then
     if [[ -x .venv-bench/bin/python ]]; then PYTHON=.venv-bench/bin/python; else PYTHON=python3; fi
 fi
-src=$work/src
-ensure_llama8b_4layers "$src"
-du -sh --apparent-size "$src" >&2
 
 warm() { cat "$src"/* >/dev/null; }
 # Runs "$@" RUNS times after a warm-up, cleaning $work/dst before each; prints the median seconds.
+# A failed run ends it with that run's status, its stderr left in $work/err.
 median() {
-    local times=()
+    local times=() i s e rc
     for i in $(seq 0 "$RUNS"); do
         rm -rf "$work/dst"
         warm
-        local s e
         s=$(date +%s%N)
-        "$@"
+        "$@" 2>"$work/err" || { rc=$?; rm -rf "$work/dst"; return "$rc"; }
         e=$(date +%s%N)
+        cat "$work/err" >&2
         [[ $i -gt 0 ]] && times+=("$(( (e - s) / 1000000 ))")
     done
     rm -rf "$work/dst"
     printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {printf "%.3f", a[int((NR+1)/2)]/1000}'
 }
 
-cp_s=$(median cp -r "$src" "$work/dst")
-wl_s=$(median "$bin" shard "$src" --tp 8 -o "$work/dst" -q)
-rm -rf "$work/dst"; warm
-rss_kb=$( { /usr/bin/time -f '%M' "$bin" shard "$src" --tp 8 -o "$work/dst" -q; } 2>&1 | tail -1)
-# Cross-check: the peer and wload agree byte for byte (the peer writes one part per rank).
-peer_s=NA
-if "$PYTHON" -c 'import torch, safetensors' 2>/dev/null; then
-    peer_s=$(RUNS=1 median "$PYTHON" "$here/peer_reshard.py" "$src" --tp 8 --out "$work/dst")
-    "$PYTHON" "$here/peer_reshard.py" "$src" --tp 8 --out "$work/peer"
-    "$bin" shard "$src" --tp 8 -o "$work/dst" -q --force
-    python3 "$root/tests/data/golden/tools/compare_shards.py" "$work/peer" "$work/dst" --ignore-parts | tail -1
+# The peer's time on $src, after checking that its output and wload's agree byte for byte (the
+# peer writes one part per rank); NA when $PYTHON lacks torch or safetensors. Fails (after saying
+# why on stderr) when the peer fails or the outputs differ.
+peer_time() {
+    if ! "$PYTHON" -c 'import torch, safetensors' 2>/dev/null; then
+        echo "peer skipped: $PYTHON has no torch/safetensors (pip install torch safetensors)" >&2
+        echo NA
+        return
+    fi
+    local t
+    t=$(RUNS=1 median "$PYTHON" "$here/peer_reshard.py" "$src" --tp 8 --out "$work/dst") ||
+        { cat "$work/err" >&2; return 1; }
+    "$PYTHON" "$here/peer_reshard.py" "$src" --tp 8 --out "$work/peer" >&2 || return 1
+    "$bin" shard "$src" --tp 8 -o "$work/dst" -q --force >&2 || return 1
+    if ! python3 "$root/tests/data/golden/tools/compare_shards.py" "$work/peer" "$work/dst" \
+        --ignore-parts >"$work/cmp" 2>&1; then
+        tail -5 "$work/cmp" >&2
+        return 1
+    fi
+    tail -1 "$work/cmp" >&2
     rm -rf "$work/peer" "$work/dst"
-else
-    echo "peer skipped: $PYTHON has no torch/safetensors (pip install torch safetensors)" >&2
-fi
+    echo "$t"
+}
 
-awk -v cp="$cp_s" -v wl="$wl_s" -v peer="$peer_s" -v rss="$rss_kb" 'BEGIN {
-    printf "cp -r            %7.3f s\n", cp
-    printf "wload shard tp8  %7.3f s   = %.2f x cp   (target <= 1.25)\n", wl, wl / cp
-    if (peer != "NA") printf "python peer      %7.3f s   wload is %.1f x faster (target >= 5)\n", peer, peer / wl
-    printf "wload peak RSS   %7.1f MiB (target <= 512)\n", rss / 1024
-    ok = (wl / cp <= 1.25) && (rss / 1024 <= 512) && (peer == "NA" || peer / wl >= 5)
-    print (ok ? "PASS" : "FAIL")
-    exit (ok ? 0 : 1)
-}'
+bf16_ratio=NA
+failed=0
+# LABEL DIR ENSURE PEER(yes|no): times one variant and prints its rows; sets failed=1 on a miss.
+run_variant() {
+    local label=$1 ensure=$3 with_peer=$4 cp_s wl_s rss_kb peer_s=NA rc=0
+    src=$2
+    "$ensure" "$src"
+    echo "== $label: $(du -sh --apparent-size "$src" | cut -f1) in $src" >&2
+    cp_s=$(median cp -r "$src" "$work/dst")
+    wl_s=$(median "$bin" shard "$src" --tp 8 -o "$work/dst" -q) || rc=$?
+    echo "$label ($(du -sh --apparent-size "$src" | cut -f1))"
+    printf 'cp -r            %7.3f s\n' "$cp_s"
+    if [[ $rc -ne 0 ]]; then
+        echo "wload shard tp8  FAILED (exit $rc):"
+        sed -n '1,6s/^/    /p' "$work/err"
+        echo "FAIL"
+        failed=1
+        return
+    fi
+    rm -rf "$work/dst"; warm
+    rss_kb=$( { /usr/bin/time -f '%M' "$bin" shard "$src" --tp 8 -o "$work/dst" -q; } 2>&1 | tail -1)
+    rm -rf "$work/dst"
+    if [[ $with_peer == yes ]] && ! peer_s=$(peer_time); then
+        peer_s=FAILED
+        rm -rf "$work/peer" "$work/dst"
+    fi
+    awk -v cp="$cp_s" -v wl="$wl_s" -v peer="$peer_s" -v rss="$rss_kb" -v bf16="$bf16_ratio" \
+        -v label="$label" -v with_peer="$with_peer" 'BEGIN {
+        printf "wload shard tp8  %7.3f s   = %.2f x cp   (target <= 1.25", wl, wl / cp
+        if (label != "bf16" && bf16 != "NA") printf "; bf16: %.2f x", bf16
+        print ")"
+        if (peer == "FAILED") print "python peer      FAILED, or its output differs from wload output (details on stderr)"
+        else if (peer != "NA") printf "python peer      %7.3f s   wload is %.1f x faster (target >= 5)\n", peer, peer / wl
+        else if (with_peer == "no") print "python peer      skipped (it reshards unquantized checkpoints only)"
+        printf "wload peak RSS   %7.1f MiB (target <= 512)\n", rss / 1024
+        ok = (wl / cp <= 1.25) && (rss / 1024 <= 512) && (peer == "NA" || (peer != "FAILED" && peer / wl >= 5))
+        print (ok ? "PASS" : "FAIL")
+        exit (ok ? 0 : 1)
+    }' || failed=1
+    [[ $label == bf16 ]] && bf16_ratio=$(awk -v a="$wl_s" -v b="$cp_s" 'BEGIN {print a / b}')
+    return 0
+}
+
+for v in $VARIANTS; do
+    case $v in
+        bf16) run_variant bf16 "$work/src" ensure_llama8b_4layers yes ;;
+        fp8) run_variant "fp8 block 128" "$work/src-fp8" ensure_llama8b_4layers_fp8 no ;;
+    esac
+done
+exit "$failed"
