@@ -480,7 +480,13 @@ mod tests {
             msgs[0].contains("refines the scale grid to 32×32"),
             "{msgs:?}"
         );
-        assert!(expert_block_check(128, [768, 2048], [128, 128], rank(4, 0)).is_empty());
+        // 768 / 4 = 192 needs a 64 grid; 768 / 2 = 384 is three whole blocks.
+        let msgs = expert_block_check(128, [768, 2048], [128, 128], rank(4, 0));
+        assert!(
+            msgs[0].contains("refines the scale grid to 64×64"),
+            "{msgs:?}"
+        );
+        assert!(expert_block_check(128, [768, 2048], [128, 128], rank(2, 0)).is_empty());
         // A grid vLLM cannot refine (gcd < 32) gets vLLM's own error.
         let msgs = expert_block_check(8, [48, 128], [32, 32], rank(2, 0));
         assert_eq!(

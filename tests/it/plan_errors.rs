@@ -570,16 +570,30 @@ fn human_plan_output_lists_each_rank_and_the_qkv_sources() {
 }
 
 #[test]
-fn quantized_checkpoint_is_refused_with_its_quant_method() {
+fn bf16_weights_under_an_fp8_config_are_refused_naming_the_layer() {
     let tmp = copy_fixture("llama_gqa");
     set_config(
         tmp.path(),
         "quantization_config",
         serde_json::json!({"quant_method": "fp8", "activation_scheme": "dynamic"}),
     );
+    plan(tmp.path(), &["--tp", "2"]).refused(3).says(&[
+        "tensor 'model.layers.0.self_attn.q_proj.weight' is BF16, which cannot be converted to F8_E4M3",
+        "ignored_layers / modules_to_not_convert",
+    ]);
+}
+
+#[test]
+fn a_quantization_method_wload_cannot_write_is_refused_by_name() {
+    let tmp = copy_fixture("llama_gqa");
+    set_config(
+        tmp.path(),
+        "quantization_config",
+        serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 128}),
+    );
     plan(tmp.path(), &["--tp", "2"])
         .refused(3)
-        .says(&["quantized", "\"fp8\""]);
+        .says(&["quant_method = \"gptq\" is not supported"]);
 }
 
 // ---------------------------------------------------------------------------------------------
