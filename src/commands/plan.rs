@@ -8,7 +8,7 @@ use crate::{Error, Opened, Timings, map, mapping, plan};
 /// Picks the mapping, maps the checkpoint's names and plans every rank.
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
     let mapping = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
-    let mapping = plan::mapping_for(&mapping, &opened.config);
+    let mapping = plan::mapping_for(&mapping, &opened.config, opts);
     let mapped = map::map(&mapping, &opened.checkpoint);
     let p = plan::plan_mapped(&mapping, &opened.config, &mapped, opts)?;
     Ok(p)

@@ -41,6 +41,7 @@ struct FileDoc {
     rules: RulesEdit,
     #[serde(default)]
     ignore_unexpected_suffixes: Option<Vec<String>>,
+    skip_layer: Option<Expr>,
     #[serde(default)]
     blocks: IndexMap<String, Vec<Entry>>,
     #[serde(default)]
@@ -102,6 +103,7 @@ struct Composed {
     checks: Vec<Check>,
     rules: Rules,
     ignore_unexpected_suffixes: Vec<String>,
+    skip_layer: Option<Expr>,
     blocks: IndexMap<String, Vec<ParamSpec>>,
     layers: Expr,
     head: Vec<Placed>,
@@ -187,6 +189,7 @@ impl Composed {
             checks: Vec::new(),
             rules: Rules::default(),
             ignore_unexpected_suffixes: Vec::new(),
+            skip_layer: None,
             blocks: IndexMap::new(),
             layers: super::default_layers(),
             head: Vec::new(),
@@ -206,6 +209,9 @@ impl Composed {
         doc.rules.apply(&mut self.rules);
         if let Some(s) = doc.ignore_unexpected_suffixes {
             self.ignore_unexpected_suffixes = s;
+        }
+        if doc.skip_layer.is_some() {
+            self.skip_layer = doc.skip_layer;
         }
         self.define_blocks(doc.blocks)?;
         let p = doc.parameters;
@@ -320,6 +326,7 @@ impl Composed {
             checks: self.checks,
             rules,
             ignore_unexpected_suffixes: self.ignore_unexpected_suffixes,
+            skip_layer: self.skip_layer,
             parameters: Parameters {
                 layers: self.layers,
                 head,

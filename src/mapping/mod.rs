@@ -45,6 +45,9 @@ pub struct Mapping {
     /// Checkpoint names with these suffixes are skipped silently when nothing maps them
     /// (vLLM's unexpected-suffix ignore list; `.bias` is always in it).
     pub ignore_unexpected_suffixes: Vec<String>,
+    /// Checkpoint tensors of `model.layers.{i}.` for which this holds belong to no parameter and
+    /// are skipped (vLLM skips speculative-decoding MTP layers beyond `num_hidden_layers`).
+    pub skip_layer: Option<Expr>,
     pub parameters: Parameters,
 }
 
@@ -173,11 +176,14 @@ pub enum Layout {
     Column { shape: Vec<Expr> },
     /// Split along dim 1.
     Row { shape: Vec<Expr> },
-    /// Several column-parallel outputs stacked on dim 0, each split by tp (gate_up_proj).
+    /// Several column-parallel outputs stacked on dim 0, each split by tp (gate_up_proj); with
+    /// `disable_tp` whole on every rank (vLLM's `disable_tp=True`: DeepSeek's fused_qkv_a_proj).
     MergedColumn {
         sizes: Vec<Expr>,
         #[serde(default)]
         inner: Vec<Expr>,
+        #[serde(default)]
+        disable_tp: bool,
     },
     /// q, k, v heads stacked on dim 0; kv heads replicated when tp ≥ kv heads.
     Qkv {
@@ -216,7 +222,7 @@ impl Layout {
             Layout::Replicated { shape } | Layout::Column { shape } | Layout::Row { shape } => {
                 shape.iter_mut().collect()
             }
-            Layout::MergedColumn { sizes, inner } => sizes.iter_mut().chain(inner).collect(),
+            Layout::MergedColumn { sizes, inner, .. } => sizes.iter_mut().chain(inner).collect(),
             Layout::Qkv {
                 heads,
                 kv_heads,

@@ -61,6 +61,11 @@ pub struct Stacked {
     pub from: String,
     pub to: String,
     pub shard: ShardId,
+    /// Applies only to models for which this holds (over config fields, defaults and derived
+    /// values): vLLM's loaders pick a stacking by model shape (DeepSeek fuses `q_a_proj` and
+    /// `kv_a_proj_with_mqa` only with a `q_lora_rank`).
+    #[serde(default)]
+    pub when: Option<crate::mapping::Expr>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -73,6 +73,15 @@ impl Planner<'_> {
                     .map(String::as_str),
             )
             .find(|s| target.parameter.ends_with(s));
+        if let Some(i) = self.skipped_layer(&t.name) {
+            skipped.push(Skipped {
+                tensor: t.name.clone(),
+                reason: format!(
+                    "layer {i} is a speculative-decoding (MTP) layer, which vLLM skips when loading the model"
+                ),
+            });
+            return;
+        }
         if let Some(sfx) = ignored {
             skipped.push(Skipped {
                 tensor: t.name.clone(),
@@ -171,6 +180,16 @@ impl Planner<'_> {
                 rotary_heads,
             },
         );
+    }
+
+    /// The layer index of a `model.layers.{i}.` tensor the mapping's `skip_layer` excludes.
+    fn skipped_layer(&self, name: &str) -> Option<u64> {
+        let rule = self.mapping.skip_layer.as_ref()?;
+        let rest = name.strip_prefix("model.layers.")?;
+        let i: u64 = rest.split('.').next()?.parse().ok()?;
+        rule.eval_bool(&self.env.scope(Some(i)))
+            .unwrap_or(false)
+            .then_some(i)
     }
 
     /// The head count of a rotary permutation; a count that does not evaluate means none (the

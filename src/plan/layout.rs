@@ -20,6 +20,8 @@ pub enum Geometry {
     MergedColumn {
         sizes: Vec<u64>,
         inner: Vec<u64>,
+        /// Whole on every rank (vLLM's `disable_tp=True`).
+        disable_tp: bool,
     },
     Qkv {
         heads: u64,
@@ -72,6 +74,21 @@ pub struct Rank {
     pub rank: u64,
     /// Expert parallelism: experts spread over the `tp` ranks instead of split.
     pub ep: bool,
+}
+
+impl Rank {
+    /// Rank 0 of 1 when `whole`: a layer vLLM builds with `disable_tp=True`.
+    pub fn without_tp_if(self, whole: bool) -> Rank {
+        if whole {
+            Rank {
+                tp: 1,
+                rank: 0,
+                ..self
+            }
+        } else {
+            self
+        }
+    }
 }
 
 /// Key of one source of a parameter: the shard id and expert id it was mapped with.
@@ -167,6 +184,9 @@ impl Geometry {
             Geometry::Replicated { .. } => vec![],
             Geometry::Column { shape } => div("output size", shape[0]).into_iter().collect(),
             Geometry::Row { shape } => div("input size", shape[1]).into_iter().collect(),
+            Geometry::MergedColumn {
+                disable_tp: true, ..
+            } => vec![],
             Geometry::MergedColumn { sizes, .. } => sizes
                 .iter()
                 .filter_map(|s| div("merged output size", *s))
@@ -222,7 +242,7 @@ impl Geometry {
             | Geometry::Column { shape }
             | Geometry::Row { shape } => none(shape),
             Geometry::Vocab { vocab, inner, .. } => none(&cat(*vocab, inner)),
-            Geometry::MergedColumn { sizes, inner } => match shard {
+            Geometry::MergedColumn { sizes, inner, .. } => match shard {
                 None => Ok(cat(sizes.iter().sum(), inner)),
                 Some(ShardId::Index(k)) if (*k as usize) < sizes.len() => {
                     Ok(cat(sizes[*k as usize], inner))
@@ -330,7 +350,11 @@ impl Geometry {
             Geometry::Replicated { shape } => replicated(shape),
             Geometry::Column { shape } => split(shape, 0, r),
             Geometry::Row { shape } => split(shape, 1, r),
-            Geometry::MergedColumn { sizes, inner } => merged_column(sizes, inner, r, fused),
+            Geometry::MergedColumn {
+                sizes,
+                inner,
+                disable_tp,
+            } => merged_column(sizes, inner, r.without_tp_if(*disable_tp), fused),
             Geometry::Qkv {
                 heads,
                 kv_heads,
@@ -601,6 +625,12 @@ mod tests {
             Geometry::MergedColumn {
                 sizes: vec![32, 32],
                 inner: vec![4],
+                disable_tp: false,
+            },
+            Geometry::MergedColumn {
+                sizes: vec![24, 40],
+                inner: vec![4],
+                disable_tp: true,
             },
             Geometry::Qkv {
                 heads: 8,

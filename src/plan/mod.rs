@@ -56,18 +56,28 @@ pub fn plan(
     ckpt: &Checkpoint,
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
-    let mapping = mapping_for(mapping, config);
+    let mapping = mapping_for(mapping, config, opts);
     plan_mapped(&mapping, config, &map::map(&mapping, ckpt), opts)
 }
 
-/// `mapping` with the name rules `config`'s quantization adds (kv-cache scale renames): what
-/// [`map::map`] must apply before [`plan_mapped`]. A scheme that does not parse adds none; the
-/// planner refuses it with the reason.
-pub fn mapping_for(mapping: &Mapping, config: &ModelConfig) -> Mapping {
+/// `mapping`'s name rules for this model: the stacked rules whose `when` holds for `config`, and
+/// the rules its quantization adds (kv-cache scale renames). What [`map::map`] must apply before
+/// [`plan_mapped`]. A condition that cannot be evaluated keeps its rule and a scheme that does
+/// not parse adds none: the planner then reports why.
+pub fn mapping_for(mapping: &Mapping, config: &ModelConfig, opts: &PlanOptions) -> Mapping {
     let quant = Quantization::from_config(config.quantization_config.as_ref())
         .ok()
         .flatten();
-    mapping.with_quant_rules(quant.as_ref())
+    let mut m = mapping.with_quant_rules(quant.as_ref());
+    if m.rules.stacked.iter().any(|r| r.when.is_some()) {
+        let env = Env::new(mapping, config, opts, &mut Problems::default());
+        m.rules.stacked.retain(|r| {
+            r.when
+                .as_ref()
+                .is_none_or(|w| w.eval_bool(&env.scope(None)).unwrap_or(true))
+        });
+    }
+    m
 }
 
 /// Builds the plan for `opts.tp` ranks from the mapped checkpoint, or every problem found.

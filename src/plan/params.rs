@@ -266,9 +266,14 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, String> {
             }
             Geometry::Row { shape }
         }
-        Layout::MergedColumn { sizes, inner } => Geometry::MergedColumn {
+        Layout::MergedColumn {
+            sizes,
+            inner,
+            disable_tp,
+        } => Geometry::MergedColumn {
             sizes: many(sizes)?,
             inner: many(inner)?,
+            disable_tp: *disable_tp,
         },
         Layout::Qkv {
             heads,

@@ -315,9 +315,12 @@ fn per_channel(weight: &Geometry) -> Option<Geometry> {
             head_dim: *head_dim,
             inner: vec![1],
         },
-        Geometry::MergedColumn { sizes, .. } => Geometry::MergedColumn {
+        Geometry::MergedColumn {
+            sizes, disable_tp, ..
+        } => Geometry::MergedColumn {
             sizes: sizes.clone(),
             inner: vec![1],
+            disable_tp: *disable_tp,
         },
         Geometry::Column { shape } => Geometry::Column {
             shape: vec![*shape.first()?, 1],

@@ -37,6 +37,12 @@ pub(super) fn logical_shards(of: &Geometry) -> Vec<SlotKey> {
 /// The output partitions of `of` on rank `r` and its input width (global, local), or `None` for
 /// a layout that is not a linear weight.
 fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
+    let r = match of {
+        Geometry::MergedColumn {
+            disable_tp: true, ..
+        } => r.without_tp_if(true),
+        _ => r,
+    };
     let (tp, rk) = (r.tp, r.rank);
     let whole = |out: u64, chunk: u64, local: u64| Part {
         slot: (None, None),
@@ -54,7 +60,7 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
             (vec![whole(shape[0], rk, shape[0] / tp)], shape[1], shape[1])
         }
         Geometry::Row { shape } => (vec![whole(shape[0], 0, shape[0])], shape[1], shape[1] / tp),
-        Geometry::MergedColumn { sizes, inner } if inner.len() == 1 => {
+        Geometry::MergedColumn { sizes, inner, .. } if inner.len() == 1 => {
             let (mut local, mut global) = (0, 0);
             let parts = sizes
                 .iter()
@@ -218,6 +224,12 @@ pub(super) fn block_scale_check(of: &Geometry, [bn, bk]: [u64; 2], r: Rank) -> V
         return vec!["block scales need a 2-D linear weight".into()];
     };
     let mut out = Vec::new();
+    let r = match of {
+        Geometry::MergedColumn {
+            disable_tp: true, ..
+        } => r.without_tp_if(true),
+        _ => r,
+    };
     if r.tp > 1 && matches!(of, Geometry::Row { .. }) && !in_local.is_multiple_of(bk) {
         out.push(format!(
             "Weight input_size_per_partition = {in_local} is not divisible by weight quantization block_k = {bk}."
@@ -427,6 +439,7 @@ mod tests {
         let gate_up = Geometry::MergedColumn {
             sizes: vec![12288, 12288],
             inner: vec![4096],
+            disable_tp: false,
         };
         let down = Geometry::Row {
             shape: vec![4096, 12288],
