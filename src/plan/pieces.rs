@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::assign::{Assigned, Feed};
-use super::layout::{Rank, Slice, SlotKey};
+use super::layout::{Geometry, Rank, Slice, SlotKey};
 use super::params::Param;
 use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan};
@@ -112,6 +112,9 @@ fn rank_tensor(
             count,
             value: 0.0,
         }));
+        if matches!(p.geometry, Geometry::ExpertTensorScale { input: true, .. }) {
+            keep_last_loaded(&mut pieces);
+        }
     }
     Some(OutTensor {
         name: name.to_string(),
@@ -120,6 +123,32 @@ fn rank_tensor(
         bytes: p.dtype.byte_size(numel).unwrap_or(0),
         pieces,
     })
+}
+
+/// An expert's w1 and w3 input scales write one slot: vLLM keeps the one it loads last
+/// (`_load_single_value`, routed_experts.py:827–861), and sources are numbered in load order.
+/// A copy beats a fill for the same slot.
+fn keep_last_loaded(pieces: &mut Vec<Piece>) {
+    let rank = |p: &Piece| match p {
+        Piece::Copy { source, .. } => Some(*source),
+        Piece::Fill { .. } => None,
+    };
+    let dst = |p: &Piece| match p {
+        Piece::Copy { dst_start, .. } | Piece::Fill { dst_start, .. } => *dst_start,
+    };
+    let mut best: HashMap<u64, usize> = HashMap::new();
+    for (k, p) in pieces.iter().enumerate() {
+        let e = best.entry(dst(p)).or_insert(k);
+        if rank(p) > rank(&pieces[*e]) {
+            *e = k;
+        }
+    }
+    let keep: std::collections::HashSet<usize> = best.into_values().collect();
+    let mut k = 0;
+    pieces.retain(|_| {
+        k += 1;
+        keep.contains(&(k - 1))
+    });
 }
 
 /// Copies for one slice; with a rotary permutation (Mistral-native q/k) each head's even rows go
