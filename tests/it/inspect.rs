@@ -1081,3 +1081,31 @@ fn a_long_ignored_list_is_cut_short_unless_verbose() {
     let json = wload_json(&["inspect", s(tmp.path()), "--json"]);
     assert_eq!(json["quantization"]["ignored"], json!(names));
 }
+
+#[test]
+fn the_json_schema_doc_names_every_quantization_and_role_field() {
+    let doc = fs::read_to_string(manifest_dir().join("docs/inspect-json.md")).unwrap();
+    let out = wload_json(&[
+        "inspect",
+        s(&fixtures_dir().join("llama_gqa_fp8_tensor")),
+        "--json",
+    ]);
+    let mut keys: Vec<String> = Vec::new();
+    for obj in [
+        &out["quantization"],
+        &out["tensors"][0],
+        &out["totals"]["by_role"][0],
+    ] {
+        keys.extend(obj.as_object().unwrap().keys().cloned());
+    }
+    keys.extend(["by_role".into(), "quantization".into()]);
+    for role in out["totals"]["by_role"].as_array().unwrap() {
+        keys.push(role["role"].as_str().unwrap().into());
+    }
+    for k in keys {
+        assert!(
+            doc.contains(&format!("\"{k}\"")) || doc.contains(&format!("`{k}`")),
+            "docs/inspect-json.md does not name {k:?}"
+        );
+    }
+}
