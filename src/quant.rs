@@ -488,6 +488,119 @@ fn string_list(v: &Value, key: &str) -> Result<Vec<String>, QuantError> {
         })
 }
 
+/// What a checkpoint tensor is for, read from the last part of its name: the spellings vLLM's
+/// quantization methods load (fp8, compressed-tensors, ModelOpt, GPTQ/AWQ), so that `inspect` can
+/// describe a quantized checkpoint wload refuses as well as one it writes. A zero point goes with
+/// the scale it offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorRole {
+    Weight,
+    WeightScale,
+    InputScale,
+    KvCacheScale,
+    Bias,
+    Other,
+}
+
+impl TensorRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TensorRole::Weight => "weight",
+            TensorRole::WeightScale => "weight scale",
+            TensorRole::InputScale => "input scale",
+            TensorRole::KvCacheScale => "kv-cache scale",
+            TensorRole::Bias => "bias",
+            TensorRole::Other => "other",
+        }
+    }
+}
+
+/// The role of the checkpoint tensor `name`.
+pub fn tensor_role(name: &str) -> TensorRole {
+    let (module, last) = name.rsplit_once('.').unwrap_or(("", name));
+    match last {
+        "weight" | "weight_packed" | "qweight" => TensorRole::Weight,
+        "weight_scale"
+        | "weight_scale_inv"
+        | "weight_scale_2"
+        | "weight_global_scale"
+        | "weight_zero_point"
+        | "scales"
+        | "qzeros" => TensorRole::WeightScale,
+        "input_scale" | "input_global_scale" | "input_zero_point" => TensorRole::InputScale,
+        "k_scale" | "v_scale" | "q_scale" | "prob_scale" | "kv_scale" | "output_scale"
+        | "prob_output_scale" | "k_zero_point" | "v_zero_point" | "q_zero_point" => {
+            TensorRole::KvCacheScale
+        }
+        // `self_attn.q.scale`, `self_attn.k_cache.scale`: the older spellings `name_rules` renames.
+        "scale"
+            if [".q", ".k_cache", ".v_cache"]
+                .iter()
+                .any(|m| module.ends_with(m)) =>
+        {
+            TensorRole::KvCacheScale
+        }
+        "bias" => TensorRole::Bias,
+        _ => TensorRole::Other,
+    }
+}
+
+#[cfg(test)]
+mod role_tests {
+    use super::{TensorRole, tensor_role};
+
+    #[test]
+    fn tensor_roles_follow_the_name_suffix() {
+        let l = "model.layers.0";
+        for (name, role) in [
+            (format!("{l}.self_attn.q_proj.weight"), TensorRole::Weight),
+            (format!("{l}.input_layernorm.weight"), TensorRole::Weight),
+            (
+                format!("{l}.self_attn.q_proj.weight_scale"),
+                TensorRole::WeightScale,
+            ),
+            (
+                format!("{l}.mlp.experts.3.up_proj.weight_scale_inv"),
+                TensorRole::WeightScale,
+            ),
+            (format!("{l}.mlp.down_proj.qzeros"), TensorRole::WeightScale),
+            (
+                format!("{l}.mlp.down_proj.input_scale"),
+                TensorRole::InputScale,
+            ),
+            (
+                format!("{l}.self_attn.k_proj.k_scale"),
+                TensorRole::KvCacheScale,
+            ),
+            (format!("{l}.self_attn.kv_scale"), TensorRole::KvCacheScale),
+            (
+                format!("{l}.self_attn.v_proj.output_scale"),
+                TensorRole::KvCacheScale,
+            ),
+            (
+                format!("{l}.self_attn.q_zero_point"),
+                TensorRole::KvCacheScale,
+            ),
+            (
+                format!("{l}.self_attn.k_cache.scale"),
+                TensorRole::KvCacheScale,
+            ),
+            (format!("{l}.self_attn.q_proj.bias"), TensorRole::Bias),
+            (
+                format!("{l}.mlp.gate.e_score_correction_bias"),
+                TensorRole::Other,
+            ),
+            (format!("{l}.norm.scale"), TensorRole::Other),
+            (format!("{l}.self_attn.q_proj.g_idx"), TensorRole::Other),
+            ("weight".to_string(), TensorRole::Weight),
+            (String::new(), TensorRole::Other),
+        ] {
+            assert_eq!(tensor_role(&name), role, "{name}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,9 +4,11 @@ use std::collections::BTreeMap;
 
 use regex::Regex;
 use serde::Serialize;
+use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::dtype::Dtype;
+use crate::quant::{Quantization, TensorRole, WeightStrategy, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
 use crate::{Error, Opened};
 
@@ -27,6 +29,8 @@ pub struct Inspection<'a> {
     pub files: Vec<FileInfo>,
     pub dropped: Vec<DroppedFile>,
     pub config: ConfigSummary,
+    /// What `quantization_config` says and whether wload writes it; `None` when there is none.
+    pub quantization: Option<QuantInfo>,
     pub filter: Option<String>,
     pub tensors: Vec<TensorRow<'a>>,
     pub duplicates: Vec<crate::checkpoint::Duplicate>,
@@ -65,10 +69,34 @@ pub struct ConfigSummary {
     pub head_dim_default: Option<u64>,
 }
 
+/// A checkpoint's quantization as `inspect` describes it: for a scheme wload refuses, what could be
+/// read of it and why it is refused (`plan`, `shard` and `load` stop there; `inspect` does not).
+#[derive(Debug, Serialize)]
+pub struct QuantInfo {
+    /// `quant_method` as written; `None` when absent.
+    pub method: Option<String>,
+    /// How FP8 weights are scaled: "per-tensor", "per-channel" or "block"; `None` when refused.
+    pub scheme: Option<&'static str>,
+    pub weight_block_size: Option<[u64; 2]>,
+    /// "static" (an `input_scale` per linear layer) or "dynamic".
+    pub activation_scheme: Option<String>,
+    /// Modules (or compressed-tensors `re:` patterns) left unquantized.
+    pub ignored: Vec<String>,
+    pub supported: bool,
+    pub refusal: Option<Refusal>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Refusal {
+    pub message: String,
+    pub fix: String,
+}
+
 #[derive(Debug, Serialize)]
 pub struct TensorRow<'a> {
     pub name: &'a str,
     pub dtype: Dtype,
+    pub role: TensorRole,
     pub shape: &'a [u64],
     pub bytes: u64,
     pub file: &'a str,
@@ -83,10 +111,21 @@ pub struct Totals {
     pub bytes: u64,
     pub parameters: u64,
     pub by_dtype: Vec<DtypeTotal>,
+    /// One entry per (role, dtype) present, in role order, then by bytes.
+    pub by_role: Vec<RoleTotal>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct DtypeTotal {
+    pub dtype: Dtype,
+    pub tensors: usize,
+    pub bytes: u64,
+    pub parameters: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RoleTotal {
+    pub role: TensorRole,
     pub dtype: Dtype,
     pub tensors: usize,
     pub bytes: u64,
@@ -122,12 +161,14 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
     // Without duplicates no copy is shadowed, and the name lookup per tensor can be skipped.
     let any_shadowed = !checkpoint.duplicates.is_empty();
     let mut by: BTreeMap<Dtype, DtypeTotal> = BTreeMap::new();
+    let mut by_role: BTreeMap<(TensorRole, Dtype), RoleTotal> = BTreeMap::new();
     let mut totals = Totals::default();
     for t in checkpoint.all_tensors() {
         if re.as_ref().is_some_and(|re| !re.is_match(&t.name)) {
             continue;
         }
         let shadowed = any_shadowed && !checkpoint.is_effective(t);
+        let role = tensor_role(&t.name);
         if !shadowed {
             let numel = t.numel();
             let e = by.entry(t.dtype).or_insert(DtypeTotal {
@@ -139,6 +180,16 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
             e.tensors += 1;
             e.bytes += t.len;
             e.parameters += numel;
+            let r = by_role.entry((role, t.dtype)).or_insert(RoleTotal {
+                role,
+                dtype: t.dtype,
+                tensors: 0,
+                bytes: 0,
+                parameters: 0,
+            });
+            r.tensors += 1;
+            r.bytes += t.len;
+            r.parameters += numel;
             totals.tensors += 1;
             totals.bytes += t.len;
             totals.parameters += numel;
@@ -146,6 +197,7 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
         tensors.push(TensorRow {
             name: &t.name,
             dtype: t.dtype,
+            role,
             shape: &t.shape,
             bytes: t.len,
             file: &checkpoint.files[t.file].name,
@@ -156,6 +208,12 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
     totals
         .by_dtype
         .sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.dtype.cmp(&b.dtype)));
+    totals.by_role = by_role.into_values().collect();
+    totals.by_role.sort_by(|a, b| {
+        (a.role.cmp(&b.role))
+            .then(b.bytes.cmp(&a.bytes))
+            .then(a.dtype.cmp(&b.dtype))
+    });
 
     Ok(Inspection {
         schema_version: SCHEMA_VERSION,
@@ -173,6 +231,7 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
             head_dim_default: config.hidden_size.checked_div(config.num_attention_heads),
             config: config.clone(),
         },
+        quantization: quant_info(config.quantization_config.as_ref()),
         filter: filter.map(str::to_string),
         tensors,
         duplicates: checkpoint.duplicates.clone(),
@@ -188,5 +247,92 @@ fn format_info(r: &Resolved) -> FormatInfo {
         index: r.index.clone(),
         config_format: r.config_format,
         config_file: r.config_file.clone(),
+    }
+}
+
+/// `qc` (the raw `quantization_config`) as wload reads it, or, when refused, what the raw JSON
+/// says and why.
+fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
+    let qc = qc?;
+    let q = match Quantization::from_config(Some(qc)) {
+        Ok(q) => q?,
+        Err(e) => return Some(refused(qc, e)),
+    };
+    let method = q.method().to_string();
+    let (scheme, block, static_activations, ignored) = match q {
+        Quantization::Fp8(f) => (
+            if f.block.is_some() {
+                "block"
+            } else {
+                "per-tensor"
+            },
+            f.block,
+            f.static_activations,
+            f.ignored,
+        ),
+        Quantization::CompressedFp8(c) => {
+            let (scheme, block) = match c.weights {
+                WeightStrategy::Tensor => ("per-tensor", None),
+                WeightStrategy::Channel => ("per-channel", None),
+                WeightStrategy::Block(b) => ("block", Some(b)),
+            };
+            (scheme, block, c.static_activations, c.ignore)
+        }
+    };
+    Some(QuantInfo {
+        method: Some(method),
+        scheme: Some(scheme),
+        weight_block_size: block,
+        activation_scheme: Some(
+            if static_activations {
+                "static"
+            } else {
+                "dynamic"
+            }
+            .into(),
+        ),
+        ignored,
+        supported: true,
+        refusal: None,
+    })
+}
+
+/// A refused scheme's fields are read leniently: a malformed one is what the refusal explains.
+fn refused(qc: &Value, e: crate::quant::QuantError) -> QuantInfo {
+    let block = qc
+        .get("weight_block_size")
+        .and_then(Value::as_array)
+        .and_then(|a| match a.as_slice() {
+            [n, k] => Some([n.as_u64()?, k.as_u64()?]),
+            _ => None,
+        });
+    let ignored = ["ignored_layers", "modules_to_not_convert", "ignore"]
+        .iter()
+        .filter_map(|k| qc.get(k).and_then(Value::as_array))
+        .find(|a| !a.is_empty())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    QuantInfo {
+        method: qc
+            .get("quant_method")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        scheme: None,
+        weight_block_size: block,
+        activation_scheme: qc
+            .get("activation_scheme")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        ignored,
+        supported: false,
+        refusal: Some(Refusal {
+            message: e.message,
+            fix: e.fix,
+        }),
     }
 }

@@ -3,7 +3,12 @@
 use std::io::{self, Write};
 
 use super::*;
-use crate::commands::inspect::{Inspection, TensorRow};
+use crate::commands::inspect::{Inspection, QuantInfo, RoleTotal, TensorRow};
+use crate::quant::TensorRole;
+
+/// Ignored modules listed before "and N more" (all with `-v`): a real MoE checkpoint leaves
+/// hundreds of norms and router gates unquantized.
+const IGNORED_SHOWN: usize = 8;
 
 /// The `inspect` report for a terminal or a pager: where the files came from, which were read,
 /// the model, every tensor, duplicates and totals.
@@ -11,6 +16,7 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
     write_origin(w, i)?;
     write_files(w, i, verbose)?;
     write_model(w, i)?;
+    write_quantization(w, i, verbose)?;
     write_tensors(w, i)?;
     write_totals(w, i)
 }
@@ -127,6 +133,125 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         writeln!(w, "  {k:<20} {v}")?;
     }
     Ok(())
+}
+
+/// The quantization section: shown for a checkpoint whose config has a `quantization_config`, or
+/// whose tensors include scales anyway (vLLM would not load those unquantized).
+fn write_quantization(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::Result<()> {
+    let scales = i.totals.by_role.iter().any(|r| is_scale(r.role));
+    if i.quantization.is_none() && !scales {
+        return Ok(());
+    }
+    writeln!(w, "\nquantization")?;
+    let mut rows: Vec<(&str, String)> = match &i.quantization {
+        Some(q) => quant_rows(q, verbose),
+        None => vec![(
+            "method",
+            "none: the config has no quantization_config, yet the checkpoint has scale tensors"
+                .into(),
+        )],
+    };
+    rows.push(("tensors", role_summary(&i.totals.by_role)));
+    for (k, v) in rows {
+        writeln!(w, "  {k:<20} {v}")?;
+    }
+    Ok(())
+}
+
+fn quant_rows(q: &QuantInfo, verbose: bool) -> Vec<(&'static str, String)> {
+    let mut rows = vec![(
+        "method",
+        q.method
+            .clone()
+            .unwrap_or_else(|| "(no quant_method)".into()),
+    )];
+    let block = q.weight_block_size.map(|[n, k]| format!("{n}×{k}"));
+    match (q.scheme, &block) {
+        (Some(scheme), _) => {
+            let per = match (scheme, &block) {
+                ("per-channel", _) => "output channel".to_string(),
+                (_, Some(b)) => format!("{b} block"),
+                _ => "tensor".to_string(),
+            };
+            let scale = if q.method.as_deref() == Some("fp8") && block.is_some() {
+                "weight_scale_inv"
+            } else {
+                "weight_scale"
+            };
+            rows.push(("weights", format!("FP8, one scale per {per} ({scale})")));
+        }
+        (None, Some(b)) => rows.push(("block", b.clone())),
+        (None, None) => {}
+    }
+    if let Some(a) = &q.activation_scheme {
+        let how = match a.as_str() {
+            "static" => format!("{a} (an input_scale per linear layer)"),
+            "dynamic" => format!("{a} (scaled at run time)"),
+            _ => a.clone(),
+        };
+        rows.push(("activations", how));
+    }
+    rows.push(("ignored", ignored_list(&q.ignored, verbose)));
+    match &q.refusal {
+        None => rows.push(("wload", "supported: plan, shard and load accept it".into())),
+        Some(r) => {
+            rows.push((
+                "wload",
+                format!("refused by plan, shard and load: {}", r.message),
+            ));
+            rows.push(("fix", r.fix.clone()));
+        }
+    }
+    rows
+}
+
+fn ignored_list(ignored: &[String], verbose: bool) -> String {
+    if ignored.is_empty() {
+        return "none".into();
+    }
+    let shown = if verbose {
+        ignored.len()
+    } else {
+        IGNORED_SHOWN.min(ignored.len())
+    };
+    let mut s = format!("{}: {}", ignored.len(), ignored[..shown].join(", "));
+    if shown < ignored.len() {
+        s.push_str(&format!(
+            ", and {} more (-v lists all)",
+            ignored.len() - shown
+        ));
+    }
+    s
+}
+
+fn is_scale(r: TensorRole) -> bool {
+    matches!(
+        r,
+        TensorRole::WeightScale | TensorRole::InputScale | TensorRole::KvCacheScale
+    )
+}
+
+/// "14 F8_E4M3 weights, 7 BF16 weights, 14 F32 weight scales".
+fn role_summary(by_role: &[RoleTotal]) -> String {
+    let parts: Vec<String> = by_role
+        .iter()
+        .map(|r| {
+            let what = match (r.role, r.tensors) {
+                (TensorRole::Other, 1) => "other tensor".to_string(),
+                (TensorRole::Other, _) => "other tensors".to_string(),
+                (TensorRole::Bias, 1) => "bias".to_string(),
+                (TensorRole::Bias, _) => "biases".to_string(),
+                (role, 1) => role.as_str().to_string(),
+                (role, _) => format!("{}s", role.as_str()),
+            };
+            format!("{} {} {what}", thousands(r.tensors as u64), r.dtype)
+        })
+        .collect();
+    if parts.is_empty() {
+        "none listed".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// One row per tensor, 128k for a large checkpoint: sized in a first pass and written in a
