@@ -15,6 +15,7 @@ mod support;
 mod cli;
 mod config_aliases;
 mod errors;
+mod fp8;
 mod fuzz;
 mod hub;
 mod inspect;

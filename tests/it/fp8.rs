@@ -1,0 +1,1127 @@
+//! FP8 checkpoints (`quant_method: fp8` and compressed-tensors FP8), checked by what a user relies
+//! on rather than by wload's own formulas: every rank's FP8 weight, dequantized with that rank's
+//! scales by an independent E4M3 decoder, is the bf16 weight real vLLM put on that rank of the
+//! unquantized fixture (to within FP8 rounding); checkpoint kv scales land on the attention layer;
+//! a per-tensor FP8 Mixtral's expert scales sit where vLLM's MoE loader puts them; and what vLLM
+//! cannot load (unaligned blocks, other quantization methods, half-quantized fused layers, missing
+//! or unquantized tensors) is refused with exit 3 before anything is written. The TP 2 golden cases
+//! (byte-identical to vLLM) run with the other golden cases.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::support::*;
+
+// ---------------------------------------------------------------------------------------------
+// Reading tensors and FP8 values
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    dtype: String,
+    shape: Vec<u64>,
+    data: Vec<u8>,
+}
+
+type Tensors = BTreeMap<String, Held>;
+
+/// The tensors of one safetensors file, in header order.
+fn file_tensors(path: &Path) -> Vec<(String, Held)> {
+    let bytes = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let base = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    header_tensors(path)
+        .into_iter()
+        .map(|t| {
+            let data = bytes[base + t.start as usize..base + t.end as usize].to_vec();
+            let held = Held {
+                dtype: t.dtype,
+                shape: t.shape,
+                data,
+            };
+            (t.name, held)
+        })
+        .collect()
+}
+
+fn read_files(files: &[PathBuf]) -> Tensors {
+    let mut out = Tensors::new();
+    for f in files {
+        for (name, held) in file_tensors(f) {
+            assert!(
+                out.insert(name.clone(), held).is_none(),
+                "{}: '{name}' twice",
+                f.display()
+            );
+        }
+    }
+    out
+}
+
+/// Rank `r` of a TP-only output folder (wload's or vLLM's).
+fn rank_tensors(dir: &Path, r: u64) -> Tensors {
+    let files = files_with_prefix(dir, &format!("model-rank-{r}-part-"));
+    assert!(
+        !files.is_empty(),
+        "{}: no files for rank {r}",
+        dir.display()
+    );
+    read_files(&files)
+}
+
+/// Every tensor of a checkpoint folder (all its `*.safetensors`).
+fn checkpoint_tensors(dir: &Path) -> Tensors {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    read_files(&files)
+}
+
+/// One FP8 E4M3 ("fn": no infinities, S.1111.111 is NaN) byte, decoded exactly: bias 7,
+/// subnormals m/8·2^-6.
+fn e4m3(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((b >> 3) & 0x0f);
+    let man = f32::from(b & 0x07);
+    if exp == 0x0f && b & 0x07 == 7 {
+        return f32::NAN;
+    }
+    let mag = if exp == 0 {
+        man / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    };
+    sign * mag
+}
+
+/// A tensor's elements as f32 (F8_E4M3, BF16 and F32, the dtypes these checkpoints hold).
+fn values(t: &Held) -> Vec<f32> {
+    match t.dtype.as_str() {
+        "F8_E4M3" => t.data.iter().map(|&b| e4m3(b)).collect(),
+        "BF16" => t
+            .data
+            .chunks_exact(2)
+            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+            .collect(),
+        "F32" => t
+            .data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        other => panic!("no decoder for {other}"),
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+fn e4m3_decoder_knows_the_format() {
+    // Values from the OCP FP8 spec (E4M3): max normal 448, min normal 2^-6, min subnormal 2^-9.
+    for (byte, want) in [
+        (0x00, 0.0),
+        (0x38, 1.0),
+        (0xb8, -1.0),
+        (0x7e, 448.0),
+        (0xfe, -448.0),
+        (0x08, 2f32.powi(-6)),
+        (0x01, 2f32.powi(-9)),
+        (0x07, 7.0 * 2f32.powi(-9)),
+        (0x3c, 1.5),
+        (0x50, 8.0),
+    ] {
+        assert_eq!(e4m3(byte), want, "byte {byte:#04x}");
+    }
+    assert!(e4m3(0x7f).is_nan() && e4m3(0xff).is_nan());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Dequantization matches vLLM's bf16 shards at every TP size
+// ---------------------------------------------------------------------------------------------
+
+/// How the fixture's weights carry their scales.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scheme {
+    /// `weight_scale` (and static `input_scale`) F32 `[slots]`: one per logical shard.
+    PerTensor,
+    /// compressed-tensors channel: `weight_scale` F32 `[rows, 1]`.
+    Channel,
+    /// `weight_scale_inv` F32, one per 32×32 block.
+    Block,
+}
+
+const BLOCK: usize = 32;
+
+/// The FP8 linears of each llama_gqa layer as vLLM fuses them.
+const MODULES: [&str; 4] = [
+    "self_attn.qkv_proj",
+    "self_attn.o_proj",
+    "mlp.gate_up_proj",
+    "mlp.down_proj",
+];
+
+/// Rows of each logical shard of `module` on one rank of llama_gqa (8 heads, 4 KV heads, head_dim
+/// 16, intermediate 256) at `tp`: vLLM's partition sizes, which KV replication at TP 8 keeps at one
+/// head.
+fn slot_rows(module: &str, tp: u64, rows: usize) -> Vec<usize> {
+    let tp = tp as usize;
+    if module.ends_with("qkv_proj") {
+        let kv = 16 * (4 / tp).max(1);
+        vec![128 / tp, kv, kv]
+    } else if module.ends_with("gate_up_proj") {
+        vec![256 / tp; 2]
+    } else {
+        vec![rows]
+    }
+}
+
+/// The scale tensor's name for `module` under `scheme`.
+fn scale_name(module: &str, scheme: Scheme) -> String {
+    match scheme {
+        Scheme::Block => format!("{module}.weight_scale_inv"),
+        _ => format!("{module}.weight_scale"),
+    }
+}
+
+/// `module`'s FP8 weight on this rank, dequantized with the rank's scales: (value, scale) per
+/// element, row-major.
+fn dequantize(rank: &Tensors, module: &str, scheme: Scheme, tp: u64) -> Vec<(f32, f32)> {
+    let w = &rank[&format!("{module}.weight")];
+    assert_eq!(w.dtype, "F8_E4M3", "{module}.weight");
+    let (rows, cols) = (w.shape[0] as usize, w.shape[1] as usize);
+    let sname = scale_name(module, scheme);
+    let st = rank
+        .get(&sname)
+        .unwrap_or_else(|| panic!("no '{sname}' on this rank"));
+    assert_eq!(st.dtype, "F32", "{sname}");
+    let s = values(st);
+    let scale_of: Box<dyn Fn(usize, usize) -> f32> = match scheme {
+        Scheme::PerTensor => {
+            let slots = slot_rows(module, tp, rows);
+            assert_eq!(slots.iter().sum::<usize>(), rows, "{module}: rows per slot");
+            assert_eq!(st.shape, [slots.len() as u64], "{sname}");
+            let slot: Vec<usize> = slots
+                .iter()
+                .enumerate()
+                .flat_map(|(k, &n)| std::iter::repeat_n(k, n))
+                .collect();
+            Box::new(move |i, _| s[slot[i]])
+        }
+        Scheme::Channel => {
+            assert_eq!(st.shape, [rows as u64, 1], "{sname}");
+            Box::new(move |i, _| s[i])
+        }
+        Scheme::Block => {
+            let (br, bc) = (rows.div_ceil(BLOCK), cols.div_ceil(BLOCK));
+            assert_eq!(st.shape, [br as u64, bc as u64], "{sname}");
+            Box::new(move |i, j| s[(i / BLOCK) * bc + j / BLOCK])
+        }
+    };
+    values(w)
+        .into_iter()
+        .enumerate()
+        .map(|(k, q)| {
+            let sc = scale_of(k / cols, k % cols);
+            (q * sc, sc)
+        })
+        .collect()
+}
+
+/// The largest error of `deq` against the bf16 `want`, in units of what E4M3 rounding of
+/// `w / scale` allows: half a step is at most 2^-4 of the value for normals and 2^-10·scale for
+/// subnormals (the bound is doubled there, and widened by 2^-7 for a scale stored rounded to
+/// BF16). At most 1 when the weight is this rank's weight with this rank's scales.
+fn worst_error(deq: &[(f32, f32)], want: &[f32]) -> f64 {
+    assert_eq!(deq.len(), want.len(), "element count");
+    deq.iter()
+        .zip(want)
+        .map(|(&(d, s), &w)| {
+            let allowed =
+                f64::from(w.abs()) * (2f64.powi(-4) + 2f64.powi(-7)) + f64::from(s) * 2f64.powi(-9);
+            let err = f64::from(d - w).abs();
+            if err.is_nan() {
+                f64::INFINITY
+            } else {
+                err / allowed
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Each FP8 module's [`worst_error`] on a rank against vLLM's bf16 tensors `want` of a rank;
+/// every non-FP8 tensor of `want` must be in `got` byte for byte.
+fn fp8_errors(got: &Tensors, want: &Tensors, scheme: Scheme, tp: u64) -> BTreeMap<String, f64> {
+    let mut errs = BTreeMap::new();
+    for (name, w) in want {
+        let g = got
+            .get(name)
+            .unwrap_or_else(|| panic!("'{name}' missing (vLLM's bf16 shard has it)"));
+        if g.dtype == "F8_E4M3" {
+            assert_eq!(g.shape, w.shape, "{name}: shape");
+            let module = name.strip_suffix(".weight").expect("an FP8 weight");
+            let deq = dequantize(got, module, scheme, tp);
+            errs.insert(module.to_string(), worst_error(&deq, &values(w)));
+        } else {
+            assert_eq!(g, w, "'{name}' differs from vLLM's bf16 shard");
+        }
+    }
+    errs
+}
+
+/// The tensors an FP8 shard holds beyond vLLM's bf16 shard: the scales of each FP8 linear and
+/// the attention's quantization parameters.
+fn extra_keys(scheme: Scheme) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        for m in MODULES {
+            keys.insert(scale_name(&format!("{p}.{m}"), scheme));
+            if scheme == Scheme::PerTensor {
+                keys.insert(format!("{p}.{m}.input_scale"));
+            }
+        }
+        let attn: &[&str] = match scheme {
+            // compressed-tensors' KV cache method: [1] scales and zero points, no prob_scale.
+            Scheme::Channel => &[
+                "q_scale",
+                "k_scale",
+                "v_scale",
+                "q_zero_point",
+                "k_zero_point",
+                "v_zero_point",
+            ],
+            _ => &["q_scale", "k_scale", "v_scale", "prob_scale"],
+        };
+        keys.extend(attn.iter().map(|a| format!("{p}.self_attn.attn.{a}")));
+    }
+    keys
+}
+
+/// `got` with the scale tensors of every FP8 module replaced by a misplaced copy: the slots of
+/// a per-tensor vector rotated (q's scale on k's rows…), or for channel and block scales the
+/// neighbouring rank's (or, at TP 1, the rows in reverse order). Returns it and the modules whose
+/// scales changed.
+fn misplaced_scales(
+    got: &Tensors,
+    other: Option<&Tensors>,
+    scheme: Scheme,
+) -> (Tensors, BTreeSet<String>) {
+    let mut bad = got.clone();
+    let mut changed = BTreeSet::new();
+    for (name, t) in got {
+        let Some(module) = name.strip_suffix(".weight") else {
+            continue;
+        };
+        if t.dtype != "F8_E4M3" {
+            continue;
+        }
+        let sname = scale_name(module, scheme);
+        let scale = &got[&sname];
+        let moved = match (scheme, other) {
+            (Scheme::PerTensor, _) => {
+                let mut v = values(scale);
+                v.rotate_left(1);
+                f32_bytes(&v)
+            }
+            (_, Some(o)) => o[&sname].data.clone(),
+            (_, None) => {
+                let row = 4 * scale.shape[1] as usize;
+                scale.data.chunks(row).rev().flatten().copied().collect()
+            }
+        };
+        if moved != scale.data {
+            changed.insert(module.to_string());
+            bad.get_mut(&sname).unwrap().data = moved;
+        }
+    }
+    (bad, changed)
+}
+
+/// Shards `name` at `tp` and checks every rank against vLLM's bf16 `llama_gqa` shard of the same
+/// rank and TP; then checks that the comparison does fail for a neighbour's weights and for
+/// misplaced scales, so that it could catch a slicing error.
+fn dequantizes_to_vllm_bf16(name: &str, scheme: Scheme, tp: u64) {
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(&fixture(name), tp, &out, &["-q"]);
+    let golden = expected(GQA, tp);
+    let fp8_modules: BTreeSet<String> = (0..2)
+        .flat_map(|l| MODULES.map(|m| format!("model.layers.{l}.{m}")))
+        .collect();
+    let ranks: Vec<Tensors> = (0..tp).map(|r| rank_tensors(&out, r)).collect();
+    for r in 0..tp {
+        let (got, want) = (&ranks[r as usize], rank_tensors(&golden, r));
+        let got_keys: BTreeSet<String> = got.keys().cloned().collect();
+        let want_keys: BTreeSet<String> = want.keys().cloned().collect();
+        let extra: BTreeSet<String> = got_keys.difference(&want_keys).cloned().collect();
+        assert_eq!(
+            extra,
+            extra_keys(scheme),
+            "{name} tp {tp} rank {r}: extra keys"
+        );
+
+        let errs = fp8_errors(got, &want, scheme, tp);
+        assert_eq!(
+            errs.keys().cloned().collect::<BTreeSet<_>>(),
+            fp8_modules,
+            "{name} tp {tp} rank {r}: FP8 modules"
+        );
+        for (m, e) in &errs {
+            assert!(
+                *e <= 1.0,
+                "{name} tp {tp} rank {r}: {m} dequantized is {e:.2}× the FP8 rounding bound away from vLLM's bf16 weight"
+            );
+        }
+
+        let next = (tp > 1).then(|| &ranks[((r + 1) % tp) as usize]);
+        if tp > 1 {
+            let neighbour = rank_tensors(&golden, (r + 1) % tp);
+            for (m, w) in &neighbour {
+                let Some(module) = m.strip_suffix(".weight") else {
+                    continue;
+                };
+                if !fp8_modules.contains(module) {
+                    continue;
+                }
+                let e = worst_error(&dequantize(got, module, scheme, tp), &values(w));
+                assert!(
+                    e > 1.0,
+                    "{name} tp {tp} rank {r}: {module} also passes against rank {}'s weight ({e:.2}): the check cannot see a wrong slice",
+                    (r + 1) % tp
+                );
+            }
+        }
+        let (bad, changed) = misplaced_scales(got, next, scheme);
+        for must in [
+            "model.layers.0.self_attn.qkv_proj",
+            "model.layers.0.mlp.gate_up_proj",
+        ] {
+            assert!(
+                changed.contains(must),
+                "{name} tp {tp} rank {r}: the misplaced-scale control leaves {must} as it was"
+            );
+        }
+        for (m, e) in fp8_errors(&bad, &want, scheme, tp) {
+            if changed.contains(&m) {
+                assert!(
+                    e > 1.0,
+                    "{name} tp {tp} rank {r}: {m} still passes with misplaced scales ({e:.2}): the check cannot see a wrong scale slice"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn per_tensor_fp8_dequantizes_to_vllm_bf16_at_tp4() {
+    dequantizes_to_vllm_bf16("llama_gqa_fp8_tensor", Scheme::PerTensor, 4);
+}
+
+/// TP 8 replicates the 4 KV heads: each rank's qkv holds one k and one v head, and the scale
+/// vector still has the three slots [q, k, v].
+#[test]
+fn per_tensor_fp8_dequantizes_to_vllm_bf16_at_tp8_with_replicated_kv_heads() {
+    dequantizes_to_vllm_bf16("llama_gqa_fp8_tensor", Scheme::PerTensor, 8);
+}
+
+#[test]
+fn compressed_tensors_channel_fp8_dequantizes_to_vllm_bf16_at_tp4() {
+    dequantizes_to_vllm_bf16("llama_gqa_ct_fp8_dynamic", Scheme::Channel, 4);
+}
+
+#[test]
+fn compressed_tensors_channel_fp8_dequantizes_to_vllm_bf16_at_tp8() {
+    dequantizes_to_vllm_bf16("llama_gqa_ct_fp8_dynamic", Scheme::Channel, 8);
+}
+
+#[test]
+fn block_fp8_dequantizes_to_vllm_bf16_at_tp1() {
+    dequantizes_to_vllm_bf16("llama_gqa_fp8_block", Scheme::Block, 1);
+}
+
+#[test]
+fn block_fp8_dequantizes_to_vllm_bf16_at_tp2() {
+    dequantizes_to_vllm_bf16("llama_gqa_fp8_block", Scheme::Block, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. What vLLM cannot load is refused, by name, before anything is written
+// ---------------------------------------------------------------------------------------------
+
+/// Rewrites the single-file checkpoint `dir/model.safetensors` with `edit` applied to its
+/// tensors (header order kept).
+fn rewrite_model(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Held)>)) {
+    let path = dir.join("model.safetensors");
+    let mut tensors = file_tensors(&path);
+    edit(&mut tensors);
+    let refs: Vec<Tensor> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.as_str(),
+                t.dtype.as_str(),
+                t.shape.as_slice(),
+                t.data.as_slice(),
+            )
+        })
+        .collect();
+    write_safetensors(&path, &refs);
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    edit(&mut config);
+    write_json(&path, &config);
+}
+
+/// `wload shard SOURCE --tp TP` is refused with exit 3 and every one of `needles`, and the
+/// output folder was never created. Returns stderr.
+fn shard_refused(source: &Path, tp: u64, extra: &[&str], needles: &[&str]) -> String {
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    let o = shard(source, tp, &out, extra);
+    let err = assert_refused(&o, 3, needles);
+    assert!(
+        !out.exists(),
+        "{} --tp {tp}: refused, yet {} was created",
+        source.display(),
+        out.display()
+    );
+    err
+}
+
+/// At TP 4 each rank's k and v partitions are 16 rows, half a 32-row block: vLLM's ceil-block
+/// slicing reads k/v scale rows past the checkpoint's 2 (ranks 2 and 3), and its loader fails.
+#[test]
+fn block_fp8_at_tp4_is_refused_because_kv_blocks_run_past_the_scale() {
+    let err = shard_refused(
+        &fixture("llama_gqa_fp8_block"),
+        4,
+        &[],
+        &[
+            "model.layers.0.self_attn.qkv_proj.weight_scale_inv",
+            "model.layers.1.self_attn.qkv_proj.weight_scale_inv",
+            "do not align with this TP size",
+            "block_n = 32",
+            "--tp",
+        ],
+    );
+    assert!(
+        !err.contains("o_proj"),
+        "o_proj has 32 input columns per rank at TP 4: {err}"
+    );
+}
+
+/// At TP 8 o_proj's 16 input columns per rank are not a whole 32-column block: vLLM's
+/// `validate_fp8_block_shape` refuses with this exact message.
+#[test]
+fn block_fp8_at_tp8_is_refused_with_vllms_block_k_message() {
+    shard_refused(
+        &fixture("llama_gqa_fp8_block"),
+        8,
+        &[],
+        &[
+            "model.layers.0.self_attn.o_proj.weight_scale_inv: Weight input_size_per_partition = 16 is not divisible by weight quantization block_k = 32.",
+            "model.layers.1.self_attn.o_proj.weight_scale_inv",
+            "choose another --tp (now 8)",
+        ],
+    );
+}
+
+/// Quantization methods whose weights have their own packed layouts are refused by name.
+#[test]
+fn other_quantization_methods_are_refused_by_name() {
+    let ct = |format: &str, wtype: &str, bits: u64| {
+        json!({
+            "quant_method": "compressed-tensors",
+            "format": format,
+            "quantization_status": "compressed",
+            "ignore": ["lm_head"],
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"type": wtype, "num_bits": bits, "strategy": "group",
+                            "group_size": 16, "symmetric": true, "dynamic": false},
+                "input_activations": null
+            }}
+        })
+    };
+    let cases: [(Value, &[&str]); 7] = [
+        (
+            json!({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false, "sym": true}),
+            &["quant_method = \"gptq\" is not supported"],
+        ),
+        (
+            json!({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, "version": "gemm"}),
+            &["quant_method = \"awq\" is not supported"],
+        ),
+        (
+            json!({"quant_method": "mxfp4"}),
+            &["quant_method = \"mxfp4\" is not supported"],
+        ),
+        (
+            json!({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}),
+            &["quant_method = \"bitsandbytes\" is not supported"],
+        ),
+        // llm-compressor W4A16 (INT4 packed into int32).
+        (
+            ct("pack-quantized", "int", 4),
+            &["compressed-tensors format \"pack-quantized\" is not supported"],
+        ),
+        // llm-compressor NVFP4 (two FP4 values per byte).
+        (
+            ct("nvfp4-pack-quantized", "float", 4),
+            &["compressed-tensors format \"nvfp4-pack-quantized\" is not supported"],
+        ),
+        // A 4-bit float scheme declared under the FP8 format name.
+        (
+            ct("float-quantized", "float", 4),
+            &["compressed-tensors weights of type \"float\" with 4 bits are not supported"],
+        ),
+    ];
+    for (qc, needles) in cases {
+        let src = copy_fixture("llama_gqa_fp8_tensor");
+        edit_config(src.path(), |c| c["quantization_config"] = qc.clone());
+        shard_refused(src.path(), 2, &["-q"], needles);
+    }
+}
+
+#[test]
+fn fp8_in_float32_is_refused_as_vllm_does() {
+    shard_refused(
+        &fixture("llama_gqa_fp8_tensor"),
+        2,
+        &["--dtype", "float32"],
+        &[
+            "torch.float32 is not supported for quantization method fp8",
+            "--dtype bfloat16",
+        ],
+    );
+}
+
+/// vLLM cannot run a fused qkv_proj whose q part is unquantized and k/v parts FP8.
+#[test]
+fn a_fused_layer_quantized_only_in_part_is_refused() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    edit_config(src.path(), |c| {
+        c["quantization_config"]["ignored_layers"] = json!(["model.layers.0.self_attn.q_proj"]);
+    });
+    shard_refused(
+        src.path(),
+        2,
+        &["-q"],
+        &["Detected some but not all shards of model.layers.0.self_attn.qkv_proj are quantized"],
+    );
+}
+
+/// Without k_proj's scale, vLLM would leave the k slot at float32's minimum and dequantize k with
+/// it: refused, naming the parameter and the shard.
+#[test]
+fn a_missing_weight_scale_is_refused_naming_the_parameter() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    rewrite_model(src.path(), |t| {
+        t.retain(|(n, _)| n != "model.layers.0.self_attn.k_proj.weight_scale");
+    });
+    shard_refused(
+        src.path(),
+        2,
+        &["-q"],
+        &[
+            "model.layers.0.self_attn.qkv_proj.weight_scale",
+            "nothing in the checkpoint to fill it (missing shard k)",
+        ],
+    );
+}
+
+/// A BF16 q_proj in a checkpoint whose config says FP8: vLLM would copy it into an FP8 parameter.
+#[test]
+fn an_unquantized_weight_where_the_config_says_fp8_is_refused() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    rewrite_model(src.path(), |t| {
+        let (_, w) = t
+            .iter_mut()
+            .find(|(n, _)| n == "model.layers.0.self_attn.q_proj.weight")
+            .expect("q_proj.weight in the fixture");
+        w.dtype = "BF16".into();
+        w.data = [0x80, 0x3f].repeat(w.data.len());
+    });
+    let err = shard_refused(
+        src.path(),
+        2,
+        &["-q"],
+        &[
+            "model.layers.0.self_attn.q_proj.weight",
+            "cannot be converted",
+        ],
+    );
+    assert!(
+        err.contains("ignored_layers") || err.contains("modules_to_not_convert"),
+        "the fix should say how to keep the layer unquantized: {err}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Checkpoint KV scales land on the attention layer
+// ---------------------------------------------------------------------------------------------
+
+/// A BF16 scalar with the bit pattern `bits`.
+fn bf16_scalar(bits: u16) -> Held {
+    Held {
+        dtype: "BF16".into(),
+        shape: vec![],
+        data: bits.to_le_bytes().to_vec(),
+    }
+}
+
+fn f32_scalar(v: f32) -> Held {
+    Held {
+        dtype: "F32".into(),
+        shape: vec![],
+        data: v.to_le_bytes().to_vec(),
+    }
+}
+
+/// ModelOpt/AutoFP8 write the KV cache scales as `k_proj.k_scale` / `v_proj.v_scale`; vLLM
+/// renames them onto `self_attn.attn.{k,v}_scale` (BF16 `[]`, the model dtype) on every rank.
+/// The parameters the checkpoint does not fill keep vLLM's -1.0.
+#[test]
+fn checkpoint_kv_scales_land_on_the_attention_layer() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    rewrite_model(src.path(), |t| {
+        t.push((
+            "model.layers.0.self_attn.k_proj.k_scale".into(),
+            f32_scalar(0.5),
+        ));
+        t.push((
+            "model.layers.0.self_attn.v_proj.v_scale".into(),
+            f32_scalar(0.25),
+        ));
+    });
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    let golden = expected("llama_gqa__fp8_tensor", 2);
+    let attn = |l: u64, p: &str| format!("model.layers.{l}.self_attn.attn.{p}");
+    let want_scales = [
+        (attn(0, "k_scale"), 0x3f00), // 0.5
+        (attn(0, "v_scale"), 0x3e80), // 0.25
+        (attn(0, "q_scale"), 0xbf80), // -1.0
+        (attn(0, "prob_scale"), 0xbf80),
+        (attn(1, "k_scale"), 0xbf80),
+        (attn(1, "v_scale"), 0xbf80),
+        (attn(1, "q_scale"), 0xbf80),
+        (attn(1, "prob_scale"), 0xbf80),
+    ];
+    for r in 0..2 {
+        let got = rank_tensors(&out, r);
+        let mut want = rank_tensors(&golden, r);
+        for (name, bits) in &want_scales {
+            assert_eq!(
+                got.get(name),
+                Some(&bf16_scalar(*bits)),
+                "rank {r}: {name} should be BF16 [] {bits:#06x}"
+            );
+            want.insert(name.clone(), bf16_scalar(*bits));
+        }
+        // Everything else is vLLM's output for the fixture without kv scales.
+        assert!(
+            got == want,
+            "rank {r}: other tensors changed or keys differ"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Per-tensor FP8 Mixtral (AutoFP8): expert scales where vLLM's MoE loader puts them
+// ---------------------------------------------------------------------------------------------
+
+const MIXTRAL_EXPERTS: u64 = 4;
+
+/// A distinct, exactly representable scale for layer `l`, module `m` (0..16), kind `k` (0 weight,
+/// 1 input).
+fn mixtral_scale(l: u64, m: u64, k: u64) -> f32 {
+    (1 + l * 64 + m * 2 + k) as f32 / 256.0
+}
+
+/// Index of a quantized Mixtral module for [`mixtral_scale`]: q, k, v, o, then w1/w2/w3 of each
+/// expert.
+fn mixtral_module(name: &str) -> u64 {
+    match name {
+        "self_attn.q_proj" => 0,
+        "self_attn.k_proj" => 1,
+        "self_attn.v_proj" => 2,
+        "self_attn.o_proj" => 3,
+        _ => {
+            let rest = name
+                .strip_prefix("block_sparse_moe.experts.")
+                .unwrap_or_else(|| panic!("not a quantized module: {name}"));
+            let (e, w) = rest.split_once(".w").unwrap();
+            4 + e.parse::<u64>().unwrap() * 3 + w.parse::<u64>().unwrap() - 1
+        }
+    }
+}
+
+/// The low byte of every BF16 element: any F8_E4M3 bytes will do, and these can be predicted from
+/// vLLM's bf16 shard of the same fixture.
+fn low_bytes(bf16: &[u8]) -> Vec<u8> {
+    bf16.iter().step_by(2).copied().collect()
+}
+
+/// The mixtral fixture as AutoFP8 would write it: q/k/v/o and every expert's w1/w2/w3 F8_E4M3
+/// with scalar F32 `weight_scale` and static `input_scale`, routers and lm_head ignored, in one
+/// file with the tensors in name order (as Python's safetensors writes same-dtype tensors) or,
+/// with `reversed`, in reverse name order (vLLM reads a file's tensors sorted by name either way).
+fn mixtral_fp8(dir: &Path, reversed: bool) {
+    let mut config: Value =
+        serde_json::from_slice(&fs::read(fixture("mixtral").join("config.json")).unwrap()).unwrap();
+    config["quantization_config"] = json!({
+        "quant_method": "fp8",
+        "activation_scheme": "static",
+        "ignored_layers": [
+            "lm_head",
+            "model.layers.0.block_sparse_moe.gate",
+            "model.layers.1.block_sparse_moe.gate"
+        ]
+    });
+    write_json(&dir.join("config.json"), &config);
+    let mut tensors = Vec::new();
+    for (name, t) in checkpoint_tensors(&fixture("mixtral")) {
+        let quantized = name
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(l, r)| Some((l.parse::<u64>().ok()?, r.strip_suffix(".weight")?)))
+            .filter(|(_, m)| {
+                m.starts_with("self_attn.") || m.starts_with("block_sparse_moe.experts.")
+            });
+        let Some((l, module)) = quantized else {
+            tensors.push((name, t));
+            continue;
+        };
+        let m = mixtral_module(module);
+        let prefix = name.strip_suffix(".weight").unwrap();
+        tensors.push((
+            format!("{prefix}.weight_scale"),
+            f32_scalar(mixtral_scale(l, m, 0)),
+        ));
+        tensors.push((
+            format!("{prefix}.input_scale"),
+            f32_scalar(mixtral_scale(l, m, 1)),
+        ));
+        let fp8 = Held {
+            dtype: "F8_E4M3".into(),
+            shape: t.shape,
+            data: low_bytes(&t.data),
+        };
+        tensors.push((name, fp8));
+    }
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    if reversed {
+        tensors.reverse();
+    }
+    let refs: Vec<Tensor> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.as_str(),
+                t.dtype.as_str(),
+                t.shape.as_slice(),
+                t.data.as_slice(),
+            )
+        })
+        .collect();
+    write_safetensors(&dir.join("model.safetensors"), &refs);
+}
+
+fn f32_held(shape: &[u64], v: &[f32]) -> Held {
+    Held {
+        dtype: "F32".into(),
+        shape: shape.to_vec(),
+        data: f32_bytes(v),
+    }
+}
+
+/// What vLLM holds on one rank of the FP8 Mixtral: `bf16` is vLLM's rank of the bf16 fixture
+/// (same TP/EP), `experts` the global experts this rank holds.
+fn mixtral_fp8_rank(bf16: &Tensors, experts: &[u64]) -> Tensors {
+    let mut want = Tensors::new();
+    for (name, t) in bf16 {
+        let fp8 = name.ends_with("proj.weight") || name.contains(".routed_experts.");
+        let held = if fp8 {
+            Held {
+                dtype: "F8_E4M3".into(),
+                shape: t.shape.clone(),
+                data: low_bytes(&t.data),
+            }
+        } else {
+            t.clone()
+        };
+        want.insert(name.clone(), held);
+    }
+    let n = experts.len() as u64;
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        let s = |m: u64, k: u64| mixtral_scale(l, m, k);
+        for (proj, slots) in [("qkv_proj", vec![0, 1, 2]), ("o_proj", vec![3])] {
+            let shape = [slots.len() as u64];
+            let ws: Vec<f32> = slots.iter().map(|&m| s(m, 0)).collect();
+            let is: Vec<f32> = slots.iter().map(|&m| s(m, 1)).collect();
+            want.insert(
+                format!("{p}.self_attn.{proj}.weight_scale"),
+                f32_held(&shape, &ws),
+            );
+            want.insert(
+                format!("{p}.self_attn.{proj}.input_scale"),
+                f32_held(&shape, &is),
+            );
+        }
+        for a in ["q_scale", "k_scale", "v_scale", "prob_scale"] {
+            want.insert(format!("{p}.self_attn.attn.{a}"), bf16_scalar(0xbf80));
+        }
+        let w = |e: u64, k: u64| 4 + e * 3 + k - 1;
+        let ex = format!("{p}.block_sparse_moe.experts.routed_experts");
+        let w13: Vec<f32> = experts
+            .iter()
+            .flat_map(|&e| [s(w(e, 1), 0), s(w(e, 3), 0)])
+            .collect();
+        want.insert(format!("{ex}.w13_weight_scale"), f32_held(&[n, 2], &w13));
+        let per_expert =
+            |k: u64, kind: u64| -> Vec<f32> { experts.iter().map(|&e| s(w(e, k), kind)).collect() };
+        want.insert(
+            format!("{ex}.w2_weight_scale"),
+            f32_held(&[n], &per_expert(2, 0)),
+        );
+        // w1 and w3 share one input-scale slot per expert; w3 is read last.
+        want.insert(
+            format!("{ex}.w13_input_scale"),
+            f32_held(&[n], &per_expert(3, 1)),
+        );
+        want.insert(
+            format!("{ex}.w2_input_scale"),
+            f32_held(&[n], &per_expert(2, 1)),
+        );
+    }
+    want
+}
+
+/// Every key one rank of the FP8 Mixtral holds (vLLM 0.33, spec §9).
+fn mixtral_fp8_keys() -> BTreeSet<String> {
+    const LAYER: [&str; 23] = [
+        "block_sparse_moe.experts.routed_experts.w13_input_scale",
+        "block_sparse_moe.experts.routed_experts.w13_weight",
+        "block_sparse_moe.experts.routed_experts.w13_weight_scale",
+        "block_sparse_moe.experts.routed_experts.w2_input_scale",
+        "block_sparse_moe.experts.routed_experts.w2_weight",
+        "block_sparse_moe.experts.routed_experts.w2_weight_scale",
+        "block_sparse_moe.gate.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "self_attn.attn._k_scale",
+        "self_attn.attn._prob_scale",
+        "self_attn.attn._q_scale",
+        "self_attn.attn._v_scale",
+        "self_attn.attn.k_scale",
+        "self_attn.attn.prob_scale",
+        "self_attn.attn.q_scale",
+        "self_attn.attn.v_scale",
+        "self_attn.o_proj.input_scale",
+        "self_attn.o_proj.weight",
+        "self_attn.o_proj.weight_scale",
+        "self_attn.qkv_proj.input_scale",
+        "self_attn.qkv_proj.weight",
+        "self_attn.qkv_proj.weight_scale",
+    ];
+    let mut keys: BTreeSet<String> = [
+        "lm_head.weight",
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+    ]
+    .map(String::from)
+    .into();
+    for l in 0..2 {
+        keys.extend(LAYER.map(|k| format!("model.layers.{l}.{k}")));
+    }
+    keys
+}
+
+/// The w13 input-scale key of layer `l`: one slot per expert that w1 and w3 both write.
+fn w13_input_scale(l: u64) -> String {
+    format!("model.layers.{l}.block_sparse_moe.experts.routed_experts.w13_input_scale")
+}
+
+/// Shards the FP8 Mixtral at TP 2 with `extra` flags and compares both ranks with
+/// [`mixtral_fp8_rank`] of vLLM's bf16 case `bf16_case`; `experts` per rank. The w13 input
+/// scales are only checked for dtype and shape here: which of w1/w3 lands in them is
+/// [`mixtral_w13_input_scale_is_w3s_whatever_the_data_order_and_timing`]'s subject.
+fn mixtral_fp8_matches(extra: &[&str], bf16_case: &str, experts: [&[u64]; 2]) {
+    let tmp = TempDir::new().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    mixtral_fp8(&src, false);
+    let out = tmp.path().join("out");
+    let mut flags = vec!["-q"];
+    flags.extend_from_slice(extra);
+    shard_ok(&src, 2, &out, &flags);
+    for r in 0..2u64 {
+        let got = rank_tensors(&out, r);
+        let keys: BTreeSet<String> = got.keys().cloned().collect();
+        assert_eq!(keys, mixtral_fp8_keys(), "{bf16_case} rank {r}: keys");
+        let mine = experts[r as usize];
+        let want = mixtral_fp8_rank(&rank_tensors(&expected(bf16_case, 2), r), mine);
+        for (name, w) in &want {
+            let g = &got[name];
+            if name.ends_with(".w13_input_scale") {
+                assert_eq!(
+                    (&g.dtype, &g.shape),
+                    (&w.dtype, &w.shape),
+                    "{bf16_case} rank {r}: {name}"
+                );
+            } else {
+                assert!(
+                    g == w,
+                    "{bf16_case} rank {r}: {name}: got {g:?}, want {w:?}"
+                );
+            }
+        }
+        // vLLM's Mixtral router is built without a quant config: BF16 whatever the config says.
+        let router = &got["model.layers.0.block_sparse_moe.gate.weight"];
+        assert_eq!(
+            (router.dtype.as_str(), router.shape.as_slice()),
+            ("BF16", &[MIXTRAL_EXPERTS, 128][..])
+        );
+    }
+}
+
+/// TP 2: every rank holds all four experts, each sliced; the expert scales are per expert, not
+/// sliced, identical on both ranks.
+#[test]
+fn per_tensor_fp8_mixtral_expert_scales_at_tp2() {
+    mixtral_fp8_matches(&[], "mixtral", [&[0, 1, 2, 3], &[0, 1, 2, 3]]);
+}
+
+/// EP 2: rank 0 holds experts 0 and 1 whole, rank 1 experts 2 and 3, with their scales.
+#[test]
+fn per_tensor_fp8_mixtral_expert_scales_with_expert_parallel() {
+    mixtral_fp8_matches(
+        &["--enable-expert-parallel"],
+        "mixtral__ep",
+        [&[0, 1], &[2, 3]],
+    );
+}
+
+/// vLLM reads a file's tensors in name order (`safe_open(...).keys()` is sorted), so of the two
+/// input scales w1 and w3 write into one `w13_input_scale` slot, w3's stays. It must, on every
+/// run, and whatever order the file stores the data in.
+#[test]
+#[ignore = "BUG: w13_input_scale takes w1's or w3's input scale depending on the file's data order and on thread timing (both sources are copied in parallel into the same slot)"]
+fn mixtral_w13_input_scale_is_w3s_whatever_the_data_order_and_timing() {
+    const RUNS: usize = 20;
+    let tmp = TempDir::new().unwrap();
+    let mut wrong = Vec::new();
+    for reversed in [false, true] {
+        let src = tmp.path().join(format!("src-{reversed}"));
+        fs::create_dir(&src).unwrap();
+        mixtral_fp8(&src, reversed);
+        for run in 0..RUNS {
+            let out = tmp.path().join(format!("out-{reversed}-{run}"));
+            shard_ok(&src, 2, &out, &["-q"]);
+            for l in 0..2 {
+                let w3: Vec<f32> = (0..MIXTRAL_EXPERTS)
+                    .map(|e| mixtral_scale(l, 4 + e * 3 + 2, 1))
+                    .collect();
+                let got = values(&rank_tensors(&out, 0)[&w13_input_scale(l)]);
+                if got != w3 {
+                    wrong.push(format!(
+                        "data in reverse name order: {reversed}, run {run}, layer {l}: {got:?}, want w3's {w3:?}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} results wrong:\n{}",
+        wrong.len(),
+        2 * 2 * RUNS,
+        wrong.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. The shard output loads, and loading the checkpoint gives the same bytes
+// ---------------------------------------------------------------------------------------------
+
+/// `wload load ARGS…` without launcher variables (which would pick ranks).
+fn load(args: &[&str]) -> std::process::Output {
+    let mut cmd = wload();
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.arg("load").args(args).output().expect("wload runs")
+}
+
+/// A folder `shard` wrote passes `load --dry-run --read` (keys, shapes, every byte against
+/// wload.json), and loading the FP8 checkpoint itself into host memory gives, per rank, exactly the
+/// tensors and bytes of that folder.
+#[test]
+fn fp8_shards_load_and_match_loading_the_checkpoint() {
+    for (name, tp) in [
+        ("llama_gqa_fp8_tensor", 4),
+        ("llama_gqa_ct_fp8_dynamic", 8),
+        ("llama_gqa_fp8_block", 1),
+    ] {
+        let tmp = TempDir::new().unwrap();
+        let out = tmp.path().join("out");
+        shard_ok(&fixture(name), tp, &out, &["-q"]);
+        let tps = tp.to_string();
+        let dry = load(&[s(&out), "--tp", &tps, "--dry-run", "--read", "-q"]);
+        assert!(dry.status.success(), "{name} tp {tp}: {}", context(&dry));
+
+        let src = fixture(name);
+        let args = [
+            s(&src),
+            "--tp",
+            &tps,
+            "--device",
+            "cpu",
+            "--checksums",
+            "--json",
+        ];
+        let o = load(&args);
+        assert!(o.status.success(), "{name} tp {tp}: {}", context(&o));
+        let report: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+        let ranks = report["ranks"].as_array().expect("ranks");
+        assert_eq!(ranks.len() as u64, tp, "{name} tp {tp}: ranks loaded");
+        for rank in ranks {
+            let r = rank["rank"].as_u64().expect("rank number");
+            let got: BTreeMap<String, (String, Vec<u64>, String)> = rank["checksums"]
+                .as_array()
+                .expect("checksums")
+                .iter()
+                .map(|t| {
+                    let (n, d, sh) = json_tensor(t);
+                    (n, (d, sh, t["xxh3"].as_str().expect("xxh3").to_string()))
+                })
+                .collect();
+            let want: BTreeMap<String, (String, Vec<u64>, String)> = rank_tensors(&out, r)
+                .into_iter()
+                .map(|(n, t)| (n, (t.dtype, t.shape, format!("{:016x}", xxh3_64(&t.data)))))
+                .collect();
+            assert_eq!(got, want, "{name} tp {tp} rank {r}: loaded vs sharded");
+        }
+    }
+}
