@@ -1020,7 +1020,6 @@ fn per_tensor_fp8_mixtral_expert_scales_with_expert_parallel() {
 /// input scales w1 and w3 write into one `w13_input_scale` slot, w3's stays. It must, on every
 /// run, and whatever order the file stores the data in.
 #[test]
-#[ignore = "BUG: w13_input_scale takes w1's or w3's input scale depending on the file's data order and on thread timing (both sources are copied in parallel into the same slot)"]
 fn mixtral_w13_input_scale_is_w3s_whatever_the_data_order_and_timing() {
     const RUNS: usize = 20;
     let tmp = TempDir::new().unwrap();
