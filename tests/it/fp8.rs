@@ -689,9 +689,10 @@ fn f32_scalar(v: f32) -> Held {
     }
 }
 
-/// ModelOpt/AutoFP8 write the KV cache scales as `k_proj.k_scale` / `v_proj.v_scale`; vLLM
-/// renames them onto `self_attn.attn.{k,v}_scale` (BF16 `[]`, the model dtype) on every rank.
-/// The parameters the checkpoint does not fill keep vLLM's -1.0.
+/// ModelOpt/AutoFP8 write the KV cache scales as `k_proj.k_scale` / `v_proj.v_scale` (layer 0
+/// here); older exports as `self_attn.kv_scale` (deprecated: k only) and `self_attn.v_scale`
+/// (layer 1). vLLM renames them onto `self_attn.attn.{k,v}_scale` (BF16 `[]`, the model dtype) on
+/// every rank; the parameters the checkpoint does not fill keep vLLM's -1.0.
 #[test]
 fn checkpoint_kv_scales_land_on_the_attention_layer() {
     let src = copy_fixture("llama_gqa_fp8_tensor");
@@ -704,6 +705,8 @@ fn checkpoint_kv_scales_land_on_the_attention_layer() {
             "model.layers.0.self_attn.v_proj.v_scale".into(),
             f32_scalar(0.25),
         ));
+        t.push(("model.layers.1.self_attn.kv_scale".into(), f32_scalar(2.0)));
+        t.push(("model.layers.1.self_attn.v_scale".into(), f32_scalar(4.0)));
     });
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
@@ -715,8 +718,8 @@ fn checkpoint_kv_scales_land_on_the_attention_layer() {
         (attn(0, "v_scale"), 0x3e80), // 0.25
         (attn(0, "q_scale"), 0xbf80), // -1.0
         (attn(0, "prob_scale"), 0xbf80),
-        (attn(1, "k_scale"), 0xbf80),
-        (attn(1, "v_scale"), 0xbf80),
+        (attn(1, "k_scale"), 0x4000), // 2.0
+        (attn(1, "v_scale"), 0x4080), // 4.0
         (attn(1, "q_scale"), 0xbf80),
         (attn(1, "prob_scale"), 0xbf80),
     ];
@@ -1123,5 +1126,248 @@ fn fp8_shards_load_and_match_loading_the_checkpoint() {
                 .collect();
             assert_eq!(got, want, "{name} tp {tp} rank {r}: loaded vs sharded");
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Variants of the per-tensor checkpoint that vLLM loads to the same state
+// ---------------------------------------------------------------------------------------------
+
+/// Each rank of `dir` equals vLLM's rank of `case` at TP 2, after `adjust` on vLLM's tensors.
+fn assert_ranks_equal(dir: &Path, case: &str, adjust: impl Fn(u64, &mut Tensors)) {
+    for r in 0..2 {
+        let got = rank_tensors(dir, r);
+        let mut want = rank_tensors(&expected(case, 2), r);
+        adjust(r, &mut want);
+        let (gk, wk): (BTreeSet<_>, BTreeSet<_>) = (got.keys().collect(), want.keys().collect());
+        assert_eq!(gk, wk, "rank {r}: keys");
+        for (name, w) in &want {
+            assert!(&got[name] == w, "rank {r}: '{name}' differs");
+        }
+    }
+}
+
+/// Scales saved as `[1]` (as some exporters do) load into the same slots as scalars `[]`.
+#[test]
+fn per_tensor_scales_of_shape_1_shard_like_scalars() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    rewrite_model(src.path(), |t| {
+        for (name, held) in t.iter_mut() {
+            if name.ends_with("_scale") {
+                held.shape = vec![1];
+            }
+        }
+    });
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    assert_ranks_equal(&out, "llama_gqa__fp8_tensor", |_, _| {});
+}
+
+/// Layer 0's q, k and v kept in BF16 and listed in `ignored_layers`: vLLM builds that qkv_proj
+/// unquantized (a BF16 weight, no scales), everything else as in the FP8 checkpoint.
+#[test]
+fn a_wholly_ignored_fused_layer_stays_bf16_without_scales() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    let bf16 = checkpoint_tensors(&fixture(GQA));
+    let ignored = ["q_proj", "k_proj", "v_proj"].map(|p| format!("model.layers.0.self_attn.{p}"));
+    rewrite_model(src.path(), |t| {
+        t.retain(|(n, _)| !ignored.iter().any(|m| n.starts_with(&format!("{m}."))));
+        for m in &ignored {
+            let name = format!("{m}.weight");
+            t.push((name.clone(), bf16[&name].clone()));
+        }
+    });
+    edit_config(src.path(), |c| {
+        c["quantization_config"]["ignored_layers"] = json!(ignored);
+    });
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    let qkv = "model.layers.0.self_attn.qkv_proj";
+    assert_ranks_equal(&out, "llama_gqa__fp8_tensor", |r, want| {
+        want.remove(&format!("{qkv}.weight_scale"));
+        want.remove(&format!("{qkv}.input_scale"));
+        let name = format!("{qkv}.weight");
+        want.insert(
+            name.clone(),
+            rank_tensors(&expected(GQA, 2), r)[&name].clone(),
+        );
+    });
+}
+
+/// compressed-tensors with the `tensor` weight strategy and static input scales holds the same
+/// per-tensor slot vectors as `quant_method: fp8`; only the attention differs (compressed-tensors'
+/// KV cache method: F32 `[1]` scales and BF16 zero points, no prob_scale), as in vLLM's
+/// compressed-tensors channel output.
+#[test]
+fn compressed_tensors_tensor_strategy_matches_fp8_per_tensor() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    rewrite_model(src.path(), |t| {
+        for (name, held) in t.iter_mut() {
+            if name.ends_with("_scale") {
+                held.shape = vec![1];
+            }
+        }
+    });
+    edit_config(src.path(), |c| {
+        c["quantization_config"] = json!({
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "quantization_status": "compressed",
+            "ignore": ["lm_head"],
+            "kv_cache_scheme": null,
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"type": "float", "num_bits": 8, "strategy": "tensor",
+                            "symmetric": true, "dynamic": false},
+                "input_activations": {"type": "float", "num_bits": 8, "strategy": "tensor",
+                                      "symmetric": true, "dynamic": false}
+            }}
+        });
+    });
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    assert_ranks_equal(&out, "llama_gqa__fp8_tensor", |r, want| {
+        let ct = rank_tensors(&expected("llama_gqa_ct_fp8_dynamic", 2), r);
+        want.retain(|n, _| !n.contains(".attn.") || n.contains(".attn._"));
+        want.extend(
+            ct.into_iter()
+                .filter(|(n, _)| n.contains(".attn.") && !n.contains(".attn._")),
+        );
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Block FP8 MoE with expert parallelism
+// ---------------------------------------------------------------------------------------------
+
+/// BF16 scale bytes as the F32 bytes vLLM's parameter holds (exact widening).
+fn bf16_to_f32_bytes(t: &Held) -> Vec<u8> {
+    assert_eq!(t.dtype, "BF16");
+    f32_bytes(&values(t))
+}
+
+/// EP 2 on the block-FP8 Qwen3-MoE: each rank holds 4 whole experts with their whole block scales
+/// (`[gate ; up]` and down, BF16 cast to F32); everything else is byte for byte vLLM's TP 2 rank.
+#[test]
+fn block_fp8_moe_with_expert_parallel_holds_whole_experts_and_scales() {
+    let name = "qwen3_moe_fp8_block";
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(&fixture(name), 2, &out, &["-q", "--enable-expert-parallel"]);
+    let ckpt = checkpoint_tensors(&fixture(name));
+    let ex = |e: u64, p: &str| &ckpt[&format!("model.layers.1.mlp.experts.{e}.{p}")];
+    let cat = |parts: Vec<Vec<u8>>| parts.concat();
+    for r in 0..2u64 {
+        let got = rank_tensors(&out, r);
+        let mut want = rank_tensors(&expected(name, 2), r);
+        let local: Vec<u64> = (4 * r..4 * r + 4).collect();
+        let routed = "model.layers.1.mlp.experts.routed_experts";
+        let experts = [
+            (
+                "w13_weight",
+                "F8_E4M3",
+                vec![4, 128, 128],
+                cat(local
+                    .iter()
+                    .flat_map(|&e| {
+                        [ex(e, "gate_proj.weight"), ex(e, "up_proj.weight")].map(|t| t.data.clone())
+                    })
+                    .collect()),
+            ),
+            (
+                "w13_weight_scale_inv",
+                "F32",
+                vec![4, 4, 4],
+                cat(local
+                    .iter()
+                    .flat_map(|&e| {
+                        [
+                            ex(e, "gate_proj.weight_scale_inv"),
+                            ex(e, "up_proj.weight_scale_inv"),
+                        ]
+                        .map(bf16_to_f32_bytes)
+                    })
+                    .collect()),
+            ),
+            (
+                "w2_weight",
+                "F8_E4M3",
+                vec![4, 128, 64],
+                cat(local
+                    .iter()
+                    .map(|&e| ex(e, "down_proj.weight").data.clone())
+                    .collect()),
+            ),
+            (
+                "w2_weight_scale_inv",
+                "F32",
+                vec![4, 4, 2],
+                cat(local
+                    .iter()
+                    .map(|&e| bf16_to_f32_bytes(ex(e, "down_proj.weight_scale_inv")))
+                    .collect()),
+            ),
+        ];
+        for (param, dtype, shape, data) in experts {
+            let held = Held {
+                dtype: dtype.into(),
+                shape,
+                data,
+            };
+            assert!(
+                want.insert(format!("{routed}.{param}"), held).is_some(),
+                "vLLM's TP 2 output has {routed}.{param}"
+            );
+        }
+        let (gk, wk): (BTreeSet<_>, BTreeSet<_>) = (got.keys().collect(), want.keys().collect());
+        assert_eq!(gk, wk, "rank {r}: keys");
+        for (n, w) in &want {
+            let g = &got[n];
+            assert!(
+                g == w,
+                "rank {r}: '{n}' differs: got {} {:?}, want {} {:?}",
+                g.dtype,
+                g.shape,
+                w.dtype,
+                w.shape
+            );
+        }
+    }
+}
+
+/// Pipeline parallelism on an FP8 checkpoint: each stage holds its layer's weights and scales,
+/// byte for byte what vLLM's TP-only output of the same TP rank holds under the same keys, and
+/// together the stages hold all of them.
+#[test]
+fn block_fp8_pipeline_stages_split_vllms_tp_output() {
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(
+        &fixture("llama_gqa_fp8_block"),
+        2,
+        &out,
+        &["-q", "--pp", "2"],
+    );
+    for t in 0..2 {
+        let whole = rank_tensors(&expected("llama_gqa__fp8_block", 2), t);
+        let mut union = BTreeSet::new();
+        for p in 0..2 {
+            let files = files_with_prefix(&out, &format!("model-pp-{p}-tp-{t}-part-"));
+            assert!(!files.is_empty(), "no files for stage {p} tp {t}");
+            for (name, held) in read_files(&files) {
+                let other_layer = format!("model.layers.{}.", 1 - p);
+                assert!(!name.starts_with(&other_layer), "stage {p} holds '{name}'");
+                assert!(
+                    whole.get(&name) == Some(&held),
+                    "stage {p} tp {t}: '{name}' differs from vLLM's TP-only rank"
+                );
+                union.insert(name);
+            }
+        }
+        let all: BTreeSet<String> = whole.keys().cloned().collect();
+        assert_eq!(union, all, "tp {t}: the stages together");
     }
 }
