@@ -1371,3 +1371,176 @@ fn block_fp8_pipeline_stages_split_vllms_tp_output() {
         assert_eq!(union, all, "tp {t}: the stages together");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// 8. Fused-on-disk FP8 (Phi-3): one checkpoint scale fills every slot
+// ---------------------------------------------------------------------------------------------
+
+/// `x` rounded to BF16 bits, to nearest even, as PyTorch casts on the CPU.
+fn bf16_rne(x: f32) -> u16 {
+    let b = x.to_bits();
+    assert!(!x.is_nan(), "no NaN in the fixtures");
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Phi-3 stores qkv_proj and gate_up_proj fused on disk. As an FP8 checkpoint, each has one
+/// scalar `weight_scale` / `input_scale`; vLLM's v2 loader copies it into every logical slot
+/// (qkv `[3]`, gate_up `[2]`), the same on every rank, and slices the FP8 weight like the bf16
+/// one. The FP8 bytes are the low bytes of the weights' BF16 values, so vLLM's bf16 shards of
+/// the phi3 fixture predict them.
+#[test]
+fn fused_on_disk_fp8_copies_one_scale_into_every_slot() {
+    let tmp = TempDir::new().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    let mut config: Value =
+        serde_json::from_slice(&fs::read(fixture("phi3_fp32").join("config.json")).unwrap())
+            .unwrap();
+    config["quantization_config"] = json!({"quant_method": "fp8", "activation_scheme": "static"});
+    write_json(&src.join("config.json"), &config);
+    let linears = [
+        "self_attn.qkv_proj",
+        "self_attn.o_proj",
+        "mlp.gate_up_proj",
+        "mlp.down_proj",
+    ];
+    let scale = |l: u64, m: usize, input: bool| {
+        (1 + 16 * l + 2 * m as u64 + u64::from(input)) as f32 / 64.0
+    };
+    let mut tensors = Vec::new();
+    for (name, t) in checkpoint_tensors(&fixture("phi3_fp32")) {
+        let linear = (0..2u64)
+            .flat_map(|l| linears.iter().enumerate().map(move |(m, p)| (l, m, *p)))
+            .find(|(l, _, p)| name == format!("model.layers.{l}.{p}.weight"));
+        if let Some((l, m, _)) = linear {
+            let prefix = name.strip_suffix(".weight").unwrap();
+            tensors.push((
+                format!("{prefix}.weight_scale"),
+                f32_scalar(scale(l, m, false)),
+            ));
+            tensors.push((
+                format!("{prefix}.input_scale"),
+                f32_scalar(scale(l, m, true)),
+            ));
+            let data = values(&t)
+                .into_iter()
+                .map(|x| bf16_rne(x).to_le_bytes()[0])
+                .collect();
+            tensors.push((
+                name,
+                Held {
+                    dtype: "F8_E4M3".into(),
+                    shape: t.shape,
+                    data,
+                },
+            ));
+        } else {
+            tensors.push((name, t));
+        }
+    }
+    let refs: Vec<Tensor> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.as_str(),
+                t.dtype.as_str(),
+                t.shape.as_slice(),
+                t.data.as_slice(),
+            )
+        })
+        .collect();
+    write_safetensors(&src.join("model.safetensors"), &refs);
+
+    let out = tmp.path().join("out");
+    shard_ok(&src, 2, &out, &["-q"]);
+    assert_ranks_equal(&out, "phi3_fp32", |_, want| {
+        for (name, t) in want.iter_mut() {
+            if linears
+                .iter()
+                .any(|p| name.ends_with(&format!("{p}.weight")))
+            {
+                t.dtype = "F8_E4M3".into();
+                t.data = low_bytes(&t.data);
+            }
+        }
+        for l in 0..2u64 {
+            for (m, p) in linears.iter().enumerate() {
+                let slots = match *p {
+                    "self_attn.qkv_proj" => 3,
+                    "mlp.gate_up_proj" => 2,
+                    _ => 1,
+                };
+                for (kind, input) in [("weight_scale", false), ("input_scale", true)] {
+                    let v = vec![scale(l, m, input); slots];
+                    want.insert(
+                        format!("model.layers.{l}.{p}.{kind}"),
+                        f32_held(&[slots as u64], &v),
+                    );
+                }
+            }
+            for a in ["q_scale", "k_scale", "v_scale", "prob_scale"] {
+                want.insert(
+                    format!("model.layers.{l}.self_attn.attn.{a}"),
+                    bf16_scalar(0xbf80),
+                );
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Spellings of the quantization config that vLLM normalizes
+// ---------------------------------------------------------------------------------------------
+
+/// A copy of `name` with `edit` applied to its config.json, sharded at TP 2, gives exactly vLLM's
+/// TP 2 output `case` of the unedited fixture.
+fn config_spelling_shards_as(name: &str, case: &str, edit: impl FnOnce(&mut Value)) {
+    let src = copy_fixture(name);
+    edit_config(src.path(), edit);
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    assert_ranks_equal(&out, case, |_, _| {});
+}
+
+/// vLLM lower-cases `quant_method` (`_normalize_quantization_config` in
+/// transformers_utils/model_arch_config_convertor.py).
+#[test]
+#[ignore = "BUG: quant_method \"FP8\" is refused as unsupported; vLLM lower-cases quant_method and loads it as fp8"]
+fn quant_method_is_case_insensitive_as_in_vllm() {
+    config_spelling_shards_as("llama_gqa_fp8_tensor", "llama_gqa__fp8_tensor", |c| {
+        c["quantization_config"]["quant_method"] = json!("FP8");
+    });
+}
+
+/// vLLM rewrites `compressed_tensors` to `compressed-tensors` (same function).
+#[test]
+#[ignore = "BUG: quant_method \"compressed_tensors\" is refused as unsupported; vLLM normalizes it to compressed-tensors"]
+fn compressed_tensors_with_an_underscore_is_compressed_tensors() {
+    config_spelling_shards_as(
+        "llama_gqa_ct_fp8_dynamic",
+        "llama_gqa_ct_fp8_dynamic",
+        |c| {
+            c["quantization_config"]["quant_method"] = json!("compressed_tensors");
+        },
+    );
+}
+
+/// Older compressed-tensors checkpoints keep the config under `compression_config`; vLLM reads it
+/// when there is no `quantization_config` (same function).
+#[test]
+#[ignore = "BUG: a compressed-tensors config under compression_config is ignored (the model is planned unquantized and its F8 tensors refused); vLLM reads compression_config when quantization_config is absent"]
+fn compression_config_is_read_when_there_is_no_quantization_config() {
+    config_spelling_shards_as(
+        "llama_gqa_ct_fp8_dynamic",
+        "llama_gqa_ct_fp8_dynamic",
+        |c| {
+            let qc = c
+                .as_object_mut()
+                .unwrap()
+                .remove("quantization_config")
+                .unwrap();
+            c["compression_config"] = qc;
+        },
+    );
+}
