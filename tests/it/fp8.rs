@@ -1544,3 +1544,45 @@ fn compression_config_is_read_when_there_is_no_quantization_config() {
         },
     );
 }
+
+/// `--dtype float16`: the unquantized tensors are vLLM's float16 output of llama_gqa, the KV
+/// scale parameters are float16 -1.0 (the model dtype), and the FP8 weights and F32 scales are
+/// unchanged.
+#[test]
+fn fp8_in_float16_converts_only_the_unquantized_tensors() {
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(
+        &fixture("llama_gqa_fp8_tensor"),
+        2,
+        &out,
+        &["-q", "--dtype", "float16"],
+    );
+    assert_ranks_equal(&out, "llama_gqa__fp8_tensor", |r, want| {
+        let f16 = rank_tensors(&expected("llama_gqa__dtype_float16", 2), r);
+        for (name, t) in want.iter_mut() {
+            if name.contains(".attn.") && !name.contains(".attn._") {
+                *t = Held {
+                    dtype: "F16".into(),
+                    shape: vec![],
+                    data: 0xbc00u16.to_le_bytes().to_vec(),
+                };
+            } else if t.dtype == "BF16" {
+                *t = f16[name].clone();
+            }
+        }
+    });
+}
+
+/// At TP 8 o_proj's scale columns run past the checkpoint's because each rank's 16 input columns
+/// are less than a 32-column block; whatever else is said, an explanation that o_proj's output
+/// partition [128] is not a multiple of 32 is false and sends the user the wrong way.
+#[test]
+#[ignore = "BUG: the TP 8 refusal of block FP8 o_proj also says \"output partitions [128] are not multiples of block_n = 32\", which is false (128 = 4 × 32; the input partition 16 is the problem)"]
+fn block_fp8_row_parallel_refusal_explains_the_input_partition() {
+    let err = shard_refused(&fixture("llama_gqa_fp8_block"), 8, &["-q"], &["o_proj"]);
+    assert!(
+        !err.contains("output partitions [128] are not multiples of block_n = 32"),
+        "{err}"
+    );
+}
