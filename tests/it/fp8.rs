@@ -2,10 +2,12 @@
 //! on rather than by wload's own formulas: every rank's FP8 weight, dequantized with that rank's
 //! scales by an independent E4M3 decoder, is the bf16 weight real vLLM put on that rank of the
 //! unquantized fixture (to within FP8 rounding); checkpoint kv scales land on the attention layer;
-//! a per-tensor FP8 Mixtral's expert scales sit where vLLM's MoE loader puts them; and what vLLM
-//! cannot load (unaligned blocks, other quantization methods, half-quantized fused layers, missing
-//! or unquantized tensors) is refused with exit 3 before anything is written. The TP 2 golden cases
-//! (byte-identical to vLLM) run with the other golden cases.
+//! MoE expert scales (per-tensor Mixtral, block Qwen3-MoE under EP) and fused-on-disk scales sit
+//! where vLLM's loaders put them; variants vLLM loads to the same state shard to the same bytes;
+//! and what vLLM cannot load (unaligned blocks, half-quantized fused layers, missing or
+//! unquantized tensors) or wload does not write (other quantization methods) is refused with
+//! exit 3 before anything is written. The TP 2 golden cases (byte-identical to vLLM) run with the
+//! other golden cases.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -1082,20 +1084,24 @@ fn load(args: &[&str]) -> std::process::Output {
 /// tensors and bytes of that folder.
 #[test]
 fn fp8_shards_load_and_match_loading_the_checkpoint() {
-    for (name, tp) in [
-        ("llama_gqa_fp8_tensor", 4),
-        ("llama_gqa_ct_fp8_dynamic", 8),
-        ("llama_gqa_fp8_block", 1),
+    let ep: &[&str] = &["--enable-expert-parallel"];
+    for (name, tp, flags) in [
+        ("llama_gqa_fp8_tensor", 4, &[][..]),
+        ("llama_gqa_ct_fp8_dynamic", 8, &[]),
+        ("llama_gqa_fp8_block", 1, &[]),
+        ("qwen3_moe_fp8_block", 2, ep),
     ] {
         let tmp = TempDir::new().unwrap();
         let out = tmp.path().join("out");
-        shard_ok(&fixture(name), tp, &out, &["-q"]);
+        shard_ok(&fixture(name), tp, &out, &[&["-q"], flags].concat());
         let tps = tp.to_string();
-        let dry = load(&[s(&out), "--tp", &tps, "--dry-run", "--read", "-q"]);
+        let mut dry_args = vec![s(&out), "--tp", &tps, "--dry-run", "--read", "-q"];
+        dry_args.extend_from_slice(flags);
+        let dry = load(&dry_args);
         assert!(dry.status.success(), "{name} tp {tp}: {}", context(&dry));
 
         let src = fixture(name);
-        let args = [
+        let mut args = vec![
             s(&src),
             "--tp",
             &tps,
@@ -1104,6 +1110,7 @@ fn fp8_shards_load_and_match_loading_the_checkpoint() {
             "--checksums",
             "--json",
         ];
+        args.extend_from_slice(flags);
         let o = load(&args);
         assert!(o.status.success(), "{name} tp {tp}: {}", context(&o));
         let report: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
