@@ -2,10 +2,12 @@
 //! on rather than by wload's own formulas: every rank's FP8 weight, dequantized with that rank's
 //! scales by an independent E4M3 decoder, is the bf16 weight real vLLM put on that rank of the
 //! unquantized fixture (to within FP8 rounding); checkpoint kv scales land on the attention layer;
-//! a per-tensor FP8 Mixtral's expert scales sit where vLLM's MoE loader puts them; and what vLLM
-//! cannot load (unaligned blocks, other quantization methods, half-quantized fused layers, missing
-//! or unquantized tensors) is refused with exit 3 before anything is written. The TP 2 golden cases
-//! (byte-identical to vLLM) run with the other golden cases.
+//! MoE expert scales (per-tensor Mixtral, block Qwen3-MoE under EP) and fused-on-disk scales sit
+//! where vLLM's loaders put them; variants vLLM loads to the same state shard to the same bytes;
+//! and what vLLM cannot load (unaligned blocks, half-quantized fused layers, missing or
+//! unquantized tensors) or wload does not write (other quantization methods) is refused with
+//! exit 3 before anything is written. The TP 2 golden cases (byte-identical to vLLM) run with the
+//! other golden cases.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -689,9 +691,10 @@ fn f32_scalar(v: f32) -> Held {
     }
 }
 
-/// ModelOpt/AutoFP8 write the KV cache scales as `k_proj.k_scale` / `v_proj.v_scale`; vLLM
-/// renames them onto `self_attn.attn.{k,v}_scale` (BF16 `[]`, the model dtype) on every rank.
-/// The parameters the checkpoint does not fill keep vLLM's -1.0.
+/// ModelOpt/AutoFP8 write the KV cache scales as `k_proj.k_scale` / `v_proj.v_scale` (layer 0
+/// here); older exports as `self_attn.kv_scale` (deprecated: k only) and `self_attn.v_scale`
+/// (layer 1). vLLM renames them onto `self_attn.attn.{k,v}_scale` (BF16 `[]`, the model dtype) on
+/// every rank; the parameters the checkpoint does not fill keep vLLM's -1.0.
 #[test]
 fn checkpoint_kv_scales_land_on_the_attention_layer() {
     let src = copy_fixture("llama_gqa_fp8_tensor");
@@ -704,6 +707,8 @@ fn checkpoint_kv_scales_land_on_the_attention_layer() {
             "model.layers.0.self_attn.v_proj.v_scale".into(),
             f32_scalar(0.25),
         ));
+        t.push(("model.layers.1.self_attn.kv_scale".into(), f32_scalar(2.0)));
+        t.push(("model.layers.1.self_attn.v_scale".into(), f32_scalar(4.0)));
     });
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
@@ -715,8 +720,8 @@ fn checkpoint_kv_scales_land_on_the_attention_layer() {
         (attn(0, "v_scale"), 0x3e80), // 0.25
         (attn(0, "q_scale"), 0xbf80), // -1.0
         (attn(0, "prob_scale"), 0xbf80),
-        (attn(1, "k_scale"), 0xbf80),
-        (attn(1, "v_scale"), 0xbf80),
+        (attn(1, "k_scale"), 0x4000), // 2.0
+        (attn(1, "v_scale"), 0x4080), // 4.0
         (attn(1, "q_scale"), 0xbf80),
         (attn(1, "prob_scale"), 0xbf80),
     ];
@@ -1078,20 +1083,24 @@ fn load(args: &[&str]) -> std::process::Output {
 /// tensors and bytes of that folder.
 #[test]
 fn fp8_shards_load_and_match_loading_the_checkpoint() {
-    for (name, tp) in [
-        ("llama_gqa_fp8_tensor", 4),
-        ("llama_gqa_ct_fp8_dynamic", 8),
-        ("llama_gqa_fp8_block", 1),
+    let ep: &[&str] = &["--enable-expert-parallel"];
+    for (name, tp, flags) in [
+        ("llama_gqa_fp8_tensor", 4, &[][..]),
+        ("llama_gqa_ct_fp8_dynamic", 8, &[]),
+        ("llama_gqa_fp8_block", 1, &[]),
+        ("qwen3_moe_fp8_block", 2, ep),
     ] {
         let tmp = TempDir::new().unwrap();
         let out = tmp.path().join("out");
-        shard_ok(&fixture(name), tp, &out, &["-q"]);
+        shard_ok(&fixture(name), tp, &out, &[&["-q"], flags].concat());
         let tps = tp.to_string();
-        let dry = load(&[s(&out), "--tp", &tps, "--dry-run", "--read", "-q"]);
+        let mut dry_args = vec![s(&out), "--tp", &tps, "--dry-run", "--read", "-q"];
+        dry_args.extend_from_slice(flags);
+        let dry = load(&dry_args);
         assert!(dry.status.success(), "{name} tp {tp}: {}", context(&dry));
 
         let src = fixture(name);
-        let args = [
+        let mut args = vec![
             s(&src),
             "--tp",
             &tps,
@@ -1100,6 +1109,7 @@ fn fp8_shards_load_and_match_loading_the_checkpoint() {
             "--checksums",
             "--json",
         ];
+        args.extend_from_slice(flags);
         let o = load(&args);
         assert!(o.status.success(), "{name} tp {tp}: {}", context(&o));
         let report: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
@@ -1123,4 +1133,462 @@ fn fp8_shards_load_and_match_loading_the_checkpoint() {
             assert_eq!(got, want, "{name} tp {tp} rank {r}: loaded vs sharded");
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Variants of the per-tensor checkpoint that vLLM loads to the same state
+// ---------------------------------------------------------------------------------------------
+
+/// Each rank of `dir` equals vLLM's rank of `case` at TP 2, after `adjust` on vLLM's tensors.
+fn assert_ranks_equal(dir: &Path, case: &str, adjust: impl Fn(u64, &mut Tensors)) {
+    for r in 0..2 {
+        let got = rank_tensors(dir, r);
+        let mut want = rank_tensors(&expected(case, 2), r);
+        adjust(r, &mut want);
+        let (gk, wk): (BTreeSet<_>, BTreeSet<_>) = (got.keys().collect(), want.keys().collect());
+        assert_eq!(gk, wk, "rank {r}: keys");
+        for (name, w) in &want {
+            assert!(&got[name] == w, "rank {r}: '{name}' differs");
+        }
+    }
+}
+
+/// Scales saved as `[1]` (as some exporters do) load into the same slots as scalars `[]`.
+#[test]
+fn per_tensor_scales_of_shape_1_shard_like_scalars() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    rewrite_model(src.path(), |t| {
+        for (name, held) in t.iter_mut() {
+            if name.ends_with("_scale") {
+                held.shape = vec![1];
+            }
+        }
+    });
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    assert_ranks_equal(&out, "llama_gqa__fp8_tensor", |_, _| {});
+}
+
+/// Layer 0's q, k and v kept in BF16 and listed in `ignored_layers`: vLLM builds that qkv_proj
+/// unquantized (a BF16 weight, no scales), everything else as in the FP8 checkpoint.
+#[test]
+fn a_wholly_ignored_fused_layer_stays_bf16_without_scales() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    let bf16 = checkpoint_tensors(&fixture(GQA));
+    let ignored = ["q_proj", "k_proj", "v_proj"].map(|p| format!("model.layers.0.self_attn.{p}"));
+    rewrite_model(src.path(), |t| {
+        t.retain(|(n, _)| !ignored.iter().any(|m| n.starts_with(&format!("{m}."))));
+        for m in &ignored {
+            let name = format!("{m}.weight");
+            t.push((name.clone(), bf16[&name].clone()));
+        }
+    });
+    edit_config(src.path(), |c| {
+        c["quantization_config"]["ignored_layers"] = json!(ignored);
+    });
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    let qkv = "model.layers.0.self_attn.qkv_proj";
+    assert_ranks_equal(&out, "llama_gqa__fp8_tensor", |r, want| {
+        want.remove(&format!("{qkv}.weight_scale"));
+        want.remove(&format!("{qkv}.input_scale"));
+        let name = format!("{qkv}.weight");
+        want.insert(
+            name.clone(),
+            rank_tensors(&expected(GQA, 2), r)[&name].clone(),
+        );
+    });
+}
+
+/// compressed-tensors with the `tensor` weight strategy and static input scales holds the same
+/// per-tensor slot vectors as `quant_method: fp8`; only the attention differs (compressed-tensors'
+/// KV cache method: F32 `[1]` scales and BF16 zero points, no prob_scale), as in vLLM's
+/// compressed-tensors channel output.
+#[test]
+fn compressed_tensors_tensor_strategy_matches_fp8_per_tensor() {
+    let src = copy_fixture("llama_gqa_fp8_tensor");
+    rewrite_model(src.path(), |t| {
+        for (name, held) in t.iter_mut() {
+            if name.ends_with("_scale") {
+                held.shape = vec![1];
+            }
+        }
+    });
+    edit_config(src.path(), |c| {
+        c["quantization_config"] = json!({
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "quantization_status": "compressed",
+            "ignore": ["lm_head"],
+            "kv_cache_scheme": null,
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"type": "float", "num_bits": 8, "strategy": "tensor",
+                            "symmetric": true, "dynamic": false},
+                "input_activations": {"type": "float", "num_bits": 8, "strategy": "tensor",
+                                      "symmetric": true, "dynamic": false}
+            }}
+        });
+    });
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    assert_ranks_equal(&out, "llama_gqa__fp8_tensor", |r, want| {
+        let ct = rank_tensors(&expected("llama_gqa_ct_fp8_dynamic", 2), r);
+        want.retain(|n, _| !n.contains(".attn.") || n.contains(".attn._"));
+        want.extend(
+            ct.into_iter()
+                .filter(|(n, _)| n.contains(".attn.") && !n.contains(".attn._")),
+        );
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Block FP8 MoE with expert parallelism
+// ---------------------------------------------------------------------------------------------
+
+/// BF16 scale bytes as the F32 bytes vLLM's parameter holds (exact widening).
+fn bf16_to_f32_bytes(t: &Held) -> Vec<u8> {
+    assert_eq!(t.dtype, "BF16");
+    f32_bytes(&values(t))
+}
+
+/// EP 2 on the block-FP8 Qwen3-MoE: each rank holds 4 whole experts with their whole block scales
+/// (`[gate ; up]` and down, BF16 cast to F32); everything else is byte for byte vLLM's TP 2 rank.
+#[test]
+fn block_fp8_moe_with_expert_parallel_holds_whole_experts_and_scales() {
+    let name = "qwen3_moe_fp8_block";
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(&fixture(name), 2, &out, &["-q", "--enable-expert-parallel"]);
+    let ckpt = checkpoint_tensors(&fixture(name));
+    let ex = |e: u64, p: &str| &ckpt[&format!("model.layers.1.mlp.experts.{e}.{p}")];
+    let cat = |parts: Vec<Vec<u8>>| parts.concat();
+    for r in 0..2u64 {
+        let got = rank_tensors(&out, r);
+        let mut want = rank_tensors(&expected(name, 2), r);
+        let local: Vec<u64> = (4 * r..4 * r + 4).collect();
+        let routed = "model.layers.1.mlp.experts.routed_experts";
+        let experts = [
+            (
+                "w13_weight",
+                "F8_E4M3",
+                vec![4, 128, 128],
+                cat(local
+                    .iter()
+                    .flat_map(|&e| {
+                        [ex(e, "gate_proj.weight"), ex(e, "up_proj.weight")].map(|t| t.data.clone())
+                    })
+                    .collect()),
+            ),
+            (
+                "w13_weight_scale_inv",
+                "F32",
+                vec![4, 4, 4],
+                cat(local
+                    .iter()
+                    .flat_map(|&e| {
+                        [
+                            ex(e, "gate_proj.weight_scale_inv"),
+                            ex(e, "up_proj.weight_scale_inv"),
+                        ]
+                        .map(bf16_to_f32_bytes)
+                    })
+                    .collect()),
+            ),
+            (
+                "w2_weight",
+                "F8_E4M3",
+                vec![4, 128, 64],
+                cat(local
+                    .iter()
+                    .map(|&e| ex(e, "down_proj.weight").data.clone())
+                    .collect()),
+            ),
+            (
+                "w2_weight_scale_inv",
+                "F32",
+                vec![4, 4, 2],
+                cat(local
+                    .iter()
+                    .map(|&e| bf16_to_f32_bytes(ex(e, "down_proj.weight_scale_inv")))
+                    .collect()),
+            ),
+        ];
+        for (param, dtype, shape, data) in experts {
+            let held = Held {
+                dtype: dtype.into(),
+                shape,
+                data,
+            };
+            assert!(
+                want.insert(format!("{routed}.{param}"), held).is_some(),
+                "vLLM's TP 2 output has {routed}.{param}"
+            );
+        }
+        let (gk, wk): (BTreeSet<_>, BTreeSet<_>) = (got.keys().collect(), want.keys().collect());
+        assert_eq!(gk, wk, "rank {r}: keys");
+        for (n, w) in &want {
+            let g = &got[n];
+            assert!(
+                g == w,
+                "rank {r}: '{n}' differs: got {} {:?}, want {} {:?}",
+                g.dtype,
+                g.shape,
+                w.dtype,
+                w.shape
+            );
+        }
+    }
+}
+
+/// Pipeline parallelism on an FP8 checkpoint: each stage holds its layer's weights and scales,
+/// byte for byte what vLLM's TP-only output of the same TP rank holds under the same keys, and
+/// together the stages hold all of them.
+#[test]
+fn block_fp8_pipeline_stages_split_vllms_tp_output() {
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(
+        &fixture("llama_gqa_fp8_block"),
+        2,
+        &out,
+        &["-q", "--pp", "2"],
+    );
+    for t in 0..2 {
+        let whole = rank_tensors(&expected("llama_gqa__fp8_block", 2), t);
+        let mut union = BTreeSet::new();
+        for p in 0..2 {
+            let files = files_with_prefix(&out, &format!("model-pp-{p}-tp-{t}-part-"));
+            assert!(!files.is_empty(), "no files for stage {p} tp {t}");
+            for (name, held) in read_files(&files) {
+                let other_layer = format!("model.layers.{}.", 1 - p);
+                assert!(!name.starts_with(&other_layer), "stage {p} holds '{name}'");
+                assert!(
+                    whole.get(&name) == Some(&held),
+                    "stage {p} tp {t}: '{name}' differs from vLLM's TP-only rank"
+                );
+                union.insert(name);
+            }
+        }
+        let all: BTreeSet<String> = whole.keys().cloned().collect();
+        assert_eq!(union, all, "tp {t}: the stages together");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Fused-on-disk FP8 (Phi-3): one checkpoint scale fills every slot
+// ---------------------------------------------------------------------------------------------
+
+/// `x` rounded to BF16 bits, to nearest even, as PyTorch casts on the CPU.
+fn bf16_rne(x: f32) -> u16 {
+    let b = x.to_bits();
+    assert!(!x.is_nan(), "no NaN in the fixtures");
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Phi-3 stores qkv_proj and gate_up_proj fused on disk. As an FP8 checkpoint, each has one
+/// scalar `weight_scale` / `input_scale`; vLLM's v2 loader copies it into every logical slot
+/// (qkv `[3]`, gate_up `[2]`), the same on every rank, and slices the FP8 weight like the bf16
+/// one. The FP8 bytes are the low bytes of the weights' BF16 values, so vLLM's bf16 shards of
+/// the phi3 fixture predict them.
+#[test]
+fn fused_on_disk_fp8_copies_one_scale_into_every_slot() {
+    let tmp = TempDir::new().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    let mut config: Value =
+        serde_json::from_slice(&fs::read(fixture("phi3_fp32").join("config.json")).unwrap())
+            .unwrap();
+    config["quantization_config"] = json!({"quant_method": "fp8", "activation_scheme": "static"});
+    write_json(&src.join("config.json"), &config);
+    let linears = [
+        "self_attn.qkv_proj",
+        "self_attn.o_proj",
+        "mlp.gate_up_proj",
+        "mlp.down_proj",
+    ];
+    let scale = |l: u64, m: usize, input: bool| {
+        (1 + 16 * l + 2 * m as u64 + u64::from(input)) as f32 / 64.0
+    };
+    let mut tensors = Vec::new();
+    for (name, t) in checkpoint_tensors(&fixture("phi3_fp32")) {
+        let linear = (0..2u64)
+            .flat_map(|l| linears.iter().enumerate().map(move |(m, p)| (l, m, *p)))
+            .find(|(l, _, p)| name == format!("model.layers.{l}.{p}.weight"));
+        if let Some((l, m, _)) = linear {
+            let prefix = name.strip_suffix(".weight").unwrap();
+            tensors.push((
+                format!("{prefix}.weight_scale"),
+                f32_scalar(scale(l, m, false)),
+            ));
+            tensors.push((
+                format!("{prefix}.input_scale"),
+                f32_scalar(scale(l, m, true)),
+            ));
+            let data = values(&t)
+                .into_iter()
+                .map(|x| bf16_rne(x).to_le_bytes()[0])
+                .collect();
+            tensors.push((
+                name,
+                Held {
+                    dtype: "F8_E4M3".into(),
+                    shape: t.shape,
+                    data,
+                },
+            ));
+        } else {
+            tensors.push((name, t));
+        }
+    }
+    let refs: Vec<Tensor> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.as_str(),
+                t.dtype.as_str(),
+                t.shape.as_slice(),
+                t.data.as_slice(),
+            )
+        })
+        .collect();
+    write_safetensors(&src.join("model.safetensors"), &refs);
+
+    let out = tmp.path().join("out");
+    shard_ok(&src, 2, &out, &["-q"]);
+    assert_ranks_equal(&out, "phi3_fp32", |_, want| {
+        for (name, t) in want.iter_mut() {
+            if linears
+                .iter()
+                .any(|p| name.ends_with(&format!("{p}.weight")))
+            {
+                t.dtype = "F8_E4M3".into();
+                t.data = low_bytes(&t.data);
+            }
+        }
+        for l in 0..2u64 {
+            for (m, p) in linears.iter().enumerate() {
+                let slots = match *p {
+                    "self_attn.qkv_proj" => 3,
+                    "mlp.gate_up_proj" => 2,
+                    _ => 1,
+                };
+                for (kind, input) in [("weight_scale", false), ("input_scale", true)] {
+                    let v = vec![scale(l, m, input); slots];
+                    want.insert(
+                        format!("model.layers.{l}.{p}.{kind}"),
+                        f32_held(&[slots as u64], &v),
+                    );
+                }
+            }
+            for a in ["q_scale", "k_scale", "v_scale", "prob_scale"] {
+                want.insert(
+                    format!("model.layers.{l}.self_attn.attn.{a}"),
+                    bf16_scalar(0xbf80),
+                );
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Spellings of the quantization config that vLLM normalizes
+// ---------------------------------------------------------------------------------------------
+
+/// A copy of `name` with `edit` applied to its config.json, sharded at TP 2, gives exactly vLLM's
+/// TP 2 output `case` of the unedited fixture.
+fn config_spelling_shards_as(name: &str, case: &str, edit: impl FnOnce(&mut Value)) {
+    let src = copy_fixture(name);
+    edit_config(src.path(), edit);
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    assert_ranks_equal(&out, case, |_, _| {});
+}
+
+/// vLLM lower-cases `quant_method` (`_normalize_quantization_config` in
+/// transformers_utils/model_arch_config_convertor.py).
+#[test]
+#[ignore = "BUG: quant_method \"FP8\" is refused as unsupported; vLLM lower-cases quant_method and loads it as fp8"]
+fn quant_method_is_case_insensitive_as_in_vllm() {
+    config_spelling_shards_as("llama_gqa_fp8_tensor", "llama_gqa__fp8_tensor", |c| {
+        c["quantization_config"]["quant_method"] = json!("FP8");
+    });
+}
+
+/// vLLM rewrites `compressed_tensors` to `compressed-tensors` (same function).
+#[test]
+#[ignore = "BUG: quant_method \"compressed_tensors\" is refused as unsupported; vLLM normalizes it to compressed-tensors"]
+fn compressed_tensors_with_an_underscore_is_compressed_tensors() {
+    config_spelling_shards_as(
+        "llama_gqa_ct_fp8_dynamic",
+        "llama_gqa_ct_fp8_dynamic",
+        |c| {
+            c["quantization_config"]["quant_method"] = json!("compressed_tensors");
+        },
+    );
+}
+
+/// Older compressed-tensors checkpoints keep the config under `compression_config`; vLLM reads it
+/// when there is no `quantization_config` (same function).
+#[test]
+#[ignore = "BUG: a compressed-tensors config under compression_config is ignored (the model is planned unquantized and its F8 tensors refused); vLLM reads compression_config when quantization_config is absent"]
+fn compression_config_is_read_when_there_is_no_quantization_config() {
+    config_spelling_shards_as(
+        "llama_gqa_ct_fp8_dynamic",
+        "llama_gqa_ct_fp8_dynamic",
+        |c| {
+            let qc = c
+                .as_object_mut()
+                .unwrap()
+                .remove("quantization_config")
+                .unwrap();
+            c["compression_config"] = qc;
+        },
+    );
+}
+
+/// `--dtype float16`: the unquantized tensors are vLLM's float16 output of llama_gqa, the KV
+/// scale parameters are float16 -1.0 (the model dtype), and the FP8 weights and F32 scales are
+/// unchanged.
+#[test]
+fn fp8_in_float16_converts_only_the_unquantized_tensors() {
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(
+        &fixture("llama_gqa_fp8_tensor"),
+        2,
+        &out,
+        &["-q", "--dtype", "float16"],
+    );
+    assert_ranks_equal(&out, "llama_gqa__fp8_tensor", |r, want| {
+        let f16 = rank_tensors(&expected("llama_gqa__dtype_float16", 2), r);
+        for (name, t) in want.iter_mut() {
+            if name.contains(".attn.") && !name.contains(".attn._") {
+                *t = Held {
+                    dtype: "F16".into(),
+                    shape: vec![],
+                    data: 0xbc00u16.to_le_bytes().to_vec(),
+                };
+            } else if t.dtype == "BF16" {
+                *t = f16[name].clone();
+            }
+        }
+    });
+}
+
+/// At TP 8 o_proj's scale columns run past the checkpoint's because each rank's 16 input columns
+/// are less than a 32-column block; whatever else is said, an explanation that o_proj's output
+/// partition [128] is not a multiple of 32 is false and sends the user the wrong way.
+#[test]
+#[ignore = "BUG: the TP 8 refusal of block FP8 o_proj also says \"output partitions [128] are not multiples of block_n = 32\", which is false (128 = 4 × 32; the input partition 16 is the problem)"]
+fn block_fp8_row_parallel_refusal_explains_the_input_partition() {
+    let err = shard_refused(&fixture("llama_gqa_fp8_block"), 8, &["-q"], &["o_proj"]);
+    assert!(
+        !err.contains("output partitions [128] are not multiples of block_n = 32"),
+        "{err}"
+    );
 }
