@@ -580,3 +580,25 @@ fn a_missing_gate_or_an_unexpected_shared_expert_is_refused() {
         ],
     );
 }
+
+/// Qwen2MoeMLP raises for any activation but silu, and a decoder_sparse_step of 0 makes vLLM's
+/// layer choice divide by zero; both are named as such.
+#[test]
+fn unsupported_activation_and_zero_sparse_step_are_refused() {
+    let ckpt = checkpoint(&config(json!({"hidden_act": "gelu"})), &[], None);
+    assert_refused(
+        &plan_out(ckpt.path(), &["--tp", "2"]),
+        3,
+        &["Unsupported activation: gelu. Only silu is supported for now."],
+    );
+
+    let ckpt = checkpoint(&config(json!({})), &[], None);
+    let mut cfg = config(json!({}));
+    cfg["decoder_sparse_step"] = json!(0);
+    write_json(&ckpt.path().join("config.json"), &cfg);
+    assert_refused(
+        &plan_out(ckpt.path(), &["--tp", "2"]),
+        3,
+        &["decoder_sparse_step is 0", "ZeroDivisionError"],
+    );
+}
