@@ -26,6 +26,7 @@ mod out_safety;
 mod plan;
 mod plan_errors;
 mod pp;
+mod qwen2_moe;
 mod safetensors_crate;
 mod shard;
 mod tied;
