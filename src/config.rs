@@ -330,13 +330,15 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         vocab_size: f.req("vocab_size")?,
         num_experts,
         tie_word_embeddings,
-        quantization_config: top
-            .get("quantization_config")
-            .or(raw.get("quantization_config"))
+        // vLLM reads compressed-tensors' older `compression_config` when there is no
+        // quantization_config (model_arch_config_convertor.py:241–245).
+        quantization_config: ["quantization_config", "compression_config"]
+            .iter()
+            .find_map(|k| top.get(*k).or(raw.get(*k)).filter(|v| !v.is_null()))
             .cloned(),
-        quantization: top
-            .get("quantization_config")
-            .or(raw.get("quantization_config"))
+        quantization: ["quantization_config", "compression_config"]
+            .iter()
+            .find_map(|k| top.get(*k).or(raw.get(*k)).filter(|v| !v.is_null()))
             .map(|q| {
                 q.get("quant_method")
                     .and_then(Value::as_str)

@@ -75,8 +75,7 @@ impl Quantization {
     /// The scheme `quantization_config` describes; `None` for an unquantized checkpoint.
     pub fn from_config(qc: Option<&Value>) -> Result<Option<Quantization>, QuantError> {
         let Some(qc) = qc else { return Ok(None) };
-        let method = qc.get("quant_method").and_then(Value::as_str).unwrap_or("");
-        match method {
+        match normalized_method(qc).as_str() {
             "fp8" => Fp8::parse(qc).map(|q| Some(Quantization::Fp8(q))),
             "compressed-tensors" => {
                 CompressedFp8::parse(qc).map(|q| Some(Quantization::CompressedFp8(q)))
@@ -450,6 +449,22 @@ impl CompressedFp8 {
             ignore,
         })
     }
+}
+
+/// `quant_method` as vLLM normalises it (`_normalize_quantization_config`,
+/// model_arch_config_convertor.py:241–283): ModelOpt configs named by their producer, lower
+/// case, `compressed_tensors` spelled `compressed-tensors`.
+fn normalized_method(qc: &Value) -> String {
+    let modelopt = qc.pointer("/producer/name").and_then(Value::as_str) == Some("modelopt")
+        || qc.pointer("/quantization/modelopt_quant_config").is_some();
+    if modelopt {
+        return "modelopt".into();
+    }
+    qc.get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_lowercase()
+        .replace("compressed_tensors", "compressed-tensors")
 }
 
 fn block_size(v: &Value, key: &str) -> Result<[u64; 2], QuantError> {

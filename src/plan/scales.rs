@@ -242,8 +242,10 @@ pub(super) fn block_scale_check(of: &Geometry, [bn, bk]: [u64; 2], r: Rank) -> V
             parts[0].local_size
         ));
     }
+    // A misaligned layer vLLM lets through still cannot be cut: say so, unless a message above
+    // already explains it.
     for s in block_scale(of, [bn, bk], r, false).slices {
-        if s.to > s.src_shape[s.dim] {
+        if out.is_empty() && s.to > s.src_shape[s.dim] {
             out.push(format!(
                 "its block scales do not align with this TP size: rank {} would read blocks [{}, {}) of a scale with {} (output partitions {:?} are not multiples of block_n = {bn}); vLLM's loader fails on this",
                 r.rank,

@@ -1512,7 +1512,6 @@ fn config_spelling_shards_as(name: &str, case: &str, edit: impl FnOnce(&mut Valu
 /// vLLM lower-cases `quant_method` (`_normalize_quantization_config` in
 /// transformers_utils/model_arch_config_convertor.py).
 #[test]
-#[ignore = "BUG: quant_method \"FP8\" is refused as unsupported; vLLM lower-cases quant_method and loads it as fp8"]
 fn quant_method_is_case_insensitive_as_in_vllm() {
     config_spelling_shards_as("llama_gqa_fp8_tensor", "llama_gqa__fp8_tensor", |c| {
         c["quantization_config"]["quant_method"] = json!("FP8");
@@ -1521,7 +1520,6 @@ fn quant_method_is_case_insensitive_as_in_vllm() {
 
 /// vLLM rewrites `compressed_tensors` to `compressed-tensors` (same function).
 #[test]
-#[ignore = "BUG: quant_method \"compressed_tensors\" is refused as unsupported; vLLM normalizes it to compressed-tensors"]
 fn compressed_tensors_with_an_underscore_is_compressed_tensors() {
     config_spelling_shards_as(
         "llama_gqa_ct_fp8_dynamic",
@@ -1535,7 +1533,6 @@ fn compressed_tensors_with_an_underscore_is_compressed_tensors() {
 /// Older compressed-tensors checkpoints keep the config under `compression_config`; vLLM reads it
 /// when there is no `quantization_config` (same function).
 #[test]
-#[ignore = "BUG: a compressed-tensors config under compression_config is ignored (the model is planned unquantized and its F8 tensors refused); vLLM reads compression_config when quantization_config is absent"]
 fn compression_config_is_read_when_there_is_no_quantization_config() {
     config_spelling_shards_as(
         "llama_gqa_ct_fp8_dynamic",
@@ -1584,7 +1581,6 @@ fn fp8_in_float16_converts_only_the_unquantized_tensors() {
 /// are less than a 32-column block; whatever else is said, an explanation that o_proj's output
 /// partition [128] is not a multiple of 32 is false and sends the user the wrong way.
 #[test]
-#[ignore = "BUG: the TP 8 refusal of block FP8 o_proj also says \"output partitions [128] are not multiples of block_n = 32\", which is false (128 = 4 × 32; the input partition 16 is the problem)"]
 fn block_fp8_row_parallel_refusal_explains_the_input_partition() {
     let err = shard_refused(&fixture("llama_gqa_fp8_block"), 8, &["-q"], &["o_proj"]);
     assert!(
