@@ -151,7 +151,11 @@ fn write_quantization(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::R
                 .into(),
         )],
     };
-    rows.push(("tensors", role_summary(&i.totals.by_role)));
+    let mut tensors = role_summary(&i.totals.by_role);
+    if let Some(f) = &i.filter {
+        tensors.push_str(&format!(" (of those matching /{f}/)"));
+    }
+    rows.push(("tensors", tensors));
     for (k, v) in rows {
         writeln!(w, "  {k:<20} {v}")?;
     }

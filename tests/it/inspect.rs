@@ -1109,3 +1109,17 @@ fn the_json_schema_doc_names_every_quantization_and_role_field() {
         );
     }
 }
+
+#[test]
+fn the_role_summary_under_a_filter_counts_the_matching_tensors_and_says_so() {
+    let dir = fixtures_dir().join("llama_gqa_fp8_tensor");
+    let out = run(&["inspect", s(&dir), "--filter", r"layers\.0\..*_scale$"]);
+    assert!(out.status.success(), "{}", context(&out));
+    let section = quant_section(&stdout(&out));
+    assert!(
+        section.contains(
+            "  tensors              7 F32 weight scales, 7 F32 input scales (of those matching /layers\\.0\\..*_scale$/)"
+        ),
+        "{section}"
+    );
+}
