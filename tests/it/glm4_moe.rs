@@ -130,67 +130,66 @@ fn specs() -> Vec<(String, Vec<usize>)> {
     v
 }
 
-/// Writes the checkpoint into a temp folder (BF16, the correction bias F32 as GLM ships it) and
-/// returns the folder and its tensors.
-fn checkpoint() -> (TempDir, Tensors) {
-    let tmp = TempDir::new().unwrap();
-    write_json(
-        &tmp.path().join("config.json"),
-        &json!({
-            "architectures": ["Glm4MoeForCausalLM"],
-            "model_type": "glm4_moe",
-            "hidden_size": H,
-            "intermediate_size": I,
-            "num_attention_heads": HEADS,
-            "num_key_value_heads": KV_HEADS,
-            "head_dim": HD,
-            "num_hidden_layers": LAYERS,
-            "vocab_size": VOCAB,
-            "n_routed_experts": E,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": MI,
-            "n_shared_experts": 1,
-            "first_k_dense_replace": 1,
-            "n_group": 1,
-            "topk_group": 1,
-            "routed_scaling_factor": 1.0,
-            "norm_topk_prob": true,
-            "attention_bias": true,
-            "use_qk_norm": true,
-            "partial_rotary_factor": 0.5,
-            "num_nextn_predict_layers": 1,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-5,
-            "tie_word_embeddings": false,
-            "dtype": "bfloat16"
-        }),
-    );
+/// The config.json of the checkpoint.
+fn config() -> Value {
+    json!({
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "hidden_size": H,
+        "intermediate_size": I,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HD,
+        "num_hidden_layers": LAYERS,
+        "vocab_size": VOCAB,
+        "n_routed_experts": E,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": MI,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "norm_topk_prob": true,
+        "attention_bias": true,
+        "use_qk_norm": true,
+        "partial_rotary_factor": 0.5,
+        "num_nextn_predict_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": false,
+        "dtype": "bfloat16"
+    })
+}
+
+/// The checkpoint's tensors: BF16, the correction bias F32 as GLM ships it.
+fn tensors() -> Tensors {
     let mut tensors = Tensors::new();
     for (t, (name, shape)) in specs().into_iter().enumerate() {
         let n = shape.iter().product();
-        let held = if name.ends_with("e_score_correction_bias") {
-            Held {
-                dtype: "F32".into(),
-                shape,
-                data: f32_data(t as u64, n),
-            }
+        let (dtype, data) = if name.ends_with("e_score_correction_bias") {
+            ("F32", f32_data(t as u64, n))
         } else {
-            Held {
-                dtype: "BF16".into(),
-                shape,
-                data: bf16_data(t as u64, n),
-            }
+            ("BF16", bf16_data(t as u64, n))
         };
-        tensors.insert(name, held);
+        let dtype = dtype.to_string();
+        tensors.insert(name, Held { dtype, shape, data });
     }
-    let shapes: Vec<(String, Vec<u64>)> = tensors
-        .iter()
-        .map(|(n, t)| (n.clone(), t.shape.iter().map(|&d| d as u64).collect()))
+    tensors
+}
+
+/// Writes `config` and `tensors` (one model.safetensors) into a new temp folder.
+fn write_checkpoint(config: &Value, tensors: &Tensors) -> TempDir {
+    let tmp = TempDir::new().unwrap();
+    write_json(&tmp.path().join("config.json"), config);
+    let shapes: Vec<Vec<u64>> = tensors
+        .values()
+        .map(|t| t.shape.iter().map(|&d| d as u64).collect())
         .collect();
     let list: Vec<Tensor> = tensors
         .iter()
         .zip(&shapes)
-        .map(|((n, t), (_, sh))| {
+        .map(|((n, t), sh)| {
             (
                 n.as_str(),
                 t.dtype.as_str(),
@@ -200,7 +199,13 @@ fn checkpoint() -> (TempDir, Tensors) {
         })
         .collect();
     write_safetensors(&tmp.path().join("model.safetensors"), &list);
-    (tmp, tensors)
+    tmp
+}
+
+/// The checkpoint in a temp folder, and its tensors.
+fn checkpoint() -> (TempDir, Tensors) {
+    let tensors = tensors();
+    (write_checkpoint(&config(), &tensors), tensors)
 }
 
 /// The tensors of rank `r` of a TP-only output folder.
@@ -605,4 +610,92 @@ fn inspect_is_clean() {
     assert_eq!(v["totals"]["tensors"], specs().len());
     assert_eq!(v["dropped"], json!([]));
     assert_eq!(v["duplicates"], json!([]));
+}
+
+/// The checkpoint as a block-FP8 release (`quant_method: fp8`, 32×32 blocks) ships it: every
+/// projection F8_E4M3 with an F32 `weight_scale_inv`, the router left BF16, and the config's
+/// `ignored_layers` not naming the router — vLLM builds it without the quant config
+/// (glm4_moe.py:141–147), so it is never quantized, whatever the config lists.
+#[test]
+fn block_fp8_keeps_the_router_f32_and_quantizes_the_shared_experts() {
+    let mut tensors = tensors();
+    let projections: Vec<String> = tensors
+        .keys()
+        .filter(|n| n.ends_with("_proj.weight"))
+        .cloned()
+        .collect();
+    for name in projections {
+        let t = tensors.get_mut(&name).unwrap();
+        // A BF16 byte pair's high byte, without E4M3's NaN pattern: a valid FP8 value.
+        t.data = t.data.chunks(2).map(|b| b[1] & 0x77).collect();
+        t.dtype = "F8_E4M3".into();
+        let blocks = vec![t.shape[0].div_ceil(32), t.shape[1].div_ceil(32)];
+        let n = blocks.iter().product();
+        let scale = Held {
+            dtype: "F32".into(),
+            shape: blocks,
+            data: f32_data(7, n),
+        };
+        tensors.insert(format!("{name}_scale_inv"), scale);
+    }
+    let mut cfg = config();
+    cfg["quantization_config"] = json!({
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "weight_block_size": [32, 32]
+    });
+    let src = write_checkpoint(&cfg, &tensors);
+    let plan = plan_json(src.path(), &[]);
+    let rank0: BTreeMap<String, (String, Vec<u64>)> = plan["ranks"][0]["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let (name, dtype, shape) = json_tensor(t);
+            (name, (dtype, shape))
+        })
+        .collect();
+    let l = |n: &str| format!("model.layers.1.{n}");
+    let at = |n: &str| rank0.get(&l(n)).unwrap_or_else(|| panic!("no {n}")).clone();
+    assert_eq!(
+        at("mlp.gate.weight"),
+        ("F32".into(), vec![E as u64, H as u64])
+    );
+    assert!(
+        !rank0.contains_key(&l("mlp.gate.weight_scale_inv")),
+        "the router has no scale"
+    );
+    let bias = at("mlp.experts.routed_experts.e_score_correction_bias");
+    assert_eq!(bias, ("F32".into(), vec![E as u64]));
+    let shared = |n: &str| at(&format!("mlp.experts._shared_experts._layer.{n}"));
+    let (s, h) = ((MI / 2) as u64, H as u64);
+    assert_eq!(
+        shared("gate_up_proj.weight"),
+        ("F8_E4M3".into(), vec![2 * s, h])
+    );
+    assert_eq!(
+        shared("gate_up_proj.weight_scale_inv"),
+        ("F32".into(), vec![2 * s / 32, h / 32])
+    );
+    assert_eq!(shared("down_proj.weight"), ("F8_E4M3".into(), vec![h, s]));
+    assert_eq!(
+        shared("down_proj.weight_scale_inv"),
+        ("F32".into(), vec![h / 32, s / 32])
+    );
+    let w13 = at("mlp.experts.routed_experts.w13_weight_scale_inv");
+    assert_eq!(w13, ("F32".into(), vec![E as u64, 2 * s / 32, h / 32]));
+    // The router's bytes on disk: the BF16 checkpoint values widened, as without FP8.
+    let out = TempDir::new().unwrap();
+    shard_ok(src.path(), 2, out.path(), &[]);
+    let got = rank_tensors(out.path(), 1);
+    let router = widen(&tensors[&l("mlp.gate.weight")].data);
+    assert_tensor(
+        &got,
+        &l("mlp.gate.weight"),
+        "F32",
+        &[E, H],
+        &router,
+        "fp8 rank 1",
+    );
 }
