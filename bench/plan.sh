@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Benchmark: planning a Llama-3-405B-shaped checkpoint (synthetic sparse files: 126 layers, 191 files,
-# hidden 16384, 128 heads / 8 kv heads, intermediate 53248, vocab 128256) at TP 8.
+# Benchmark: planning at TP 8, on synthetic sparse (header-only) checkpoints:
+#   - Llama-3-405B-shaped: 126 layers, 191 files, hidden 16384, 128 heads / 8 kv heads,
+#     intermediate 53248, vocab 128256;
+#   - DeepSeek-V3-shaped (bench/gen_deepseek.py): 61 layers, 256 routed experts, block FP8 128×128,
+#     62 files, 90,427 tensors.
 # Target: the planning stage (mapping + validation + every rank's pieces) under 50 ms after the
 # headers are read. wload reports its stage timings in `plan --json` ("timings"); this script takes
 # the median over RUNS runs and also times the whole process.
@@ -11,11 +14,8 @@ set -euo pipefail
 BENCH_DIR=${1:-} source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RUNS=${RUNS:-10}
 TARGET_MS=${TARGET_MS:-50}
-dir=$work
-python3 "$here/gen_checkpoint.py" --files 191 --layers 126 --real-shapes --hidden-size 16384 \
-    --num-attention-heads 128 --num-key-value-heads 8 --intermediate-size 53248 \
-    --vocab-size 128256 --out "$dir" --quiet
-
+# Plans the checkpoint in "$dir" RUNS times; prints the medians and PASS/FAIL for label "$1".
+measure() {
 "$bin" plan "$dir" --tp 8 --json >/dev/null # warm-up
 for _ in $(seq "$RUNS"); do
     start=$(date +%s%N)
@@ -29,14 +29,27 @@ tensors = sum(len(r["tensors"]) for r in d["ranks"])
 wall = (int(sys.argv[3]) - int(sys.argv[2])) / 1e9
 print(f'{t["headers_s"]*1e3:.2f} {t["plan_s"]*1e3:.2f} {wall*1e3:.1f} {tensors}')
 PY
-done | sort -k2 -n | awk -v target="$TARGET_MS" -v runs="$RUNS" '
+done | sort -k2 -n | awk -v target="$TARGET_MS" -v runs="$RUNS" -v label="$1" '
     { h[NR]=$1; p[NR]=$2; w[NR]=$3; n=$4 }
     END {
         m = int((runs + 1) / 2)
-        printf "405B-shaped, tp 8: %d output tensors over 8 ranks\n", n
+        printf "%s, tp 8: %d output tensors over 8 ranks\n", label, n
         printf "  headers read   median %.2f ms\n", h[m]
         printf "  plan           median %.2f ms (min %.2f, max %.2f)\n", p[m], p[1], p[runs]
         printf "  whole process  %.1f ms (run with the median plan time)\n", w[m]
         if (p[m] < target) { printf "PASS: plan under %d ms\n", target; exit 0 }
         printf "FAIL: plan %.2f ms is not under %d ms\n", p[m], target; exit 1
     }'
+}
+
+dir=$work/llama405b
+python3 "$here/gen_checkpoint.py" --files 191 --layers 126 --real-shapes --hidden-size 16384 \
+    --num-attention-heads 128 --num-key-value-heads 8 --intermediate-size 53248 \
+    --vocab-size 128256 --out "$dir" --quiet
+
+status=0
+measure "Llama-3-405B-shaped" || status=1
+dir=$work/deepseek_v3
+python3 "$here/gen_deepseek.py" --out "$dir" --fp8-block 128 2>/dev/null
+measure "DeepSeek-V3-shaped (FP8)" || status=1
+exit $status

@@ -345,7 +345,7 @@ fn whole_copy(
         bytes: w.bytes,
         pieces: vec![Piece::Copy {
             source: sources.len() - 1,
-            region: "all".into(),
+            region: crate::plan::Region::ALL,
             rows: 1,
             row: numel,
             src_start: 0,

@@ -140,7 +140,7 @@ fn reference_tensor(t: &OutTensor, srcs: &[Src]) -> Vec<u8> {
 fn copy(source: usize, rows: u64, row: u64, src: (u64, u64), dst: (u64, u64)) -> Piece {
     Piece::Copy {
         source,
-        region: String::new(),
+        region: crate::plan::Region::ALL,
         rows,
         row,
         src_start: src.0,

@@ -2,7 +2,7 @@
 //! written over config fields (`hidden_size / num_attention_heads`, `head_dim ?? hidden_size / num_attention_heads`).
 //!
 //! Integers, floats, booleans, `null`, lists and strings; `?? || && ! == != < <= > >= + - * / // %`,
-//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`. `/` is exact division: an
+//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `given('field')`. `/` is exact division: an
 //! inexact `/` is an error that quotes the expression, which is how divisibility rules explain
 //! themselves. A missing field is an error, except on the left of `??`.
 
@@ -92,6 +92,12 @@ pub trait Scope {
     /// The other spelling of a config field (transformers' attribute aliases), so that a missing
     /// field's error names both; none by default.
     fn other_spelling(&self, _name: &str) -> Option<&'static str> {
+        None
+    }
+
+    /// Whether config.json itself states `name` (even as `null`), before defaults: transformers
+    /// keeps an explicit `null` where it would default a missing key (DeepSeek's `q_lora_rank`).
+    fn given(&self, _name: &str) -> Option<bool> {
         None
     }
 }
@@ -323,6 +329,11 @@ fn eval(n: &Node, s: &dyn Scope) -> Result<Value, EvalError> {
                 .iter()
                 .map(|a| eval(a, s))
                 .collect::<Result<Vec<_>, _>>()?;
+            if let ("given", [Value::String(name)]) = (f.as_str(), vals.as_slice()) {
+                return s.given(name).map(Value::Bool).ok_or_else(|| {
+                    EvalError::Type("given() needs a config: it is not known here".into())
+                });
+            }
             call(f, &vals)
         }
         Node::Derived(d) => eval(&d.body, s).map_err(|e| EvalError::Derived {

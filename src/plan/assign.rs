@@ -11,6 +11,12 @@ use crate::checkpoint::TensorInfo;
 use crate::map::{Conversion, Fate, Mapped, MappedTensor, Target};
 use crate::mapping::Expr;
 
+/// A fast, fixed hasher: slot lookups run once per piece, millions of times for a large MoE.
+type Hasher = foldhash::fast::FixedState;
+
+/// A parameter's filled slots.
+pub(super) type Fed = HashMap<SlotKey, Feed, Hasher>;
+
 /// The checkpoint tensor that fills one slot of a parameter.
 pub(super) struct Feed {
     /// Index into the plan's sources.
@@ -25,10 +31,10 @@ pub(super) struct Assigned {
     /// The checkpoint tensors the plan reads, in checkpoint order.
     pub sources: Vec<SourceTensor>,
     /// Per parameter (same index): its filled slots.
-    pub fed: Vec<HashMap<SlotKey, Feed>>,
+    pub fed: Vec<Fed>,
     /// Slots some tensor names, usable or not: a tensor reported as unusable is not reported
     /// again as missing.
-    pub present: HashSet<(usize, SlotKey)>,
+    pub present: HashSet<(usize, SlotKey), Hasher>,
     /// Checkpoint tensors dropped by a rule or skipped as vLLM skips them.
     pub skipped: Vec<Skipped>,
 }
@@ -42,8 +48,8 @@ impl Planner<'_> {
             .collect();
         let mut a = Assigned {
             sources: Vec::new(),
-            fed: (0..params.len()).map(|_| HashMap::new()).collect(),
-            present: HashSet::new(),
+            fed: (0..params.len()).map(|_| Fed::default()).collect(),
+            present: HashSet::default(),
             skipped: Vec::new(),
         };
         for m in &mapped.tensors {

@@ -19,6 +19,8 @@ pub(super) struct Env {
     vars: HashMap<String, Value>,
     /// The config class's attribute aliases: a missing field's error names both spellings.
     aliases: &'static [ConfigAlias],
+    /// The keys config.json states, before defaults (for `given('field')`).
+    given: std::collections::HashSet<String>,
 }
 
 impl Env {
@@ -30,6 +32,7 @@ impl Env {
         problems: &mut Problems,
     ) -> Env {
         let mut vars: HashMap<String, Value> = config.raw.clone().into_iter().collect();
+        let given = vars.keys().cloned().collect();
         for (k, v) in &mapping.defaults {
             match vars.get(k) {
                 None | Some(Value::Null) => {
@@ -43,6 +46,7 @@ impl Env {
         let mut env = Env {
             vars,
             aliases: config.aliases,
+            given,
         };
         for (k, e) in &mapping.derive {
             let value = e.eval(&env.scope(None));
@@ -134,6 +138,10 @@ impl Scope for EnvScope<'_> {
     fn other_spelling(&self, name: &str) -> Option<&'static str> {
         crate::config::aliases::other_spelling(self.env.aliases, name)
     }
+
+    fn given(&self, name: &str) -> Option<bool> {
+        Some(self.env.given.contains(name))
+    }
 }
 
 #[cfg(test)]
@@ -147,6 +155,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
             aliases: &[],
+            given: vars.iter().map(|(k, _)| k.to_string()).collect(),
         }
     }
 

@@ -139,13 +139,11 @@ impl Slice {
         }
     }
 
-    pub fn region(&self) -> String {
+    pub fn region(&self) -> super::Region {
         let full = self.from == 0 && self.to == self.src_shape.get(self.dim).copied().unwrap_or(1);
-        if full {
-            "all".to_string()
-        } else {
-            let what = if self.dim == 0 { "rows" } else { "cols" };
-            format!("{what} [{}, {})", self.from, self.to)
+        super::Region {
+            range: (!full).then_some((self.dim, self.from, self.to)),
+            rotary: false,
         }
     }
 }

@@ -40,7 +40,7 @@ pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList};
 pub use stages::{Stage, split_layers};
 pub use types::{
     DtypeChoice, OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, Problem,
-    ProblemsReport, RankPlan, Retie, SCHEMA_VERSION, Skipped, SourceTensor,
+    ProblemsReport, RankPlan, Region, Retie, SCHEMA_VERSION, Skipped, SourceTensor,
 };
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint

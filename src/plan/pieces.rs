@@ -3,11 +3,11 @@
 
 use std::collections::HashMap;
 
-use super::assign::{Assigned, Feed};
-use super::layout::{Geometry, Rank, Slice, SlotKey};
+use super::assign::{Assigned, Fed, Feed};
+use super::layout::{Geometry, Rank, Slice};
 use super::params::Param;
 use super::stages::{OnStage, Stage, holds};
-use super::{OutTensor, Piece, Planner, RankPlan};
+use super::{OutTensor, Piece, Planner, RankPlan, Region};
 
 impl Planner<'_> {
     /// Every rank's tensors, stage by stage (global rank `pp_rank * tp + tp_rank`). A stage holds
@@ -76,7 +76,7 @@ fn rank_tensor(
     p: &Param,
     name: &str,
     r: Rank,
-    fed: &HashMap<SlotKey, Feed>,
+    fed: &Fed,
     fused: bool,
 ) -> Option<OutTensor> {
     let l = p.geometry.rank_layout(r, fused);
@@ -171,7 +171,10 @@ fn push_copies(out: &mut Vec<Piece>, feed: &Feed, slice: &Slice) {
                 for half in 0..2 {
                     out.push(Piece::Copy {
                         source,
-                        region: format!("{region}, rotary permuted"),
+                        region: Region {
+                            rotary: true,
+                            ..region
+                        },
                         rows: hd / 2,
                         row: inner,
                         src_start: (head_start + half) * inner,

@@ -244,7 +244,21 @@ pub(super) fn block_scale_check(of: &Geometry, [bn, bk]: [u64; 2], r: Rank) -> V
     }
     // A misaligned layer vLLM lets through still cannot be cut: say so, unless a message above
     // already explains it.
-    for s in block_scale(of, [bn, bk], r, false).slices {
+    let layout = block_scale(of, [bn, bk], r, false);
+    for s in &layout.slices {
+        // A shard's blocks, rounded up on their own, can run past the rank's scale, which vLLM
+        // sizes by the rounded-up sum (create_fp8_scale_parameter): its narrow() then fails.
+        if out.is_empty() && s.dst_at + (s.to - s.from) > layout.shape[s.dim] {
+            out.push(format!(
+                "its block scales do not align: the rank's scale has {} block rows, but shard {} takes rows [{}, {}) (output partitions {:?} are not multiples of block_n = {bn}); vLLM's loader fails on this",
+                layout.shape[s.dim],
+                s.slot.0.as_ref().map_or("0".to_string(), |x| x.to_string()),
+                s.dst_at,
+                s.dst_at + (s.to - s.from),
+                parts.iter().map(|p| p.local_size).collect::<Vec<_>>()
+            ));
+            break;
+        }
         if out.is_empty() && s.to > s.src_shape[s.dim] {
             out.push(format!(
                 "its block scales do not align with this TP size: rank {} would read blocks [{}, {}) of a scale with {} (output partitions {:?} are not multiples of block_n = {bn}); vLLM's loader fails on this",

@@ -99,6 +99,45 @@ pub struct SourceTensor {
     pub shape: Vec<u64>,
 }
 
+/// Which part of a source tensor a copy reads, for people: `all`, `rows [a, b)`, `cols [a, b)`,
+/// with `, rotary permuted` for Mistral-native q/k rows. Kept as numbers (a plan can hold millions
+/// of pieces) and written as text only when shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// Dimension narrowed, and the range; `None`: the whole tensor.
+    pub range: Option<(usize, u64, u64)>,
+    pub rotary: bool,
+}
+
+impl Region {
+    pub const ALL: Region = Region {
+        range: None,
+        rotary: false,
+    };
+}
+
+impl std::fmt::Display for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.range {
+            None => f.write_str("all")?,
+            Some((dim, from, to)) => {
+                let what = if dim == 0 { "rows" } else { "cols" };
+                write!(f, "{what} [{from}, {to})")?;
+            }
+        }
+        if self.rotary {
+            f.write_str(", rotary permuted")?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Region {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// How part of a rank's tensor is filled: a copy of a [`Block`] from a source tensor, or a fill.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -108,8 +147,8 @@ pub enum Piece {
     Copy {
         /// Index into [`Plan::sources`].
         source: usize,
-        /// Human description of the slice (`rows [64, 128)`).
-        region: String,
+        /// Which part of the source (`rows [64, 128)`): a string in the plan JSON.
+        region: Region,
         rows: u64,
         row: u64,
         src_start: u64,
