@@ -915,20 +915,20 @@ fn pipeline_stages_follow_the_llama_rule_and_split_the_tp1_output() {
         vec!["model.embed_tokens.weight"],
         vec!["model.norm.weight", "lm_head.weight"],
     ];
-    for p in 0..2 {
+    for (p, top) in tops.iter().enumerate() {
         let ctx = format!("pp2 stage {p}");
         let got = output(&pp2, &format!("model-pp-{p}-tp-0-part-"));
         // Stage p: its layer and, as for Llama, the embedding first, norm and lm_head last.
         let want: Vec<(String, Held)> = whole
             .iter()
             .filter(|(n, _)| {
-                n.starts_with(&format!("model.layers.{p}.")) || tops[p].contains(&n.as_str())
+                n.starts_with(&format!("model.layers.{p}.")) || top.contains(&n.as_str())
             })
             .cloned()
             .collect();
         assert_eq!(
             want.len(),
-            Layout::V3.layer_keys(p).len() + tops[p].len(),
+            Layout::V3.layer_keys(p).len() + top.len(),
             "{ctx}"
         );
         assert_eq!(names(&got), names(&want), "{ctx}: keys or their order");
