@@ -14,6 +14,7 @@ mod support;
 
 mod cli;
 mod config_aliases;
+mod deepseek;
 mod errors;
 mod fp8;
 mod fuzz;
