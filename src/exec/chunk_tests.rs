@@ -147,6 +147,7 @@ fn copy(source: usize, rows: u64, row: u64, src: (u64, u64), dst: (u64, u64)) ->
         src_stride: src.1,
         dst_start: dst.0,
         dst_stride: dst.1,
+        src_elem_stride: 1,
     }
 }
 

@@ -116,6 +116,10 @@ pub enum Piece {
         src_stride: u64,
         dst_start: u64,
         dst_stride: u64,
+        /// Source elements between consecutive elements of a row: 1 (left out of the JSON) but
+        /// for a transposing copy ([`Block::src_elem_stride`]).
+        #[serde(skip_serializing_if = "is_one")]
+        src_elem_stride: u64,
     },
     /// `count` elements from `dst_start` set to `value`.
     Fill {
@@ -214,6 +218,7 @@ impl Piece {
                 src_stride,
                 dst_start,
                 dst_stride,
+                src_elem_stride,
                 ..
             } => Some(Block {
                 rows,
@@ -222,8 +227,13 @@ impl Piece {
                 src_stride,
                 dst_start,
                 dst_stride,
+                src_elem_stride,
             }),
             Piece::Fill { .. } => None,
         }
     }
+}
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
 }
