@@ -605,7 +605,11 @@ impl Run<'_> {
 /// c1`: a range, since the row runs forward through the source.
 fn elems_in(s: u64, es: u64, row: u64, (c0, c1): (u64, u64)) -> (u64, u64) {
     if es == 0 {
-        return if (c0..c1).contains(&s) { (0, row) } else { (0, 0) };
+        return if (c0..c1).contains(&s) {
+            (0, row)
+        } else {
+            (0, 0)
+        };
     }
     let lo = if c0 > s { (c0 - s).div_ceil(es) } else { 0 };
     let hi = (c1.saturating_sub(s)).div_ceil(es).min(row);

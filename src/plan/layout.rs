@@ -2,8 +2,8 @@
 //! and the block moves that fill a rank's tensor (vLLM 0.33 `layers/linear.py`, `layers/vocab_parallel_embedding.py`, `layers/fused_moe/`).
 
 use super::scales;
-use crate::mapping::{ExpertPart, GptOssPart};
 use crate::mapping::rules::ShardId;
+use crate::mapping::{ExpertPart, GptOssPart};
 
 /// A layout with its dimensions evaluated.
 #[derive(Debug, Clone, PartialEq)]
@@ -719,13 +719,7 @@ fn gpt_oss_experts(
         zeros,
     };
     let by_expert = |inner: u64, out: Vec<u64>| {
-        let slice = whole_slot(
-            vec![experts, inner],
-            0,
-            local.start,
-            local.end,
-            out.clone(),
-        );
+        let slice = whole_slot(vec![experts, inner], 0, local.start, local.end, out.clone());
         layout(out, vec![slice], vec![])
     };
     match part {
@@ -850,7 +844,23 @@ mod tests {
                 intermediate: 16,
                 hidden: 4,
             },
-        ];
+        ]
+        .into_iter()
+        .chain(
+            [
+                GptOssPart::W13Weight,
+                GptOssPart::W13Bias,
+                GptOssPart::W2Weight,
+                GptOssPart::W2Bias,
+            ]
+            .map(|part| Geometry::GptOssExperts {
+                part,
+                experts: 8,
+                intermediate: 16,
+                hidden: 6,
+            }),
+        )
+        .collect::<Vec<_>>();
         for g in &layouts {
             for tp in [1, 2, 4, 8] {
                 for ep in [false, true] {
@@ -875,6 +885,18 @@ mod tests {
                                     }
                                 }
                             }
+                            let src_n: u64 =
+                                g.expected_source(None).map_or(0, |s| s.iter().product());
+                            for (b, _) in g.transposed(r) {
+                                for k in 0..b.rows {
+                                    let s = b.src_start + k * b.src_stride;
+                                    assert!(s + b.src_row_span() <= src_n, "{g:?} tp{tp} r{rank}");
+                                    let d = b.dst_start + k * b.dst_stride;
+                                    for x in d..d + b.row {
+                                        hits[x as usize] += 1;
+                                    }
+                                }
+                            }
                             for (at, count) in &l.zeros {
                                 for x in *at..at + count {
                                     hits[x as usize] += 1;
@@ -886,6 +908,104 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Rank `r`'s gpt-oss expert tensor, computed element by element from the checkpoint
+    /// tensor `src` (element i holds i) by moving its blocks and slices.
+    fn gpt_oss_rank(g: &Geometry, r: Rank) -> (Vec<u64>, Vec<i64>) {
+        let l = g.rank_layout(r, false);
+        let mut out = vec![-1i64; l.shape.iter().product::<u64>() as usize];
+        let blocks = l
+            .slices
+            .iter()
+            .map(Slice::block)
+            .chain(g.transposed(r).into_iter().map(|(b, _)| b));
+        for b in blocks {
+            for k in 0..b.rows {
+                for x in 0..b.row {
+                    let s = b.src_start + k * b.src_stride + x * b.src_elem_stride;
+                    out[(b.dst_start + k * b.dst_stride + x) as usize] = s as i64;
+                }
+            }
+        }
+        for (at, n) in l.zeros {
+            out[at as usize..(at + n) as usize].fill(0);
+        }
+        (l.shape, out)
+    }
+
+    /// gpt_oss.py `_load_weights_other` on `arange` tensors: TP keeps the gate/up interleaving
+    /// of each rank's columns and transposes; the down bias is rank 0's alone; EP takes whole
+    /// experts and every rank its biases.
+    #[test]
+    fn gpt_oss_experts_follow_vllms_loader() {
+        let (e, i, h) = (4u64, 6u64, 5u64);
+        let g = |part| Geometry::GptOssExperts {
+            part,
+            experts: e,
+            intermediate: i,
+            hidden: h,
+        };
+        let at = |idx: &[u64], shape: &[u64]| -> i64 {
+            idx.iter().zip(shape).fold(0, |acc, (x, n)| acc * n + x) as i64
+        };
+        for (tp, ep) in [(1, false), (2, false), (3, false), (2, true), (4, true)] {
+            for rank in 0..tp {
+                let r = Rank { tp, rank, ep };
+                let (experts, ir, t) = if ep {
+                    let n = e / tp;
+                    ((rank * n..(rank + 1) * n).collect::<Vec<_>>(), i, 0)
+                } else {
+                    ((0..e).collect(), i / tp, rank)
+                };
+                let ctx = format!("tp{tp} r{rank} ep{ep}");
+                let (shape, w13) = gpt_oss_rank(&g(GptOssPart::W13Weight), r);
+                assert_eq!(shape, vec![experts.len() as u64, 2 * ir, h], "{ctx}");
+                let (_, w2) = gpt_oss_rank(&g(GptOssPart::W2Weight), r);
+                let (_, b13) = gpt_oss_rank(&g(GptOssPart::W13Bias), r);
+                let (_, b2) = gpt_oss_rank(&g(GptOssPart::W2Bias), r);
+                for (j, &ex) in experts.iter().enumerate() {
+                    let j = j as u64;
+                    for c in 0..2 * ir {
+                        for hh in 0..h {
+                            let want = at(&[ex, hh, 2 * ir * t + c], &[e, h, 2 * i]);
+                            let got = w13[at(&[j, c, hh], &[e, 2 * ir, h]) as usize];
+                            assert_eq!(got, want, "{ctx} w13 [{j}, {c}, {hh}]");
+                        }
+                        let want = at(&[ex, 2 * ir * t + c], &[e, 2 * i]);
+                        assert_eq!(b13[at(&[j, c], &[e, 2 * ir]) as usize], want, "{ctx}");
+                    }
+                    for hh in 0..h {
+                        for x in 0..ir {
+                            let want = at(&[ex, ir * t + x], &[e, i]) * h as i64 + hh as i64;
+                            let got = w2[at(&[j, hh, x], &[e, h, ir]) as usize];
+                            assert_eq!(got, want, "{ctx} w2 [{j}, {hh}, {x}]");
+                        }
+                        let want = if ep || rank == 0 {
+                            at(&[ex, hh], &[e, h])
+                        } else {
+                            0
+                        };
+                        assert_eq!(b2[at(&[j, hh], &[e, h]) as usize], want, "{ctx}");
+                    }
+                }
+            }
+        }
+        // vLLM's loader gives each EP rank E / tp experts; a remainder would not load.
+        let r = Rank {
+            tp: 3,
+            rank: 0,
+            ep: true,
+        };
+        assert_eq!(
+            g(GptOssPart::W13Weight).check(r),
+            ["number of experts (4) is not divisible by tp (3)"]
+        );
+        // MLPBlock asserts the intermediate size divides, expert parallel or not.
+        assert_eq!(
+            g(GptOssPart::W2Bias).check(Rank { tp: 4, ..r }),
+            ["expert intermediate size (6) is not divisible by tp (4)"]
+        );
     }
 
     #[test]
