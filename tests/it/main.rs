@@ -17,6 +17,7 @@ mod config_aliases;
 mod errors;
 mod fp8;
 mod fuzz;
+mod gpt_oss;
 mod hub;
 mod inspect;
 mod load;
