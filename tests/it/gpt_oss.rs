@@ -316,3 +316,44 @@ fn sizes_that_do_not_fit_are_refused() {
         ],
     );
 }
+
+/// `--dtype float32` converts after the transposing gather: every tensor is vLLM's bf16 TP2
+/// output widened (bf16 → f32 is exact), the scale buffers unchanged; with tiny chunks too.
+#[test]
+fn float32_output_is_the_bf16_output_widened() {
+    for chunk in [None, Some("6"), Some("1000")] {
+        let tmp = TempDir::new().unwrap();
+        let dir = tmp.path().join("f32");
+        let mut cmd = wload();
+        cmd.args([
+            "shard",
+            s(&fixture(CASE)),
+            "--tp",
+            "2",
+            "--dtype",
+            "float32",
+            "-q",
+        ])
+        .args(["-o", s(&dir)]);
+        if let Some(c) = chunk {
+            cmd.env("WLOAD_TEST_CHUNK_BYTES", c);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", context(&o));
+        for r in 0..2 {
+            let got = rank(&dir, &format!("model-rank-{r}-part-"));
+            let want = rank(&expected(CASE, 2), &format!("model-rank-{r}-part-"));
+            assert_eq!(got.len(), want.len(), "rank {r}");
+            for (name, (dtype, shape, bytes)) in &want {
+                let (gd, gs, gb) = &got[name];
+                assert_eq!((gs, gd.as_str()), (shape, "F32"), "{name}");
+                let widened: Vec<u8> = if dtype == "BF16" {
+                    bytes.chunks(2).flat_map(|b| [0, 0, b[0], b[1]]).collect()
+                } else {
+                    bytes.clone()
+                };
+                assert!(gb == &widened, "rank {r} '{name}' ({chunk:?})");
+            }
+        }
+    }
+}
