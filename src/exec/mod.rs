@@ -576,7 +576,7 @@ impl Run<'_> {
                 continue;
             }
             // Whole rows that follow one another in the destination are gathered together, in
-            // tiles (see gather_rows).
+            // tiles (see Tile).
             let mut k_end = k + 1;
             if (x_lo, x_hi) == (0, b.row) && b.dst_stride == b.row {
                 while k_end < k_hi && elems(k_end) == (0, b.row) {
@@ -685,17 +685,19 @@ impl Tile<'_> {
         let (b, (k0, k1), (x0, x1)) = (self.b, self.rows, self.elems);
         let w = (x1 - x0) as usize;
         out.resize(start + (k1 - k0) as usize * w * size, 0);
+        let (s_row, d_row) = (b.src_stride as usize * size, w * size);
         let mut kt = k0;
         while kt < k1 {
-            let kend = (kt + Self::ROWS).min(k1);
+            let n = (Self::ROWS.min(k1 - kt)) as usize;
             for x in x0..x1 {
-                for k in kt..kend {
-                    let s = b.src_start + k * b.src_stride + x * b.src_elem_stride - self.c0;
-                    let d = start + ((k - k0) as usize * w + (x - x0) as usize) * size;
-                    copy(s as usize * size, d, out);
+                let s =
+                    (b.src_start + kt * b.src_stride + x * b.src_elem_stride - self.c0) as usize;
+                let d = start + ((kt - k0) as usize * w + (x - x0) as usize) * size;
+                for t in 0..n {
+                    copy(s * size + t * s_row, d + t * d_row, out);
                 }
             }
-            kt = kend;
+            kt += n as u64;
         }
     }
 }
