@@ -352,6 +352,7 @@ fn whole_copy(
             src_stride: numel,
             dst_start: 0,
             dst_stride: numel,
+            src_elem_stride: 1,
         }],
     }
 }

@@ -103,19 +103,19 @@ fn reference_tensor(t: &OutTensor, srcs: &[Src]) -> Vec<u8> {
                 src_stride,
                 dst_start,
                 dst_stride,
+                src_elem_stride,
                 ..
             } => {
                 let s = &srcs[source];
                 let isz = item(s.dtype) as usize;
                 for k in 0..rows {
-                    let a = ((src_start + k * src_stride) as usize) * isz;
+                    let mut raw = Vec::new();
+                    for x in 0..row {
+                        let a = ((src_start + k * src_stride + x * src_elem_stride) as usize) * isz;
+                        raw.extend_from_slice(&s.bytes[a..a + isz]);
+                    }
                     let mut conv = Vec::new();
-                    convert::convert_into(
-                        s.dtype,
-                        t.dtype,
-                        &s.bytes[a..a + row as usize * isz],
-                        &mut conv,
-                    );
+                    convert::convert_into(s.dtype, t.dtype, &raw, &mut conv);
                     let d = ((dst_start + k * dst_stride) as usize) * osz;
                     out[d..d + conv.len()].copy_from_slice(&conv);
                 }
@@ -147,7 +147,20 @@ fn copy(source: usize, rows: u64, row: u64, src: (u64, u64), dst: (u64, u64)) ->
         src_stride: src.1,
         dst_start: dst.0,
         dst_stride: dst.1,
+        src_elem_stride: 1,
     }
+}
+
+/// A transposing copy: element x of row k from `src.0 + k·src.1 + x·src.2`.
+fn transposed(source: usize, rows: u64, row: u64, src: (u64, u64, u64), dst: (u64, u64)) -> Piece {
+    let mut p = copy(source, rows, row, (src.0, src.1), dst);
+    if let Piece::Copy {
+        src_elem_stride, ..
+    } = &mut p
+    {
+        *src_elem_stride = src.2;
+    }
+    p
 }
 
 /// Output dtype for a source: itself, or (floats only) another float.
@@ -237,6 +250,19 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
                 to,
                 vec![r, b - a],
                 vec![copy(si, r, b - a, (a, c), (0, b - a))],
+            ));
+            // Transposed: the whole tensor, and columns [a, b) of it (gpt-oss's experts).
+            tensors.push(tensor(
+                format!("r{rank}.t.{si}"),
+                to,
+                vec![c, r],
+                vec![transposed(si, c, r, (0, 1, c), (0, r))],
+            ));
+            tensors.push(tensor(
+                format!("r{rank}.tcols.{si}"),
+                to,
+                vec![b - a, r],
+                vec![transposed(si, b - a, r, (a, 1, c), (0, r))],
             ));
         }
         // qkv-style merges of three sources with the same column count / row count, when present.
@@ -596,5 +622,110 @@ fn empty_blocks_copy_nothing() {
         )
         .unwrap();
         assert_eq!(sink.0.download(0).unwrap(), vec![0u8; 8], "{opts:?}");
+    }
+}
+
+/// gpt-oss's expert weights in miniature: `gate_up_proj` [E 3, H 5, 2I 8] as F32 holding its own
+/// element index, rank 1 of TP2 (columns [4, 8) of each expert, transposed to [3, 4, 5]), into
+/// F32 and BF16, with chunks that cut rows anywhere, that hold an expert whole and the default.
+/// Every byte is checked against the index formula, not against the reference above.
+#[test]
+fn transposed_copies_are_exact_at_every_chunk_size() {
+    let (e, h, two_i, cols) = (3u64, 5u64, 8u64, (4u64, 8u64));
+    let n = e * h * two_i;
+    let root = tempfile::TempDir::new().unwrap();
+    let data: Vec<u8> = (0..n).flat_map(|v| (v as f32).to_le_bytes()).collect();
+    // Junk before the tensor: offsets come from the plan.
+    let mut file = vec![0xAAu8; 3];
+    file.extend_from_slice(&data);
+    fs::write(root.path().join("ckpt-0.bin"), &file).unwrap();
+    let source = SourceTensor {
+        name: "gate_up_proj".into(),
+        file: "ckpt-0.bin".into(),
+        file_index: 0,
+        offset: 3,
+        dtype: Dtype::F32,
+        shape: vec![e, h, two_i],
+    };
+    let w = cols.1 - cols.0;
+    let pieces = || -> Vec<Piece> {
+        (0..e)
+            .map(|x| transposed(0, w, h, (x * h * two_i + cols.0, 1, two_i), (x * w * h, h)))
+            .collect()
+    };
+    let tensors: Vec<OutTensor> = [Dtype::F32, Dtype::Bf16]
+        .iter()
+        .map(|&d| tensor(format!("w13.{d}"), d, vec![e, w, h], pieces()))
+        .collect();
+    let plan = Plan {
+        family: "test".into(),
+        architecture: "Test".into(),
+        tp: 1,
+        pp: 1,
+        stages: Vec::new(),
+        expert_parallel: false,
+        dtype: Dtype::F32,
+        sources: vec![source],
+        ranks: vec![RankPlan {
+            rank: 0,
+            pp_rank: 0,
+            tp_rank: 0,
+            bytes: tensors.iter().map(|t| t.bytes).sum(),
+            tensors,
+        }],
+        tie_word_embeddings: false,
+        retie: None,
+        skipped: Vec::new(),
+    };
+    // want[x][c][k] = gate_up_proj[x][k][cols.0 + c]; small integers are exact in BF16 too.
+    let want: Vec<f32> = (0..e)
+        .flat_map(|x| {
+            (0..w).flat_map(move |c| {
+                (0..h).map(move |k| (x * h * two_i + k * two_i + cols.0 + c) as f32)
+            })
+        })
+        .collect();
+    let want_f32: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let want_bf16: Vec<u8> = want
+        .iter()
+        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let srcs = [Src {
+        rows: e * h,
+        cols: two_i,
+        dtype: Dtype::F32,
+        bytes: data,
+    }];
+    // 4, 12 and 20 bytes cut rows; 600 bytes hold an expert (160 bytes) with room.
+    for chunk_bytes in [1, 4, 12, 20, 600, CHUNK_BYTES] {
+        let opts = ExecOptions {
+            chunk_bytes,
+            direct: true,
+        };
+        let mut dev = CpuDevice::default();
+        dev.alloc(&[want_f32.len() as u64, want_bf16.len() as u64])
+            .unwrap();
+        let sink = MemSink(dev);
+        let pl: Vec<Placement> = (0..2)
+            .map(|t| Placement {
+                rank: 0,
+                tensor: t,
+                out: t,
+                offset: 0,
+            })
+            .collect();
+        let cancel = AtomicBool::new(false);
+        execute(
+            &plan,
+            root.path(),
+            &pl,
+            &sink,
+            &Control::new(&cancel, &Quiet).with_options(opts),
+        )
+        .unwrap();
+        assert_eq!(sink.0.download(0).unwrap(), want_f32, "F32, {opts:?}");
+        assert_eq!(sink.0.download(1).unwrap(), want_bf16, "BF16, {opts:?}");
+        // Part files and the verifier take the same path.
+        check_files(&plan, root.path(), &srcs, opts, &format!("files, {opts:?}"));
     }
 }

@@ -299,7 +299,13 @@ struct Run<'a> {
 struct Buffers {
     read: Vec<u8>,
     converted: Vec<u8>,
+    /// Elements of a transposed row gathered before conversion.
+    gathered: Vec<u8>,
 }
+
+/// A chunk is stretched to hold a whole transposed block of at most this many chunks, so that
+/// the block goes out in one put (one gpt-oss expert: 33 MB for gpt-oss-120b's `gate_up_proj`).
+const TRANSPOSED_CHUNKS: u64 = 4;
 
 impl Run<'_> {
     /// Every job of one source tensor: dense spans file to file where the sink can, the rest
@@ -349,8 +355,9 @@ impl Run<'_> {
         let step = self.opts.chunk_bytes.max(1);
         let mut rest: Vec<&Job> = Vec::with_capacity(jobs.len());
         for job in jobs {
-            let dense =
-                job.b.rows == 1 || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row);
+            let dense = !job.b.transposed()
+                && (job.b.rows == 1
+                    || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row));
             if !self.opts.direct || !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
                 rest.push(job);
                 continue;
@@ -401,10 +408,11 @@ impl Run<'_> {
         let isz = src.dtype.bits() / 8;
         let total: u64 = src.shape.iter().product();
         let chunk = (self.opts.chunk_bytes / isz).max(1);
+        let spans = transposed_spans(jobs);
         let mut c0 = 0;
         while c0 < total {
             self.stopped()?;
-            let c1 = (c0 + chunk).min(total);
+            let c1 = chunk_end(c0, chunk, total, &spans);
             let buf = &mut bufs.read;
             buf.resize(((c1 - c0) * isz) as usize, 0);
             let t = Instant::now();
@@ -427,7 +435,11 @@ impl Run<'_> {
                 .bytes_read
                 .fetch_add(buf.len() as u64, Ordering::Relaxed);
             for job in jobs {
-                self.put_chunk(src, job, (c0, c1), &bufs.read, &mut bufs.converted)?;
+                if job.b.transposed() {
+                    self.put_transposed(src, job, (c0, c1), bufs)?;
+                } else {
+                    self.put_chunk(src, job, (c0, c1), &bufs.read, &mut bufs.converted)?;
+                }
             }
             c0 = c1;
         }
@@ -512,6 +524,217 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+impl Run<'_> {
+    /// The elements of transposed `job` that lie in source elements `[c0, c1)`, held in
+    /// `bufs.read`: per destination row a run of consecutive elements, gathered (then converted)
+    /// into one buffer while the runs follow one another in the destination, and put.
+    fn put_transposed(
+        &self,
+        src: &SourceTensor,
+        job: &Job,
+        (c0, c1): (u64, u64),
+        bufs: &mut Buffers,
+    ) -> Result<(), ExecError> {
+        let b = job.b;
+        let (isz, osz) = (src.dtype.bits() / 8, job.to.bits() / 8);
+        let span = b.src_row_span();
+        if b.rows == 0 || span == 0 || b.src_start >= c1 {
+            return Ok(());
+        }
+        let stride = b.src_stride.max(1);
+        if b.src_start + (b.rows - 1) * b.src_stride + span <= c0 {
+            return Ok(());
+        }
+        // Rows k whose span [s_k, s_k + span) meets [c0, c1).
+        let k_lo = if c0 < b.src_start + span {
+            0
+        } else {
+            (c0 - b.src_start - span) / stride + 1
+        };
+        let k_hi = if b.rows == 1 {
+            1
+        } else {
+            (c1 - b.src_start).div_ceil(stride).min(b.rows)
+        };
+        let es = b.src_elem_stride;
+        let Buffers {
+            read,
+            converted: out,
+            gathered,
+        } = bufs;
+        out.clear();
+        // Destination element where the gathered run starts, and where it ends.
+        let mut run: Option<(u64, u64)> = None;
+        let elems = |k: u64| elems_in(b.src_start + k * b.src_stride, es, b.row, (c0, c1));
+        let mut k = k_lo;
+        while k < k_hi {
+            let (x_lo, x_hi) = elems(k);
+            if x_lo >= x_hi {
+                k += 1;
+                continue;
+            }
+            // Whole rows that follow one another in the destination are gathered together, in
+            // tiles (see Tile).
+            let mut k_end = k + 1;
+            if (x_lo, x_hi) == (0, b.row) && b.dst_stride == b.row {
+                while k_end < k_hi && elems(k_end) == (0, b.row) {
+                    k_end += 1;
+                }
+            }
+            let dst = b.dst_start + k * b.dst_stride + x_lo;
+            if let Some((first, end)) = run
+                && (end != dst || out.len() as u64 >= self.opts.chunk_bytes)
+            {
+                self.put(job.out, job.base + first * osz, out)?;
+                out.clear();
+                run = None;
+            }
+            let t = Instant::now();
+            let tile = Tile {
+                b: &b,
+                c0,
+                rows: (k, k_end),
+                elems: (x_lo, x_hi),
+            };
+            if src.dtype == job.to {
+                tile.gather(read, isz as usize, out);
+            } else {
+                gathered.clear();
+                tile.gather(read, isz as usize, gathered);
+                convert::convert_into(src.dtype, job.to, gathered, out);
+            }
+            add_since(&self.stats.convert_ns, t);
+            run = Some((run.map_or(dst, |r| r.0), dst + (k_end - k) * (x_hi - x_lo)));
+            k = k_end;
+        }
+        if let Some((first, _)) = run {
+            self.put(job.out, job.base + first * osz, out)?;
+        }
+        Ok(())
+    }
+}
+
+/// The elements `x` of a row starting at source element `s`, `es` apart, with `c0 <= s + x·es <
+/// c1`: a range, since the row runs forward through the source.
+fn elems_in(s: u64, es: u64, row: u64, (c0, c1): (u64, u64)) -> (u64, u64) {
+    if es == 0 {
+        return if (c0..c1).contains(&s) {
+            (0, row)
+        } else {
+            (0, 0)
+        };
+    }
+    let lo = if c0 > s { (c0 - s).div_ceil(es) } else { 0 };
+    let hi = (c1.saturating_sub(s)).div_ceil(es).min(row);
+    (lo, hi)
+}
+
+/// Elements `elems` of rows `rows` of transposed block `b`, whose source from element `c0` is
+/// in a buffer.
+struct Tile<'a> {
+    b: &'a Block,
+    c0: u64,
+    rows: (u64, u64),
+    elems: (u64, u64),
+}
+
+impl Tile<'_> {
+    /// Rows read together: their elements at one `x` are neighbours in the source (one cache
+    /// line for 32 bf16 rows), so that each source line is fetched once rather than once per row.
+    const ROWS: u64 = 32;
+
+    /// Appends the tile's elements (`size` bytes each) from `buf`, row after row.
+    fn gather(&self, buf: &[u8], size: usize, out: &mut Vec<u8>) {
+        match size {
+            1 => self.gather_n::<1>(buf, out),
+            2 => self.gather_n::<2>(buf, out),
+            4 => self.gather_n::<4>(buf, out),
+            8 => self.gather_n::<8>(buf, out),
+            _ => self.each(
+                size,
+                out.len(),
+                |s, d, o: &mut Vec<u8>| o[d..d + size].copy_from_slice(&buf[s..s + size]),
+                out,
+            ),
+        }
+    }
+
+    fn gather_n<const N: usize>(&self, buf: &[u8], out: &mut Vec<u8>) {
+        self.each(
+            N,
+            out.len(),
+            |s, d, o: &mut Vec<u8>| {
+                let e: [u8; N] = buf[s..s + N].try_into().expect("N bytes");
+                o[d..d + N].copy_from_slice(&e);
+            },
+            out,
+        );
+    }
+
+    /// Calls `copy(source byte, destination byte, out)` for every element, tile by tile, with
+    /// `out` grown to hold them after its first `start` bytes.
+    fn each(
+        &self,
+        size: usize,
+        start: usize,
+        mut copy: impl FnMut(usize, usize, &mut Vec<u8>),
+        out: &mut Vec<u8>,
+    ) {
+        let (b, (k0, k1), (x0, x1)) = (self.b, self.rows, self.elems);
+        let w = (x1 - x0) as usize;
+        out.resize(start + (k1 - k0) as usize * w * size, 0);
+        let (s_row, d_row) = (b.src_stride as usize * size, w * size);
+        let mut kt = k0;
+        while kt < k1 {
+            let n = (Self::ROWS.min(k1 - kt)) as usize;
+            for x in x0..x1 {
+                let s =
+                    (b.src_start + kt * b.src_stride + x * b.src_elem_stride - self.c0) as usize;
+                let d = start + ((kt - k0) as usize * w + (x - x0) as usize) * size;
+                for t in 0..n {
+                    copy(s * size + t * s_row, d + t * d_row, out);
+                }
+            }
+            kt += n as u64;
+        }
+    }
+}
+
+/// The source ranges `[first, last + 1)` of the transposed jobs, by start.
+fn transposed_spans(jobs: &[&Job]) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = jobs
+        .iter()
+        .filter(|j| j.b.transposed() && j.b.rows > 0)
+        .map(|j| {
+            let b = j.b;
+            (
+                b.src_start,
+                b.src_start + (b.rows - 1) * b.src_stride + b.src_row_span(),
+            )
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Where the chunk from `c0` ends: `chunk` elements on, stretched over a transposed block that
+/// starts in it when the chunk then stays within [`TRANSPOSED_CHUNKS`] chunks. A transposed block
+/// cut by a chunk boundary still copies right, as row pieces.
+fn chunk_end(c0: u64, chunk: u64, total: u64, spans: &[(u64, u64)]) -> u64 {
+    let mut c1 = (c0 + chunk).min(total);
+    let limit = c0.saturating_add(chunk.saturating_mul(TRANSPOSED_CHUNKS));
+    let first = spans.partition_point(|&(a, _)| a < c0);
+    for &(a, b) in &spans[first..] {
+        if a >= c1 {
+            break;
+        }
+        if b > c1 && b <= limit {
+            c1 = b.min(total);
+        }
+    }
+    c1
 }
 
 /// Every tensor of the given part files, placed at its data offset in file `out`.

@@ -209,6 +209,16 @@ pub enum Layout {
         intermediate: Expr,
         hidden: Expr,
     },
+    /// gpt-oss's fused experts from the stacked tensors of its HF checkpoint (gpt_oss.py
+    /// `_load_weights_other`): `w13_weight` [E_loc, 2·I_p, H] transposed from `gate_up_proj`
+    /// [E, H, 2I] (gate and up interleaved, kept so), `w2_weight` [E_loc, H, I_p] from `down_proj`
+    /// [E, I, H], and their biases; split by tp, or by expert with expert parallelism.
+    GptOssExperts {
+        part: GptOssPart,
+        experts: Expr,
+        intermediate: Expr,
+        hidden: Expr,
+    },
 }
 
 fn default_vocab_padding() -> u64 {
@@ -238,6 +248,12 @@ impl Layout {
                 intermediate,
                 hidden,
                 ..
+            }
+            | Layout::GptOssExperts {
+                experts,
+                intermediate,
+                hidden,
+                ..
             } => vec![experts, intermediate, hidden],
         }
     }
@@ -259,6 +275,16 @@ impl ParamSpec {
 pub enum ExpertPart {
     W13,
     W2,
+}
+
+/// Which of gpt-oss's four fused expert tensors a [`Layout::GptOssExperts`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GptOssPart {
+    W13Weight,
+    W13Bias,
+    W2Weight,
+    W2Bias,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -2,8 +2,8 @@
 //! and the block moves that fill a rank's tensor (vLLM 0.33 `layers/linear.py`, `layers/vocab_parallel_embedding.py`, `layers/fused_moe/`).
 
 use super::scales;
-use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
+use crate::mapping::{ExpertPart, GptOssPart};
 
 /// A layout with its dimensions evaluated.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +65,14 @@ pub enum Geometry {
         dims: [u64; 2],
         block: [u64; 2],
     },
+    /// gpt-oss's fused experts, from the stacked tensors of its HF checkpoint (`gate_up_proj`
+    /// `[E, H, 2I]` with gate and up interleaved, `down_proj` `[E, I, H]`, and their biases).
+    GptOssExperts {
+        part: GptOssPart,
+        experts: u64,
+        intermediate: u64,
+        hidden: u64,
+    },
 }
 
 /// Tensor-parallel placement of one rank.
@@ -97,6 +105,10 @@ pub type SlotKey = (Option<ShardId>, Option<u64>);
 /// A strided block move in elements: `rows` rows of `row` contiguous elements, from
 /// `src_start + k·src_stride` to `dst_start + k·dst_stride`. The same description serves a file
 /// write, a memcpy and a 2-D device copy.
+///
+/// With `src_elem_stride` other than 1 the move is a transposition: element `x` of destination
+/// row `k` comes from `src_start + k·src_stride + x·src_elem_stride` (gpt-oss's fused experts are
+/// stored `[E, in, out]` and vLLM holds them `[E, out, in]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
     pub rows: u64,
@@ -105,6 +117,23 @@ pub struct Block {
     pub src_stride: u64,
     pub dst_start: u64,
     pub dst_stride: u64,
+    pub src_elem_stride: u64,
+}
+
+impl Block {
+    /// Whether a destination row's elements are apart in the source.
+    pub fn transposed(&self) -> bool {
+        self.src_elem_stride != 1
+    }
+
+    /// Source elements one destination row spans, first to last.
+    pub fn src_row_span(&self) -> u64 {
+        if self.row == 0 {
+            0
+        } else {
+            (self.row - 1) * self.src_elem_stride + 1
+        }
+    }
 }
 
 /// Which region of a checkpoint tensor feeds which region of a rank's tensor, before it is
@@ -136,14 +165,15 @@ impl Slice {
             src_stride: self.src_shape[self.dim] * inner,
             dst_start: self.dst_base + self.dst_at * inner,
             dst_stride: self.dst_shape[self.dim] * inner,
+            src_elem_stride: 1,
         }
     }
 
     pub fn region(&self) -> super::Region {
         let full = self.from == 0 && self.to == self.src_shape.get(self.dim).copied().unwrap_or(1);
         super::Region {
-            range: (!full).then_some((self.dim, self.from, self.to)),
-            rotary: false,
+            range: (!full).then_some((usize::from(self.dim != 0), self.from, self.to)),
+            ..super::Region::ALL
         }
     }
 }
@@ -216,6 +246,21 @@ impl Geometry {
                     .collect()
             }
             Geometry::Experts { .. } => vec![],
+            Geometry::GptOssExperts {
+                experts,
+                intermediate,
+                ..
+            } => {
+                // MLPBlock asserts the first whatever the parallelism; with expert parallelism
+                // the loader hands every rank E / tp experts (gpt_oss.py load_weights).
+                let mut v: Vec<String> = div("expert intermediate size", *intermediate)
+                    .into_iter()
+                    .collect();
+                if r.ep {
+                    v.extend(div("number of experts", *experts));
+                }
+                v
+            }
             Geometry::TensorScale { .. } | Geometry::ExpertTensorScale { .. } => vec![],
             Geometry::BlockScale { of, block } => scales::block_scale_check(of, *block, r),
             Geometry::ExpertBlockScale {
@@ -276,6 +321,17 @@ impl Geometry {
                     s.unwrap_or("none")
                 )),
             },
+            Geometry::GptOssExperts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => none(&match part {
+                GptOssPart::W13Weight => vec![*experts, *hidden, 2 * intermediate],
+                GptOssPart::W13Bias => vec![*experts, 2 * intermediate],
+                GptOssPart::W2Weight => vec![*experts, *intermediate, *hidden],
+                GptOssPart::W2Bias => vec![*experts, *hidden],
+            }),
             // A scalar per slot; the shard id must be one the weight takes.
             Geometry::TensorScale { of } => of.expected_source(shard).map(|_| vec![]),
             Geometry::BlockScale { of, block } => of
@@ -383,6 +439,27 @@ impl Geometry {
                 dims,
                 block,
             } => scales::expert_block_scale(*part, *experts, *dims, *block, r),
+            Geometry::GptOssExperts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => gpt_oss_experts(*part, *experts, *intermediate, *hidden, r),
+        }
+    }
+
+    /// Transposing copies from the whole checkpoint tensor (the slot without shard or expert id)
+    /// that fill rank `r`'s tensor besides [`RankLayout::slices`], each with a description of the
+    /// region it reads. Only gpt-oss's expert weights have them.
+    pub fn transposed(&self, r: Rank) -> Vec<(Block, super::Region)> {
+        match self {
+            Geometry::GptOssExperts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => gpt_oss_transposed(*part, *experts, *intermediate, *hidden, r),
+            _ => Vec::new(),
         }
     }
 }
@@ -608,6 +685,119 @@ fn expert_blocks(
     }
 }
 
+/// gpt-oss's expert placement (gpt_oss.py `_load_weights_other`): this rank's experts, its share of
+/// the intermediate size, and its rank within the experts' tensor parallelism.
+fn gpt_oss_split(experts: u64, intermediate: u64, r: Rank) -> (std::ops::Range<u64>, u64, u64) {
+    if r.ep {
+        // Every rank E / tp experts, as the loader slices them (check() refuses a remainder).
+        let per = experts / r.tp;
+        (r.rank * per..(r.rank + 1) * per, intermediate, 0)
+    } else {
+        (0..experts, intermediate / r.tp, r.rank)
+    }
+}
+
+/// Rank `r`'s gpt-oss expert tensor: with TP every expert's intermediate share (columns
+/// `[2·I_r·r, 2·I_r·(r+1))` of the interleaved gate/up, so the interleaving is kept), with EP
+/// whole experts. The weights are filled by [`gpt_oss_transposed`]; the biases are sliced, except
+/// the down bias under TP: whole on rank 0 and zeros elsewhere, so that the all-reduce adds it
+/// once.
+fn gpt_oss_experts(
+    part: GptOssPart,
+    experts: u64,
+    intermediate: u64,
+    hidden: u64,
+    r: Rank,
+) -> RankLayout {
+    let (local, ip, moe_rank) = gpt_oss_split(experts, intermediate, r);
+    let e_loc = local.end - local.start;
+    let layout = |shape: Vec<u64>, slices: Vec<Slice>, zeros: Vec<(u64, u64)>| RankLayout {
+        shape,
+        slices,
+        zeros,
+    };
+    let by_expert = |inner: u64, out: Vec<u64>| {
+        let slice = whole_slot(vec![experts, inner], 0, local.start, local.end, out.clone());
+        layout(out, vec![slice], vec![])
+    };
+    match part {
+        GptOssPart::W13Weight => layout(vec![e_loc, 2 * ip, hidden], vec![], vec![]),
+        GptOssPart::W2Weight => layout(vec![e_loc, hidden, ip], vec![], vec![]),
+        GptOssPart::W13Bias if r.ep => by_expert(2 * intermediate, vec![e_loc, 2 * intermediate]),
+        GptOssPart::W13Bias => {
+            let out = vec![experts, 2 * ip];
+            let slice = whole_slot(
+                vec![experts, 2 * intermediate],
+                1,
+                2 * ip * moe_rank,
+                2 * ip * (moe_rank + 1),
+                out.clone(),
+            );
+            layout(out, vec![slice], vec![])
+        }
+        GptOssPart::W2Bias if r.ep => by_expert(hidden, vec![e_loc, hidden]),
+        GptOssPart::W2Bias if r.rank == 0 => replicated(&[experts, hidden]),
+        GptOssPart::W2Bias => layout(vec![experts, hidden], vec![], vec![(0, experts * hidden)]),
+    }
+}
+
+/// The transposed copies of gpt-oss's expert weights, one per local expert (`permute(0, 2, 1)`
+/// of the rank's slice): `w13[j][c][h] = gate_up_proj[e][h][2·I_r·r + c]` and
+/// `w2[j][h][i] = down_proj[e][I_r·r + i][h]`.
+fn gpt_oss_transposed(
+    part: GptOssPart,
+    experts: u64,
+    intermediate: u64,
+    hidden: u64,
+    r: Rank,
+) -> Vec<(Block, super::Region)> {
+    let (local, ip, moe_rank) = gpt_oss_split(experts, intermediate, r);
+    // Per expert: destination rows and their length, the expert's source size, where row 0
+    // starts in it, the source distance between a row's elements, and the intermediate range.
+    let (rows, row, per_src, first, elem_stride) = match part {
+        GptOssPart::W13Weight => (
+            2 * ip,
+            hidden,
+            hidden * 2 * intermediate,
+            2 * ip * moe_rank,
+            2 * intermediate,
+        ),
+        GptOssPart::W2Weight => (
+            hidden,
+            ip,
+            intermediate * hidden,
+            ip * moe_rank * hidden,
+            hidden,
+        ),
+        GptOssPart::W13Bias | GptOssPart::W2Bias => return Vec::new(),
+    };
+    // One description for every expert's copy: reports show the tensor's source region once.
+    let region = super::Region {
+        range: Some(match part {
+            GptOssPart::W13Weight => (1, first, first + rows),
+            _ => (0, ip * moe_rank, ip * (moe_rank + 1)),
+        }),
+        experts: Some((local.start, local.end)),
+        rotary: false,
+        transposed: true,
+    };
+    local
+        .enumerate()
+        .map(|(j, e)| {
+            let b = Block {
+                rows,
+                row,
+                src_start: e * per_src + first,
+                src_stride: 1,
+                dst_start: j as u64 * rows * row,
+                dst_stride: row,
+                src_elem_stride: elem_stride,
+            };
+            (b, region)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,7 +843,23 @@ mod tests {
                 intermediate: 16,
                 hidden: 4,
             },
-        ];
+        ]
+        .into_iter()
+        .chain(
+            [
+                GptOssPart::W13Weight,
+                GptOssPart::W13Bias,
+                GptOssPart::W2Weight,
+                GptOssPart::W2Bias,
+            ]
+            .map(|part| Geometry::GptOssExperts {
+                part,
+                experts: 8,
+                intermediate: 16,
+                hidden: 6,
+            }),
+        )
+        .collect::<Vec<_>>();
         for g in &layouts {
             for tp in [1, 2, 4, 8] {
                 for ep in [false, true] {
@@ -678,6 +884,18 @@ mod tests {
                                     }
                                 }
                             }
+                            let src_n: u64 =
+                                g.expected_source(None).map_or(0, |s| s.iter().product());
+                            for (b, _) in g.transposed(r) {
+                                for k in 0..b.rows {
+                                    let s = b.src_start + k * b.src_stride;
+                                    assert!(s + b.src_row_span() <= src_n, "{g:?} tp{tp} r{rank}");
+                                    let d = b.dst_start + k * b.dst_stride;
+                                    for x in d..d + b.row {
+                                        hits[x as usize] += 1;
+                                    }
+                                }
+                            }
                             for (at, count) in &l.zeros {
                                 for x in *at..at + count {
                                     hits[x as usize] += 1;
@@ -689,6 +907,104 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Rank `r`'s gpt-oss expert tensor, computed element by element from the checkpoint
+    /// tensor `src` (element i holds i) by moving its blocks and slices.
+    fn gpt_oss_rank(g: &Geometry, r: Rank) -> (Vec<u64>, Vec<i64>) {
+        let l = g.rank_layout(r, false);
+        let mut out = vec![-1i64; l.shape.iter().product::<u64>() as usize];
+        let blocks = l
+            .slices
+            .iter()
+            .map(Slice::block)
+            .chain(g.transposed(r).into_iter().map(|(b, _)| b));
+        for b in blocks {
+            for k in 0..b.rows {
+                for x in 0..b.row {
+                    let s = b.src_start + k * b.src_stride + x * b.src_elem_stride;
+                    out[(b.dst_start + k * b.dst_stride + x) as usize] = s as i64;
+                }
+            }
+        }
+        for (at, n) in l.zeros {
+            out[at as usize..(at + n) as usize].fill(0);
+        }
+        (l.shape, out)
+    }
+
+    /// gpt_oss.py `_load_weights_other` on `arange` tensors: TP keeps the gate/up interleaving
+    /// of each rank's columns and transposes; the down bias is rank 0's alone; EP takes whole
+    /// experts and every rank its biases.
+    #[test]
+    fn gpt_oss_experts_follow_vllms_loader() {
+        let (e, i, h) = (4u64, 6u64, 5u64);
+        let g = |part| Geometry::GptOssExperts {
+            part,
+            experts: e,
+            intermediate: i,
+            hidden: h,
+        };
+        let at = |idx: &[u64], shape: &[u64]| -> i64 {
+            idx.iter().zip(shape).fold(0, |acc, (x, n)| acc * n + x) as i64
+        };
+        for (tp, ep) in [(1, false), (2, false), (3, false), (2, true), (4, true)] {
+            for rank in 0..tp {
+                let r = Rank { tp, rank, ep };
+                let (experts, ir, t) = if ep {
+                    let n = e / tp;
+                    ((rank * n..(rank + 1) * n).collect::<Vec<_>>(), i, 0)
+                } else {
+                    ((0..e).collect(), i / tp, rank)
+                };
+                let ctx = format!("tp{tp} r{rank} ep{ep}");
+                let (shape, w13) = gpt_oss_rank(&g(GptOssPart::W13Weight), r);
+                assert_eq!(shape, vec![experts.len() as u64, 2 * ir, h], "{ctx}");
+                let (_, w2) = gpt_oss_rank(&g(GptOssPart::W2Weight), r);
+                let (_, b13) = gpt_oss_rank(&g(GptOssPart::W13Bias), r);
+                let (_, b2) = gpt_oss_rank(&g(GptOssPart::W2Bias), r);
+                for (j, &ex) in experts.iter().enumerate() {
+                    let j = j as u64;
+                    for c in 0..2 * ir {
+                        for hh in 0..h {
+                            let want = at(&[ex, hh, 2 * ir * t + c], &[e, h, 2 * i]);
+                            let got = w13[at(&[j, c, hh], &[e, 2 * ir, h]) as usize];
+                            assert_eq!(got, want, "{ctx} w13 [{j}, {c}, {hh}]");
+                        }
+                        let want = at(&[ex, 2 * ir * t + c], &[e, 2 * i]);
+                        assert_eq!(b13[at(&[j, c], &[e, 2 * ir]) as usize], want, "{ctx}");
+                    }
+                    for hh in 0..h {
+                        for x in 0..ir {
+                            let want = at(&[ex, ir * t + x], &[e, i]) * h as i64 + hh as i64;
+                            let got = w2[at(&[j, hh, x], &[e, h, ir]) as usize];
+                            assert_eq!(got, want, "{ctx} w2 [{j}, {hh}, {x}]");
+                        }
+                        let want = if ep || rank == 0 {
+                            at(&[ex, hh], &[e, h])
+                        } else {
+                            0
+                        };
+                        assert_eq!(b2[at(&[j, hh], &[e, h]) as usize], want, "{ctx}");
+                    }
+                }
+            }
+        }
+        // vLLM's loader gives each EP rank E / tp experts; a remainder would not load.
+        let r = Rank {
+            tp: 3,
+            rank: 0,
+            ep: true,
+        };
+        assert_eq!(
+            g(GptOssPart::W13Weight).check(r),
+            ["number of experts (4) is not divisible by tp (3)"]
+        );
+        // MLPBlock asserts the intermediate size divides, expert parallel or not.
+        assert_eq!(
+            g(GptOssPart::W2Bias).check(Rank { tp: 4, ..r }),
+            ["expert intermediate size (6) is not divisible by tp (4)"]
+        );
     }
 
     #[test]

@@ -306,5 +306,16 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, String> {
             intermediate: one(intermediate)?,
             hidden: one(hidden)?,
         },
+        Layout::GptOssExperts {
+            part,
+            experts,
+            intermediate,
+            hidden,
+        } => Geometry::GptOssExperts {
+            part: *part,
+            experts: one(experts)?,
+            intermediate: one(intermediate)?,
+            hidden: one(hidden)?,
+        },
     })
 }

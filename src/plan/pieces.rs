@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::assign::{Assigned, Fed, Feed};
-use super::layout::{Geometry, Rank, Slice};
+use super::layout::{Block, Geometry, Rank, Slice};
 use super::params::Param;
 use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan, Region};
@@ -72,13 +72,7 @@ impl Planner<'_> {
 
 /// Rank `r`'s tensor of `p`, named `name`; `None` when it is empty (vLLM drops those: an EP rank
 /// without experts).
-fn rank_tensor(
-    p: &Param,
-    name: &str,
-    r: Rank,
-    fed: &Fed,
-    fused: bool,
-) -> Option<OutTensor> {
+fn rank_tensor(p: &Param, name: &str, r: Rank, fed: &Fed, fused: bool) -> Option<OutTensor> {
     let l = p.geometry.rank_layout(r, fused);
     let numel: u64 = l.shape.iter().product();
     if numel == 0 {
@@ -97,14 +91,13 @@ fn rank_tensor(
             match fed.get(&slice.slot) {
                 Some(feed) => push_copies(&mut pieces, feed, slice),
                 // An optional parameter the checkpoint leaves out keeps its fill value.
-                None => {
-                    let b = slice.block();
-                    pieces.extend((0..b.rows).map(|k| Piece::Fill {
-                        dst_start: b.dst_start + k * b.dst_stride,
-                        count: b.row,
-                        value: fill,
-                    }));
-                }
+                None => pieces.extend(unfilled(&slice.block(), fill)),
+            }
+        }
+        for (b, region) in p.geometry.transposed(r) {
+            match fed.get(&(None, None)) {
+                Some(feed) => pieces.push(copy(feed.source, region, b)),
+                None => pieces.extend(unfilled(&b, fill)),
             }
         }
         pieces.extend(l.zeros.iter().map(|&(at, count)| Piece::Fill {
@@ -181,21 +174,37 @@ fn push_copies(out: &mut Vec<Piece>, feed: &Feed, slice: &Slice) {
                         src_stride: 2 * inner,
                         dst_start: dst + half * (hd / 2) * inner,
                         dst_stride: inner,
+                        src_elem_stride: 1,
                     });
                 }
                 dst += hd * inner;
                 row = head_start + hd;
             }
         }
-        _ => out.push(Piece::Copy {
-            source,
-            region,
-            rows: b.rows,
-            row: b.row,
-            src_start: b.src_start,
-            src_stride: b.src_stride,
-            dst_start: b.dst_start,
-            dst_stride: b.dst_stride,
-        }),
+        _ => out.push(copy(source, region, b)),
     }
+}
+
+/// A copy of block `b` of source `source`.
+fn copy(source: usize, region: Region, b: Block) -> Piece {
+    Piece::Copy {
+        source,
+        region,
+        rows: b.rows,
+        row: b.row,
+        src_start: b.src_start,
+        src_stride: b.src_stride,
+        dst_start: b.dst_start,
+        dst_stride: b.dst_stride,
+        src_elem_stride: b.src_elem_stride,
+    }
+}
+
+/// Fills for the destination rows of `b`, which no checkpoint tensor fills.
+fn unfilled(b: &Block, value: f64) -> impl Iterator<Item = Piece> + '_ {
+    (0..b.rows).map(move |k| Piece::Fill {
+        dst_start: b.dst_start + k * b.dst_stride,
+        count: b.row,
+        value,
+    })
 }

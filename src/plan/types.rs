@@ -100,24 +100,33 @@ pub struct SourceTensor {
 }
 
 /// Which part of a source tensor a copy reads, for people: `all`, `rows [a, b)`, `cols [a, b)`,
-/// with `, rotary permuted` for Mistral-native q/k rows. Kept as numbers (a plan can hold millions
-/// of pieces) and written as text only when shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// optionally of `experts [a, b)`, with `, rotary permuted` (Mistral-native q/k rows) or
+/// `, transposed` (gpt-oss experts). Kept as numbers (a plan can hold millions of pieces) and
+/// written as text only when shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Region {
-    /// Dimension narrowed, and the range; `None`: the whole tensor.
+    /// Rows (0) or columns (1), and the range; `None`: whole.
     pub range: Option<(usize, u64, u64)>,
+    /// Of these experts of a fused expert tensor.
+    pub experts: Option<(u64, u64)>,
     pub rotary: bool,
+    pub transposed: bool,
 }
 
 impl Region {
     pub const ALL: Region = Region {
         range: None,
+        experts: None,
         rotary: false,
+        transposed: false,
     };
 }
 
 impl std::fmt::Display for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some((a, b)) = self.experts {
+            write!(f, "experts [{a}, {b}) ")?;
+        }
         match self.range {
             None => f.write_str("all")?,
             Some((dim, from, to)) => {
@@ -127,6 +136,9 @@ impl std::fmt::Display for Region {
         }
         if self.rotary {
             f.write_str(", rotary permuted")?;
+        }
+        if self.transposed {
+            f.write_str(", transposed")?;
         }
         Ok(())
     }
@@ -155,6 +167,10 @@ pub enum Piece {
         src_stride: u64,
         dst_start: u64,
         dst_stride: u64,
+        /// Source elements between consecutive elements of a row: 1 (left out of the JSON) but
+        /// for a transposing copy ([`Block::src_elem_stride`]).
+        #[serde(skip_serializing_if = "is_one")]
+        src_elem_stride: u64,
     },
     /// `count` elements from `dst_start` set to `value`.
     Fill {
@@ -253,6 +269,7 @@ impl Piece {
                 src_stride,
                 dst_start,
                 dst_stride,
+                src_elem_stride,
                 ..
             } => Some(Block {
                 rows,
@@ -261,8 +278,13 @@ impl Piece {
                 src_stride,
                 dst_start,
                 dst_stride,
+                src_elem_stride,
             }),
             Piece::Fill { .. } => None,
         }
     }
+}
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
 }

@@ -19,6 +19,7 @@ mod errors;
 mod fp8;
 mod fuzz;
 mod glm4_moe;
+mod gpt_oss;
 mod hub;
 mod inspect;
 mod load;
