@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Correctness of the CUDA path on a real GPU (one is enough). For every golden fixture of the test
-# suite, at TP 1 and 2 (plus EP for MoE and PP 2 for Llama), each rank is loaded onto GPU 0 with
+# suite, at TP 1 and 2 (plus EP for the MoE fixtures and PP 2 for Llama), each rank is loaded onto GPU 0 with
 # --check (every tensor copied back and compared with the host's bytes) and --checksums, and the
 # checksums are compared with the CPU path's, which the test suite proves byte-identical to vLLM.
 # A pre-sharded folder written by `wload shard` is loaded the same way, and asking for more GPUs
@@ -55,8 +55,11 @@ for fx in "$fixtures"/*/; do
         done
     done
 done
-for r in 0 1; do
-    one "mixtral tp2 ep rank $r" "$fixtures/mixtral" --tp 2 --enable-expert-parallel --ranks "$r"
+for moe in mixtral qwen2_moe qwen3_moe_fp8_block deepseek_v3 gpt_oss; do
+    [[ -d $fixtures/$moe ]] || continue
+    for r in 0 1; do
+        one "$moe tp2 ep rank $r" "$fixtures/$moe" --tp 2 --enable-expert-parallel --ranks "$r"
+    done
 done
 for r in 0 1 2 3; do
     one "llama_gqa tp2 pp2 rank $r" "$fixtures/llama_gqa" --tp 2 --pp 2 --ranks "$r"
