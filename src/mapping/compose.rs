@@ -14,7 +14,9 @@ use serde_json::Value;
 use self::edit::{Entry, Placed};
 use self::per_layer::PerLayer;
 use super::rules::{ExpertRule, MistralRemap, RegexRule, Rename, Rules, Stacked};
-use super::{COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, ParamSpec, Parameters};
+use super::{
+    COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, ParamSpec, Parameters, StageNeed,
+};
 
 /// `extends` chains deeper than this are refused (the shipped ones are at most three files deep);
 /// it also stops a file that extends itself.
@@ -42,6 +44,7 @@ struct FileDoc {
     #[serde(default)]
     ignore_unexpected_suffixes: Option<Vec<String>>,
     skip_layer: Option<Expr>,
+    stage_needs: Option<StageNeed>,
     #[serde(default)]
     blocks: IndexMap<String, Vec<Entry>>,
     #[serde(default)]
@@ -104,6 +107,7 @@ struct Composed {
     rules: Rules,
     ignore_unexpected_suffixes: Vec<String>,
     skip_layer: Option<Expr>,
+    stage_needs: Option<StageNeed>,
     blocks: IndexMap<String, Vec<ParamSpec>>,
     layers: Expr,
     head: Vec<Placed>,
@@ -190,6 +194,7 @@ impl Composed {
             rules: Rules::default(),
             ignore_unexpected_suffixes: Vec::new(),
             skip_layer: None,
+            stage_needs: None,
             blocks: IndexMap::new(),
             layers: super::default_layers(),
             head: Vec::new(),
@@ -212,6 +217,9 @@ impl Composed {
         }
         if doc.skip_layer.is_some() {
             self.skip_layer = doc.skip_layer;
+        }
+        if doc.stage_needs.is_some() {
+            self.stage_needs = doc.stage_needs;
         }
         self.define_blocks(doc.blocks)?;
         let p = doc.parameters;
@@ -327,6 +335,15 @@ impl Composed {
             rules,
             ignore_unexpected_suffixes: self.ignore_unexpected_suffixes,
             skip_layer: self.skip_layer,
+            stage_needs: self
+                .stage_needs
+                .map(|mut n| {
+                    n.layer = per_layer
+                        .written(&n.layer)
+                        .map_err(|e| format!("stage_needs: {e}"))?;
+                    Ok::<_, String>(n)
+                })
+                .transpose()?,
             parameters: Parameters {
                 layers: self.layers,
                 head,

@@ -48,7 +48,20 @@ pub struct Mapping {
     /// Checkpoint tensors of `model.layers.{i}.` for which this holds belong to no parameter and
     /// are skipped (vLLM skips speculative-decoding MTP layers beyond `num_hidden_layers`).
     pub skip_layer: Option<Expr>,
+    /// A layer every pipeline stage must hold, or vLLM refuses the model (Qwen3-MoE and GLM-4.5
+    /// need a MoE layer on each stage).
+    pub stage_needs: Option<StageNeed>,
     pub parameters: Parameters,
+}
+
+/// `stage_needs`: every pipeline stage (the whole model without PP) must hold a layer for which
+/// `layer` holds; otherwise vLLM raises `message`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageNeed {
+    pub layer: Expr,
+    pub message: String,
+    pub fix: Option<String>,
 }
 
 #[derive(Debug, Clone)]

@@ -96,6 +96,7 @@ pub fn plan_mapped(
     let mut planner = Planner::new(mapping, config, mapped.checkpoint, opts)?;
     let params = planner.parameters()?;
     let stages = planner.stages(params.layers);
+    planner.stage_needs(&stages);
     let on_stages = planner.on_stages(&params.list);
     let assigned = planner.assign(&params.list, mapped);
     let fused = planner.filled(&params.list, &assigned);

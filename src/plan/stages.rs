@@ -139,6 +139,35 @@ impl Planner<'_> {
     /// For every parameter, on which kinds of stage it is built: layer parameters everywhere
     /// (their layer decides), head and tail parameters where their `pp_stage` holds. With one
     /// stage everything is built and `pp_stage` is not needed.
+    /// The mapping's `stage_needs`: a stage (the whole model without PP) holding none of the
+    /// layers it asks for is refused with vLLM's message.
+    pub(super) fn stage_needs(&mut self, stages: &[Stage]) {
+        let Some(need) = &self.mapping.stage_needs else {
+            return;
+        };
+        for stage in stages {
+            let found = stage.layers().any(|i| {
+                need.layer
+                    .eval_bool(&self.env.scope(Some(i)))
+                    .unwrap_or(false)
+            });
+            if !found {
+                let whole = stages.len() == 1;
+                self.problems.push(Problem {
+                    message: if whole {
+                        need.message.clone()
+                    } else {
+                        format!(
+                            "{} (pipeline stage {} holds layers [{}, {}))",
+                            need.message, stage.pp_rank, stage.first_layer, stage.end_layer
+                        )
+                    },
+                    fix: need.fix.clone(),
+                });
+            }
+        }
+    }
+
     pub(super) fn on_stages(&mut self, params: &[Param]) -> Vec<OnStage> {
         params
             .iter()

@@ -648,3 +648,23 @@ fn pp_stage_must_be_declared_for_head_and_tail_only() {
         &["model.layers.{i}.extra.weight: `pp_stage` is for head and tail parameters"],
     );
 }
+
+/// vLLM's Qwen3-MoE needs a MoE layer on every pipeline stage ("No Qwen3MoE layer found in the
+/// model.layers.", qwen3_moe.py:607): the fixture's layer 0 is dense (`mlp_only_layers: [0]`), so
+/// PP 2 leaves stage 0 without one.
+#[test]
+fn a_qwen3_moe_stage_without_a_moe_layer_is_refused() {
+    let r = run(&[
+        "plan",
+        fixture("qwen3_moe_fp8_block").to_str().unwrap(),
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+    ]);
+    assert_refused(
+        &r,
+        3,
+        &["No Qwen3MoE layer found in the model.layers. (pipeline stage 0 holds layers [0, 1))"],
+    );
+}

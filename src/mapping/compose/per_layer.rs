@@ -53,7 +53,7 @@ impl PerLayer {
     }
 
     /// `e` with the per-layer values it reads written into it.
-    fn written(&self, e: &Expr) -> Result<Expr, String> {
+    pub(super) fn written(&self, e: &Expr) -> Result<Expr, String> {
         let mut out = e.clone();
         for (name, value) in &self.0 {
             if out.reads(name) {
