@@ -31,6 +31,17 @@ ensure_llama8b_4layers_fp8() {
     gen_llama8b_4layers "$1" "random FP8, block 128" --fp8-block 128
 }
 
+# A reduced DeepSeek-V3-shaped checkpoint in block FP8 (bench/gen_deepseek.py: 3 layers, the first
+# dense, 8 routed experts and the shared one, vocab 32000; about 2.7 GB of random data), for
+# `shard --tp 8 --enable-expert-parallel`.
+ensure_deepseek_small() {
+    if [[ ! -f $1/config.json ]]; then
+        echo "generating the reduced DeepSeek-V3-shaped checkpoint (random FP8) in $1 ..." >&2
+        python3 "$root/bench/gen_deepseek.py" --out "$1" --layers 3 --first-dense 1 --experts 8 \
+            --vocab-size 32000 --fp8-block 128 --files 4 --random 2>/dev/null
+    fi
+}
+
 # DIR WHAT [gen_checkpoint.py options...]: generates the checkpoint unless DIR already has one.
 gen_llama8b_4layers() {
     local dir=$1 what=$2

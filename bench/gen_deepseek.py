@@ -65,7 +65,7 @@ def layer_tensors(i, a):
 
 def all_tensors(a):
     """(name, dtype, shape) of the whole checkpoint."""
-    out = [("model.embed_tokens.weight", "BF16", [129280, 7168])]
+    out = [("model.embed_tokens.weight", "BF16", [a.vocab_size, 7168])]
     for i in range(a.layers):
         for name, shape, linear in layer_tensors(i, a):
             if name.endswith("e_score_correction_bias"):
@@ -77,7 +77,7 @@ def all_tensors(a):
                 out.append((name.replace(".weight", ".weight_scale_inv"), "F32", scale))
             else:
                 out.append((name, "BF16", shape))
-    out += [("model.norm.weight", "BF16", [7168]), ("lm_head.weight", "BF16", [129280, 7168])]
+    out += [("model.norm.weight", "BF16", [7168]), ("lm_head.weight", "BF16", [a.vocab_size, 7168])]
     return out
 
 
@@ -108,11 +108,12 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=61)
     p.add_argument("--first-dense", type=int, default=3)
     p.add_argument("--experts", type=int, default=256)
+    p.add_argument("--vocab-size", type=int, default=129280)
     p.add_argument("--files", type=int, default=0, help="default: one per layer, plus one")
     p.add_argument("--fp8-block", type=int, default=0, help="block FP8 with this block size (0: bf16)")
     p.add_argument("--random", action="store_true", help="random data instead of sparse zeros")
     a = p.parse_args(argv)
-    if a.layers < 1 or a.experts < 1 or a.first_dense < 0 or a.fp8_block < 0:
+    if a.layers < 1 or a.experts < 1 or a.first_dense < 0 or a.fp8_block < 0 or a.vocab_size < 1:
         p.error("--layers and --experts must be >= 1, --first-dense and --fp8-block >= 0")
     os.makedirs(a.out, exist_ok=True)
     tensors = all_tensors(a)
@@ -135,7 +136,7 @@ def main(argv=None):
         "num_experts_per_tok": 8, "first_k_dense_replace": a.first_dense, "moe_layer_freq": 1,
         "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "scoring_func": "sigmoid",
         "routed_scaling_factor": 2.5, "norm_topk_prob": True, "num_nextn_predict_layers": 1,
-        "vocab_size": 129280, "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+        "vocab_size": a.vocab_size, "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
         "rope_theta": 10000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     }
     if a.fp8_block:

@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# Benchmark: `wload shard --tp 8` on a Llama-3-8B-shaped checkpoint with 4 layers, in two variants:
-#   bf16  about 3.6 GiB of random bf16 data in two files plus an index;
-#   fp8   the same model with its linear weights in FP8 (E4M3) and F32 scales per 128 x 128 block,
-#         as DeepSeek-V3 / Qwen3-FP8 ship (about 2.8 GiB);
+# Benchmark: `wload shard --tp 8` in three variants:
+#   bf16      a Llama-3-8B-shaped checkpoint with 4 layers, about 3.6 GiB of random bf16 data in
+#             two files plus an index;
+#   fp8       the same model with its linear weights in FP8 (E4M3) and F32 scales per 128 x 128
+#             block, as DeepSeek-V3 / Qwen3-FP8 ship (about 2.8 GiB);
+#   deepseek  a reduced DeepSeek-V3-shaped block-FP8 checkpoint (MLA, 3 layers, 8 routed experts
+#             and a shared one, about 2.7 GB), with --enable-expert-parallel;
 # each against
 #   - the copy limit: `cp -r` of the same folder, and
 #   - the peer: bench/peer_reshard.py (safetensors + torch on the CPU, what users write today;
 #     bf16 only, as it reshards unquantized checkpoints),
 # all with a warm page cache, in one run, reported as ratios. Also wload's peak RSS.
-# Targets, for both variants: wload ≤ 1.25 × cp, ≥ 5 × faster than the peer, peak RSS ≤ 512 MiB.
+# Targets, for every variant: wload ≤ 1.25 × cp, ≥ 5 × faster than the peer, peak RSS ≤ 512 MiB.
 #
 # Usage: bench/shard.sh [WORKDIR]     (default: a temp dir under /var/tmp, removed afterwards)
-# Environment: RUNS=3, VARIANTS="bf16 fp8" (either or both), PYTHON (with torch + safetensors;
+# Environment: RUNS=3, VARIANTS="bf16 fp8 deepseek" (any of them), PYTHON (with torch + safetensors;
 #              default .venv-bench/bin/python if present), WLOAD_BIN=PATH (skip the build)
 set -euo pipefail
 BENCH_DIR=${1:-} source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RUNS=${RUNS:-3}
-VARIANTS=${VARIANTS:-bf16 fp8}
+VARIANTS=${VARIANTS:-bf16 fp8 deepseek}
 for v in $VARIANTS; do
-    [[ $v == bf16 || $v == fp8 ]] || { echo "bench/shard.sh: unknown variant '$v' in VARIANTS (bf16, fp8)" >&2; exit 2; }
+    [[ $v == bf16 || $v == fp8 || $v == deepseek ]] || { echo "bench/shard.sh: unknown variant '$v' in VARIANTS (bf16, fp8, deepseek)" >&2; exit 2; }
 done
 if [[ -z ${PYTHON:-} ]]; then
     if [[ -x .venv-bench/bin/python ]]; then PYTHON=.venv-bench/bin/python; else PYTHON=python3; fi
@@ -68,14 +71,17 @@ peer_time() {
 
 bf16_ratio=NA
 failed=0
-# LABEL DIR ENSURE PEER(yes|no): times one variant and prints its rows; sets failed=1 on a miss.
+# LABEL DIR ENSURE PEER(yes|no) [SHARD FLAGS...]: times one variant and prints its rows; sets
+# failed=1 on a miss.
 run_variant() {
     local label=$1 ensure=$3 with_peer=$4 cp_s wl_s rss_kb peer_s=NA rc=0
     src=$2
+    shift 4
+    local flags=("$@")
     "$ensure" "$src"
     echo "== $label: $(du -sh --apparent-size "$src" | cut -f1) in $src" >&2
     cp_s=$(median cp -r "$src" "$work/dst")
-    wl_s=$(median "$bin" shard "$src" --tp 8 -o "$work/dst" -q) || rc=$?
+    wl_s=$(median "$bin" shard "$src" --tp 8 "${flags[@]}" -o "$work/dst" -q) || rc=$?
     echo "$label ($(du -sh --apparent-size "$src" | cut -f1))"
     printf 'cp -r            %7.3f s\n' "$cp_s"
     if [[ $rc -ne 0 ]]; then
@@ -86,7 +92,7 @@ run_variant() {
         return
     fi
     rm -rf "$work/dst"; warm
-    rss_kb=$( { /usr/bin/time -f '%M' "$bin" shard "$src" --tp 8 -o "$work/dst" -q; } 2>&1 | tail -1)
+    rss_kb=$( { /usr/bin/time -f '%M' "$bin" shard "$src" --tp 8 "${flags[@]}" -o "$work/dst" -q; } 2>&1 | tail -1)
     rm -rf "$work/dst"
     if [[ $with_peer == yes ]] && ! peer_s=$(peer_time); then
         peer_s=FAILED
@@ -113,6 +119,8 @@ for v in $VARIANTS; do
     case $v in
         bf16) run_variant bf16 "$work/src" ensure_llama8b_4layers yes ;;
         fp8) run_variant "fp8 block 128" "$work/src-fp8" ensure_llama8b_4layers_fp8 no ;;
+        deepseek) run_variant "DeepSeek-V3-shaped fp8, EP" "$work/src-deepseek" ensure_deepseek_small no \
+            --enable-expert-parallel ;;
     esac
 done
 exit "$failed"
