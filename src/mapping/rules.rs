@@ -4,7 +4,7 @@
 use std::fmt;
 
 use indexmap::IndexMap;
-use regex::Regex;
+use regex::{Regex, RegexSet};
 use serde::{Deserialize, Serialize};
 
 use super::Expr;
@@ -37,6 +37,13 @@ pub struct Rules {
     compiled: Vec<Regex>,
     #[serde(skip)]
     compiled_experts: Vec<Regex>,
+    /// All regex rules at once, then all expert rules: most names match none, and one pass over
+    /// the name says so (a DeepSeek-V3 checkpoint has 90,000 names and a quantized one 14 regex
+    /// rules).
+    #[serde(skip)]
+    any_regex: Option<RegexSet>,
+    #[serde(skip)]
+    any_expert: Option<RegexSet>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -100,7 +107,9 @@ pub struct Permute {
 #[serde(untagged)]
 pub enum ShardId {
     Index(u64),
-    Name(String),
+    /// `q`, `k`, `v`, `w1`, …: borrowed when the planner names a slot (one per piece, millions
+    /// for a large MoE), owned when read from a mapping file.
+    Name(std::borrow::Cow<'static, str>),
 }
 
 impl fmt::Display for ShardId {
@@ -172,6 +181,17 @@ impl Rules {
                 Ok(c)
             })
             .collect::<Result<_, _>>()?;
+        let set = |ps: Vec<&str>| RegexSet::new(ps).map_err(|e| format!("bad regex set: {e}"));
+        self.any_regex = Some(set(self
+            .regex
+            .iter()
+            .map(|r| r.pattern.as_str())
+            .collect())?);
+        self.any_expert = Some(set(self
+            .experts
+            .iter()
+            .map(|r| r.pattern.as_str())
+            .collect())?);
         Ok(())
     }
 
@@ -225,7 +245,9 @@ impl Rules {
         shard: &mut Option<ShardId>,
         trace: &mut Vec<String>,
     ) -> Option<Outcome> {
-        for (r, re) in self.regex.iter().zip(&self.compiled) {
+        // A rule fires only on what the ones before it left; if none matches the name, none fires.
+        let none = self.any_regex.as_ref().is_some_and(|s| !s.is_match(inner));
+        for (r, re) in self.regex.iter().zip(&self.compiled).filter(|_| !none) {
             if re.is_match(inner) {
                 let Some(rep) = &r.replace else {
                     return Some(Outcome::Dropped {
@@ -295,6 +317,13 @@ impl Rules {
         trace: &mut Vec<String>,
     ) -> Option<u64> {
         let mut expert = None;
+        if self
+            .any_expert
+            .as_ref()
+            .is_some_and(|s| !s.is_match(target))
+        {
+            return None;
+        }
         for (r, re) in self.experts.iter().zip(&self.compiled_experts) {
             if let Some(c) = re.captures(target) {
                 let id = c[1].parse::<u64>().ok();
@@ -302,7 +331,7 @@ impl Rules {
                     let whole = c.get(0).expect("group 0 always matches").range();
                     target.replace_range(whole, &r.replace);
                     expert = Some(id);
-                    *shard = Some(ShardId::Name(r.shard.clone()));
+                    *shard = Some(ShardId::Name(r.shard.clone().into()));
                     trace.push(format!(
                         "expert `{}` → '{}' expert {id} shard {}",
                         r.pattern, r.replace, r.shard

@@ -188,8 +188,8 @@ pub struct RankLayout {
     pub zeros: Vec<(u64, u64)>,
 }
 
-fn name(s: &str) -> Option<ShardId> {
-    Some(ShardId::Name(s.to_string()))
+fn name(s: &'static str) -> Option<ShardId> {
+    Some(ShardId::Name(std::borrow::Cow::Borrowed(s)))
 }
 
 /// Linear expert placement (vLLM's `determine_expert_map`): extra experts go to the first ranks.

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
 use super::assign::{Assigned, Fed, Feed};
 use super::layout::{Block, Geometry, Rank, Slice};
 use super::params::Param;
@@ -39,32 +41,37 @@ impl Planner<'_> {
                     here[a].then(|| (a, params[a].name.clone().min(p.name.clone())))
                 })
                 .collect();
-            for tp_rank in 0..self.opts.tp {
-                let r = Rank {
-                    tp: self.opts.tp,
-                    rank: tp_rank,
-                    ep: self.opts.expert_parallel,
-                };
-                let tensors: Vec<OutTensor> = params
-                    .iter()
-                    .enumerate()
-                    .filter(|&(pi, p)| here[pi] && p.alias_of.is_none_or(|a| !here[a]))
-                    .filter_map(|(pi, p)| {
-                        // A tied parameter without its partner on this stage is filled as the
-                        // partner would be: they are one tensor.
-                        let src = p.alias_of.unwrap_or(pi);
-                        let name = alias_name.get(&pi).unwrap_or(&p.name);
-                        rank_tensor(&params[src], name, r, &a.fed[src], fused[src])
-                    })
-                    .collect();
-                out.push(RankPlan {
-                    rank: stage.pp_rank * self.opts.tp + tp_rank,
-                    pp_rank: stage.pp_rank,
-                    tp_rank,
-                    bytes: tensors.iter().map(|t| t.bytes).sum(),
-                    tensors,
-                });
-            }
+            // Ranks are independent: a large MoE has hundreds of thousands of pieces per stage.
+            let plans: Vec<RankPlan> = (0..self.opts.tp)
+                .into_par_iter()
+                .map(|tp_rank| {
+                    let r = Rank {
+                        tp: self.opts.tp,
+                        rank: tp_rank,
+                        ep: self.opts.expert_parallel,
+                    };
+                    let tensors: Vec<OutTensor> = params
+                        .iter()
+                        .enumerate()
+                        .filter(|&(pi, p)| here[pi] && p.alias_of.is_none_or(|a| !here[a]))
+                        .filter_map(|(pi, p)| {
+                            // A tied parameter without its partner on this stage is filled as the
+                            // partner would be: they are one tensor.
+                            let src = p.alias_of.unwrap_or(pi);
+                            let name = alias_name.get(&pi).unwrap_or(&p.name);
+                            rank_tensor(&params[src], name, r, &a.fed[src], fused[src])
+                        })
+                        .collect();
+                    RankPlan {
+                        rank: stage.pp_rank * self.opts.tp + tp_rank,
+                        pp_rank: stage.pp_rank,
+                        tp_rank,
+                        bytes: tensors.iter().map(|t| t.bytes).sum(),
+                        tensors,
+                    }
+                })
+                .collect();
+            out.extend(plans);
         }
         out
     }

@@ -19,8 +19,8 @@ struct Part {
     chunk: u64,
 }
 
-fn shard(s: &str) -> Option<ShardId> {
-    Some(ShardId::Name(s.to_string()))
+fn shard(s: &'static str) -> Option<ShardId> {
+    Some(ShardId::Name(std::borrow::Cow::Borrowed(s)))
 }
 
 /// The logical shards of a linear weight, as slot keys (qkv: q, k, v; merged: 0, 1, …; else one).
@@ -94,14 +94,15 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
                 (kv_heads / tp, 1)
             };
             let kv = kv_local * head_dim;
-            let part = |s: &str, local_off, local_size, global_off, global_size, chunk| Part {
-                slot: (shard(s), None),
-                local_off,
-                local_size,
-                global_off,
-                global_size,
-                chunk,
-            };
+            let part =
+                |s: &'static str, local_off, local_size, global_off, global_size, chunk| Part {
+                    slot: (shard(s), None),
+                    local_off,
+                    local_size,
+                    global_off,
+                    global_size,
+                    chunk,
+                };
             let (gq, gkv) = (heads * head_dim, kv_heads * head_dim);
             let parts = vec![
                 part("q", 0, q, 0, gq, rk),
