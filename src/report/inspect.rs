@@ -164,6 +164,11 @@ fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()> {
     Ok(())
 }
 
+/// A structure field the config leaves unknown (absent without a default, or not a number).
+fn known<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "unknown".into(), T::to_string)
+}
+
 fn plural(n: u64) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
@@ -179,12 +184,12 @@ fn attention_rows(a: &Attention) -> Vec<(&'static str, String)> {
                 QLora::None => "q_lora_rank none (q_proj from the hidden state)".into(),
                 QLora::Unknown(_) => "q_lora_rank unknown".into(),
             };
-            let kv = opt(&m.kv_lora_rank);
+            let kv = known(&m.kv_lora_rank);
             return vec![
                 (
                     "attention",
                     format!(
-                        "MLA: {} heads; {q}, kv_lora_rank {kv} (k and v are one latent of rank {kv}: no kv heads to replicate)",
+                        "MLA: {} heads; {q}, kv_lora_rank {kv} (k and v are one shared latent: no kv heads to replicate)",
                         m.heads
                     ),
                 ),
@@ -192,9 +197,9 @@ fn attention_rows(a: &Attention) -> Vec<(&'static str, String)> {
                     "mla head dims",
                     format!(
                         "qk_nope {} + qk_rope {}, v {}",
-                        opt(&m.qk_nope_head_dim),
-                        opt(&m.qk_rope_head_dim),
-                        opt(&m.v_head_dim)
+                        known(&m.qk_nope_head_dim),
+                        known(&m.qk_rope_head_dim),
+                        known(&m.v_head_dim)
                     ),
                 ),
             ];
@@ -203,10 +208,11 @@ fn attention_rows(a: &Attention) -> Vec<(&'static str, String)> {
     vec![(
         "attention",
         format!(
-            "{kind}: {} heads, {} kv heads, head_dim {}",
+            "{kind}: {} heads, {} kv head{}, head_dim {}",
             h.heads,
             h.kv_heads,
-            opt(&h.head_dim)
+            plural(h.kv_heads),
+            known(&h.head_dim)
         ),
     )]
 }
@@ -216,9 +222,9 @@ fn moe_rows(m: &Moe) -> Vec<(&'static str, String)> {
         "experts",
         format!(
             "{} routed, {} per token, intermediate {}",
-            opt(&m.routed_experts),
-            opt(&m.experts_per_token),
-            opt(&m.expert_intermediate_size)
+            known(&m.routed_experts),
+            known(&m.experts_per_token),
+            known(&m.expert_intermediate_size)
         ),
     )];
     if let Some(s) = &m.shared_experts {
@@ -226,13 +232,13 @@ fn moe_rows(m: &Moe) -> Vec<(&'static str, String)> {
             .gate
             .map_or_else(String::new, |g| format!(", scaled by {g}(shared_expert_gate)"));
         let fused = if s.count == 1 {
-            format!("1, intermediate {}", opt(&s.intermediate_size))
+            format!("1, intermediate {}", known(&s.intermediate_size))
         } else {
             format!(
                 "{} × {}, fused into one MLP of {}",
                 s.count,
-                opt(&s.intermediate_size),
-                opt(&s.fused_intermediate_size)
+                known(&s.intermediate_size),
+                known(&s.fused_intermediate_size)
             )
         };
         rows.push((
@@ -250,14 +256,14 @@ fn moe_rows(m: &Moe) -> Vec<(&'static str, String)> {
     };
     rows.push(("layers", format!("{layers}{rule}")));
     let r = &m.router;
-    let mut router = format!("{} scoring", opt(&r.scoring_func));
+    let mut router = format!("{} scoring", known(&r.scoring_func));
     if let Some(t) = &r.topk_method {
         router.push_str(&format!(", topk_method {t}"));
     }
     if r.e_score_correction_bias {
         router.push_str(&format!(
             ": F32 e_score_correction_bias [{}]",
-            opt(&m.routed_experts)
+            known(&m.routed_experts)
         ));
     }
     if r.bias {
@@ -286,7 +292,13 @@ fn layer_runs(moe: &[u64], dense: &[u64]) -> String {
         }
     }
     if runs.len() > 4 {
-        return format!("{} MoE, {} dense", moe.len(), dense.len());
+        let first: Vec<String> = moe.iter().take(3).map(u64::to_string).collect();
+        return format!(
+            "{} MoE ({}, …), {} dense",
+            moe.len(),
+            first.join(", "),
+            dense.len()
+        );
     }
     let parts: Vec<String> = runs
         .iter()

@@ -304,7 +304,7 @@ fn moe_layers(c: &ModelConfig, fam: Family) -> (Option<Vec<u64>>, Option<String>
                 num(raw, "first_k_dense_replace", Some(k_default)),
                 num(raw, "moe_layer_freq", Some(1)),
             ) else {
-                return (None, None);
+                return (None, odd(raw, &["first_k_dense_replace", "moe_layer_freq"]));
             };
             if freq == 0 {
                 return (None, Some("moe_layer_freq 0".into()));
@@ -322,7 +322,7 @@ fn moe_layers(c: &ModelConfig, fam: Family) -> (Option<Vec<u64>>, Option<String>
                 Some(layers.filter(|i| *i >= k).collect()),
                 Some(format!("first_k_dense_replace {k}")),
             ),
-            None => (None, None),
+            None => (None, odd(raw, &["first_k_dense_replace"])),
         },
         // qwen2_moe.py:312–319 / qwen3_moe.py: not in mlp_only_layers, and
         // (layer_idx + 1) % decoder_sparse_step == 0.
@@ -330,6 +330,19 @@ fn moe_layers(c: &ModelConfig, fam: Family) -> (Option<Vec<u64>>, Option<String>
         Family::Mixtral | Family::GptOss => (Some(layers.collect()), None),
         Family::Other => (None, None),
     }
+}
+
+/// The first of `keys` whose value is not what the family reads, as written ("first_k_dense_replace
+/// = \"three\""), for saying why the layers are unknown.
+fn odd(raw: &Map<String, Value>, keys: &[&str]) -> Option<String> {
+    keys.iter().find_map(|k| {
+        let v = raw.get(*k)?;
+        let fine = v.is_null()
+            || v.is_u64()
+            || (*k == "mlp_only_layers"
+                && v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)));
+        (!fine).then(|| format!("{k} = {v}"))
+    })
 }
 
 fn qwen_moe_layers(
@@ -342,7 +355,7 @@ fn qwen_moe_layers(
         Some(_) => None,
     };
     let (Some(only), Some(step)) = (only, num(raw, "decoder_sparse_step", Some(1))) else {
-        return (None, None);
+        return (None, odd(raw, &["mlp_only_layers", "decoder_sparse_step"]));
     };
     if step == 0 {
         // vLLM divides by it and fails; plan refuses it with the mapping's message.
@@ -386,12 +399,24 @@ fn router(raw: &Map<String, Value>, fam: Family) -> Router {
             e_score_correction_bias: true,
             bias: false,
         },
-        _ => Router {
+        // Softmax over the router logits, no correction bias (qwen2_moe.py, qwen3_moe.py,
+        // mixtral.py, gpt_oss.py; gpt-oss's router has a bias).
+        Family::Qwen2Moe | Family::Qwen3Moe | Family::Mixtral | Family::GptOss => Router {
             scoring_func: Some("softmax".into()),
             topk_method: None,
             e_score_correction_bias: false,
             bias: fam == Family::GptOss,
         },
+        // A family wload has no mapping for: only what its config states.
+        Family::Other => {
+            let topk = string(raw, "topk_method");
+            Router {
+                scoring_func: string(raw, "scoring_func"),
+                e_score_correction_bias: topk.as_deref() == Some("noaux_tc"),
+                topk_method: topk,
+                bias: false,
+            }
+        }
     }
 }
 
