@@ -228,9 +228,9 @@ fn moe_rows(m: &Moe) -> Vec<(&'static str, String)> {
         ),
     )];
     if let Some(s) = &m.shared_experts {
-        let gate = s
-            .gate
-            .map_or_else(String::new, |g| format!(", scaled by {g}(shared_expert_gate)"));
+        let gate = s.gate.map_or_else(String::new, |g| {
+            format!(", scaled by {g}(shared_expert_gate)")
+        });
         let fused = if s.count == 1 {
             format!("1, intermediate {}", known(&s.intermediate_size))
         } else {
@@ -311,7 +311,11 @@ fn layer_runs(moe: &[u64], dense: &[u64]) -> String {
             }
         })
         .collect();
-    let word = if runs[0].0 == runs[0].1 { "layer" } else { "layers" };
+    let word = if runs[0].0 == runs[0].1 {
+        "layer"
+    } else {
+        "layers"
+    };
     format!("{word} {}", parts.join(", "))
 }
 

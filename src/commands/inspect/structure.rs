@@ -264,10 +264,16 @@ fn shared_experts(
     let (count, size, gate) = match fam {
         // DeepseekV2MoE / Glm4MoE: one MLP of moe_intermediate_size × n_shared_experts
         // (deepseek_v2.py, glm4_moe.py:170–181; the mappings' shared_size).
-        Family::DeepseekV2 => (num(raw, "n_shared_experts", Some(2))?, expert_intermediate, None),
-        Family::DeepseekV3 | Family::Glm4Moe => {
-            (num(raw, "n_shared_experts", Some(1))?, expert_intermediate, None)
-        }
+        Family::DeepseekV2 => (
+            num(raw, "n_shared_experts", Some(2))?,
+            expert_intermediate,
+            None,
+        ),
+        Family::DeepseekV3 | Family::Glm4Moe => (
+            num(raw, "n_shared_experts", Some(1))?,
+            expert_intermediate,
+            None,
+        ),
         // Qwen2MoeSparseMoeBlock: one shared expert scaled by sigmoid(shared_expert_gate(x)),
         // absent when shared_expert_intermediate_size is 0 (qwen2_moe.py:148–179).
         Family::Qwen2Moe => {
