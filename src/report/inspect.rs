@@ -274,7 +274,7 @@ fn moe_rows(m: &Moe) -> Vec<(&'static str, String)> {
 }
 
 /// Runs of dense and MoE layers ("layers 0–2 dense, 3–60 MoE"); counts instead when the pattern
-/// alternates too often to read.
+/// alternates too often to read. `moe` is ascending.
 fn layer_runs(moe: &[u64], dense: &[u64]) -> String {
     let total = (moe.len() + dense.len()) as u64;
     if dense.is_empty() {
@@ -285,7 +285,7 @@ fn layer_runs(moe: &[u64], dense: &[u64]) -> String {
     }
     let mut runs: Vec<(u64, u64, bool)> = Vec::new();
     for i in 0..total {
-        let is_moe = moe.contains(&i);
+        let is_moe = moe.binary_search(&i).is_ok();
         match runs.last_mut() {
             Some((_, end, m)) if *m == is_moe => *end = i,
             _ => runs.push((i, i, is_moe)),

@@ -1440,6 +1440,19 @@ fn an_absurd_layer_count_is_not_listed() {
     assert!(human.contains("layers               unknown\n"), "{human}");
     assert_eq!(st["moe"]["moe_layers"], Value::Null);
     assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+
+    // The most layers listed: a per-layer linear search took 28 s here (debug build).
+    let started = std::time::Instant::now();
+    let (human, st) = structure_with(
+        &fixtures_dir().join("deepseek_v3"),
+        r#"{"num_hidden_layers": 65536, "first_k_dense_replace": 3}"#,
+    );
+    assert!(
+        human.contains("layers 0–2 dense, 3–65535 MoE (first_k_dense_replace 3)"),
+        "{human}"
+    );
+    assert_eq!(st["moe"]["moe_layers"].as_array().unwrap().len(), 65533);
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
 }
 
 #[test]
