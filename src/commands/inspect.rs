@@ -12,6 +12,9 @@ use crate::quant::{Quantization, TensorRole, WeightStrategy, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
 use crate::{Error, Opened};
 
+mod structure;
+pub use structure::{Attention, Moe, QLora, Structure};
+
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -29,6 +32,8 @@ pub struct Inspection<'a> {
     pub files: Vec<FileInfo>,
     pub dropped: Vec<DroppedFile>,
     pub config: ConfigSummary,
+    /// The family's attention, experts and dense layers, read from the config as the mapping does.
+    pub structure: Structure,
     /// What `quantization_config` says and whether wload writes it; `None` when there is none.
     pub quantization: Option<QuantInfo>,
     pub filter: Option<String>,
@@ -231,6 +236,7 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
             head_dim_default: config.hidden_size.checked_div(config.num_attention_heads),
             config: config.clone(),
         },
+        structure: structure::structure(config),
         quantization: quant_info(config.quantization_config.as_ref()),
         filter: filter.map(str::to_string),
         tensors,

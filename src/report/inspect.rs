@@ -3,7 +3,9 @@
 use std::io::{self, Write};
 
 use super::*;
-use crate::commands::inspect::{Inspection, QuantInfo, RoleTotal, TensorRow};
+use crate::commands::inspect::{
+    Attention, Inspection, Moe, QLora, QuantInfo, RoleTotal, Structure, TensorRow,
+};
 use crate::quant::TensorRole;
 
 /// Ignored modules listed before "and N more" (all with `-v`): a real MoE checkpoint leaves
@@ -16,6 +18,7 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
     write_origin(w, i)?;
     write_files(w, i, verbose)?;
     write_model(w, i)?;
+    write_structure(w, &i.structure)?;
     write_quantization(w, i, verbose)?;
     write_tensors(w, i)?;
     write_totals(w, i)
@@ -133,6 +136,187 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         writeln!(w, "  {k:<20} {v}")?;
     }
     Ok(())
+}
+
+/// What a deployer weighs before picking `--tp` / `--enable-expert-parallel`: one line per item.
+fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()> {
+    writeln!(w, "\nstructure")?;
+    let mut rows = attention_rows(&s.attention);
+    match &s.moe {
+        Some(m) => rows.extend(moe_rows(m)),
+        None => rows.push(("experts", "none (a dense MLP on every layer)".into())),
+    }
+    match s.mtp_layers {
+        Some(0) => {}
+        Some(n) => rows.push((
+            "mtp",
+            format!(
+                "{n} layer{} past num_hidden_layers (num_nextn_predict_layers): vLLM's main model skips {}",
+                plural(n),
+                if n == 1 { "it" } else { "them" }
+            ),
+        )),
+        None => rows.push(("mtp", "unknown".into())),
+    }
+    for (k, v) in rows {
+        writeln!(w, "  {k:<20} {v}")?;
+    }
+    Ok(())
+}
+
+/// A structure field the config leaves unknown (absent without a default, or not a number).
+fn known<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map_or_else(|| "unknown".into(), T::to_string)
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn attention_rows(a: &Attention) -> Vec<(&'static str, String)> {
+    let (kind, h) = match a {
+        Attention::Mha(h) => ("MHA", h),
+        Attention::Gqa(h) => ("GQA", h),
+        Attention::Mqa(h) => ("MQA", h),
+        Attention::Mla(m) => {
+            let q = match m.q_lora_rank {
+                QLora::Rank(r) => format!("q_lora_rank {r}"),
+                QLora::None => "q_lora_rank none (q_proj from the hidden state)".into(),
+                QLora::Unknown(_) => "q_lora_rank unknown".into(),
+            };
+            let kv = known(&m.kv_lora_rank);
+            return vec![
+                (
+                    "attention",
+                    format!(
+                        "MLA: {} heads; {q}, kv_lora_rank {kv} (k and v are one shared latent: no kv heads to replicate)",
+                        m.heads
+                    ),
+                ),
+                (
+                    "mla head dims",
+                    format!(
+                        "qk_nope {} + qk_rope {}, v {}",
+                        known(&m.qk_nope_head_dim),
+                        known(&m.qk_rope_head_dim),
+                        known(&m.v_head_dim)
+                    ),
+                ),
+            ];
+        }
+    };
+    vec![(
+        "attention",
+        format!(
+            "{kind}: {} heads, {} kv head{}, head_dim {}",
+            h.heads,
+            h.kv_heads,
+            plural(h.kv_heads),
+            known(&h.head_dim)
+        ),
+    )]
+}
+
+fn moe_rows(m: &Moe) -> Vec<(&'static str, String)> {
+    let mut rows = vec![(
+        "experts",
+        format!(
+            "{} routed, {} per token, intermediate {}",
+            known(&m.routed_experts),
+            known(&m.experts_per_token),
+            known(&m.expert_intermediate_size)
+        ),
+    )];
+    if let Some(s) = &m.shared_experts {
+        let gate = s.gate.map_or_else(String::new, |g| {
+            format!(", scaled by {g}(shared_expert_gate)")
+        });
+        let fused = if s.count == 1 {
+            format!("1, intermediate {}", known(&s.intermediate_size))
+        } else {
+            format!(
+                "{} × {}, fused into one MLP of {}",
+                s.count,
+                known(&s.intermediate_size),
+                known(&s.fused_intermediate_size)
+            )
+        };
+        rows.push((
+            "shared experts",
+            format!("{fused}{gate}; tensor-parallel even with expert parallelism"),
+        ));
+    }
+    let rule = m
+        .layer_rule
+        .as_ref()
+        .map_or_else(String::new, |r| format!(" ({r})"));
+    let layers = match (&m.moe_layers, &m.dense_layers) {
+        (Some(moe), Some(dense)) => layer_runs(moe, dense),
+        _ => "unknown".into(),
+    };
+    rows.push(("layers", format!("{layers}{rule}")));
+    let r = &m.router;
+    let mut router = format!("{} scoring", known(&r.scoring_func));
+    if let Some(t) = &r.topk_method {
+        router.push_str(&format!(", topk_method {t}"));
+    }
+    if r.e_score_correction_bias {
+        router.push_str(&format!(
+            ": F32 e_score_correction_bias [{}]",
+            known(&m.routed_experts)
+        ));
+    }
+    if r.bias {
+        router.push_str(", with a router bias");
+    }
+    rows.push(("router", router));
+    rows
+}
+
+/// Runs of dense and MoE layers ("layers 0–2 dense, 3–60 MoE"); counts instead when the pattern
+/// alternates too often to read. `moe` is ascending.
+fn layer_runs(moe: &[u64], dense: &[u64]) -> String {
+    let total = (moe.len() + dense.len()) as u64;
+    if dense.is_empty() {
+        return format!("all {total} layers MoE");
+    }
+    if moe.is_empty() {
+        return format!("all {total} layers dense");
+    }
+    let mut runs: Vec<(u64, u64, bool)> = Vec::new();
+    for i in 0..total {
+        let is_moe = moe.binary_search(&i).is_ok();
+        match runs.last_mut() {
+            Some((_, end, m)) if *m == is_moe => *end = i,
+            _ => runs.push((i, i, is_moe)),
+        }
+    }
+    if runs.len() > 4 {
+        let first: Vec<String> = moe.iter().take(3).map(u64::to_string).collect();
+        return format!(
+            "{} MoE ({}, …), {} dense",
+            moe.len(),
+            first.join(", "),
+            dense.len()
+        );
+    }
+    let parts: Vec<String> = runs
+        .iter()
+        .map(|&(a, b, m)| {
+            let kind = if m { "MoE" } else { "dense" };
+            if a == b {
+                format!("{a} {kind}")
+            } else {
+                format!("{a}–{b} {kind}")
+            }
+        })
+        .collect();
+    let word = if runs[0].0 == runs[0].1 {
+        "layer"
+    } else {
+        "layers"
+    };
+    format!("{word} {}", parts.join(", "))
 }
 
 /// The quantization section: shown for a checkpoint whose config has a `quantization_config`, or
