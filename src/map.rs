@@ -54,8 +54,8 @@ pub struct Target {
     pub expert: Option<u64>,
     /// How the rows must be rearranged on the way, beyond a dtype cast.
     pub conversion: Option<Conversion>,
-    /// The rules that changed the name, in order, for messages.
-    pub via: Vec<String>,
+    /// The rules that changed the name, in order, for messages (`Rules::describe`).
+    pub via: Vec<crate::mapping::rules::Step>,
 }
 
 /// A rearrangement of a tensor's rows between the checkpoint and the parameter.
@@ -189,7 +189,8 @@ mod tests {
         let Fate::Target(k) = &m.tensors[0].fate else {
             unreachable!()
         };
-        assert_eq!(k.via, ["stacked '.k_proj' → '.qkv_proj' shard k"]);
+        let via: Vec<String> = k.via.iter().map(|s| llama().rules.describe(s)).collect();
+        assert_eq!(via, ["stacked '.k_proj' → '.qkv_proj' shard k"]);
         assert_eq!(m.tensors[0].file, "a.safetensors");
     }
 
@@ -265,7 +266,7 @@ mod tests {
                 "shard": "q",
                 "expert": null,
                 "conversion": null,
-                "via": ["stacked '.q_proj' → '.qkv_proj' shard q"],
+                "via": [{"stacked": 0}],
             })
         );
     }

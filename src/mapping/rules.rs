@@ -121,6 +121,20 @@ impl fmt::Display for ShardId {
     }
 }
 
+/// One rule that changed a name: its kind and index in the rules (text only when a message needs
+/// it: a large checkpoint has a hundred thousand names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    Mistral { from: String, to: String },
+    Regex(usize),
+    Substr(usize),
+    Stacked(usize),
+    Prefix(usize),
+    Suffix(usize),
+    Expert { rule: usize, id: u64 },
+}
+
 /// Where a checkpoint name ends up.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -138,8 +152,8 @@ pub struct Mapped {
     pub expert: Option<u64>,
     /// Rotary permutation with this many heads (`heads` expression of the Permute rule).
     pub permute_heads: Option<String>,
-    /// The rules that changed the name, in order, for messages.
-    pub trace: Vec<String>,
+    /// The rules that changed the name, in order, for messages ([`Rules::describe`]).
+    pub trace: Vec<Step>,
 }
 
 impl Rules {
@@ -203,7 +217,10 @@ impl Rules {
         if let Some(m) = &self.mistral {
             let (k, p) = m.remap(&key);
             if k != key {
-                trace.push(format!("mistral names: {key} → {k}"));
+                trace.push(Step::Mistral {
+                    from: key.clone(),
+                    to: k.clone(),
+                });
             }
             key = k;
             permute_heads = p;
@@ -237,17 +254,58 @@ impl Rules {
         })
     }
 
+    /// A step of a name's trace, as messages show it.
+    pub fn describe(&self, step: &Step) -> String {
+        let to = |t: &Option<String>| t.clone().unwrap_or_else(|| "null".into());
+        match step {
+            Step::Mistral { from, to } => format!("mistral names: {from} → {to}"),
+            Step::Regex(k) => {
+                let r = &self.regex[*k];
+                format!("regex `{}` → `{}`", r.pattern, to(&r.replace))
+            }
+            Step::Substr(k) => {
+                let r = &self.substr[*k];
+                format!("substring '{}' → '{}'", r.from, to(&r.to))
+            }
+            Step::Stacked(k) => {
+                let r = &self.stacked[*k];
+                format!("stacked '{}' → '{}' shard {}", r.from, r.to, r.shard)
+            }
+            Step::Prefix(k) => {
+                let r = &self.prefix[*k];
+                format!("prefix '{}' → '{}'", r.from, to(&r.to))
+            }
+            Step::Suffix(k) => {
+                let r = &self.suffix[*k];
+                format!("suffix '{}' → '{}'", r.from, to(&r.to))
+            }
+            Step::Expert { rule, id } => {
+                let r = &self.experts[*rule];
+                format!(
+                    "expert `{}` → '{}' expert {id} shard {}",
+                    r.pattern, r.replace, r.shard
+                )
+            }
+        }
+    }
+
     /// vLLM's rename rules in their fixed order (regex, substring, stacked, prefix, suffix) on
     /// the name inside the scope; `Some` when a rule drops the tensor.
     fn rename(
         &self,
         inner: &mut String,
         shard: &mut Option<ShardId>,
-        trace: &mut Vec<String>,
+        trace: &mut Vec<Step>,
     ) -> Option<Outcome> {
         // A rule fires only on what the ones before it left; if none matches the name, none fires.
         let none = self.any_regex.as_ref().is_some_and(|s| !s.is_match(inner));
-        for (r, re) in self.regex.iter().zip(&self.compiled).filter(|_| !none) {
+        for (k, (r, re)) in self
+            .regex
+            .iter()
+            .zip(&self.compiled)
+            .enumerate()
+            .filter(|_| !none)
+        {
             if re.is_match(inner) {
                 let Some(rep) = &r.replace else {
                     return Some(Outcome::Dropped {
@@ -257,11 +315,11 @@ impl Rules {
                 let new = re
                     .replace_all(inner, python_repl(rep).as_str())
                     .into_owned();
-                trace.push(format!("regex `{}` → `{rep}`", r.pattern));
+                trace.push(Step::Regex(k));
                 *inner = new;
             }
         }
-        for r in &self.substr {
+        for (k, r) in self.substr.iter().enumerate() {
             if inner.contains(&r.from) {
                 let Some(to) = &r.to else {
                     return Some(Outcome::Dropped {
@@ -269,20 +327,17 @@ impl Rules {
                     });
                 };
                 *inner = inner.replacen(&r.from, to, 1);
-                trace.push(format!("substring '{}' → '{to}'", r.from));
+                trace.push(Step::Substr(k));
             }
         }
-        for r in &self.stacked {
+        for (k, r) in self.stacked.iter().enumerate() {
             if inner.contains(&r.from) {
                 *inner = inner.replacen(&r.from, &r.to, 1);
                 *shard = Some(r.shard.clone());
-                trace.push(format!(
-                    "stacked '{}' → '{}' shard {}",
-                    r.from, r.to, r.shard
-                ));
+                trace.push(Step::Stacked(k));
             }
         }
-        for r in &self.prefix {
+        for (k, r) in self.prefix.iter().enumerate() {
             if inner.starts_with(&r.from) {
                 let Some(to) = &r.to else {
                     return Some(Outcome::Dropped {
@@ -290,10 +345,10 @@ impl Rules {
                     });
                 };
                 *inner = inner.replacen(&r.from, to, 1);
-                trace.push(format!("prefix '{}' → '{to}'", r.from));
+                trace.push(Step::Prefix(k));
             }
         }
-        for r in &self.suffix {
+        for (k, r) in self.suffix.iter().enumerate() {
             if inner.ends_with(&r.from) {
                 let Some(to) = &r.to else {
                     return Some(Outcome::Dropped {
@@ -302,7 +357,7 @@ impl Rules {
                 };
                 let cut = inner.len() - r.from.len();
                 *inner = format!("{}{to}", &inner[..cut]);
-                trace.push(format!("suffix '{}' → '{to}'", r.from));
+                trace.push(Step::Suffix(k));
             }
         }
         None
@@ -314,7 +369,7 @@ impl Rules {
         &self,
         target: &mut String,
         shard: &mut Option<ShardId>,
-        trace: &mut Vec<String>,
+        trace: &mut Vec<Step>,
     ) -> Option<u64> {
         let mut expert = None;
         if self
@@ -324,7 +379,7 @@ impl Rules {
         {
             return None;
         }
-        for (r, re) in self.experts.iter().zip(&self.compiled_experts) {
+        for (k, (r, re)) in self.experts.iter().zip(&self.compiled_experts).enumerate() {
             if let Some(c) = re.captures(target) {
                 let id = c[1].parse::<u64>().ok();
                 if let Some(id) = id {
@@ -332,10 +387,7 @@ impl Rules {
                     target.replace_range(whole, &r.replace);
                     expert = Some(id);
                     *shard = Some(ShardId::Name(r.shard.clone().into()));
-                    trace.push(format!(
-                        "expert `{}` → '{}' expert {id} shard {}",
-                        r.pattern, r.replace, r.shard
-                    ));
+                    trace.push(Step::Expert { rule: k, id });
                     break;
                 }
             }

@@ -101,7 +101,11 @@ impl Planner<'_> {
         let what = if target.parameter == t.name {
             String::new()
         } else {
-            format!(" → '{}'{}", target.parameter, via(target))
+            format!(
+                " → '{}'{}",
+                target.parameter,
+                via(&self.mapping.rules, target)
+            )
         };
         self.problems.push(Problem {
             message: format!(
@@ -124,7 +128,10 @@ impl Planner<'_> {
         target: &Target,
         a: &mut Assigned,
     ) {
-        let (t, file, via) = (m.tensor, m.file, via(target));
+        let (t, file) = (m.tensor, m.file);
+        // Text for messages only: most tensors fit and need none.
+        let rules = &self.mapping.rules;
+        let via_text = || via(rules, target);
         let shard = target.shard.as_ref();
         let key: SlotKey = target.slot();
         a.present.insert((pi, key.clone()));
@@ -132,19 +139,28 @@ impl Planner<'_> {
             Ok(s) => s,
             Err(err) => {
                 self.problems.push(Problem {
-                    message: format!("{file}: tensor '{}' → '{}'{via}: {err}", t.name, p.name),
+                    message: format!(
+                        "{file}: tensor '{}' → '{}'{}: {err}",
+                        t.name,
+                        p.name,
+                        via_text()
+                    ),
                     fix: Some("fix the mapping rule's shard id (--mapping FILE)".into()),
                 });
                 return;
             }
         };
-        let shard_text = shard.map_or(String::new(), |s| format!(" shard {s}"));
+        let shard_text = || shard.map_or(String::new(), |s| format!(" shard {s}"));
         let scalar_ok = expected.is_empty() && t.shape.iter().product::<u64>() == 1;
         if t.shape != expected && !scalar_ok {
             self.problems.push(Problem {
                 message: format!(
-                    "{file}: tensor '{}' has shape {:?}, but '{}'{shard_text}{via} expects {expected:?}",
-                    t.name, t.shape, p.name,
+                    "{file}: tensor '{}' has shape {:?}, but '{}'{}{} expects {expected:?}",
+                    t.name,
+                    t.shape,
+                    p.name,
+                    shard_text(),
+                    via_text()
                 ),
                 fix: Some(
                     "check config.json's dimensions (override with --hf-overrides) or that the checkpoint matches this model"
@@ -170,8 +186,11 @@ impl Planner<'_> {
         if let Some(prev) = a.fed[pi].get(&key) {
             self.problems.push(Problem {
                 message: format!(
-                    "'{}'{shard_text}: filled twice, by '{}' and '{}'",
-                    p.name, a.sources[prev.source].name, t.name
+                    "'{}'{}: filled twice, by '{}' and '{}'",
+                    p.name,
+                    shard_text(),
+                    a.sources[prev.source].name,
+                    t.name
                 ),
                 fix: Some("remove one of the two tensors from the checkpoint".into()),
             });
@@ -212,11 +231,12 @@ impl Planner<'_> {
 }
 
 /// ` (via rule, rule)` for messages; empty when no rule changed the name.
-fn via(target: &Target) -> String {
+fn via(rules: &crate::mapping::rules::Rules, target: &Target) -> String {
     if target.via.is_empty() {
         String::new()
     } else {
-        format!(" (via {})", target.via.join(", "))
+        let steps: Vec<String> = target.via.iter().map(|s| rules.describe(s)).collect();
+        format!(" (via {})", steps.join(", "))
     }
 }
 
