@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -22,15 +22,6 @@ use crate::support::*;
 // ---------------------------------------------------------------------------------------------
 // Reading tensors and FP8 values
 // ---------------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Held {
-    dtype: String,
-    shape: Vec<u64>,
-    data: Vec<u8>,
-}
-
-type Tensors = BTreeMap<String, Held>;
 
 /// The tensors of one safetensors file, in header order.
 fn file_tensors(path: &Path) -> Vec<(String, Held)> {
@@ -48,42 +39,6 @@ fn file_tensors(path: &Path) -> Vec<(String, Held)> {
             (t.name, held)
         })
         .collect()
-}
-
-fn read_files(files: &[PathBuf]) -> Tensors {
-    let mut out = Tensors::new();
-    for f in files {
-        for (name, held) in file_tensors(f) {
-            assert!(
-                out.insert(name.clone(), held).is_none(),
-                "{}: '{name}' twice",
-                f.display()
-            );
-        }
-    }
-    out
-}
-
-/// Rank `r` of a TP-only output folder (wload's or vLLM's).
-fn rank_tensors(dir: &Path, r: u64) -> Tensors {
-    let files = files_with_prefix(dir, &format!("model-rank-{r}-part-"));
-    assert!(
-        !files.is_empty(),
-        "{}: no files for rank {r}",
-        dir.display()
-    );
-    read_files(&files)
-}
-
-/// Every tensor of a checkpoint folder (all its `*.safetensors`).
-fn checkpoint_tensors(dir: &Path) -> Tensors {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    read_files(&files)
 }
 
 /// One FP8 E4M3 ("fn": no infinities, S.1111.111 is NaN) byte, decoded exactly: bias 7,
@@ -1361,9 +1316,7 @@ fn block_fp8_pipeline_stages_split_vllms_tp_output() {
         let whole = rank_tensors(&expected("llama_gqa__fp8_block", 2), t);
         let mut union = BTreeSet::new();
         for p in 0..2 {
-            let files = files_with_prefix(&out, &format!("model-pp-{p}-tp-{t}-part-"));
-            assert!(!files.is_empty(), "no files for stage {p} tp {t}");
-            for (name, held) in read_files(&files) {
+            for (name, held) in stage_tensors(&out, p, t) {
                 let other_layer = format!("model.layers.{}.", 1 - p);
                 assert!(!name.starts_with(&other_layer), "stage {p} holds '{name}'");
                 assert!(

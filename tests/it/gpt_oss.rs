@@ -3,9 +3,8 @@
 //! `_load_weights_other`) against the fixture's own tensors: expert parallelism, TP1 against
 //! TP2, pipeline stages, and the refusals.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 
@@ -17,38 +16,9 @@ const E: usize = 4;
 const H: usize = 128;
 const I: usize = 64;
 
-/// name → (dtype, shape, data bytes).
-type Tensors = BTreeMap<String, (String, Vec<u64>, Vec<u8>)>;
-
-fn read_tensors(files: &[PathBuf]) -> Tensors {
-    let mut out = Tensors::new();
-    for f in files {
-        let bytes = fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        let base = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        for t in header_tensors(f) {
-            let data = bytes[base + t.start as usize..base + t.end as usize].to_vec();
-            let dup = out.insert(t.name.clone(), (t.dtype, t.shape, data));
-            assert!(dup.is_none(), "{}: '{}' twice", f.display(), t.name);
-        }
-    }
-    out
-}
-
-fn rank(dir: &Path, prefix: &str) -> Tensors {
-    let files = files_with_prefix(dir, prefix);
-    assert!(!files.is_empty(), "{}: no {prefix}* files", dir.display());
-    read_tensors(&files)
-}
-
 /// Every tensor of the fixture's checkpoint files.
 fn checkpoint() -> Tensors {
-    let mut files: Vec<PathBuf> = fs::read_dir(fixture(CASE))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    read_tensors(&files)
+    checkpoint_tensors(&fixture(CASE))
 }
 
 /// BF16 element `i` of a tensor's bytes.
@@ -57,11 +27,11 @@ fn el(data: &[u8], i: usize) -> [u8; 2] {
 }
 
 fn data<'a>(t: &'a Tensors, name: &str) -> &'a [u8] {
-    &t.get(name).unwrap_or_else(|| panic!("'{name}' missing")).2
+    &t.get(name).unwrap_or_else(|| panic!("'{name}' missing")).data
 }
 
 fn shape(t: &Tensors, name: &str) -> Vec<u64> {
-    t[name].1.clone()
+    t[name].shape.clone()
 }
 
 /// Checkpoint tensor `k` of layer `l`, and the rank tensor `k` of layer `l`.
@@ -84,8 +54,8 @@ fn expert_parallel_takes_whole_experts_and_their_biases() {
     let src = checkpoint();
     let local = E / 2;
     for r in 0..2 {
-        let got = rank(&dir, &format!("model-rank-{r}-part-"));
-        let tp = rank(&expected(CASE, 2), &format!("model-rank-{r}-part-"));
+        let got = rank_tensors(&dir, r as u64);
+        let tp = rank_tensors(&expected(CASE, 2), r as u64);
         let got_keys: BTreeSet<&String> = got.keys().collect();
         let tp_keys: BTreeSet<&String> = tp.keys().collect();
         assert_eq!(got_keys, tp_keys, "rank {r}: the same keys as TP2");
@@ -150,7 +120,7 @@ fn tp1_and_tp2_agree() {
     let tmp = TempDir::new().unwrap();
     let dir = tmp.path().join("tp1");
     shard_ok(&fixture(CASE), 1, &dir, &["-q"]);
-    let one = rank(&dir, "model-rank-0-part-");
+    let one = rank_tensors(&dir, 0);
     let src = checkpoint();
     let ir = I / 2;
     for l in 0..2 {
@@ -174,7 +144,7 @@ fn tp1_and_tp2_agree() {
             data(&src, &ck(l, "down_proj_bias"))
         );
         for r in 0..2 {
-            let two = rank(&expected(CASE, 2), &format!("model-rank-{r}-part-"));
+            let two = rank_tensors(&expected(CASE, 2), r as u64);
             let (w13_1, w13_2) = (
                 data(&one, &out(l, "w13_weight")),
                 data(&two, &out(l, "w13_weight")),
@@ -224,14 +194,14 @@ fn every_pipeline_stage_holds_embedding_norm_and_lm_head() {
     let (pp, tp) = (tmp.path().join("pp"), tmp.path().join("tp"));
     shard_ok(&fixture(CASE), 1, &pp, &["--pp", "2", "-q"]);
     shard_ok(&fixture(CASE), 1, &tp, &["-q"]);
-    let whole = rank(&tp, "model-rank-0-part-");
+    let whole = rank_tensors(&tp, 0);
     let head_tail = BTreeSet::from([
         "lm_head.weight",
         "model.embedding.weight",
         "model.norm.weight",
     ]);
     for p in 0..2u64 {
-        let stage = rank(&pp, &format!("model-pp-{p}-tp-0-part-"));
+        let stage = stage_tensors(&pp, p as u64, 0);
         let top: BTreeSet<&str> = stage
             .keys()
             .map(String::as_str)
@@ -341,11 +311,11 @@ fn float32_output_is_the_bf16_output_widened() {
         let o = cmd.output().unwrap();
         assert!(o.status.success(), "{}", context(&o));
         for r in 0..2 {
-            let got = rank(&dir, &format!("model-rank-{r}-part-"));
-            let want = rank(&expected(CASE, 2), &format!("model-rank-{r}-part-"));
+            let got = rank_tensors(&dir, r);
+            let want = rank_tensors(&expected(CASE, 2), r);
             assert_eq!(got.len(), want.len(), "rank {r}");
-            for (name, (dtype, shape, bytes)) in &want {
-                let (gd, gs, gb) = &got[name];
+            for (name, Held { dtype, shape, data: bytes }) in &want {
+                let Held { dtype: gd, shape: gs, data: gb } = &got[name];
                 assert_eq!((gs, gd.as_str()), (shape, "F32"), "{name}");
                 let widened: Vec<u8> = if dtype == "BF16" {
                     bytes.chunks(2).flat_map(|b| [0, 0, b[0], b[1]]).collect()

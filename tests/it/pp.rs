@@ -3,7 +3,7 @@
 //! `model-pp-{p}-tp-{t}-part-{k}`; refusals for sizes and layouts vLLM would not run. The golden
 //! case `llama_gqa__pp2` (real vLLM output) runs with the other golden cases.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
@@ -11,45 +11,6 @@ use serde_json::json;
 use tempfile::TempDir;
 
 use crate::support::*;
-
-/// name → (dtype, shape, data bytes) of every tensor in `files`.
-type Tensors = BTreeMap<String, (String, Vec<u64>, Vec<u8>)>;
-
-fn read_tensors(files: &[std::path::PathBuf]) -> Tensors {
-    let mut out = Tensors::new();
-    for f in files {
-        let bytes = fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        let base = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        for t in header_tensors(f) {
-            let data = bytes[base + t.start as usize..base + t.end as usize].to_vec();
-            let dup = out.insert(t.name.clone(), (t.dtype, t.shape, data));
-            assert!(dup.is_none(), "{}: '{}' twice", f.display(), t.name);
-        }
-    }
-    out
-}
-
-/// Stage `p`, TP rank `t` of a PP output.
-fn stage(dir: &Path, p: u64, t: u64) -> Tensors {
-    let files = files_with_prefix(dir, &format!("model-pp-{p}-tp-{t}-part-"));
-    assert!(
-        !files.is_empty(),
-        "{}: no files for stage {p} tp {t}",
-        dir.display()
-    );
-    read_tensors(&files)
-}
-
-/// TP rank `t` of a TP-only output.
-fn tp_only(dir: &Path, t: u64) -> Tensors {
-    let files = files_with_prefix(dir, &format!("model-rank-{t}-part-"));
-    assert!(
-        !files.is_empty(),
-        "{}: no files for rank {t}",
-        dir.display()
-    );
-    read_tensors(&files)
-}
 
 /// Every tensor of every stage equals the TP-only output's tensor of the same TP rank under the
 /// same key (or under `alias`'s other name, for a tied pair that the TP-only output keeps under
@@ -65,8 +26,8 @@ fn assert_stages_match_tp_only(
     for p in 0..pp {
         let mut stage_keys: Option<BTreeSet<String>> = None;
         for t in 0..tp {
-            let whole = tp_only(tp_out, t);
-            let got = stage(pp_out, p, t);
+            let whole = rank_tensors(tp_out, t);
+            let got = stage_tensors(pp_out, p, t);
             for (name, held) in &got {
                 let want = whole.get(name).or_else(|| {
                     let (a, b) = alias?;
@@ -553,7 +514,7 @@ fn parts_are_split_per_stage_and_tp_rank() {
                 assert_eq!(f.file_name().unwrap().to_string_lossy(), want);
             }
             assert!(
-                stage(&small, p, t) == stage(&whole, p, t),
+                stage_tensors(&small, p, t) == stage_tensors(&whole, p, t),
                 "stage {p} tp {t}"
             );
         }

@@ -1,12 +1,14 @@
 //! Helpers shared by the integration tests: the one way to run the binary and to check a refusal
 //! (`run`), the golden fixtures (`golden`), a safetensors writer/reader independent of the crate
-//! (`safetensors`), small generated checkpoints (`checkpoints`), and how a test whose environment
-//! is missing is skipped or, in CI, failed.
+//! (`safetensors`), every tensor of an output rank or a checkpoint (`tensors`), small generated
+//! checkpoints (`checkpoints`), and how a test whose environment is missing is skipped or, in CI,
+//! failed.
 
 mod checkpoints;
 mod golden;
 mod run;
 mod safetensors;
+mod tensors;
 
 use std::path::Path;
 
@@ -14,6 +16,7 @@ pub use checkpoints::*;
 pub use golden::*;
 pub use run::*;
 pub use safetensors::*;
+pub use tensors::*;
 
 /// The path as a `&str`, for command lines.
 pub fn s(p: &Path) -> &str {
