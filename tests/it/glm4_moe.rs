@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -23,34 +23,6 @@ const E: usize = 8; // n_routed_experts
 const MI: usize = 64; // moe_intermediate_size (n_shared_experts 1: the shared experts' too)
 const VOCAB: usize = 1000;
 const LAYERS: usize = 2; // num_hidden_layers; layer 2 is the MTP layer
-
-/// A checkpoint tensor: dtype, shape, bytes.
-#[derive(Debug, Clone)]
-struct Held {
-    dtype: String,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl Held {
-    /// Bytes of rows `[from, to)` along the first dimension.
-    fn rows(&self, from: usize, to: usize) -> &[u8] {
-        let row = self.data.len() / self.shape[0];
-        &self.data[from * row..to * row]
-    }
-
-    /// Of a 2-D tensor, columns `[from, to)` of every row, concatenated.
-    fn cols(&self, from: usize, to: usize) -> Vec<u8> {
-        let el = self.data.len() / self.shape.iter().product::<usize>();
-        let row = self.shape[1] * el;
-        self.data
-            .chunks(row)
-            .flat_map(|r| r[from * el..to * el].to_vec())
-            .collect()
-    }
-}
-
-type Tensors = BTreeMap<String, Held>;
 
 /// splitmix64: a well-mixed value for each (tensor, element), so that no two slices of the
 /// checkpoint are equal by accident.
@@ -173,6 +145,7 @@ fn tensors() -> Tensors {
             ("BF16", bf16_data(t as u64, n))
         };
         let dtype = dtype.to_string();
+        let shape = shape.iter().map(|&d| d as u64).collect();
         tensors.insert(name, Held { dtype, shape, data });
     }
     tensors
@@ -182,18 +155,13 @@ fn tensors() -> Tensors {
 fn write_checkpoint(config: &Value, tensors: &Tensors) -> TempDir {
     let tmp = TempDir::new().unwrap();
     write_json(&tmp.path().join("config.json"), config);
-    let shapes: Vec<Vec<u64>> = tensors
-        .values()
-        .map(|t| t.shape.iter().map(|&d| d as u64).collect())
-        .collect();
     let list: Vec<Tensor> = tensors
         .iter()
-        .zip(&shapes)
-        .map(|((n, t), sh)| {
+        .map(|(n, t)| {
             (
                 n.as_str(),
                 t.dtype.as_str(),
-                sh.as_slice(),
+                t.shape.as_slice(),
                 t.data.as_slice(),
             )
         })
@@ -206,34 +174,6 @@ fn write_checkpoint(config: &Value, tensors: &Tensors) -> TempDir {
 fn checkpoint() -> (TempDir, Tensors) {
     let tensors = tensors();
     (write_checkpoint(&config(), &tensors), tensors)
-}
-
-/// The tensors of rank `r` of a TP-only output folder.
-fn rank_tensors(dir: &Path, r: usize) -> Tensors {
-    let files: Vec<PathBuf> = files_with_prefix(dir, &format!("model-rank-{r}-part-"));
-    assert!(
-        !files.is_empty(),
-        "{}: no files for rank {r}",
-        dir.display()
-    );
-    let mut out = Tensors::new();
-    for f in files {
-        let bytes = fs::read(&f).unwrap();
-        let base = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        for t in header_tensors(&f) {
-            let held = Held {
-                dtype: t.dtype,
-                shape: t.shape.iter().map(|&d| d as usize).collect(),
-                data: bytes[base + t.start as usize..base + t.end as usize].to_vec(),
-            };
-            assert!(
-                out.insert(t.name.clone(), held).is_none(),
-                "'{}' twice",
-                t.name
-            );
-        }
-    }
-    out
 }
 
 /// vLLM's state_dict keys for one rank, in order, read from models/glm4_moe.py (vLLM 0.33):
@@ -307,6 +247,7 @@ fn assert_tensor(got: &Tensors, name: &str, dtype: &str, shape: &[usize], want: 
         .get(name)
         .unwrap_or_else(|| panic!("{ctx}: no '{name}'"));
     assert_eq!(t.dtype, dtype, "{ctx}: {name} dtype");
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
     assert_eq!(t.shape, shape, "{ctx}: {name} shape");
     assert!(
         t.data == want,
@@ -410,7 +351,7 @@ fn tp2_holds_vllms_keys_dtypes_and_rows() {
             vllm_keys(),
             "{ctx}: keys in vLLM's order"
         );
-        let got = rank_tensors(&dir, r);
+        let got = rank_tensors(&dir, r as u64);
         let mut want_keys = vllm_keys();
         want_keys.sort();
         assert_eq!(
@@ -471,7 +412,7 @@ fn ep2_places_whole_experts_and_keeps_the_rest_as_tp2() {
     let p = "model.layers.1.mlp.experts.routed_experts";
     for r in 0..2 {
         let ctx = format!("ep2 rank {r}");
-        let (tp, ep) = (rank_tensors(&tp_dir, r), rank_tensors(&ep_dir, r));
+        let (tp, ep) = (rank_tensors(&tp_dir, r as u64), rank_tensors(&ep_dir, r as u64));
         check_common(&ep, &ck, r, 2, &ctx);
         // Linear placement: rank r holds experts [4r, 4r + 4), whole.
         let c = |n: String| &ck[&format!("model.layers.1.mlp.experts.{n}")];
@@ -630,7 +571,7 @@ fn block_fp8_keeps_the_router_f32_and_quantizes_the_shared_experts() {
         t.data = t.data.chunks(2).map(|b| b[1] & 0x77).collect();
         t.dtype = "F8_E4M3".into();
         let blocks = vec![t.shape[0].div_ceil(32), t.shape[1].div_ceil(32)];
-        let n = blocks.iter().product();
+        let n = blocks.iter().product::<u64>() as usize;
         let scale = Held {
             dtype: "F32".into(),
             shape: blocks,
