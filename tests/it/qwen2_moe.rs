@@ -4,7 +4,6 @@
 //! block FP8, and the sizes vLLM refuses.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -35,15 +34,9 @@ fn rank(dir: &Path, r: u64) -> Tensors {
 
 /// Data bytes by name of every tensor of a checkpoint folder.
 fn source_bytes(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    read_tensors(&files)
+    checkpoint_tensors(dir)
         .into_iter()
-        .map(|(n, _, _, d)| (n, d))
+        .map(|(n, t)| (n, t.data))
         .collect()
 }
 

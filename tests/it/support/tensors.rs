@@ -84,5 +84,10 @@ pub fn checkpoint_tensors(dir: &Path) -> Tensors {
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
+    assert!(
+        !files.is_empty(),
+        "{}: no *.safetensors files",
+        dir.display()
+    );
     read_files(&files)
 }
