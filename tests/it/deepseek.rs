@@ -31,36 +31,8 @@ const BLOCK: usize = 32; // the block-FP8 tests' weight_block_size
 
 const FIXTURE: &str = "deepseek_v3";
 
-/// A tensor: dtype, shape, bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Held {
-    dtype: String,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl Held {
-    /// Bytes of rows `[from, to)` along the first dimension.
-    fn rows(&self, from: usize, to: usize) -> &[u8] {
-        let row = self.data.len() / self.shape[0];
-        &self.data[from * row..to * row]
-    }
-
-    /// Of a 2-D tensor, columns `[from, to)` of every row, concatenated.
-    fn cols(&self, from: usize, to: usize) -> Vec<u8> {
-        let el = self.data.len() / self.shape.iter().product::<usize>();
-        self.data
-            .chunks(self.shape[1] * el)
-            .flat_map(|r| r[from * el..to * el].to_vec())
-            .collect()
-    }
-}
-
-/// Tensors by name.
-type Tensors = BTreeMap<String, Held>;
-
 /// The tensors of some safetensors files, in file and header order.
-fn read_files(files: &[PathBuf]) -> Vec<(String, Held)> {
+fn read_list(files: &[PathBuf]) -> Vec<(String, Held)> {
     assert!(!files.is_empty(), "no safetensors files to read");
     let mut out = Vec::new();
     for f in files {
@@ -68,7 +40,7 @@ fn read_files(files: &[PathBuf]) -> Vec<(String, Held)> {
         for t in header_tensors(f) {
             let held = Held {
                 dtype: t.dtype,
-                shape: t.shape.iter().map(|&d| d as usize).collect(),
+                shape: t.shape,
                 data: raw.data[t.start as usize..t.end as usize].to_vec(),
             };
             out.push((t.name, held));
@@ -80,12 +52,7 @@ fn read_files(files: &[PathBuf]) -> Vec<(String, Held)> {
 /// The files of one rank (`prefix`: `model-rank-{r}-part-` or `model-pp-{p}-tp-{t}-part-`) of
 /// an output folder, in header order.
 fn output(dir: &Path, prefix: &str) -> Vec<(String, Held)> {
-    read_files(&files_with_prefix(dir, prefix))
-}
-
-/// Rank `r` of a TP-only output folder, by name.
-fn rank(dir: &Path, r: usize) -> Tensors {
-    by_name(output(dir, &format!("model-rank-{r}-part-")))
+    read_list(&files_with_prefix(dir, prefix))
 }
 
 fn by_name(list: Vec<(String, Held)>) -> Tensors {
@@ -101,14 +68,7 @@ fn names(list: &[(String, Held)]) -> Vec<&str> {
 
 /// The golden fixture's tensors (six files).
 fn fixture_tensors() -> Tensors {
-    let dir = fixture(FIXTURE);
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    by_name(read_files(&files))
+    checkpoint_tensors(&fixture(FIXTURE))
 }
 
 fn fixture_config() -> Value {
@@ -119,14 +79,9 @@ fn fixture_config() -> Value {
 fn write_checkpoint(config: &Value, tensors: &Tensors) -> TempDir {
     let tmp = TempDir::new().unwrap();
     write_json(&tmp.path().join("config.json"), config);
-    let shapes: Vec<Vec<u64>> = tensors
-        .values()
-        .map(|t| t.shape.iter().map(|&d| d as u64).collect())
-        .collect();
     let list: Vec<Tensor> = tensors
         .iter()
-        .zip(&shapes)
-        .map(|((n, t), sh)| (n.as_str(), t.dtype.as_str(), sh.as_slice(), &t.data[..]))
+        .map(|(n, t)| (n.as_str(), t.dtype.as_str(), &t.shape[..], &t.data[..]))
         .collect();
     write_safetensors(&tmp.path().join("model.safetensors"), &list);
     tmp
@@ -153,7 +108,7 @@ fn bf16_data(t: u64, n: usize) -> Vec<u8> {
 fn bf16(t: u64, shape: &[usize]) -> Held {
     Held {
         dtype: "BF16".into(),
-        shape: shape.to_vec(),
+        shape: shape.iter().map(|&d| d as u64).collect(),
         data: bf16_data(t, shape.iter().product()),
     }
 }
@@ -316,6 +271,7 @@ fn assert_tensor(got: &Tensors, name: &str, dtype: &str, shape: &[usize], want: 
         .get(name)
         .unwrap_or_else(|| panic!("{ctx}: no '{name}'"));
     assert_eq!(t.dtype, dtype, "{ctx}: {name} dtype");
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
     assert_eq!(t.shape, shape, "{ctx}: {name} shape");
     assert!(
         t.data == want,
@@ -326,7 +282,7 @@ fn assert_tensor(got: &Tensors, name: &str, dtype: &str, shape: &[usize], want: 
 /// Asserts that every key of `got` that `pick` selects is byte-identical (dtype, shape, data) to
 /// the same key of vLLM's TP2 output of the fixture, rank `r`; returns how many were compared.
 fn assert_as_golden(got: &Tensors, r: usize, pick: impl Fn(&str) -> bool, ctx: &str) -> usize {
-    let want = rank(&expected(FIXTURE, 2), r);
+    let want = rank_tensors(&expected(FIXTURE, 2), r as u64);
     let mut n = 0;
     for (name, t) in got.iter().filter(|(n, _)| pick(n)) {
         let w = want
@@ -417,7 +373,7 @@ fn v2_lite_without_q_lora_holds_vllms_keys_and_slices_at_tp2() {
             layout.keys(),
             "{ctx}: keys in vLLM's order"
         );
-        let got = rank(tmp.path(), r);
+        let got = rank_tensors(tmp.path(), r as u64);
         let mut sorted = layout.keys();
         sorted.sort();
         assert_eq!(
@@ -458,7 +414,7 @@ fn v2_lite_without_q_lora_holds_vllms_keys_and_slices_at_tp2() {
         assert_eq!(compared, layout.keys().len() - 4, "{ctx}: compared to vLLM");
     }
     // Rank 1's routed experts, from the checkpoint: intermediate rows [32, 64) of every expert.
-    let got = rank(tmp.path(), 1);
+    let got = rank_tensors(tmp.path(), 1);
     let (w13, w2) = routed(&ck, 0..E, MI / 2, MI);
     let p = l(1, "mlp.experts.routed_experts");
     let ctx = "v2-lite tp2 rank 1";
@@ -604,15 +560,16 @@ fn quantize(cfg: &mut Value, ck: &mut Tensors, keep: impl Fn(&str) -> bool) {
         .collect();
     for (t, name) in projections.into_iter().enumerate() {
         let w = ck.get_mut(&name).unwrap();
-        let n = w.shape.iter().product::<usize>();
-        w.data = (0..n as u64)
+        let n = w.shape.iter().product::<u64>();
+        w.data = (0..n)
             .map(|k| mix((t as u64) << 32 | k) as u8 & 0xF7)
             .collect();
         w.dtype = "F8_E4M3".into();
-        let blocks = vec![w.shape[0].div_ceil(BLOCK), w.shape[1].div_ceil(BLOCK)];
+        let b = BLOCK as u64;
+        let blocks = vec![w.shape[0].div_ceil(b), w.shape[1].div_ceil(b)];
         let scale = Held {
             dtype: "F32".into(),
-            data: scale_data(t, blocks.iter().product()),
+            data: scale_data(t, blocks.iter().product::<u64>() as usize),
             shape: blocks,
         };
         ck.insert(format!("{name}_scale_inv"), scale);
@@ -644,14 +601,14 @@ fn fp8_expected(
     let sc = |n: &str| c(&format!("{n}.weight_scale_inv"));
     // Column-parallel: rows [r·out/2, (r+1)·out/2) of the weight, the matching scale rows.
     let column = |n: &str| {
-        let (out, blocks) = (w(n).shape[0], sc(n).shape[0]);
+        let (out, blocks) = (w(n).shape[0] as usize, sc(n).shape[0] as usize);
         let weight = w(n).rows(r * out / 2, (r + 1) * out / 2).to_vec();
         let scale = sc(n).rows(r * blocks / 2, (r + 1) * blocks / 2).to_vec();
         (weight, scale)
     };
     // Row-parallel: the input columns and the matching scale columns.
     let row = |n: &str| {
-        let (inp, blocks) = (w(n).shape[1], sc(n).shape[1]);
+        let (inp, blocks) = (w(n).shape[1] as usize, sc(n).shape[1] as usize);
         let weight = w(n).cols(r * inp / 2, (r + 1) * inp / 2);
         let scale = sc(n).cols(r * blocks / 2, (r + 1) * blocks / 2);
         (weight, scale)
@@ -755,7 +712,7 @@ fn block_fp8_v3_holds_vllms_scales_at_tp2() {
             layout.keys(),
             "{ctx}: keys in vLLM's order"
         );
-        let got = rank(tmp.path(), r);
+        let got = rank_tensors(tmp.path(), r as u64);
         assert_eq!(got.len(), layout.keys().len(), "{ctx}: keys on disk");
         let mut quantized = 0;
         for i in 0..2 {
@@ -835,7 +792,7 @@ fn block_fp8_v2_lite_quantizes_the_replicated_kv_a_proj_whole() {
             layout.keys(),
             "{ctx}: keys in vLLM's order"
         );
-        let got = rank(tmp.path(), r);
+        let got = rank_tensors(tmp.path(), r as u64);
         assert_eq!(got.len(), layout.keys().len(), "{ctx}: keys on disk");
         for i in 0..2 {
             let c = |n: &str| &ck[&l(i, n)];
