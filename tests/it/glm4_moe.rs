@@ -412,7 +412,10 @@ fn ep2_places_whole_experts_and_keeps_the_rest_as_tp2() {
     let p = "model.layers.1.mlp.experts.routed_experts";
     for r in 0..2 {
         let ctx = format!("ep2 rank {r}");
-        let (tp, ep) = (rank_tensors(&tp_dir, r as u64), rank_tensors(&ep_dir, r as u64));
+        let (tp, ep) = (
+            rank_tensors(&tp_dir, r as u64),
+            rank_tensors(&ep_dir, r as u64),
+        );
         check_common(&ep, &ck, r, 2, &ctx);
         // Linear placement: rank r holds experts [4r, 4r + 4), whole.
         let c = |n: String| &ck[&format!("model.layers.1.mlp.experts.{n}")];

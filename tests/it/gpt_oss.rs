@@ -27,7 +27,9 @@ fn el(data: &[u8], i: usize) -> [u8; 2] {
 }
 
 fn data<'a>(t: &'a Tensors, name: &str) -> &'a [u8] {
-    &t.get(name).unwrap_or_else(|| panic!("'{name}' missing")).data
+    &t.get(name)
+        .unwrap_or_else(|| panic!("'{name}' missing"))
+        .data
 }
 
 fn shape(t: &Tensors, name: &str) -> Vec<u64> {
@@ -201,7 +203,7 @@ fn every_pipeline_stage_holds_embedding_norm_and_lm_head() {
         "model.norm.weight",
     ]);
     for p in 0..2u64 {
-        let stage = stage_tensors(&pp, p as u64, 0);
+        let stage = stage_tensors(&pp, p, 0);
         let top: BTreeSet<&str> = stage
             .keys()
             .map(String::as_str)
@@ -314,8 +316,9 @@ fn float32_output_is_the_bf16_output_widened() {
             let got = rank_tensors(&dir, r);
             let want = rank_tensors(&expected(CASE, 2), r);
             assert_eq!(got.len(), want.len(), "rank {r}");
-            for (name, Held { dtype, shape, data: bytes }) in &want {
-                let Held { dtype: gd, shape: gs, data: gb } = &got[name];
+            for (name, w) in &want {
+                let (dtype, shape, bytes) = (&w.dtype, &w.shape, &w.data);
+                let (gd, gs, gb) = (&got[name].dtype, &got[name].shape, &got[name].data);
                 assert_eq!((gs, gd.as_str()), (shape, "F32"), "{name}");
                 let widened: Vec<u8> = if dtype == "BF16" {
                     bytes.chunks(2).flat_map(|b| [0, 0, b[0], b[1]]).collect()

@@ -128,29 +128,19 @@ struct Held {
 
 /// What vLLM's rank `rank` held in `case`: each tensor's dtype, shape and XXH3 of its data bytes.
 fn vllm_rank(case: &GoldenCase, rank: u64) -> BTreeMap<String, Held> {
-    let mut out = BTreeMap::new();
     let files = case.rank_files(rank);
     assert!(!files.is_empty(), "{}: no files for rank {rank}", case.name);
-    for f in files {
-        let bytes = fs::read(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let base = 8 + n;
-        for t in header_tensors(&f) {
-            let data = &bytes[base + t.start as usize..base + t.end as usize];
+    read_files(&files)
+        .into_iter()
+        .map(|(name, t)| {
             let held = Held {
                 dtype: t.dtype,
                 shape: t.shape,
-                xxh3: hex(data),
+                xxh3: hex(&t.data),
             };
-            assert!(
-                out.insert(t.name.clone(), held).is_none(),
-                "{}: '{}' twice in rank {rank}",
-                case.name,
-                t.name
-            );
-        }
-    }
-    out
+            (name, held)
+        })
+        .collect()
 }
 
 /// What a `--checksums --json` report says rank `rank` holds.

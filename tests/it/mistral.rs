@@ -59,20 +59,13 @@ fn native_checkpoint() -> TempDir {
         serde_json::from_slice(&fs::read(fixture.join("config.json")).unwrap()).unwrap();
     let hd = cfg["head_dim"].as_u64().unwrap() as usize;
     let mut owned: Vec<(String, String, Vec<u64>, Vec<u8>)> = Vec::new();
-    for f in fs::read_dir(&fixture).unwrap().map(|e| e.unwrap().path()) {
-        if f.extension().is_none_or(|e| e != "safetensors") {
-            continue;
+    for (name, t) in checkpoint_tensors(&fixture) {
+        let mut data = t.data;
+        if name.contains("q_proj.weight") || name.contains("k_proj.weight") {
+            let row = data.len() / t.shape[0] as usize;
+            data = interleave(&data, t.shape[0] as usize, row, hd);
         }
-        let bytes = fs::read(&f).unwrap();
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        for t in header_tensors(&f) {
-            let mut data = bytes[8 + n + t.start as usize..8 + n + t.end as usize].to_vec();
-            if t.name.contains("q_proj.weight") || t.name.contains("k_proj.weight") {
-                let row = data.len() / t.shape[0] as usize;
-                data = interleave(&data, t.shape[0] as usize, row, hd);
-            }
-            owned.push((native_name(&t.name), t.dtype, t.shape, data));
-        }
+        owned.push((native_name(&name), t.dtype, t.shape, data));
     }
     owned.sort_by(|a, b| a.0.cmp(&b.0));
     let dir = TempDir::new().unwrap();

@@ -15,20 +15,13 @@ use tempfile::TempDir;
 fn tied_with_lm_head(equal: bool) -> TempDir {
     let tmp = copy_fixture("llama_tied_fp16");
     let dir = tmp.path();
-    let mut embed = None;
-    for f in fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()) {
-        if f.extension().is_some_and(|e| e == "safetensors") {
-            let bytes = fs::read(&f).unwrap();
-            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-            for t in header_tensors(&f) {
-                if t.name == "model.embed_tokens.weight" {
-                    let data = bytes[8 + n + t.start as usize..8 + n + t.end as usize].to_vec();
-                    embed = Some((t.dtype, t.shape, data));
-                }
-            }
-        }
-    }
-    let (dtype, shape, mut data) = embed.expect("the fixture has an embedding");
+    let Held {
+        dtype,
+        shape,
+        mut data,
+    } = checkpoint_tensors(dir)
+        .remove("model.embed_tokens.weight")
+        .expect("the fixture has an embedding");
     if !equal {
         data[0] ^= 0x01;
     }

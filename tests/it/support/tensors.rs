@@ -56,23 +56,18 @@ pub fn read_files(files: &[PathBuf]) -> Tensors {
 
 /// Rank `r` of a TP-only output folder (wload's or vLLM's); a rank without files fails the test.
 pub fn rank_tensors(dir: &Path, r: u64) -> Tensors {
-    let files = files_with_prefix(dir, &format!("model-rank-{r}-part-"));
-    assert!(
-        !files.is_empty(),
-        "{}: no files for rank {r}",
-        dir.display()
-    );
-    read_files(&files)
+    output_tensors(dir, &format!("model-rank-{r}-part-"))
 }
 
 /// Stage `p`, TP rank `t` of a PP output folder; a stage without files fails the test.
 pub fn stage_tensors(dir: &Path, p: u64, t: u64) -> Tensors {
-    let files = files_with_prefix(dir, &format!("model-pp-{p}-tp-{t}-part-"));
-    assert!(
-        !files.is_empty(),
-        "{}: no files for stage {p} tp {t}",
-        dir.display()
-    );
+    output_tensors(dir, &format!("model-pp-{p}-tp-{t}-part-"))
+}
+
+/// The files `{prefix}{part}.safetensors` of an output folder, at least one.
+fn output_tensors(dir: &Path, prefix: &str) -> Tensors {
+    let files = files_with_prefix(dir, prefix);
+    assert!(!files.is_empty(), "{}: no {prefix}* files", dir.display());
     read_files(&files)
 }
 
