@@ -87,24 +87,6 @@ fn write_checkpoint(config: &Value, tensors: &Tensors) -> TempDir {
     tmp
 }
 
-/// splitmix64: a well-mixed value for each (tensor, element).
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// `n` finite BF16 values for tensor number `t`, distinct from any other tensor's.
-fn bf16_data(t: u64, n: usize) -> Vec<u8> {
-    (0..n as u64)
-        .flat_map(|k| {
-            let h = mix(t << 32 | k) as u16;
-            ((h & 0x80FF) | 0x3F00).to_le_bytes()
-        })
-        .collect()
-}
-
 fn bf16(t: u64, shape: &[usize]) -> Held {
     Held {
         dtype: "BF16".into(),
@@ -263,20 +245,6 @@ fn plan_keys(plan: &Value, r: usize) -> Vec<String> {
         .iter()
         .map(|t| t["name"].as_str().unwrap().to_string())
         .collect()
-}
-
-/// Asserts that `got[name]` has `dtype`, `shape` and exactly `want` as bytes.
-fn assert_tensor(got: &Tensors, name: &str, dtype: &str, shape: &[usize], want: &[u8], ctx: &str) {
-    let t = got
-        .get(name)
-        .unwrap_or_else(|| panic!("{ctx}: no '{name}'"));
-    assert_eq!(t.dtype, dtype, "{ctx}: {name} dtype");
-    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-    assert_eq!(t.shape, shape, "{ctx}: {name} shape");
-    assert!(
-        t.data == want,
-        "{ctx}: {name}: bytes differ from the expected slice"
-    );
 }
 
 /// Asserts that every key of `got` that `pick` selects is byte-identical (dtype, shape, data) to

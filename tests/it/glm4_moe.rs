@@ -24,26 +24,6 @@ const MI: usize = 64; // moe_intermediate_size (n_shared_experts 1: the shared e
 const VOCAB: usize = 1000;
 const LAYERS: usize = 2; // num_hidden_layers; layer 2 is the MTP layer
 
-/// splitmix64: a well-mixed value for each (tensor, element), so that no two slices of the
-/// checkpoint are equal by accident.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// `n` BF16 values for tensor number `t`: finite (exponent kept near 1.0, never NaN or Inf, so a
-/// widening to F32 is exact and comparable bit for bit), sign and low bits from the hash.
-fn bf16_data(t: u64, n: usize) -> Vec<u8> {
-    (0..n as u64)
-        .flat_map(|k| {
-            let h = mix(t << 32 | k) as u16;
-            ((h & 0x80FF) | 0x3F00).to_le_bytes()
-        })
-        .collect()
-}
-
 /// `n` distinct F32 values for tensor number `t`.
 fn f32_data(t: u64, n: usize) -> Vec<u8> {
     (0..n)
@@ -239,20 +219,6 @@ fn widen(bf16: &[u8]) -> Vec<u8> {
 
 fn cat(parts: &[&[u8]]) -> Vec<u8> {
     parts.concat()
-}
-
-/// Asserts that `got[name]` has `dtype`, `shape` and exactly `want` as bytes.
-fn assert_tensor(got: &Tensors, name: &str, dtype: &str, shape: &[usize], want: &[u8], ctx: &str) {
-    let t = got
-        .get(name)
-        .unwrap_or_else(|| panic!("{ctx}: no '{name}'"));
-    assert_eq!(t.dtype, dtype, "{ctx}: {name} dtype");
-    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-    assert_eq!(t.shape, shape, "{ctx}: {name} shape");
-    assert!(
-        t.data == want,
-        "{ctx}: {name}: bytes differ from the checkpoint's slice"
-    );
 }
 
 /// What rank `r` of `tp` must hold in the tensors that do not depend on expert parallelism.
