@@ -448,17 +448,27 @@ impl Geometry {
         }
     }
 
-    /// Transposing copies from the whole checkpoint tensor (the slot without shard or expert id)
-    /// that fill rank `r`'s tensor besides [`RankLayout::slices`], each with a description of the
-    /// region it reads. Only gpt-oss's expert weights have them.
-    pub fn transposed(&self, r: Rank) -> Vec<(Block, super::Region)> {
+    /// Copies with a source element stride other than 1 that fill rank `r`'s tensor besides
+    /// [`RankLayout::slices`], each with its slot and a description of the region it reads:
+    /// gpt-oss's expert weights (transposed, from the whole checkpoint tensor) and expert block
+    /// scales on vLLM's refined grid (each checkpoint scale repeated).
+    pub fn strided(&self, r: Rank) -> Vec<(SlotKey, Block, super::Region)> {
         match self {
             Geometry::GptOssExperts {
                 part,
                 experts,
                 intermediate,
                 hidden,
-            } => gpt_oss_transposed(*part, *experts, *intermediate, *hidden, r),
+            } => gpt_oss_transposed(*part, *experts, *intermediate, *hidden, r)
+                .into_iter()
+                .map(|(b, region)| ((None, None), b, region))
+                .collect(),
+            Geometry::ExpertBlockScale {
+                part,
+                experts,
+                dims,
+                block,
+            } => scales::expert_block_refined(*part, *experts, *dims, *block, r),
             _ => Vec::new(),
         }
     }
@@ -886,7 +896,7 @@ mod tests {
                             }
                             let src_n: u64 =
                                 g.expected_source(None).map_or(0, |s| s.iter().product());
-                            for (b, _) in g.transposed(r) {
+                            for (_, b, _) in g.strided(r) {
                                 for k in 0..b.rows {
                                     let s = b.src_start + k * b.src_stride;
                                     assert!(s + b.src_row_span() <= src_n, "{g:?} tp{tp} r{rank}");
@@ -918,7 +928,7 @@ mod tests {
             .slices
             .iter()
             .map(Slice::block)
-            .chain(g.transposed(r).into_iter().map(|(b, _)| b));
+            .chain(g.strided(r).into_iter().map(|(_, b, _)| b));
         for b in blocks {
             for k in 0..b.rows {
                 for x in 0..b.row {

@@ -101,8 +101,8 @@ fn rank_tensor(p: &Param, name: &str, r: Rank, fed: &Fed, fused: bool) -> Option
                 None => pieces.extend(unfilled(&slice.block(), fill)),
             }
         }
-        for (b, region) in p.geometry.transposed(r) {
-            match fed.get(&(None, None)) {
+        for (slot, b, region) in p.geometry.strided(r) {
+            match fed.get(&slot) {
                 Some(feed) => pieces.push(copy(feed.source, region, b)),
                 None => pieces.extend(unfilled(&b, fill)),
             }

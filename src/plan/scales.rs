@@ -3,7 +3,8 @@
 //! per rank, which elements of which checkpoint scale fill which part of the scale parameter.
 //! Per-channel scales need no kind of their own: they are sliced like their weight's rows.
 
-use super::layout::{Geometry, Rank, RankLayout, Slice, SlotKey, local_experts};
+use super::layout::{Block, Geometry, Rank, RankLayout, Slice, SlotKey, local_experts};
+use super::types::Region;
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
 
@@ -341,6 +342,18 @@ pub(super) fn expert_block_scale(
     let (local, moe_tp, moe_rank) = expert_split(experts, r);
     let ip = intermediate / moe_tp;
     let e_loc = local.end - local.start;
+    if let Some(g) = refined_grid([intermediate, hidden], [bn, bk], r, experts) {
+        // Filled by expert_block_refined's repeating copies.
+        let shape = match part {
+            ExpertPart::W13 => vec![e_loc, 2 * ip.div_ceil(g), hidden.div_ceil(g)],
+            ExpertPart::W2 => vec![e_loc, hidden.div_ceil(g), ip.div_ceil(g)],
+        };
+        return RankLayout {
+            shape,
+            slices: vec![],
+            zeros: vec![],
+        };
+    }
     let mut slices = Vec::new();
     let shape = match part {
         ExpertPart::W13 => {
@@ -386,8 +399,27 @@ pub(super) fn expert_block_scale(
     }
 }
 
-/// vLLM's checks on fused expert block scales (`validate_fp8_block_shape_moe`, and
-/// `refine_fp8_moe_block_shape`, whose finer block grid wload does not write yet).
+/// The finer block vLLM gives expert scales when a rank's share of the intermediate size is not
+/// whole blocks (`refine_fp8_moe_block_shape`, fused_moe/oracle/fp8.py:292–318: the gcd of both
+/// block sides, the share and the hidden size, used when at least 32), or `None` when the
+/// checkpoint's blocks fit as they are or cannot be refined.
+fn refined_grid(
+    [intermediate, hidden]: [u64; 2],
+    [bn, bk]: [u64; 2],
+    r: Rank,
+    experts: u64,
+) -> Option<u64> {
+    let (_, moe_tp, _) = expert_split(experts, r);
+    let ip = intermediate / moe_tp;
+    if ip.is_multiple_of(bn) && (moe_tp == 1 || ip.is_multiple_of(bk)) {
+        return None;
+    }
+    let g = gcd(gcd(bn, bk), gcd(ip, hidden));
+    (g >= 32).then_some(g)
+}
+
+/// vLLM's checks on fused expert block scales (`validate_fp8_block_shape_moe`), after the
+/// refinement that lets most shares through.
 pub(super) fn expert_block_check(
     experts: u64,
     [intermediate, hidden]: [u64; 2],
@@ -399,11 +431,18 @@ pub(super) fn expert_block_check(
     if ip.is_multiple_of(bn) && (moe_tp == 1 || ip.is_multiple_of(bk)) {
         return vec![];
     }
-    let refine = gcd(gcd(bn, bk), gcd(ip, hidden));
-    if refine >= 32 {
-        return vec![format!(
-            "the experts' intermediate size per rank ({ip}) is not a multiple of the {bn}×{bk} scale blocks; vLLM refines the scale grid to {refine}×{refine} here (refine_fp8_moe_block_shape), which wload does not write yet"
-        )];
+    if let Some(g) = refined_grid([intermediate, hidden], [bn, bk], r, experts) {
+        // The repeated checkpoint grid must line up with the refined one exactly, which it does
+        // when the full sizes are whole blocks (as in every released checkpoint).
+        if !intermediate.is_multiple_of(bn)
+            || !hidden.is_multiple_of(bn)
+            || !hidden.is_multiple_of(bk)
+        {
+            return vec![format!(
+                "the experts' scales would be refined to a {g}×{g} grid, but the intermediate size {intermediate} or hidden size {hidden} is not whole {bn}×{bk} blocks, so the repeated checkpoint scales do not line up"
+            )];
+        }
+        return vec![];
     }
     if !ip.is_multiple_of(bn) {
         vec![format!(
@@ -414,6 +453,87 @@ pub(super) fn expert_block_check(
             "The input_size of down's weight = {ip} is not divisible by weight quantization block_k = {bk}."
         )]
     }
+}
+
+/// Expert block scales on vLLM's refined grid of `g`: the checkpoint scales upsampled by
+/// `repeat_interleave` (each one repeated `bn/g` times down and `bk/g` across,
+/// routed_experts.py:950–960), then this rank's part taken as usual. Copies with a source element
+/// stride of 0 repeat each checkpoint scale across a row; one per destination row and run.
+pub(super) fn expert_block_refined(
+    part: ExpertPart,
+    experts: u64,
+    [intermediate, hidden]: [u64; 2],
+    [bn, bk]: [u64; 2],
+    r: Rank,
+) -> Vec<(SlotKey, Block, Region)> {
+    let Some(g) = refined_grid([intermediate, hidden], [bn, bk], r, experts) else {
+        return vec![];
+    };
+    let (local, moe_tp, moe_rank) = expert_split(experts, r);
+    let ip = intermediate / moe_tp;
+    let (fn_, fk) = (bn / g, bk / g);
+    let repeat = |src_start, count: u64, len: u64, dst_start| Block {
+        rows: count,
+        row: len,
+        src_start,
+        src_stride: 1,
+        dst_start,
+        dst_stride: len,
+        src_elem_stride: 0,
+    };
+    let region = |first: u64, rows: u64| Region {
+        range: Some((0, first, first + rows)),
+        ..Region::ALL
+    };
+    let mut out = Vec::new();
+    match part {
+        ExpertPart::W13 => {
+            // [E, 2·I_p/g, H/g]: w1's rows, then w3's; a row repeats each of the checkpoint row's
+            // H/bk scales bk/g times.
+            let (rows, cols, src_cols) = (ip.div_ceil(g), hidden.div_ceil(g), hidden.div_ceil(bk));
+            for (j, e) in local.enumerate() {
+                for (h, s) in ["w1", "w3"].iter().enumerate() {
+                    for i in 0..rows {
+                        let src_row = (moe_rank * rows + i) / fn_;
+                        let dst = (j as u64 * 2 * rows + h as u64 * rows + i) * cols;
+                        out.push((
+                            (shard(s), Some(e)),
+                            repeat(src_row * src_cols, src_cols, fk, dst),
+                            region(src_row, 1),
+                        ));
+                    }
+                }
+            }
+        }
+        ExpertPart::W2 => {
+            // [E, H/g, I_p/g]: this rank's columns of the upsampled grid; a run of them may start
+            // or end inside a checkpoint scale's repeats.
+            let (rows, cols, src_cols) = (
+                hidden.div_ceil(g),
+                ip.div_ceil(g),
+                intermediate.div_ceil(bk),
+            );
+            for (j, e) in local.enumerate() {
+                for i in 0..rows {
+                    let src_row = i / fn_;
+                    let dst_row = (j as u64 * rows + i) * cols;
+                    let mut c = 0;
+                    while c < cols {
+                        let global = moe_rank * cols + c;
+                        let src_col = global / fk;
+                        let len = (fk - global % fk).min(cols - c);
+                        out.push((
+                            (shard("w2"), Some(e)),
+                            repeat(src_row * src_cols + src_col, 1, len, dst_row + c),
+                            region(src_row, 1),
+                        ));
+                        c += len;
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -502,21 +622,64 @@ mod tests {
         );
     }
 
+    /// Applies `blocks` to a source whose element k holds k, into a destination of `n` elements.
+    fn apply(blocks: &[(SlotKey, Block, Region)], n: u64) -> Vec<i64> {
+        let mut out = vec![-1i64; n as usize];
+        for (_, b, _) in blocks {
+            for k in 0..b.rows {
+                for x in 0..b.row {
+                    let src = b.src_start + k * b.src_stride + x * b.src_elem_stride;
+                    let dst = b.dst_start + k * b.dst_stride + x;
+                    assert_eq!(out[dst as usize], -1, "element {dst} written twice");
+                    out[dst as usize] = src as i64;
+                }
+            }
+        }
+        out
+    }
+
+    /// vllm-spec §6.3: Qwen3-30B-A3B-FP8 at TP 8 has I_p = 96, refined to 32×32 (×4): w13 scales
+    /// [128, 6, 64], w2 [128, 64, 3], each element the checkpoint scale upsampled by
+    /// repeat_interleave then sliced for the rank.
     #[test]
-    fn qwen3_30b_moe_at_tp8_needs_vllms_refined_grid() {
-        // moe_intermediate 768 / 8 = 96: vLLM refines 128 → 32; wload says so instead of writing it.
-        let msgs = expert_block_check(128, [768, 2048], [128, 128], rank(8, 0));
-        assert!(
-            msgs[0].contains("refines the scale grid to 32×32"),
-            "{msgs:?}"
-        );
-        // 768 / 4 = 192 needs a 64 grid; 768 / 2 = 384 is three whole blocks.
-        let msgs = expert_block_check(128, [768, 2048], [128, 128], rank(4, 0));
-        assert!(
-            msgs[0].contains("refines the scale grid to 64×64"),
-            "{msgs:?}"
-        );
-        assert!(expert_block_check(128, [768, 2048], [128, 128], rank(2, 0)).is_empty());
+    fn qwen3_30b_moe_at_tp8_gets_vllms_refined_grid() {
+        let (e, i, h, b) = (128, 768, 2048, [128, 128]);
+        assert!(expert_block_check(e, [i, h], b, rank(8, 0)).is_empty());
+        for rk in [0, 3, 7] {
+            let r = rank(8, rk);
+            let w13 = expert_block_scale(ExpertPart::W13, e, [i, h], b, r);
+            let w2 = expert_block_scale(ExpertPart::W2, e, [i, h], b, r);
+            assert_eq!(
+                (w13.shape.clone(), w2.shape.clone()),
+                (vec![128, 6, 64], vec![128, 64, 3])
+            );
+            // Expert 5's w3 half and its w2 columns, against repeat_interleave by hand: the
+            // checkpoint scale is [6, 16] for w1/w3 and [16, 6] for w2.
+            let got = apply(
+                &expert_block_refined(ExpertPart::W13, e, [i, h], b, r),
+                128 * 6 * 64,
+            );
+            for row in 0..3 {
+                for c in 0..64 {
+                    let want = ((rk * 3 + row) / 4) * 16 + c / 4;
+                    assert_eq!(got[((5 * 6 + 3 + row) * 64 + c) as usize], want as i64);
+                }
+            }
+            let got = apply(
+                &expert_block_refined(ExpertPart::W2, e, [i, h], b, r),
+                128 * 64 * 3,
+            );
+            for row in 0..64 {
+                for c in 0..3 {
+                    let want = (row / 4) * 6 + (rk * 3 + c) / 4;
+                    assert_eq!(got[((5 * 64 + row) * 3 + c) as usize], want as i64);
+                }
+            }
+            assert!(got.iter().all(|&x| x >= 0), "every element written");
+        }
+        // 768 / 4 = 192 refines to 64; 768 / 2 = 384 is three whole blocks.
+        assert_eq!(refined_grid([i, h], b, rank(4, 0), e), Some(64));
+        assert_eq!(refined_grid([i, h], b, rank(2, 0), e), None);
         // A grid vLLM cannot refine (gcd < 32) gets vLLM's own error.
         let msgs = expert_block_check(8, [48, 128], [32, 32], rank(2, 0));
         assert_eq!(
