@@ -96,10 +96,96 @@ pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Resul
                 o.dtype.to_string(),
                 shape(&o.shape),
                 human_bytes(o.bytes),
-                from.join(" + "),
+                per_expert(&from).join(" + "),
             ]);
         }
         t.write(w, "  ")?;
     }
     Ok(())
+}
+
+/// Sources that differ only in their expert number, written once with the experts' ranges
+/// (`model.layers.1.mlp.experts.{0–127}.gate_proj.weight rows [0, 96)`): a fused expert tensor
+/// of a large MoE reads hundreds of them.
+fn per_expert(from: &[String]) -> Vec<String> {
+    let mut groups: Vec<(String, Vec<u64>)> = Vec::new();
+    for s in from {
+        let (key, expert) = match expert_number(s) {
+            Some((at, len, n)) => (format!("{}{{}}{}", &s[..at], &s[at + len..]), Some(n)),
+            None => (s.clone(), None),
+        };
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, ids)) if expert.is_some() => ids.extend(expert),
+            _ => groups.push((key, expert.into_iter().collect())),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(key, ids)| {
+            if ids.is_empty() {
+                key
+            } else {
+                key.replacen("{}", &format!("{{{}}}", ranges(&ids)), 1)
+            }
+        })
+        .collect()
+}
+
+/// Where the expert number of `.experts.N.` is in `s`: (byte offset, length, N).
+fn expert_number(s: &str) -> Option<(usize, usize, u64)> {
+    let at = s.find(".experts.")? + ".experts.".len();
+    let len = s[at..].find(|c: char| !c.is_ascii_digit())?;
+    let n = s[at..at + len].parse().ok()?;
+    (len > 0 && s[at + len..].starts_with('.')).then_some((at, len, n))
+}
+
+/// `0–3,6,8–9` for sorted or unsorted ids.
+fn ranges(ids: &[u64]) -> String {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i {
+            format!("{}–{}", ids[i], ids[j])
+        } else {
+            ids[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_sources_are_written_once_with_their_ranges() {
+        let from: Vec<String> = [0, 1, 2, 3, 5]
+            .iter()
+            .flat_map(|e| {
+                [
+                    format!("model.layers.1.mlp.experts.{e}.gate_proj.weight rows [0, 32)"),
+                    format!("model.layers.1.mlp.experts.{e}.up_proj.weight rows [0, 32)"),
+                ]
+            })
+            .chain(["fill 0".to_string()])
+            .collect();
+        assert_eq!(
+            per_expert(&from),
+            [
+                "model.layers.1.mlp.experts.{0–3,5}.gate_proj.weight rows [0, 32)",
+                "model.layers.1.mlp.experts.{0–3,5}.up_proj.weight rows [0, 32)",
+                "fill 0",
+            ]
+        );
+        let plain = vec!["model.layers.0.self_attn.q_proj.weight rows [0, 64)".to_string()];
+        assert_eq!(per_expert(&plain), plain);
+    }
 }
