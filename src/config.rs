@@ -247,30 +247,7 @@ fn mistral_to_hf(mut m: Map<String, Value>) -> Map<String, Value> {
 }
 
 fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigError> {
-    let architectures = match top.get("architectures") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| {
-                x.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| ConfigError::BadField {
-                        path: path.to_path_buf(),
-                        field: "architectures".into(),
-                        found: x.to_string(),
-                        expected: "a list of strings",
-                    })
-            })
-            .collect::<Result<_, _>>()?,
-        Some(other) => {
-            return Err(ConfigError::BadField {
-                path: path.to_path_buf(),
-                field: "architectures".into(),
-                found: other.to_string(),
-                expected: "a list of strings",
-            });
-        }
-    };
+    let architectures = architectures(path, &top)?;
     let top_dtype = top
         .get("dtype")
         .or_else(|| top.get("torch_dtype"))
@@ -298,21 +275,13 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         .and_then(Value::as_str)
         .map(str::to_string)
         .or(top_dtype);
-    let tie_word_embeddings = match top
-        .get("tie_word_embeddings")
-        .or(raw.get("tie_word_embeddings"))
-    {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(b)) => Some(*b),
-        Some(other) => {
-            return Err(ConfigError::BadField {
-                path: path.to_path_buf(),
-                field: "tie_word_embeddings".into(),
-                found: other.to_string(),
-                expected: "true or false",
-            });
-        }
-    };
+    let tie_word_embeddings = tie_word_embeddings(path, &top, &raw)?;
+    // vLLM reads compressed-tensors' older `compression_config` when there is no
+    // quantization_config (model_arch_config_convertor.py:241–245).
+    let quantization_config = ["quantization_config", "compression_config"]
+        .iter()
+        .find_map(|k| top.get(*k).or(raw.get(*k)).filter(|v| !v.is_null()))
+        .cloned();
     Ok(ModelConfig {
         architectures,
         model_type: raw
@@ -330,25 +299,66 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         vocab_size: f.req("vocab_size")?,
         num_experts,
         tie_word_embeddings,
-        // vLLM reads compressed-tensors' older `compression_config` when there is no
-        // quantization_config (model_arch_config_convertor.py:241–245).
-        quantization_config: ["quantization_config", "compression_config"]
-            .iter()
-            .find_map(|k| top.get(*k).or(raw.get(*k)).filter(|v| !v.is_null()))
-            .cloned(),
-        quantization: ["quantization_config", "compression_config"]
-            .iter()
-            .find_map(|k| top.get(*k).or(raw.get(*k)).filter(|v| !v.is_null()))
-            .map(|q| {
-                q.get("quant_method")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown")
-                    .to_string()
-            }),
+        quantization: quantization_config.as_ref().map(|q| {
+            q.get("quant_method")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .to_string()
+        }),
+        quantization_config,
         dtype,
         raw,
         aliases,
     })
+}
+
+/// `architectures`: a list of strings, or none.
+fn architectures(path: &Path, top: &Map<String, Value>) -> Result<Vec<String>, ConfigError> {
+    Ok(match top.get("architectures") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| ConfigError::BadField {
+                        path: path.to_path_buf(),
+                        field: "architectures".into(),
+                        found: x.to_string(),
+                        expected: "a list of strings",
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(ConfigError::BadField {
+                path: path.to_path_buf(),
+                field: "architectures".into(),
+                found: other.to_string(),
+                expected: "a list of strings",
+            });
+        }
+    })
+}
+
+/// `tie_word_embeddings` as stated (the top level first), or `None`.
+fn tie_word_embeddings(
+    path: &Path,
+    top: &Map<String, Value>,
+    raw: &Map<String, Value>,
+) -> Result<Option<bool>, ConfigError> {
+    match top
+        .get("tie_word_embeddings")
+        .or(raw.get("tie_word_embeddings"))
+    {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(ConfigError::BadField {
+            path: path.to_path_buf(),
+            field: "tie_word_embeddings".into(),
+            found: other.to_string(),
+            expected: "true or false",
+        }),
+    }
 }
 
 struct Fields<'a> {

@@ -307,6 +307,31 @@ impl Fp8 {
 
 impl CompressedFp8 {
     fn parse(qc: &Value) -> Result<CompressedFp8, QuantError> {
+        Self::check_format(qc)?;
+        let (gname, group) = Self::single_group(qc)?;
+        let at = |k: &str| format!("config_groups.{gname}.{k}");
+        let weights = Self::weights(group, &at)?;
+        let static_activations = Self::activations(group)?;
+        if matches!(weights, WeightStrategy::Block(_)) && static_activations {
+            return Err(refuse(
+                "compressed-tensors block FP8 weights need dynamic activations".into(),
+                USE_UNQUANTIZED,
+            ));
+        }
+        let ignore = match qc.get("ignore") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => string_list(v, "ignore")?,
+        };
+        Ok(CompressedFp8 {
+            weights,
+            static_activations,
+            ignore,
+        })
+    }
+
+    /// The parts of the config around the groups: float-quantized, no rotations, no quantized
+    /// KV cache.
+    fn check_format(qc: &Value) -> Result<(), QuantError> {
         let format = qc.get("format").and_then(Value::as_str).unwrap_or("");
         if format != "float-quantized" {
             return Err(refuse(
@@ -322,6 +347,17 @@ impl CompressedFp8 {
                 USE_UNQUANTIZED,
             ));
         }
+        if qc.get("kv_cache_scheme").is_some_and(|v| !v.is_null()) {
+            return Err(refuse(
+                "compressed-tensors with a kv_cache_scheme (quantized KV cache scales) is not supported yet".into(),
+                "remove kv_cache_scheme from quantization_config if the checkpoint has no kv scales",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The one config group, targeting `Linear`, with its name.
+    fn single_group(qc: &Value) -> Result<(&String, &Value), QuantError> {
         let groups = qc
             .get("config_groups")
             .and_then(Value::as_object)
@@ -342,21 +378,24 @@ impl CompressedFp8 {
             ));
         }
         let (gname, group) = groups.iter().next().expect("one group");
-        let at = |k: &str| format!("config_groups.{gname}.{k}");
         let targets = group
             .get("targets")
-            .map(|t| string_list(t, &at("targets")))
+            .map(|t| string_list(t, &format!("config_groups.{gname}.targets")))
             .transpose()?
             .unwrap_or_default();
         if targets != ["Linear"] {
             return Err(refuse(
                 format!(
-                    "compressed-tensors {} = {targets:?} is not supported; wload handles [\"Linear\"]",
-                    at("targets")
+                    "compressed-tensors config_groups.{gname}.targets = {targets:?} is not supported; wload handles [\"Linear\"]"
                 ),
                 USE_UNQUANTIZED,
             ));
         }
+        Ok((gname, group))
+    }
+
+    /// The group's weights: static, symmetric 8-bit floats, scaled per tensor, channel or block.
+    fn weights(group: &Value, at: &dyn Fn(&str) -> String) -> Result<WeightStrategy, QuantError> {
         let w = group
             .get("weights")
             .filter(|w| !w.is_null())
@@ -366,7 +405,6 @@ impl CompressedFp8 {
                     USE_UNQUANTIZED,
                 )
             })?;
-        let field = |v: &Value, k: &str| v.get(k).cloned().unwrap_or(Value::Null);
         let (wtype, bits) = (field(w, "type"), field(w, "num_bits"));
         if wtype != "float" || bits != 8 {
             return Err(refuse(
@@ -382,73 +420,55 @@ impl CompressedFp8 {
                 USE_UNQUANTIZED,
             ));
         }
-        let weights = match field(w, "strategy").as_str() {
-            Some("tensor") => WeightStrategy::Tensor,
-            Some("channel") => WeightStrategy::Channel,
-            Some("block") => WeightStrategy::Block(block_size(
+        match field(w, "strategy").as_str() {
+            Some("tensor") => Ok(WeightStrategy::Tensor),
+            Some("channel") => Ok(WeightStrategy::Channel),
+            Some("block") => Ok(WeightStrategy::Block(block_size(
                 &field(w, "block_structure"),
                 &at("weights.block_structure"),
-            )?),
-            other => {
-                return Err(refuse(
-                    format!(
-                        "compressed-tensors FP8 weight strategy {other:?} is not supported (tensor, channel and block are)"
-                    ),
-                    USE_UNQUANTIZED,
-                ));
-            }
-        };
-        let static_activations = match group.get("input_activations").filter(|a| !a.is_null()) {
-            // Weight-only FP8 (W8A16) runs on Marlin with other parameters.
-            None => {
-                return Err(refuse(
-                    "compressed-tensors FP8 without input_activations (weight-only W8A16) is not supported".into(),
-                    USE_UNQUANTIZED,
-                ));
-            }
-            Some(a) => {
-                if field(a, "type") != "float" || field(a, "num_bits") != 8 {
-                    return Err(refuse(
-                        "compressed-tensors input activations other than 8-bit float are not supported".into(),
-                        USE_UNQUANTIZED,
-                    ));
-                }
-                match (field(a, "dynamic").as_bool(), field(a, "strategy").as_str()) {
-                    (Some(true), Some("token" | "group")) => false,
-                    (Some(false), Some("tensor")) => true,
-                    (d, s) => {
-                        return Err(refuse(
-                            format!(
-                                "compressed-tensors FP8 input activations (dynamic {d:?}, strategy {s:?}) are not a scheme vLLM's W8A8Fp8 accepts"
-                            ),
-                            USE_UNQUANTIZED,
-                        ));
-                    }
-                }
-            }
-        };
-        if matches!(weights, WeightStrategy::Block(_)) && static_activations {
+            )?)),
+            other => Err(refuse(
+                format!(
+                    "compressed-tensors FP8 weight strategy {other:?} is not supported (tensor, channel and block are)"
+                ),
+                USE_UNQUANTIZED,
+            )),
+        }
+    }
+
+    /// Whether the group's input activations are static (an `input_scale` per layer): 8-bit
+    /// floats, dynamic per token or group, or static per tensor.
+    fn activations(group: &Value) -> Result<bool, QuantError> {
+        // Weight-only FP8 (W8A16) runs on Marlin with other parameters.
+        let Some(a) = group.get("input_activations").filter(|a| !a.is_null()) else {
             return Err(refuse(
-                "compressed-tensors block FP8 weights need dynamic activations".into(),
+                "compressed-tensors FP8 without input_activations (weight-only W8A16) is not supported".into(),
+                USE_UNQUANTIZED,
+            ));
+        };
+        if field(a, "type") != "float" || field(a, "num_bits") != 8 {
+            return Err(refuse(
+                "compressed-tensors input activations other than 8-bit float are not supported"
+                    .into(),
                 USE_UNQUANTIZED,
             ));
         }
-        if qc.get("kv_cache_scheme").is_some_and(|v| !v.is_null()) {
-            return Err(refuse(
-                "compressed-tensors with a kv_cache_scheme (quantized KV cache scales) is not supported yet".into(),
-                "remove kv_cache_scheme from quantization_config if the checkpoint has no kv scales",
-            ));
+        match (field(a, "dynamic").as_bool(), field(a, "strategy").as_str()) {
+            (Some(true), Some("token" | "group")) => Ok(false),
+            (Some(false), Some("tensor")) => Ok(true),
+            (d, s) => Err(refuse(
+                format!(
+                    "compressed-tensors FP8 input activations (dynamic {d:?}, strategy {s:?}) are not a scheme vLLM's W8A8Fp8 accepts"
+                ),
+                USE_UNQUANTIZED,
+            )),
         }
-        let ignore = match qc.get("ignore") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(v) => string_list(v, "ignore")?,
-        };
-        Ok(CompressedFp8 {
-            weights,
-            static_activations,
-            ignore,
-        })
     }
+}
+
+/// `v[k]`, or `null`.
+fn field(v: &Value, k: &str) -> Value {
+    v.get(k).cloned().unwrap_or(Value::Null)
 }
 
 /// `quant_method` as vLLM normalises it (`_normalize_quantization_config`,

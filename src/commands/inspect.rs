@@ -112,9 +112,8 @@ pub struct TensorRow<'a> {
 #[derive(Debug, Default, Serialize)]
 pub struct Totals {
     /// Tensors listed (shadowed copies excluded).
-    pub tensors: usize,
-    pub bytes: u64,
-    pub parameters: u64,
+    #[serde(flatten)]
+    pub count: Count,
     pub by_dtype: Vec<DtypeTotal>,
     /// One entry per (role, dtype) present, in role order, then by bytes.
     pub by_role: Vec<RoleTotal>,
@@ -123,18 +122,32 @@ pub struct Totals {
 #[derive(Debug, Serialize)]
 pub struct DtypeTotal {
     pub dtype: Dtype,
+    #[serde(flatten)]
+    pub count: Count,
+}
+
+/// Tensors, their bytes and their elements, summed.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Count {
     pub tensors: usize,
     pub bytes: u64,
     pub parameters: u64,
+}
+
+impl Count {
+    fn add(&mut self, t: &crate::checkpoint::TensorInfo) {
+        self.tensors += 1;
+        self.bytes += t.len;
+        self.parameters += t.numel();
+    }
 }
 
 #[derive(Debug, Serialize)]
 pub struct RoleTotal {
     pub role: TensorRole,
     pub dtype: Dtype,
-    pub tensors: usize,
-    pub bytes: u64,
-    pub parameters: u64,
+    #[serde(flatten)]
+    pub count: Count,
 }
 
 /// Gathers the facts; `filter` keeps tensors whose name matches (totals then cover those only).
@@ -161,64 +174,7 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
         })
         .collect();
 
-    let listed = checkpoint.files.iter().map(|f| f.tensors.len()).sum();
-    let mut tensors = Vec::with_capacity(if re.is_some() { 0 } else { listed });
-    // Without duplicates no copy is shadowed, and the name lookup per tensor can be skipped.
-    let any_shadowed = !checkpoint.duplicates.is_empty();
-    let mut by: BTreeMap<Dtype, DtypeTotal> = BTreeMap::new();
-    let mut by_role: BTreeMap<(TensorRole, Dtype), RoleTotal> = BTreeMap::new();
-    let mut totals = Totals::default();
-    for t in checkpoint.all_tensors() {
-        if re.as_ref().is_some_and(|re| !re.is_match(&t.name)) {
-            continue;
-        }
-        let shadowed = any_shadowed && !checkpoint.is_effective(t);
-        let role = tensor_role(&t.name);
-        if !shadowed {
-            let numel = t.numel();
-            let e = by.entry(t.dtype).or_insert(DtypeTotal {
-                dtype: t.dtype,
-                tensors: 0,
-                bytes: 0,
-                parameters: 0,
-            });
-            e.tensors += 1;
-            e.bytes += t.len;
-            e.parameters += numel;
-            let r = by_role.entry((role, t.dtype)).or_insert(RoleTotal {
-                role,
-                dtype: t.dtype,
-                tensors: 0,
-                bytes: 0,
-                parameters: 0,
-            });
-            r.tensors += 1;
-            r.bytes += t.len;
-            r.parameters += numel;
-            totals.tensors += 1;
-            totals.bytes += t.len;
-            totals.parameters += numel;
-        }
-        tensors.push(TensorRow {
-            name: &t.name,
-            dtype: t.dtype,
-            role,
-            shape: &t.shape,
-            bytes: t.len,
-            file: &checkpoint.files[t.file].name,
-            shadowed,
-        });
-    }
-    totals.by_dtype = by.into_values().collect();
-    totals
-        .by_dtype
-        .sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.dtype.cmp(&b.dtype)));
-    totals.by_role = by_role.into_values().collect();
-    totals.by_role.sort_by(|a, b| {
-        (a.role.cmp(&b.role))
-            .then(b.bytes.cmp(&a.bytes))
-            .then(a.dtype.cmp(&b.dtype))
-    });
+    let (tensors, totals) = tensors_and_totals(checkpoint, re.as_ref());
 
     Ok(Inspection {
         schema_version: SCHEMA_VERSION,
@@ -243,6 +199,67 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
         duplicates: checkpoint.duplicates.clone(),
         totals,
     })
+}
+
+/// Every tensor `re` keeps, and their totals by dtype and by role (shadowed copies listed but not
+/// counted).
+fn tensors_and_totals<'a>(
+    checkpoint: &'a crate::checkpoint::Checkpoint,
+    re: Option<&Regex>,
+) -> (Vec<TensorRow<'a>>, Totals) {
+    let listed = checkpoint.files.iter().map(|f| f.tensors.len()).sum();
+    let mut tensors = Vec::with_capacity(if re.is_some() { 0 } else { listed });
+    // Without duplicates no copy is shadowed, and the name lookup per tensor can be skipped.
+    let any_shadowed = !checkpoint.duplicates.is_empty();
+    let mut by: BTreeMap<Dtype, Count> = BTreeMap::new();
+    let mut by_role: BTreeMap<(TensorRole, Dtype), Count> = BTreeMap::new();
+    let mut count = Count::default();
+    for t in checkpoint.all_tensors() {
+        if re.is_some_and(|re| !re.is_match(&t.name)) {
+            continue;
+        }
+        let shadowed = any_shadowed && !checkpoint.is_effective(t);
+        let role = tensor_role(&t.name);
+        if !shadowed {
+            by.entry(t.dtype).or_default().add(t);
+            by_role.entry((role, t.dtype)).or_default().add(t);
+            count.add(t);
+        }
+        tensors.push(TensorRow {
+            name: &t.name,
+            dtype: t.dtype,
+            role,
+            shape: &t.shape,
+            bytes: t.len,
+            file: &checkpoint.files[t.file].name,
+            shadowed,
+        });
+    }
+    let mut by_dtype: Vec<DtypeTotal> = by
+        .into_iter()
+        .map(|(dtype, count)| DtypeTotal { dtype, count })
+        .collect();
+    by_dtype.sort_by(|a, b| {
+        b.count
+            .bytes
+            .cmp(&a.count.bytes)
+            .then(a.dtype.cmp(&b.dtype))
+    });
+    let mut by_role: Vec<RoleTotal> = by_role
+        .into_iter()
+        .map(|((role, dtype), count)| RoleTotal { role, dtype, count })
+        .collect();
+    by_role.sort_by(|a, b| {
+        (a.role.cmp(&b.role))
+            .then(b.count.bytes.cmp(&a.count.bytes))
+            .then(a.dtype.cmp(&b.dtype))
+    });
+    let totals = Totals {
+        count,
+        by_dtype,
+        by_role,
+    };
+    (tensors, totals)
 }
 
 fn format_info(r: &Resolved) -> FormatInfo {

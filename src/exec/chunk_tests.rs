@@ -187,6 +187,39 @@ fn tensor(name: String, dtype: Dtype, shape: Vec<u64>, pieces: Vec<Piece>) -> Ou
 
 /// One random problem: a checkpoint of two files under `root` and a plan of two ranks.
 fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
+    let (sources, srcs) = random_checkpoint(rng, root);
+    let mut ranks = Vec::new();
+    for rank in 0..2u64 {
+        let mut tensors = slices_of_each(rng, rank, &srcs);
+        // qkv-style merges of three sources with the same column count / row count, when present.
+        merged(rng, rank, &srcs, &mut tensors);
+        ranks.push(RankPlan {
+            rank,
+            pp_rank: 0,
+            tp_rank: rank,
+            bytes: tensors.iter().map(|t| t.bytes).sum(),
+            tensors,
+        });
+    }
+    let plan = Plan {
+        family: "test".into(),
+        architecture: "Test".into(),
+        tp: 2,
+        pp: 1,
+        stages: Vec::new(),
+        expert_parallel: false,
+        dtype: Dtype::Bf16,
+        sources,
+        ranks,
+        tie_word_embeddings: false,
+        retie: None,
+        skipped: Vec::new(),
+    };
+    (plan, srcs)
+}
+
+/// Random 2-D source tensors of random dtypes in two files under `root`, each after some junk.
+fn random_checkpoint(rng: &mut Rng, root: &Path) -> (Vec<SourceTensor>, Vec<Src>) {
     let dtypes = [Dtype::F32, Dtype::Bf16, Dtype::F16, Dtype::F64, Dtype::I8];
     let mut srcs = Vec::new();
     let mut sources = Vec::new();
@@ -220,76 +253,56 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         fs::write(root.join(format!("ckpt-{fi}.bin")), data).unwrap();
     }
 
-    let mut ranks = Vec::new();
-    for rank in 0..2u64 {
-        let mut tensors = Vec::new();
-        for (si, s) in srcs.iter().enumerate() {
-            let (r, c) = (s.rows, s.cols);
-            let to = out_dtype(rng, s.dtype);
-            // Whole tensor.
-            tensors.push(tensor(
-                format!("r{rank}.whole.{si}"),
-                to,
-                vec![r, c],
-                vec![copy(si, 1, r * c, (0, 0), (0, 0))],
-            ));
-            // Row slice [a, b): one dense span from the middle of the source.
-            let a = rng.range(0, r - 1);
-            let b = rng.range(a + 1, r);
-            tensors.push(tensor(
-                format!("r{rank}.rows.{si}"),
-                to,
-                vec![b - a, c],
-                vec![copy(si, 1, (b - a) * c, (a * c, 0), (0, 0))],
-            ));
-            // Column slice [a, b): strided source, dense destination.
-            let a = rng.range(0, c - 1);
-            let b = rng.range(a + 1, c);
-            tensors.push(tensor(
-                format!("r{rank}.cols.{si}"),
-                to,
-                vec![r, b - a],
-                vec![copy(si, r, b - a, (a, c), (0, b - a))],
-            ));
-            // Transposed: the whole tensor, and columns [a, b) of it (gpt-oss's experts).
-            tensors.push(tensor(
-                format!("r{rank}.t.{si}"),
-                to,
-                vec![c, r],
-                vec![transposed(si, c, r, (0, 1, c), (0, r))],
-            ));
-            tensors.push(tensor(
-                format!("r{rank}.tcols.{si}"),
-                to,
-                vec![b - a, r],
-                vec![transposed(si, b - a, r, (a, 1, c), (0, r))],
-            ));
-        }
-        // qkv-style merges of three sources with the same column count / row count, when present.
-        merged(rng, rank, &srcs, &mut tensors);
-        ranks.push(RankPlan {
-            rank,
-            pp_rank: 0,
-            tp_rank: rank,
-            bytes: tensors.iter().map(|t| t.bytes).sum(),
-            tensors,
-        });
+    (sources, srcs)
+}
+
+/// Rank `rank`'s copies of each source: whole, a row slice, a column slice, transposed whole and
+/// a transposed column slice.
+fn slices_of_each(rng: &mut Rng, rank: u64, srcs: &[Src]) -> Vec<OutTensor> {
+    let mut tensors = Vec::new();
+    for (si, s) in srcs.iter().enumerate() {
+        let (r, c) = (s.rows, s.cols);
+        let to = out_dtype(rng, s.dtype);
+        // Whole tensor.
+        tensors.push(tensor(
+            format!("r{rank}.whole.{si}"),
+            to,
+            vec![r, c],
+            vec![copy(si, 1, r * c, (0, 0), (0, 0))],
+        ));
+        // Row slice [a, b): one dense span from the middle of the source.
+        let a = rng.range(0, r - 1);
+        let b = rng.range(a + 1, r);
+        tensors.push(tensor(
+            format!("r{rank}.rows.{si}"),
+            to,
+            vec![b - a, c],
+            vec![copy(si, 1, (b - a) * c, (a * c, 0), (0, 0))],
+        ));
+        // Column slice [a, b): strided source, dense destination.
+        let a = rng.range(0, c - 1);
+        let b = rng.range(a + 1, c);
+        tensors.push(tensor(
+            format!("r{rank}.cols.{si}"),
+            to,
+            vec![r, b - a],
+            vec![copy(si, r, b - a, (a, c), (0, b - a))],
+        ));
+        // Transposed: the whole tensor, and columns [a, b) of it (gpt-oss's experts).
+        tensors.push(tensor(
+            format!("r{rank}.t.{si}"),
+            to,
+            vec![c, r],
+            vec![transposed(si, c, r, (0, 1, c), (0, r))],
+        ));
+        tensors.push(tensor(
+            format!("r{rank}.tcols.{si}"),
+            to,
+            vec![b - a, r],
+            vec![transposed(si, b - a, r, (a, 1, c), (0, r))],
+        ));
     }
-    let plan = Plan {
-        family: "test".into(),
-        architecture: "Test".into(),
-        tp: 2,
-        pp: 1,
-        stages: Vec::new(),
-        expert_parallel: false,
-        dtype: Dtype::Bf16,
-        sources,
-        ranks,
-        tie_word_embeddings: false,
-        retie: None,
-        skipped: Vec::new(),
-    };
-    (plan, srcs)
+    tensors
 }
 
 /// Two merged tensors: the row halves of up to three sources stacked along rows (dense pieces at

@@ -812,11 +812,9 @@ fn gpt_oss_transposed(
 mod tests {
     use super::*;
 
-    /// Every element of every rank's tensor is written exactly once, and the slices stay inside
-    /// their sources — for each layout and a range of TP sizes.
-    #[test]
-    fn pieces_tile_every_rank_exactly() {
-        let layouts = [
+    /// One geometry of each layout kind the tiling test covers.
+    fn tiling_layouts() -> Vec<Geometry> {
+        [
             Geometry::Column { shape: vec![64, 8] },
             Geometry::Row { shape: vec![8, 64] },
             Geometry::Replicated { shape: vec![5] },
@@ -869,7 +867,14 @@ mod tests {
                 hidden: 6,
             }),
         )
-        .collect::<Vec<_>>();
+        .collect::<Vec<_>>()
+    }
+
+    /// Every element of every rank's tensor is written exactly once, and the slices stay inside
+    /// their sources — for each layout and a range of TP sizes.
+    #[test]
+    fn pieces_tile_every_rank_exactly() {
+        let layouts = tiling_layouts();
         for g in &layouts {
             for tp in [1, 2, 4, 8] {
                 for ep in [false, true] {

@@ -424,7 +424,7 @@ fn role_summary(by_role: &[RoleTotal]) -> String {
     let parts: Vec<String> = by_role
         .iter()
         .map(|r| {
-            let what = match (r.role, r.tensors) {
+            let what = match (r.role, r.count.tensors) {
                 (TensorRole::Other, 1) => "other tensor".to_string(),
                 (TensorRole::Other, _) => "other tensors".to_string(),
                 (TensorRole::Bias, 1) => "bias".to_string(),
@@ -432,7 +432,7 @@ fn role_summary(by_role: &[RoleTotal]) -> String {
                 (role, 1) => role.as_str().to_string(),
                 (role, _) => format!("{}s", role.as_str()),
             };
-            format!("{} {} {what}", thousands(r.tensors as u64), r.dtype)
+            format!("{} {} {what}", thousands(r.count.tensors as u64), r.dtype)
         })
         .collect();
     if parts.is_empty() {
@@ -490,16 +490,16 @@ fn write_totals(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
     for d in &i.totals.by_dtype {
         t.row(vec![
             d.dtype.to_string(),
-            thousands(d.tensors as u64),
-            thousands(d.parameters),
-            human_bytes(d.bytes),
+            thousands(d.count.tensors as u64),
+            thousands(d.count.parameters),
+            human_bytes(d.count.bytes),
         ]);
     }
     t.row(vec![
         "all".into(),
-        thousands(i.totals.tensors as u64),
-        thousands(i.totals.parameters),
-        human_bytes(i.totals.bytes),
+        thousands(i.totals.count.tensors as u64),
+        thousands(i.totals.count.parameters),
+        human_bytes(i.totals.count.bytes),
     ]);
     t.write(w, "  ")
 }
