@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::mapping::rules::{RegexRule, Rules};
 
 /// A quantization scheme wload writes the pre-processing state of.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Quantization {
     /// `quant_method: fp8` (`Fp8Config`).
     Fp8(Fp8),
@@ -33,14 +33,16 @@ pub struct Fp8 {
     pub ignored: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct CompressedFp8 {
     pub weights: WeightStrategy,
     /// Static per-tensor input activations (`input_activations.dynamic: false`): an
     /// `input_scale` per linear layer.
     pub static_activations: bool,
-    /// `ignore`: module names, or `re:` regexes, kept unquantized.
+    /// `ignore`: module names, or `re:` regexes, kept unquantized (as written, for reports).
     pub ignore: Vec<String>,
+    /// The `re:` entries, compiled once (whole-name matches), for every linear layer's lookup.
+    ignore_patterns: Vec<regex::Regex>,
 }
 
 /// How compressed-tensors scales FP8 weights.
@@ -170,12 +172,8 @@ impl Quantization {
         match self {
             Quantization::Fp8(q) => q.ignored.iter().any(|l| l == name),
             Quantization::CompressedFp8(q) => {
-                q.ignore.iter().any(|l| match l.strip_prefix("re:") {
-                    Some(re) => {
-                        regex::Regex::new(&format!("^(?:{re})$")).is_ok_and(|r| r.is_match(name))
-                    }
-                    None => l == name,
-                })
+                q.ignore.iter().any(|l| l == name)
+                    || q.ignore_patterns.iter().any(|r| r.is_match(name))
             }
         }
     }
@@ -322,10 +320,23 @@ impl CompressedFp8 {
             None | Some(Value::Null) => Vec::new(),
             Some(v) => string_list(v, "ignore")?,
         };
+        let ignore_patterns = ignore
+            .iter()
+            .filter_map(|l| l.strip_prefix("re:"))
+            .map(|re| {
+                regex::Regex::new(&format!("^(?:{re})$")).map_err(|e| {
+                    refuse(
+                        format!("quantization_config.ignore has a bad pattern `re:{re}`: {e}"),
+                        "quantization_config is malformed",
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
         Ok(CompressedFp8 {
             weights,
             static_activations,
             ignore,
+            ignore_patterns,
         })
     }
 

@@ -226,12 +226,6 @@ pub(super) fn block_scale_check(of: &Geometry, [bn, bk]: [u64; 2], r: Rank) -> V
         return vec!["block scales need a 2-D linear weight".into()];
     };
     let mut out = Vec::new();
-    let r = match of {
-        Geometry::MergedColumn {
-            disable_tp: true, ..
-        } => r.without_tp_if(true),
-        _ => r,
-    };
     if r.tp > 1 && matches!(of, Geometry::Row { .. }) && !in_local.is_multiple_of(bk) {
         out.push(format!(
             "Weight input_size_per_partition = {in_local} is not divisible by weight quantization block_k = {bk}."
