@@ -276,7 +276,7 @@ pub struct LoadArgs {
     pub source: SourceArgs,
 
     #[command(flatten)]
-    pub parallel: ParallelArgs,
+    pub parallel: LoadParallelArgs,
 
     /// Where to load: GPUs through the CUDA driver, or host memory
     #[arg(long, value_enum, default_value_t = DeviceKind::Cuda)]
@@ -305,6 +305,40 @@ pub struct LoadArgs {
     /// Print one JSON document instead of tables
     #[arg(long)]
     pub json: bool,
+}
+
+/// [`ParallelArgs`] for `load`: each may be left out for a folder whose wload.json records it.
+#[derive(Debug, Args)]
+pub struct LoadParallelArgs {
+    /// Tensor-parallel size (vLLM's --tensor-parallel-size); default: the one in SOURCE's wload.json
+    #[arg(
+        long,
+        short = 't',
+        value_name = "N",
+        visible_alias = "tensor-parallel-size"
+    )]
+    pub tp: Option<u64>,
+
+    /// Pipeline-parallel size (vLLM's --pipeline-parallel-size); default: wload.json's, else 1
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..),
+        visible_alias = "pipeline-parallel-size"
+    )]
+    pub pp: Option<u64>,
+
+    /// Spread MoE experts over the ranks (vLLM's --enable-expert-parallel); default: wload.json's
+    #[arg(long)]
+    pub enable_expert_parallel: bool,
+
+    /// Model dtype, as vLLM's --dtype; default: wload.json's, else auto (the config's)
+    #[arg(long, value_enum)]
+    pub dtype: Option<DtypeChoice>,
+
+    /// Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)
+    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+    pub mapping: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::ConfigFormat;
+use crate::plan::{DtypeChoice, PlanOptions};
+
 /// The manifest's file name, next to the part files.
 pub const MANIFEST: &str = "wload.json";
 
@@ -36,6 +39,10 @@ pub struct Manifest {
     /// manifests of wload 0.1.0 before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub side_files: Option<Vec<String>>,
+    /// The `vllm serve` command for this folder, as `shard` printed it. Absent in manifests of
+    /// wload 0.1.0 before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeCommand>,
 }
 
 fn one() -> u64 {
@@ -86,4 +93,235 @@ pub fn hash_file(path: &Path) -> io::Result<String> {
         at += n as u64;
     }
     Ok(format!("{:016x}", h.digest()))
+}
+
+/// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM
+/// would infer the same way by itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServeCommand {
+    /// The words, unquoted, for a program to run.
+    pub argv: Vec<String>,
+    /// The same words quoted for a POSIX shell, to copy and paste.
+    pub shell: String,
+}
+
+impl ServeCommand {
+    /// The command for folder `out` (as the user named it) holding `m`'s files; `auto_dtype` is
+    /// what vLLM's `--dtype auto` picks from the folder's config.
+    pub fn new(out: &Path, m: &Manifest, auto_dtype: &str) -> ServeCommand {
+        let mut argv: Vec<String> = vec!["vllm".into(), "serve".into(), model_arg(out)];
+        let mut flag = |f: &str, v: Option<String>| {
+            argv.push(f.into());
+            argv.extend(v);
+        };
+        flag("--load-format", Some("sharded_state".into()));
+        flag("--tensor-parallel-size", Some(m.tp.to_string()));
+        if m.pp > 1 {
+            flag("--pipeline-parallel-size", Some(m.pp.to_string()));
+        }
+        if m.expert_parallel {
+            flag("--enable-expert-parallel", None);
+        }
+        if m.dtype != auto_dtype
+            && let Some(d) = vllm_dtype(&m.dtype)
+        {
+            flag("--dtype", Some(d.into()));
+        }
+        let side = m.side_files.as_deref().unwrap_or_default();
+        let has = |f: &dyn Fn(&str) -> bool| side.iter().any(|s| f(s));
+        // vLLM picks params.json (and Mistral's tokenizer) by itself only next to
+        // consolidated*.safetensors, which a pre-sharded folder never has
+        // (transformers_utils/config.py:889, tokenizers/registry.py:146).
+        if has(&|s| s == "params.json") && !has(&|s| s == "config.json") {
+            flag("--config-format", Some("mistral".into()));
+            if has(&|s| s == "tekken.json" || s.starts_with("tokenizer.model.v")) {
+                flag("--tokenizer-mode", Some("mistral".into()));
+            }
+        }
+        let shell = argv
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ");
+        ServeCommand { argv, shell }
+    }
+}
+
+/// The folder as vLLM's positional model argument: a relative path that starts with `-` would be
+/// read as a flag.
+fn model_arg(out: &Path) -> String {
+    let s = out.to_string_lossy().into_owned();
+    if s.starts_with('-') {
+        format!("./{s}")
+    } else {
+        s
+    }
+}
+
+/// vLLM's `--dtype` spelling of a manifest dtype (`BF16`); `None` for one it has no flag for.
+pub fn vllm_dtype(manifest_dtype: &str) -> Option<&'static str> {
+    match manifest_dtype {
+        "BF16" => Some("bfloat16"),
+        "F16" => Some("float16"),
+        "F32" => Some("float32"),
+        _ => None,
+    }
+}
+
+/// One word for a POSIX shell: unchanged when it has nothing the shell would interpret, else in
+/// single quotes (a quote inside written `'\''`).
+pub fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        return word.to_string();
+    }
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// `load`'s parallel and format flags as given (`None`: absent), before a manifest fills them in.
+#[derive(Debug, Clone)]
+pub struct LoadFlags {
+    pub tp: Option<u64>,
+    pub pp: Option<u64>,
+    pub expert_parallel: bool,
+    pub dtype: Option<DtypeChoice>,
+    pub config_format: ConfigFormat,
+    pub pp_partition: Option<String>,
+    pub mapping: Option<std::path::PathBuf>,
+}
+
+/// What `load` runs with: the flags, completed from SOURCE's `wload.json`.
+#[derive(Debug, Clone)]
+pub struct LoadSettings {
+    pub plan: PlanOptions,
+    pub config_format: ConfigFormat,
+    /// What was taken from the manifest, one line for the user.
+    pub note: Option<String>,
+}
+
+/// Completes `flags` from the manifest of `source` (a local folder written by `wload shard`): a
+/// flag left out takes the recorded value, a flag given must agree with it. Exit 3 for a
+/// disagreement (the folder holds tensors of another shape or dtype), 2 when neither gives a TP
+/// size.
+pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, crate::Error> {
+    let manifest = source.is_dir().then(|| Manifest::read(source)).flatten();
+    let at = source.join(MANIFEST);
+    let mut problems = Vec::new();
+    let mut taken: Vec<String> = Vec::new();
+    let mut settle = |flag: &str, given: Option<u64>, recorded: Option<u64>| match (given, recorded)
+    {
+        (Some(g), Some(r)) if g != r => {
+            problems.push(disagreement(
+                &at,
+                &format!("{flag} {g}"),
+                &format!("{flag} {r}"),
+            ));
+            Some(g)
+        }
+        (Some(g), _) => Some(g),
+        (None, Some(r)) => {
+            taken.push(format!("{flag} {r}"));
+            Some(r)
+        }
+        (None, None) => None,
+    };
+    let tp = settle("--tp", flags.tp, manifest.as_ref().map(|m| m.tp));
+    let pp = settle("--pp", flags.pp, manifest.as_ref().map(|m| m.pp)).unwrap_or(1);
+    let mut expert_parallel = flags.expert_parallel;
+    let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
+    let mut config_format = flags.config_format;
+    if let Some(m) = &manifest {
+        if flags.expert_parallel && !m.expert_parallel {
+            problems.push(disagreement(
+                &at,
+                "--enable-expert-parallel",
+                "no expert parallelism (each expert split over the ranks)",
+            ));
+        }
+        if m.expert_parallel && !flags.expert_parallel {
+            expert_parallel = true;
+            taken.push("--enable-expert-parallel".into());
+        }
+        let recorded = recorded_dtype(&m.dtype);
+        match (flags.dtype, recorded) {
+            (Some(g), Some(r)) if g != DtypeChoice::Auto && g != r => problems.push(disagreement(
+                &at,
+                &format!("--dtype {}", dtype_name(g)),
+                &format!("--dtype {}", dtype_name(r)),
+            )),
+            (None, Some(r)) => {
+                dtype = r;
+                taken.push(format!("--dtype {}", dtype_name(r)));
+            }
+            _ => {}
+        }
+        // vLLM reads params.json only when told to, next to rank files: so must the load.
+        if config_format == ConfigFormat::Auto
+            && source.join("params.json").is_file()
+            && !source.join("config.json").exists()
+        {
+            config_format = ConfigFormat::Mistral;
+            taken.push("--config-format mistral".into());
+        }
+    }
+    if !problems.is_empty() {
+        return Err(crate::plan::PlanError::Invalid(problems).into());
+    }
+    let Some(tp) = tp else {
+        return Err(crate::Error::Usage(format!(
+            "--tp is needed: {} has no {MANIFEST} recording the tensor-parallel size (only `wload shard` outputs have one); pass --tp N",
+            source.display()
+        )));
+    };
+    let note = (!taken.is_empty()).then(|| {
+        format!(
+            "{} taken from {} (written by wload shard)",
+            taken.join(" "),
+            at.display()
+        )
+    });
+    Ok(LoadSettings {
+        plan: PlanOptions {
+            tp,
+            pp,
+            pp_partition: flags.pp_partition.clone(),
+            expert_parallel,
+            dtype,
+            mapping: flags.mapping.clone(),
+            shapes_only: false,
+        },
+        config_format,
+        note,
+    })
+}
+
+fn disagreement(at: &Path, given: &str, recorded: &str) -> crate::plan::Problem {
+    crate::plan::Problem {
+        message: format!(
+            "{given} was given, but {} records {recorded}: the files were written for that",
+            at.display()
+        ),
+        fix: Some(format!(
+            "drop the flag (load takes it from {MANIFEST}), or re-shard the original checkpoint with {given}"
+        )),
+    }
+}
+
+/// The `--dtype` that produces a manifest's dtype (`BF16`).
+fn recorded_dtype(manifest_dtype: &str) -> Option<DtypeChoice> {
+    match manifest_dtype {
+        "BF16" => Some(DtypeChoice::Bfloat16),
+        "F16" => Some(DtypeChoice::Float16),
+        "F32" => Some(DtypeChoice::Float32),
+        _ => None,
+    }
+}
+
+fn dtype_name(d: DtypeChoice) -> &'static str {
+    match d {
+        DtypeChoice::Auto => "auto",
+        DtypeChoice::Bfloat16 => "bfloat16",
+        DtypeChoice::Float16 => "float16",
+        DtypeChoice::Float32 => "float32",
+    }
 }

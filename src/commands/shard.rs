@@ -205,7 +205,13 @@ pub fn shard(
     }
 
     let side_and_config = side.iter().cloned().chain(config).collect();
-    let manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
+    let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
+    let auto_dtype = crate::plan::resolve_dtype(crate::plan::DtypeChoice::Auto, &opened.config);
+    manifest.serve = Some(manifest::ServeCommand::new(
+        &opts.out,
+        &manifest,
+        auto_dtype.as_str(),
+    ));
     write_manifest(tmp, &manifest)?;
 
     staging.publish(&target)?;
@@ -309,6 +315,7 @@ fn manifest_for(
             })
             .collect(),
         side_files: Some(side_files),
+        serve: None,
     }
 }
 

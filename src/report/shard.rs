@@ -44,15 +44,8 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
             String::new()
         }
     )?;
-    writeln!(
-        w,
-        "serve with: vllm serve {} --load-format sharded_state --tensor-parallel-size {}{}",
-        r.out,
-        m.tp,
-        if m.pp > 1 {
-            format!(" --pipeline-parallel-size {}", m.pp)
-        } else {
-            String::new()
-        }
-    )
+    match &m.serve {
+        Some(serve) => writeln!(w, "serve with: {}", serve.shell),
+        None => Ok(()),
+    }
 }

@@ -178,9 +178,16 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         check: args.check,
         checksums: args.checksums,
     };
+    let settings =
+        load_settings(args).map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    if let (Some(note), false) = (&settings.note, g.quiet) {
+        let _ = writeln!(io::stderr(), "note: {note}");
+    }
+    let mut sopts = source_options(&args.source, g.quiet)?;
+    sopts.config_format = settings.config_format;
     let report = wload::load::load(
-        &source_options(&args.source, g.quiet)?,
-        &plan_options(&args.parallel),
+        &sopts,
+        &settings.plan,
         &lopts,
         interrupt::flag(),
         // Called once planning is done and the transfer starts: from then on a signal stops the
@@ -226,4 +233,19 @@ fn plan_options(a: &ParallelArgs) -> wload::PlanOptions {
         mapping: a.mapping.clone(),
         shapes_only: false,
     }
+}
+
+/// `load`'s flags, completed from SOURCE's wload.json (see `wload::manifest::load_settings`).
+fn load_settings(args: &LoadArgs) -> Result<wload::manifest::LoadSettings, Error> {
+    let p = &args.parallel;
+    let flags = wload::manifest::LoadFlags {
+        tp: p.tp,
+        pp: p.pp,
+        expert_parallel: p.enable_expert_parallel,
+        dtype: p.dtype,
+        config_format: args.source.config_format,
+        pp_partition: std::env::var("VLLM_PP_LAYER_PARTITION").ok(),
+        mapping: p.mapping.clone(),
+    };
+    wload::manifest::load_settings(&args.source.source, &flags)
 }
