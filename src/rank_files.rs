@@ -124,6 +124,74 @@ pub fn in_folder(root: &Path) -> RankFiles {
     out
 }
 
+/// What TP and PP size a folder's rank files were written for: from its `wload.json` when it has
+/// a readable one, else inferred from the file names.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WrittenFor {
+    pub tp: u64,
+    pub pp: u64,
+    /// `None` when no manifest says (vLLM's files do not record it).
+    pub expert_parallel: Option<bool>,
+    /// The model dtype (`BF16`), per the manifest.
+    pub dtype: Option<String>,
+    pub architecture: Option<String>,
+    /// The checkpoint the files were sharded from, per the manifest.
+    pub source_checkpoint: Option<String>,
+    /// "wload.json" or "file names".
+    pub from: &'static str,
+}
+
+impl WrittenFor {
+    /// `files` must not be empty.
+    pub fn of(files: &RankFiles, manifest: Option<&crate::manifest::Manifest>) -> WrittenFor {
+        if let Some(m) = manifest {
+            return WrittenFor {
+                tp: m.tp,
+                pp: m.pp,
+                expert_parallel: Some(m.expert_parallel),
+                dtype: Some(m.dtype.clone()),
+                architecture: Some(m.architecture.clone()),
+                source_checkpoint: Some(m.source.clone()),
+                from: crate::manifest::MANIFEST,
+            };
+        }
+        let staged = files.keys().all(|(pp, _)| pp.is_some());
+        WrittenFor {
+            tp: files
+                .keys()
+                .map(|k| k.1)
+                .max()
+                .map_or(1, |m| m.saturating_add(1)),
+            pp: if staged {
+                files
+                    .keys()
+                    .filter_map(|k| k.0)
+                    .max()
+                    .map_or(1, |m| m.saturating_add(1))
+            } else {
+                1
+            },
+            expert_parallel: None,
+            dtype: None,
+            architecture: None,
+            source_checkpoint: None,
+            from: "file names",
+        }
+    }
+
+    /// The flags that load these files as they were written: `--tp 2 --pp 2 --enable-expert-parallel`.
+    pub fn flags(&self) -> String {
+        let mut s = format!("--tp {}", self.tp);
+        if self.pp > 1 {
+            s += &format!(" --pp {}", self.pp);
+        }
+        if self.expert_parallel == Some(true) {
+            s += " --enable-expert-parallel";
+        }
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,7 +63,7 @@ impl Resolved {
 pub enum ResolveError {
     #[error("{path}: no such file or directory")]
     NotFound { path: PathBuf },
-    #[error("{path}: not a directory; SOURCE is a checkpoint folder")]
+    #[error("{path}: not a directory; SOURCE is a checkpoint folder{}", lone_file_hint(.path))]
     NotADirectory { path: PathBuf },
     #[error("{path}: cannot read: {source}")]
     Io {
@@ -109,10 +109,30 @@ pub enum ResolveError {
         file: String,
     },
     #[error(
-        "{root}: no config.json{mistral}; vLLM needs the model's config to build it",
-        mistral = if *.mistral { " or params.json" } else { "" }
+        "{root}: no config.json{mistral}; vLLM needs the model's config to build it{params}",
+        mistral = if *.mistral { " or params.json" } else { "" },
+        params = if *.has_params { "; it has Mistral's params.json, which vLLM reads by itself only next to consolidated*.safetensors: pass --config-format mistral (to vllm serve too)" } else { "" }
     )]
-    NoConfig { root: PathBuf, mistral: bool },
+    NoConfig {
+        root: PathBuf,
+        mistral: bool,
+        /// params.json is there, unread under the config format in effect.
+        has_params: bool,
+    },
+    #[error(
+        "{root}: a pre-sharded folder (vLLM sharded_state files {pattern}, written for {written_for} per its {from}), not a checkpoint; plan and shard read checkpoints. Check it with `wload load {quoted} --dry-run`, serve it with `{serve}`; to shard for another TP or PP, run `wload shard` on the original checkpoint{original} (re-sharding rank files is not supported)",
+        from = written_for.from,
+        written_for = written_for.flags(),
+        quoted = crate::manifest::shell_quote(&root.display().to_string()),
+        original = written_for.source_checkpoint.as_ref().map_or_else(String::new, |s| format!(" ({s}, per wload.json)"))
+    )]
+    PreSharded {
+        root: PathBuf,
+        pattern: &'static str,
+        written_for: crate::rank_files::WrittenFor,
+        /// `vllm serve` for the folder: its manifest's, else from the file names.
+        serve: String,
+    },
     /// A hub repo id that could not be resolved or fetched.
     #[error(transparent)]
     Hub(#[from] hub::HubError),
@@ -137,6 +157,74 @@ impl ResolveError {
             _ => ExitStatus::Checkpoint,
         }
     }
+}
+
+/// `vllm serve` for a pre-sharded folder: the manifest's command, else one for the layout its
+/// file names show.
+fn serve_command(
+    root: &Path,
+    w: &crate::rank_files::WrittenFor,
+    m: Option<&crate::manifest::Manifest>,
+) -> String {
+    // The manifest's command names OUT as it was given to `shard`, from wherever that ran.
+    if let Some(serve) = m.and_then(|m| m.serve.as_ref())
+        && serve.argv.len() > 2
+    {
+        let mut argv = serve.argv.clone();
+        argv[2] = root.display().to_string();
+        return argv
+            .iter()
+            .map(|a| crate::manifest::shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ");
+    }
+    let mut s = format!(
+        "vllm serve {} --load-format sharded_state --tensor-parallel-size {}",
+        crate::manifest::shell_quote(&root.display().to_string()),
+        w.tp
+    );
+    if w.pp > 1 {
+        s += &format!(" --pipeline-parallel-size {}", w.pp);
+    }
+    if w.expert_parallel == Some(true) {
+        s += " --enable-expert-parallel";
+    }
+    s
+}
+
+/// What to do with a lone safetensors file given as SOURCE: vLLM builds the model from a folder's
+/// config, so only `inspect` reads the file alone.
+fn lone_file_hint(path: &Path) -> String {
+    if !path.to_string_lossy().ends_with(".safetensors") {
+        return String::new();
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let is_rank_file = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| crate::rank_files::RankFile::parse(n).is_some());
+    if is_rank_file {
+        return format!(
+            ", and this is one part of a pre-sharded folder: inspect or load the folder, {}",
+            parent.display()
+        );
+    }
+    let has_config = parent.join("config.json").is_file() || parent.join("params.json").is_file();
+    let with_config = if has_config {
+        format!(
+            "pass the folder it is in, {}, which has the model's config",
+            parent.display()
+        )
+    } else {
+        "put it in a folder with the model's config.json (vLLM builds the model from it) and pass that folder".to_string()
+    };
+    format!(
+        ", and a single .safetensors file has no config: {with_config}; `wload inspect {}` lists the file's tensors alone",
+        crate::manifest::shell_quote(&path.display().to_string())
+    )
 }
 
 fn unreadable_lines(root: &Path, glob: &str, files: &[local::Unreadable]) -> String {
@@ -182,8 +270,26 @@ pub fn resolve_local(
             path: root.to_path_buf(),
         });
     }
+    refuse_pre_sharded(root)?;
     let listing = local::list(root).map_err(|(path, source)| ResolveError::Io { path, source })?;
     resolve_listing(root, &listing, requested, config_format)
+}
+
+/// A folder of rank files (`wload shard`'s or vLLM's output) is no checkpoint: vLLM's hf format
+/// would read its rank files as one checkpoint's shards and fail on their names or shapes.
+fn refuse_pre_sharded(root: &Path) -> Result<(), ResolveError> {
+    let files = crate::rank_files::in_folder(root);
+    if files.is_empty() {
+        return Ok(());
+    }
+    let manifest = crate::manifest::Manifest::read(root);
+    let written_for = crate::rank_files::WrittenFor::of(&files, manifest.as_ref());
+    Err(ResolveError::PreSharded {
+        root: root.to_path_buf(),
+        pattern: pre_sharded_pattern(root),
+        serve: serve_command(root, &written_for, manifest.as_ref()),
+        written_for,
+    })
 }
 
 /// [`resolve_local`] over a given listing of `root`: the folder's own, or a hub repo's file list
@@ -501,6 +607,7 @@ fn pick_config(
         return Err(ResolveError::NoConfig {
             root: root.to_path_buf(),
             mistral: format == ConfigFormat::Mistral || has_consolidated,
+            has_params: format != ConfigFormat::Mistral && has_params,
         });
     }
     Ok((format, name.to_string()))

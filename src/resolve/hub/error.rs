@@ -37,7 +37,9 @@ pub enum HubError {
         endpoint: String,
         commit: String,
     },
-    #[error("{repo}: cannot reach {endpoint}: {message}")]
+    #[error(
+        "{repo}: no local folder of that name, and cannot reach {endpoint} to look it up as a Hugging Face repo id: {message}"
+    )]
     Network {
         repo: String,
         endpoint: String,
@@ -71,7 +73,9 @@ pub enum HubError {
         file: String,
         message: String,
     },
-    #[error("{repo} (revision {revision}) is not in the Hugging Face cache {cache}{why}")]
+    #[error(
+        "{repo}: no local folder of that name, and as a repo id (revision {revision}) it is not in the Hugging Face cache {cache}{why}"
+    )]
     NotCached {
         repo: String,
         revision: String,
