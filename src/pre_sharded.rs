@@ -8,13 +8,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, TensorInfo, WeightFile};
-use crate::manifest::{MANIFEST, Manifest};
+use serde::Serialize;
+
+use crate::manifest::{MANIFEST, Manifest, ServeCommand};
 use crate::plan::PlanOptions;
 use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, SourceTensor};
 use crate::ranks::{self, RankList};
 use crate::{Error, Opened};
 
-use crate::rank_files::RankFiles;
+use crate::rank_files::{RankFiles, WrittenFor};
 
 /// The plan for a pre-sharded folder's `files`, for the ranks this process loads; every problem
 /// vLLM would hit (or silently accept) at once.
@@ -387,4 +389,290 @@ impl Built {
             skipped: Vec::new(),
         }
     }
+}
+
+/// `inspect` of a pre-sharded folder: per rank and part, the files, their tensors and bytes; what
+/// TP, PP and EP they were written for; and whether every file of every rank is there, as the
+/// manifest (else the file names) says it should be. Only headers are read.
+#[derive(Debug, Serialize)]
+pub struct Survey {
+    pub schema_version: u32,
+    pub wload_version: &'static str,
+    /// Always "pre-sharded": tells this report from a checkpoint's.
+    pub kind: &'static str,
+    pub source: String,
+    /// The rank files' name pattern.
+    pub pattern: &'static str,
+    pub written_for: WrittenFor,
+    /// tp × pp: how many ranks a complete folder has files for.
+    pub world_size: u64,
+    pub ranks: Vec<SurveyRank>,
+    pub filter: Option<String>,
+    pub totals: SurveyTotals,
+    /// Every rank's parts present (and, with a manifest, every file it lists at its size), and
+    /// every header readable.
+    pub complete: bool,
+    pub problems: Vec<Problem>,
+    /// The manifest's `vllm serve` command; `None` without one.
+    pub serve: Option<ServeCommand>,
+    /// `wload load` for the folder, with the flags only the file names can tell otherwise.
+    pub check_with: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SurveyRank {
+    /// The global rank, `pp_rank * tp + tp_rank`.
+    pub rank: u64,
+    /// The pipeline stage; `None` for TP-only file names.
+    pub pp_rank: Option<u64>,
+    pub tp_rank: u64,
+    pub files: Vec<SurveyFile>,
+    pub tensors: usize,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SurveyFile {
+    pub file: String,
+    pub part: u64,
+    pub size: u64,
+    /// Tensors in the file (matching the filter, with one); `None` when its header cannot be read.
+    pub tensors: Option<usize>,
+    /// Their data bytes.
+    pub bytes: u64,
+    /// Whether the size is the manifest's; `None` when no manifest lists the file.
+    pub size_matches_manifest: Option<bool>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct SurveyTotals {
+    pub files: usize,
+    pub tensors: usize,
+    pub bytes: u64,
+    pub parameters: u64,
+}
+
+/// Whether `root` is a local folder of rank files (what [`survey`] reports on).
+pub fn is_pre_sharded(root: &Path) -> bool {
+    root.is_dir() && !crate::rank_files::in_folder(root).is_empty()
+}
+
+/// Surveys the pre-sharded folder `root`; `filter` keeps the tensors whose name matches.
+pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
+    let files = crate::rank_files::in_folder(root);
+    let manifest = Manifest::read(root);
+    let written_for = WrittenFor::of(&files, manifest.as_ref());
+    let mut problems = layout_problems(&files, &written_for, manifest.as_ref());
+    let mut totals = SurveyTotals::default();
+    let mut ranks = Vec::new();
+    for (&(pp_rank, tp_rank), parts) in &files {
+        let mut rank = SurveyRank {
+            rank: pp_rank.unwrap_or(0) * written_for.tp + tp_rank,
+            pp_rank,
+            tp_rank,
+            files: Vec::new(),
+            tensors: 0,
+            bytes: 0,
+        };
+        for (part, name) in parts {
+            let f = survey_file(root, *part, name, filter, manifest.as_ref(), &mut problems);
+            totals.files += 1;
+            if let Some((n, bytes, params)) = f.1 {
+                rank.tensors += n;
+                rank.bytes += bytes;
+                totals.tensors += n;
+                totals.bytes += bytes;
+                totals.parameters += params;
+            }
+            rank.files.push(f.0);
+        }
+        ranks.push(rank);
+    }
+    ranks.sort_by_key(|r| (r.rank, r.pp_rank, r.tp_rank));
+    let quoted = crate::manifest::shell_quote(&root.display().to_string());
+    Survey {
+        schema_version: crate::commands::inspect::SCHEMA_VERSION,
+        wload_version: env!("CARGO_PKG_VERSION"),
+        kind: "pre-sharded",
+        source: root.display().to_string(),
+        pattern: if files.keys().all(|k| k.0.is_some()) {
+            crate::rank_files::PP_GLOB
+        } else {
+            crate::rank_files::TP_ONLY_GLOB
+        },
+        world_size: written_for.tp.saturating_mul(written_for.pp),
+        check_with: match manifest {
+            Some(_) => format!("wload load {quoted} --dry-run --read"),
+            None => format!(
+                "wload load {quoted} {} --dry-run --read",
+                written_for.flags()
+            ),
+        },
+        written_for,
+        ranks,
+        filter: filter.map(|r| r.as_str().to_string()),
+        totals,
+        complete: problems.is_empty(),
+        problems,
+        serve: manifest.and_then(|m| m.serve),
+    }
+}
+
+/// One part file: its row, and (tensors, bytes, parameters) when its header could be read.
+fn survey_file(
+    root: &Path,
+    part: u64,
+    name: &str,
+    filter: Option<&regex::Regex>,
+    manifest: Option<&Manifest>,
+    problems: &mut Vec<Problem>,
+) -> (SurveyFile, Option<(usize, u64, u64)>) {
+    let size = std::fs::metadata(root.join(name)).map_or(0, |m| m.len());
+    let listed = manifest.and_then(|m| m.files.iter().find(|f| f.name == name));
+    if let Some(l) = listed
+        && l.size != size
+    {
+        problems.push(Problem {
+            message: format!(
+                "{name}: {size} bytes, but {MANIFEST} records {}: the file is truncated or was replaced",
+                l.size
+            ),
+            fix: Some("copy the file again, or re-shard".into()),
+        });
+    }
+    if manifest.is_some() && listed.is_none() {
+        problems.push(Problem {
+            message: format!("{name}: not listed in {MANIFEST} (left from another run?)"),
+            fix: Some("remove it, or re-shard into an empty folder".into()),
+        });
+    }
+    let counted = match Checkpoint::open(root, &[name.to_string()]) {
+        Ok(ck) => {
+            let kept = ck.files[0]
+                .tensors
+                .iter()
+                .filter(|t| filter.is_none_or(|re| re.is_match(&t.name)));
+            let (mut n, mut bytes, mut params) = (0, 0, 0);
+            for t in kept {
+                n += 1;
+                bytes += t.len;
+                params += t.numel();
+            }
+            Some((n, bytes, params))
+        }
+        Err(errors) => {
+            problems.extend(errors.into_iter().map(|e| Problem {
+                message: e.to_string(),
+                fix: Some("copy the file again, or re-shard".into()),
+            }));
+            None
+        }
+    };
+    let row = SurveyFile {
+        file: name.to_string(),
+        part,
+        size,
+        tensors: counted.map(|c| c.0),
+        bytes: counted.map_or(0, |c| c.1),
+        size_matches_manifest: listed.map(|l| l.size == size),
+    };
+    (row, counted)
+}
+
+/// What a complete folder of this layout lacks: ranks without files, gaps in a rank's part
+/// numbers, files the manifest lists that are gone, and a mix of both name patterns.
+fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest>) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let staged = w.pp > 1 || files.keys().all(|k| k.0.is_some());
+    if files.keys().any(|k| k.0.is_some()) && files.keys().any(|k| k.0.is_none()) {
+        problems.push(Problem {
+            message: format!(
+                "the folder mixes {} and {} files: vLLM reads only one pattern, by --pipeline-parallel-size",
+                crate::rank_files::TP_ONLY_GLOB,
+                crate::rank_files::PP_GLOB
+            ),
+            fix: Some("remove the files of the other run".into()),
+        });
+    }
+    let mut missing = Vec::new();
+    for rank in 0..w.tp.saturating_mul(w.pp).min(MAX_RANKS_CHECKED) {
+        let key = (staged.then_some(rank / w.tp), rank % w.tp);
+        match files.get(&key) {
+            None => missing.push(rank),
+            Some(parts) => {
+                let have: Vec<u64> = parts.iter().map(|p| p.0).collect();
+                if have.iter().enumerate().any(|(i, p)| *p != i as u64) {
+                    problems.push(Problem {
+                        message: format!(
+                            "rank {rank}: part numbers {have:?} have gaps ({})",
+                            crate::rank_files::rank_glob(key.0, key.1)
+                        ),
+                        fix: Some("copy the missing part files".into()),
+                    });
+                }
+            }
+        }
+    }
+    if !missing.is_empty() {
+        let hint = match manifest {
+            Some(m) if m.ranks.len() as u64 != w.tp.saturating_mul(w.pp) => format!(
+                " (shard wrote only ranks {:?} here, with --ranks: copy the others' files in)",
+                m.ranks
+            ),
+            _ => String::new(),
+        };
+        problems.push(Problem {
+            message: format!(
+                "no files for rank{} {} of {}{hint}",
+                if missing.len() == 1 { "" } else { "s" },
+                ranges(&missing),
+                w.flags()
+            ),
+            fix: Some("copy the missing rank files into the folder".into()),
+        });
+    }
+    if let Some(m) = manifest {
+        let present: BTreeSet<&str> = files
+            .values()
+            .flat_map(|v| v.iter().map(|(_, n)| n.as_str()))
+            .collect();
+        let gone: Vec<&str> = m
+            .files
+            .iter()
+            .map(|f| f.name.as_str())
+            .filter(|n| !present.contains(n))
+            .collect();
+        if !gone.is_empty() {
+            problems.push(Problem {
+                message: format!("{MANIFEST} lists files that are gone: {}", gone.join(", ")),
+                fix: Some("copy them again, or re-shard".into()),
+            });
+        }
+    }
+    problems
+}
+
+/// A folder whose names claim more ranks than this is not walked rank by rank (a file called
+/// `model-rank-18446744073709551615-part-0.safetensors` must not make inspect loop forever).
+const MAX_RANKS_CHECKED: u64 = 1 << 16;
+
+/// Ranks as runs: `0-3, 6, 8-9`.
+fn ranges(ids: &[u64]) -> String {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &i in ids {
+        match runs.last_mut() {
+            Some((_, end)) if end.checked_add(1) == Some(i) => *end = i,
+            _ => runs.push((i, i)),
+        }
+    }
+    runs.iter()
+        .map(|&(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

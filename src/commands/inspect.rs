@@ -359,3 +359,126 @@ fn refused(qc: &Value, e: crate::quant::QuantError) -> QuantInfo {
         }),
     }
 }
+
+/// A SOURCE that is no checkpoint folder but that `inspect` still describes: a pre-sharded folder,
+/// or a lone safetensors file.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum OtherSource {
+    PreSharded(crate::pre_sharded::Survey),
+    File(LoneFile),
+}
+
+/// `inspect` of one safetensors file given as SOURCE: its tensors and totals; no config, so no
+/// model, and no plan.
+#[derive(Debug, Serialize)]
+pub struct LoneFile {
+    pub schema_version: u32,
+    pub wload_version: &'static str,
+    /// Always "file": tells this report from a checkpoint's.
+    pub kind: &'static str,
+    pub source: String,
+    pub size: u64,
+    pub header_bytes: u64,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub filter: Option<String>,
+    pub tensors: Vec<LoneTensor>,
+    pub totals: Totals,
+    /// What plan, shard and load need besides the file.
+    pub note: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LoneTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub role: TensorRole,
+    pub shape: Vec<u64>,
+    pub bytes: u64,
+}
+
+/// The report for `source` when it is a pre-sharded folder or a lone `.safetensors` file;
+/// `None` for anything else (a checkpoint folder, a hub repo id), which [`inspect`] describes.
+pub fn other_source(
+    source: &std::path::Path,
+    filter: Option<&str>,
+) -> Result<Option<OtherSource>, Error> {
+    let re = filter.map(Regex::new).transpose()?;
+    if crate::pre_sharded::is_pre_sharded(source) {
+        let survey = crate::pre_sharded::survey(source, re.as_ref());
+        return Ok(Some(OtherSource::PreSharded(survey)));
+    }
+    let lone = source.is_file()
+        && source
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().ends_with(".safetensors"));
+    if !lone {
+        return Ok(None);
+    }
+    Ok(Some(OtherSource::File(lone_file(
+        source,
+        filter,
+        re.as_ref(),
+    )?)))
+}
+
+fn lone_file(
+    path: &std::path::Path,
+    filter: Option<&str>,
+    re: Option<&Regex>,
+) -> Result<LoneFile, Error> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ck = crate::checkpoint::Checkpoint::open(parent, std::slice::from_ref(&name))
+        .map_err(Error::Headers)?;
+    let (rows, totals) = tensors_and_totals(&ck, re);
+    let tensors = rows
+        .into_iter()
+        .map(|r| LoneTensor {
+            name: r.name.to_string(),
+            dtype: r.dtype,
+            role: r.role,
+            shape: r.shape.to_vec(),
+            bytes: r.bytes,
+        })
+        .collect();
+    let f = &ck.files[0];
+    Ok(LoneFile {
+        schema_version: SCHEMA_VERSION,
+        wload_version: env!("CARGO_PKG_VERSION"),
+        kind: "file",
+        source: path.display().to_string(),
+        size: f.size,
+        header_bytes: f.header_len,
+        metadata: f.metadata.clone(),
+        filter: filter.map(str::to_string),
+        tensors,
+        totals,
+        note: lone_file_note(parent, &name),
+    })
+}
+
+/// What plan, shard and load need besides a lone file, pointing at its folder when that helps.
+fn lone_file_note(parent: &std::path::Path, name: &str) -> String {
+    if crate::rank_files::RankFile::parse(name).is_some() {
+        return format!(
+            "one part of a pre-sharded folder's rank files: inspect or load the folder, {}",
+            parent.display()
+        );
+    }
+    let has_config = parent.join("config.json").is_file() || parent.join("params.json").is_file();
+    format!(
+        "a single file has no config: plan, shard and load need the checkpoint folder, with the model's config.json (or params.json), that holds it{}",
+        if has_config {
+            format!("; {} has one", parent.display())
+        } else {
+            String::new()
+        }
+    )
+}

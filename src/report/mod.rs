@@ -10,7 +10,7 @@ mod shard;
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
-pub use inspect::write_inspection;
+pub use inspect::{write_inspection, write_other_source};
 pub use load::write_load;
 pub use plan::write_plan;
 pub use problems::json_problems;

@@ -100,6 +100,11 @@ fn inspect(
     g: Globals,
     out: &mut BufWriter<io::StdoutLock>,
 ) -> Result<(), Error> {
+    if let Some(other) = wload::inspect::other_source(&args.source.source, args.filter.as_deref())?
+    {
+        let human: Human = &|w| wload::report::write_other_source(w, &other, g.verbose);
+        return emit(out, args.json, &other, Some(human));
+    }
     let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
     let report = wload::inspect::inspect(&opened, args.filter.as_deref())?;
     emit(
