@@ -19,18 +19,22 @@ impl Drop for Bar {
     }
 }
 
-/// A byte-count bar with rate and ETA when stderr is a terminal and not `--quiet`.
-pub fn bar(total: u64, quiet: bool) -> Box<dyn Progress> {
+/// A byte-count bar with rate and ETA when stderr is a terminal and not `--quiet`, behind a word
+/// saying what it counts ("writing", "loading").
+pub fn labelled_bar(total: u64, quiet: bool, label: &str) -> Box<dyn Progress> {
     if quiet || !std::io::stderr().is_terminal() {
         return Box::new(Quiet);
     }
     let pb = ProgressBar::new(total);
     pb.set_style(
         ProgressStyle::with_template(
-            "{bar:40.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+            "{prefix}{bar:40.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
         )
         .expect("valid template"),
     );
+    if !label.is_empty() {
+        pb.set_prefix(format!("{label} "));
+    }
     Box::new(Bar(pb))
 }
 

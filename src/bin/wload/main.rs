@@ -160,7 +160,7 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     // From here on a signal stops the run cleanly: nothing is published, the staging folder goes.
     interrupt::install();
     let report = wload::shard::shard(&opened, plan, &opts, interrupt::flag(), &|total| {
-        bars::bar(total, g.quiet)
+        bars::labelled_bar(total, g.quiet, "writing")
     })?;
     for s in &report.removed_leftovers {
         let _ = writeln!(
@@ -199,7 +199,7 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         // transfer cleanly.
         &|total| {
             interrupt::install();
-            bars::bar(total, g.quiet)
+            bars::labelled_bar(total, g.quiet, "loading")
         },
     )
     .map_err(|e| wload::report::json_problems(out, args.json, e))?;

@@ -176,6 +176,11 @@ pub enum OutProblem {
     NoName,
     #[error("its parent {} is not an existing folder; create it first", .0.display())]
     NoParent(PathBuf),
+    #[error(
+        "its parent {} cannot be written to ({why}); wload builds OUT in a hidden folder next to it and renames it into place: choose a folder you can write to",
+        .parent.display()
+    )]
+    ParentNotWritable { parent: PathBuf, why: String },
     #[error("is a symbolic link; wload does not write through links, pass the folder it points to")]
     Link,
     #[error("exists and is not a folder; choose another output path")]
@@ -215,6 +220,26 @@ impl std::fmt::Display for Entries {
     }
 }
 
+/// A staging folder that could not be created, worded with OUT and its parent: the hidden name
+/// is wload's, not the user's.
+fn staging_error(out: &Path, e: io::Error) -> ShardError {
+    let parent = parent_of(out);
+    let denied = matches!(
+        e.kind(),
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem
+    );
+    if denied {
+        return ShardError::Out {
+            path: out.to_path_buf(),
+            problem: OutProblem::ParentNotWritable {
+                parent,
+                why: e.to_string(),
+            },
+        };
+    }
+    ShardError::io("creating the output's staging folder in", &parent, e)
+}
+
 fn parent_of(out: &Path) -> PathBuf {
     match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -240,7 +265,7 @@ impl Staging {
             .to_string_lossy();
         let path =
             parent_of(&target.path).join(format!(".{name}{STAGING_TAG}{}", std::process::id()));
-        fs::create_dir(&path).map_err(|e| ShardError::io("creating", &path, e))?;
+        fs::create_dir(&path).map_err(|e| staging_error(&target.path, e))?;
         let staging = Staging {
             path,
             published: false,
