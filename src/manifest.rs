@@ -226,7 +226,12 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, c
         (None, None) => None,
     };
     let tp = settle("--tp", flags.tp, manifest.as_ref().map(|m| m.tp));
-    let pp = settle("--pp", flags.pp, manifest.as_ref().map(|m| m.pp)).unwrap_or(1);
+    // A recorded PP of 1 is the default anyway: not worth a word in the note.
+    let recorded_pp = manifest
+        .as_ref()
+        .map(|m| m.pp)
+        .filter(|&p| p > 1 || flags.pp.is_some());
+    let pp = settle("--pp", flags.pp, recorded_pp).unwrap_or(1);
     let mut expert_parallel = flags.expert_parallel;
     let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
     let mut config_format = flags.config_format;

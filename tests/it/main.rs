@@ -15,6 +15,7 @@ mod support;
 mod cli;
 mod config_aliases;
 mod deepseek;
+mod deploy;
 mod errors;
 mod fp8;
 mod fuzz;

@@ -1,0 +1,517 @@
+//! From a checkpoint to a folder vLLM serves, and back: the README's transcript run as written, the
+//! `vllm serve` command `shard` prints and records (every flag the files depend on, shell-quoted),
+//! `load` taking its flags from `wload.json`, and what plan, shard and load say about inputs that
+//! are no checkpoint folder.
+
+use std::fs;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::support::*;
+
+const GQA: &str = "llama_gqa";
+
+/// The README's deploy transcript: (command, the lines its output must hold).
+fn readme_transcript() -> Vec<(String, Vec<String>)> {
+    let readme = fs::read_to_string(manifest_dir().join("README.md")).unwrap();
+    let marker = readme
+        .find("<!-- deploy-transcript")
+        .expect("README.md has the deploy transcript marker");
+    let block = &readme[marker..];
+    let start = block.find("```console\n").expect("a console block follows") + 11;
+    let end = block[start..].find("```").expect("the block ends") + start;
+    let mut steps: Vec<(String, Vec<String>)> = Vec::new();
+    for line in block[start..end].lines() {
+        match line.strip_prefix("$ ") {
+            Some(cmd) => steps.push((cmd.to_string(), Vec::new())),
+            None => steps
+                .last_mut()
+                .expect("the transcript starts with a command")
+                .1
+                .push(line.to_string()),
+        }
+    }
+    steps
+}
+
+/// An output line as the transcript shows it: exactly, or up to a trailing ` …`.
+fn shows(expected: &str, got: &str) -> bool {
+    match expected.strip_suffix(" …") {
+        Some(head) => got.starts_with(head),
+        None => got == expected,
+    }
+}
+
+/// The transcript, run as written from a fresh clone's root after the README's build step: a
+/// folder holding the example checkpoint and `target/release/wload` (this build of it).
+#[test]
+fn readme_deploy_transcript_runs_as_written() {
+    let steps = readme_transcript();
+    assert!(steps.len() >= 3, "shard, inspect and load: {steps:?}");
+    let clone = TempDir::new().unwrap();
+    let example = clone.path().join("examples/tiny-llama");
+    fs::create_dir_all(&example).unwrap();
+    // The repository's example is a link into the test fixtures; a clone has both.
+    let src = manifest_dir().join("examples/tiny-llama");
+    for e in fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        fs::copy(&p, example.join(p.file_name().unwrap())).unwrap();
+    }
+    fs::create_dir_all(clone.path().join("target/release")).unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_wload"),
+        clone.path().join("target/release/wload"),
+    )
+    .unwrap();
+    let flags_it_could_infer = ["--tp", "--pp", "--dtype", "--config-format"];
+    for (cmd, expected) in &steps {
+        if cmd.contains(" load ") || cmd.contains(" inspect ") {
+            for f in flags_it_could_infer {
+                assert!(
+                    !cmd.contains(f),
+                    "`{cmd}` passes {f}, which wload.json records"
+                );
+            }
+        }
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(clone.path())
+            .env_remove("HF_HUB_OFFLINE")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "`{cmd}`: {}", context(&out));
+        let text = format!("{}{}", stdout(&out), stderr(&out));
+        for want in expected {
+            assert!(
+                text.lines().any(|got| shows(want, got)),
+                "`{cmd}` should print {want:?}; it printed:\n{text}"
+            );
+        }
+    }
+}
+
+/// `shard --json`'s manifest: its `serve` command, as words and as one shell line.
+fn serve_of(source: &Path, out: &Path, extra: &[&str]) -> (Vec<String>, String, String) {
+    let mut args = vec!["shard", s(source), "-o", s(out)];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert!(o.status.success(), "{}", context(&o));
+    let printed = stdout(&o)
+        .lines()
+        .find_map(|l| l.strip_prefix("serve with: ").map(str::to_string))
+        .unwrap_or_else(|| panic!("no serve line: {}", context(&o)));
+    let m: Value = serde_json::from_slice(&fs::read(out.join("wload.json")).unwrap()).unwrap();
+    let argv: Vec<String> = m["serve"]["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let shell = m["serve"]["shell"].as_str().unwrap().to_string();
+    (argv, shell, printed)
+}
+
+/// What a POSIX shell makes of `line`: its words.
+fn shell_words(line: &str) -> Vec<String> {
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("printf '%s\\0' {line}"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", context(&o));
+    let mut words: Vec<String> = String::from_utf8(o.stdout)
+        .unwrap()
+        .split('\0')
+        .map(str::to_string)
+        .collect();
+    words.pop();
+    words
+}
+
+fn words(s: &[&str]) -> Vec<String> {
+    s.iter().map(|w| w.to_string()).collect()
+}
+
+/// Each flag the files depend on, and only those: TP alone for a default dense model; PP, EP and a
+/// dtype other than vLLM's `auto` choice when they apply. The printed line is the manifest's, and
+/// a shell reads it back as the manifest's words.
+#[test]
+fn serve_command_has_every_flag_the_files_depend_on() {
+    let work = TempDir::new().unwrap();
+    let base = ["--load-format", "sharded_state", "--tensor-parallel-size"];
+    let cases: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
+        (GQA, vec!["--tp", "2"], vec!["2"]),
+        (
+            GQA,
+            vec!["--tp", "1", "--pp", "2"],
+            vec!["1", "--pipeline-parallel-size", "2"],
+        ),
+        (
+            "mixtral",
+            vec!["--tp", "2", "--enable-expert-parallel"],
+            vec!["2", "--enable-expert-parallel"],
+        ),
+        (
+            GQA,
+            vec!["--tp", "2", "--dtype", "float16"],
+            vec!["2", "--dtype", "float16"],
+        ),
+        // bfloat16 is what vLLM's auto picks for a bfloat16 config: no flag needed.
+        (GQA, vec!["--tp", "2", "--dtype", "bfloat16"], vec!["2"]),
+        // float32 configs are downcast to bfloat16 by auto; keeping float32 needs the flag.
+        ("phi3_fp32", vec!["--tp", "1"], vec!["1"]),
+        (
+            "phi3_fp32",
+            vec!["--tp", "1", "--dtype", "float32"],
+            vec!["1", "--dtype", "float32"],
+        ),
+    ];
+    for (i, (fx, flags, tail)) in cases.iter().enumerate() {
+        let out = work.path().join(format!("out{i}"));
+        let (argv, shell, printed) = serve_of(&fixture(fx), &out, flags);
+        let mut want = words(&["vllm", "serve", s(&out)]);
+        want.extend(words(&base));
+        want.extend(words(tail));
+        assert_eq!(argv, want, "{fx} {flags:?}");
+        assert_eq!(printed, shell, "{fx} {flags:?}");
+        assert_eq!(shell_words(&shell), argv, "{fx} {flags:?}");
+    }
+}
+
+/// Paths with spaces, quotes, `$` and a leading `-` survive the copy and paste into a shell, and
+/// one that starts with `-` is not taken for a flag by vLLM.
+#[test]
+fn serve_command_quotes_hostile_paths() {
+    let work = TempDir::new().unwrap();
+    for name in ["my model", "it's $HOME `x`", "-tp8", "tab\there"] {
+        let out = work.path().join(name);
+        let (argv, shell, _) = serve_of(&fixture(GQA), &out, &["--tp", "2"]);
+        assert_eq!(argv[2], s(&out));
+        assert_eq!(shell_words(&shell), argv, "{name}");
+        // Relative, as the user typed it: `./-tp8`, not a flag.
+        let o = wload()
+            .current_dir(work.path())
+            .args(["shard", s(&fixture(GQA)), "--tp", "2", "-o"])
+            .arg(format!("rel-{name}"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", context(&o));
+        let line = stdout(&o)
+            .lines()
+            .find_map(|l| l.strip_prefix("serve with: ").map(str::to_string))
+            .unwrap();
+        let w = shell_words(&line);
+        assert!(!w[2].starts_with('-'), "{line}");
+        assert_eq!(
+            Path::new(&w[2]).file_name().unwrap().to_string_lossy(),
+            format!("rel-{name}")
+        );
+    }
+    let o = wload()
+        .current_dir(work.path())
+        .args(["shard", s(&fixture(GQA)), "--tp", "2", "--output=-x"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", context(&o));
+    assert!(
+        stdout(&o).contains("serve with: vllm serve ./-x "),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// `load OUT` needs no flag that `wload.json` records, says which it took, and refuses one that
+/// disagrees naming both values.
+#[test]
+fn load_takes_its_flags_from_the_manifest() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(
+        &fixture("mixtral"),
+        2,
+        &out,
+        &["--enable-expert-parallel", "-q"],
+    );
+    let o = run(&["load", s(&out), "--dry-run", "--read"]);
+    assert!(o.status.success(), "{}", context(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("note: --tp 2 --enable-expert-parallel --dtype bfloat16 taken from")
+            && err.contains("wload.json"),
+        "{err}"
+    );
+    // The same values given explicitly: no disagreement.
+    let o = run(&[
+        "load",
+        s(&out),
+        "--dry-run",
+        "--tp",
+        "2",
+        "--enable-expert-parallel",
+        "--dtype",
+        "bfloat16",
+    ]);
+    assert!(o.status.success(), "{}", context(&o));
+    assert!(!stderr(&o).contains("note:"), "{}", stderr(&o));
+    // -q keeps the note to itself.
+    let o = run(&["-q", "load", s(&out), "--dry-run"]);
+    assert!(
+        o.status.success() && stderr(&o).is_empty(),
+        "{}",
+        context(&o)
+    );
+
+    for (flag, given, recorded) in [
+        (&["--tp", "4"][..], "--tp 4", "--tp 2"),
+        (&["--pp", "2"][..], "--pp 2", "--pp 1"),
+        (
+            &["--dtype", "float16"][..],
+            "--dtype float16",
+            "--dtype bfloat16",
+        ),
+    ] {
+        let mut args = vec!["load", s(&out), "--dry-run"];
+        args.extend_from_slice(flag);
+        assert_refused(&run(&args), 3, &[given, recorded, "wload.json"]);
+    }
+
+    let dense = work.path().join("dense");
+    shard_ok(&fixture(GQA), 2, &dense, &["-q"]);
+    assert_refused(
+        &run(&["load", s(&dense), "--dry-run", "--enable-expert-parallel"]),
+        3,
+        &["--enable-expert-parallel", "no expert parallelism"],
+    );
+}
+
+/// Pipeline stages come from the manifest too.
+#[test]
+fn load_takes_pp_from_the_manifest() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(&fixture(GQA), 1, &out, &["--pp", "2", "-q"]);
+    let o = run(&["load", s(&out), "--dry-run", "--json"]);
+    assert!(o.status.success(), "{}", context(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["tp"].as_u64(), v["pp"].as_u64()), (Some(1), Some(2)));
+    assert!(stderr(&o).contains("--tp 1 --pp 2"), "{}", stderr(&o));
+}
+
+/// Without a manifest, `load` cannot guess the TP size: a usage error that says what to pass.
+#[test]
+fn load_without_manifest_or_tp_is_a_usage_error() {
+    assert_refused(
+        &run(&["load", s(&fixture(GQA)), "--dry-run"]),
+        2,
+        &["--tp is needed", "wload.json", "pass --tp N"],
+    );
+    // A vLLM-written folder (no wload.json) likewise.
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(&fixture(GQA), 2, &out, &["-q"]);
+    fs::remove_file(out.join("wload.json")).unwrap();
+    assert_refused(
+        &run(&["load", s(&out), "--dry-run"]),
+        2,
+        &["--tp is needed"],
+    );
+    let o = run(&["load", s(&out), "--dry-run", "--tp", "2"]);
+    assert!(o.status.success(), "{}", context(&o));
+}
+
+/// `plan` and `shard` on a pre-sharded folder say what it is, what it was written for, how to
+/// load and serve it, and to re-shard the original instead; nothing is written.
+#[test]
+fn plan_and_shard_refuse_a_pre_sharded_folder() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(&fixture(GQA), 2, &out, &["-q"]);
+    let original = fixture(GQA).canonicalize().unwrap();
+    let needles = [
+        "a pre-sharded folder",
+        "written for --tp 2 per its wload.json",
+        "wload load",
+        "vllm serve",
+        "--tensor-parallel-size 2",
+        "original checkpoint",
+        s(&original),
+    ];
+    assert_refused(&run(&["plan", s(&out), "--tp", "2"]), 3, &needles);
+    let again = work.path().join("again");
+    assert_refused(
+        &run(&["shard", s(&out), "--tp", "4", "-o", s(&again)]),
+        3,
+        &needles,
+    );
+    assert!(!again.exists());
+    // vLLM's own output has no manifest: the layout comes from the file names.
+    let pp = work.path().join("pp");
+    shard_ok(&fixture(GQA), 2, &pp, &["--pp", "2", "-q"]);
+    fs::remove_file(pp.join("wload.json")).unwrap();
+    assert_refused(
+        &run(&["plan", s(&pp), "--tp", "2"]),
+        3,
+        &[
+            "written for --tp 2 --pp 2 per its file names",
+            "--pipeline-parallel-size 2",
+        ],
+    );
+}
+
+/// A lone safetensors file: `inspect` lists it; plan, shard and load say what else they need.
+#[test]
+fn a_lone_safetensors_file_is_inspected_and_explained() {
+    let file = fixture(GQA).join("model-00001-of-00006.safetensors");
+    let v = wload_json(&["inspect", s(&file), "--json"]);
+    assert_eq!(v["kind"], "file");
+    let tensors = v["tensors"].as_array().unwrap();
+    assert!(!tensors.is_empty());
+    assert_eq!(
+        v["totals"]["tensors"].as_u64(),
+        Some(tensors.len() as u64),
+        "{v}"
+    );
+    assert!(v["note"].as_str().unwrap().contains("config.json"), "{v}");
+    let human = stdout(&run(&["inspect", s(&file)]));
+    assert!(human.contains("a single safetensors file"), "{human}");
+    assert!(human.contains("model.embed_tokens.weight"), "{human}");
+
+    assert_refused(
+        &run(&["plan", s(&file), "--tp", "2"]),
+        2,
+        &[
+            "single .safetensors file has no config",
+            "pass the folder it is in",
+        ],
+    );
+    let work = TempDir::new().unwrap();
+    let alone = work.path().join("w.safetensors");
+    fs::copy(&file, &alone).unwrap();
+    assert_refused(
+        &run(&[
+            "shard",
+            s(&alone),
+            "--tp",
+            "2",
+            "-o",
+            s(&work.path().join("o")),
+        ]),
+        2,
+        &[
+            "put it in a folder with the model's config.json",
+            "wload inspect",
+        ],
+    );
+    assert_refused(
+        &run(&["load", s(&alone), "--tp", "2", "--dry-run"]),
+        2,
+        &["single .safetensors file has no config"],
+    );
+}
+
+/// `org/name` that is no local folder and no reachable hub: both said, not only "cannot reach".
+#[test]
+fn a_missing_folder_shaped_like_a_repo_id_says_so() {
+    let home = TempDir::new().unwrap();
+    let o = wload()
+        .current_dir(home.path())
+        .env("HF_HOME", home.path())
+        .env_remove("HF_HUB_CACHE")
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("HF_HUB_ETAG_TIMEOUT", "2")
+        .args(["inspect", "models/llama"])
+        .output()
+        .unwrap();
+    assert_refused(
+        &o,
+        1,
+        &["models/llama: no local folder of that name", "cannot reach"],
+    );
+    let o = wload()
+        .current_dir(home.path())
+        .env("HF_HOME", home.path())
+        .env_remove("HF_HUB_CACHE")
+        .env("HF_HUB_OFFLINE", "1")
+        .args(["inspect", "models/llama"])
+        .output()
+        .unwrap();
+    assert_refused(
+        &o,
+        1,
+        &[
+            "no local folder of that name",
+            "not in the Hugging Face cache",
+        ],
+    );
+}
+
+/// On a terminal, the progress bar says what it counts.
+#[test]
+fn the_progress_bar_has_a_label() {
+    let (mut master, slave) = pty();
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let mut child = wload_process()
+        .args(["shard", s(&fixture(GQA)), "--tp", "2", "-o", s(&out)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + RUN_LIMIT;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "wload shard did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    // The child has exited: what it wrote waits in the terminal's buffer. Non-blocking, so that a
+    // copy of the slave end inherited by another test's child cannot hold the read open.
+    // SAFETY: fcntl on a descriptor this test owns.
+    unsafe {
+        libc::fcntl(master.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK);
+    }
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = master.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.contains("writing "), "{seen:?}");
+}
+
+/// A pseudo-terminal: (master to read, slave to hand to the child as stderr).
+fn pty() -> (fs::File, OwnedFd) {
+    let (mut m, mut s) = (0, 0);
+    // SAFETY: openpty writes two descriptors into the given integers and reads nothing else; the
+    // null name, termios and winsize pointers are allowed.
+    let r = unsafe {
+        libc::openpty(
+            &mut m,
+            &mut s,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    // Not inherited by the children other tests spawn meanwhile (the child gets its copy through
+    // dup2, which clears the flag).
+    for fd in [m, s] {
+        // SAFETY: fcntl on descriptors just opened here.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    // SAFETY: both descriptors were just opened by openpty and are owned by nothing else.
+    unsafe { (fs::File::from_raw_fd(m), OwnedFd::from_raw_fd(s)) }
+}
