@@ -236,6 +236,17 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, c
     let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
     let mut config_format = flags.config_format;
     if let Some(m) = &manifest {
+        if m.tp == 0 || m.pp == 0 {
+            problems.push(crate::plan::Problem {
+                message: format!(
+                    "{} records tp {} and pp {}, and no folder is written for a size of 0: the manifest is damaged",
+                    at.display(),
+                    m.tp,
+                    m.pp
+                ),
+                fix: Some("re-shard, or remove wload.json and pass --tp (and --pp)".into()),
+            });
+        }
         if flags.expert_parallel && !m.expert_parallel {
             problems.push(disagreement(
                 &at,

@@ -467,7 +467,11 @@ pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
     let mut ranks = Vec::new();
     for (&(pp_rank, tp_rank), parts) in &files {
         let mut rank = SurveyRank {
-            rank: pp_rank.unwrap_or(0) * written_for.tp + tp_rank,
+            // Saturating: hostile names may claim ranks near u64::MAX.
+            rank: pp_rank
+                .unwrap_or(0)
+                .saturating_mul(written_for.tp)
+                .saturating_add(tp_rank),
             pp_rank,
             tp_rank,
             files: Vec::new(),
@@ -592,6 +596,22 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
                 crate::rank_files::PP_GLOB
             ),
             fix: Some("remove the files of the other run".into()),
+        });
+    }
+    let beyond: Vec<String> = files
+        .keys()
+        .filter(|(p, t)| *t >= w.tp || p.is_some_and(|p| p >= w.pp))
+        .map(|&(p, t)| crate::rank_files::rank_glob(p, t))
+        .collect();
+    if !beyond.is_empty() {
+        problems.push(Problem {
+            message: format!(
+                "files beyond {} (per its {}): {}",
+                w.flags(),
+                w.from,
+                beyond.join(", ")
+            ),
+            fix: Some("remove the files of the other run, or re-shard into an empty folder".into()),
         });
     }
     let mut missing = Vec::new();

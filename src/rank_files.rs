@@ -145,9 +145,10 @@ impl WrittenFor {
     /// `files` must not be empty.
     pub fn of(files: &RankFiles, manifest: Option<&crate::manifest::Manifest>) -> WrittenFor {
         if let Some(m) = manifest {
+            // A hand-edited manifest may say 0; the layout checks divide by these.
             return WrittenFor {
-                tp: m.tp,
-                pp: m.pp,
+                tp: m.tp.max(1),
+                pp: m.pp.max(1),
                 expert_parallel: Some(m.expert_parallel),
                 dtype: Some(m.dtype.clone()),
                 architecture: Some(m.architecture.clone()),
