@@ -133,3 +133,82 @@ fn interleaving_really_moves_rows() {
     let data: Vec<u8> = (0..8).collect();
     assert_eq!(interleave(&data, 4, 2, 4), vec![0, 1, 4, 5, 2, 3, 6, 7]);
 }
+
+/// A Mistral-native output has params.json and no config.json, and no consolidated*.safetensors
+/// for vLLM to notice: the serve command says `--config-format mistral` (and, with Mistral's
+/// tokenizer file, `--tokenizer-mode mistral`); `load` infers it from wload.json, and without a
+/// manifest says to pass it.
+#[test]
+fn a_mistral_native_output_is_served_and_loaded_with_its_config_format() {
+    let src = native_checkpoint();
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard_ok(src.path(), 2, &out, &[]);
+    assert!(!out.join("config.json").exists());
+    let m: serde_json::Value =
+        serde_json::from_slice(&fs::read(out.join("wload.json")).unwrap()).unwrap();
+    let argv: Vec<&str> = m["serve"]["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        argv,
+        [
+            "vllm",
+            "serve",
+            s(&out),
+            "--load-format",
+            "sharded_state",
+            "--tensor-parallel-size",
+            "2",
+            "--config-format",
+            "mistral"
+        ]
+    );
+    assert!(
+        stdout(&o).contains("--config-format mistral"),
+        "{}",
+        stdout(&o)
+    );
+
+    let l = run(&["load", s(&out), "--dry-run", "--read"]);
+    assert!(l.status.success(), "{}", context(&l));
+    assert!(
+        stderr(&l).contains("--config-format mistral taken from"),
+        "{}",
+        stderr(&l)
+    );
+
+    fs::remove_file(out.join("wload.json")).unwrap();
+    assert_refused(
+        &run(&["load", s(&out), "--tp", "2", "--dry-run"]),
+        3,
+        &[
+            "no config.json",
+            "params.json",
+            "pass --config-format mistral",
+        ],
+    );
+    let l = run(&[
+        "load",
+        s(&out),
+        "--tp",
+        "2",
+        "--config-format",
+        "mistral",
+        "--dry-run",
+    ]);
+    assert!(l.status.success(), "{}", context(&l));
+
+    // With Mistral's own tokenizer file, vLLM would pick the HF tokenizer here without the flag.
+    fs::write(src.path().join("tekken.json"), b"{}").unwrap();
+    let out2 = work.path().join("out2");
+    let o = shard_ok(src.path(), 1, &out2, &[]);
+    assert!(
+        stdout(&o).contains("--config-format mistral --tokenizer-mode mistral"),
+        "{}",
+        stdout(&o)
+    );
+}

@@ -218,6 +218,36 @@ fn links_files_and_missing_parents_are_refused() {
     assert_out_refused(&o, &under_file, "create it first");
 }
 
+/// A parent folder that cannot be written to is named as OUT's parent, with what to do; the hidden
+/// staging folder wload would have made there is not mentioned.
+#[test]
+fn an_unwritable_parent_is_named_as_such() {
+    // sysfs refuses mkdir to everyone, root included (EPERM; EACCES for other users).
+    let out = Path::new("/sys/wload-test-out");
+    let o = shard(&fixture(GQA), 2, out, &[]);
+    let err = assert_refused(
+        &o,
+        2,
+        &[
+            "-o /sys/wload-test-out",
+            "its parent /sys cannot be written to",
+            "choose a folder you can write to",
+        ],
+    );
+    assert!(!err.contains("wload-tmp"), "{err}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        let work = TempDir::new().unwrap();
+        let ro = work.path().join("ro");
+        fs::create_dir(&ro).unwrap();
+        fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
+        let o = shard(&fixture(GQA), 2, &ro.join("out"), &[]);
+        assert_out_refused(&o, &ro.join("out"), "cannot be written to");
+        fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
 /// A Llama of about 150 MB (zeros), large enough that a shard takes a while.
 fn big_checkpoint(dir: &Path) {
     let (hidden, inter, layers, vocab) = (1024u64, 2048u64, 4u64, 32000u64);

@@ -587,6 +587,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn staging_errors_name_out_and_its_parent_not_the_hidden_folder() {
+        let out = Path::new("models/llama-tp8");
+        for kind in [
+            io::ErrorKind::PermissionDenied,
+            io::ErrorKind::ReadOnlyFilesystem,
+        ] {
+            let msg = staging_error(out, io::Error::from(kind)).to_string();
+            assert!(
+                msg.starts_with("-o models/llama-tp8: its parent models cannot be written to"),
+                "{msg}"
+            );
+            assert!(!msg.contains(STAGING_TAG), "{msg}");
+        }
+        let full = staging_error(out, io::Error::from(io::ErrorKind::StorageFull));
+        let msg = full.to_string();
+        assert!(
+            msg.starts_with("creating the output's staging folder in models:"),
+            "{msg}"
+        );
+        assert_eq!(full.exit_status(), crate::ExitStatus::Runtime);
+    }
+
+    #[test]
     fn a_live_process_is_not_gone_and_a_reused_pid_is() {
         let me = Owner::me(Path::new("out"));
         assert!(!me.is_gone());
