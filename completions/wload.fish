@@ -117,9 +117,9 @@ mistral\t'Mistral\'s params.json'"
 complete -c wload -n "__fish_wload_using_subcommand load" -l hf-overrides -d 'JSON object applied on top of the model config, as vLLM\'s --hf-overrides' -r
 complete -c wload -n "__fish_wload_using_subcommand load" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
 complete -c wload -n "__fish_wload_using_subcommand load" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
-complete -c wload -n "__fish_wload_using_subcommand load" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
-complete -c wload -n "__fish_wload_using_subcommand load" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank' -r
-complete -c wload -n "__fish_wload_using_subcommand load" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
+complete -c wload -n "__fish_wload_using_subcommand load" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size); default: the one in SOURCE\'s wload.json' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size); default: wload.json\'s, else 1' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l dtype -d 'Model dtype, as vLLM\'s --dtype; default: wload.json\'s, else auto (the config\'s)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''
 float32\t''"
@@ -127,7 +127,7 @@ complete -c wload -n "__fish_wload_using_subcommand load" -l mapping -d 'Mapping
 complete -c wload -n "__fish_wload_using_subcommand load" -l device -d 'Where to load: GPUs through the CUDA driver, or host memory' -r -f -a "cuda\t''
 cpu\t''"
 complete -c wload -n "__fish_wload_using_subcommand load" -l ranks -d 'Load only these ranks, e.g. 0-3 (default: from RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS, else all)' -r
-complete -c wload -n "__fish_wload_using_subcommand load" -l enable-expert-parallel -d 'Spread MoE experts over the ranks instead of splitting each (vLLM\'s --enable-expert-parallel)'
+complete -c wload -n "__fish_wload_using_subcommand load" -l enable-expert-parallel -d 'Spread MoE experts over the ranks (vLLM\'s --enable-expert-parallel); default: wload.json\'s'
 complete -c wload -n "__fish_wload_using_subcommand load" -l dry-run -d 'Check everything vLLM would check, without touching a device'
 complete -c wload -n "__fish_wload_using_subcommand load" -l read -d 'With --dry-run: also read every byte and checksum it (and compare with wload.json)'
 complete -c wload -n "__fish_wload_using_subcommand load" -l check -d 'Copy every tensor back from the device and compare it with the host\'s bytes'

@@ -200,44 +200,30 @@ pub struct LoadSettings {
 }
 
 /// Completes `flags` from the manifest of `source` (a local folder written by `wload shard`): a
-/// flag left out takes the recorded value, a flag given must agree with it. Exit 3 for a
-/// disagreement (the folder holds tensors of another shape or dtype), 2 when neither gives a TP
-/// size.
+/// flag left out takes the recorded value. A flag given that disagrees is kept, for the
+/// pre-sharded check to refuse with everything else wrong (see [`disagreements`]). Exit 3 for a
+/// manifest recording a size of 0, 2 when neither flag nor manifest gives a TP size.
 pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, crate::Error> {
     let manifest = source.is_dir().then(|| Manifest::read(source)).flatten();
     let at = source.join(MANIFEST);
-    let mut problems = Vec::new();
     let mut taken: Vec<String> = Vec::new();
-    let mut settle = |flag: &str, given: Option<u64>, recorded: Option<u64>| match (given, recorded)
-    {
-        (Some(g), Some(r)) if g != r => {
-            problems.push(disagreement(
-                &at,
-                &format!("{flag} {g}"),
-                &format!("{flag} {r}"),
-            ));
-            Some(g)
-        }
-        (Some(g), _) => Some(g),
-        (None, Some(r)) => {
+    let mut fill = |flag: &str, given: Option<u64>, recorded: Option<u64>| {
+        given.or_else(|| {
+            let r = recorded?;
             taken.push(format!("{flag} {r}"));
             Some(r)
-        }
-        (None, None) => None,
+        })
     };
-    let tp = settle("--tp", flags.tp, manifest.as_ref().map(|m| m.tp));
+    let tp = fill("--tp", flags.tp, manifest.as_ref().map(|m| m.tp));
     // A recorded PP of 1 is the default anyway: not worth a word in the note.
-    let recorded_pp = manifest
-        .as_ref()
-        .map(|m| m.pp)
-        .filter(|&p| p > 1 || flags.pp.is_some());
-    let pp = settle("--pp", flags.pp, recorded_pp).unwrap_or(1);
+    let recorded_pp = manifest.as_ref().map(|m| m.pp).filter(|&p| p > 1);
+    let pp = fill("--pp", flags.pp, recorded_pp).unwrap_or(1);
     let mut expert_parallel = flags.expert_parallel;
     let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
     let mut config_format = flags.config_format;
     if let Some(m) = &manifest {
         if m.tp == 0 || m.pp == 0 {
-            problems.push(crate::plan::Problem {
+            return Err(crate::plan::PlanError::Invalid(vec![crate::plan::Problem {
                 message: format!(
                     "{} records tp {} and pp {}, and no folder is written for a size of 0: the manifest is damaged",
                     at.display(),
@@ -245,31 +231,16 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, c
                     m.pp
                 ),
                 fix: Some("re-shard, or remove wload.json and pass --tp (and --pp)".into()),
-            });
-        }
-        if flags.expert_parallel && !m.expert_parallel {
-            problems.push(disagreement(
-                &at,
-                "--enable-expert-parallel",
-                "no expert parallelism (each expert split over the ranks)",
-            ));
+            }])
+            .into());
         }
         if m.expert_parallel && !flags.expert_parallel {
             expert_parallel = true;
             taken.push("--enable-expert-parallel".into());
         }
-        let recorded = recorded_dtype(&m.dtype);
-        match (flags.dtype, recorded) {
-            (Some(g), Some(r)) if g != DtypeChoice::Auto && g != r => problems.push(disagreement(
-                &at,
-                &format!("--dtype {}", dtype_name(g)),
-                &format!("--dtype {}", dtype_name(r)),
-            )),
-            (None, Some(r)) => {
-                dtype = r;
-                taken.push(format!("--dtype {}", dtype_name(r)));
-            }
-            _ => {}
+        if let (None, Some(r)) = (flags.dtype, recorded_dtype(&m.dtype)) {
+            dtype = r;
+            taken.push(format!("--dtype {}", dtype_name(r)));
         }
         // vLLM reads params.json only when told to, next to rank files: so must the load.
         if config_format == ConfigFormat::Auto
@@ -279,9 +250,6 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, c
             config_format = ConfigFormat::Mistral;
             taken.push("--config-format mistral".into());
         }
-    }
-    if !problems.is_empty() {
-        return Err(crate::plan::PlanError::Invalid(problems).into());
     }
     let Some(tp) = tp else {
         return Err(crate::Error::Usage(format!(
@@ -309,6 +277,37 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, c
         config_format,
         note,
     })
+}
+
+/// Where `--enable-expert-parallel` and an explicit `--dtype` disagree with the manifest at
+/// `at`: `model_dtype` is what the options make of the config. TP and PP are checked with the
+/// folder's files (`pre_sharded`), which name both values too.
+pub fn disagreements(
+    at: &Path,
+    m: &Manifest,
+    opts: &PlanOptions,
+    model_dtype: &str,
+) -> Vec<crate::plan::Problem> {
+    let mut problems = Vec::new();
+    if opts.expert_parallel && !m.expert_parallel {
+        problems.push(disagreement(
+            at,
+            "--enable-expert-parallel",
+            "no expert parallelism (each expert split over the ranks)",
+        ));
+    }
+    // `--dtype auto` is vLLM's own choice, converting as it does: not a disagreement.
+    if opts.dtype != DtypeChoice::Auto
+        && model_dtype != m.dtype
+        && let Some(r) = recorded_dtype(&m.dtype)
+    {
+        problems.push(disagreement(
+            at,
+            &format!("--dtype {}", dtype_name(opts.dtype)),
+            &format!("--dtype {}", dtype_name(r)),
+        ));
+    }
+    problems
 }
 
 fn disagreement(at: &Path, given: &str, recorded: &str) -> crate::plan::Problem {

@@ -37,6 +37,15 @@ pub fn plan(
         return Err(plan::PlanError::Invalid(stages).into());
     }
     let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
+    if let Some(m) = &manifest {
+        let model_dtype = plan::resolve_dtype(popts.dtype, &opened.config);
+        problems.extend(crate::manifest::disagreements(
+            &root.join(MANIFEST),
+            m,
+            popts,
+            model_dtype.as_str(),
+        ));
+    }
     // Only now is --tp known to fit the model, so the rank list is bounded.
     let (ranks, _) = ranks::select(expected.world(), given_ranks)?;
     let mut built = Built::default();

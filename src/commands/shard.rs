@@ -86,6 +86,11 @@ impl ShardError {
 
     pub fn exit_status(&self) -> ExitStatus {
         match self {
+            // Valid flags, a folder the OS refuses: an I/O failure, as when writing a file fails.
+            ShardError::Out {
+                problem: output::OutProblem::ParentNotWritable { .. },
+                ..
+            } => ExitStatus::Runtime,
             ShardError::OutExists(_)
             | ShardError::BadRank(_)
             | ShardError::OutIsSource(_)

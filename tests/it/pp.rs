@@ -218,11 +218,14 @@ fn a_wrong_pp_on_load_is_refused_naming_the_layouts() {
     let (pp_out, tp_out) = (tmp.path().join("pp"), tmp.path().join("tp"));
     shard_ok(&fixture(GQA), 2, &pp_out, &["--pp", "2", "-q"]);
     shard_ok(&fixture(GQA), 2, &tp_out, &["-q"]);
+    // --pp 1 given: without it, load would take --pp 2 from wload.json.
     let o = run(&[
         "load",
         s(&pp_out),
         "--tp",
         "2",
+        "--pp",
+        "1",
         "--device",
         "cpu",
         "--dry-run",
@@ -238,7 +241,16 @@ fn a_wrong_pp_on_load_is_refused_naming_the_layouts() {
         ],
     );
     // Not a dry run: refused the same way, before any device.
-    let o = run(&["load", s(&pp_out), "--tp", "2", "--device", "cpu"]);
+    let o = run(&[
+        "load",
+        s(&pp_out),
+        "--tp",
+        "2",
+        "--pp",
+        "1",
+        "--device",
+        "cpu",
+    ]);
     assert_refused(&o, 3, &["load with --pp 2"]);
     let o = run(&["load", s(&tp_out), "--tp", "2", "--pp", "2", "--dry-run"]);
     assert_refused(

@@ -185,9 +185,6 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     };
     let settings =
         load_settings(args).map_err(|e| wload::report::json_problems(out, args.json, e))?;
-    if let (Some(note), false) = (&settings.note, g.quiet) {
-        let _ = writeln!(io::stderr(), "note: {note}");
-    }
     let mut sopts = source_options(&args.source, g.quiet)?;
     sopts.config_format = settings.config_format;
     let report = wload::load::load(
@@ -203,6 +200,10 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         },
     )
     .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    // After the run: an error, when there is one, comes first on stderr.
+    if let (Some(note), false) = (&settings.note, g.quiet) {
+        let _ = writeln!(io::stderr(), "note: {note}");
+    }
     emit(
         out,
         args.json,

@@ -599,6 +599,8 @@ mod tests {
                 "{msg}"
             );
             assert!(!msg.contains(STAGING_TAG), "{msg}");
+            let e = staging_error(out, io::Error::from(kind));
+            assert_eq!(e.exit_status(), crate::ExitStatus::Runtime);
         }
         let full = staging_error(out, io::Error::from(io::ErrorKind::StorageFull));
         let msg = full.to_string();
