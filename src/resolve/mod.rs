@@ -129,7 +129,8 @@ pub enum ResolveError {
     PreSharded {
         root: PathBuf,
         pattern: &'static str,
-        written_for: crate::rank_files::WrittenFor,
+        /// Boxed: every `Result` of the library carries a `ResolveError`.
+        written_for: Box<crate::rank_files::WrittenFor>,
         /// `vllm serve` for the folder: its manifest's, else from the file names.
         serve: String,
     },
@@ -288,7 +289,7 @@ fn refuse_pre_sharded(root: &Path) -> Result<(), ResolveError> {
         root: root.to_path_buf(),
         pattern: pre_sharded_pattern(root),
         serve: serve_command(root, &written_for, manifest.as_ref()),
-        written_for,
+        written_for: Box::new(written_for),
     })
 }
 
