@@ -29,7 +29,17 @@ pub fn plan(
 ) -> Result<Plan, Error> {
     let root = &opened.resolved.root;
     let manifest = Manifest::read(root);
-    let expected = expected_plan(opened, popts, manifest.as_ref())?;
+    let expected = match expected_plan(opened, popts, manifest.as_ref()) {
+        Ok(p) => p,
+        // A --tp the model refuses may still be only a typo of the one the folder records: say
+        // that first.
+        Err(Error::Plan(plan::PlanError::Invalid(refused))) => {
+            let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
+            problems.extend(refused);
+            return Err(plan::PlanError::Invalid(problems).into());
+        }
+        Err(e) => return Err(e),
+    };
     let stages = stage_problems(root, &expected, files, manifest.as_ref());
     if !stages.is_empty() {
         // Files of another pipeline layout: the per-rank checks would only repeat it, rank by

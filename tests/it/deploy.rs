@@ -292,6 +292,17 @@ fn load_takes_its_flags_from_the_manifest() {
         assert!(!err.contains("note:"), "{err}");
     }
 
+    // A TP the model refuses too: the manifest's value is named first.
+    let err = assert_refused(
+        &run(&["load", s(&out), "--dry-run", "--tp", "3"]),
+        3,
+        &["written for --tp 2, loaded with --tp 3", "not divisible"],
+    );
+    assert!(
+        err.find("written for").unwrap() < err.find("not divisible").unwrap(),
+        "{err}"
+    );
+
     let dense = work.path().join("dense");
     shard_ok(&fixture(GQA), 2, &dense, &["-q"]);
     assert_refused(
