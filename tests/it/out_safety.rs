@@ -248,6 +248,25 @@ fn an_unwritable_parent_is_named_as_such() {
     }
 }
 
+/// An OUT path that is not UTF-8 is refused before anything is written (the manifest and the
+/// staging folder's owner record hold it as text), not a panic.
+#[test]
+fn a_non_utf8_out_is_refused() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let work = TempDir::new().unwrap();
+    let out = work.path().join(OsStr::from_bytes(b"bad\xffname"));
+    let o = wload()
+        .arg("shard")
+        .arg(fixture(GQA))
+        .args(["--tp", "2", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_refused(&o, 2, &["is not valid UTF-8", "choose a UTF-8 path"]);
+    assert_eq!(fs::read_dir(work.path()).unwrap().count(), 0);
+}
+
 /// A Llama of about 150 MB (zeros), large enough that a shard takes a while.
 fn big_checkpoint(dir: &Path) {
     let (hidden, inter, layers, vocab) = (1024u64, 2048u64, 4u64, 32000u64);

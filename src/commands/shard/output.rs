@@ -72,6 +72,9 @@ pub fn check(out: &Path, force: bool, source: &Path) -> Result<Target, ShardErro
     let Some(name) = out.file_name() else {
         return Err(bad(OutProblem::NoName));
     };
+    if out.to_str().is_none() {
+        return Err(bad(OutProblem::NotUtf8));
+    }
     let parent = parent_of(out);
     if !parent.is_dir() {
         return Err(bad(OutProblem::NoParent(parent)));
@@ -183,6 +186,10 @@ pub enum OutProblem {
     ParentNotWritable { parent: PathBuf, why: String },
     #[error("is a symbolic link; wload does not write through links, pass the folder it points to")]
     Link,
+    #[error(
+        "is not valid UTF-8; wload.json, its owner records and the serve command name OUT as text: choose a UTF-8 path"
+    )]
+    NotUtf8,
     #[error("exists and is not a folder; choose another output path")]
     NotAFolder,
     #[error(
