@@ -44,8 +44,18 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
             String::new()
         }
     )?;
-    match &m.serve {
-        Some(serve) => writeln!(w, "serve with: {}", serve.shell),
-        None => Ok(()),
+    let Some(serve) = &m.serve else {
+        return Ok(());
+    };
+    let world = m.tp.saturating_mul(m.pp);
+    if (m.ranks.len() as u64) < world {
+        // `--ranks`: the other machines' files complete the folder.
+        writeln!(
+            w,
+            "serve with (once all {world} ranks' files are in one folder; `wload inspect` checks): {}",
+            serve.shell
+        )
+    } else {
+        writeln!(w, "serve with: {}", serve.shell)
     }
 }

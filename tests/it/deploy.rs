@@ -185,6 +185,29 @@ fn serve_command_has_every_flag_the_files_depend_on() {
     }
 }
 
+/// A partial `--ranks` run says the folder must be completed first, and inspect shows what is
+/// missing.
+#[test]
+fn serve_line_of_a_partial_run_says_to_complete_the_folder() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard_ok(&fixture(GQA), 4, &out, &["--ranks", "0-1"]);
+    assert!(
+        stdout(&o).contains("serve with (once all 4 ranks' files are in one folder; `wload inspect` checks): vllm serve"),
+        "{}",
+        stdout(&o)
+    );
+    let v = wload_json(&["inspect", s(&out), "--json"]);
+    assert_eq!(v["complete"], false);
+    assert!(
+        v["problems"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no files for ranks 2-3 of --tp 4 (shard wrote only ranks [0, 1] here"),
+        "{v:#}"
+    );
+}
+
 /// Paths with spaces, quotes, `$` and a leading `-` survive the copy and paste into a shell, and
 /// one that starts with `-` is not taken for a flag by vLLM.
 #[test]
