@@ -111,6 +111,20 @@ when vLLM would load it, 3 with every problem listed otherwise.",
     Man,
 }
 
+impl Command {
+    /// Whether the command line asked for one JSON document on stdout (`--json`): then every
+    /// outcome, a failure too, prints one.
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Inspect(a) => a.json,
+            Command::Plan(a) => a.json,
+            Command::Shard(a) => a.json,
+            Command::Load(a) => a.json,
+            Command::Completions { .. } | Command::Man => false,
+        }
+    }
+}
+
 /// How to find and read a checkpoint; shared by every subcommand.
 #[derive(Debug, Args)]
 pub struct SourceArgs {
@@ -261,7 +275,7 @@ pub struct ShardArgs {
     #[arg(long)]
     pub verify: bool,
 
-    /// Print a JSON report (the manifest, sizes, timings) instead of a summary
+    /// Print a JSON report (the manifest, sizes, timings) instead of a summary (schema: docs/shard-json.md)
     #[arg(long)]
     pub json: bool,
 }
@@ -302,7 +316,7 @@ pub struct LoadArgs {
     #[arg(long, conflicts_with = "dry_run")]
     pub checksums: bool,
 
-    /// Print one JSON document instead of tables
+    /// Print one JSON document instead of tables (schema: docs/load-json.md)
     #[arg(long)]
     pub json: bool,
 }

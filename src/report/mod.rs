@@ -2,9 +2,9 @@
 //! output is serde's; this is the rest.
 
 mod inspect;
+pub mod json;
 mod load;
 mod plan;
-mod problems;
 mod shard;
 
 use std::fmt::{self, Write as _};
@@ -13,7 +13,6 @@ use std::io::{self, Write};
 pub use inspect::write_inspection;
 pub use load::write_load;
 pub use plan::write_plan;
-pub use problems::json_problems;
 pub use shard::write_shard;
 
 /// A plain aligned table; columns marked numeric are right-aligned.

@@ -18,27 +18,55 @@ use wload::{Error, ExitStatus, SourceOptions};
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() {
-                ExitStatus::Usage as u8
-            } else {
-                0
-            });
-        }
+        Err(e) => return refused_command_line(&e),
     };
+    let json = cli.command.json();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
-            // stderr may be closed or full too; there is nowhere left to say so.
-            let _ = writeln!(io::stderr(), "error: {e}");
-            ExitCode::from(match e.exit_status() {
+            let status = match e.exit_status() {
                 ExitStatus::Interrupted => interrupt::exit_status(),
                 status => status as u8,
-            })
+            };
+            // A failed write to stdout leaves nowhere to put a document.
+            if json && !matches!(e, Error::Output(_)) {
+                print_json(&wload::report::json::failure(&e, status));
+            }
+            // stderr may be closed or full too; there is nowhere left to say so.
+            let _ = writeln!(io::stderr(), "error: {e}");
+            ExitCode::from(status)
         }
     }
+}
+
+/// clap's verdict on the command line: help and version on stdout (exit 0), a usage error on
+/// stderr (exit 2), and then with `--json` anywhere on the line also its JSON document, since
+/// the pipeline that passed the flag reads stdout.
+fn refused_command_line(e: &clap::Error) -> ExitCode {
+    if !e.use_stderr() {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    if json_requested(std::env::args_os().skip(1)) {
+        print_json(&wload::report::json::usage_failure(&e.render().to_string()));
+    }
+    let _ = e.print();
+    ExitCode::from(ExitStatus::Usage as u8)
+}
+
+/// Whether `--json` is among the options (not after `--`, where everything is a value).
+fn json_requested(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.take_while(|a| a != "--").any(|a| a == "--json")
+}
+
+/// One document on stdout, if stdout takes it: the exit status says the rest.
+fn print_json<T: serde::Serialize>(doc: &T) {
+    let mut out = io::stdout().lock();
+    let _ = serde_json::to_writer_pretty(&mut out, doc)
+        .map_err(io::Error::from)
+        .and_then(|()| writeln!(out))
+        .and_then(|()| out.flush());
 }
 
 fn run(cli: Cli) -> Result<(), Error> {
@@ -78,21 +106,32 @@ struct Globals {
 /// Writes a report for people (a table, a summary).
 type Human<'a> = &'a dyn Fn(&mut dyn Write) -> io::Result<()>;
 
-/// One JSON document with `--json`, else the human table (`human`, unless it is `None`).
+/// One JSON document with `--json` (with `"ok": true`, and `schema_version` for a report without
+/// its own), else the human table (`human`, unless it is `None`).
 fn emit<T: serde::Serialize>(
     out: &mut dyn Write,
-    json: bool,
+    json: Option<Json>,
     report: &T,
     human: Option<Human>,
 ) -> Result<(), Error> {
-    if json {
-        serde_json::to_writer_pretty(&mut *out, report).map_err(|e| Error::Output(e.into()))?;
+    if let Some(Json(schema_version)) = json {
+        let doc = wload::report::json::success(report, schema_version);
+        serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| Error::Output(e.into()))?;
         writeln!(out).map_err(Error::Output)
     } else if let Some(h) = human {
         h(out).map_err(Error::Output)
     } else {
         Ok(())
     }
+}
+
+/// `--json` was given; the schema version to add to a report that has none of its own.
+#[derive(Clone, Copy)]
+struct Json(Option<u32>);
+
+/// `--json` for a report that carries its own `schema_version`, or for one that needs `version`.
+fn json_if(flag: bool, version: Option<u32>) -> Option<Json> {
+    flag.then_some(Json(version))
 }
 
 fn inspect(
@@ -104,7 +143,7 @@ fn inspect(
     let report = wload::inspect::inspect(&opened, args.filter.as_deref())?;
     emit(
         out,
-        args.json,
+        json_if(args.json, None),
         &report,
         Some(&|w| wload::report::write_inspection(w, &report, g.verbose)),
     )?;
@@ -120,11 +159,10 @@ fn inspect(
 
 fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
-    let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)
-        .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)?;
     emit(
         out,
-        args.json,
+        json_if(args.json, None),
         &report,
         Some(&|w| wload::report::write_plan(w, &report, g.verbose)),
     )
@@ -149,8 +187,7 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         &opened.resolved.root,
     )?;
     let t = Instant::now();
-    let plan = wload::make_plan(&opened, &plan_options(&args.parallel))
-        .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    let plan = wload::make_plan(&opened, &plan_options(&args.parallel))?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     // From here on a signal stops the run cleanly: nothing is published, the staging folder goes.
     interrupt::install();
@@ -166,7 +203,8 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         );
     }
     let human: Human = &|w| wload::report::write_shard(w, &report);
-    emit(out, args.json, &report, (!g.quiet).then_some(human))
+    let json = json_if(args.json, Some(wload::report::json::SHARD_SCHEMA_VERSION));
+    emit(out, json, &report, (!g.quiet).then_some(human))
 }
 
 fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
@@ -189,11 +227,10 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
             interrupt::install();
             bars::bar(total, g.quiet)
         },
-    )
-    .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    )?;
     emit(
         out,
-        args.json,
+        json_if(args.json, Some(wload::report::json::LOAD_SCHEMA_VERSION)),
         &report,
         Some(&|w| wload::report::write_load(w, &report, g.quiet)),
     )
