@@ -6,6 +6,7 @@ pub mod json;
 mod load;
 mod plan;
 mod shard;
+mod sizes;
 
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
@@ -14,6 +15,7 @@ pub use inspect::write_inspection;
 pub use load::write_load;
 pub use plan::write_plan;
 pub use shard::write_shard;
+pub use sizes::write_sizes;
 
 /// A plain aligned table; columns marked numeric are right-aligned.
 ///

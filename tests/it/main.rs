@@ -33,4 +33,5 @@ mod pp;
 mod qwen2_moe;
 mod safetensors_crate;
 mod shard;
+mod sizes;
 mod tied;

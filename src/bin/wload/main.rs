@@ -11,7 +11,7 @@ mod interrupt;
 use clap::{CommandFactory, Parser};
 
 use wload::cli::{
-    Cli, Command, InspectArgs, LoadArgs, ParallelArgs, PlanArgs, ShardArgs, SourceArgs,
+    Cli, Command, InspectArgs, LoadArgs, ParallelArgs, PlanArgs, ShardArgs, SizesArgs, SourceArgs,
 };
 use wload::{Error, ExitStatus, SourceOptions};
 
@@ -81,19 +81,44 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Plan(args) => plan(&args, g, &mut out)?,
         Command::Shard(args) => shard(&args, g, &mut out)?,
         Command::Load(args) => load(&args, g, &mut out)?,
+        Command::Sizes(args) => sizes(&args, g, &mut out)?,
         Command::Completions { shell } => {
             // `generate` panics on a write error: render to memory, then write and check.
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "wload", &mut script);
             out.write_all(&script).map_err(Error::Output)?;
         }
-        Command::Man => {
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut out)
-                .map_err(Error::Output)?;
-        }
+        Command::Man { command } => man_page(command.as_deref(), &mut out)?,
     }
     out.flush().map_err(Error::Output)
+}
+
+/// wload(1), or a subcommand's page: wload-inspect(1) and so on, the names wload(1) refers to.
+fn man_page(name: Option<&str>, out: &mut dyn Write) -> Result<(), Error> {
+    let mut cli = Cli::command();
+    // Builds the subcommands' names (wload-inspect, "wload inspect") and global flags.
+    cli.build();
+    let page = match name {
+        None => cli,
+        Some(name) => {
+            let pages = || {
+                let visible = cli.get_subcommands().filter(|c| !c.is_hide_set());
+                visible.map(|c| c.get_name()).collect::<Vec<_>>().join(", ")
+            };
+            let sub = cli.find_subcommand(name).filter(|c| !c.is_hide_set());
+            sub.cloned().ok_or_else(|| {
+                Error::Usage(format!(
+                    "man: no page for '{name}'; there are pages for {}",
+                    pages()
+                ))
+            })?
+        }
+    };
+    // The footer names the program and version on every page, not the subcommand's name.
+    clap_mangen::Man::new(page)
+        .source(format!("wload {}", env!("CARGO_PKG_VERSION")))
+        .render(out)
+        .map_err(Error::Output)
 }
 
 /// The flags every subcommand takes.
@@ -165,6 +190,24 @@ fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         json_if(args.json, None),
         &report,
         Some(&|w| wload::report::write_plan(w, &report, g.verbose)),
+    )
+}
+
+fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
+    let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let opts = wload::commands::plan::SizesOptions {
+        max_tp: args.max_tp,
+        max_pp: args.max_pp,
+        dtype: args.dtype,
+        mapping: args.mapping.clone(),
+        pp_partition: std::env::var("VLLM_PP_LAYER_PARTITION").ok(),
+    };
+    let report = wload::commands::plan::sizes(&opened, &opts)?;
+    emit(
+        out,
+        json_if(args.json, None),
+        &report,
+        Some(&|w| wload::report::write_sizes(w, &report)),
     )
 }
 
