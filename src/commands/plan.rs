@@ -124,7 +124,7 @@ pub struct PpSizes {
 pub fn tp_candidates(heads: u64, max: u64) -> Vec<u64> {
     let mut v: Vec<u64> = (1..=max.min(8)).collect();
     v.extend((3..63).map(|k| 1u64 << k).take_while(|&p| p <= max));
-    v.extend((1..=heads.min(max)).filter(|d| heads % d == 0));
+    v.extend((1..=heads.min(max)).filter(|&d| heads.is_multiple_of(d)));
     v.sort_unstable();
     v.dedup();
     v
@@ -160,7 +160,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         // At TP 1 expert parallelism changes nothing, and a size that splits attention heads is
         // refused whatever happens to the experts (the rows above say so).
         let heads = config.num_attention_heads;
-        let ep = tps.iter().filter(|&&tp| tp > 1 && heads % tp == 0);
+        let ep = tps.iter().filter(|&&tp| tp > 1 && heads.is_multiple_of(tp));
         checked.extend(maps.check_all(ep.map(|&tp| layout(tp, 1, true)).collect())?);
     }
     let max_pp = opts.max_pp.min(config.num_hidden_layers);
