@@ -285,3 +285,80 @@ fn json_after_double_dash_is_not_the_flag() {
     assert_eq!(out.status.code(), Some(2), "{}", context(&out));
     assert!(out.stdout.is_empty(), "{}", context(&out));
 }
+
+/// Ctrl-C during `shard --json`: the error document still comes, with kind `interrupted` and
+/// the process's own exit status (130).
+#[test]
+fn an_interrupted_shard_prints_an_interrupted_document() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let work = tempfile::TempDir::new().unwrap();
+    let src = work.path().join("ckpt");
+    let generated = std::process::Command::new("python3")
+        .arg(manifest_dir().join("bench/gen_checkpoint.py"))
+        .args(["--files", "4", "--layers", "8", "--real-shapes"])
+        .args(["--hidden-size", "1024", "--intermediate-size", "4096"])
+        .args(["--num-attention-heads", "16", "--num-key-value-heads", "8"])
+        .args(["--vocab-size", "32000", "--quiet", "--out", s(&src)])
+        .output();
+    match generated {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("gen_checkpoint.py: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            return missing_environment(
+                "an_interrupted_shard_prints_an_interrupted_document",
+                &format!("cannot run python3: {e}"),
+            );
+        }
+    }
+    let out = work.path().join("out");
+    let mut child = wload_process()
+        .args(["shard", s(&src), "--tp", "2", "-o", s(&out), "-q", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wload starts");
+    // The staging folder appears once planning is done and the signal handler is installed.
+    let staging = format!(".{}.wload-", out.file_name().unwrap().to_string_lossy());
+    let t = Instant::now();
+    while !std::fs::read_dir(work.path()).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&staging)
+    }) {
+        assert!(child.try_wait().unwrap().is_none(), "wload ended early");
+        assert!(t.elapsed() < Duration::from_secs(30), "no staging folder");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: kill(2) on our own child, which has not been reaped yet.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if sent.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("wload did not stop within 30 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let read = |r: &mut dyn std::io::Read| {
+        let mut v = Vec::new();
+        r.read_to_end(&mut v).unwrap();
+        v
+    };
+    let stdout = read(child.stdout.as_mut().unwrap());
+    let stderr = String::from_utf8_lossy(&read(child.stderr.as_mut().unwrap())).into_owned();
+    assert_eq!(status.code(), Some(130), "{status}: {stderr}");
+    let doc: Value = serde_json::from_slice(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}); stderr: {stderr}"));
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["exit_status"], 130);
+    assert_eq!(doc["error"]["kind"], "interrupted", "{doc}");
+    assert!(!out.exists());
+}
