@@ -71,7 +71,8 @@ any tensor data is read.",
 Asks the planner `plan` uses (its checks only; no tensor data is read) about TP sizes 1 to 8, the \
 powers of two and the divisors of the attention heads, up to --max-tp; for a MoE, each of them \
 with --enable-expert-parallel too; and --pp 2 up to --max-pp (and the layer count) at each TP \
-size accepted alone. A refused layout shows the first problem `wload plan` would report for it: \
+size accepted alone (with VLLM_PP_LAYER_PARTITION set, only the PP size it describes, at every \
+TP size). A refused layout shows the first problem `wload plan` would report for it: \
 the verdicts are plan's, so the two cannot disagree. Exit 0 whatever the verdicts (3 when the \
 checkpoint cannot be read or mapped at all).",
         after_long_help = EXIT_CODES

@@ -163,11 +163,15 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         let ep = tps.iter().filter(|&&tp| tp > 1 && heads.is_multiple_of(tp));
         checked.extend(maps.check_all(ep.map(|&tp| layout(tp, 1, true)).collect())?);
     }
-    let max_pp = opts.max_pp.min(config.num_hidden_layers);
-    let pp_layouts = (2..=max_pp).flat_map(|pp| accepted_tp.iter().map(move |&tp| (tp, pp)));
+    let (pps, pp_tps) = pp_layouts(opts, config.num_hidden_layers, &tps, &accepted_tp);
+    let pp_layouts = pps
+        .iter()
+        .flat_map(|&pp| pp_tps.iter().map(move |&tp| (tp, pp)));
     checked.extend(maps.check_all(pp_layouts.map(|(tp, pp)| layout(tp, pp, false)).collect())?);
-    let accepted_pp = (2..=max_pp)
-        .map(|pp| PpSizes {
+    let accepted_pp = pps
+        .iter()
+        .filter(|_| !pp_tps.is_empty())
+        .map(|&pp| PpSizes {
             pp,
             tp: accepted(&checked, pp, false),
         })
@@ -191,6 +195,29 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
             ..opened.timings
         },
     })
+}
+
+/// The PP sizes to check, and the TP sizes to check each at: 2 up to `--max-pp` and the layers,
+/// at the TP sizes accepted alone; but with `VLLM_PP_LAYER_PARTITION`, which vLLM applies whatever
+/// the size and which refuses every other PP size (PP 1 included), only the size it describes, at
+/// every TP size.
+fn pp_layouts(
+    opts: &SizesOptions,
+    layers: u64,
+    tps: &[u64],
+    accepted_tp: &[u64],
+) -> (Vec<u64>, Vec<u64>) {
+    match &opts.pp_partition {
+        Some(p) => {
+            let stages = p.split(',').count() as u64;
+            let pps = (stages > 1).then_some(stages).into_iter().collect();
+            (pps, tps.to_vec())
+        }
+        None => {
+            let max_pp = opts.max_pp.min(layers);
+            ((2..=max_pp).collect(), accepted_tp.to_vec())
+        }
+    }
 }
 
 /// The checkpoint's names mapped once per distinct set of rules: a mapping's rules depend on the

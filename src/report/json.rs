@@ -128,7 +128,12 @@ pub fn failure(e: &Error, exit_status: u8) -> Failure {
 /// included): exit status 2, clap's message without its usage lines.
 pub fn usage_failure(clap_message: &str) -> Failure {
     let text = clap_message.trim_start_matches("error: ");
-    let message = text.split("\n\nUsage:").next().unwrap_or(text).trim_end();
+    let end = ["\n\nUsage:", "\n\nFor more information"]
+        .iter()
+        .filter_map(|tail| text.find(tail))
+        .min()
+        .unwrap_or(text.len());
+    let message = text[..end].trim_end();
     let status = crate::ExitStatus::Usage;
     document(status.kind(), status as u8, message.to_string(), Vec::new())
 }
@@ -318,6 +323,13 @@ mod tests {
         assert_eq!(
             (doc.error.kind, doc.exit_status, doc.ok),
             ("usage", 2, false)
+        );
+        let doc = usage_failure(
+            "error: invalid value '0' for '--max-tp <N>': 0 is not in 1..=4096\n\nFor more information, try '--help'.\n",
+        );
+        assert_eq!(
+            doc.error.message,
+            "invalid value '0' for '--max-tp <N>': 0 is not in 1..=4096"
         );
     }
 }

@@ -158,3 +158,28 @@ fn an_unreadable_source_is_still_an_error() {
     let out = run(&["sizes", "examples/tiny-llama", "--max-tp", "0"]);
     assert_eq!(out.status.code(), Some(2), "{}", context(&out));
 }
+
+/// `VLLM_PP_LAYER_PARTITION` applies whatever the size, as in vLLM: every layout without PP is
+/// refused, and the PP size it describes is checked at every TP size.
+#[test]
+fn a_layer_partition_pins_the_pp_size() {
+    let out = wload_process()
+        .args(["sizes", "examples/tiny-llama", "--max-tp", "4", "--json"])
+        .env("VLLM_PP_LAYER_PARTITION", "1,1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(tps(&doc["accepted_tp"]), Vec::<u64>::new());
+    assert_eq!(doc["accepted_pp"].as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc["accepted_pp"][0]["pp"], 2);
+    assert_eq!(tps(&doc["accepted_pp"][0]["tp"]), [1, 2, 4]);
+    let one = &doc["checked"][0];
+    assert!(
+        one["reason"]
+            .as_str()
+            .unwrap()
+            .contains("VLLM_PP_LAYER_PARTITION"),
+        "{one}"
+    );
+}
