@@ -37,6 +37,9 @@ _wload() {
             wload,shard)
                 cmd="wload__subcmd__shard"
                 ;;
+            wload,sizes)
+                cmd="wload__subcmd__sizes"
+                ;;
             wload__subcmd__help,completions)
                 cmd="wload__subcmd__help__subcmd__completions"
                 ;;
@@ -58,6 +61,9 @@ _wload() {
             wload__subcmd__help,shard)
                 cmd="wload__subcmd__help__subcmd__shard"
                 ;;
+            wload__subcmd__help,sizes)
+                cmd="wload__subcmd__help__subcmd__sizes"
+                ;;
             *)
                 ;;
         esac
@@ -65,7 +71,7 @@ _wload() {
 
     case "${cmd}" in
         wload)
-            opts="-v -q -h -V --verbose --quiet --help --version inspect plan shard load completions man help"
+            opts="-v -q -h -V --verbose --quiet --help --version inspect plan sizes shard load completions man help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -93,7 +99,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__help)
-            opts="inspect plan shard load completions man help"
+            opts="inspect plan sizes shard load completions man help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -191,6 +197,20 @@ _wload() {
             return 0
             ;;
         wload__subcmd__help__subcmd__shard)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        wload__subcmd__help__subcmd__sizes)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -512,6 +532,70 @@ _wload() {
                     ;;
                 --ranks)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        wload__subcmd__sizes)
+            opts="-v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --max-tp --max-pp --dtype --mapping --json --verbose --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --load-format)
+                    COMPREPLY=($(compgen -W "auto hf safetensors mistral pt" -- "${cur}"))
+                    return 0
+                    ;;
+                --config-format)
+                    COMPREPLY=($(compgen -W "auto hf mistral" -- "${cur}"))
+                    return 0
+                    ;;
+                --hf-overrides)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --revision)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --download-dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
+                    return 0
+                    ;;
+                --max-tp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-pp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dtype)
+                    COMPREPLY=($(compgen -W "auto bfloat16 float16 float32" -- "${cur}"))
+                    return 0
+                    ;;
+                --mapping)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
                     return 0
                     ;;
                 *)

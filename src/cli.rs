@@ -65,6 +65,19 @@ any tensor data is read.",
         after_long_help = EXIT_CODES
     )]
     Plan(PlanArgs),
+    /// Which --tp, --pp and expert-parallel sizes vLLM accepts, and why not the others
+    #[command(
+        long_about = "Which --tp, --pp and expert-parallel sizes vLLM accepts for a checkpoint, and why not the others.\n\n\
+Asks the planner `plan` uses (its checks only; no tensor data is read) about TP sizes 1 to 8, the \
+powers of two and the divisors of the attention heads, up to --max-tp; for a MoE, each of them \
+with --enable-expert-parallel too; and --pp 2 up to --max-pp (and the layer count) at each TP \
+size accepted alone (with VLLM_PP_LAYER_PARTITION set, only the PP size it describes, at every \
+TP size). A refused layout shows the first problem `wload plan` would report for it: \
+the verdicts are plan's, so the two cannot disagree. Exit 0 whatever the verdicts (3 when the \
+checkpoint cannot be read or mapped at all).",
+        after_long_help = EXIT_CODES
+    )]
+    Sizes(SizesArgs),
     /// Write pre-sharded per-rank safetensors files for vLLM's sharded_state loader
     #[command(
         long_about = "Write pre-sharded per-rank safetensors files for vLLM's sharded_state loader.\n\n\
@@ -100,15 +113,32 @@ when vLLM would load it, 3 with every problem listed otherwise.",
         after_long_help = EXIT_CODES
     )]
     Load(LoadArgs),
-    /// Print a shell completion script to stdout
-    #[command(hide = true)]
+    /// Print a shell completion script to stdout (bash, zsh, fish, elvish, powershell)
     Completions {
         /// The shell to generate for
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) to stdout
+    /// Print the man page (roff) to stdout: wload(1), or with a subcommand's name its own page
     #[command(hide = true)]
-    Man,
+    Man {
+        /// The subcommand whose page to print (wload-inspect(1) for inspect)
+        command: Option<String>,
+    },
+}
+
+impl Command {
+    /// Whether the command line asked for one JSON document on stdout (`--json`): then every
+    /// outcome, a failure too, prints one.
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Inspect(a) => a.json,
+            Command::Plan(a) => a.json,
+            Command::Shard(a) => a.json,
+            Command::Load(a) => a.json,
+            Command::Sizes(a) => a.json,
+            Command::Completions { .. } | Command::Man { .. } => false,
+        }
+    }
 }
 
 /// How to find and read a checkpoint; shared by every subcommand.
@@ -234,6 +264,32 @@ pub struct PlanArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct SizesArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    /// The largest tensor-parallel size to check
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_tp: u64,
+
+    /// The largest pipeline-parallel size to check (never more than the layers)
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub max_pp: u64,
+
+    /// Model dtype, as vLLM's --dtype (auto: the config's; float32 becomes bfloat16)
+    #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
+    pub dtype: DtypeChoice,
+
+    /// Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)
+    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+    pub mapping: Option<PathBuf>,
+
+    /// Print one JSON document instead of a table (schema: docs/sizes-json.md)
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct ShardArgs {
     #[command(flatten)]
     pub source: SourceArgs,
@@ -261,7 +317,7 @@ pub struct ShardArgs {
     #[arg(long)]
     pub verify: bool,
 
-    /// Print a JSON report (the manifest, sizes, timings) instead of a summary
+    /// Print a JSON report (the manifest, sizes, timings) instead of a summary (schema: docs/shard-json.md)
     #[arg(long)]
     pub json: bool,
 }
@@ -302,7 +358,7 @@ pub struct LoadArgs {
     #[arg(long, conflicts_with = "dry_run")]
     pub checksums: bool,
 
-    /// Print one JSON document instead of tables
+    /// Print one JSON document instead of tables (schema: docs/load-json.md)
     #[arg(long)]
     pub json: bool,
 }

@@ -14,3 +14,17 @@ pub enum ExitStatus {
     /// the signal's number (130 for Ctrl-C).
     Interrupted = 130,
 }
+
+impl ExitStatus {
+    /// The name `--json` error documents give this status (`error.kind`), documented with the
+    /// codes in docs/json.md: a pipeline can branch on it without parsing messages.
+    pub fn kind(self) -> &'static str {
+        match self {
+            ExitStatus::Ok => "ok",
+            ExitStatus::Runtime => "runtime",
+            ExitStatus::Usage => "usage",
+            ExitStatus::Checkpoint => "checkpoint",
+            ExitStatus::Interrupted => "interrupted",
+        }
+    }
+}

@@ -58,3 +58,254 @@ pub fn plan_report(
         plan: p,
     })
 }
+
+/// Bumped when a field of `wload sizes --json` changes meaning or disappears (docs/sizes-json.md).
+pub const SIZES_SCHEMA_VERSION: u32 = 1;
+
+/// Which sizes `wload sizes` checks.
+#[derive(Debug, Clone)]
+pub struct SizesOptions {
+    /// The largest TP size checked.
+    pub max_tp: u64,
+    /// The largest PP size checked (and never more than the config's layers).
+    pub max_pp: u64,
+    pub dtype: plan::DtypeChoice,
+    pub mapping: Option<std::path::PathBuf>,
+    /// `VLLM_PP_LAYER_PARTITION`, as `plan` reads it.
+    pub pp_partition: Option<String>,
+}
+
+/// `wload sizes`: vLLM's verdict on each parallel layout checked, from the planner itself.
+#[derive(Debug, serde::Serialize)]
+pub struct SizesReport {
+    pub schema_version: u32,
+    pub wload_version: &'static str,
+    pub source: String,
+    pub architecture: String,
+    pub family: String,
+    pub attention_heads: u64,
+    pub kv_heads: u64,
+    pub layers: u64,
+    /// Routed experts; `None` for a dense model (then no expert-parallel layout is checked).
+    pub experts: Option<u64>,
+    /// Every layout checked, in the order checked.
+    pub checked: Vec<Verdict>,
+    /// The TP sizes accepted without pipeline or expert parallelism.
+    pub accepted_tp: Vec<u64>,
+    /// The TP sizes accepted with `--enable-expert-parallel`; `None` for a dense model.
+    pub accepted_tp_expert_parallel: Option<Vec<u64>>,
+    /// Per PP size checked, the TP sizes accepted with it.
+    pub accepted_pp: Vec<PpSizes>,
+    pub timings: Timings,
+}
+
+/// One layout and vLLM's verdict: accepted, or the first problem that refuses it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Verdict {
+    pub tp: u64,
+    pub pp: u64,
+    pub expert_parallel: bool,
+    pub accepted: bool,
+    /// The first problem `wload plan` reports for this layout; `None` when accepted.
+    pub reason: Option<String>,
+    pub fix: Option<String>,
+    /// How many problems `wload plan` reports for it in all.
+    pub problems: usize,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PpSizes {
+    pub pp: u64,
+    pub tp: Vec<u64>,
+}
+
+/// TP sizes worth asking about up to `max`: 1 to 8, the powers of two, and the divisors of the
+/// attention heads (the sizes vLLM can accept at all, since each rank holds whole heads).
+pub fn tp_candidates(heads: u64, max: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (1..=max.min(8)).collect();
+    v.extend((3..63).map(|k| 1u64 << k).take_while(|&p| p <= max));
+    v.extend((1..=heads.min(max)).filter(|&d| heads.is_multiple_of(d)));
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Checks every candidate layout with the planner `plan --tp N` uses (its checks only, not the
+/// ranks' tensors): TP sizes alone, with expert parallelism for a MoE, and with PP 2… at each TP
+/// size accepted alone.
+pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error> {
+    let t = Instant::now();
+    let config = &opened.config;
+    let mapping = mapping::select(opts.mapping.as_deref(), config.architecture())?;
+    let layout = |tp, pp, expert_parallel| PlanOptions {
+        tp,
+        pp,
+        pp_partition: opts.pp_partition.clone(),
+        expert_parallel,
+        dtype: opts.dtype,
+        mapping: opts.mapping.clone(),
+        shapes_only: false,
+    };
+    let mut maps = Mappings {
+        base: &mapping,
+        opened,
+        entries: Vec::new(),
+    };
+    let tps = tp_candidates(config.num_attention_heads, opts.max_tp.max(1));
+    let alone: Vec<PlanOptions> = tps.iter().map(|&tp| layout(tp, 1, false)).collect();
+    let mut checked = maps.check_all(alone)?;
+    let accepted_tp = accepted(&checked, 1, false);
+    let moe = config.num_experts.is_some();
+    if moe {
+        // At TP 1 expert parallelism changes nothing, and a size that splits attention heads is
+        // refused whatever happens to the experts (the rows above say so).
+        let heads = config.num_attention_heads;
+        let ep = tps.iter().filter(|&&tp| tp > 1 && heads.is_multiple_of(tp));
+        checked.extend(maps.check_all(ep.map(|&tp| layout(tp, 1, true)).collect())?);
+    }
+    let (pps, pp_tps) = pp_layouts(opts, config.num_hidden_layers, &tps, &accepted_tp);
+    let pp_layouts = pps
+        .iter()
+        .flat_map(|&pp| pp_tps.iter().map(move |&tp| (tp, pp)));
+    checked.extend(maps.check_all(pp_layouts.map(|(tp, pp)| layout(tp, pp, false)).collect())?);
+    let accepted_pp = pps
+        .iter()
+        .filter(|_| !pp_tps.is_empty())
+        .map(|&pp| PpSizes {
+            pp,
+            tp: accepted(&checked, pp, false),
+        })
+        .collect();
+    Ok(SizesReport {
+        schema_version: SIZES_SCHEMA_VERSION,
+        wload_version: env!("CARGO_PKG_VERSION"),
+        source: opened.resolved.root.display().to_string(),
+        architecture: config.architecture().unwrap_or(&mapping.family).to_string(),
+        family: mapping.family.clone(),
+        attention_heads: config.num_attention_heads,
+        kv_heads: config.num_key_value_heads,
+        layers: config.num_hidden_layers,
+        experts: config.num_experts,
+        accepted_tp_expert_parallel: moe.then(|| accepted(&checked, 1, true)),
+        accepted_tp,
+        accepted_pp,
+        checked,
+        timings: Timings {
+            plan_s: t.elapsed().as_secs_f64(),
+            ..opened.timings
+        },
+    })
+}
+
+/// The PP sizes to check, and the TP sizes to check each at: 2 up to `--max-pp` and the layers,
+/// at the TP sizes accepted alone; but with `VLLM_PP_LAYER_PARTITION`, which vLLM applies whatever
+/// the size and which refuses every other PP size (PP 1 included), only the size it describes, at
+/// every TP size.
+fn pp_layouts(
+    opts: &SizesOptions,
+    layers: u64,
+    tps: &[u64],
+    accepted_tp: &[u64],
+) -> (Vec<u64>, Vec<u64>) {
+    match &opts.pp_partition {
+        Some(p) => {
+            let stages = p.split(',').count() as u64;
+            let pps = (stages > 1).then_some(stages).into_iter().collect();
+            (pps, tps.to_vec())
+        }
+        None => {
+            let max_pp = opts.max_pp.min(layers);
+            ((2..=max_pp).collect(), accepted_tp.to_vec())
+        }
+    }
+}
+
+/// The checkpoint's names mapped once per distinct set of rules: a mapping's rules depend on the
+/// layout only through the `when:` of its stacked rules, and mapping 100k names is a good part
+/// of a check.
+struct Mappings<'a> {
+    base: &'a mapping::Mapping,
+    opened: &'a Opened,
+    /// The stacked rules in effect (their debug text, which shows every field), the mapping, and
+    /// the checkpoint mapped with it.
+    entries: Vec<(String, mapping::Mapping, map::Mapped<'a>)>,
+}
+
+impl Mappings<'_> {
+    /// The entry for `opts`'s rules, mapped now if no earlier layout had them.
+    fn entry(&mut self, opts: &PlanOptions) -> usize {
+        let m = plan::mapping_for(self.base, &self.opened.config, opts);
+        let key = format!("{:?}", m.rules.stacked);
+        if let Some(i) = self.entries.iter().position(|e| e.0 == key) {
+            return i;
+        }
+        let mapped = map::map(&m, &self.opened.checkpoint);
+        self.entries.push((key, m, mapped));
+        self.entries.len() - 1
+    }
+
+    /// The layouts' verdicts, checked in parallel, in the order given; the first error that is
+    /// not a refusal (an unreadable mapping) stops everything.
+    fn check_all(&mut self, layouts: Vec<PlanOptions>) -> Result<Vec<Verdict>, Error> {
+        use rayon::prelude::*;
+        let at: Vec<usize> = layouts.iter().map(|o| self.entry(o)).collect();
+        let (entries, opened) = (&self.entries, self.opened);
+        layouts
+            .into_par_iter()
+            .zip(at)
+            .map(|(o, i)| verdict(&entries[i].1, &entries[i].2, opened, o))
+            .collect()
+    }
+}
+
+fn accepted(checked: &[Verdict], pp: u64, expert_parallel: bool) -> Vec<u64> {
+    checked
+        .iter()
+        .filter(|v| v.accepted && v.pp == pp && v.expert_parallel == expert_parallel)
+        .map(|v| v.tp)
+        .collect()
+}
+
+/// The planner's verdict on one layout, exactly as [`make_plan`] would reach it (`mapping` is
+/// [`plan::mapping_for`] the layout, `mapped` the checkpoint mapped with it).
+fn verdict(
+    mapping: &mapping::Mapping,
+    mapped: &map::Mapped,
+    opened: &Opened,
+    opts: PlanOptions,
+) -> Result<Verdict, Error> {
+    let result = plan::check_mapped(mapping, &opened.config, mapped, &opts);
+    let (accepted, first, problems) = match result {
+        Ok(()) => (true, None, 0),
+        Err(plan::PlanError::Invalid(ps)) => {
+            let n = ps.len();
+            (false, ps.into_iter().next(), n)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Verdict {
+        tp: opts.tp,
+        pp: opts.pp,
+        expert_parallel: opts.expert_parallel,
+        accepted,
+        reason: first.as_ref().map(|p| p.message.clone()),
+        fix: first.and_then(|p| p.fix),
+        problems,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tp_candidates;
+
+    #[test]
+    fn tp_candidates_hold_every_divisor_of_the_heads() {
+        assert_eq!(
+            tp_candidates(28, 64),
+            [1, 2, 3, 4, 5, 6, 7, 8, 14, 16, 28, 32, 64]
+        );
+        assert_eq!(tp_candidates(8, 4), [1, 2, 3, 4]);
+        assert_eq!(tp_candidates(1, 1), [1]);
+        assert_eq!(tp_candidates(96, 16), [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]);
+    }
+}

@@ -646,6 +646,80 @@ impl Parser {
     }
 }
 
+impl EvalError {
+    /// The variable the expression named that nothing defines, when that is why it failed.
+    pub fn missing_variable(&self) -> Option<&str> {
+        match self {
+            EvalError::Missing { name, .. } => Some(name),
+            EvalError::Derived { source, .. } => source.missing_variable(),
+            _ => None,
+        }
+    }
+}
+
+/// The fix for an expression naming `name`, which neither config.json nor the mapping (its
+/// defaults and derived values) defines. A defined name a typo away means the mapping file is
+/// wrong, not the config; otherwise either may be, and the closest names help decide.
+pub fn unknown_variable_fix<'k>(
+    name: &str,
+    known: impl IntoIterator<Item = &'k str>,
+    mapping_file: &str,
+) -> String {
+    // Closest first: a name sharing a word (`heads` in `n_heads` and `num_attention_heads`),
+    // then by edit distance.
+    let words = |s: &'k str| s.split('_').filter(|w| w.len() > 1);
+    let shares_word = |k: &'k str| words(k).any(|w| name.split('_').any(|x| x == w));
+    let mut near: Vec<(bool, usize, &str)> = known
+        .into_iter()
+        .filter(|k| *k != name)
+        .map(|k| (!shares_word(k), edit_distance(name, k), k))
+        .collect();
+    near.sort_unstable_by_key(|&(no_word, d, k)| (d > typo_distance(name), no_word, d, k));
+    match near.first() {
+        Some(&(_, d, k)) if d <= typo_distance(name) => format!(
+            "'{name}' is not a config field or a value the mapping defines; did you mean '{k}'? Correct it in {mapping_file}"
+        ),
+        _ => {
+            let closest: Vec<String> = near
+                .iter()
+                .take(3)
+                .map(|(_, _, k)| format!("'{k}'"))
+                .collect();
+            let closest = if closest.is_empty() {
+                String::new()
+            } else {
+                format!(" (closest known: {})", closest.join(", "))
+            };
+            format!(
+                "'{name}' is an unknown variable: if the model needs that field, add it to config.json or pass it with --hf-overrides; if the name is wrong, correct it in {mapping_file}{closest}"
+            )
+        }
+    }
+}
+
+/// The most edits that still read as a typo of `name` rather than another word.
+fn typo_distance(name: &str) -> usize {
+    (name.chars().count() / 4).clamp(1, 3)
+}
+
+/// Levenshtein distance over characters: names are short, a row of the table is enough.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -735,5 +809,46 @@ mod tests {
         assert!(Expr::parse("1 +").is_err());
         assert!(Expr::parse("(1").is_err());
         assert!(Expr::parse("a $ b").is_err());
+    }
+
+    #[test]
+    fn an_unknown_variable_near_a_known_one_is_a_typo_in_the_mapping() {
+        let known = ["hidden_size", "num_attention_heads", "vocab_size", "tp"];
+        let fix = unknown_variable_fix("hiden_size", known, "my.yaml");
+        assert_eq!(
+            fix,
+            "'hiden_size' is not a config field or a value the mapping defines; did you mean 'hidden_size'? Correct it in my.yaml"
+        );
+        // Nothing close: it may be a field the config lacks, or a name to correct.
+        let fix = unknown_variable_fix("rope_scaling_factor", known, "my.yaml");
+        assert!(fix.starts_with("'rope_scaling_factor' is an unknown variable: if the model needs that field, add it to config.json"), "{fix}");
+        assert!(
+            fix.contains("correct it in my.yaml (closest known: "),
+            "{fix}"
+        );
+        // A shared word ranks a name first, however far it is by edits.
+        let fix = unknown_variable_fix("n_heads_total", known, "my.yaml");
+        assert!(
+            fix.ends_with("(closest known: 'num_attention_heads', 'hidden_size', 'vocab_size')"),
+            "{fix}"
+        );
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "ab"), 2);
+        assert_eq!(edit_distance("模型", "模"), 1);
+    }
+
+    #[test]
+    fn the_missing_variable_is_found_through_derived_values() {
+        let missing = EvalError::Missing {
+            name: "x".into(),
+            also: None,
+        };
+        let derived = EvalError::Derived {
+            name: "d".into(),
+            expr: "x + 1".into(),
+            source: Box::new(missing.clone()),
+        };
+        assert_eq!(derived.missing_variable(), Some("x"));
+        assert_eq!(EvalError::DivByZero.missing_variable(), None);
     }
 }

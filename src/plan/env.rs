@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::{PlanOptions, Problem, Problems};
 use crate::config::{ConfigAlias, ModelConfig};
 use crate::mapping::Mapping;
-use crate::mapping::expr::Scope;
+use crate::mapping::expr::{self, EvalError, Scope};
 
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
 
@@ -21,6 +21,8 @@ pub(super) struct Env {
     aliases: &'static [ConfigAlias],
     /// The keys config.json states, before defaults (for `given('field')`).
     given: std::collections::HashSet<String>,
+    /// The mapping file, as a fix that corrects an expression names it.
+    mapping_file: String,
 }
 
 impl Env {
@@ -43,10 +45,18 @@ impl Env {
         }
         vars.insert("tp".into(), Value::from(opts.tp));
         vars.insert("ep".into(), Value::Bool(opts.expert_parallel));
+        let mapping_file = match &opts.mapping {
+            Some(path) => path.display().to_string(),
+            None => format!(
+                "the built-in mapping mappings/{}.yaml (with a copy passed as --mapping FILE)",
+                mapping.family
+            ),
+        };
         let mut env = Env {
             vars,
             aliases: config.aliases,
             given,
+            mapping_file,
         };
         for (k, e) in &mapping.derive {
             let value = e.eval(&env.scope(None));
@@ -56,7 +66,7 @@ impl Env {
                 }
                 Err(err) => problems.push(Problem {
                     message: format!("cannot compute {k} = `{e}`: {err}"),
-                    fix: Some(ADD_FIELD.into()),
+                    fix: Some(env.fix_for(&err, ADD_FIELD)),
                 }),
             }
         }
@@ -81,12 +91,24 @@ impl Env {
                     ok = false;
                     problems.push(Problem {
                         message: format!("cannot check `{}`: {err}", c.rule),
-                        fix: Some(ADD_FIELD.into()),
+                        fix: Some(self.fix_for(&err, ADD_FIELD)),
                     });
                 }
             }
         }
         ok
+    }
+
+    /// The fix for an expression that failed with `err`: for a variable nothing defines, whether
+    /// it looks like a typo in the mapping file; else `otherwise`.
+    pub(super) fn fix_for(&self, err: &EvalError, otherwise: &str) -> String {
+        match err.missing_variable() {
+            Some(name) => {
+                let known = self.vars.keys().map(String::as_str).chain(["i"]);
+                expr::unknown_variable_fix(name, known, &self.mapping_file)
+            }
+            None => otherwise.to_string(),
+        }
     }
 
     /// The variables, plus `i` inside layer `i`.
@@ -156,6 +178,7 @@ mod tests {
                 .collect(),
             aliases: &[],
             given: vars.iter().map(|(k, _)| k.to_string()).collect(),
+            mapping_file: "m.yaml".into(),
         }
     }
 

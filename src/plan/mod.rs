@@ -93,19 +93,14 @@ pub fn plan_mapped(
     if opts.pp == 0 {
         return Err(PlanError::BadPp);
     }
-    let mut planner = Planner::new(mapping, config, mapped.checkpoint, opts)?;
-    let params = planner.parameters()?;
-    let stages = planner.stages(params.layers);
-    planner.stage_needs(&stages);
-    let on_stages = planner.on_stages(&params.list);
-    let assigned = planner.assign(&params.list, mapped);
-    let fused = planner.filled(&params.list, &assigned);
-    if planner.geometry_ok {
-        planner.divisible(&params.list);
-    }
-    if !planner.problems.is_empty() {
-        return Err(planner.refusal());
-    }
+    let Checked {
+        planner,
+        params,
+        stages,
+        on_stages,
+        assigned,
+        fused,
+    } = checked(mapping, config, mapped, opts)?;
     let ranks = planner.ranks(&params.list, &assigned, &fused, &stages, &on_stages);
     Ok(Plan {
         family: mapping.family.clone(),
@@ -120,6 +115,65 @@ pub fn plan_mapped(
         tie_word_embeddings: planner.env.is_true("tie_word_embeddings") && params.retie.is_none(),
         retie: params.retie,
         skipped: assigned.skipped,
+    })
+}
+
+/// Whether vLLM accepts the mapped checkpoint with `opts`: every check of [`plan_mapped`], which
+/// shares them, without building the ranks' tensors (the costly part at a large TP size).
+/// `wload sizes` asks it about many sizes.
+pub fn check_mapped(
+    mapping: &Mapping,
+    config: &ModelConfig,
+    mapped: &Mapped,
+    opts: &PlanOptions,
+) -> Result<(), PlanError> {
+    if opts.tp == 0 {
+        return Err(PlanError::BadTp);
+    }
+    if opts.pp == 0 {
+        return Err(PlanError::BadPp);
+    }
+    checked(mapping, config, mapped, opts).map(drop)
+}
+
+/// The phases before the ranks' tensors are built, and what they found.
+struct Checked<'m> {
+    planner: Planner<'m>,
+    params: params::Params<'m>,
+    stages: Vec<Stage>,
+    on_stages: Vec<stages::OnStage>,
+    assigned: assign::Assigned,
+    fused: Vec<bool>,
+}
+
+/// Every phase that can refuse the plan: the environment, parameters, stages, assignment and
+/// validation; the problems they found, or what building the ranks needs.
+fn checked<'m>(
+    mapping: &'m Mapping,
+    config: &ModelConfig,
+    mapped: &'m Mapped,
+    opts: &'m PlanOptions,
+) -> Result<Checked<'m>, PlanError> {
+    let mut planner = Planner::new(mapping, config, mapped.checkpoint, opts)?;
+    let params = planner.parameters()?;
+    let stages = planner.stages(params.layers);
+    planner.stage_needs(&stages);
+    let on_stages = planner.on_stages(&params.list);
+    let assigned = planner.assign(&params.list, mapped);
+    let fused = planner.filled(&params.list, &assigned);
+    if planner.geometry_ok {
+        planner.divisible(&params.list);
+    }
+    if !planner.problems.is_empty() {
+        return Err(planner.refusal());
+    }
+    Ok(Checked {
+        planner,
+        params,
+        stages,
+        on_stages,
+        assigned,
+        fused,
     })
 }
 

@@ -123,7 +123,7 @@ impl<'m> Planner<'m> {
                 Err(err) => {
                     self.problems.push(Problem {
                         message: format!("{}: cannot evaluate `when: {w}`: {err}", spec.name),
-                        fix: None,
+                        fix: err.missing_variable().map(|_| self.env.fix_for(&err, "")),
                     });
                     return None;
                 }
@@ -132,10 +132,11 @@ impl<'m> Planner<'m> {
         let name = at_layer(&spec.name, i);
         let geometry = match evaluate_layout(&spec.layout, &scope) {
             Ok(g) => g,
-            Err(err) => {
+            Err((text, err)) => {
+                let otherwise = "check config.json, or pass the field with --hf-overrides";
                 self.problems.push(Problem {
-                    message: format!("{name}: {err}"),
-                    fix: Some("check config.json, or pass the field with --hf-overrides".into()),
+                    message: format!("{name}: {text}"),
+                    fix: Some(err.map_or(otherwise.into(), |e| self.env.fix_for(&e, otherwise))),
                 });
                 return None;
             }
@@ -248,9 +249,13 @@ fn at_layer(name: &str, i: Option<u64>) -> String {
     }
 }
 
-/// A layout's dimensions evaluated; the error names the expression that failed.
-fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, String> {
-    let one = |e: &Expr| e.eval_u64(scope).map_err(|err| format!("`{e}`: {err}"));
+/// A layout's dimensions evaluated; the error names the expression that failed, and keeps why
+/// (for its fix).
+fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, Option<EvalError>)> {
+    let one = |e: &Expr| {
+        e.eval_u64(scope)
+            .map_err(|err| (format!("`{e}`: {err}"), Some(err)))
+    };
     let many = |v: &[Expr]| v.iter().map(one).collect::<Result<Vec<_>, _>>();
     Ok(match l {
         Layout::Replicated { shape } => Geometry::Replicated {
@@ -262,7 +267,7 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, String> {
         Layout::Row { shape } => {
             let shape = many(shape)?;
             if shape.len() != 2 {
-                return Err("a row-parallel parameter needs a 2-D shape".into());
+                return Err(("a row-parallel parameter needs a 2-D shape".into(), None));
             }
             Geometry::Row { shape }
         }

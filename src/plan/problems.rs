@@ -28,20 +28,25 @@ impl fmt::Display for ProblemList<'_> {
         let kinds = problem_kinds(ps);
         let elided =
             kinds.len() > PROBLEM_KINDS_SHOWN || kinds.iter().any(|k| k.count > PROBLEMS_PER_KIND);
+        let mut fixes = FixRun::default();
         if !elided {
-            return ps.iter().try_for_each(|p| write_problem(f, p));
+            for p in ps {
+                fixes.problem(f, p)?;
+            }
+            return fixes.end(f);
         }
         let mut shown = 0;
         for k in kinds.iter().take(PROBLEM_KINDS_SHOWN) {
             for &i in &k.first {
-                write_problem(f, &ps[i])?;
+                fixes.problem(f, &ps[i])?;
                 shown += 1;
             }
             let more = k.count - k.first.len();
             if more > 0 {
-                write!(f, "\n  … and {} more like this", thousands(more as u64))?;
+                fixes.more(f, more, k.same_fix)?;
             }
         }
+        fixes.end(f)?;
         if let Some(rest) = kinds.get(PROBLEM_KINDS_SHOWN..) {
             let n: usize = rest.iter().map(|k| k.count).sum();
             write!(
@@ -66,18 +71,57 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-fn write_problem(f: &mut fmt::Formatter<'_>, p: &Problem) -> fmt::Result {
-    write!(f, "\n  - {}", p.message)?;
-    if let Some(fix) = &p.fix {
-        write!(f, "\n    fix: {fix}")?;
-    }
-    Ok(())
+/// Consecutive problems with the same fix (a wrong --tp refuses every layer's tensor for one
+/// reason): their messages, then the fix once, for all of them.
+#[derive(Default)]
+struct FixRun<'a> {
+    /// The run's fix and how many problems it covers so far.
+    open: Option<(&'a str, usize)>,
 }
 
-/// Problems of one kind: the indices of the first few, and how many there are.
+impl<'a> FixRun<'a> {
+    fn problem(&mut self, f: &mut fmt::Formatter<'_>, p: &'a Problem) -> fmt::Result {
+        let fix = p.fix.as_deref();
+        if self.open.map(|(open, _)| open) != fix {
+            self.end(f)?;
+            self.open = fix.map(|x| (x, 0));
+        }
+        write!(f, "\n  - {}", p.message)?;
+        if let Some((_, n)) = &mut self.open {
+            *n += 1;
+        }
+        Ok(())
+    }
+
+    /// `more` problems like the last one, not shown; the run's fix covers them when every
+    /// problem of their kind has it (`same_fix`).
+    fn more(&mut self, f: &mut fmt::Formatter<'_>, more: usize, same_fix: bool) -> fmt::Result {
+        if !same_fix {
+            self.end(f)?;
+        }
+        write!(f, "\n  … and {} more like this", thousands(more as u64))?;
+        if let Some((_, n)) = &mut self.open {
+            *n += more;
+        }
+        Ok(())
+    }
+
+    /// Writes the open run's fix.
+    fn end(&mut self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.open.take() {
+            Some((fix, 1)) => write!(f, "\n    fix: {fix}"),
+            Some((fix, n)) => write!(f, "\n    fix (the {} above): {fix}", thousands(n as u64)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Problems of one kind: the indices of the first few, how many there are, and whether they all
+/// have the first one's fix.
 struct Kind {
     first: Vec<usize>,
     count: usize,
+    same_fix: bool,
 }
 
 /// Kinds in the order their first problem was found.
@@ -91,10 +135,14 @@ fn problem_kinds(ps: &[Problem]) -> Vec<Kind> {
             kinds.push(Kind {
                 first: Vec::new(),
                 count: 0,
+                same_fix: true,
             });
         }
         let kind = &mut kinds[k];
         kind.count += 1;
+        if let Some(&first) = kind.first.first() {
+            kind.same_fix &= ps[first].fix == p.fix;
+        }
         if kind.first.len() < PROBLEMS_PER_KIND {
             kind.first.push(i);
         }
@@ -184,10 +232,67 @@ mod tests {
             lines.last().copied(),
             Some("60 problems in all, 40 shown above; pass --json for the complete list")
         );
-        // In the order found: kind a's two, then kind b's.
+        // In the order found: kind a's two, then kind b's; their one fix once, after them all.
         assert_eq!(lines[1], "  - kind a instance '0'");
-        assert_eq!(lines[3], "  - kind a instance '1'");
-        assert_eq!(lines[5], "  - kind b instance '0'");
+        assert_eq!(lines[2], "  - kind a instance '1'");
+        assert_eq!(lines[3], "  - kind b instance '0'");
+        assert_eq!(lines.iter().filter(|l| l.contains("fix")).count(), 1);
+        assert_eq!(lines[41], "    fix (the 40 above): do this");
+    }
+
+    fn with_fix(message: &str, fix: Option<&str>) -> Problem {
+        Problem {
+            message: message.into(),
+            fix: fix.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_fix_shared_by_consecutive_problems_is_printed_once_after_them() {
+        let tp = Some("choose another --tp (now 4)");
+        let ps = [
+            with_fix("a: not divisible", tp),
+            with_fix("b: not divisible", tp),
+            with_fix("c: no fix", None),
+            with_fix("d: renamed", Some("rename it")),
+            with_fix("e: not divisible", tp),
+        ];
+        let text = ProblemList(&ps).to_string();
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(
+            lines,
+            [
+                "  - a: not divisible",
+                "  - b: not divisible",
+                "    fix (the 2 above): choose another --tp (now 4)",
+                "  - c: no fix",
+                "  - d: renamed",
+                "    fix: rename it",
+                "  - e: not divisible",
+                "    fix: choose another --tp (now 4)",
+            ]
+        );
+    }
+
+    #[test]
+    fn elided_problems_share_the_fix_only_when_their_whole_kind_has_it() {
+        // Kind 'x' (7 problems, one fix), then kind 'y' (7 problems, fixes differing).
+        let mut ps: Vec<Problem> = (0..7)
+            .map(|i| with_fix(&format!("x '{i}'"), Some("fix x")))
+            .collect();
+        ps.extend((0..7).map(|i| {
+            with_fix(
+                &format!("y '{i}'"),
+                Some(if i < 6 { "fix y" } else { "other" }),
+            )
+        }));
+        let text = ProblemList(&ps).to_string();
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(lines[5], "  … and 2 more like this");
+        assert_eq!(lines[6], "    fix (the 7 above): fix x");
+        // y's shown five get their fix before the hidden two, whose fixes differ.
+        assert_eq!(lines[12], "    fix (the 5 above): fix y");
+        assert_eq!(lines[13], "  … and 2 more like this");
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! output is serde's; this is the rest.
 
 mod inspect;
+pub mod json;
 mod load;
 mod plan;
-mod problems;
 mod shard;
+mod sizes;
 
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
@@ -13,8 +14,8 @@ use std::io::{self, Write};
 pub use inspect::{write_inspection, write_other_source};
 pub use load::write_load;
 pub use plan::write_plan;
-pub use problems::json_problems;
 pub use shard::write_shard;
+pub use sizes::write_sizes;
 
 /// A plain aligned table; columns marked numeric are right-aligned.
 ///

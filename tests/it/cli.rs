@@ -77,6 +77,62 @@ fn man_page_is_fresh() {
     check_generated(&["man"], "docs/wload.1");
 }
 
+/// wload(1) refers to a page per subcommand (wload-inspect(1), …): each is generated from clap
+/// and checked in.
+#[test]
+fn every_subcommand_has_a_fresh_man_page() {
+    use clap::CommandFactory;
+    let mut cli = wload::cli::Cli::command();
+    cli.build();
+    let names: Vec<String> = cli
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for wanted in ["inspect", "plan", "sizes", "shard", "load", "completions"] {
+        assert!(names.iter().any(|n| n == wanted), "{wanted} in {names:?}");
+    }
+    for name in &names {
+        check_generated(&["man", name], &format!("docs/wload-{name}.1"));
+    }
+    let top = fs::read_to_string(manifest_dir().join("docs/wload.1")).unwrap();
+    for name in &names {
+        assert!(
+            top.contains(&format!("wload\\-{name}(1)")),
+            "wload(1) lists wload-{name}(1)"
+        );
+    }
+    // No page is left over from a subcommand that is gone.
+    for entry in fs::read_dir(manifest_dir().join("docs")).unwrap() {
+        let file = entry.unwrap().file_name().into_string().unwrap();
+        if let Some(name) = file
+            .strip_prefix("wload-")
+            .and_then(|f| f.strip_suffix(".1"))
+        {
+            assert!(
+                names.iter().any(|n| n == name),
+                "docs/{file} has no subcommand"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_subcommand_page_names_the_command_as_typed() {
+    let out = wload().args(["man", "inspect"]).output().unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(page.contains(".TH wload-inspect 1 "), "{page}");
+    let footer = format!("\"wload {}\"", env!("CARGO_PKG_VERSION"));
+    assert!(page.contains(&footer), "{page}");
+    assert!(
+        page.contains("\\fBwload inspect\\fR"),
+        "the synopsis: {page}"
+    );
+    let out = wload().args(["man", "no-such-command"]).output().unwrap();
+    assert_refused(&out, 2, &["no page for 'no-such-command'", "inspect"]);
+}
+
 #[test]
 fn long_help_documents_exit_statuses() {
     for args in [&["--help"][..], &["inspect", "--help"]] {
@@ -108,7 +164,15 @@ fn help_lists_the_subcommands_but_not_the_hidden_ones() {
         .collect();
     assert_eq!(
         listed,
-        ["inspect", "plan", "shard", "load", "help"],
+        [
+            "inspect",
+            "plan",
+            "sizes",
+            "shard",
+            "load",
+            "completions",
+            "help"
+        ],
         "subcommands in --help:\n{text}"
     );
 }

@@ -65,18 +65,23 @@ impl Run {
         self
     }
 
-    /// The problem whose message line contains `anchor` is followed by a `fix:` line containing
-    /// `fix`.
+    /// The problem whose message line contains `anchor` has a fix containing `fix`: the first
+    /// fix line after it (`fix: …`, or `fix (the N above): …` after a run of problems sharing
+    /// one), with only other problems between.
     fn fix_for(&self, anchor: &str, fix: &str) -> &Self {
         let lines: Vec<&str> = self.stderr.lines().collect();
         let at = lines
             .iter()
             .position(|l| l.contains(anchor))
             .unwrap_or_else(|| panic!("no line contains {anchor:?}; {}", self.context()));
-        let next = lines.get(at + 1).copied().unwrap_or("");
+        let next = lines[at + 1..]
+            .iter()
+            .map(|l| l.trim_start())
+            .find(|l| !l.starts_with("- ") && !l.starts_with("… and"))
+            .unwrap_or("");
         assert!(
-            next.trim_start().starts_with("fix:") && next.contains(fix),
-            "the line after {anchor:?} should be a fix containing {fix:?}; {}",
+            next.starts_with("fix") && next.contains(fix),
+            "the fix after {anchor:?} should contain {fix:?}; {}",
             self.context()
         );
         self
@@ -349,12 +354,27 @@ fn several_faults_are_all_reported_in_one_run() {
         .one_line_says(&["model.layers.0.mlp.gate_up_proj.weight", "shard 1"])
         .one_line_says(&[ATTN0, Q0, "[64, 256]", "[128, 128]"]);
     assert!(r.problem_count() >= 3, "{}", r.context());
-    let fixes = r
-        .stderr
+    assert_eq!(
+        fixes_cover(&r.stderr),
+        r.problem_count(),
+        "every problem has a fix; {}",
+        r.context()
+    );
+}
+
+/// How many problems the fix lines cover: `fix: …` one, `fix (the N above): …` N.
+fn fixes_cover(stderr: &str) -> usize {
+    stderr
         .lines()
-        .filter(|l| l.trim_start().starts_with("fix:"))
-        .count();
-    assert_eq!(fixes, r.problem_count(), "every problem has a fix");
+        .map(str::trim_start)
+        .filter_map(|l| {
+            if l.starts_with("fix: ") {
+                return Some(1);
+            }
+            let n = l.strip_prefix("fix (the ")?.split(' ').next()?;
+            n.replace(',', "").parse().ok()
+        })
+        .sum()
 }
 
 #[test]
@@ -615,7 +635,7 @@ fn twenty_thousand_problems_are_summarised_on_the_terminal_by_kind() {
     assert_eq!(r.problem_count(), 20_000, "{}", &r.stderr[..2000]);
     let lines: Vec<&str> = r.stderr.lines().collect();
     assert!(lines.len() < 300, "{} lines on stderr", lines.len());
-    // The first five of each kind, in the order found, each with its fix.
+    // The first five of each kind, in the order found.
     let shown: Vec<&str> = lines
         .iter()
         .copied()
@@ -644,8 +664,19 @@ fn twenty_thousand_problems_are_summarised_on_the_terminal_by_kind() {
             "{got:?} should contain {want:?}"
         );
     }
-    let fixes = lines.iter().filter(|l| l.starts_with("    fix: ")).count();
-    assert_eq!(fixes, shown.len(), "{}", r.stderr);
+    // Each kind's fix once, for all 10,000 of it.
+    let fixes: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.trim_start().starts_with("fix"))
+        .collect();
+    assert_eq!(fixes.len(), 2, "{}", r.stderr);
+    assert!(
+        fixes
+            .iter()
+            .all(|l| l.starts_with("    fix (the 10,000 above): ")),
+        "{fixes:?}"
+    );
     // Then how many more of each kind, and the total.
     let more: Vec<&str> = lines
         .iter()
@@ -769,4 +800,81 @@ fn a_config_claiming_a_billion_layers_is_refused_before_anything_is_built() {
         .one_line_says(&["1000000000 layers", "num_hidden_layers", "at most 100000"])
         .fix_for("1000000000 layers", "--hf-overrides");
     assert_eq!(r.problem_count(), 1, "{}", r.context());
+}
+
+/// A wrong --tp refuses every layer's scale for one reason: the fix is printed once, after them,
+/// while --json keeps it on every problem.
+#[test]
+fn a_fix_shared_by_many_problems_is_printed_once() {
+    let fixture = fixtures_dir().join("llama_gqa_fp8_block");
+    let r = plan(&fixture, &["--tp", "4"]);
+    r.refused(3);
+    let fixes: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.trim_start().starts_with("fix"))
+        .collect();
+    assert_eq!(
+        fixes,
+        ["    fix (the 6 above): choose another --tp (now 4)"],
+        "{}",
+        r.context()
+    );
+    assert_eq!(fixes_cover(&r.stderr), r.problem_count());
+    let json = plan(&fixture, &["--tp", "4", "--json"]);
+    let doc: Value = serde_json::from_str(&json.stdout).expect("one JSON document");
+    let problems = doc["problems"].as_array().expect("problems");
+    assert_eq!(problems.len(), 6);
+    assert!(
+        problems
+            .iter()
+            .all(|p| p["fix"] == "choose another --tp (now 4)"),
+        "{doc}"
+    );
+}
+
+/// A mapping expression naming a variable nothing defines: a typo is called one, with the name
+/// meant and the mapping file to correct, not "add the field to config.json".
+#[test]
+fn a_typo_in_a_mapping_expression_points_at_the_mapping_file() {
+    let tmp = tempfile::TempDir::new().unwrap();
+    let llama = std::fs::read_to_string(manifest_dir().join("mappings/llama.yaml")).unwrap();
+    let typo = tmp.path().join("typo.yaml");
+    let check = "rule: num_attention_heads % tp == 0";
+    assert!(llama.contains(check));
+    std::fs::write(
+        &typo,
+        llama.replace(check, "rule: num_attention_head % tp == 0"),
+    )
+    .unwrap();
+    let r = plan(
+        &fixtures_dir().join("llama_gqa"),
+        &["--tp", "2", "--mapping", s(&typo)],
+    );
+    r.refused(3)
+        .one_line_says(&["cannot check `num_attention_head % tp == 0`"])
+        .fix_for(
+            "cannot check",
+            "'num_attention_head' is not a config field or a value the mapping defines; did you mean 'num_attention_heads'?",
+        )
+        .fix_for("cannot check", &format!("Correct it in {}", typo.display()));
+    assert!(
+        !r.stderr.contains("add the field to config.json"),
+        "{}",
+        r.context()
+    );
+
+    // In a parameter's shape, and with nothing close: both remedies, and the closest names.
+    let shape = "inner: [hidden_size]";
+    assert!(llama.contains(shape));
+    std::fs::write(&typo, llama.replacen(shape, "inner: [model_width]", 1)).unwrap();
+    let r = plan(
+        &fixtures_dir().join("llama_gqa"),
+        &["--tp", "2", "--mapping", s(&typo)],
+    );
+    r.refused(3).fix_for(
+        "`model_width`",
+        "'model_width' is an unknown variable: if the model needs that field, add it to config.json or pass it with --hf-overrides; if the name is wrong, correct it in",
+    );
+    r.fix_for("`model_width`", "(closest known: ");
 }

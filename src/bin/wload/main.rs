@@ -11,34 +11,62 @@ mod interrupt;
 use clap::{CommandFactory, Parser};
 
 use wload::cli::{
-    Cli, Command, InspectArgs, LoadArgs, ParallelArgs, PlanArgs, ShardArgs, SourceArgs,
+    Cli, Command, InspectArgs, LoadArgs, ParallelArgs, PlanArgs, ShardArgs, SizesArgs, SourceArgs,
 };
 use wload::{Error, ExitStatus, SourceOptions};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() {
-                ExitStatus::Usage as u8
-            } else {
-                0
-            });
-        }
+        Err(e) => return refused_command_line(&e),
     };
+    let json = cli.command.json();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
-            // stderr may be closed or full too; there is nowhere left to say so.
-            let _ = writeln!(io::stderr(), "error: {e}");
-            ExitCode::from(match e.exit_status() {
+            let status = match e.exit_status() {
                 ExitStatus::Interrupted => interrupt::exit_status(),
                 status => status as u8,
-            })
+            };
+            // A failed write to stdout leaves nowhere to put a document.
+            if json && !matches!(e, Error::Output(_)) {
+                print_json(&wload::report::json::failure(&e, status));
+            }
+            // stderr may be closed or full too; there is nowhere left to say so.
+            let _ = writeln!(io::stderr(), "error: {e}");
+            ExitCode::from(status)
         }
     }
+}
+
+/// clap's verdict on the command line: help and version on stdout (exit 0), a usage error on
+/// stderr (exit 2), and then with `--json` anywhere on the line also its JSON document, since
+/// the pipeline that passed the flag reads stdout.
+fn refused_command_line(e: &clap::Error) -> ExitCode {
+    if !e.use_stderr() {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    if json_requested(std::env::args_os().skip(1)) {
+        print_json(&wload::report::json::usage_failure(&e.render().to_string()));
+    }
+    let _ = e.print();
+    ExitCode::from(ExitStatus::Usage as u8)
+}
+
+/// Whether `--json` is among the options (not after `--`, where everything is a value).
+fn json_requested(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.take_while(|a| a != "--").any(|a| a == "--json")
+}
+
+/// One document on stdout, if stdout takes it: the exit status says the rest.
+fn print_json<T: serde::Serialize>(doc: &T) {
+    let mut out = io::stdout().lock();
+    let _ = serde_json::to_writer_pretty(&mut out, doc)
+        .map_err(io::Error::from)
+        .and_then(|()| writeln!(out))
+        .and_then(|()| out.flush());
 }
 
 fn run(cli: Cli) -> Result<(), Error> {
@@ -53,19 +81,44 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Plan(args) => plan(&args, g, &mut out)?,
         Command::Shard(args) => shard(&args, g, &mut out)?,
         Command::Load(args) => load(&args, g, &mut out)?,
+        Command::Sizes(args) => sizes(&args, g, &mut out)?,
         Command::Completions { shell } => {
             // `generate` panics on a write error: render to memory, then write and check.
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "wload", &mut script);
             out.write_all(&script).map_err(Error::Output)?;
         }
-        Command::Man => {
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut out)
-                .map_err(Error::Output)?;
-        }
+        Command::Man { command } => man_page(command.as_deref(), &mut out)?,
     }
     out.flush().map_err(Error::Output)
+}
+
+/// wload(1), or a subcommand's page: wload-inspect(1) and so on, the names wload(1) refers to.
+fn man_page(name: Option<&str>, out: &mut dyn Write) -> Result<(), Error> {
+    let mut cli = Cli::command();
+    // Builds the subcommands' names (wload-inspect, "wload inspect") and global flags.
+    cli.build();
+    let page = match name {
+        None => cli,
+        Some(name) => {
+            let pages = || {
+                let visible = cli.get_subcommands().filter(|c| !c.is_hide_set());
+                visible.map(|c| c.get_name()).collect::<Vec<_>>().join(", ")
+            };
+            let sub = cli.find_subcommand(name).filter(|c| !c.is_hide_set());
+            sub.cloned().ok_or_else(|| {
+                Error::Usage(format!(
+                    "man: no page for '{name}'; there are pages for {}",
+                    pages()
+                ))
+            })?
+        }
+    };
+    // The footer names the program and version on every page, not the subcommand's name.
+    clap_mangen::Man::new(page)
+        .source(format!("wload {}", env!("CARGO_PKG_VERSION")))
+        .render(out)
+        .map_err(Error::Output)
 }
 
 /// The flags every subcommand takes.
@@ -78,21 +131,32 @@ struct Globals {
 /// Writes a report for people (a table, a summary).
 type Human<'a> = &'a dyn Fn(&mut dyn Write) -> io::Result<()>;
 
-/// One JSON document with `--json`, else the human table (`human`, unless it is `None`).
+/// One JSON document with `--json` (with `"ok": true`, and `schema_version` for a report without
+/// its own), else the human table (`human`, unless it is `None`).
 fn emit<T: serde::Serialize>(
     out: &mut dyn Write,
-    json: bool,
+    json: Option<Json>,
     report: &T,
     human: Option<Human>,
 ) -> Result<(), Error> {
-    if json {
-        serde_json::to_writer_pretty(&mut *out, report).map_err(|e| Error::Output(e.into()))?;
+    if let Some(Json(schema_version)) = json {
+        let doc = wload::report::json::success(report, schema_version);
+        serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| Error::Output(e.into()))?;
         writeln!(out).map_err(Error::Output)
     } else if let Some(h) = human {
         h(out).map_err(Error::Output)
     } else {
         Ok(())
     }
+}
+
+/// `--json` was given; the schema version to add to a report that has none of its own.
+#[derive(Clone, Copy)]
+struct Json(Option<u32>);
+
+/// `--json` for a report that carries its own `schema_version`, or for one that needs `version`.
+fn json_if(flag: bool, version: Option<u32>) -> Option<Json> {
+    flag.then_some(Json(version))
 }
 
 fn inspect(
@@ -103,13 +167,13 @@ fn inspect(
     if let Some(other) = wload::inspect::other_source(&args.source.source, args.filter.as_deref())?
     {
         let human: Human = &|w| wload::report::write_other_source(w, &other, g.verbose);
-        return emit(out, args.json, &other, Some(human));
+        return emit(out, json_if(args.json, None), &other, Some(human));
     }
     let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
     let report = wload::inspect::inspect(&opened, args.filter.as_deref())?;
     emit(
         out,
-        args.json,
+        json_if(args.json, None),
         &report,
         Some(&|w| wload::report::write_inspection(w, &report, g.verbose)),
     )?;
@@ -125,13 +189,30 @@ fn inspect(
 
 fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
-    let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)
-        .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    let report = wload::plan_report(&opened, &plan_options(&args.parallel), args.rank)?;
     emit(
         out,
-        args.json,
+        json_if(args.json, None),
         &report,
         Some(&|w| wload::report::write_plan(w, &report, g.verbose)),
+    )
+}
+
+fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
+    let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let opts = wload::commands::plan::SizesOptions {
+        max_tp: args.max_tp,
+        max_pp: args.max_pp,
+        dtype: args.dtype,
+        mapping: args.mapping.clone(),
+        pp_partition: std::env::var("VLLM_PP_LAYER_PARTITION").ok(),
+    };
+    let report = wload::commands::plan::sizes(&opened, &opts)?;
+    emit(
+        out,
+        json_if(args.json, None),
+        &report,
+        Some(&|w| wload::report::write_sizes(w, &report)),
     )
 }
 
@@ -154,8 +235,7 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         &opened.resolved.root,
     )?;
     let t = Instant::now();
-    let plan = wload::make_plan(&opened, &plan_options(&args.parallel))
-        .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    let plan = wload::make_plan(&opened, &plan_options(&args.parallel))?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     // From here on a signal stops the run cleanly: nothing is published, the staging folder goes.
     interrupt::install();
@@ -171,7 +251,8 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         );
     }
     let human: Human = &|w| wload::report::write_shard(w, &report);
-    emit(out, args.json, &report, (!g.quiet).then_some(human))
+    let json = json_if(args.json, Some(wload::report::json::SHARD_SCHEMA_VERSION));
+    emit(out, json, &report, (!g.quiet).then_some(human))
 }
 
 fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
@@ -183,8 +264,7 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         check: args.check,
         checksums: args.checksums,
     };
-    let settings =
-        load_settings(args).map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    let settings = load_settings(args)?;
     let mut sopts = source_options(&args.source, g.quiet)?;
     sopts.config_format = settings.config_format;
     let report = wload::load::load(
@@ -198,15 +278,14 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
             interrupt::install();
             bars::labelled_bar(total, g.quiet, "loading")
         },
-    )
-    .map_err(|e| wload::report::json_problems(out, args.json, e))?;
+    )?;
     // After the run: an error, when there is one, comes first on stderr.
     if let (Some(note), false) = (&settings.note, g.quiet) {
         let _ = writeln!(io::stderr(), "note: {note}");
     }
     emit(
         out,
-        args.json,
+        json_if(args.json, Some(wload::report::json::LOAD_SCHEMA_VERSION)),
         &report,
         Some(&|w| wload::report::write_load(w, &report, g.quiet)),
     )

@@ -113,7 +113,8 @@ pub fn context(out: &Output) -> String {
 }
 
 /// A refusal as wload makes one: exit status `code`, stderr starting with `error: ` and containing
-/// every one of `needles` (exact substrings), no panic, nothing on stdout. Returns stderr.
+/// every one of `needles` (exact substrings), no panic, and on stdout nothing, or (for a run with
+/// `--json`) the error document only, with that exit status. Returns stderr.
 pub fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> String {
     let ctx = context(out);
     assert_eq!(out.status.code(), Some(code), "{ctx}");
@@ -123,6 +124,12 @@ pub fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> String {
         assert!(err.contains(n), "stderr should contain {n:?}; {ctx}");
     }
     assert!(!err.contains("panicked"), "{ctx}");
-    assert!(out.stdout.is_empty(), "nothing on stdout; {ctx}");
+    if !out.stdout.is_empty() {
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("stdout is neither empty nor one JSON document ({e}); {ctx}")
+        });
+        assert_eq!(doc["ok"], false, "{ctx}");
+        assert_eq!(doc["exit_status"], code, "{ctx}");
+    }
     err
 }

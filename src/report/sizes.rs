@@ -1,0 +1,62 @@
+//! `wload sizes`: each parallel layout checked, vLLM's verdict, and the first reason for a refusal.
+
+use std::io::{self, Write};
+
+use super::*;
+use crate::commands::plan::{SizesReport, Verdict};
+
+/// The model's shape, a table of every layout checked, and the accepted sizes summed up.
+pub fn write_sizes(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {
+    writeln!(w, "source   {}", r.source)?;
+    writeln!(w, "model    {} (mapping {})", r.architecture, r.family)?;
+    let experts = r
+        .experts
+        .map_or(String::new(), |e| format!(", {e} experts"));
+    writeln!(
+        w,
+        "shape    {} attention heads, {} KV heads, {} layers{experts}",
+        r.attention_heads, r.kv_heads, r.layers
+    )?;
+    writeln!(w)?;
+    let mut t = Table::new(&[
+        ("TP", true),
+        ("PP", true),
+        ("EP", false),
+        ("VLLM", false),
+        ("FIRST REASON", false),
+    ]);
+    for v in &r.checked {
+        t.cell_fmt(format_args!("{}", v.tp));
+        t.cell_fmt(format_args!("{}", v.pp));
+        t.cell(if v.expert_parallel { "yes" } else { "no" });
+        t.cell(if v.accepted { "accepts" } else { "refuses" });
+        t.cell(&reason(v));
+    }
+    t.write(w, "  ")?;
+    writeln!(w)?;
+    writeln!(w, "vLLM accepts --tp {}", list(&r.accepted_tp))?;
+    if let Some(ep) = &r.accepted_tp_expert_parallel {
+        writeln!(w, "  with --enable-expert-parallel: --tp {}", list(ep))?;
+    }
+    for p in &r.accepted_pp {
+        writeln!(w, "  with --pp {}: --tp {}", p.pp, list(&p.tp))?;
+    }
+    Ok(())
+}
+
+/// The first problem, and how many more `wload plan` would list.
+fn reason(v: &Verdict) -> String {
+    match (&v.reason, v.problems) {
+        (None, _) => String::new(),
+        (Some(r), n) if n > 1 => format!("{r} (+{} more)", n - 1),
+        (Some(r), _) => r.clone(),
+    }
+}
+
+/// `1, 2, 4`, or `none` for an empty list.
+fn list(v: &[u64]) -> String {
+    if v.is_empty() {
+        return "none".into();
+    }
+    v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+}

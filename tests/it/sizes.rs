@@ -1,0 +1,185 @@
+//! `wload sizes`: vLLM's verdict on each parallel layout, which must be `wload plan`'s.
+
+use serde_json::Value;
+
+use crate::support::*;
+
+fn sizes_json(source: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["sizes", source, "--json"];
+    args.extend_from_slice(extra);
+    let doc = wload_json(&args);
+    assert_eq!(doc["ok"], true);
+    assert_eq!(doc["schema_version"], 1);
+    doc
+}
+
+fn tps(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("a list of sizes")
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// Every verdict is what `wload plan` says for that layout: accepted when it plans, else refused
+/// with plan's first problem as the reason and plan's problem count.
+fn agrees_with_plan(source: &str, doc: &Value) {
+    let checked = doc["checked"].as_array().expect("checked");
+    assert!(!checked.is_empty());
+    for v in checked {
+        let (tp, pp) = (v["tp"].to_string(), v["pp"].to_string());
+        let mut args = vec!["plan", source, "--tp", &tp, "--pp", &pp, "--json"];
+        if v["expert_parallel"] == true {
+            args.push("--enable-expert-parallel");
+        }
+        let out = run(&args);
+        let plan: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", context(&out)));
+        assert_eq!(plan["ok"], v["accepted"], "{args:?}: sizes says {v}");
+        if v["accepted"] == false {
+            assert_eq!(out.status.code(), Some(3), "{args:?}");
+            assert_eq!(plan["problems"][0]["message"], v["reason"], "{args:?}");
+            assert_eq!(plan["problems"][0]["fix"], v["fix"], "{args:?}");
+            assert_eq!(plan["problem_count"], v["problems"], "{args:?}");
+        } else {
+            assert_eq!(v["reason"], Value::Null, "{v}");
+        }
+    }
+}
+
+#[test]
+fn a_dense_model_lists_the_divisors_of_its_heads() {
+    let src = "examples/tiny-llama";
+    let doc = sizes_json(src, &[]);
+    assert_eq!(doc["attention_heads"], 8);
+    assert_eq!(tps(&doc["accepted_tp"]), [1, 2, 4, 8]);
+    assert_eq!(
+        doc["accepted_tp_expert_parallel"],
+        Value::Null,
+        "dense: no EP"
+    );
+    assert!(
+        doc["checked"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["expert_parallel"] == false)
+    );
+    // Two layers: PP 2 only, at every TP accepted alone.
+    assert_eq!(doc["accepted_pp"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["accepted_pp"][0]["pp"], 2);
+    assert_eq!(tps(&doc["accepted_pp"][0]["tp"]), [1, 2, 4, 8]);
+    let three = doc["checked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["tp"] == 3)
+        .expect("TP 3 is checked");
+    assert!(
+        three["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("num_attention_heads (8) is not divisible by tp (3)"),
+        "{three}"
+    );
+    agrees_with_plan(src, &doc);
+}
+
+#[test]
+fn sizes_agree_with_plan_on_gqa_and_pipeline_fixtures() {
+    for name in ["llama_gqa", "qwen2", "gemma2"] {
+        let src = fixtures_dir().join(name);
+        let doc = sizes_json(s(&src), &["--max-tp", "16", "--max-pp", "3"]);
+        assert!(
+            tps(&doc["accepted_tp"]).contains(&1),
+            "{name}: TP 1 always fits"
+        );
+        agrees_with_plan(s(&src), &doc);
+    }
+}
+
+#[test]
+fn an_fp8_block_moe_is_refused_where_its_scales_do_not_align() {
+    let src = fixtures_dir().join("qwen3_moe_fp8_block");
+    let doc = sizes_json(s(&src), &["--max-tp", "8"]);
+    assert_eq!(doc["experts"], 8);
+    // 8 heads would allow 4 and 8, but the 32-wide scale blocks do not split that far.
+    assert_eq!(tps(&doc["accepted_tp"]), [1, 2]);
+    assert_eq!(tps(&doc["accepted_tp_expert_parallel"]), [2]);
+    let four = doc["checked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["tp"] == 4 && v["pp"] == 1 && v["expert_parallel"] == false)
+        .unwrap();
+    assert!(four["reason"].as_str().unwrap().contains("block"), "{four}");
+    // Qwen3-MoE needs a MoE layer on every stage; its first layer is dense.
+    assert_eq!(tps(&doc["accepted_pp"][0]["tp"]), Vec::<u64>::new());
+    agrees_with_plan(s(&src), &doc);
+}
+
+#[test]
+fn a_moe_checks_expert_parallelism_too() {
+    for name in ["mixtral", "qwen2_moe"] {
+        let src = fixtures_dir().join(name);
+        let doc = sizes_json(s(&src), &["--max-tp", "8", "--max-pp", "2"]);
+        assert!(doc["experts"].as_u64().is_some(), "{name}");
+        assert!(
+            doc["checked"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["expert_parallel"] == true),
+            "{name}: EP layouts checked"
+        );
+        agrees_with_plan(s(&src), &doc);
+    }
+}
+
+#[test]
+fn the_table_sums_up_what_vllm_accepts() {
+    let out = run(&["sizes", "examples/tiny-llama", "--max-tp", "8"]);
+    assert!(out.status.success(), "{}", context(&out));
+    let text = stdout(&out);
+    assert!(text.contains("vLLM accepts --tp 1, 2, 4, 8\n"), "{text}");
+    assert!(text.contains("  with --pp 2: --tp 1, 2, 4, 8\n"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("3   1  no  refuses"))
+        .unwrap_or_else(|| panic!("no row for TP 3:\n{text}"));
+    assert!(row.contains("num_attention_heads (8)"), "{row}");
+    assert!(!text.contains("  16 "), "--max-tp 8 stops at 8:\n{text}");
+}
+
+#[test]
+fn an_unreadable_source_is_still_an_error() {
+    let out = run(&["sizes", "/no/such/checkpoint"]);
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    let out = run(&["sizes", "examples/tiny-llama", "--max-tp", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+}
+
+/// `VLLM_PP_LAYER_PARTITION` applies whatever the size, as in vLLM: every layout without PP is
+/// refused, and the PP size it describes is checked at every TP size.
+#[test]
+fn a_layer_partition_pins_the_pp_size() {
+    let out = wload_process()
+        .args(["sizes", "examples/tiny-llama", "--max-tp", "4", "--json"])
+        .env("VLLM_PP_LAYER_PARTITION", "1,1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(tps(&doc["accepted_tp"]), Vec::<u64>::new());
+    assert_eq!(doc["accepted_pp"].as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc["accepted_pp"][0]["pp"], 2);
+    assert_eq!(tps(&doc["accepted_pp"][0]["tp"]), [1, 2, 4]);
+    let one = &doc["checked"][0];
+    assert!(
+        one["reason"]
+            .as_str()
+            .unwrap()
+            .contains("VLLM_PP_LAYER_PARTITION"),
+        "{one}"
+    );
+}
