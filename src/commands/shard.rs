@@ -10,13 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::exec::parts::{self, PartFile};
 use crate::exec::{Control, ExecError, convert, verify, write};
-use crate::manifest::{self, MANIFEST, Manifest, ManifestFile};
+use crate::manifest::{MANIFEST, Manifest, ManifestFile};
 use crate::plan::Plan;
 use crate::progress::{Progress, Quiet};
 use crate::{Error, ExitStatus, Opened};
@@ -119,7 +118,11 @@ pub struct ShardTimings {
     pub open: crate::Timings,
     pub write_s: f64,
     pub side_files_s: f64,
+    /// Hashing for the manifest: the seconds it added after the last write (files are hashed
+    /// as each completes, beside the remaining writes), and the seconds the hashing threads spent
+    /// on it, summed (on a busy machine that includes time they waited for a core).
     pub hash_s: f64,
+    pub hash_busy_s: f64,
     pub verify_s: f64,
 }
 
@@ -171,7 +174,7 @@ pub fn shard(
 
     let t = Instant::now();
     let bar = progress(total);
-    write::write_parts(
+    let written = write::write_parts(
         &plan,
         root,
         tmp,
@@ -179,16 +182,15 @@ pub fn shard(
         &Control::new(cancel, bar.as_ref()),
     )
     .map_err(ShardError::from)?;
-    timings.write_s = t.elapsed().as_secs_f64();
+    timings.write_s = t.elapsed().as_secs_f64() - written.hash_tail_s;
+    timings.hash_s = written.hash_tail_s;
+    timings.hash_busy_s = written.hash_busy_s;
+    let hashes = written.hashes;
 
     let t = Instant::now();
     let side = copy_side_files(root, tmp, &opts.out, cancel)?;
     let config = write_config(root, tmp, &plan)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
-
-    let t = Instant::now();
-    let hashes = hash_parts(tmp, &files, cancel)?;
-    timings.hash_s = t.elapsed().as_secs_f64();
 
     #[cfg(feature = "test-hooks")]
     if let Some(fault) = std::env::var_os("WLOAD_TEST_FLIP_BYTE") {
@@ -245,24 +247,6 @@ fn resolve_tying(mut plan: Plan, root: &Path) -> Result<Plan, ShardError> {
     }
     plan.tie_word_embeddings = true;
     Ok(plan)
-}
-
-/// XXH3 of every written part file, in parallel, for the manifest.
-fn hash_parts(
-    tmp: &Path,
-    files: &[PartFile],
-    cancel: &AtomicBool,
-) -> Result<Vec<String>, ShardError> {
-    files
-        .par_iter()
-        .map(|f| {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(ShardError::Exec(ExecError::Cancelled));
-            }
-            let path = tmp.join(&f.name);
-            manifest::hash_file(&path).map_err(|e| ShardError::io("reading", &path, e))
-        })
-        .collect()
 }
 
 fn manifest_for(

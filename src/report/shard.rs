@@ -32,12 +32,13 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
     };
     writeln!(
         w,
-        "time: headers {:.3}s, plan {:.3}s, write {:.3}s{rate}, side files {:.3}s, hash {:.3}s{}",
+        "time: headers {:.3}s, plan {:.3}s, write {:.3}s{rate}, hash {:.3}s after the last write ({:.3}s in all, each file hashed as it completed), side files {:.3}s{}",
         t.open.headers_s,
         t.open.plan_s,
         t.write_s,
-        t.side_files_s,
         t.hash_s,
+        t.hash_busy_s,
+        t.side_files_s,
         if r.verified {
             format!(", verify {:.3}s (all bytes match)", t.verify_s)
         } else {
