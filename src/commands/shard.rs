@@ -106,6 +106,9 @@ pub struct ShardReport {
     pub manifest: Manifest,
     pub bytes: u64,
     pub side_files: Vec<String>,
+    /// What wload changed in config.json (`key: before → after (why)`): empty when it was copied
+    /// unchanged, `None` when the source has none (Mistral-native: params.json is a side file).
+    pub config_changes: Option<Vec<String>>,
     pub verified: bool,
     /// Leftover staging folders of dead runs that this run removed.
     pub removed_leftovers: Vec<output::Swept>,
@@ -189,7 +192,7 @@ pub fn shard(
 
     let t = Instant::now();
     let side = copy_side_files(root, tmp, &opts.out, cancel)?;
-    let config = write_config(root, tmp, &plan)?;
+    let config_changes = write_config(root, tmp, &plan)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
 
     #[cfg(feature = "test-hooks")]
@@ -206,6 +209,7 @@ pub fn shard(
         return Err(ShardError::Exec(ExecError::Cancelled).into());
     }
 
+    let config = config_changes.is_some().then(|| "config.json".to_string());
     let side_and_config = side.iter().cloned().chain(config).collect();
     let manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
     write_manifest(tmp, &manifest)?;
@@ -216,6 +220,7 @@ pub fn shard(
         bytes: total,
         manifest,
         side_files: side,
+        config_changes,
         verified: opts.verify,
         removed_leftovers,
         timings,
@@ -396,7 +401,8 @@ fn copy_through_memory(from: &Path, to: &Path) -> io::Result<()> {
 
 /// config.json as vLLM needs it: copied unchanged, except that when lm_head stays a tensor of its
 /// own, `tie_word_embeddings` must say false (the sharded loader builds the module tree from it).
-fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, ShardError> {
+/// Returns the changes made (none: copied), or `None` without a config.json.
+fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<Vec<String>>, ShardError> {
     let src = root.join("config.json");
     if !src.exists() {
         return Ok(None); // Mistral-native source: params.json was copied with the side files.
@@ -414,10 +420,12 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, 
     let dst = tmp.join("config.json");
     let needs_untie = !plan.tie_word_embeddings
         && (says_tied(&cfg) || cfg.get("text_config").is_some_and(says_tied));
+    let mut changes = Vec::new();
     if needs_untie {
-        cfg["tie_word_embeddings"] = Value::Bool(false);
+        let why = "lm_head differs from the embedding: both are written, untied";
+        changes.push(untie(&mut cfg, "tie_word_embeddings", why));
         if let Some(t) = cfg.get_mut("text_config").filter(|t| t.is_object()) {
-            t["tie_word_embeddings"] = Value::Bool(false);
+            changes.push(untie(t, "text_config.tie_word_embeddings", why));
         }
         let text = serde_json::to_string_pretty(&cfg).expect("config serialises") + "\n";
         fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))?;
@@ -425,7 +433,17 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, 
         // The bytes already read, unchanged (and no copy_file_range: see `copy_through_memory`).
         fs::write(&dst, &text).map_err(|e| ShardError::io("writing", &dst, e))?;
     }
-    Ok(Some("config.json".into()))
+    Ok(Some(changes))
+}
+
+/// Sets `tie_word_embeddings` of object `v` to false; says what it was, as `name: before →
+/// false (why)`.
+fn untie(v: &mut Value, name: &str, why: &str) -> String {
+    let before = v
+        .get("tie_word_embeddings")
+        .map_or_else(|| "(absent)".to_string(), Value::to_string);
+    v["tie_word_embeddings"] = Value::Bool(false);
+    format!("{name}: {before} → false ({why})")
 }
 
 /// Whether two source tensors are equal once converted to the model dtype (torch.equal on the

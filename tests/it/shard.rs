@@ -935,3 +935,125 @@ fn a_write_failing_beside_the_hashing_leaves_nothing() {
         assert_nothing_left(&out, &ctx);
     }
 }
+
+/// The summary counts in words that agree with the numbers: "1 file", "rank [0]", "2 files".
+#[test]
+fn summary_counts_in_singular_and_plural() {
+    let work = TempDir::new().unwrap();
+    for (tp, want) in [(1, "wrote 1 file ("), (2, "wrote 2 files (")] {
+        let out = work.path().join(format!("out{tp}"));
+        let o = shard_ok(&fixture(GQA), tp, &out, &[]);
+        let text = stdout(&o);
+        let first = text.lines().next().unwrap_or_default();
+        assert!(first.starts_with(want), "tp {tp}: {text}");
+        let ranks = if tp == 1 {
+            "rank [0] "
+        } else {
+            "ranks [0, 1] "
+        };
+        assert!(first.contains(ranks), "tp {tp}: {text}");
+        assert!(!text.contains(" 1 files"), "{text}");
+    }
+}
+
+/// The names on the summary's "copied " line.
+fn copied_names(text: &str) -> Vec<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("copied "))
+        .map(|l| l.split(", ").collect())
+        .unwrap_or_default()
+}
+
+/// config.json copied unchanged is listed with the copied files; rewritten (a tied config whose
+/// lm_head differs from the embedding: vLLM must load both, untied), the summary says what
+/// changed and why, and `--json` lists the change.
+#[test]
+fn summary_says_whether_config_json_was_rewritten() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("plain");
+    let o = shard_ok(&fixture(GQA), 2, &out, &[]);
+    let text = stdout(&o);
+    assert!(copied_names(&text).contains(&"config.json"), "{text}");
+    assert!(!text.contains("rewrote"), "{text}");
+    let j = wload_json(&[
+        "shard",
+        s(&fixture(GQA)),
+        "--tp",
+        "2",
+        "-o",
+        s(&work.path().join("pj")),
+        "--json",
+    ]);
+    assert_eq!(j["config_changes"], serde_json::json!([]), "{j:#}");
+
+    // The tied fixture plus an lm_head that differs from the embedding in one element.
+    let src = copy_fixture("llama_tied_fp16");
+    let Held {
+        dtype,
+        shape,
+        mut data,
+    } = checkpoint_tensors(src.path())
+        .remove("model.embed_tokens.weight")
+        .expect("the fixture has an embedding");
+    data[0] ^= 0x01;
+    let head = [(
+        "lm_head.weight",
+        dtype.as_str(),
+        shape.as_slice(),
+        data.as_slice(),
+    )];
+    write_safetensors(&src.path().join("model-lm-head.safetensors"), &head);
+    let ipath = src.path().join("model.safetensors.index.json");
+    let mut index: Value = serde_json::from_slice(&fs::read(&ipath).unwrap()).unwrap();
+    index["weight_map"]["lm_head.weight"] = Value::from("model-lm-head.safetensors");
+    write_json(&ipath, &index);
+
+    let out = work.path().join("untied");
+    let o = shard_ok(src.path(), 2, &out, &[]);
+    let text = stdout(&o);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("rewrote config.json: "))
+        .unwrap_or_else(|| panic!("no rewrite line: {text}"));
+    assert!(
+        line.contains("tie_word_embeddings: true → false (lm_head differs"),
+        "{text}"
+    );
+    assert!(!copied_names(&text).contains(&"config.json"), "{text}");
+    let cfg: Value = serde_json::from_slice(&fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["tie_word_embeddings"], false);
+    let j = wload_json(&[
+        "shard",
+        s(src.path()),
+        "--tp",
+        "2",
+        "-o",
+        s(&work.path().join("uj")),
+        "--json",
+    ]);
+    let changes = j["config_changes"].as_array().expect("config_changes");
+    assert_eq!(changes.len(), 1, "{j:#}");
+    assert!(
+        changes[0]
+            .as_str()
+            .unwrap()
+            .starts_with("tie_word_embeddings: true → false"),
+        "{j:#}"
+    );
+}
+
+/// `--verify` that passes says so in the summary; without it, no such claim.
+#[test]
+fn verify_confirms_when_it_passes() {
+    let work = TempDir::new().unwrap();
+    for verify in [true, false] {
+        let out = work.path().join(format!("out-{verify}"));
+        let extra: &[&str] = if verify { &["--verify"] } else { &[] };
+        let o = shard_ok(&fixture(GQA), 2, &out, extra);
+        let text = stdout(&o);
+        let said = text
+            .lines()
+            .any(|l| l == "verified: all 2 files read back byte for byte as the plan computes them from the source");
+        assert_eq!(said, verify, "--verify {verify}: {text}");
+    }
+}
