@@ -417,7 +417,7 @@ mod tests {
     /// Covered bytes after each added range, checked against a byte map.
     fn check(ranges: &[(u64, u64)]) {
         let mut c = Coverage::default();
-        let mut map = vec![false; 64];
+        let mut map = [false; 64];
         for &(a, b) in ranges {
             map[a as usize..b as usize]
                 .iter_mut()

@@ -838,6 +838,9 @@ fn shard_env_ok(src: &Path, tp: u64, out: &Path, extra: &[&str], env: &[(&str, &
     );
 }
 
+/// A shard run: fixture, TP, extra flags, environment.
+type Case<'a> = (&'a str, u64, &'a [&'a str], &'a [(&'a str, &'a str)]);
+
 /// Each file is hashed for wload.json as soon as its last byte is written, beside the writes of
 /// the others: over TP sizes, part splits (parts that complete at different times), rank subsets,
 /// every byte through memory in small chunks, fills and FP8 scales, the manifest holds the XXH3 of
@@ -849,7 +852,7 @@ fn manifest_hashes_are_the_written_bytes() {
         ("WLOAD_TEST_CHUNK_BYTES", "100"),
         ("WLOAD_NO_COPY_FILE_RANGE", "1"),
     ];
-    let cases: &[(&str, u64, &[&str], &[(&str, &str)])] = &[
+    let cases: &[Case] = &[
         (GQA, 1, &[], &[]),
         (GQA, 2, &[], &[]),
         (GQA, 4, &["--max-part-size", "30000"], &[]),
