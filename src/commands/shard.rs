@@ -10,13 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::exec::parts::{self, PartFile};
 use crate::exec::{Control, ExecError, convert, verify, write};
-use crate::manifest::{self, MANIFEST, Manifest, ManifestFile};
+use crate::manifest::{MANIFEST, Manifest, ManifestFile};
 use crate::plan::Plan;
 use crate::progress::{Progress, Quiet};
 use crate::{Error, ExitStatus, Opened};
@@ -112,6 +111,9 @@ pub struct ShardReport {
     pub manifest: Manifest,
     pub bytes: u64,
     pub side_files: Vec<String>,
+    /// What wload changed in config.json (`key: before → after (why)`): empty when it was copied
+    /// unchanged, `None` when the source has none (Mistral-native: params.json is a side file).
+    pub config_changes: Option<Vec<String>>,
     pub verified: bool,
     /// Leftover staging folders of dead runs that this run removed.
     pub removed_leftovers: Vec<output::Swept>,
@@ -124,7 +126,11 @@ pub struct ShardTimings {
     pub open: crate::Timings,
     pub write_s: f64,
     pub side_files_s: f64,
+    /// Hashing for the manifest: the seconds it added after the last write (files are hashed
+    /// as each completes, beside the remaining writes), and the seconds the hashing threads spent
+    /// on it, summed (on a busy machine that includes time they waited for a core).
     pub hash_s: f64,
+    pub hash_busy_s: f64,
     pub verify_s: f64,
 }
 
@@ -176,7 +182,7 @@ pub fn shard(
 
     let t = Instant::now();
     let bar = progress(total);
-    write::write_parts(
+    let written = write::write_parts(
         &plan,
         root,
         tmp,
@@ -184,16 +190,15 @@ pub fn shard(
         &Control::new(cancel, bar.as_ref()),
     )
     .map_err(ShardError::from)?;
-    timings.write_s = t.elapsed().as_secs_f64();
+    timings.write_s = t.elapsed().as_secs_f64() - written.hash_tail_s;
+    timings.hash_s = written.hash_tail_s;
+    timings.hash_busy_s = written.hash_busy_s;
+    let hashes = written.hashes;
 
     let t = Instant::now();
     let side = copy_side_files(root, tmp, &opts.out, cancel)?;
-    let config = write_config(root, tmp, &plan)?;
+    let config_changes = write_config(root, tmp, &plan)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
-
-    let t = Instant::now();
-    let hashes = hash_parts(tmp, &files, cancel)?;
-    timings.hash_s = t.elapsed().as_secs_f64();
 
     #[cfg(feature = "test-hooks")]
     if let Some(fault) = std::env::var_os("WLOAD_TEST_FLIP_BYTE") {
@@ -209,6 +214,7 @@ pub fn shard(
         return Err(ShardError::Exec(ExecError::Cancelled).into());
     }
 
+    let config = config_changes.is_some().then(|| "config.json".to_string());
     let side_and_config = side.iter().cloned().chain(config).collect();
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
     let auto_dtype = crate::plan::resolve_dtype(crate::plan::DtypeChoice::Auto, &opened.config);
@@ -225,6 +231,7 @@ pub fn shard(
         bytes: total,
         manifest,
         side_files: side,
+        config_changes,
         verified: opts.verify,
         removed_leftovers,
         timings,
@@ -256,24 +263,6 @@ fn resolve_tying(mut plan: Plan, root: &Path) -> Result<Plan, ShardError> {
     }
     plan.tie_word_embeddings = true;
     Ok(plan)
-}
-
-/// XXH3 of every written part file, in parallel, for the manifest.
-fn hash_parts(
-    tmp: &Path,
-    files: &[PartFile],
-    cancel: &AtomicBool,
-) -> Result<Vec<String>, ShardError> {
-    files
-        .par_iter()
-        .map(|f| {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(ShardError::Exec(ExecError::Cancelled));
-            }
-            let path = tmp.join(&f.name);
-            manifest::hash_file(&path).map_err(|e| ShardError::io("reading", &path, e))
-        })
-        .collect()
 }
 
 fn manifest_for(
@@ -424,7 +413,8 @@ fn copy_through_memory(from: &Path, to: &Path) -> io::Result<()> {
 
 /// config.json as vLLM needs it: copied unchanged, except that when lm_head stays a tensor of its
 /// own, `tie_word_embeddings` must say false (the sharded loader builds the module tree from it).
-fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, ShardError> {
+/// Returns the changes made (none: copied), or `None` without a config.json.
+fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<Vec<String>>, ShardError> {
     let src = root.join("config.json");
     if !src.exists() {
         return Ok(None); // Mistral-native source: params.json was copied with the side files.
@@ -442,10 +432,12 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, 
     let dst = tmp.join("config.json");
     let needs_untie = !plan.tie_word_embeddings
         && (says_tied(&cfg) || cfg.get("text_config").is_some_and(says_tied));
+    let mut changes = Vec::new();
     if needs_untie {
-        cfg["tie_word_embeddings"] = Value::Bool(false);
+        let why = "lm_head differs from the embedding: both are written, untied";
+        changes.push(untie(&mut cfg, "tie_word_embeddings", why));
         if let Some(t) = cfg.get_mut("text_config").filter(|t| t.is_object()) {
-            t["tie_word_embeddings"] = Value::Bool(false);
+            changes.push(untie(t, "text_config.tie_word_embeddings", why));
         }
         let text = serde_json::to_string_pretty(&cfg).expect("config serialises") + "\n";
         fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))?;
@@ -453,7 +445,17 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<String>, 
         // The bytes already read, unchanged (and no copy_file_range: see `copy_through_memory`).
         fs::write(&dst, &text).map_err(|e| ShardError::io("writing", &dst, e))?;
     }
-    Ok(Some("config.json".into()))
+    Ok(Some(changes))
+}
+
+/// Sets `tie_word_embeddings` of object `v` to false; says what it was, as `name: before →
+/// false (why)`.
+fn untie(v: &mut Value, name: &str, why: &str) -> String {
+    let before = v
+        .get("tie_word_embeddings")
+        .map_or_else(|| "(absent)".to_string(), Value::to_string);
+    v["tie_word_embeddings"] = Value::Bool(false);
+    format!("{name}: {before} → false ({why})")
 }
 
 /// Whether two source tensors are equal once converted to the model dtype (torch.equal on the

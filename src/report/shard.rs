@@ -7,10 +7,11 @@ use super::*;
 /// The `shard` summary: where the files went and how long each stage took.
 pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> io::Result<()> {
     let m = &r.manifest;
+    let n = m.files.len();
     writeln!(
         w,
-        "wrote {} files ({}) for tp {}{} ranks {:?} to {}",
-        m.files.len(),
+        "wrote {n} {} ({}) for tp {}{} {} {:?} to {}",
+        if n == 1 { "file" } else { "files" },
         human_bytes(r.bytes),
         m.tp,
         if m.pp > 1 {
@@ -18,11 +19,28 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
         } else {
             String::new()
         },
+        if m.ranks.len() == 1 { "rank" } else { "ranks" },
         m.ranks,
         r.out
     )?;
-    if !r.side_files.is_empty() {
-        writeln!(w, "copied {}", r.side_files.join(", "))?;
+    let unchanged_config = r.config_changes.as_ref().is_some_and(Vec::is_empty);
+    let copied: Vec<&str> = unchanged_config
+        .then_some("config.json")
+        .into_iter()
+        .chain(r.side_files.iter().map(String::as_str))
+        .collect();
+    if !copied.is_empty() {
+        writeln!(w, "copied {}", copied.join(", "))?;
+    }
+    if let Some(changes) = r.config_changes.as_ref().filter(|c| !c.is_empty()) {
+        writeln!(w, "rewrote config.json: {}", changes.join("; "))?;
+    }
+    if r.verified {
+        writeln!(
+            w,
+            "verified: all {n} {} read back byte for byte as the plan computes them from the source",
+            if n == 1 { "file" } else { "files" }
+        )?;
     }
     let t = &r.timings;
     let rate = if t.write_s > 0.0 {
@@ -32,14 +50,15 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
     };
     writeln!(
         w,
-        "time: headers {:.3}s, plan {:.3}s, write {:.3}s{rate}, side files {:.3}s, hash {:.3}s{}",
+        "time: headers {:.3}s, plan {:.3}s, write {:.3}s{rate}, hash {:.3}s after the last write ({:.3}s in all, each file hashed as it completed), side files {:.3}s{}",
         t.open.headers_s,
         t.open.plan_s,
         t.write_s,
-        t.side_files_s,
         t.hash_s,
+        t.hash_busy_s,
+        t.side_files_s,
         if r.verified {
-            format!(", verify {:.3}s (all bytes match)", t.verify_s)
+            format!(", verify {:.3}s", t.verify_s)
         } else {
             String::new()
         }
