@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::load::DeviceKind;
 use crate::config::ConfigFormat;
+use crate::exec::storage::IoMode;
 use crate::plan::DtypeChoice;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
@@ -302,9 +303,29 @@ pub struct LoadArgs {
     #[arg(long, conflicts_with = "dry_run")]
     pub checksums: bool,
 
+    #[command(flatten)]
+    pub io: IoArgs,
+
+    /// Load N times and report min/median/max (with --cold, each load starts cold)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "dry_run")]
+    pub repeat: u32,
+
     /// Print one JSON document instead of tables
     #[arg(long)]
     pub json: bool,
+}
+
+/// How source files are read; shared by `load` and `shard`, so that both measure the same way.
+#[derive(Debug, Args)]
+pub struct IoArgs {
+    /// How to read the source: auto (direct when it is mostly out of the page cache, else
+    /// buffered), buffered, direct (O_DIRECT), or mmap
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = IoMode::Auto)]
+    pub io: IoMode,
+
+    /// Drop the source files from the page cache first (posix_fadvise), checked with mincore
+    #[arg(long)]
+    pub cold: bool,
 }
 
 #[cfg(test)]

@@ -177,6 +177,9 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         ranks: args.ranks.clone(),
         check: args.check,
         checksums: args.checksums,
+        io: args.io.io,
+        cold: args.io.cold,
+        repeat: args.repeat,
     };
     let report = wload::load::load(
         &source_options(&args.source, g.quiet)?,
