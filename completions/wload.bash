@@ -432,7 +432,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__shard)
-            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --json --verbose --quiet --help --version"
+            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --io --cold --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -520,6 +520,10 @@ _wload() {
                     ;;
                 --ranks)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --io)
+                    COMPREPLY=($(compgen -W "auto buffered direct mmap" -- "${cur}"))
                     return 0
                     ;;
                 *)

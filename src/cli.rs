@@ -262,6 +262,9 @@ pub struct ShardArgs {
     #[arg(long)]
     pub verify: bool,
 
+    #[command(flatten)]
+    pub io: IoArgs,
+
     /// Print a JSON report (the manifest, sizes, timings) instead of a summary
     #[arg(long)]
     pub json: bool,

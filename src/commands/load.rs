@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::exec::device::{CpuDevice, Device, DeviceError};
-use crate::exec::storage::{self, IoMode, Residency, SourceFile};
+use crate::exec::storage::{self, IoMode, SourceFile};
 use crate::exec::{Control, ExecError, ExecOptions, Placement, Sink, Stats};
 use crate::manifest::{self, Manifest};
 use crate::plan::{self, Plan, Problem};
@@ -107,23 +107,14 @@ pub struct LoadReport {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct IoReport {
-    pub requested: IoMode,
-    pub used: IoMode,
-    pub why: String,
-    /// Pinned (GPU) or aligned host bytes held for staging, per rank: the host memory bound.
+    #[serde(flatten)]
+    pub choice: storage::IoChoice,
+    /// Pinned (GPU) host bytes held for staging, per rank: the bound on host memory.
     pub staging_bytes_per_rank: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct CacheReport {
-    /// Bytes of the source files the plan reads.
-    pub source_bytes: u64,
-    /// Of those, in the page cache when the load started (after the eviction, with `--cold`).
-    pub resident_bytes: u64,
-    pub resident_share: f64,
-    /// With `--cold`: resident before the eviction (then `resident_bytes` is after it).
-    pub evicted_from_bytes: Option<u64>,
-}
+/// The source's page-cache residency as the load started.
+pub type CacheReport = storage::SourceCache;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Repeats {
@@ -327,7 +318,7 @@ pub fn load(
             let (cache, io) = prepare_source(&planned, lopts, &mut t)?;
             let devices = open_devices(&planned, lopts.device, &mut t)?;
             let opts = ExecOptions {
-                io: io.used,
+                io: io.choice.used,
                 ..ExecOptions::for_run()
             };
             let copy_s = transfer(&planned, &devices, opts, cancel, progress, &mut t)?;
@@ -353,17 +344,6 @@ pub fn load(
     Ok(report)
 }
 
-/// The files the plan reads, once each.
-fn source_paths(planned: &Planned) -> Vec<std::path::PathBuf> {
-    let files: BTreeSet<&str> = planned
-        .plan
-        .sources
-        .iter()
-        .map(|s| s.file.as_str())
-        .collect();
-    files.into_iter().map(|f| planned.root().join(f)).collect()
-}
-
 /// With `--cold`, the source out of the page cache (and proof that it is); its residency as the
 /// load starts; the I/O mode that residency calls for.
 fn prepare_source(
@@ -372,29 +352,17 @@ fn prepare_source(
     timings: &mut LoadTimings,
 ) -> Result<(CacheReport, IoReport), Error> {
     let t = Instant::now();
-    let paths = source_paths(planned);
-    let mut evicted_from = None;
-    if lopts.cold {
-        let before = storage::residency_all(&paths).map_err(ExecError::from)?;
-        for p in &paths {
-            storage::evict(p).map_err(|e| ExecError::io("evicting from the page cache", p, e))?;
-        }
-        evicted_from = Some(before.resident_bytes);
-    }
-    let now: Residency = storage::residency_all(&paths).map_err(ExecError::from)?;
-    let (used, why) = storage::choose(lopts.io, now.share());
+    let (cache, choice) = storage::prepare(
+        &crate::exec::source_files(&planned.plan, planned.root()),
+        lopts.io,
+        lopts.cold,
+    )
+    .map_err(ExecError::from)?;
     timings.cache_s = t.elapsed().as_secs_f64();
     Ok((
-        CacheReport {
-            source_bytes: now.bytes,
-            resident_bytes: now.resident_bytes,
-            resident_share: now.share(),
-            evicted_from_bytes: evicted_from,
-        },
+        cache,
         IoReport {
-            requested: lopts.io,
-            used,
-            why,
+            choice,
             staging_bytes_per_rank: 0,
         },
     ))

@@ -32,6 +32,9 @@ pub struct ShardOptions {
     pub ranks: Option<crate::ranks::RankList>,
     pub force: bool,
     pub verify: bool,
+    /// How to read the source, and whether to evict it from the page cache first (as `load`).
+    pub io: crate::exec::storage::IoMode,
+    pub cold: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +114,9 @@ pub struct ShardReport {
     /// Leftover staging folders of dead runs that this run removed.
     pub removed_leftovers: Vec<output::Swept>,
     pub timings: ShardTimings,
+    /// How the source was read (`--io`), and its page-cache residency as writing started.
+    pub io: crate::exec::storage::IoChoice,
+    pub source_cache: crate::exec::storage::SourceCache,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -169,14 +175,19 @@ pub fn shard(
     let staging = output::Staging::create(&target)?;
     let tmp = staging.path();
 
+    let (source_cache, io) = source_io(&plan, root, opts)?;
     let t = Instant::now();
     let bar = progress(total);
+    let exec = crate::exec::ExecOptions {
+        io: io.used,
+        ..crate::exec::ExecOptions::for_run()
+    };
     write::write_parts(
         &plan,
         root,
         tmp,
         &files,
-        &Control::new(cancel, bar.as_ref()),
+        &Control::new(cancel, bar.as_ref()).with_options(exec),
     )
     .map_err(ShardError::from)?;
     timings.write_s = t.elapsed().as_secs_f64();
@@ -217,7 +228,26 @@ pub fn shard(
         verified: opts.verify,
         removed_leftovers,
         timings,
+        io,
+        source_cache,
     })
+}
+
+/// `--cold` and `--io`, as `load` does them (see [`crate::exec::storage::prepare`]).
+fn source_io(
+    plan: &Plan,
+    root: &Path,
+    opts: &ShardOptions,
+) -> Result<
+    (
+        crate::exec::storage::SourceCache,
+        crate::exec::storage::IoChoice,
+    ),
+    ShardError,
+> {
+    let paths = crate::exec::source_files(plan, root);
+    crate::exec::storage::prepare(&paths, opts.io, opts.cold)
+        .map_err(|e| ShardError::Exec(ExecError::from(e)))
 }
 
 /// vLLM loads lm_head and the embedding both and re-ties them only if they are equal

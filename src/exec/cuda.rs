@@ -201,6 +201,7 @@ impl CudaDevice {
             return Ok(());
         }
         slot.pending = false;
+        self.bind()?;
         // SAFETY: both events were recorded on this device's stream (see `send`).
         let ms = unsafe {
             result::event::synchronize(slot.done)

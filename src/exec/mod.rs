@@ -849,3 +849,10 @@ pub fn placements_for(plan: &Plan, files: &[parts::PartFile]) -> Vec<Placement> 
     }
     v
 }
+
+/// The files a plan reads, once each, in name order.
+pub fn source_files(plan: &Plan, root: &Path) -> Vec<PathBuf> {
+    let names: std::collections::BTreeSet<&str> =
+        plan.sources.iter().map(|s| s.file.as_str()).collect();
+    names.into_iter().map(|f| root.join(f)).collect()
+}

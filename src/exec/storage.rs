@@ -89,6 +89,12 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
+    #[error("evicting {path} from the page cache: {source}")]
+    Evict {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error(
         "{path}: this filesystem does not support O_DIRECT ({source}); use --io buffered or --io auto"
     )]
@@ -339,6 +345,61 @@ pub fn evict(path: &Path) -> io::Result<()> {
         return Err(io::Error::from_raw_os_error(rc));
     }
     Ok(())
+}
+
+/// The source's page-cache state as a run starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceCache {
+    /// Bytes of the source files the plan reads.
+    pub source_bytes: u64,
+    /// Of those, in the page cache when the run started (after the eviction, with `--cold`).
+    pub resident_bytes: u64,
+    pub resident_share: f64,
+    /// With `--cold`: resident before the eviction (then `resident_bytes` is after it).
+    pub evicted_from_bytes: Option<u64>,
+}
+
+/// The I/O mode asked for, the one used, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct IoChoice {
+    pub requested: IoMode,
+    pub used: IoMode,
+    pub why: String,
+}
+
+/// What `load` and `shard` do before reading: with `cold`, every file out of the page cache
+/// (then measured, so the report proves it); the residency as the run starts, which `auto`
+/// chooses by.
+pub fn prepare(
+    paths: &[PathBuf],
+    mode: IoMode,
+    cold: bool,
+) -> Result<(SourceCache, IoChoice), OpenError> {
+    let mut evicted_from = None;
+    if cold {
+        evicted_from = Some(residency_all(paths)?.resident_bytes);
+        for p in paths {
+            evict(p).map_err(|source| OpenError::Evict {
+                path: p.clone(),
+                source,
+            })?;
+        }
+    }
+    let now = residency_all(paths)?;
+    let (used, why) = choose(mode, now.share());
+    Ok((
+        SourceCache {
+            source_bytes: now.bytes,
+            resident_bytes: now.resident_bytes,
+            resident_share: now.share(),
+            evicted_from_bytes: evicted_from,
+        },
+        IoChoice {
+            requested: mode,
+            used,
+            why,
+        },
+    ))
 }
 
 /// Wall time during which at least one operation of a kind was in progress, summed over threads

@@ -22,6 +22,7 @@ mod glm4_moe;
 mod gpt_oss;
 mod hub;
 mod inspect;
+mod io;
 mod load;
 mod mappings;
 mod mistral;

@@ -138,6 +138,8 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         ranks: args.ranks.clone(),
         force: args.force,
         verify: args.verify,
+        io: args.io.io,
+        cold: args.io.cold,
     };
     // OUT and --ranks are checked before planning, which may take a while on a large model.
     wload::shard::precheck(
