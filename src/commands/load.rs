@@ -111,6 +111,8 @@ pub struct IoReport {
     pub choice: storage::IoChoice,
     /// Pinned (GPU) host bytes held for staging, per rank: the bound on host memory.
     pub staging_bytes_per_rank: u64,
+    /// Worker threads reading and copying (more than the cores for direct reads).
+    pub threads: usize,
 }
 
 /// The source's page-cache residency as the load started.
@@ -316,7 +318,8 @@ pub fn load(
                 ..Default::default()
             };
             let (cache, io) = prepare_source(&planned, lopts, &mut t)?;
-            let devices = open_devices(&planned, lopts.device, &mut t)?;
+            let threads = crate::exec::worker_threads(io.choice.used);
+            let devices = open_devices(&planned, lopts.device, threads, &mut t)?;
             let opts = ExecOptions {
                 io: io.choice.used,
                 ..ExecOptions::for_run()
@@ -362,6 +365,7 @@ fn prepare_source(
     Ok((
         cache,
         IoReport {
+            threads: crate::exec::worker_threads(choice.used),
             choice,
             staging_bytes_per_rank: 0,
         },
@@ -495,6 +499,7 @@ fn dry_run(planned: &Planned, lopts: &LoadOptions) -> Result<LoadReport, Error> 
 fn open_devices(
     planned: &Planned,
     kind: DeviceKind,
+    threads: usize,
     timings: &mut LoadTimings,
 ) -> Result<Vec<Box<dyn Device>>, Error> {
     let t = Instant::now();
@@ -523,11 +528,11 @@ fn open_devices(
             DeviceKind::Cpu => Box::new(CpuDevice::default()),
             DeviceKind::Cuda => Box::new(crate::exec::cuda::CudaDevice::new(
                 local_base + j,
-                crate::exec::cuda::slots_per_device(n),
+                crate::exec::cuda::slots_per_device(n, threads),
             )?),
         };
         let sizes: Vec<u64> = r.tensors.iter().map(|t| t.bytes).collect();
-        dev.alloc(&sizes)?;
+        dev.alloc_phased(&sizes, &crate::exec::phases(&planned.plan, j))?;
         devices.push(dev);
     }
     timings.open_devices_s = t.elapsed().as_secs_f64();

@@ -44,10 +44,9 @@ pub fn device_count() -> Result<usize, DeviceError> {
     Ok(result::device::get_count().map_err(drv)? as usize)
 }
 
-/// How many staging slots each of `devices` GPUs gets, for the engine's thread count: the pool
-/// is shared out so that host memory stays bounded by the threads, not by the ranks.
-pub fn slots_per_device(devices: usize) -> usize {
-    let threads = rayon::current_num_threads();
+/// How many staging slots each of `devices` GPUs gets when the engine runs `threads` workers:
+/// the pool is shared out so that host memory stays bounded by the threads, not by the ranks.
+pub fn slots_per_device(devices: usize, threads: usize) -> usize {
     (threads * SLOTS_PER_THREAD / devices.max(1)).clamp(MIN_SLOTS, MAX_SLOTS)
 }
 

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::storage::{AlignedBuf, Busy, SourceFile};
+use super::storage::{ALIGN, AlignedBuf, Busy, SourceFile};
 
 /// One rank's memory.
 pub trait Device: Send + Sync {
@@ -13,6 +13,12 @@ pub trait Device: Send + Sync {
     fn describe(&self) -> String;
     /// Allocates one zeroed buffer per size; buffers are then addressed by index.
     fn alloc(&mut self, sizes: &[u64]) -> Result<(), DeviceError>;
+    /// [`Device::alloc`], with where in a block each buffer would best start: host memory
+    /// starts it there, so that direct reads land in it without a copy (the source tensor's
+    /// offset in its file, modulo the block).
+    fn alloc_phased(&mut self, sizes: &[u64], _phases: &[u64]) -> Result<(), DeviceError> {
+        self.alloc(sizes)
+    }
     /// Copies `host` to `offset` of buffer `buf`. May be asynchronous: `host` is free to reuse when
     /// this returns, the data is in place after [`Device::synchronize`].
     fn upload(&self, buf: usize, offset: u64, host: &[u8]) -> Result<(), DeviceError>;
@@ -112,7 +118,8 @@ pub struct CpuDevice {
 /// One anonymous mapping and where it starts: written through the pointer by many threads at
 /// once, each to its own bytes.
 struct HostBuf {
-    map: memmap2::MmapMut,
+    /// Kept for its lifetime: the bytes are reached through `ptr`.
+    _map: memmap2::MmapMut,
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -160,19 +167,26 @@ impl Device for CpuDevice {
     }
 
     fn alloc(&mut self, sizes: &[u64]) -> Result<(), DeviceError> {
+        self.alloc_phased(sizes, &[])
+    }
+
+    fn alloc_phased(&mut self, sizes: &[u64], phases: &[u64]) -> Result<(), DeviceError> {
         // Anonymous maps are zero pages until written: allocating costs nothing. (Huge pages were
         // measured slower: with THP defrag on request, first writes stall in compaction.)
         let mut bufs = Vec::with_capacity(sizes.len());
-        for &n in sizes {
-            let mut map = memmap2::MmapMut::map_anon(n.max(1) as usize).map_err(|_| {
+        for (i, &n) in sizes.iter().enumerate() {
+            let phase = phases.get(i).map_or(0, |p| (p % ALIGN) as usize);
+            let mut map = memmap2::MmapMut::map_anon(n.max(1) as usize + phase).map_err(|_| {
                 DeviceError::OutOfMemory {
                     device: "cpu".into(),
                     bytes: n,
                 }
             })?;
-            let ptr = NonNull::new(map.as_mut_ptr()).expect("a mapping is never at address 0");
+            // SAFETY: `phase` bytes into a map that is `phase` bytes longer than the buffer.
+            let ptr = NonNull::new(unsafe { map.as_mut_ptr().add(phase) })
+                .expect("a mapping is never at address 0");
             bufs.push(HostBuf {
-                map,
+                _map: map,
                 ptr,
                 len: n as usize,
             });
@@ -202,7 +216,7 @@ impl Device for CpuDevice {
             .with_borrow_mut(|bounce| {
                 self.stages
                     .read
-                    .time(len, || src.read_into(dst, src_offset, bounce))
+                    .time(len, || src.read_into_in_place(dst, src_offset, bounce))
             })
             .map_err(|e| DeviceError::Read {
                 path: src.path.clone(),
@@ -217,7 +231,9 @@ impl Device for CpuDevice {
 
     fn download(&self, buf: usize) -> Result<Vec<u8>, DeviceError> {
         let b = &self.bufs[buf];
-        Ok(b.map[..b.len].to_vec())
+        // SAFETY: `ptr` starts `len` bytes inside `map`; every write has returned (see the
+        // Send/Sync note).
+        Ok(unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), b.len) }.to_vec())
     }
 
     fn stages(&self) -> &Stages {

@@ -191,6 +191,34 @@ impl SourceFile {
         self.read_exact_at(dst, off)
     }
 
+    /// [`SourceFile::read_into`], but for direct files straight into `dst` when `dst`'s address
+    /// and `off` sit at the same place in a block: only a partial first and last block go
+    /// through `bounce`, the rest lands without a copy.
+    pub fn read_into_in_place(
+        &self,
+        dst: &mut [u8],
+        off: u64,
+        bounce: &mut AlignedBuf,
+    ) -> io::Result<()> {
+        let a = ALIGN as usize;
+        let Some(f) = &self.direct else {
+            return self.read_exact_at(dst, off);
+        };
+        if dst.as_ptr() as usize % a != (off % ALIGN) as usize || dst.len() < 2 * a {
+            return self.read_into(dst, off, bounce);
+        }
+        let head = (off.next_multiple_of(ALIGN) - off) as usize;
+        let body = (dst.len() - head) / a * a;
+        let (first, rest) = dst.split_at_mut(head);
+        let (middle, last) = rest.split_at_mut(body);
+        self.read_into(first, off, bounce)?;
+        let at = off + head as u64;
+        if read_full(f, middle, at)? < body {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.read_into(last, at + body as u64, bounce)
+    }
+
     /// Source bytes `[off, off + len)`: straight from the mapping, or read into `buf`.
     pub fn read<'a>(
         &'a self,
@@ -542,6 +570,20 @@ mod tests {
                 let mut dst = vec![0u8; n];
                 f.read_into(&mut dst, off as u64, &mut bounce).unwrap();
                 assert_eq!(dst, &bytes[off..off + n], "{mode} read_into at {off}+{n}");
+            }
+            // In place: destinations at every phase against the source offset.
+            for (off, n) in [(0usize, len), (4096, 8192), (100, 9000), (4000, len - 4000)] {
+                for shift in [0usize, 1, off % 4096] {
+                    let mut raw = AlignedBuf::default();
+                    let room = raw.get(n + 8192);
+                    let dst = &mut room[shift..shift + n];
+                    f.read_into_in_place(dst, off as u64, &mut bounce).unwrap();
+                    assert_eq!(
+                        dst,
+                        &bytes[off..off + n],
+                        "{mode} in place {off}+{n} at {shift}"
+                    );
+                }
             }
             let err = f.read(&mut buf, len as u64 - 3, 4).unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{mode}");

@@ -160,7 +160,11 @@ fn write_source(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io:
         } else {
             String::new()
         };
-        writeln!(w, "  io {} ({}){staging}", io.choice.used, io.choice.why)?;
+        writeln!(
+            w,
+            "  io {} ({}); {} threads{staging}",
+            io.choice.used, io.choice.why, io.threads
+        )?;
     }
     let t = &r.timings;
     writeln!(

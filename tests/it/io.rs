@@ -113,7 +113,7 @@ fn every_io_path_loads_the_same_bytes() {
         assert!(!want.is_empty());
         for mode in MODES {
             for cold in [false, true] {
-                for chunk in ["1000", "4097"] {
+                for chunk in ["1000", "4097", "20000"] {
                     let mut args = base.clone();
                     args.extend(["--io", mode]);
                     if cold {
