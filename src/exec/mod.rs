@@ -411,9 +411,12 @@ fn split_source(
             let mut n = step.min(len - at);
             // Spans end on block boundaries of the file, so that direct reads of neighbouring
             // spans never share a block.
+            // Rounded down, so that a span stays within a chunk (and a GPU staging slot).
             if step >= storage::ALIGN && n < len - at {
-                n = (from + at + n).next_multiple_of(storage::ALIGN) - from - at;
-                n = n.min(len - at);
+                let end = (from + at + n) / storage::ALIGN * storage::ALIGN;
+                if end > from + at {
+                    n = end - from - at;
+                }
             }
             items.push(Item::Span {
                 source,
