@@ -333,10 +333,18 @@ pub fn load(
             last = Some((devices, copy_s, cache, io, t));
         }
         let (devices, copy_s, cache, mut io, t) = last.expect("at least one run");
+        let mut warnings = Vec::new();
+        if lopts.cold && cache.resident_share > 0.05 {
+            warnings.push(format!(
+                "--cold: {:.0}% of the source is still in the page cache after the eviction (a tmpfs, or pages another process holds mapped or locked): these figures are not cold",
+                cache.resident_share * 100.0
+            ));
+        }
         io.staging_bytes_per_rank = devices.iter().map(|d| d.staging_bytes()).max().unwrap_or(0);
         let ranks = read_back(&planned, &devices, &copy_s, &t, lopts, cancel)?;
         timings = t;
         let mut r = planned.report(lopts, ranks, Vec::new());
+        r.warnings.extend(warnings);
         r.io = Some(io);
         r.cache = Some(cache);
         r.repeats = (samples.len() > 1).then(|| repeats(samples));
@@ -528,7 +536,7 @@ fn open_devices(
             DeviceKind::Cpu => Box::new(CpuDevice::default()),
             DeviceKind::Cuda => Box::new(crate::exec::cuda::CudaDevice::new(
                 local_base + j,
-                crate::exec::cuda::slots_per_device(n, threads),
+                crate::exec::cuda::slots_per_device(n, threads, r.bytes),
             )?),
         };
         let sizes: Vec<u64> = r.tensors.iter().map(|t| t.bytes).collect();

@@ -45,9 +45,13 @@ pub fn device_count() -> Result<usize, DeviceError> {
 }
 
 /// How many staging slots each of `devices` GPUs gets when the engine runs `threads` workers:
-/// the pool is shared out so that host memory stays bounded by the threads, not by the ranks.
-pub fn slots_per_device(devices: usize, threads: usize) -> usize {
-    (threads * SLOTS_PER_THREAD / devices.max(1)).clamp(MIN_SLOTS, MAX_SLOTS)
+/// the pool is shared out so that host memory stays bounded by the threads, not by the ranks;
+/// and a device receiving `bytes` gets no more than those bytes fill.
+pub fn slots_per_device(devices: usize, threads: usize, bytes: u64) -> usize {
+    let fill = bytes.div_ceil(SLOT_BYTES as u64).max(1) as usize;
+    (threads * SLOTS_PER_THREAD / devices.max(1))
+        .clamp(MIN_SLOTS, MAX_SLOTS)
+        .min(fill.max(MIN_SLOTS))
 }
 
 /// One pinned buffer, and the events around the last copy queued from it.
