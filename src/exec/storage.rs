@@ -414,7 +414,17 @@ pub fn prepare(
         }
     }
     let now = residency_all(paths)?;
-    let (used, why) = choose(mode, now.share());
+    let (mut used, mut why) = choose(mode, now.share());
+    // `auto` must not fail where O_DIRECT is not supported (some container and network
+    // filesystems): it reads buffered there instead, and says so.
+    if mode == IoMode::Auto
+        && used == IoMode::Direct
+        && let Some(p) = paths.first()
+        && let Err(OpenError::NoDirect { .. }) = SourceFile::open(p, IoMode::Direct)
+    {
+        used = IoMode::Buffered;
+        why = format!("{why}; but this filesystem does not support O_DIRECT, so buffered");
+    }
     Ok((
         SourceCache {
             source_bytes: now.bytes,
