@@ -266,7 +266,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__load)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --device --dry-run --read --ranks --check --checksums --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --device --dry-run --read --ranks --check --checksums --io --cold --repeat --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -339,6 +339,14 @@ _wload() {
                     return 0
                     ;;
                 --ranks)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --io)
+                    COMPREPLY=($(compgen -W "auto buffered direct mmap" -- "${cur}"))
+                    return 0
+                    ;;
+                --repeat)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -444,7 +452,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__shard)
-            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --json --verbose --quiet --help --version"
+            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --io --cold --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -532,6 +540,10 @@ _wload() {
                     ;;
                 --ranks)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --io)
+                    COMPREPLY=($(compgen -W "auto buffered direct mmap" -- "${cur}"))
                     return 0
                     ;;
                 *)

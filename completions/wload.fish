@@ -122,9 +122,14 @@ complete -c wload -n "__fish_wload_using_subcommand shard" -l mapping -d 'Mappin
 complete -c wload -n "__fish_wload_using_subcommand shard" -s o -l output -d 'Output folder: new or empty (or, with --force, an earlier wload output)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l max-part-size -d 'Largest data size of one part file: bytes (40000) or with a unit (500MB, 5GiB)' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l ranks -d 'Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l io -d 'How to read the source: auto (direct when it is mostly out of the page cache, else buffered), buffered, direct (O_DIRECT), or mmap' -r -f -a "auto\t'Direct when most of the source is out of the page cache, buffered when it is in'
+buffered\t'pread through the page cache'
+direct\t'O_DIRECT reads into aligned buffers: no page-cache copy, no cache pollution'
+mmap\t'Copies out of a read-only mapping of each file'"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l enable-expert-parallel -d 'Spread MoE experts over the ranks instead of splitting each (vLLM\'s --enable-expert-parallel)'
 complete -c wload -n "__fish_wload_using_subcommand shard" -l force -d 'Replace OUT if it is an earlier wload output (only once the new output is complete)'
 complete -c wload -n "__fish_wload_using_subcommand shard" -l verify -d 'Read every written byte back and compare it with the source before publishing OUT'
+complete -c wload -n "__fish_wload_using_subcommand shard" -l cold -d 'Drop the source files from the page cache first (posix_fadvise), checked with mincore'
 complete -c wload -n "__fish_wload_using_subcommand shard" -l json -d 'Print a JSON report (the manifest, sizes, timings) instead of a summary (schema: docs/shard-json.md)'
 complete -c wload -n "__fish_wload_using_subcommand shard" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
 complete -c wload -n "__fish_wload_using_subcommand shard" -s q -l quiet -d 'Print nothing but results and errors'
@@ -151,11 +156,17 @@ complete -c wload -n "__fish_wload_using_subcommand load" -l mapping -d 'Mapping
 complete -c wload -n "__fish_wload_using_subcommand load" -l device -d 'Where to load: GPUs through the CUDA driver, or host memory' -r -f -a "cuda\t''
 cpu\t''"
 complete -c wload -n "__fish_wload_using_subcommand load" -l ranks -d 'Load only these ranks, e.g. 0-3 (default: from RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS, else all)' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l io -d 'How to read the source: auto (direct when it is mostly out of the page cache, else buffered), buffered, direct (O_DIRECT), or mmap' -r -f -a "auto\t'Direct when most of the source is out of the page cache, buffered when it is in'
+buffered\t'pread through the page cache'
+direct\t'O_DIRECT reads into aligned buffers: no page-cache copy, no cache pollution'
+mmap\t'Copies out of a read-only mapping of each file'"
+complete -c wload -n "__fish_wload_using_subcommand load" -l repeat -d 'Load N times and report min/median/max (with --cold, each load starts cold)' -r
 complete -c wload -n "__fish_wload_using_subcommand load" -l enable-expert-parallel -d 'Spread MoE experts over the ranks (vLLM\'s --enable-expert-parallel); default: wload.json\'s'
 complete -c wload -n "__fish_wload_using_subcommand load" -l dry-run -d 'Check everything vLLM would check, without touching a device'
 complete -c wload -n "__fish_wload_using_subcommand load" -l read -d 'With --dry-run: also read every byte and checksum it (and compare with wload.json)'
 complete -c wload -n "__fish_wload_using_subcommand load" -l check -d 'Copy every tensor back from the device and compare it with the host\'s bytes'
 complete -c wload -n "__fish_wload_using_subcommand load" -l checksums -d 'Report an XXH3-64 checksum of every loaded tensor'
+complete -c wload -n "__fish_wload_using_subcommand load" -l cold -d 'Drop the source files from the page cache first (posix_fadvise), checked with mincore'
 complete -c wload -n "__fish_wload_using_subcommand load" -l json -d 'Print one JSON document instead of tables (schema: docs/load-json.md)'
 complete -c wload -n "__fish_wload_using_subcommand load" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
 complete -c wload -n "__fish_wload_using_subcommand load" -s q -l quiet -d 'Print nothing but results and errors'

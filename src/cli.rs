@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::load::DeviceKind;
 use crate::config::ConfigFormat;
+use crate::exec::storage::IoMode;
 use crate::plan::DtypeChoice;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
@@ -317,6 +318,9 @@ pub struct ShardArgs {
     #[arg(long)]
     pub verify: bool,
 
+    #[command(flatten)]
+    pub io: IoArgs,
+
     /// Print a JSON report (the manifest, sizes, timings) instead of a summary (schema: docs/shard-json.md)
     #[arg(long)]
     pub json: bool,
@@ -358,6 +362,13 @@ pub struct LoadArgs {
     #[arg(long, conflicts_with = "dry_run")]
     pub checksums: bool,
 
+    #[command(flatten)]
+    pub io: IoArgs,
+
+    /// Load N times and report min/median/max (with --cold, each load starts cold)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "dry_run")]
+    pub repeat: u32,
+
     /// Print one JSON document instead of tables (schema: docs/load-json.md)
     #[arg(long)]
     pub json: bool,
@@ -395,6 +406,19 @@ pub struct LoadParallelArgs {
     /// Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)
     #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
     pub mapping: Option<PathBuf>,
+}
+
+/// How source files are read; shared by `load` and `shard`, so that both measure the same way.
+#[derive(Debug, Args)]
+pub struct IoArgs {
+    /// How to read the source: auto (direct when it is mostly out of the page cache, else
+    /// buffered), buffered, direct (O_DIRECT), or mmap
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = IoMode::Auto)]
+    pub io: IoMode,
+
+    /// Drop the source files from the page cache first (posix_fadvise), checked with mincore
+    #[arg(long)]
+    pub cold: bool,
 }
 
 #[cfg(test)]

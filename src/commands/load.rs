@@ -10,7 +10,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::exec::device::{CpuDevice, Device, DeviceError};
-use crate::exec::{Control, ExecError, Placement, Sink, Stats};
+use crate::exec::storage::{self, IoMode, SourceFile};
+use crate::exec::{Control, ExecError, ExecOptions, Placement, Sink, Stats};
 use crate::manifest::{self, Manifest};
 use crate::plan::{self, Plan, Problem};
 use crate::progress::{Progress, Quiet};
@@ -36,6 +37,12 @@ pub struct LoadOptions {
     pub check: bool,
     /// Report an XXH3 checksum per loaded tensor.
     pub checksums: bool,
+    /// How to read the source (`auto` chooses by page-cache residency).
+    pub io: IoMode,
+    /// Drop the source from the page cache before each load.
+    pub cold: bool,
+    /// Load this many times (at least once), for min/median/max.
+    pub repeat: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +94,47 @@ pub struct LoadReport {
     pub warnings: Vec<String>,
     /// Per-file XXH3 from `--dry-run --read`.
     pub files_read: Vec<FileSum>,
+    /// How the source was read, and why (absent on a dry run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoReport>,
+    /// The source's page-cache residency before the (last) load; absent on a dry run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheReport>,
+    /// With `--repeat N` above 1: every run, and min/median/max.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeats: Option<Repeats>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IoReport {
+    #[serde(flatten)]
+    pub choice: storage::IoChoice,
+    /// Pinned (GPU) host bytes held for staging, per rank: the bound on host memory.
+    pub staging_bytes_per_rank: u64,
+    /// Worker threads reading and copying (more than the cores for direct reads).
+    pub threads: usize,
+}
+
+/// The source's page-cache residency as the load started.
+pub type CacheReport = storage::SourceCache;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Repeats {
+    pub runs: Vec<RunSample>,
+    /// Of the runs' GB/s (transfer and sync).
+    pub gbps_min: f64,
+    pub gbps_median: f64,
+    pub gbps_max: f64,
+    pub seconds_min: f64,
+    pub seconds_median: f64,
+    pub seconds_max: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSample {
+    pub seconds: f64,
+    pub gbps: f64,
+    pub resident_share: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -97,7 +145,31 @@ pub struct RankReport {
     pub bytes: u64,
     /// Seconds spent handing this rank's bytes to its device, summed over threads.
     pub copy_s: f64,
+    /// Where this rank's time went, stage by stage.
+    #[serde(flatten)]
+    pub stages: RankStages,
     pub checksums: Option<Vec<TensorSum>>,
+}
+
+/// One rank's stages. Storage to host counts the reads made straight into the rank's staging
+/// or memory (every dense unconverted span); bytes that needed conversion or a gather are read
+/// by the engine and counted in the totals only.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct RankStages {
+    pub read_bytes: u64,
+    /// Wall seconds with at least one of this rank's reads in progress.
+    pub read_busy_s: f64,
+    pub read_gbps: f64,
+    pub h2d_bytes: u64,
+    /// Host to device: the GPU's own copy time (events), or for host memory the wall seconds
+    /// with a copy in progress.
+    pub h2d_s: f64,
+    pub h2d_gbps: f64,
+    /// How much of the shorter stage ran hidden behind the other (1 = fully), over the load's
+    /// wall time.
+    pub overlap: f64,
+    /// Thread-summed seconds waiting for a staging buffer (copies behind reads shows as 0).
+    pub staging_wait_s: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -133,6 +205,12 @@ pub struct LoadTimings {
     pub sync_s: f64,
     /// Bytes read from storage.
     pub bytes_read: u64,
+    /// Storage to host over the transfer's wall time, all ranks (bytes_read / (transfer + sync)).
+    pub read_gbps: f64,
+    /// Host to device over the same wall time (the loaded bytes).
+    pub h2d_gbps: f64,
+    /// Evicting the source from the page cache (`--cold`), and measuring its residency.
+    pub cache_s: f64,
     pub total_s: f64,
 }
 
@@ -198,11 +276,11 @@ impl Sink for LoadSink<'_> {
         self.devices.iter().all(|d| d.is_host())
     }
 
-    fn copy_from_file(
+    fn copy_from_source(
         &self,
         out: usize,
         offset: u64,
-        src: &std::fs::File,
+        src: &SourceFile,
         src_offset: u64,
         len: u64,
     ) -> Result<bool, ExecError> {
@@ -230,14 +308,95 @@ pub fn load(
     let mut report = if lopts.dry_run {
         dry_run(&planned, lopts)?
     } else {
-        let devices = open_devices(&planned, lopts.device, &mut timings)?;
-        let copy_s = transfer(&planned, &devices, cancel, progress, &mut timings)?;
-        let ranks = read_back(&planned, &devices, &copy_s, lopts, cancel)?;
-        planned.report(lopts, ranks, Vec::new())
+        let mut samples = Vec::new();
+        let mut last = None;
+        for _ in 0..lopts.repeat.max(1) {
+            // The devices of the run before are freed first: two copies of a model need not fit.
+            drop(last.take());
+            let mut t = LoadTimings {
+                open: timings.open,
+                ..Default::default()
+            };
+            let (cache, io) = prepare_source(&planned, lopts, &mut t)?;
+            let threads = crate::exec::worker_threads(io.choice.used);
+            let devices = open_devices(&planned, lopts.device, threads, &mut t)?;
+            let opts = ExecOptions {
+                io: io.choice.used,
+                ..ExecOptions::for_run()
+            };
+            let copy_s = transfer(&planned, &devices, opts, cancel, progress, &mut t)?;
+            samples.push(RunSample {
+                seconds: t.transfer_s + t.sync_s,
+                gbps: t.gbps(planned.bytes()),
+                resident_share: cache.resident_share,
+            });
+            last = Some((devices, copy_s, cache, io, t));
+        }
+        let (devices, copy_s, cache, mut io, t) = last.expect("at least one run");
+        let mut warnings = Vec::new();
+        if lopts.cold && cache.resident_share > 0.05 {
+            warnings.push(format!(
+                "--cold: {:.0}% of the source is still in the page cache after the eviction (a tmpfs, or pages another process holds mapped or locked): these figures are not cold",
+                cache.resident_share * 100.0
+            ));
+        }
+        io.staging_bytes_per_rank = devices.iter().map(|d| d.staging_bytes()).max().unwrap_or(0);
+        let ranks = read_back(&planned, &devices, &copy_s, &t, lopts, cancel)?;
+        timings = t;
+        let mut r = planned.report(lopts, ranks, Vec::new());
+        r.warnings.extend(warnings);
+        r.io = Some(io);
+        r.cache = Some(cache);
+        r.repeats = (samples.len() > 1).then(|| repeats(samples));
+        r
     };
     timings.total_s = t_all.elapsed().as_secs_f64();
     report.timings = timings;
     Ok(report)
+}
+
+/// With `--cold`, the source out of the page cache (and proof that it is); its residency as the
+/// load starts; the I/O mode that residency calls for.
+fn prepare_source(
+    planned: &Planned,
+    lopts: &LoadOptions,
+    timings: &mut LoadTimings,
+) -> Result<(CacheReport, IoReport), Error> {
+    let t = Instant::now();
+    let (cache, choice) = storage::prepare(
+        &crate::exec::source_files(&planned.plan, planned.root()),
+        lopts.io,
+        lopts.cold,
+    )
+    .map_err(ExecError::from)?;
+    timings.cache_s = t.elapsed().as_secs_f64();
+    Ok((
+        cache,
+        IoReport {
+            threads: crate::exec::worker_threads(choice.used),
+            choice,
+            staging_bytes_per_rank: 0,
+        },
+    ))
+}
+
+fn repeats(runs: Vec<RunSample>) -> Repeats {
+    let stat = |f: fn(&RunSample) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        (v[0], v[(v.len() - 1) / 2], v[v.len() - 1])
+    };
+    let (gbps_min, gbps_median, gbps_max) = stat(|r| r.gbps);
+    let (seconds_min, seconds_median, seconds_max) = stat(|r| r.seconds);
+    Repeats {
+        runs,
+        gbps_min,
+        gbps_median,
+        gbps_max,
+        seconds_min,
+        seconds_median,
+        seconds_max,
+    }
 }
 
 /// What this process loads: the plan, narrowed to its ranks.
@@ -277,6 +436,9 @@ impl Planned {
             timings: LoadTimings::default(),
             warnings: self.warnings.clone(),
             files_read: files,
+            io: None,
+            cache: None,
+            repeats: None,
         }
     }
 }
@@ -333,6 +495,7 @@ fn dry_run(planned: &Planned, lopts: &LoadOptions) -> Result<LoadReport, Error> 
             tensors: r.tensors.len(),
             bytes: r.bytes,
             copy_s: 0.0,
+            stages: RankStages::default(),
             checksums: None,
         })
         .collect();
@@ -344,6 +507,7 @@ fn dry_run(planned: &Planned, lopts: &LoadOptions) -> Result<LoadReport, Error> 
 fn open_devices(
     planned: &Planned,
     kind: DeviceKind,
+    threads: usize,
     timings: &mut LoadTimings,
 ) -> Result<Vec<Box<dyn Device>>, Error> {
     let t = Instant::now();
@@ -370,10 +534,13 @@ fn open_devices(
     for (j, r) in planned.plan.ranks.iter().enumerate() {
         let mut dev: Box<dyn Device> = match kind {
             DeviceKind::Cpu => Box::new(CpuDevice::default()),
-            DeviceKind::Cuda => Box::new(crate::exec::cuda::CudaDevice::new(local_base + j)?),
+            DeviceKind::Cuda => Box::new(crate::exec::cuda::CudaDevice::new(
+                local_base + j,
+                crate::exec::cuda::slots_per_device(n, threads, r.bytes),
+            )?),
         };
         let sizes: Vec<u64> = r.tensors.iter().map(|t| t.bytes).collect();
-        dev.alloc(&sizes)?;
+        dev.alloc_phased(&sizes, &crate::exec::phases(&planned.plan, j))?;
         devices.push(dev);
     }
     timings.open_devices_s = t.elapsed().as_secs_f64();
@@ -385,6 +552,7 @@ fn open_devices(
 fn transfer(
     planned: &Planned,
     devices: &[Box<dyn Device>],
+    opts: ExecOptions,
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
     timings: &mut LoadTimings,
@@ -409,7 +577,7 @@ fn transfer(
     };
     let t = Instant::now();
     let bar = progress(planned.bytes());
-    let ctl = Control::new(cancel, bar.as_ref());
+    let ctl = Control::new(cancel, bar.as_ref()).with_options(opts);
     crate::exec::execute(&planned.plan, planned.root(), &placements, &sink, &ctl)?;
     let stats = ctl.stats;
     drop(bar);
@@ -423,6 +591,9 @@ fn transfer(
     timings.convert_s = Stats::secs(&stats.convert_ns);
     timings.copy_s = Stats::secs(&stats.put_ns);
     timings.bytes_read = stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed);
+    let wall = timings.transfer_s + timings.sync_s;
+    timings.read_gbps = storage::gbps(timings.bytes_read, wall);
+    timings.h2d_gbps = storage::gbps(planned.bytes(), wall);
     Ok(sink.copy_ns.iter().map(Stats::secs).collect())
 }
 
@@ -432,6 +603,7 @@ fn read_back(
     planned: &Planned,
     devices: &[Box<dyn Device>],
     copy_s: &[f64],
+    timings: &LoadTimings,
     lopts: &LoadOptions,
     cancel: &AtomicBool,
 ) -> Result<Vec<RankReport>, Error> {
@@ -466,10 +638,33 @@ fn read_back(
             tensors: r.tensors.len(),
             bytes: r.bytes,
             copy_s: copy_s[j],
+            stages: rank_stages(devices[j].as_ref(), timings.transfer_s + timings.sync_s),
             checksums: sums,
         });
     }
     Ok(reports)
+}
+
+/// One rank's stages from its device's counters, over the load's wall time.
+fn rank_stages(d: &dyn Device, wall_s: f64) -> RankStages {
+    let st = d.stages();
+    let read_busy_s = st.read.busy_s();
+    let h2d_bytes = st.upload.bytes();
+    let h2d_s = if d.is_host() {
+        st.upload.busy_s()
+    } else {
+        st.device_copy_s()
+    };
+    RankStages {
+        read_bytes: st.read.bytes(),
+        read_busy_s,
+        read_gbps: storage::gbps(st.read.bytes(), read_busy_s),
+        h2d_bytes,
+        h2d_s,
+        h2d_gbps: storage::gbps(h2d_bytes, h2d_s),
+        overlap: storage::overlap(read_busy_s, h2d_s, wall_s),
+        staging_wait_s: st.wait_s(),
+    }
 }
 
 /// One tensor computed on the host, independently of the device, for `--check`.

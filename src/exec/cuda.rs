@@ -1,17 +1,33 @@
-//! CUDA devices through cudarc, loaded dynamically: the binary builds and runs without CUDA, and
-//! says so clearly when the driver is missing (cudarc would panic on the first call).
+//! CUDA devices through cudarc's driver calls, loaded dynamically: the binary builds and runs
+//! without CUDA, and says so clearly when the driver is missing (cudarc would panic on the first
+//! call).
+//!
+//! Bytes reach a GPU through a pool of pinned staging slots: a worker takes the slot whose copy
+//! was queued longest ago, reads the source straight into it (one host copy: page cache or disk
+//! to pinned memory), queues the copy to the device on the device's stream, and puts the slot
+//! back. It waits on a slot's copy only when it takes that slot again, a whole pool later, so
+//! reads on every thread overlap the copies in flight.
 
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
 
+use cudarc::driver::DriverError;
 use cudarc::driver::result;
 use cudarc::driver::sys;
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError};
 
-use super::device::{Device, DeviceError};
+use super::device::{Device, DeviceError, Stages};
+use super::storage::{self, SourceFile};
 
-/// Pinned staging buffers per rank, and their size: copies from them overlap the next reads.
-const RING: usize = 4;
-const SLOT_BYTES: usize = 32 << 20;
+/// Bytes one slot carries per copy (plus O_DIRECT's alignment slack): large enough for the copy
+/// engine to run at full speed, small enough that a pool per thread stays modest.
+const SLOT_BYTES: usize = 16 << 20;
+/// Slots per worker thread: one being filled while the other's copy is in flight.
+const SLOTS_PER_THREAD: usize = 2;
+/// Bounds on a device's pool, whatever the thread count.
+const MIN_SLOTS: usize = 4;
+const MAX_SLOTS: usize = 32;
 
 /// Checks that a driver is present and returns how many devices it sees.
 pub fn device_count() -> Result<usize, DeviceError> {
@@ -28,62 +44,216 @@ pub fn device_count() -> Result<usize, DeviceError> {
     Ok(result::device::get_count().map_err(drv)? as usize)
 }
 
-struct Slot {
-    host: *mut u8,
-    done: Option<CudaEvent>,
+/// How many staging slots each of `devices` GPUs gets when the engine runs `threads` workers:
+/// the pool is shared out so that host memory stays bounded by the threads, not by the ranks;
+/// and a device receiving `bytes` gets no more than those bytes fill.
+pub fn slots_per_device(devices: usize, threads: usize, bytes: u64) -> usize {
+    let fill = bytes.div_ceil(SLOT_BYTES as u64).max(1) as usize;
+    (threads * SLOTS_PER_THREAD / devices.max(1))
+        .clamp(MIN_SLOTS, MAX_SLOTS)
+        .min(fill.max(MIN_SLOTS))
 }
 
-// SAFETY: a slot's host pointer is pinned memory owned by the device and only touched under the
-// slot's mutex.
+/// One pinned buffer, and the events around the last copy queued from it.
+struct Slot {
+    host: *mut u8,
+    start: sys::CUevent,
+    done: sys::CUevent,
+    /// A copy was queued from `host` and not yet waited for.
+    pending: bool,
+}
+
+// SAFETY: a slot belongs to one thread at a time (taken out of the pool's queue, put back after);
+// its pointer is pinned memory owned by the device.
 unsafe impl Send for Slot {}
 
-/// One GPU: a context, a stream, device buffers, and a ring of pinned staging buffers.
+/// The slots not in a worker's hands, oldest queued copy first.
+struct Pool {
+    free: Mutex<VecDeque<Slot>>,
+    back: Condvar,
+}
+
+/// One GPU: its primary context, one stream (copies on it run one after another, so each
+/// copy's event time is its own), device buffers, and the staging pool.
 pub struct CudaDevice {
     ordinal: usize,
     name: String,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
     bufs: Vec<(sys::CUdeviceptr, u64)>,
-    ring: Vec<Mutex<Slot>>,
-    next: std::sync::atomic::AtomicUsize,
+    pool: Pool,
+    slots: usize,
+    /// Bytes one slot carries ([`SLOT_BYTES`] but in tests).
+    slot_bytes: usize,
+    stages: Stages,
 }
 
-// SAFETY: device pointers are plain addresses; all driver calls bind the context first.
+// SAFETY: the context, stream and events are driver handles usable from any thread once the
+// context is current (every call below binds it first); device pointers are plain addresses.
 unsafe impl Sync for CudaDevice {}
 unsafe impl Send for CudaDevice {}
 
 impl CudaDevice {
-    pub fn new(ordinal: usize) -> Result<CudaDevice, DeviceError> {
-        let ctx = CudaContext::new(ordinal).map_err(|e| err(ordinal, "creating a context", e))?;
-        let name = ctx.name().unwrap_or_else(|_| "GPU".into());
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| err(ordinal, "creating a stream", e))?;
-        let mut ring = Vec::with_capacity(RING);
-        for _ in 0..RING {
-            // SAFETY: allocation of pinned host memory in the bound context.
-            let host = unsafe { result::malloc_host(SLOT_BYTES, 0) }
-                .map_err(|e| err(ordinal, "allocating pinned memory", e))?;
-            ring.push(Mutex::new(Slot {
-                host: host as *mut u8,
-                done: None,
-            }));
-        }
-        Ok(CudaDevice {
+    /// Device `ordinal`, with a pool of `slots` pinned staging slots.
+    pub fn new(ordinal: usize, slots: usize) -> Result<CudaDevice, DeviceError> {
+        let e = |op| move |e: DriverError| err(ordinal, op, e);
+        result::init().map_err(e("initialising the driver"))?;
+        let dev = result::device::get(ordinal as i32).map_err(e("opening the device"))?;
+        // SAFETY: `dev` came from device::get.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(e("creating a context"))?;
+        let mut d = CudaDevice {
             ordinal,
-            name,
+            name: result::device::get_name(dev).unwrap_or_else(|_| "GPU".into()),
+            dev,
             ctx,
-            stream,
+            stream: std::ptr::null_mut(),
             bufs: Vec::new(),
-            ring,
-            next: std::sync::atomic::AtomicUsize::new(0),
-        })
+            pool: Pool {
+                free: Mutex::new(VecDeque::new()),
+                back: Condvar::new(),
+            },
+            slots: 0,
+            slot_bytes: super::hooks::slot_bytes().unwrap_or(SLOT_BYTES),
+            stages: Stages::default(),
+        };
+        // From here on Drop releases whatever was made.
+        d.bind()?;
+        d.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(e("creating a stream"))?;
+        let mut free = VecDeque::with_capacity(slots);
+        for _ in 0..slots {
+            free.push_back(d.new_slot()?);
+        }
+        d.slots = slots;
+        d.pool.free = Mutex::new(free);
+        Ok(d)
+    }
+
+    fn new_slot(&self) -> Result<Slot, DeviceError> {
+        let e = |op| move |e: DriverError| err(self.ordinal, op, e);
+        // SAFETY: pinned allocation in the bound context; page-aligned, as O_DIRECT needs.
+        let host = unsafe { result::malloc_host(storage::staging_len(self.slot_bytes), 0) }
+            .map_err(e("allocating pinned memory"))? as *mut u8;
+        let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let done = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        match (start, done) {
+            (Ok(start), Ok(done)) => Ok(Slot {
+                host,
+                start,
+                done,
+                pending: false,
+            }),
+            (a, b) => {
+                // SAFETY: just made, never used.
+                unsafe {
+                    let _ = result::free_host(host as *mut std::ffi::c_void);
+                    for ev in [a.as_ref().ok(), b.as_ref().ok()].into_iter().flatten() {
+                        let _ = result::event::destroy(*ev);
+                    }
+                }
+                Err(err(
+                    self.ordinal,
+                    "creating an event",
+                    a.err().or(b.err()).expect("one failed"),
+                ))
+            }
+        }
     }
 
     fn bind(&self) -> Result<(), DeviceError> {
-        self.ctx
-            .bind_to_thread()
+        // SAFETY: the context was retained in `new` and is released only in Drop.
+        unsafe { result::ctx::set_current(self.ctx) }
             .map_err(|e| err(self.ordinal, "binding the context", e))
+    }
+
+    /// Takes the slot whose copy was queued longest ago, once that copy is done; runs `f` with
+    /// it and puts it back, whatever `f` returns (a lost slot would stall the other workers).
+    fn with_slot<T>(
+        &self,
+        f: impl FnOnce(&mut Slot) -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        let t = Instant::now();
+        let mut slot = {
+            let mut q = self.pool.free.lock().expect("staging pool lock");
+            loop {
+                if let Some(s) = q.pop_front() {
+                    break s;
+                }
+                q = self.pool.back.wait(q).expect("staging pool lock");
+            }
+        };
+        let r = self.settle(&mut slot).and_then(|()| {
+            self.stages
+                .wait_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            f(&mut slot)
+        });
+        self.pool
+            .free
+            .lock()
+            .expect("staging pool lock")
+            .push_back(slot);
+        self.pool.back.notify_one();
+        r
+    }
+
+    /// Waits for the slot's last copy and counts how long the device took for it.
+    fn settle(&self, slot: &mut Slot) -> Result<(), DeviceError> {
+        if !slot.pending {
+            return Ok(());
+        }
+        slot.pending = false;
+        self.bind()?;
+        // SAFETY: both events were recorded on this device's stream (see `send`).
+        let ms = unsafe {
+            result::event::synchronize(slot.done)
+                .map_err(|e| err(self.ordinal, "waiting for a copy", e))?;
+            result::event::elapsed(slot.start, slot.done)
+                .map_err(|e| err(self.ordinal, "timing a copy", e))?
+        };
+        self.stages
+            .device_copy_ns
+            .fetch_add((ms as f64 * 1e6) as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Queues the copy of `len` staged bytes from `at` in the slot to `dst`, between the slot's
+    /// two events.
+    fn send(
+        &self,
+        slot: &mut Slot,
+        dst: sys::CUdeviceptr,
+        at: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        let e = |op| move |e: DriverError| err(self.ordinal, op, e);
+        self.bind()?;
+        // SAFETY: `host[at..at + len]` is inside the slot's pinned buffer and stays untouched
+        // until `settle` has waited for `done`; `dst` lies inside a buffer of this device (the
+        // callers check the bounds).
+        unsafe {
+            result::event::record(slot.start, self.stream).map_err(e("recording an event"))?;
+            let staged = std::slice::from_raw_parts(slot.host.add(at), len);
+            result::memcpy_htod_async(dst, staged, self.stream)
+                .map_err(e("copying to the device"))?;
+            result::event::record(slot.done, self.stream).map_err(e("recording an event"))?;
+        }
+        slot.pending = true;
+        Ok(())
+    }
+
+    /// The device address of bytes `[offset, offset + len)` of buffer `buf`.
+    fn target(&self, buf: usize, offset: u64, len: u64) -> Result<sys::CUdeviceptr, DeviceError> {
+        let (base, size) = self.bufs[buf];
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(DeviceError::Driver {
+                device: format!("cuda:{}", self.ordinal),
+                op: "copying to the device",
+                message: format!("{len} bytes at {offset} do not fit a buffer of {size} bytes"),
+            });
+        }
+        Ok(base + offset)
     }
 }
 
@@ -114,60 +284,97 @@ impl Device for CudaDevice {
                     err(self.ordinal, "allocating device memory", e)
                 }
             })?;
+            self.bufs.push((ptr, n));
             // SAFETY: zero the fresh allocation (vocab padding and skipped zero fills rely on it).
             unsafe { result::memset_d8_sync(ptr, 0, n.max(1) as usize) }
                 .map_err(|e| err(self.ordinal, "zeroing device memory", e))?;
-            self.bufs.push((ptr, n));
         }
         Ok(())
     }
 
     fn upload(&self, buf: usize, offset: u64, host: &[u8]) -> Result<(), DeviceError> {
-        self.bind()?;
-        let (base, _) = self.bufs[buf];
-        for (k, piece) in host.chunks(SLOT_BYTES).enumerate() {
-            let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.ring.len();
-            let mut slot = self.ring[i].lock().expect("staging slot lock");
-            if let Some(ev) = slot.done.take() {
-                ev.synchronize()
-                    .map_err(|e| err(self.ordinal, "waiting for a copy", e))?;
-            }
-            // SAFETY: the slot's earlier copy has completed, so its pinned buffer is free; the
-            // piece fits (chunks of SLOT_BYTES).
-            unsafe {
-                std::ptr::copy_nonoverlapping(piece.as_ptr(), slot.host, piece.len());
-                let staged = std::slice::from_raw_parts(slot.host, piece.len());
-                result::memcpy_htod_async(
-                    base + offset + (k * SLOT_BYTES) as u64,
-                    staged,
-                    self.stream.cu_stream(),
-                )
-                .map_err(|e| err(self.ordinal, "copying to the device", e))?;
-            }
-            slot.done = Some(
-                self.stream
-                    .record_event(None)
-                    .map_err(|e| err(self.ordinal, "recording an event", e))?,
-            );
+        let dst = self.target(buf, offset, host.len() as u64)?;
+        let step = self.slot_bytes;
+        for (k, piece) in host.chunks(step).enumerate() {
+            self.with_slot(|slot| {
+                self.stages.upload.time(piece.len() as u64, || {
+                    // SAFETY: the slot is ours and its last copy is done (with_slot); the piece
+                    // fits (chunks of the slot size).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(piece.as_ptr(), slot.host, piece.len())
+                    };
+                    self.send(slot, dst + (k * step) as u64, 0, piece.len())
+                })
+            })?;
         }
         Ok(())
     }
 
+    fn upload_from_file(
+        &self,
+        buf: usize,
+        offset: u64,
+        src: &SourceFile,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<bool, DeviceError> {
+        let dst = self.target(buf, offset, len)?;
+        let mut done = 0u64;
+        while done < len {
+            let n = (self.slot_bytes as u64).min(len - done);
+            self.with_slot(|slot| {
+                // SAFETY: the slot's buffer holds staging_len(slot_bytes) bytes, is ours, and no
+                // copy from it is in flight (with_slot).
+                let room = unsafe {
+                    std::slice::from_raw_parts_mut(slot.host, storage::staging_len(self.slot_bytes))
+                };
+                let at = self
+                    .stages
+                    .read
+                    .time(n, || src.read_staged(room, src_offset + done, n as usize))
+                    .map_err(|e| DeviceError::Read {
+                        path: src.path.clone(),
+                        source: e,
+                    })?;
+                self.stages
+                    .upload
+                    .time(n, || self.send(slot, dst + done, at, n as usize))
+            })?;
+            done += n;
+        }
+        Ok(true)
+    }
+
     fn synchronize(&self) -> Result<(), DeviceError> {
         self.bind()?;
-        self.stream
-            .synchronize()
-            .map_err(|e| err(self.ordinal, "synchronising", e))
+        // SAFETY: the stream is this device's, alive until Drop.
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| err(self.ordinal, "synchronising", e))?;
+        // Slots still holding a finished copy: count their device time.
+        let mut q = self.pool.free.lock().expect("staging pool lock");
+        for slot in q.iter_mut() {
+            self.settle(slot)?;
+        }
+        Ok(())
     }
 
     fn download(&self, buf: usize) -> Result<Vec<u8>, DeviceError> {
-        self.bind()?;
+        // A synchronous copy back does not wait for a non-blocking stream: drain it first.
+        self.synchronize()?;
         let (ptr, n) = self.bufs[buf];
         let mut out = vec![0u8; n as usize];
         // SAFETY: `ptr` holds `n` bytes; the copy is synchronous.
         unsafe { result::memcpy_dtoh_sync(&mut out, ptr) }
             .map_err(|e| err(self.ordinal, "copying back", e))?;
         Ok(out)
+    }
+
+    fn stages(&self) -> &Stages {
+        &self.stages
+    }
+
+    fn staging_bytes(&self) -> u64 {
+        (self.slots * storage::staging_len(self.slot_bytes)) as u64
     }
 }
 
@@ -176,15 +383,30 @@ impl Drop for CudaDevice {
         if self.bind().is_err() {
             return;
         }
-        let _ = self.stream.synchronize();
-        for (ptr, _) in self.bufs.drain(..) {
-            // SAFETY: allocated by malloc_sync in this context and not used after this.
-            let _ = unsafe { result::free_sync(ptr) };
-        }
-        for slot in &self.ring {
-            let s = slot.lock().expect("staging slot lock");
-            // SAFETY: allocated by malloc_host; every copy from it has completed (synchronised).
-            let _ = unsafe { result::free_host(s.host as *mut std::ffi::c_void) };
+        // SAFETY: every handle below was made by this device and is used by nothing after this;
+        // the stream is drained first, so no copy reads a slot or writes a buffer being freed.
+        unsafe {
+            if !self.stream.is_null() {
+                let _ = result::stream::synchronize(self.stream);
+            }
+            for (ptr, _) in self.bufs.drain(..) {
+                let _ = result::free_sync(ptr);
+            }
+            let q = self
+                .pool
+                .free
+                .get_mut()
+                .map(std::mem::take)
+                .unwrap_or_default();
+            for slot in q {
+                let _ = result::free_host(slot.host as *mut std::ffi::c_void);
+                let _ = result::event::destroy(slot.start);
+                let _ = result::event::destroy(slot.done);
+            }
+            if !self.stream.is_null() {
+                let _ = result::stream::destroy(self.stream);
+            }
+            let _ = result::primary_ctx::release(self.dev);
         }
     }
 }

@@ -19,3 +19,19 @@ pub fn chunk_bytes() -> Option<u64> {
 pub fn chunk_bytes() -> Option<u64> {
     None
 }
+
+/// `WLOAD_TEST_SLOT_BYTES=N`: CUDA staging slots of `N` bytes instead of 16 MiB, so that the stub
+/// driver's tests send every tensor through several slots and reuse each many times.
+#[cfg(feature = "test-hooks")]
+pub fn slot_bytes() -> Option<usize> {
+    let v = std::env::var("WLOAD_TEST_SLOT_BYTES").ok()?;
+    match v.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Some(n),
+        _ => panic!("WLOAD_TEST_SLOT_BYTES={v:?}: expected a byte count of at least 1"),
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+pub fn slot_bytes() -> Option<usize> {
+    None
+}

@@ -7,20 +7,21 @@ mod chunk_tests;
 pub mod convert;
 pub mod cuda;
 pub mod device;
-mod hooks;
+pub(crate) mod hooks;
 pub mod parts;
+pub mod storage;
 pub mod verify;
 pub mod write;
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use rayon::prelude::*;
 
+use self::storage::{AlignedBuf, Busy, IoMode, SourceFile};
 use crate::dtype::Dtype;
 use crate::plan::layout::Block;
 use crate::plan::{Piece, Plan, SourceTensor};
@@ -28,6 +29,21 @@ use crate::progress::Progress;
 
 /// Source bytes read per step; with one step in flight per thread this bounds memory.
 pub const CHUNK_BYTES: u64 = 16 << 20;
+
+/// Reads in flight with O_DIRECT at least: they wait on the storage, not on a core, and a disk
+/// needs several queued to reach its sequential limit (measured on a 2-core VM: 0.50 GB/s with
+/// 2 threads, 0.69 with 4, 0.86 with 8, which is what `dd bs=16M` reads).
+pub const DIRECT_THREADS: usize = 8;
+
+/// Worker threads for a run reading with `io`: one per core, and at least [`DIRECT_THREADS`]
+/// for direct reads.
+pub fn worker_threads(io: IoMode) -> usize {
+    let cores = rayon::current_num_threads();
+    match io {
+        IoMode::Direct => cores.max(DIRECT_THREADS),
+        _ => cores,
+    }
+}
 
 /// How the engine moves bytes. Not user settings: the defaults are what wload runs with; tests
 /// shrink the chunk so that tiny fixtures cross chunk boundaries everywhere.
@@ -39,6 +55,8 @@ pub struct ExecOptions {
     /// Let the sink take dense unconverted spans straight from the file ([`Sink::copy_from_file`]);
     /// off, every byte passes through the read buffer.
     pub direct: bool,
+    /// How source files are read (resolved: `auto` reads as buffered).
+    pub io: IoMode,
 }
 
 impl Default for ExecOptions {
@@ -46,6 +64,7 @@ impl Default for ExecOptions {
         ExecOptions {
             chunk_bytes: CHUNK_BYTES,
             direct: true,
+            io: IoMode::Buffered,
         }
     }
 }
@@ -58,6 +77,7 @@ impl ExecOptions {
         ExecOptions {
             chunk_bytes: hooks::chunk_bytes().unwrap_or(CHUNK_BYTES),
             direct: !write::copy_file_range_disabled(),
+            io: IoMode::Buffered,
         }
     }
 }
@@ -86,6 +106,24 @@ pub trait Sink: Sync {
     ) -> Result<bool, ExecError> {
         Ok(false)
     }
+    /// Copies `len` bytes of source `src` from `src_offset` to `offset` of output `out` without
+    /// the engine's read buffer (into a device's staging, or file to file); `Ok(false)`: not
+    /// possible, the caller reads and [`Sink::put`]s. By default, file to file, and only for
+    /// buffered sources: a kernel copy goes through the page cache, which direct and mapped
+    /// reads were chosen to measure or avoid.
+    fn copy_from_source(
+        &self,
+        out: usize,
+        offset: u64,
+        src: &SourceFile,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<bool, ExecError> {
+        if src.mode() != IoMode::Buffered {
+            return Ok(false);
+        }
+        self.copy_from_file(out, offset, &src.file, src_offset, len)
+    }
 }
 
 /// Time spent per stage, summed over worker threads (nanoseconds), and bytes read.
@@ -95,6 +133,8 @@ pub struct Stats {
     pub convert_ns: AtomicU64,
     pub put_ns: AtomicU64,
     pub bytes_read: AtomicU64,
+    /// The engine's own reads (into its buffers; a sink's reads are the sink's to count).
+    pub read: Busy,
 }
 
 impl Stats {
@@ -133,6 +173,8 @@ pub enum ExecError {
     /// A written file does not read back as written.
     #[error("{path}: verification failed: {message}")]
     Verify { path: PathBuf, message: String },
+    #[error(transparent)]
+    Open(#[from] storage::OpenError),
     #[error("interrupted")]
     Cancelled,
 }
@@ -198,8 +240,8 @@ impl<'a> Control<'a> {
     }
 }
 
-/// Runs every piece of the placed tensors: copies grouped by source (each source read once, in
-/// chunks, in parallel over sources), then fills.
+/// Runs every piece of the placed tensors: copies first, split into work items of at most one
+/// chunk (so that one large tensor keeps every thread busy, not one), then fills.
 pub fn execute(
     plan: &Plan,
     root: &Path,
@@ -241,15 +283,15 @@ pub fn execute(
     }
 
     // Each checkpoint file is opened once and shared; pread needs no seeking.
-    let mut files: Vec<Option<(PathBuf, File)>> = Vec::new();
+    let mut files: Vec<Option<SourceFile>> = Vec::new();
     for s in &plan.sources {
         if files.len() <= s.file_index {
             files.resize_with(s.file_index + 1, || None);
         }
         if files[s.file_index].is_none() {
             let path = root.join(&s.file);
-            let f = File::open(&path).map_err(|e| ExecError::io("opening", &path, e))?;
-            files[s.file_index] = Some((path, f));
+            let f = SourceFile::open(&path, opts.io).map_err(ExecError::Open)?;
+            files[s.file_index] = Some(f);
         }
     }
 
@@ -257,6 +299,18 @@ pub fn execute(
         .filter(|&s| !jobs[s].is_empty())
         .collect();
     order.sort_by_key(|&s| (plan.sources[s].file_index, plan.sources[s].offset));
+    let mut rest: Vec<Vec<usize>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
+    let mut items = Vec::new();
+    for &s in &order {
+        split_source(
+            s,
+            &plan.sources[s],
+            &jobs[s],
+            opts,
+            &mut items,
+            &mut rest[s],
+        );
+    }
     let run = Run {
         sink,
         cancel,
@@ -264,13 +318,33 @@ pub fn execute(
         stats,
         opts,
     };
-    order
-        .par_iter()
-        .try_for_each_init(Buffers::default, |bufs, &s| {
-            let src = &plan.sources[s];
-            let (path, file) = files[src.file_index].as_ref().expect("opened above");
-            run.copy_source(src, path, file, &jobs[s], bufs)
-        })?;
+    let copy = || {
+        items
+            .par_iter()
+            .try_for_each_init(Buffers::default, |bufs, item| {
+                run.stopped()?;
+                let src = &plan.sources[item.source()];
+                let file = files[src.file_index].as_ref().expect("opened above");
+                match *item {
+                    Item::Span {
+                        source,
+                        job,
+                        at,
+                        len,
+                    } => run.copy_span(src, file, &jobs[source][job], at, len, bufs),
+                    Item::Chunk { source, c0, c1 } => {
+                        let js: Vec<&Job> =
+                            rest[source].iter().map(|&j| &jobs[source][j]).collect();
+                        run.copy_chunk(src, file, &js, (c0, c1), bufs)
+                    }
+                }
+            })
+    };
+    let threads = worker_threads(opts.io);
+    match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
+        Ok(pool) if threads != rayon::current_num_threads() => pool.install(copy)?,
+        _ => copy()?,
+    }
 
     for (out, offset, dtype, value, count) in fills {
         if cancel.load(Ordering::Relaxed) {
@@ -285,6 +359,89 @@ pub fn execute(
     Ok(())
 }
 
+/// One unit of parallel work: a dense, unconverted span of one job (bytes `[at, at + len)` of
+/// it), or one chunk of a source (elements `[c0, c1)`) for every other job of that source.
+#[derive(Debug, Clone, Copy)]
+enum Item {
+    Span {
+        source: usize,
+        job: usize,
+        at: u64,
+        len: u64,
+    },
+    Chunk {
+        source: usize,
+        c0: u64,
+        c1: u64,
+    },
+}
+
+impl Item {
+    fn source(&self) -> usize {
+        match *self {
+            Item::Span { source, .. } | Item::Chunk { source, .. } => source,
+        }
+    }
+}
+
+/// A source's work items: its dense unconverted jobs as spans of at most a chunk each, and the
+/// rest (converted, strided, transposed) as chunks of the source read once for all of them.
+fn split_source(
+    source: usize,
+    src: &SourceTensor,
+    jobs: &[Job],
+    opts: ExecOptions,
+    items: &mut Vec<Item>,
+    rest: &mut Vec<usize>,
+) {
+    let isz = src.dtype.bits() / 8;
+    let step = opts.chunk_bytes.max(1);
+    for (j, job) in jobs.iter().enumerate() {
+        let dense = !job.b.transposed()
+            && (job.b.rows == 1
+                || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row));
+        if !opts.direct || !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
+            rest.push(j);
+            continue;
+        }
+        let len = job.b.rows * job.b.row * isz;
+        let from = src.offset + job.b.src_start * isz;
+        let mut at = 0;
+        while at < len {
+            let mut n = step.min(len - at);
+            // Spans end on block boundaries of the file, so that direct reads of neighbouring
+            // spans never share a block.
+            // Rounded down, so that a span stays within a chunk (and a GPU staging slot).
+            if step >= storage::ALIGN && n < len - at {
+                let end = (from + at + n) / storage::ALIGN * storage::ALIGN;
+                if end > from + at {
+                    n = end - from - at;
+                }
+            }
+            items.push(Item::Span {
+                source,
+                job: j,
+                at,
+                len: n,
+            });
+            at += n;
+        }
+    }
+    if rest.is_empty() {
+        return;
+    }
+    let total: u64 = src.shape.iter().product();
+    let chunk = (opts.chunk_bytes / isz).max(1);
+    let refs: Vec<&Job> = rest.iter().map(|&j| &jobs[j]).collect();
+    let spans = transposed_spans(&refs);
+    let mut c0 = 0;
+    while c0 < total {
+        let c1 = chunk_end(c0, chunk, total, &spans);
+        items.push(Item::Chunk { source, c0, c1 });
+        c0 = c1;
+    }
+}
+
 /// What every source's copy shares: where bytes go, when to stop, what to count.
 struct Run<'a> {
     sink: &'a dyn Sink,
@@ -294,10 +451,10 @@ struct Run<'a> {
     opts: ExecOptions,
 }
 
-/// A worker thread's read and conversion buffers, reused from one source to the next.
+/// A worker thread's read and conversion buffers, reused from one item to the next.
 #[derive(Default)]
 struct Buffers {
-    read: Vec<u8>,
+    read: AlignedBuf,
     converted: Vec<u8>,
     /// Elements of a transposed row gathered before conversion.
     gathered: Vec<u8>,
@@ -307,24 +464,19 @@ struct Buffers {
 /// the block goes out in one put (one gpt-oss expert: 33 MB for gpt-oss-120b's `gate_up_proj`).
 const TRANSPOSED_CHUNKS: u64 = 4;
 
-impl Run<'_> {
-    /// Every job of one source tensor: dense spans file to file where the sink can, the rest
-    /// from one chunked read of the source.
-    fn copy_source(
-        &self,
-        src: &SourceTensor,
-        path: &Path,
-        file: &File,
-        jobs: &[Job],
-        bufs: &mut Buffers,
-    ) -> Result<(), ExecError> {
-        let rest = self.copy_direct(src, path, file, jobs)?;
-        if rest.is_empty() {
-            return Ok(());
+/// A failed source read, named: a short read is a truncated checkpoint.
+fn read_error(src: &SourceTensor, path: &Path, e: io::Error) -> ExecError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        ExecError::Corrupt {
+            path: path.to_path_buf(),
+            message: format!("tensor '{}' is cut short: the file is truncated", src.name),
         }
-        self.copy_chunked(src, path, file, &rest, bufs)
+    } else {
+        ExecError::io("reading", path, e)
     }
+}
 
+impl Run<'_> {
     fn stopped(&self) -> Result<(), ExecError> {
         if self.cancel.load(Ordering::Relaxed) {
             Err(ExecError::Cancelled)
@@ -342,106 +494,82 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Dense spans without conversion go file to file when the sink can (no copy through
-    /// memory). Returns the jobs left for the chunked path.
-    fn copy_direct<'j>(
+    /// Bytes `[at, at + len)` of a dense unconverted job: straight from the file when the sink
+    /// can take them so (file to file, or into a device's staging), else read and put.
+    fn copy_span(
         &self,
         src: &SourceTensor,
-        path: &Path,
-        file: &File,
-        jobs: &'j [Job],
-    ) -> Result<Vec<&'j Job>, ExecError> {
-        let isz = src.dtype.bits() / 8;
-        let step = self.opts.chunk_bytes.max(1);
-        let mut rest: Vec<&Job> = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            let dense = !job.b.transposed()
-                && (job.b.rows == 1
-                    || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row));
-            if !self.opts.direct || !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
-                rest.push(job);
-                continue;
-            }
-            let len = job.b.rows * job.b.row * isz;
-            let (from, to) = (
-                src.offset + job.b.src_start * isz,
-                job.base + job.b.dst_start * isz,
-            );
-            let mut done = 0;
-            while done < len {
-                self.stopped()?;
-                let n = step.min(len - done);
-                let t = Instant::now();
-                if !self
-                    .sink
-                    .copy_from_file(job.out, to + done, file, from + done, n)?
-                {
-                    break;
-                }
-                add_since(&self.stats.put_ns, t);
-                self.stats.bytes_read.fetch_add(n, Ordering::Relaxed);
-                self.progress.advance(n);
-                done += n;
-            }
-            if done < len {
-                if done > 0 {
-                    return Err(ExecError::Corrupt {
-                        path: path.to_path_buf(),
-                        message: format!("direct copy of '{}' stopped part-way", src.name),
-                    });
-                }
-                rest.push(job);
-            }
-        }
-        Ok(rest)
-    }
-
-    /// Reads the source once, chunk by chunk, and hands each job its rows of every chunk.
-    fn copy_chunked(
-        &self,
-        src: &SourceTensor,
-        path: &Path,
-        file: &File,
-        jobs: &[&Job],
+        file: &SourceFile,
+        job: &Job,
+        at: u64,
+        len: u64,
         bufs: &mut Buffers,
     ) -> Result<(), ExecError> {
         let isz = src.dtype.bits() / 8;
-        let total: u64 = src.shape.iter().product();
-        let chunk = (self.opts.chunk_bytes / isz).max(1);
-        let spans = transposed_spans(jobs);
-        let mut c0 = 0;
-        while c0 < total {
-            self.stopped()?;
-            let c1 = chunk_end(c0, chunk, total, &spans);
-            let buf = &mut bufs.read;
-            buf.resize(((c1 - c0) * isz) as usize, 0);
-            let t = Instant::now();
-            file.read_exact_at(buf, src.offset + c0 * isz)
-                .map_err(|e| {
-                    if e.kind() == io::ErrorKind::UnexpectedEof {
-                        ExecError::Corrupt {
-                            path: path.to_path_buf(),
-                            message: format!(
-                                "tensor '{}' is cut short: the file is truncated",
-                                src.name
-                            ),
-                        }
-                    } else {
-                        ExecError::io("reading", path, e)
-                    }
-                })?;
-            add_since(&self.stats.read_ns, t);
-            self.stats
-                .bytes_read
-                .fetch_add(buf.len() as u64, Ordering::Relaxed);
-            for job in jobs {
-                if job.b.transposed() {
-                    self.put_transposed(src, job, (c0, c1), bufs)?;
-                } else {
-                    self.put_chunk(src, job, (c0, c1), &bufs.read, &mut bufs.converted)?;
+        let from = src.offset + job.b.src_start * isz + at;
+        let to = job.base + job.b.dst_start * isz + at;
+        let t = Instant::now();
+        if self
+            .sink
+            .copy_from_source(job.out, to, file, from, len)
+            .map_err(|e| match e {
+                ExecError::Device(device::DeviceError::Read { source, .. }) => {
+                    read_error(src, &file.path, source)
                 }
+                e => e,
+            })?
+        {
+            add_since(&self.stats.put_ns, t);
+            self.stats.bytes_read.fetch_add(len, Ordering::Relaxed);
+            self.progress.advance(len);
+            return Ok(());
+        }
+        let bytes = self.read(src, file, &mut bufs.read, from, len)?;
+        self.put(job.out, to, bytes)
+    }
+
+    /// Source bytes `[from, from + len)`, timed and counted.
+    fn read<'b>(
+        &self,
+        src: &SourceTensor,
+        file: &'b SourceFile,
+        buf: &'b mut AlignedBuf,
+        from: u64,
+        len: u64,
+    ) -> Result<&'b [u8], ExecError> {
+        let t = Instant::now();
+        let bytes = self
+            .stats
+            .read
+            .time(len, || file.read(buf, from, len as usize))
+            .map_err(|e| read_error(src, &file.path, e))?;
+        add_since(&self.stats.read_ns, t);
+        self.stats.bytes_read.fetch_add(len, Ordering::Relaxed);
+        Ok(bytes)
+    }
+
+    /// Reads source elements `[c0, c1)` once and hands each job its rows of them.
+    fn copy_chunk(
+        &self,
+        src: &SourceTensor,
+        file: &SourceFile,
+        jobs: &[&Job],
+        (c0, c1): (u64, u64),
+        bufs: &mut Buffers,
+    ) -> Result<(), ExecError> {
+        let isz = src.dtype.bits() / 8;
+        let Buffers {
+            read,
+            converted,
+            gathered,
+        } = bufs;
+        let data = self.read(src, file, read, src.offset + c0 * isz, (c1 - c0) * isz)?;
+        for job in jobs {
+            if job.b.transposed() {
+                self.put_transposed(src, job, (c0, c1), data, converted, gathered)?;
+            } else {
+                self.put_chunk(src, job, (c0, c1), data, converted)?;
             }
-            c0 = c1;
         }
         Ok(())
     }
@@ -528,14 +656,16 @@ impl Run<'_> {
 
 impl Run<'_> {
     /// The elements of transposed `job` that lie in source elements `[c0, c1)`, held in
-    /// `bufs.read`: per destination row a run of consecutive elements, gathered (then converted)
+    /// `read`: per destination row a run of consecutive elements, gathered (then converted)
     /// into one buffer while the runs follow one another in the destination, and put.
     fn put_transposed(
         &self,
         src: &SourceTensor,
         job: &Job,
         (c0, c1): (u64, u64),
-        bufs: &mut Buffers,
+        read: &[u8],
+        out: &mut Vec<u8>,
+        gathered: &mut Vec<u8>,
     ) -> Result<(), ExecError> {
         let b = job.b;
         let (isz, osz) = (src.dtype.bits() / 8, job.to.bits() / 8);
@@ -559,11 +689,6 @@ impl Run<'_> {
             (c1 - b.src_start).div_ceil(stride).min(b.rows)
         };
         let es = b.src_elem_stride;
-        let Buffers {
-            read,
-            converted: out,
-            gathered,
-        } = bufs;
         out.clear();
         // Destination element where the gathered run starts, and where it ends.
         let mut run: Option<(u64, u64)> = None;
@@ -756,4 +881,38 @@ pub fn placements_for(plan: &Plan, files: &[parts::PartFile]) -> Vec<Placement> 
         }
     }
     v
+}
+
+/// The files a plan reads, once each, in name order.
+pub fn source_files(plan: &Plan, root: &Path) -> Vec<PathBuf> {
+    let names: std::collections::BTreeSet<&str> =
+        plan.sources.iter().map(|s| s.file.as_str()).collect();
+    names.into_iter().map(|f| root.join(f)).collect()
+}
+
+/// Where in a block each tensor of `rank` would best start in memory: the file offset, modulo
+/// [`storage::ALIGN`], of the source bytes that land at its start, by its largest unconverted
+/// dense copy (0 when it has none). Host memory placed so takes direct reads without a copy.
+pub fn phases(plan: &Plan, rank: usize) -> Vec<u64> {
+    plan.ranks[rank]
+        .tensors
+        .iter()
+        .map(|t| {
+            let osz = t.dtype.bits() / 8;
+            t.pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Copy { source, .. } => Some((&plan.sources[*source], p.block()?)),
+                    Piece::Fill { .. } => None,
+                })
+                .filter(|(s, b)| s.dtype == t.dtype && !b.transposed())
+                .max_by_key(|(_, b)| b.rows * b.row)
+                .map_or(0, |(s, b)| {
+                    let isz = s.dtype.bits() / 8;
+                    let src = (s.offset + b.src_start * isz) % storage::ALIGN;
+                    let dst = (b.dst_start * osz) % storage::ALIGN;
+                    (src + storage::ALIGN - dst) % storage::ALIGN
+                })
+        })
+        .collect()
 }

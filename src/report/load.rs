@@ -50,14 +50,21 @@ pub fn write_load(
             ("TENSORS", true),
             ("BYTES", true),
             ("COPY s", true),
+            ("READ GB/s", true),
+            ("H2D GB/s", true),
+            ("OVERLAP", true),
         ]);
         for k in &r.ranks {
+            let st = &k.stages;
             tab.row(vec![
                 k.rank.to_string(),
                 k.device.clone(),
                 k.tensors.to_string(),
                 human_bytes(k.bytes),
                 format!("{:.3}", k.copy_s),
+                rate(st.read_bytes, st.read_gbps),
+                rate(st.h2d_bytes, st.h2d_gbps),
+                format!("{:.0}%", st.overlap * 100.0),
             ]);
         }
         tab.write(w, "")?;
@@ -68,11 +75,26 @@ pub fn write_load(
             t.transfer_s + t.sync_s,
             t.gbps(r.bytes)
         )?;
-        let rows: [(&str, f64, &str); 9] = [
+        write_source(w, r)?;
+        if let Some(rep) = &r.repeats {
+            writeln!(
+                w,
+                "  {} runs: {:.2} / {:.2} / {:.2} GB/s min / median / max ({:.3} / {:.3} / {:.3} s); the rest is the last run",
+                rep.runs.len(),
+                rep.gbps_min,
+                rep.gbps_median,
+                rep.gbps_max,
+                rep.seconds_min,
+                rep.seconds_median,
+                rep.seconds_max
+            )?;
+        }
+        let rows: [(&str, f64, &str); 10] = [
             ("resolve", t.open.resolve_s, "wall"),
             ("config", t.open.config_s, "wall"),
             ("headers", t.open.headers_s, "wall"),
             ("plan", t.open.plan_s, "wall"),
+            ("page cache", t.cache_s, "wall"),
             ("open devices", t.open_devices_s, "wall"),
             ("read", t.read_s, "thread-summed"),
             ("convert", t.convert_s, "thread-summed"),
@@ -102,4 +124,54 @@ pub fn write_load(
         }
     }
     Ok(())
+}
+
+/// A stage's rate, or `-` when the stage moved nothing.
+fn rate(bytes: u64, gbps: f64) -> String {
+    if bytes == 0 {
+        "-".into()
+    } else {
+        format!("{gbps:.2}")
+    }
+}
+
+/// Where the bytes came from: the page cache's share before the load (always), the eviction,
+/// the I/O mode and why, the staging memory.
+fn write_source(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
+    if let Some(c) = &r.cache {
+        let evicted = match c.evicted_from_bytes {
+            Some(b) => format!(" (--cold: evicted from {} cached)", human_bytes(b)),
+            None => String::new(),
+        };
+        writeln!(
+            w,
+            "  source {}: {:.0}% in the page cache at the start ({}){evicted}",
+            human_bytes(c.source_bytes),
+            c.resident_share * 100.0,
+            human_bytes(c.resident_bytes),
+        )?;
+    }
+    if let Some(io) = &r.io {
+        let staging = if io.staging_bytes_per_rank > 0 {
+            format!(
+                "; staging {} per rank",
+                human_bytes(io.staging_bytes_per_rank)
+            )
+        } else {
+            String::new()
+        };
+        writeln!(
+            w,
+            "  io {} ({}); {} threads{staging}",
+            io.choice.used, io.choice.why, io.threads
+        )?;
+    }
+    let t = &r.timings;
+    writeln!(
+        w,
+        "  storage -> host {:.2} GB/s ({} read), host -> device {:.2} GB/s, over the transfer's wall time",
+        t.read_gbps,
+        human_bytes(t.bytes_read),
+        t.h2d_gbps
+    )
 }

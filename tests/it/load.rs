@@ -249,7 +249,7 @@ fn fixture_groups() -> Vec<Vec<GoldenCase>> {
 /// Planned on the fly from the fixture: per rank, the tensors and their bytes are vLLM's.
 #[test]
 fn fixtures_load_exactly_what_vllm_held() {
-    load_fixtures(|_| Vec::new());
+    load_fixtures(|_| (cpu(), Vec::new()));
 }
 
 /// The same with the engine reading a few bytes at a time (test builds only:
@@ -260,16 +260,59 @@ fn fixtures_load_exactly_what_vllm_held_with_tiny_chunks() {
     // Not multiples of each other or of the fixtures' row sizes; 6 bytes splits f32 elements.
     const CHUNKS: [u64; 4] = [6, 100, 1000, 4100];
     load_fixtures(|i| {
-        vec![(
-            "WLOAD_TEST_CHUNK_BYTES",
-            CHUNKS[i % CHUNKS.len()].to_string(),
-        )]
+        (
+            cpu(),
+            vec![(
+                "WLOAD_TEST_CHUNK_BYTES",
+                CHUNKS[i % CHUNKS.len()].to_string(),
+            )],
+        )
     });
 }
 
-/// Loads every golden fixture group on the CPU with the variables `env(group index)` and compares
-/// each rank with vLLM's.
-fn load_fixtures(env: impl Fn(usize) -> Vec<(&'static str, String)> + Sync) {
+fn cpu() -> Vec<String> {
+    vec!["--device".into(), "cpu".into()]
+}
+
+/// Every golden fixture group through the CUDA path, on the stub GPU (see [`STUB_C`]): staged
+/// through small pinned slots reused many times, with copies that land only when waited for,
+/// read buffered, direct and mapped; `--check` copies every tensor back, and each rank must be
+/// vLLM's.
+#[test]
+fn fixtures_load_exactly_what_vllm_held_through_the_stub_gpu() {
+    let Some((_dir, lp)) = stub_driver("fixtures_load_exactly_what_vllm_held_through_the_stub_gpu")
+    else {
+        return;
+    };
+    // (io, engine chunk, slot): chunks and slots not multiples of each other or of rows.
+    const WAYS: [(&str, u64, u64); 4] = [
+        ("buffered", 16 << 20, 16 << 20),
+        ("direct", 1000, 4100),
+        ("mmap", 4100, 1000),
+        ("auto", 100, 300),
+    ];
+    load_fixtures(|i| {
+        let (io, chunk, slot) = WAYS[i % WAYS.len()];
+        (
+            ["--device", "cuda", "--check", "--io", io]
+                .map(String::from)
+                .to_vec(),
+            vec![
+                ("LD_LIBRARY_PATH", lp.clone()),
+                ("STUB_CU_INIT", "0".into()),
+                ("STUB_GPUS", "16".into()),
+                ("STUB_CTX", "ok".into()),
+                ("WLOAD_TEST_CHUNK_BYTES", chunk.to_string()),
+                ("WLOAD_TEST_SLOT_BYTES", slot.to_string()),
+            ],
+        )
+    });
+}
+
+/// Loads every golden fixture group with the arguments and variables `way(group index)` gives
+/// (the device among them) and compares each rank with vLLM's.
+#[allow(clippy::type_complexity)]
+fn load_fixtures(way: impl Fn(usize) -> (Vec<String>, Vec<(&'static str, String)>) + Sync) {
     let groups: Vec<(usize, Vec<GoldenCase>)> = fixture_groups().into_iter().enumerate().collect();
     assert!(
         groups.len() >= 10,
@@ -279,17 +322,10 @@ fn load_fixtures(env: impl Fn(usize) -> Vec<(&'static str, String)> + Sync) {
     let failures = par_flat_map(&groups, |(i, group)| {
         let case = &group[0];
         let tp = case.tp.to_string();
-        let mut args = vec![
-            s(&case.fixture),
-            "--tp",
-            &tp,
-            "--device",
-            "cpu",
-            "--checksums",
-            "--json",
-        ];
+        let (extra, env) = way(*i);
+        let mut args = vec![s(&case.fixture), "--tp", &tp, "--checksums", "--json"];
+        args.extend(extra.iter().map(String::as_str));
         args.extend(flags(case));
-        let env = env(*i);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         match try_json(&args, &env) {
             Err(e) => vec![format!("{}: {e}", case.name)],
@@ -833,14 +869,25 @@ fn cuda_without_a_driver_exits_1() {
 
 /// The stub driver, driven by the environment: `cuInit` returns `STUB_CU_INIT` (default 100,
 /// CUDA_ERROR_NO_DEVICE), `cuDeviceGetCount` reports `STUB_GPUS` (default 0), `cuDeviceGet`
-/// accepts ordinals below that, and creating a context fails with CUDA_ERROR_UNKNOWN (999); the
-/// error functions answer with fixed strings. These are all the symbols wload and cudarc call on
-/// the way to the first context (a missing one would make cudarc panic).
-const STUB_C: &str = r#"
+/// accepts ordinals below that, and creating a context fails with CUDA_ERROR_UNKNOWN (999) unless
+/// `STUB_CTX=ok`; the error functions answer with fixed strings.
+///
+/// With `STUB_CTX=ok` it is a GPU in host memory, as unforgiving as a real one where a loader can
+/// go wrong: device and pinned allocations start as garbage (0xAB), copies queued on a stream run
+/// only when the stream or an event recorded after them is synchronised (so a staging buffer
+/// reused before its copy is done sends the wrong bytes, and `--check` sees it), and a
+/// synchronous copy back does not wait for other streams. `STUB_GPU_MEM` caps device memory
+/// (CUDA_ERROR_OUT_OF_MEMORY beyond it). These are all the symbols wload calls (a missing one
+/// would make cudarc panic).
+pub(crate) const STUB_C: &str = r#"
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+typedef unsigned long long CUdeviceptr;
 static int env_int(const char *k, int d) { const char *v = getenv(k); return v ? atoi(v) : d; }
 static const char *text(int e) {
     switch (e) {
+    case 2: return "stub: out of memory";
     case 100: return "stub: no CUDA-capable device is detected";
     case 101: return "stub: invalid device ordinal";
     case 999: return "stub: unknown error";
@@ -849,6 +896,7 @@ static const char *text(int e) {
 }
 static const char *name(int e) {
     switch (e) {
+    case 2: return "CUDA_ERROR_OUT_OF_MEMORY";
     case 100: return "CUDA_ERROR_NO_DEVICE";
     case 101: return "CUDA_ERROR_INVALID_DEVICE";
     case 999: return "CUDA_ERROR_UNKNOWN";
@@ -863,9 +911,115 @@ int cuDeviceGet(int *dev, int ordinal) {
     *dev = ordinal;
     return 0;
 }
-int cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)ctx; (void)dev; return 999; }
+int cuDeviceGetName(char *out, int len, int dev) {
+    (void)dev;
+    strncpy(out, "Stub GPU", (size_t)len);
+    return 0;
+}
+static int ctx_ok(void) { const char *v = getenv("STUB_CTX"); return v && !strcmp(v, "ok"); }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    (void)dev;
+    if (!ctx_ok()) return 999;
+    *ctx = (void *)0x1;
+    return 0;
+}
+int cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return 0; }
+int cuCtxSetCurrent(void *ctx) { (void)ctx; return 0; }
 int cuGetErrorString(int err, const char **s) { *s = text(err); return 0; }
 int cuGetErrorName(int err, const char **s) { *s = name(err); return 0; }
+
+static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long mem_used;
+int cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    long long cap = (long long)env_int("STUB_GPU_MEM", 0);
+    pthread_mutex_lock(&mem_mu);
+    if (cap > 0 && mem_used + n > (unsigned long long)cap) { pthread_mutex_unlock(&mem_mu); return 2; }
+    mem_used += n;
+    pthread_mutex_unlock(&mem_mu);
+    void *m = malloc(n + 8);
+    if (!m) return 2;
+    *(size_t *)m = n;
+    memset((char *)m + 8, 0xAB, n);
+    *p = (CUdeviceptr)((char *)m + 8);
+    return 0;
+}
+int cuMemFree_v2(CUdeviceptr p) {
+    char *m = (char *)p - 8;
+    pthread_mutex_lock(&mem_mu);
+    mem_used -= *(size_t *)m;
+    pthread_mutex_unlock(&mem_mu);
+    free(m);
+    return 0;
+}
+int cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) { memset((void *)p, v, n); return 0; }
+int cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
+    (void)flags;
+    if (posix_memalign(p, 4096, n)) return 2;
+    memset(*p, 0xAB, n);
+    return 0;
+}
+int cuMemFreeHost(void *p) { free(p); return 0; }
+
+struct op { CUdeviceptr dst; const void *src; size_t n; };
+struct stream { pthread_mutex_t mu; struct op *ops; size_t len, cap, done; };
+struct event { struct stream *s; size_t at; };
+int cuStreamCreate(struct stream **s, unsigned int flags) {
+    (void)flags;
+    *s = calloc(1, sizeof **s);
+    pthread_mutex_init(&(*s)->mu, 0);
+    return 0;
+}
+/* Runs the queued copies up to `upto` (the stream's lock held). */
+static void run_until(struct stream *s, size_t upto) {
+    while (s->done < upto) {
+        struct op *o = &s->ops[s->done++];
+        memcpy((void *)o->dst, o->src, o->n);
+    }
+}
+int cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, struct stream *s) {
+    pthread_mutex_lock(&s->mu);
+    if (s->len == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        s->ops = realloc(s->ops, s->cap * sizeof *s->ops);
+    }
+    s->ops[s->len].dst = dst; s->ops[s->len].src = src; s->ops[s->len].n = n;
+    s->len++;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+int cuStreamSynchronize(struct stream *s) {
+    pthread_mutex_lock(&s->mu);
+    run_until(s, s->len);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+int cuStreamDestroy_v2(struct stream *s) {
+    cuStreamSynchronize(s);
+    free(s->ops);
+    free(s);
+    return 0;
+}
+int cuEventCreate(struct event **e, unsigned int flags) { (void)flags; *e = calloc(1, sizeof **e); return 0; }
+int cuEventRecord(struct event *e, struct stream *s) {
+    pthread_mutex_lock(&s->mu);
+    e->s = s; e->at = s->len;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+int cuEventSynchronize(struct event *e) {
+    if (!e->s) return 0;
+    pthread_mutex_lock(&e->s->mu);
+    run_until(e->s, e->at);
+    pthread_mutex_unlock(&e->s->mu);
+    return 0;
+}
+int cuEventElapsedTime(float *ms, struct event *a, struct event *b) {
+    (void)a; (void)b;
+    *ms = 0.001f;
+    return 0;
+}
+int cuEventDestroy_v2(struct event *e) { free(e); return 0; }
+int cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { memcpy(dst, (const void *)src, n); return 0; }
 "#;
 
 /// Builds the stub as `<dir>/libcuda.so.1` plus a `libcuda.so` link (cudarc's candidates start
@@ -892,7 +1046,7 @@ fn build_stub(dir: &Path) -> Option<()> {
 
 /// A stub driver on `LD_LIBRARY_PATH`; `None` when there is no C compiler to build it (a failure
 /// in CI, see [`missing_environment`]).
-fn stub_driver(test: &str) -> Option<(TempDir, String)> {
+pub(crate) fn stub_driver(test: &str) -> Option<(TempDir, String)> {
     let dir = TempDir::new().unwrap();
     if build_stub(dir.path()).is_none() {
         missing_environment(test, "no C compiler (cc) to build the stub libcuda");
@@ -1304,4 +1458,70 @@ fn human_output_shows_ranks_and_stages() {
         text.contains("tp 2") && text.contains("checkpoint"),
         "{text}"
     );
+}
+
+/// The GPU benchmark's wload steps (bench/gpu/run.sh with SKIP_TORCH=1: generate, load warm and
+/// cold with --repeat and --check, write the JSON) against the stub GPU, so that the script is
+/// known to work before it meets a real one.
+#[test]
+fn gpu_bench_script_runs_on_the_stub_gpu() {
+    const TEST: &str = "gpu_bench_script_runs_on_the_stub_gpu";
+    let Some((_dir, lp)) = stub_driver(TEST) else {
+        return;
+    };
+    if StdCommand::new("python3")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return missing_environment(TEST, "no python3 to generate the checkpoint");
+    }
+    let work = TempDir::new().unwrap();
+    let json = work.path().join("results/run.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/gpu/run.sh");
+    let out = StdCommand::new("bash")
+        .arg(&script)
+        .arg(work.path())
+        .arg("--json")
+        .arg(&json)
+        .env("WLOAD_BIN", env!("CARGO_BIN_EXE_wload"))
+        .env("SKIP_TORCH", "1")
+        .env("RUNS", "2")
+        .env(
+            "GEN_ARGS",
+            "--files 2 --layers 2 --real-shapes --hidden-size 256 --intermediate-size 640 \
+             --vocab-size 1000 --num-attention-heads 4 --num-key-value-heads 2",
+        )
+        .env("LD_LIBRARY_PATH", &lp)
+        .env("STUB_CU_INIT", "0")
+        .env("STUB_GPUS", "1")
+        .env("STUB_CTX", "ok")
+        .env("WLOAD_TEST_SLOT_BYTES", "65536")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("SLURM_PROCID")
+        .output()
+        .unwrap();
+    let ctx = context(&out);
+    assert!(out.status.success(), "{ctx}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("PASS"), "{ctx}");
+    let r: Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r["pass"], true, "{r}");
+    for (run, io) in [("wload_warm", "buffered"), ("wload_cold", "direct")] {
+        let w = &r[run];
+        assert_eq!(w["ok"], true, "{run}: {r}");
+        assert_eq!(w["check"], "ok", "{run}: {r}");
+        assert_eq!(w["io"], io, "{run}: {r}");
+        assert!(w["gbps_median"].as_f64().unwrap() > 0.0, "{run}: {r}");
+    }
+    assert!(
+        r["wload_warm"]["resident_share"].as_f64().unwrap() > 0.99,
+        "{r}"
+    );
+    assert!(
+        r["wload_cold"]["resident_share"].as_f64().unwrap() < 0.01,
+        "{r}"
+    );
+    assert_eq!(r["pinned_h2d_gbps"], Value::Null, "{r}");
 }

@@ -24,6 +24,7 @@ mod gpt_oss;
 mod hub;
 mod inspect;
 mod json;
+mod io;
 mod load;
 mod mappings;
 mod mistral;

@@ -224,6 +224,8 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         ranks: args.ranks.clone(),
         force: args.force,
         verify: args.verify,
+        io: args.io.io,
+        cold: args.io.cold,
     };
     // OUT and --ranks are checked before planning, which may take a while on a large model.
     wload::shard::precheck(
@@ -263,6 +265,9 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         ranks: args.ranks.clone(),
         check: args.check,
         checksums: args.checksums,
+        io: args.io.io,
+        cold: args.io.cold,
+        repeat: args.repeat,
     };
     let settings = load_settings(args)?;
     let mut sopts = source_options(&args.source, g.quiet)?;

@@ -1,0 +1,630 @@
+//! How source bytes come off storage: through the page cache (`buffered`), around it (`direct`,
+//! O_DIRECT into aligned buffers), or from a mapping (`mmap`); how much of a file the page cache
+//! holds (`mincore`), and how to drop it from there (`posix_fadvise`), so that cold loads are
+//! cold and every report says which kind it measured.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// O_DIRECT's alignment for offsets, lengths and buffer addresses: the page size, a multiple of
+/// every logical block size Linux block devices use.
+pub const ALIGN: u64 = 4096;
+
+/// How the engine reads source files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum IoMode {
+    /// Direct when most of the source is out of the page cache, buffered when it is in.
+    #[default]
+    Auto,
+    /// pread through the page cache.
+    Buffered,
+    /// O_DIRECT reads into aligned buffers: no page-cache copy, no cache pollution.
+    Direct,
+    /// Copies out of a read-only mapping of each file.
+    Mmap,
+}
+
+impl std::fmt::Display for IoMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoMode::Auto => "auto",
+            IoMode::Buffered => "buffered",
+            IoMode::Direct => "direct",
+            IoMode::Mmap => "mmap",
+        })
+    }
+}
+
+/// Below this share of the source in the page cache, `auto` reads around it: copying cached
+/// pages is faster than any disk, while for uncached ones O_DIRECT saves the extra copy.
+pub const AUTO_RESIDENT_SHARE: f64 = 0.5;
+
+/// The mode `auto` stands for, given the resident share of the source (0 to 1), with why.
+pub fn choose(mode: IoMode, resident_share: f64) -> (IoMode, String) {
+    match mode {
+        IoMode::Auto if resident_share >= AUTO_RESIDENT_SHARE => (
+            IoMode::Buffered,
+            format!(
+                "auto: {:.0}% of the source was in the page cache (at least {:.0}%), so buffered",
+                resident_share * 100.0,
+                AUTO_RESIDENT_SHARE * 100.0
+            ),
+        ),
+        IoMode::Auto => (
+            IoMode::Direct,
+            format!(
+                "auto: {:.0}% of the source was in the page cache (under {:.0}%), so direct",
+                resident_share * 100.0,
+                AUTO_RESIDENT_SHARE * 100.0
+            ),
+        ),
+        m => (m, format!("{m}: as asked")),
+    }
+}
+
+/// One source file, opened for the chosen mode. The buffered handle is always there: it serves
+/// file-to-file copies and the bytes O_DIRECT cannot reach (none, unless the file shrank).
+pub struct SourceFile {
+    pub path: PathBuf,
+    pub file: File,
+    direct: Option<File>,
+    map: Option<memmap2::Mmap>,
+}
+
+/// Why a source file cannot be read the way asked.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("opening {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("evicting {path} from the page cache: {source}")]
+    Evict {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "{path}: this filesystem does not support O_DIRECT ({source}); use --io buffered or --io auto"
+    )]
+    NoDirect {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SourceFile {
+    /// Opens `path` for `mode` (`auto` must be resolved first: it is taken as buffered).
+    pub fn open(path: &Path, mode: IoMode) -> Result<SourceFile, OpenError> {
+        let open_err = |source| OpenError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(open_err)?;
+        let mut src = SourceFile {
+            path: path.to_path_buf(),
+            file,
+            direct: None,
+            map: None,
+        };
+        match mode {
+            IoMode::Direct => {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(path)
+                    .map_err(|source| match source.raw_os_error() {
+                        Some(libc::EINVAL) => OpenError::NoDirect {
+                            path: path.to_path_buf(),
+                            source,
+                        },
+                        _ => open_err(source),
+                    })?;
+                src.direct = Some(f);
+            }
+            IoMode::Mmap => {
+                let len = src.file.metadata().map_err(open_err)?.len();
+                if len > 0 {
+                    // SAFETY: a read-only private map; a file truncated under it would SIGBUS,
+                    // which is the same contract every mmap loader has (checkpoints are not
+                    // rewritten while loading).
+                    let m = unsafe { memmap2::Mmap::map(&src.file) }.map_err(open_err)?;
+                    src.map = Some(m);
+                }
+            }
+            IoMode::Auto | IoMode::Buffered => {}
+        }
+        Ok(src)
+    }
+
+    pub fn mode(&self) -> IoMode {
+        if self.direct.is_some() {
+            IoMode::Direct
+        } else if self.map.is_some() {
+            IoMode::Mmap
+        } else {
+            IoMode::Buffered
+        }
+    }
+
+    /// Reads source bytes `[off, off + len)` into `dst`, which must be [`ALIGN`]-aligned and at
+    /// least [`staging_len`]`(len)` long; returns where in `dst` they start (O_DIRECT reads whole
+    /// aligned blocks around them). A short file is `UnexpectedEof`.
+    pub fn read_staged(&self, dst: &mut [u8], off: u64, len: usize) -> io::Result<usize> {
+        debug_assert!(dst.len() >= staging_len(len));
+        if let Some(f) = &self.direct {
+            let a0 = off / ALIGN * ALIGN;
+            let delta = (off - a0) as usize;
+            let want = (delta + len).div_ceil(ALIGN as usize) * ALIGN as usize;
+            let got = read_full(f, &mut dst[..want], a0)?;
+            // The file's tail: O_DIRECT reads stop at the end, within the last block.
+            if got < delta + len {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            return Ok(delta);
+        }
+        self.read_exact_at(&mut dst[..len], off)?;
+        Ok(0)
+    }
+
+    /// Reads exactly `dst.len()` bytes at `off`, into any buffer; direct files go through
+    /// `bounce`, an aligned buffer kept by the caller.
+    pub fn read_into(&self, dst: &mut [u8], off: u64, bounce: &mut AlignedBuf) -> io::Result<()> {
+        if self.direct.is_some() {
+            let b = bounce.get(staging_len(dst.len()));
+            let at = self.read_staged(b, off, dst.len())?;
+            dst.copy_from_slice(&b[at..at + dst.len()]);
+            return Ok(());
+        }
+        self.read_exact_at(dst, off)
+    }
+
+    /// [`SourceFile::read_into`], but for direct files straight into `dst` when `dst`'s address
+    /// and `off` sit at the same place in a block: only a partial first and last block go
+    /// through `bounce`, the rest lands without a copy.
+    pub fn read_into_in_place(
+        &self,
+        dst: &mut [u8],
+        off: u64,
+        bounce: &mut AlignedBuf,
+    ) -> io::Result<()> {
+        let a = ALIGN as usize;
+        let Some(f) = &self.direct else {
+            return self.read_exact_at(dst, off);
+        };
+        if dst.as_ptr() as usize % a != (off % ALIGN) as usize || dst.len() < 2 * a {
+            return self.read_into(dst, off, bounce);
+        }
+        let head = (off.next_multiple_of(ALIGN) - off) as usize;
+        let body = (dst.len() - head) / a * a;
+        let (first, rest) = dst.split_at_mut(head);
+        let (middle, last) = rest.split_at_mut(body);
+        self.read_into(first, off, bounce)?;
+        let at = off + head as u64;
+        if read_full(f, middle, at)? < body {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        self.read_into(last, at + body as u64, bounce)
+    }
+
+    /// Source bytes `[off, off + len)`: straight from the mapping, or read into `buf`.
+    pub fn read<'a>(
+        &'a self,
+        buf: &'a mut AlignedBuf,
+        off: u64,
+        len: usize,
+    ) -> io::Result<&'a [u8]> {
+        if let Some(m) = &self.map {
+            let end = off as usize + len;
+            if end > m.len() {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            return Ok(&m[off as usize..end]);
+        }
+        let b = buf.get(staging_len(len));
+        let at = self.read_staged(b, off, len)?;
+        Ok(&b[at..at + len])
+    }
+
+    /// Buffered (or mapped) positioned read of exactly `dst.len()` bytes.
+    fn read_exact_at(&self, dst: &mut [u8], off: u64) -> io::Result<()> {
+        if let Some(m) = &self.map {
+            let end = off as usize + dst.len();
+            if end > m.len() {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            dst.copy_from_slice(&m[off as usize..end]);
+            return Ok(());
+        }
+        self.file.read_exact_at(dst, off)
+    }
+}
+
+/// Room a staged read of `len` bytes needs: an aligned block more on each side.
+pub fn staging_len(len: usize) -> usize {
+    len + 2 * ALIGN as usize
+}
+
+/// Reads until `dst` is full or the file ends; returns the bytes read.
+fn read_full(f: &File, dst: &mut [u8], off: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < dst.len() {
+        match f.read_at(&mut dst[got..], off + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// A growable buffer whose start is [`ALIGN`]-aligned (O_DIRECT's rule for buffer addresses).
+#[derive(Default)]
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+}
+
+impl AlignedBuf {
+    /// The first `len` bytes of the aligned region, grown if needed (contents unspecified).
+    pub fn get(&mut self, len: usize) -> &mut [u8] {
+        let a = ALIGN as usize;
+        if self.raw.len() < len + a {
+            self.raw = vec![0; len + a];
+        }
+        let start = self.raw.as_ptr().align_offset(a);
+        &mut self.raw[start..start + len]
+    }
+}
+
+/// How much of a set of files the page cache holds.
+#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq)]
+pub struct Residency {
+    pub bytes: u64,
+    pub resident_bytes: u64,
+}
+
+impl Residency {
+    pub fn share(&self) -> f64 {
+        if self.bytes == 0 {
+            1.0
+        } else {
+            self.resident_bytes as f64 / self.bytes as f64
+        }
+    }
+
+    fn add(&mut self, o: Residency) {
+        self.bytes += o.bytes;
+        self.resident_bytes += o.resident_bytes;
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 { n as u64 } else { ALIGN }
+}
+
+/// Bytes of `path` in the page cache, by `mincore` on a mapping of it (mapping reads nothing).
+pub fn residency(path: &Path) -> io::Result<Residency> {
+    let f = File::open(path)?;
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(Residency::default());
+    }
+    // SAFETY: read-only map, never dereferenced: only its address range goes to mincore.
+    let m = unsafe { memmap2::Mmap::map(&f) }?;
+    let page = page_size();
+    let pages = len.div_ceil(page) as usize;
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `m` spans `len` bytes from a page-aligned address; `vec` has one byte per page.
+    let rc = unsafe {
+        libc::mincore(
+            m.as_ptr() as *mut libc::c_void,
+            len as usize,
+            vec.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let full = vec.iter().filter(|&&b| b & 1 == 1).count() as u64;
+    // The last page may be partial.
+    let last_partial = vec[pages - 1] & 1 == 1 && len % page != 0;
+    let resident = full * page - if last_partial { page - len % page } else { 0 };
+    Ok(Residency {
+        bytes: len,
+        resident_bytes: resident,
+    })
+}
+
+/// The page-cache residency of all of `paths`.
+pub fn residency_all(paths: &[PathBuf]) -> Result<Residency, OpenError> {
+    let mut r = Residency::default();
+    for p in paths {
+        r.add(residency(p).map_err(|source| OpenError::Open {
+            path: p.clone(),
+            source,
+        })?);
+    }
+    Ok(r)
+}
+
+/// Drops `path`'s pages from the page cache (written back first, since dirty pages stay).
+/// Pages another process has mapped stay too: [`residency`] afterwards says what is left.
+pub fn evict(path: &Path) -> io::Result<()> {
+    let f = File::open(path)?;
+    f.sync_data()?;
+    // SAFETY: a valid descriptor; offset 0 and length 0 mean the whole file.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// The source's page-cache state as a run starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceCache {
+    /// Bytes of the source files the plan reads.
+    pub source_bytes: u64,
+    /// Of those, in the page cache when the run started (after the eviction, with `--cold`).
+    pub resident_bytes: u64,
+    pub resident_share: f64,
+    /// With `--cold`: resident before the eviction (then `resident_bytes` is after it).
+    pub evicted_from_bytes: Option<u64>,
+}
+
+/// The I/O mode asked for, the one used, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct IoChoice {
+    pub requested: IoMode,
+    pub used: IoMode,
+    pub why: String,
+}
+
+/// What `load` and `shard` do before reading: with `cold`, every file out of the page cache
+/// (then measured, so the report proves it); the residency as the run starts, which `auto`
+/// chooses by.
+pub fn prepare(
+    paths: &[PathBuf],
+    mode: IoMode,
+    cold: bool,
+) -> Result<(SourceCache, IoChoice), OpenError> {
+    let mut evicted_from = None;
+    if cold {
+        evicted_from = Some(residency_all(paths)?.resident_bytes);
+        for p in paths {
+            evict(p).map_err(|source| OpenError::Evict {
+                path: p.clone(),
+                source,
+            })?;
+        }
+    }
+    let now = residency_all(paths)?;
+    let (mut used, mut why) = choose(mode, now.share());
+    // `auto` must not fail where O_DIRECT is not supported (some container and network
+    // filesystems): it reads buffered there instead, and says so.
+    if mode == IoMode::Auto
+        && used == IoMode::Direct
+        && let Some(p) = paths.first()
+        && let Err(OpenError::NoDirect { .. }) = SourceFile::open(p, IoMode::Direct)
+    {
+        used = IoMode::Buffered;
+        why = format!("{why}; but this filesystem does not support O_DIRECT, so buffered");
+    }
+    Ok((
+        SourceCache {
+            source_bytes: now.bytes,
+            resident_bytes: now.resident_bytes,
+            resident_share: now.share(),
+            evicted_from_bytes: evicted_from,
+        },
+        IoChoice {
+            requested: mode,
+            used,
+            why,
+        },
+    ))
+}
+
+/// Wall time during which at least one operation of a kind was in progress, summed over threads
+/// that overlap; with bytes, a throughput that means what it says.
+#[derive(Debug, Default)]
+pub struct Busy {
+    state: Mutex<BusyState>,
+    pub bytes: AtomicU64,
+    /// Thread-summed nanoseconds (for the stage table's "thread-summed" rows).
+    pub summed_ns: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct BusyState {
+    active: u32,
+    since: Option<Instant>,
+    total: Duration,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Busy {
+    /// Runs `f` as one operation moving `bytes`.
+    pub fn time<T>(&self, bytes: u64, f: impl FnOnce() -> T) -> T {
+        let t = self.enter();
+        let r = f();
+        self.leave(t, bytes);
+        r
+    }
+
+    fn enter(&self) -> Instant {
+        let now = Instant::now();
+        let mut s = self.state.lock().expect("no panics under the busy lock");
+        if s.active == 0 {
+            s.since = Some(now);
+        }
+        s.first.get_or_insert(now);
+        s.active += 1;
+        now
+    }
+
+    fn leave(&self, t: Instant, bytes: u64) {
+        let now = Instant::now();
+        self.summed_ns
+            .fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let mut s = self.state.lock().expect("no panics under the busy lock");
+        s.active -= 1;
+        if s.active == 0
+            && let Some(since) = s.since.take()
+        {
+            s.total += now - since;
+        }
+        s.last = Some(now);
+    }
+
+    /// Seconds with at least one operation in progress.
+    pub fn busy_s(&self) -> f64 {
+        self.state
+            .lock()
+            .expect("no panics under the busy lock")
+            .total
+            .as_secs_f64()
+    }
+
+    pub fn summed_s(&self) -> f64 {
+        self.summed_ns.load(Ordering::Relaxed) as f64 / 1e9
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// First start and last end, when anything ran.
+    pub fn window(&self) -> Option<(Instant, Instant)> {
+        let s = self.state.lock().expect("no panics under the busy lock");
+        Some((s.first?, s.last?))
+    }
+}
+
+/// Bytes per second over `secs`, in GB/s (0 when nothing was timed).
+pub fn gbps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 / secs / 1e9
+    } else {
+        0.0
+    }
+}
+
+/// How much of the shorter of two stages ran while the other did, from their busy times and
+/// the wall time they shared: 1 is fully hidden, 0 is one after the other.
+pub fn overlap(a_s: f64, b_s: f64, wall_s: f64) -> f64 {
+    let shorter = a_s.min(b_s);
+    if shorter <= 0.0 {
+        return 0.0;
+    }
+    ((a_s + b_s - wall_s) / shorter).clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(len: usize) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+        let dir = tempfile::TempDir::new().unwrap();
+        let p = dir.path().join("f.bin");
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4099) as u8).collect();
+        std::fs::write(&p, &bytes).unwrap();
+        (dir, p, bytes)
+    }
+
+    /// Every mode reads the same bytes at unaligned starts, across block edges and up to the
+    /// file's unaligned tail; one byte past the end is a clean UnexpectedEof.
+    #[test]
+    fn every_mode_reads_the_same_bytes() {
+        let len = 3 * ALIGN as usize + 1234;
+        let (_d, p, bytes) = file_with(len);
+        for mode in [IoMode::Buffered, IoMode::Direct, IoMode::Mmap] {
+            let f = match SourceFile::open(&p, mode) {
+                Ok(f) => f,
+                Err(OpenError::NoDirect { .. }) => {
+                    panic!("O_DIRECT unsupported where the tests run: {}", p.display())
+                }
+                Err(e) => panic!("{e}"),
+            };
+            assert_eq!(f.mode(), mode);
+            let mut buf = AlignedBuf::default();
+            let mut bounce = AlignedBuf::default();
+            for (off, n) in [
+                (0, len),
+                (1, 10),
+                (4095, 2),
+                (4097, 9000),
+                (len - 7, 7),
+                (len - 1, 1),
+                (5000, 0),
+            ] {
+                let got = f.read(&mut buf, off as u64, n).unwrap().to_vec();
+                assert_eq!(got, &bytes[off..off + n], "{mode} read at {off}+{n}");
+                let mut dst = vec![0u8; n];
+                f.read_into(&mut dst, off as u64, &mut bounce).unwrap();
+                assert_eq!(dst, &bytes[off..off + n], "{mode} read_into at {off}+{n}");
+            }
+            // In place: destinations at every phase against the source offset.
+            for (off, n) in [(0usize, len), (4096, 8192), (100, 9000), (4000, len - 4000)] {
+                for shift in [0usize, 1, off % 4096] {
+                    let mut raw = AlignedBuf::default();
+                    let room = raw.get(n + 8192);
+                    let dst = &mut room[shift..shift + n];
+                    f.read_into_in_place(dst, off as u64, &mut bounce).unwrap();
+                    assert_eq!(
+                        dst,
+                        &bytes[off..off + n],
+                        "{mode} in place {off}+{n} at {shift}"
+                    );
+                }
+            }
+            let err = f.read(&mut buf, len as u64 - 3, 4).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{mode}");
+        }
+    }
+
+    #[test]
+    fn eviction_drops_residency() {
+        let (_d, p, _) = file_with(8 << 20);
+        std::fs::read(&p).unwrap();
+        let before = residency(&p).unwrap();
+        assert_eq!(before.bytes, 8 << 20);
+        assert!(before.share() > 0.9, "{before:?}");
+        evict(&p).unwrap();
+        let after = residency(&p).unwrap();
+        assert!(after.share() < 0.1, "{after:?}");
+    }
+
+    #[test]
+    fn auto_follows_residency() {
+        assert_eq!(choose(IoMode::Auto, 1.0).0, IoMode::Buffered);
+        assert_eq!(choose(IoMode::Auto, 0.0).0, IoMode::Direct);
+        assert!(choose(IoMode::Auto, 0.0).1.contains("0% of the source"));
+        assert_eq!(choose(IoMode::Mmap, 0.0).0, IoMode::Mmap);
+    }
+
+    #[test]
+    fn overlap_is_bounded() {
+        assert_eq!(overlap(1.0, 1.0, 1.0), 1.0);
+        assert_eq!(overlap(1.0, 1.0, 2.0), 0.0);
+        assert!((overlap(1.0, 0.5, 1.25) - 0.5).abs() < 1e-9);
+        assert_eq!(overlap(0.0, 1.0, 1.0), 0.0);
+    }
+}
