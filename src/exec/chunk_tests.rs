@@ -320,7 +320,7 @@ fn merged(rng: &mut Rng, rank: u64, srcs: &[Src], tensors: &mut Vec<OutTensor>) 
     if picks.is_empty() {
         return;
     }
-    let fill = rng.pick(&[0.0, 1.0, -2.5]);
+    let fill = rng.pick(&[0.0, -0.0, 1.0, -2.5]);
 
     // Along rows: each source contributes the rows of its half `rank`, cut to a shared width.
     let width = picks.iter().map(|&i| srcs[i].cols).min().unwrap();

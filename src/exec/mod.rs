@@ -267,7 +267,8 @@ pub fn execute(
                     count,
                     value,
                 } => {
-                    if *value != 0.0 || !sink.starts_zeroed() {
+                    // By bits: -0.0 is not zero bytes (0x8000 in bf16), so it must be written.
+                    if value.to_bits() != 0 || !sink.starts_zeroed() {
                         let item = t.dtype.bits() / 8;
                         fills.push((
                             pl.out,

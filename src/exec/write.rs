@@ -366,7 +366,7 @@ fn zero_fills(plan: &Plan, placements: &[Placement]) -> Vec<(usize, u64, u64)> {
                 count,
                 value,
             } = piece
-                && *value == 0.0
+                && value.to_bits() == 0
             {
                 let start = pl.offset + dst_start * item;
                 v.push((pl.out, start, start + count * item));
