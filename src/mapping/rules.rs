@@ -44,6 +44,10 @@ pub struct Rules {
     any_regex: Option<RegexSet>,
     #[serde(skip)]
     any_expert: Option<RegexSet>,
+    /// Every substring and stacked rule's `from`, as literals: one pass says that none of them
+    /// occurs, which holds for nearly every per-expert name.
+    #[serde(skip)]
+    any_literal: Option<RegexSet>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -110,6 +114,18 @@ pub enum ShardId {
     /// `q`, `k`, `v`, `w1`, …: borrowed when the planner names a slot (one per piece, millions
     /// for a large MoE), owned when read from a mapping file.
     Name(std::borrow::Cow<'static, str>),
+}
+
+impl ShardId {
+    /// The shard named `s`, borrowed for the names wload's mappings use (cloning it, once per
+    /// checkpoint tensor, then allocates nothing).
+    pub fn named(s: &str) -> ShardId {
+        const KNOWN: [&str; 6] = ["q", "k", "v", "w1", "w2", "w3"];
+        match KNOWN.iter().find(|k| **k == s) {
+            Some(k) => ShardId::Name(std::borrow::Cow::Borrowed(k)),
+            None => ShardId::Name(s.to_string().into()),
+        }
+    }
 }
 
 impl fmt::Display for ShardId {
@@ -206,44 +222,49 @@ impl Rules {
             .iter()
             .map(|r| r.pattern.as_str())
             .collect())?);
+        let literals: Vec<String> = (self.substr.iter().map(|r| &r.from))
+            .chain(self.stacked.iter().map(|r| &r.from))
+            .map(|f| regex::escape(f))
+            .collect();
+        self.any_literal = Some(set(literals.iter().map(String::as_str).collect())?);
         Ok(())
     }
 
     /// Maps one checkpoint name.
     pub fn apply(&self, name: &str) -> Outcome {
         let mut trace = Vec::new();
-        let mut key = name.to_string();
+        let mut key = std::borrow::Cow::Borrowed(name);
         let mut permute_heads = None;
         if let Some(m) = &self.mistral {
             let (k, p) = m.remap(&key);
             if k != key {
                 trace.push(Step::Mistral {
-                    from: key.clone(),
+                    from: key.to_string(),
                     to: k.clone(),
                 });
             }
-            key = k;
+            key = k.into();
             permute_heads = p;
         }
-        let (outer, mut inner) = match key.strip_prefix(self.scope.as_str()) {
-            Some(rest) if !self.scope.is_empty() => (self.scope.clone(), rest.to_string()),
-            _ if self.scope.is_empty() => (String::new(), key.clone()),
-            _ => {
-                return Outcome::Mapped(Mapped {
-                    target: key,
-                    shard: None,
-                    expert: None,
-                    permute_heads,
-                    trace,
-                });
-            }
+        let Some(rest) = key.strip_prefix(self.scope.as_str()) else {
+            return Outcome::Mapped(Mapped {
+                target: key.into_owned(),
+                shard: None,
+                expert: None,
+                permute_heads,
+                trace,
+            });
         };
-
         let mut shard = None;
-        if let Some(dropped) = self.rename(&mut inner, &mut shard, &mut trace) {
-            return dropped;
-        }
-        let mut target = format!("{outer}{inner}");
+        let mut target = if self.untouched(rest) {
+            key.into_owned()
+        } else {
+            let mut inner = rest.to_string();
+            if let Some(dropped) = self.rename(&mut inner, &mut shard, &mut trace) {
+                return dropped;
+            }
+            format!("{}{inner}", self.scope)
+        };
         let expert = self.expert(&mut target, &mut shard, &mut trace);
         Outcome::Mapped(Mapped {
             target,
@@ -252,6 +273,16 @@ impl Rules {
             permute_heads,
             trace,
         })
+    }
+
+    /// Whether no rename rule can fire on `inner` (then [`Rules::rename`] would leave it as it
+    /// is): the common case, answered without copying the name.
+    fn untouched(&self, inner: &str) -> bool {
+        let none = |set: &Option<RegexSet>| set.as_ref().is_some_and(|s| !s.is_match(inner));
+        none(&self.any_regex)
+            && none(&self.any_literal)
+            && !self.prefix.iter().any(|r| inner.starts_with(&r.from))
+            && !self.suffix.iter().any(|r| inner.ends_with(&r.from))
     }
 
     /// A step of a name's trace, as messages show it.
@@ -371,28 +402,23 @@ impl Rules {
         shard: &mut Option<ShardId>,
         trace: &mut Vec<Step>,
     ) -> Option<u64> {
-        let mut expert = None;
-        if self
-            .any_expert
-            .as_ref()
-            .is_some_and(|s| !s.is_match(target))
-        {
-            return None;
+        // The rules that match, in order; the first whose id parses fires.
+        let matching = self.any_expert.as_ref()?.matches(target);
+        for k in matching.iter() {
+            let (r, re) = (&self.experts[k], &self.compiled_experts[k]);
+            let Some(c) = re.captures(target) else {
+                continue;
+            };
+            let Ok(id) = c[1].parse::<u64>() else {
+                continue;
+            };
+            let whole = c.get(0).expect("group 0 always matches").range();
+            target.replace_range(whole, &r.replace);
+            *shard = Some(ShardId::named(&r.shard));
+            trace.push(Step::Expert { rule: k, id });
+            return Some(id);
         }
-        for (k, (r, re)) in self.experts.iter().zip(&self.compiled_experts).enumerate() {
-            if let Some(c) = re.captures(target) {
-                let id = c[1].parse::<u64>().ok();
-                if let Some(id) = id {
-                    let whole = c.get(0).expect("group 0 always matches").range();
-                    target.replace_range(whole, &r.replace);
-                    expert = Some(id);
-                    *shard = Some(ShardId::Name(r.shard.clone().into()));
-                    trace.push(Step::Expert { rule: k, id });
-                    break;
-                }
-            }
-        }
-        expert
+        None
     }
 }
 
