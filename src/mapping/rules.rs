@@ -37,6 +37,9 @@ pub struct Rules {
     compiled: Vec<Regex>,
     #[serde(skip)]
     compiled_experts: Vec<Regex>,
+    /// The expert rules as literal matchers, when every pattern is `literal(\\d+)literal`.
+    #[serde(skip)]
+    literal_experts: Option<Vec<LiteralExpert>>,
     /// All regex rules at once, then all expert rules: most names match none, and one pass over
     /// the name says so (a DeepSeek-V3 checkpoint has 90,000 names and a quantized one 14 regex
     /// rules).
@@ -222,6 +225,11 @@ impl Rules {
             .iter()
             .map(|r| r.pattern.as_str())
             .collect())?);
+        self.literal_experts = self
+            .experts
+            .iter()
+            .map(|r| LiteralExpert::parse(&r.pattern))
+            .collect();
         let literals: Vec<String> = (self.substr.iter().map(|r| &r.from))
             .chain(self.stacked.iter().map(|r| &r.from))
             .map(|f| regex::escape(f))
@@ -402,6 +410,21 @@ impl Rules {
         shard: &mut Option<ShardId>,
         trace: &mut Vec<Step>,
     ) -> Option<u64> {
+        if let Some(literal) = self.literal_experts.as_ref().filter(|_| target.is_ascii()) {
+            for (k, m) in literal.iter().enumerate() {
+                let Some((whole, id)) = m.find(target) else {
+                    continue;
+                };
+                let Ok(id) = id.parse::<u64>() else {
+                    continue;
+                };
+                target.replace_range(whole, &self.experts[k].replace);
+                *shard = Some(ShardId::named(&self.experts[k].shard));
+                trace.push(Step::Expert { rule: k, id });
+                return Some(id);
+            }
+            return None;
+        }
         // The rules that match, in order; the first whose id parses fires.
         let matching = self.any_expert.as_ref()?.matches(target);
         for k in matching.iter() {
@@ -417,6 +440,61 @@ impl Rules {
             *shard = Some(ShardId::named(&r.shard));
             trace.push(Step::Expert { rule: k, id });
             return Some(id);
+        }
+        None
+    }
+}
+
+/// An expert rule of the form `prefix(\d+)suffix` with literal ends (every rule wload ships),
+/// matched without the regex engine: on an ASCII name, where `\d` is `[0-9]`, the regex's
+/// leftmost match is the first occurrence of `prefix` followed by digits and then `suffix`; a
+/// suffix that does not start with a digit leaves the greedy digit run no other choice.
+#[derive(Debug, Clone)]
+struct LiteralExpert {
+    prefix: String,
+    suffix: String,
+}
+
+impl LiteralExpert {
+    /// `None` unless `pattern` is plain letters, digits, `_` and escaped dots around exactly one
+    /// `(\d+)`, and the suffix does not start with a digit.
+    fn parse(pattern: &str) -> Option<LiteralExpert> {
+        let (prefix, suffix) = pattern.split_once(r"(\d+)")?;
+        let unescape = |p: &str| -> Option<String> {
+            let mut out = String::new();
+            let mut chars = p.chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' if chars.next()? == '.' => out.push('.'),
+                    c if c.is_ascii_alphanumeric() || c == '_' => out.push(c),
+                    _ => return None,
+                }
+            }
+            Some(out)
+        };
+        let (prefix, suffix) = (unescape(prefix)?, unescape(suffix)?);
+        if suffix.starts_with(|c: char| c.is_ascii_digit()) {
+            return None;
+        }
+        Some(LiteralExpert { prefix, suffix })
+    }
+
+    /// The whole match and the digits, in `name` (ASCII).
+    fn find<'n>(&self, name: &'n str) -> Option<(std::ops::Range<usize>, &'n str)> {
+        let mut from = 0;
+        while let Some(at) = name.get(from..)?.find(self.prefix.as_str()) {
+            let start = from + at;
+            let digits_at = start + self.prefix.len();
+            let run = name[digits_at..]
+                .bytes()
+                .take_while(u8::is_ascii_digit)
+                .count();
+            let end = digits_at + run;
+            if run > 0 && name[end..].starts_with(self.suffix.as_str()) {
+                return Some((start..end + self.suffix.len(), &name[digits_at..end]));
+            }
+            // An empty prefix matches everywhere: step over one character.
+            from = start + 1;
         }
         None
     }
@@ -574,5 +652,50 @@ mod tests {
         );
         assert_eq!(m.expert, Some(3));
         assert_eq!(m.shard, Some(ShardId::Name("w1".into())));
+    }
+
+    /// The literal matcher finds what the regex finds (match, id), on names built to trip it:
+    /// overlapping prefixes, digit runs that stop short of the suffix, several candidates.
+    #[test]
+    fn literal_expert_rules_match_as_the_regex_does() {
+        let patterns = [
+            r"experts\.(\d+)\.gate_proj\.",
+            r"experts\.(\d+)\.",
+            r"(\d+)\.w2",
+            r"mlp\.experts\.(\d+)",
+            r"ee(\d+)_x",
+        ];
+        let names = [
+            "model.layers.3.mlp.experts.17.gate_proj.weight",
+            "model.layers.3.mlp.experts.17.up_proj.weight",
+            "experts.x.experts.5.gate_proj.experts.6.gate_proj.",
+            "experts.12a.experts.34.gate_proj.",
+            "experts..gate_proj.experts.007.gate_proj.w",
+            "a.1.w2.b.22.w2",
+            "eee12_x eee3_x",
+            "mlp.experts.99999999999999999999999.w1",
+            "experts.1.gate_proj",
+            "",
+        ];
+        for p in patterns {
+            let m = LiteralExpert::parse(p).expect("a literal pattern");
+            let re = Regex::new(p).expect("regex");
+            for n in names {
+                let want = re
+                    .captures(n)
+                    .map(|c| (c.get(0).expect("whole").range(), c[1].to_string()));
+                let got = m.find(n).map(|(r, d)| (r, d.to_string()));
+                assert_eq!(got, want, "{p} on {n:?}");
+            }
+        }
+        for p in [
+            r"experts\.(\d+)\.(w1)",
+            r"x(\d+)1",
+            r"a.(\d+)",
+            r"(?i)a(\d+)",
+            r"a\d(\d+)",
+        ] {
+            assert!(LiteralExpert::parse(p).is_none(), "{p}");
+        }
     }
 }
