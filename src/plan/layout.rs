@@ -460,6 +460,17 @@ impl Geometry {
         }
     }
 
+    /// The experts of a fused expert layout whose rank layouts repeat per expert
+    /// ([`RankLayout::per_expert`]); `None` for the others.
+    pub fn expert_count(&self) -> Option<u64> {
+        match self {
+            Geometry::Experts { experts, .. }
+            | Geometry::ExpertTensorScale { experts, .. }
+            | Geometry::ExpertBlockScale { experts, .. } => Some(*experts),
+            _ => None,
+        }
+    }
+
     /// Rank `r`'s tensor and how to fill it. `fused` says the parameter is fed by one stacked
     /// tensor (shard id none) rather than by its shards.
     pub fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {

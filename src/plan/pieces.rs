@@ -27,7 +27,9 @@ impl Planner<'_> {
         on: &[OnStage],
     ) -> Vec<RankPlan> {
         let mut out = Vec::new();
-        let by_expert: Vec<ByExpert> = a.fed.iter().map(ByExpert::new).collect();
+        let by_expert: Vec<ByExpert> = (a.fed.iter().zip(params))
+            .map(|(fed, p)| ByExpert::new(fed, p.geometry.expert_count()))
+            .collect();
         for stage in stages {
             let here: Vec<bool> = params
                 .iter()
@@ -95,10 +97,19 @@ struct Feeds<'a> {
 struct ByExpert<'a>(Vec<(Option<ShardId>, Vec<Option<&'a Feed>>)>);
 
 impl<'a> ByExpert<'a> {
-    fn new(fed: &'a Fed) -> ByExpert<'a> {
+    /// The table of a parameter with `experts` experts (none for other layouts). A slot of an
+    /// expert past them, which a checkpoint may name, is never read: the table leaves it out
+    /// rather than grow to a hostile id.
+    fn new(fed: &'a Fed, experts: Option<u64>) -> ByExpert<'a> {
         let mut by: Vec<(Option<ShardId>, Vec<Option<&Feed>>)> = Vec::new();
+        let Some(experts) = experts else {
+            return ByExpert(by);
+        };
         for ((shard, expert), feed) in fed {
-            let Some(e) = expert.and_then(|e| usize::try_from(e).ok()) else {
+            let Some(e) = expert
+                .filter(|&e| e < experts)
+                .and_then(|e| usize::try_from(e).ok())
+            else {
                 continue;
             };
             let k = match by.iter().position(|(s, _)| s == shard) {
@@ -303,4 +314,34 @@ fn unfilled(b: &Block, value: f64) -> impl Iterator<Item = Piece> + '_ {
         count: b.row,
         value,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(source: usize) -> Feed {
+        Feed {
+            source,
+            rotary_heads: None,
+        }
+    }
+
+    /// A checkpoint may name an expert past the model's (vLLM skips it): the table must not
+    /// grow to its id, and the experts the layout asks for are still found.
+    #[test]
+    fn an_expert_id_past_the_models_experts_is_left_out_of_the_table() {
+        let w1 = || Some(ShardId::named("w1"));
+        let mut fed = Fed::default();
+        fed.insert((w1(), Some(1)), feed(7));
+        fed.insert((w1(), Some(u64::MAX / 2)), feed(8));
+        fed.insert((None, None), feed(9));
+        let by = ByExpert::new(&fed, Some(4));
+        assert_eq!(by.0.len(), 1);
+        assert_eq!(by.0[0].1.len(), 2);
+        assert_eq!(by.get(&w1(), 1).map(|f| f.source), Some(7));
+        assert!(by.get(&w1(), 0).is_none());
+        assert!(by.get(&w1(), u64::MAX / 2).is_none());
+        assert!(ByExpert::new(&fed, None).0.is_empty());
+    }
 }
