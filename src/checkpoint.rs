@@ -89,6 +89,8 @@ pub struct Checkpoint {
     /// in `u32`: a header of at most 100 MB cannot list 2^32 tensors.
     winners: HashTable<(u32, u32)>,
     hasher: NameHasher,
+    /// Whether some name appears in more than one file (so some copies are shadowed).
+    shadowing: bool,
 }
 
 impl Checkpoint {
@@ -142,7 +144,8 @@ impl Checkpoint {
             }
         }
         let mut duplicates = Vec::new();
-        if !seen_in.is_empty() {
+        let shadowing = !seen_in.is_empty();
+        if shadowing {
             for f in &files {
                 for t in &f.tensors {
                     if let Some(v) = seen_in.get_mut(t.name.as_str()) {
@@ -164,6 +167,7 @@ impl Checkpoint {
             duplicates,
             winners,
             hasher,
+            shadowing,
         }
     }
 
@@ -189,6 +193,11 @@ impl Checkpoint {
 
     /// True when this copy is the one that survives (not shadowed by a later file).
     pub fn is_effective(&self, t: &TensorInfo) -> bool {
+        // Without duplicate names every copy survives, and a name lookup per tensor (100k of
+        // them in a large MoE) is spared.
+        if !self.shadowing {
+            return true;
+        }
         self.winner(&t.name).is_some_and(|(fi, _)| fi == t.file)
     }
 

@@ -6,6 +6,7 @@
 //! `--tp` and `--enable-expert-parallel` (`when:` conditions, the layer count), so "matches no
 //! parameter" and "vLLM ignores it" are the plan's assign phase's verdicts.
 
+use rayon::prelude::*;
 use serde::{Serialize, Serializer};
 
 use crate::checkpoint::{Checkpoint, TensorInfo};
@@ -76,13 +77,19 @@ impl Target {
 
 /// Applies `mapping`'s name rules to every tensor vLLM keeps from `checkpoint`.
 pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
+    // File by file in parallel (a DeepSeek-V3 checkpoint has 90,000 names), kept in load order.
     let tensors = checkpoint
-        .all_tensors()
-        .filter(|t| checkpoint.is_effective(t))
-        .map(|t| MappedTensor {
-            tensor: t,
-            file: &checkpoint.files[t.file].name,
-            fate: fate(mapping.rules.apply(&t.name)),
+        .files
+        .par_iter()
+        .flat_map_iter(|f| {
+            f.tensors
+                .iter()
+                .filter(|t| checkpoint.is_effective(t))
+                .map(|t| MappedTensor {
+                    tensor: t,
+                    file: &checkpoint.files[t.file].name,
+                    fate: fate(mapping.rules.apply(&t.name)),
+                })
         })
         .collect();
     Mapped {

@@ -37,6 +37,9 @@ pub struct Rules {
     compiled: Vec<Regex>,
     #[serde(skip)]
     compiled_experts: Vec<Regex>,
+    /// The expert rules as literal matchers, when every pattern is `literal(\\d+)literal`.
+    #[serde(skip)]
+    literal_experts: Option<Vec<LiteralExpert>>,
     /// All regex rules at once, then all expert rules: most names match none, and one pass over
     /// the name says so (a DeepSeek-V3 checkpoint has 90,000 names and a quantized one 14 regex
     /// rules).
@@ -44,6 +47,10 @@ pub struct Rules {
     any_regex: Option<RegexSet>,
     #[serde(skip)]
     any_expert: Option<RegexSet>,
+    /// Every substring and stacked rule's `from`, as literals: one pass says that none of them
+    /// occurs, which holds for nearly every per-expert name.
+    #[serde(skip)]
+    any_literal: Option<RegexSet>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -110,6 +117,18 @@ pub enum ShardId {
     /// `q`, `k`, `v`, `w1`, …: borrowed when the planner names a slot (one per piece, millions
     /// for a large MoE), owned when read from a mapping file.
     Name(std::borrow::Cow<'static, str>),
+}
+
+impl ShardId {
+    /// The shard named `s`, borrowed for the names wload's mappings use (cloning it, once per
+    /// checkpoint tensor, then allocates nothing).
+    pub fn named(s: &str) -> ShardId {
+        const KNOWN: [&str; 6] = ["q", "k", "v", "w1", "w2", "w3"];
+        match KNOWN.iter().find(|k| **k == s) {
+            Some(k) => ShardId::Name(std::borrow::Cow::Borrowed(k)),
+            None => ShardId::Name(s.to_string().into()),
+        }
+    }
 }
 
 impl fmt::Display for ShardId {
@@ -206,44 +225,54 @@ impl Rules {
             .iter()
             .map(|r| r.pattern.as_str())
             .collect())?);
+        self.literal_experts = self
+            .experts
+            .iter()
+            .map(|r| LiteralExpert::parse(&r.pattern))
+            .collect();
+        let literals: Vec<String> = (self.substr.iter().map(|r| &r.from))
+            .chain(self.stacked.iter().map(|r| &r.from))
+            .map(|f| regex::escape(f))
+            .collect();
+        self.any_literal = Some(set(literals.iter().map(String::as_str).collect())?);
         Ok(())
     }
 
     /// Maps one checkpoint name.
     pub fn apply(&self, name: &str) -> Outcome {
         let mut trace = Vec::new();
-        let mut key = name.to_string();
+        let mut key = std::borrow::Cow::Borrowed(name);
         let mut permute_heads = None;
         if let Some(m) = &self.mistral {
             let (k, p) = m.remap(&key);
             if k != key {
                 trace.push(Step::Mistral {
-                    from: key.clone(),
+                    from: key.to_string(),
                     to: k.clone(),
                 });
             }
-            key = k;
+            key = k.into();
             permute_heads = p;
         }
-        let (outer, mut inner) = match key.strip_prefix(self.scope.as_str()) {
-            Some(rest) if !self.scope.is_empty() => (self.scope.clone(), rest.to_string()),
-            _ if self.scope.is_empty() => (String::new(), key.clone()),
-            _ => {
-                return Outcome::Mapped(Mapped {
-                    target: key,
-                    shard: None,
-                    expert: None,
-                    permute_heads,
-                    trace,
-                });
-            }
+        let Some(rest) = key.strip_prefix(self.scope.as_str()) else {
+            return Outcome::Mapped(Mapped {
+                target: key.into_owned(),
+                shard: None,
+                expert: None,
+                permute_heads,
+                trace,
+            });
         };
-
         let mut shard = None;
-        if let Some(dropped) = self.rename(&mut inner, &mut shard, &mut trace) {
-            return dropped;
-        }
-        let mut target = format!("{outer}{inner}");
+        let mut target = if self.untouched(rest) {
+            key.into_owned()
+        } else {
+            let mut inner = rest.to_string();
+            if let Some(dropped) = self.rename(&mut inner, &mut shard, &mut trace) {
+                return dropped;
+            }
+            format!("{}{inner}", self.scope)
+        };
         let expert = self.expert(&mut target, &mut shard, &mut trace);
         Outcome::Mapped(Mapped {
             target,
@@ -252,6 +281,16 @@ impl Rules {
             permute_heads,
             trace,
         })
+    }
+
+    /// Whether no rename rule can fire on `inner` (then [`Rules::rename`] would leave it as it
+    /// is): the common case, answered without copying the name.
+    fn untouched(&self, inner: &str) -> bool {
+        let none = |set: &Option<RegexSet>| set.as_ref().is_some_and(|s| !s.is_match(inner));
+        none(&self.any_regex)
+            && none(&self.any_literal)
+            && !self.prefix.iter().any(|r| inner.starts_with(&r.from))
+            && !self.suffix.iter().any(|r| inner.ends_with(&r.from))
     }
 
     /// A step of a name's trace, as messages show it.
@@ -371,28 +410,93 @@ impl Rules {
         shard: &mut Option<ShardId>,
         trace: &mut Vec<Step>,
     ) -> Option<u64> {
-        let mut expert = None;
-        if self
-            .any_expert
-            .as_ref()
-            .is_some_and(|s| !s.is_match(target))
-        {
+        if let Some(literal) = self.literal_experts.as_ref().filter(|_| target.is_ascii()) {
+            for (k, m) in literal.iter().enumerate() {
+                let Some((whole, id)) = m.find(target) else {
+                    continue;
+                };
+                let Ok(id) = id.parse::<u64>() else {
+                    continue;
+                };
+                target.replace_range(whole, &self.experts[k].replace);
+                *shard = Some(ShardId::named(&self.experts[k].shard));
+                trace.push(Step::Expert { rule: k, id });
+                return Some(id);
+            }
             return None;
         }
-        for (k, (r, re)) in self.experts.iter().zip(&self.compiled_experts).enumerate() {
-            if let Some(c) = re.captures(target) {
-                let id = c[1].parse::<u64>().ok();
-                if let Some(id) = id {
-                    let whole = c.get(0).expect("group 0 always matches").range();
-                    target.replace_range(whole, &r.replace);
-                    expert = Some(id);
-                    *shard = Some(ShardId::Name(r.shard.clone().into()));
-                    trace.push(Step::Expert { rule: k, id });
-                    break;
+        // The rules that match, in order; the first whose id parses fires.
+        let matching = self.any_expert.as_ref()?.matches(target);
+        for k in matching.iter() {
+            let (r, re) = (&self.experts[k], &self.compiled_experts[k]);
+            let Some(c) = re.captures(target) else {
+                continue;
+            };
+            let Ok(id) = c[1].parse::<u64>() else {
+                continue;
+            };
+            let whole = c.get(0).expect("group 0 always matches").range();
+            target.replace_range(whole, &r.replace);
+            *shard = Some(ShardId::named(&r.shard));
+            trace.push(Step::Expert { rule: k, id });
+            return Some(id);
+        }
+        None
+    }
+}
+
+/// An expert rule of the form `prefix(\d+)suffix` with literal ends (every rule wload ships),
+/// matched without the regex engine: on an ASCII name, where `\d` is `[0-9]`, the regex's
+/// leftmost match is the first occurrence of `prefix` followed by digits and then `suffix`; a
+/// suffix that does not start with a digit leaves the greedy digit run no other choice.
+#[derive(Debug, Clone)]
+struct LiteralExpert {
+    prefix: String,
+    suffix: String,
+}
+
+impl LiteralExpert {
+    /// `None` unless `pattern` is plain letters, digits, `_` and escaped dots around exactly one
+    /// `(\d+)`, and the suffix does not start with a digit.
+    fn parse(pattern: &str) -> Option<LiteralExpert> {
+        let (prefix, suffix) = pattern.split_once(r"(\d+)")?;
+        let unescape = |p: &str| -> Option<String> {
+            let mut out = String::new();
+            let mut chars = p.chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' if chars.next()? == '.' => out.push('.'),
+                    c if c.is_ascii_alphanumeric() || c == '_' => out.push(c),
+                    _ => return None,
                 }
             }
+            Some(out)
+        };
+        let (prefix, suffix) = (unescape(prefix)?, unescape(suffix)?);
+        if suffix.starts_with(|c: char| c.is_ascii_digit()) {
+            return None;
         }
-        expert
+        Some(LiteralExpert { prefix, suffix })
+    }
+
+    /// The whole match and the digits, in `name` (ASCII).
+    fn find<'n>(&self, name: &'n str) -> Option<(std::ops::Range<usize>, &'n str)> {
+        let mut from = 0;
+        while let Some(at) = name.get(from..)?.find(self.prefix.as_str()) {
+            let start = from + at;
+            let digits_at = start + self.prefix.len();
+            let run = name[digits_at..]
+                .bytes()
+                .take_while(u8::is_ascii_digit)
+                .count();
+            let end = digits_at + run;
+            if run > 0 && name[end..].starts_with(self.suffix.as_str()) {
+                return Some((start..end + self.suffix.len(), &name[digits_at..end]));
+            }
+            // An empty prefix matches everywhere: step over one character.
+            from = start + 1;
+        }
+        None
     }
 }
 
@@ -548,5 +652,50 @@ mod tests {
         );
         assert_eq!(m.expert, Some(3));
         assert_eq!(m.shard, Some(ShardId::Name("w1".into())));
+    }
+
+    /// The literal matcher finds what the regex finds (match, id), on names built to trip it:
+    /// overlapping prefixes, digit runs that stop short of the suffix, several candidates.
+    #[test]
+    fn literal_expert_rules_match_as_the_regex_does() {
+        let patterns = [
+            r"experts\.(\d+)\.gate_proj\.",
+            r"experts\.(\d+)\.",
+            r"(\d+)\.w2",
+            r"mlp\.experts\.(\d+)",
+            r"ee(\d+)_x",
+        ];
+        let names = [
+            "model.layers.3.mlp.experts.17.gate_proj.weight",
+            "model.layers.3.mlp.experts.17.up_proj.weight",
+            "experts.x.experts.5.gate_proj.experts.6.gate_proj.",
+            "experts.12a.experts.34.gate_proj.",
+            "experts..gate_proj.experts.007.gate_proj.w",
+            "a.1.w2.b.22.w2",
+            "eee12_x eee3_x",
+            "mlp.experts.99999999999999999999999.w1",
+            "experts.1.gate_proj",
+            "",
+        ];
+        for p in patterns {
+            let m = LiteralExpert::parse(p).expect("a literal pattern");
+            let re = Regex::new(p).expect("regex");
+            for n in names {
+                let want = re
+                    .captures(n)
+                    .map(|c| (c.get(0).expect("whole").range(), c[1].to_string()));
+                let got = m.find(n).map(|(r, d)| (r, d.to_string()));
+                assert_eq!(got, want, "{p} on {n:?}");
+            }
+        }
+        for p in [
+            r"experts\.(\d+)\.(w1)",
+            r"x(\d+)1",
+            r"a.(\d+)",
+            r"(?i)a(\d+)",
+            r"a\d(\d+)",
+        ] {
+            assert!(LiteralExpert::parse(p).is_none(), "{p}");
+        }
     }
 }

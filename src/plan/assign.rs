@@ -32,7 +32,7 @@ pub(super) struct Assigned {
     pub sources: Vec<SourceTensor>,
     /// Per parameter (same index): its filled slots.
     pub fed: Vec<Fed>,
-    /// Slots some tensor names, usable or not: a tensor reported as unusable is not reported
+    /// Slots some tensor names but could not fill: a tensor reported as unusable is not reported
     /// again as missing.
     pub present: HashSet<(usize, SlotKey), Hasher>,
     /// Checkpoint tensors dropped by a rule or skipped as vLLM skips them.
@@ -41,7 +41,7 @@ pub(super) struct Assigned {
 
 impl Planner<'_> {
     pub(super) fn assign(&mut self, params: &[Param], mapped: &Mapped) -> Assigned {
-        let by_name: HashMap<&str, usize> = params
+        let by_name: HashMap<&str, usize, Hasher> = params
             .iter()
             .enumerate()
             .map(|(i, p)| (p.name.as_str(), i))
@@ -128,13 +128,26 @@ impl Planner<'_> {
         target: &Target,
         a: &mut Assigned,
     ) {
+        if !self.try_fill(p, pi, m, target, a) {
+            a.present.insert((pi, target.slot()));
+        }
+    }
+
+    /// [`Self::fill_slot`]; false when `m` does not fit (a problem says why).
+    fn try_fill(
+        &mut self,
+        p: &Param,
+        pi: usize,
+        m: &MappedTensor,
+        target: &Target,
+        a: &mut Assigned,
+    ) -> bool {
         let (t, file) = (m.tensor, m.file);
         // Text for messages only: most tensors fit and need none.
         let rules = &self.mapping.rules;
         let via_text = || via(rules, target);
         let shard = target.shard.as_ref();
         let key: SlotKey = target.slot();
-        a.present.insert((pi, key.clone()));
         let expected = match p.geometry.expected_source(shard) {
             Ok(s) => s,
             Err(err) => {
@@ -147,7 +160,7 @@ impl Planner<'_> {
                     ),
                     fix: Some("fix the mapping rule's shard id (--mapping FILE)".into()),
                 });
-                return;
+                return false;
             }
         };
         let shard_text = || shard.map_or(String::new(), |s| format!(" shard {s}"));
@@ -167,7 +180,7 @@ impl Planner<'_> {
                         .into(),
                 ),
             });
-            return;
+            return false;
         }
         if !convertible(t.dtype, p.dtype) {
             self.problems.push(Problem {
@@ -181,7 +194,7 @@ impl Planner<'_> {
                     "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint".into()
                 }),
             });
-            return;
+            return false;
         }
         if let Some(prev) = a.fed[pi].get(&key) {
             self.problems.push(Problem {
@@ -194,7 +207,7 @@ impl Planner<'_> {
                 ),
                 fix: Some("remove one of the two tensors from the checkpoint".into()),
             });
-            return;
+            return false;
         }
         a.sources.push(source_of(t, file));
         let rotary_heads = self.rotary_heads(target);
@@ -205,6 +218,7 @@ impl Planner<'_> {
                 rotary_heads,
             },
         );
+        true
     }
 
     /// The layer index of a `model.layers.{i}.` tensor the mapping's `skip_layer` excludes.

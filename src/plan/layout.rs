@@ -183,9 +183,72 @@ impl Slice {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankLayout {
     pub shape: Vec<u64>,
+    /// With [`RankLayout::per_expert`], the slices of the rank's first expert only.
     pub slices: Vec<Slice>,
     /// (element offset, count) filled with zeros (vocab padding).
     pub zeros: Vec<(u64, u64)>,
+    /// Fused expert tensors repeat one expert's slices for every local expert: a DeepSeek-V3
+    /// rank holds 256 experts in each of 58 layers, and one expert's slices, built once, stand
+    /// for them all.
+    pub per_expert: Option<PerExpert>,
+}
+
+/// How [`RankLayout::slices`] repeat over a rank's experts: expert `first + j` is filled by the
+/// same slices with that expert id, `j · dst_step` elements further into the rank's tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerExpert {
+    /// The global id of the rank's first expert (the one the slices name).
+    pub first: u64,
+    pub count: u64,
+    pub dst_step: u64,
+}
+
+impl RankLayout {
+    /// A layout whose slices are all there is.
+    pub fn new(shape: Vec<u64>, slices: Vec<Slice>, zeros: Vec<(u64, u64)>) -> RankLayout {
+        RankLayout {
+            shape,
+            slices,
+            zeros,
+            per_expert: None,
+        }
+    }
+
+    /// One expert's `slices` (naming expert `local.start`) repeated over the rank's `local`
+    /// experts, `dst_step` elements apart.
+    pub fn per_expert(
+        shape: Vec<u64>,
+        local: std::ops::Range<u64>,
+        dst_step: u64,
+        slices: Vec<Slice>,
+    ) -> RankLayout {
+        RankLayout {
+            shape,
+            slices: if local.is_empty() { vec![] } else { slices },
+            zeros: vec![],
+            per_expert: Some(PerExpert {
+                first: local.start,
+                count: local.end - local.start,
+                dst_step,
+            }),
+        }
+    }
+
+    /// Every slice, a fused expert tensor's expanded for each of its experts in order.
+    pub fn all_slices(&self) -> Vec<Slice> {
+        let Some(pe) = self.per_expert else {
+            return self.slices.clone();
+        };
+        (0..pe.count)
+            .flat_map(|j| {
+                self.slices.iter().map(move |s| Slice {
+                    slot: (s.slot.0.clone(), Some(pe.first + j)),
+                    dst_base: s.dst_base + j * pe.dst_step,
+                    ..s.clone()
+                })
+            })
+            .collect()
+    }
 }
 
 fn name(s: &'static str) -> Option<ShardId> {
@@ -397,6 +460,17 @@ impl Geometry {
         }
     }
 
+    /// The experts of a fused expert layout whose rank layouts repeat per expert
+    /// ([`RankLayout::per_expert`]); `None` for the others.
+    pub fn expert_count(&self) -> Option<u64> {
+        match self {
+            Geometry::Experts { experts, .. }
+            | Geometry::ExpertTensorScale { experts, .. }
+            | Geometry::ExpertBlockScale { experts, .. } => Some(*experts),
+            _ => None,
+        }
+    }
+
     /// Rank `r`'s tensor and how to fill it. `fused` says the parameter is fed by one stacked
     /// tensor (shard id none) rather than by its shards.
     pub fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {
@@ -497,11 +571,7 @@ fn whole_slot(src_shape: Vec<u64>, dim: usize, from: u64, to: u64, dst_shape: Ve
 }
 
 fn only(shape: Vec<u64>, slice: Slice) -> RankLayout {
-    RankLayout {
-        shape,
-        slices: vec![slice],
-        zeros: Vec::new(),
-    }
+    RankLayout::new(shape, vec![slice], Vec::new())
 }
 
 /// Every rank holds the whole tensor.
@@ -558,11 +628,7 @@ fn merged_column(sizes: &[u64], inner: &[u64], r: Rank, fused: bool) -> RankLayo
         at += n;
         global += s;
     }
-    RankLayout {
-        shape: out,
-        slices,
-        zeros: Vec::new(),
-    }
+    RankLayout::new(out, slices, Vec::new())
 }
 
 /// q, k and v rows of this rank's heads; kv heads are replicated when `tp` exceeds them.
@@ -604,11 +670,7 @@ fn qkv([heads, kv_heads, head_dim]: [u64; 3], inner: &[u64], r: Rank, fused: boo
             }
         })
         .collect();
-    RankLayout {
-        shape: out,
-        slices,
-        zeros: Vec::new(),
-    }
+    RankLayout::new(out, slices, Vec::new())
 }
 
 /// Vocab-parallel embedding rows: the vocab padded to a multiple of `padding`, an equal part
@@ -627,11 +689,7 @@ fn vocab_rows(vocab: u64, inner: &[u64], padding: u64, r: Rank) -> RankLayout {
     if per > b - a {
         zeros.push(((b - a) * row, (per - (b - a)) * row));
     }
-    RankLayout {
-        shape: out,
-        slices,
-        zeros,
-    }
+    RankLayout::new(out, slices, zeros)
 }
 
 /// Fused expert weights: every expert's intermediate split over the ranks, or with expert
@@ -651,47 +709,38 @@ fn expert_blocks(
     let ip = intermediate / moe_tp;
     let e_loc = local.end - local.start;
     let (from, to) = (moe_rank * ip, (moe_rank + 1) * ip);
-    let mut slices = Vec::new();
-    let shape = match part {
+    let first = Some(local.start);
+    match part {
         ExpertPart::W13 => {
-            let per = 2 * ip * hidden;
-            for (j, e) in local.enumerate() {
-                for (h, s) in ["w1", "w3"].iter().enumerate() {
-                    slices.push(Slice {
-                        slot: (name(s), Some(e)),
-                        src_shape: vec![intermediate, hidden],
-                        dim: 0,
-                        from,
-                        to,
-                        dst_shape: vec![2 * ip, hidden],
-                        dst_at: h as u64 * ip,
-                        dst_base: j as u64 * per,
-                    });
-                }
-            }
-            vec![e_loc, 2 * ip, hidden]
-        }
-        ExpertPart::W2 => {
-            let per = hidden * ip;
-            for (j, e) in local.enumerate() {
-                slices.push(Slice {
-                    slot: (name("w2"), Some(e)),
-                    src_shape: vec![hidden, intermediate],
-                    dim: 1,
+            let slices = ["w1", "w3"]
+                .iter()
+                .enumerate()
+                .map(|(h, s)| Slice {
+                    slot: (name(s), first),
+                    src_shape: vec![intermediate, hidden],
+                    dim: 0,
                     from,
                     to,
-                    dst_shape: vec![hidden, ip],
-                    dst_at: 0,
-                    dst_base: j as u64 * per,
-                });
-            }
-            vec![e_loc, hidden, ip]
+                    dst_shape: vec![2 * ip, hidden],
+                    dst_at: h as u64 * ip,
+                    dst_base: 0,
+                })
+                .collect();
+            RankLayout::per_expert(vec![e_loc, 2 * ip, hidden], local, 2 * ip * hidden, slices)
         }
-    };
-    RankLayout {
-        shape,
-        slices,
-        zeros: Vec::new(),
+        ExpertPart::W2 => {
+            let slice = Slice {
+                slot: (name("w2"), first),
+                src_shape: vec![hidden, intermediate],
+                dim: 1,
+                from,
+                to,
+                dst_shape: vec![hidden, ip],
+                dst_at: 0,
+                dst_base: 0,
+            };
+            RankLayout::per_expert(vec![e_loc, hidden, ip], local, hidden * ip, vec![slice])
+        }
     }
 }
 
@@ -721,11 +770,7 @@ fn gpt_oss_experts(
 ) -> RankLayout {
     let (local, ip, moe_rank) = gpt_oss_split(experts, intermediate, r);
     let e_loc = local.end - local.start;
-    let layout = |shape: Vec<u64>, slices: Vec<Slice>, zeros: Vec<(u64, u64)>| RankLayout {
-        shape,
-        slices,
-        zeros,
-    };
+    let layout = RankLayout::new;
     let by_expert = |inner: u64, out: Vec<u64>| {
         let slice = whole_slot(vec![experts, inner], 0, local.start, local.end, out.clone());
         layout(out, vec![slice], vec![])
@@ -887,7 +932,7 @@ mod tests {
                             let l = g.rank_layout(r, fused);
                             let n: u64 = l.shape.iter().product();
                             let mut hits = vec![0u8; n as usize];
-                            for t in &l.slices {
+                            for t in &l.all_slices() {
                                 let b = t.block();
                                 let src_n: u64 = t.src_shape.iter().product();
                                 for k in 0..b.rows {

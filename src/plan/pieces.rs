@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use super::assign::{Assigned, Fed, Feed};
-use super::layout::{Block, Geometry, Rank, Slice};
+use super::layout::{Block, Geometry, PerExpert, Rank, Slice};
 use super::params::Param;
 use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan, Region};
+use crate::mapping::rules::ShardId;
 
 impl Planner<'_> {
     /// Every rank's tensors, stage by stage (global rank `pp_rank * tp + tp_rank`). A stage holds
@@ -26,6 +27,9 @@ impl Planner<'_> {
         on: &[OnStage],
     ) -> Vec<RankPlan> {
         let mut out = Vec::new();
+        let by_expert: Vec<ByExpert> = (a.fed.iter().zip(params))
+            .map(|(fed, p)| ByExpert::new(fed, p.geometry.expert_count()))
+            .collect();
         for stage in stages {
             let here: Vec<bool> = params
                 .iter()
@@ -59,7 +63,11 @@ impl Planner<'_> {
                             // partner would be: they are one tensor.
                             let src = p.alias_of.unwrap_or(pi);
                             let name = alias_name.get(&pi).unwrap_or(&p.name);
-                            rank_tensor(&params[src], name, r, &a.fed[src], fused[src])
+                            let feeds = Feeds {
+                                fed: &a.fed[src],
+                                by_expert: &by_expert[src],
+                            };
+                            rank_tensor(&params[src], name, r, feeds, fused[src])
                         })
                         .collect();
                     RankPlan {
@@ -77,9 +85,60 @@ impl Planner<'_> {
     }
 }
 
+/// A parameter's filled slots, and the same by expert.
+#[derive(Clone, Copy)]
+struct Feeds<'a> {
+    fed: &'a Fed,
+    by_expert: &'a ByExpert<'a>,
+}
+
+/// A fused expert parameter's feeds indexed by expert id, per shard id: looking each expert's
+/// slot up by hash, on every rank, was most of a DeepSeek-V3 plan's time.
+struct ByExpert<'a>(Vec<(Option<ShardId>, Vec<Option<&'a Feed>>)>);
+
+impl<'a> ByExpert<'a> {
+    /// The table of a parameter with `experts` experts (none for other layouts). A slot of an
+    /// expert past them, which a checkpoint may name, is never read: the table leaves it out
+    /// rather than grow to a hostile id.
+    fn new(fed: &'a Fed, experts: Option<u64>) -> ByExpert<'a> {
+        let mut by: Vec<(Option<ShardId>, Vec<Option<&Feed>>)> = Vec::new();
+        let Some(experts) = experts else {
+            return ByExpert(by);
+        };
+        for ((shard, expert), feed) in fed {
+            let Some(e) = expert
+                .filter(|&e| e < experts)
+                .and_then(|e| usize::try_from(e).ok())
+            else {
+                continue;
+            };
+            let k = match by.iter().position(|(s, _)| s == shard) {
+                Some(k) => k,
+                None => {
+                    by.push((shard.clone(), Vec::new()));
+                    by.len() - 1
+                }
+            };
+            let list = &mut by[k].1;
+            if list.len() <= e {
+                list.resize(e + 1, None);
+            }
+            list[e] = Some(feed);
+        }
+        ByExpert(by)
+    }
+
+    /// The feed of `shard` for expert `e`.
+    fn get(&self, shard: &Option<ShardId>, e: u64) -> Option<&'a Feed> {
+        let (_, list) = self.0.iter().find(|(s, _)| s == shard)?;
+        *list.get(usize::try_from(e).ok()?)?
+    }
+}
+
 /// Rank `r`'s tensor of `p`, named `name`; `None` when it is empty (vLLM drops those: an EP rank
 /// without experts).
-fn rank_tensor(p: &Param, name: &str, r: Rank, fed: &Fed, fused: bool) -> Option<OutTensor> {
+fn rank_tensor(p: &Param, name: &str, r: Rank, feeds: Feeds, fused: bool) -> Option<OutTensor> {
+    let fed = feeds.fed;
     let l = p.geometry.rank_layout(r, fused);
     let numel: u64 = l.shape.iter().product();
     if numel == 0 {
@@ -94,12 +153,17 @@ fn rank_tensor(p: &Param, name: &str, r: Rank, fed: &Fed, fused: bool) -> Option
             value: fill,
         });
     } else {
-        for slice in &l.slices {
-            match fed.get(&slice.slot) {
-                Some(feed) => push_copies(&mut pieces, feed, slice),
-                // An optional parameter the checkpoint leaves out keeps its fill value.
-                None => pieces.extend(unfilled(&slice.block(), fill)),
+        match l.per_expert {
+            None => {
+                for slice in &l.slices {
+                    match fed.get(&slice.slot) {
+                        Some(feed) => push_copies(&mut pieces, feed, slice),
+                        // An optional parameter the checkpoint leaves out keeps its fill value.
+                        None => pieces.extend(unfilled(&slice.block(), fill)),
+                    }
+                }
             }
+            Some(pe) => push_experts(&mut pieces, &l.slices, pe, feeds.by_expert, fill),
         }
         for (slot, b, region) in p.geometry.strided(r) {
             match fed.get(&slot) {
@@ -149,6 +213,42 @@ fn keep_last_loaded(pieces: &mut Vec<Piece>) {
         k += 1;
         keep.contains(&(k - 1))
     });
+}
+
+/// Copies for every expert of a fused expert tensor: `slices` (the first expert's) repeated
+/// expert by expert, as [`super::layout::RankLayout::all_slices`] would list them, each block
+/// and region worked out once.
+fn push_experts(
+    out: &mut Vec<Piece>,
+    slices: &[Slice],
+    pe: PerExpert,
+    by_expert: &ByExpert,
+    fill: f64,
+) {
+    let each: Vec<(Block, Region)> = slices.iter().map(|s| (s.block(), s.region())).collect();
+    out.reserve(slices.len() * usize::try_from(pe.count).unwrap_or(0));
+    for j in 0..pe.count {
+        let e = pe.first + j;
+        let shift = j * pe.dst_step;
+        for (slice, &(b, region)) in slices.iter().zip(&each) {
+            let b = Block {
+                dst_start: b.dst_start + shift,
+                ..b
+            };
+            match by_expert.get(&slice.slot.0, e) {
+                Some(feed) if feed.rotary_heads.is_none() => out.push(copy(feed.source, region, b)),
+                Some(feed) => {
+                    let slice = Slice {
+                        slot: (slice.slot.0.clone(), Some(e)),
+                        dst_base: slice.dst_base + shift,
+                        ..slice.clone()
+                    };
+                    push_copies(out, feed, &slice);
+                }
+                None => out.extend(unfilled(&b, fill)),
+            }
+        }
+    }
 }
 
 /// Copies for one slice; with a rotary permutation (Mistral-native q/k) each head's even rows go
@@ -214,4 +314,34 @@ fn unfilled(b: &Block, value: f64) -> impl Iterator<Item = Piece> + '_ {
         count: b.row,
         value,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(source: usize) -> Feed {
+        Feed {
+            source,
+            rotary_heads: None,
+        }
+    }
+
+    /// A checkpoint may name an expert past the model's (vLLM skips it): the table must not
+    /// grow to its id, and the experts the layout asks for are still found.
+    #[test]
+    fn an_expert_id_past_the_models_experts_is_left_out_of_the_table() {
+        let w1 = || Some(ShardId::named("w1"));
+        let mut fed = Fed::default();
+        fed.insert((w1(), Some(1)), feed(7));
+        fed.insert((w1(), Some(u64::MAX / 2)), feed(8));
+        fed.insert((None, None), feed(9));
+        let by = ByExpert::new(&fed, Some(4));
+        assert_eq!(by.0.len(), 1);
+        assert_eq!(by.0[0].1.len(), 2);
+        assert_eq!(by.get(&w1(), 1).map(|f| f.source), Some(7));
+        assert!(by.get(&w1(), 0).is_none());
+        assert!(by.get(&w1(), u64::MAX / 2).is_none());
+        assert!(ByExpert::new(&fed, None).0.is_empty());
+    }
 }

@@ -135,11 +135,7 @@ pub(super) fn tensor_scale(of: &Geometry, fused: bool) -> RankLayout {
             dst_base: 0,
         })
         .collect();
-    RankLayout {
-        shape: vec![n],
-        slices,
-        zeros: Vec::new(),
-    }
+    RankLayout::new(vec![n], slices, Vec::new())
 }
 
 /// The checkpoint shape of a block scale for a weight of `shape`.
@@ -155,11 +151,7 @@ pub(super) fn blocks_of(shape: &[u64], [bn, bk]: [u64; 2]) -> Vec<u64> {
 /// `chunk · size_b`; a row-parallel weight's scale takes its columns of blocks.
 pub(super) fn block_scale(of: &Geometry, [bn, bk]: [u64; 2], r: Rank, fused: bool) -> RankLayout {
     let Some((parts, in_global, in_local)) = partitions(of, r) else {
-        return RankLayout {
-            shape: vec![],
-            slices: vec![],
-            zeros: vec![],
-        };
+        return RankLayout::new(vec![], vec![], vec![]);
     };
     let rows: u64 = parts.iter().map(|p| p.local_size).sum::<u64>().div_ceil(bn);
     let cols = in_local.div_ceil(bk);
@@ -176,11 +168,7 @@ pub(super) fn block_scale(of: &Geometry, [bn, bk]: [u64; 2], r: Rank, fused: boo
             dst_at: 0,
             dst_base: 0,
         };
-        return RankLayout {
-            shape,
-            slices: vec![slice],
-            zeros: vec![],
-        };
+        return RankLayout::new(shape, vec![slice], vec![]);
     }
     let total_global: u64 = parts.iter().map(|p| p.global_size).sum();
     let src_cols = in_global.div_ceil(bk);
@@ -211,11 +199,7 @@ pub(super) fn block_scale(of: &Geometry, [bn, bk]: [u64; 2], r: Rank, fused: boo
             }
         })
         .collect();
-    RankLayout {
-        shape,
-        slices,
-        zeros: vec![],
-    }
+    RankLayout::new(shape, slices, vec![])
 }
 
 /// vLLM's `validate_fp8_block_shape` for a linear weight on rank `r`, and the slices a misaligned
@@ -295,32 +279,27 @@ pub(super) fn expert_tensor_scale(
         (ExpertPart::W13, true) => (&["w1", "w3"], 1),
         (ExpertPart::W2, _) => (&["w2"], 1),
     };
-    let mut slices = Vec::new();
-    for (j, e) in local.enumerate() {
-        for (h, s) in shards.iter().enumerate() {
-            let at = if width == 2 { h as u64 } else { 0 };
-            slices.push(Slice {
-                slot: (shard(s), Some(e)),
-                src_shape: vec![1],
-                dim: 0,
-                from: 0,
-                to: 1,
-                dst_shape: vec![1],
-                dst_at: 0,
-                dst_base: j as u64 * width + at,
-            });
-        }
-    }
+    let first = Some(local.start);
+    let slices = shards
+        .iter()
+        .enumerate()
+        .map(|(h, s)| Slice {
+            slot: (shard(s), first),
+            src_shape: vec![1],
+            dim: 0,
+            from: 0,
+            to: 1,
+            dst_shape: vec![1],
+            dst_at: 0,
+            dst_base: if width == 2 { h as u64 } else { 0 },
+        })
+        .collect();
     let shape = if width == 2 {
         vec![e_loc, 2]
     } else {
         vec![e_loc]
     };
-    RankLayout {
-        shape,
-        slices,
-        zeros: vec![],
-    }
+    RankLayout::per_expert(shape, local, width, slices)
 }
 
 /// Block scales of fused experts: `w13` `[E_loc, 2·ceil(I_p/bn), ceil(H/bk)]` (w1 blocks, then
@@ -342,54 +321,43 @@ pub(super) fn expert_block_scale(
             ExpertPart::W13 => vec![e_loc, 2 * ip.div_ceil(g), hidden.div_ceil(g)],
             ExpertPart::W2 => vec![e_loc, hidden.div_ceil(g), ip.div_ceil(g)],
         };
-        return RankLayout {
-            shape,
-            slices: vec![],
-            zeros: vec![],
-        };
+        return RankLayout::new(shape, vec![], vec![]);
     }
-    let mut slices = Vec::new();
-    let shape = match part {
+    let first = Some(local.start);
+    match part {
         ExpertPart::W13 => {
             let (rows_b, cols) = (ip.div_ceil(bn), hidden.div_ceil(bk));
-            let dst = vec![2 * rows_b, cols];
-            for (j, e) in local.enumerate() {
-                for (h, s) in ["w1", "w3"].iter().enumerate() {
-                    slices.push(Slice {
-                        slot: (shard(s), Some(e)),
-                        src_shape: vec![intermediate.div_ceil(bn), cols],
-                        dim: 0,
-                        from: moe_rank * rows_b,
-                        to: (moe_rank + 1) * rows_b,
-                        dst_shape: dst.clone(),
-                        dst_at: h as u64 * rows_b,
-                        dst_base: j as u64 * 2 * rows_b * cols,
-                    });
-                }
-            }
-            vec![e_loc, 2 * rows_b, cols]
+            let slices = ["w1", "w3"]
+                .iter()
+                .enumerate()
+                .map(|(h, s)| Slice {
+                    slot: (shard(s), first),
+                    src_shape: vec![intermediate.div_ceil(bn), cols],
+                    dim: 0,
+                    from: moe_rank * rows_b,
+                    to: (moe_rank + 1) * rows_b,
+                    dst_shape: vec![2 * rows_b, cols],
+                    dst_at: h as u64 * rows_b,
+                    dst_base: 0,
+                })
+                .collect();
+            let shape = vec![e_loc, 2 * rows_b, cols];
+            RankLayout::per_expert(shape, local, 2 * rows_b * cols, slices)
         }
         ExpertPart::W2 => {
             let (rows, cols_b) = (hidden.div_ceil(bn), ip.div_ceil(bk));
-            for (j, e) in local.enumerate() {
-                slices.push(Slice {
-                    slot: (shard("w2"), Some(e)),
-                    src_shape: vec![rows, intermediate.div_ceil(bk)],
-                    dim: 1,
-                    from: moe_rank * cols_b,
-                    to: (moe_rank + 1) * cols_b,
-                    dst_shape: vec![rows, cols_b],
-                    dst_at: 0,
-                    dst_base: j as u64 * rows * cols_b,
-                });
-            }
-            vec![e_loc, rows, cols_b]
+            let slice = Slice {
+                slot: (shard("w2"), first),
+                src_shape: vec![rows, intermediate.div_ceil(bk)],
+                dim: 1,
+                from: moe_rank * cols_b,
+                to: (moe_rank + 1) * cols_b,
+                dst_shape: vec![rows, cols_b],
+                dst_at: 0,
+                dst_base: 0,
+            };
+            RankLayout::per_expert(vec![e_loc, rows, cols_b], local, rows * cols_b, vec![slice])
         }
-    };
-    RankLayout {
-        shape,
-        slices,
-        zeros: vec![],
     }
 }
 
