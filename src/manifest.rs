@@ -264,9 +264,20 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, c
         }
     }
     let Some(tp) = tp else {
+        let why = if source.is_dir() {
+            format!(
+                "{} has no {MANIFEST} recording the tensor-parallel size (only `wload shard` outputs have one)",
+                source.display()
+            )
+        } else {
+            // A typo'd folder must not read as "this folder lacks a manifest".
+            format!(
+                "{} is not a local folder (a hub repo id, or a path that does not exist), so no {MANIFEST} records the tensor-parallel size",
+                source.display()
+            )
+        };
         return Err(crate::Error::Usage(format!(
-            "--tp is needed: {} has no {MANIFEST} recording the tensor-parallel size (only `wload shard` outputs have one); pass --tp N",
-            source.display()
+            "--tp is needed: {why}; pass --tp N"
         )));
     };
     let note = (!taken.is_empty()).then(|| {

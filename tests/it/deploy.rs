@@ -368,6 +368,12 @@ fn load_without_manifest_or_tp_is_a_usage_error() {
     );
     let o = run(&["load", s(&out), "--dry-run", "--tp", "2"]);
     assert!(o.status.success(), "{}", context(&o));
+    // A mistyped folder is named as not being one, not as a folder that lacks a manifest.
+    assert_refused(
+        &run(&["load", s(&work.path().join("ouy")), "--dry-run"]),
+        2,
+        &["--tp is needed", "is not a local folder", "pass --tp N"],
+    );
 }
 
 /// `plan` and `shard` on a pre-sharded folder say what it is, what it was written for, how to
