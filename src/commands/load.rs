@@ -479,6 +479,8 @@ fn dry_run(planned: &Planned, lopts: &LoadOptions) -> Result<LoadReport, Error> 
             .map(|f| Problem {
                 message: format!("{}: checksum {} differs from the manifest (wload.json): the file changed or is corrupt", f.file, f.xxh3),
                 fix: Some("re-shard, or copy the file again".into()),
+                file: Some(f.file.clone()),
+                ..Default::default()
             })
             .collect();
         if !bad.is_empty() {
