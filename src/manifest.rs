@@ -243,6 +243,8 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, c
                     m.pp
                 ),
                 fix: Some("re-shard, or remove wload.json and pass --tp (and --pp)".into()),
+                file: Some(at.display().to_string()),
+                ..Default::default()
             }])
             .into());
         }
@@ -342,6 +344,8 @@ fn disagreement(at: &Path, given: &str, recorded: &str) -> crate::plan::Problem 
         fix: Some(format!(
             "drop the flag (load takes it from {MANIFEST}), or re-shard the original checkpoint with {given}"
         )),
+        file: Some(at.display().to_string()),
+        ..Default::default()
     }
 }
 

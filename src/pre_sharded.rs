@@ -69,6 +69,7 @@ pub fn plan(
                     crate::rank_files::rank_glob(key.0, key.1)
                 ),
                 fix: Some("copy the missing rank files, or check --tp and --pp".into()),
+                ..Default::default()
             });
             continue;
         };
@@ -168,6 +169,7 @@ fn stage_problems(
             }
             _ => "copy the missing stage files, or re-shard with the intended --pp".into(),
         }),
+        ..Default::default()
     }]
 }
 
@@ -213,6 +215,8 @@ fn folder_problems(
                 "load with --tp {} (vLLM's loader would accept smaller tensors silently)",
                 m.tp
             )),
+            file: Some(root.join(MANIFEST).display().to_string()),
+            ..Default::default()
         });
     }
     let tp_ranks: BTreeSet<u64> = files.keys().map(|k| k.1).collect();
@@ -227,6 +231,7 @@ fn folder_problems(
                 "load with --tp {}",
                 tp_ranks.last().map_or(1, |m| m + 1)
             )),
+            ..Default::default()
         });
     }
     problems
@@ -264,11 +269,14 @@ impl RankCheck<'_> {
                             f.name, t.name
                         ),
                         fix: Some("remove the duplicate (vLLM raises KeyError)".into()),
+                        file: Some(f.name.clone()),
+                        tensor: Some(t.name.clone()),
+                        ..Default::default()
                     });
                     continue;
                 }
                 match self.check(f, t, want_by.get(t.name.as_str()).copied()) {
-                    Err(p) => problems.push(p),
+                    Err(p) => problems.push(*p),
                     Ok(w) => {
                         if w.dtype != t.dtype {
                             // vLLM's loader only warns, and `copy_` converts: so do we.
@@ -287,6 +295,10 @@ impl RankCheck<'_> {
                 problems.push(Problem {
                     message: format!("rank {r}: missing tensor '{}' (vLLM: \"Missing keys ... in loaded state\")", w.name),
                     fix: Some("re-shard from the original checkpoint with `wload shard`".into()),
+                    // The folder's tensors are named as the parameters they fill.
+                    tensor: Some(w.name.clone()),
+                    parameter: Some(w.name.clone()),
+                    ..Default::default()
                 });
             }
         }
@@ -299,25 +311,29 @@ impl RankCheck<'_> {
         }
     }
 
-    /// The parameter a file's tensor fills, if it fits it.
+    /// The parameter a file's tensor fills, if it fits it; the problem is boxed, as a rare
+    /// and large `Err`.
     fn check<'w>(
         &self,
         f: &WeightFile,
         t: &TensorInfo,
         want: Option<&'w OutTensor>,
-    ) -> Result<&'w OutTensor, Problem> {
+    ) -> Result<&'w OutTensor, Box<Problem>> {
         let (r, tp, arch) = (self.rank, self.tp, &self.expected.architecture);
         let Some(w) = want else {
-            return Err(Problem {
+            return Err(Box::new(Problem {
                 message: format!(
                     "{}: unexpected tensor '{}' (vLLM's {arch} at tp {tp} has no such parameter; its loader raises KeyError)",
                     f.name, t.name
                 ),
                 fix: Some("re-shard from the original checkpoint with `wload shard`".into()),
-            });
+                file: Some(f.name.clone()),
+                tensor: Some(t.name.clone()),
+                ..Default::default()
+            }));
         };
         if w.shape != t.shape {
-            return Err(Problem {
+            return Err(Box::new(Problem {
                 message: format!(
                     "{}: tensor '{}' has shape {:?}, but rank {r} of {arch} at tp {tp} needs {:?}",
                     f.name, t.name, t.shape, w.shape
@@ -328,16 +344,26 @@ impl RankCheck<'_> {
                     "the folder was probably sharded for another --tp; load it with that TP size"
                         .into()
                 }),
-            });
+                file: Some(f.name.clone()),
+                tensor: Some(t.name.clone()),
+                parameter: Some(w.name.clone()),
+                shape: Some(t.shape.clone()),
+                expected_shape: Some(w.shape.clone()),
+                ..Default::default()
+            }));
         }
         if w.dtype != t.dtype && !plan::convertible(t.dtype, w.dtype) {
-            return Err(Problem {
+            return Err(Box::new(Problem {
                 message: format!(
                     "{}: tensor '{}' is {}, which cannot be converted to the parameter's {}",
                     f.name, t.name, t.dtype, w.dtype
                 ),
                 fix: Some("re-shard with the intended --dtype".into()),
-            });
+                file: Some(f.name.clone()),
+                tensor: Some(t.name.clone()),
+                parameter: Some(w.name.clone()),
+                ..Default::default()
+            }));
         }
         Ok(w)
     }
@@ -561,12 +587,16 @@ fn survey_file(
                 l.size
             ),
             fix: Some("copy the file again, or re-shard".into()),
+            file: Some(name.to_string()),
+            ..Default::default()
         });
     }
     if manifest.is_some() && listed.is_none() {
         problems.push(Problem {
             message: format!("{name}: not listed in {MANIFEST} (left from another run?)"),
             fix: Some("remove it, or re-shard into an empty folder".into()),
+            file: Some(name.to_string()),
+            ..Default::default()
         });
     }
     let counted = match Checkpoint::open(root, &[name.to_string()]) {
@@ -584,9 +614,9 @@ fn survey_file(
             Some((n, bytes, params))
         }
         Err(errors) => {
-            problems.extend(errors.into_iter().map(|e| Problem {
-                message: e.to_string(),
+            problems.extend(errors.iter().map(|e| Problem {
                 fix: Some("copy the file again, or re-shard".into()),
+                ..plan::header_problem(e)
             }));
             None
         }
@@ -615,6 +645,7 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
                 crate::rank_files::PP_GLOB
             ),
             fix: Some("remove the files of the other run".into()),
+            ..Default::default()
         });
     }
     let beyond: Vec<String> = files
@@ -631,6 +662,7 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
                 beyond.join(", ")
             ),
             fix: Some("remove the files of the other run, or re-shard into an empty folder".into()),
+            ..Default::default()
         });
     }
     let mut missing = Vec::new();
@@ -647,6 +679,7 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
                             crate::rank_files::rank_glob(key.0, key.1)
                         ),
                         fix: Some("copy the missing part files".into()),
+                        ..Default::default()
                     });
                 }
             }
@@ -668,6 +701,7 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
                 w.flags()
             ),
             fix: Some("copy the missing rank files into the folder".into()),
+            ..Default::default()
         });
     }
     if let Some(m) = manifest {
@@ -685,6 +719,7 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
             problems.push(Problem {
                 message: format!("{MANIFEST} lists files that are gone: {}", gone.join(", ")),
                 fix: Some("copy them again, or re-shard".into()),
+                ..Default::default()
             });
         }
     }

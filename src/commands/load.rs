@@ -103,6 +103,10 @@ pub struct LoadReport {
     /// With `--repeat N` above 1: every run, and min/median/max.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repeats: Option<Repeats>,
+    /// `--check` passed: every tensor read back from its device equals the host's. Not in the
+    /// JSON, where exit status 0 with `--check` says it.
+    #[serde(skip)]
+    pub checked: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -439,6 +443,7 @@ impl Planned {
             io: None,
             cache: None,
             repeats: None,
+            checked: lopts.check && !lopts.dry_run,
         }
     }
 }
@@ -479,6 +484,8 @@ fn dry_run(planned: &Planned, lopts: &LoadOptions) -> Result<LoadReport, Error> 
             .map(|f| Problem {
                 message: format!("{}: checksum {} differs from the manifest (wload.json): the file changed or is corrupt", f.file, f.xxh3),
                 fix: Some("re-shard, or copy the file again".into()),
+                file: Some(f.file.clone()),
+                ..Default::default()
             })
             .collect();
         if !bad.is_empty() {

@@ -116,6 +116,10 @@ impl Planner<'_> {
                 "rename the tensor, add a rule with --mapping FILE, or check that config.json names the right architecture"
                     .into(),
             ),
+            file: Some(m.file.to_string()),
+            tensor: Some(t.name.clone()),
+            rule: rule_of(&self.mapping.rules, target),
+            ..Default::default()
         });
     }
 
@@ -159,6 +163,11 @@ impl Planner<'_> {
                         via_text()
                     ),
                     fix: Some("fix the mapping rule's shard id (--mapping FILE)".into()),
+                    file: Some(file.to_string()),
+                    tensor: Some(t.name.clone()),
+                    parameter: Some(p.name.clone()),
+                    rule: rule_of(rules, target),
+                    ..Default::default()
                 });
                 return false;
             }
@@ -179,6 +188,12 @@ impl Planner<'_> {
                     "check config.json's dimensions (override with --hf-overrides) or that the checkpoint matches this model"
                         .into(),
                 ),
+                file: Some(file.to_string()),
+                tensor: Some(t.name.clone()),
+                parameter: Some(p.name.clone()),
+                shape: Some(t.shape.clone()),
+                expected_shape: Some(expected),
+                rule: rule_of(rules, target),
             });
             return false;
         }
@@ -193,6 +208,11 @@ impl Planner<'_> {
                 } else {
                     "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint".into()
                 }),
+                file: Some(file.to_string()),
+                tensor: Some(t.name.clone()),
+                parameter: Some(p.name.clone()),
+                rule: rule_of(rules, target),
+                ..Default::default()
             });
             return false;
         }
@@ -206,6 +226,12 @@ impl Planner<'_> {
                     t.name
                 ),
                 fix: Some("remove one of the two tensors from the checkpoint".into()),
+                // The second of the two: the first is in the plan already.
+                file: Some(file.to_string()),
+                tensor: Some(t.name.clone()),
+                parameter: Some(p.name.clone()),
+                rule: rule_of(rules, target),
+                ..Default::default()
             });
             return false;
         }
@@ -246,12 +272,13 @@ impl Planner<'_> {
 
 /// ` (via rule, rule)` for messages; empty when no rule changed the name.
 fn via(rules: &crate::mapping::rules::Rules, target: &Target) -> String {
-    if target.via.is_empty() {
-        String::new()
-    } else {
-        let steps: Vec<String> = target.via.iter().map(|s| rules.describe(s)).collect();
-        format!(" (via {})", steps.join(", "))
-    }
+    rule_of(rules, target).map_or(String::new(), |r| format!(" (via {r})"))
+}
+
+/// The rules that renamed a tensor to `target`, in order; `None` when its name was kept.
+fn rule_of(rules: &crate::mapping::rules::Rules, target: &Target) -> Option<String> {
+    let steps: Vec<String> = target.via.iter().map(|s| rules.describe(s)).collect();
+    (!steps.is_empty()).then(|| steps.join(", "))
 }
 
 fn source_of(t: &TensorInfo, file: &str) -> SourceTensor {

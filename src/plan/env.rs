@@ -67,6 +67,7 @@ impl Env {
                 Err(err) => problems.push(Problem {
                     message: format!("cannot compute {k} = `{e}`: {err}"),
                     fix: Some(env.fix_for(&err, ADD_FIELD)),
+                    ..Default::default()
                 }),
             }
         }
@@ -85,6 +86,7 @@ impl Env {
                     problems.push(Problem {
                         message: format!("{} (vLLM requires `{}`)", self.fill(&c.message), c.rule),
                         fix: c.fix.as_ref().map(|f| self.fill(f)),
+                        ..Default::default()
                     });
                 }
                 Err(err) => {
@@ -92,6 +94,7 @@ impl Env {
                     problems.push(Problem {
                         message: format!("cannot check `{}`: {err}", c.rule),
                         fix: Some(self.fix_for(&err, ADD_FIELD)),
+                        ..Default::default()
                     });
                 }
             }

@@ -36,11 +36,11 @@ use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
 use crate::quant::Quantization;
 use env::Env;
-pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList};
+pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList, header_problem};
 pub use stages::{Stage, split_layers};
 pub use types::{
-    DtypeChoice, OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, Problem,
-    ProblemsReport, RankPlan, Region, Retie, SCHEMA_VERSION, Skipped, SourceTensor,
+    DtypeChoice, OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, Problem, RankPlan,
+    Region, Retie, SCHEMA_VERSION, Skipped, SourceTensor,
 };
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint
@@ -213,6 +213,7 @@ impl<'m> Planner<'m> {
                 problems.push(Problem {
                     message: e.message,
                     fix: Some(e.fix),
+                    ..Default::default()
                 });
                 return Err(PlanError::Invalid(problems.list));
             }
@@ -225,6 +226,7 @@ impl<'m> Planner<'m> {
             problems.push(Problem {
                 message: "torch.float32 is not supported for quantization method fp8. Supported dtypes: [torch.bfloat16, torch.float16]".into(),
                 fix: Some("pass --dtype bfloat16 (or float16)".into()),
+                ..Default::default()
             });
         }
         let env = Env::new(mapping, config, opts, &mut problems);
@@ -305,6 +307,7 @@ mod tests {
         Problem {
             message: m.into(),
             fix: None,
+            ..Problem::default()
         }
     }
 

@@ -91,6 +91,7 @@ impl<'m> Planner<'m> {
                 self.problems.push(Problem {
                     message: format!("cannot count layers `{expr}`: {err}"),
                     fix: None,
+                    ..Default::default()
                 });
                 0
             }
@@ -101,6 +102,7 @@ impl<'m> Planner<'m> {
                     "the config gives {layers} layers (`{expr}`); wload plans at most {MAX_LAYERS}"
                 ),
                 fix: Some("check num_hidden_layers in config.json or --hf-overrides".into()),
+                ..Default::default()
             });
             return Err(self.refusal());
         }
@@ -124,6 +126,8 @@ impl<'m> Planner<'m> {
                     self.problems.push(Problem {
                         message: format!("{}: cannot evaluate `when: {w}`: {err}", spec.name),
                         fix: err.missing_variable().map(|_| self.env.fix_for(&err, "")),
+                        parameter: Some(at_layer(&spec.name, i)),
+                        ..Default::default()
                     });
                     return None;
                 }
@@ -137,6 +141,8 @@ impl<'m> Planner<'m> {
                 self.problems.push(Problem {
                     message: format!("{name}: {text}"),
                     fix: Some(err.map_or(otherwise.into(), |e| self.env.fix_for(&e, otherwise))),
+                    parameter: Some(name.clone()),
+                    ..Default::default()
                 });
                 return None;
             }
@@ -150,6 +156,8 @@ impl<'m> Planner<'m> {
                     self.problems.push(Problem {
                         message: format!("{name}: unknown dtype '{}' in the mapping", spec.dtype),
                         fix: None,
+                        parameter: Some(name.clone()),
+                        ..Default::default()
                     });
                     return None;
                 }
@@ -199,6 +207,8 @@ impl<'m> Planner<'m> {
                             "{name}: tied_to names '{other}', which is not a parameter before it"
                         ),
                         fix: Some("fix the mapping file".into()),
+                        parameter: Some(name.to_string()),
+                        ..Default::default()
                     });
                 }
                 found
@@ -208,6 +218,8 @@ impl<'m> Planner<'m> {
                 self.problems.push(Problem {
                     message: format!("{name}: cannot evaluate `tied_to.when: {}`: {err}", t.when),
                     fix: None,
+                    parameter: Some(name.to_string()),
+                    ..Default::default()
                 });
                 None
             }

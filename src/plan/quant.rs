@@ -91,6 +91,7 @@ impl<'m> Planner<'m> {
                 self.problems.push(Problem {
                     message: format!("{module}: {message}"),
                     fix: Some("list every part of the fused layer in the quantization config's ignore list, or none".into()),
+                    ..Default::default()
                 });
                 return None;
             }
@@ -174,6 +175,7 @@ impl<'m> Planner<'m> {
                             "{module}: compressed-tensors FP8 experts (CompressedTensorsW8A8Fp8MoEMethod) are not supported yet"
                         ),
                         fix: Some("use the checkpoint's bf16 or `quant_method: fp8` release".into()),
+                        ..Default::default()
                     });
                 }
                 return None;

@@ -101,6 +101,7 @@ impl Planner<'_> {
                     "--pp {pp} is more than the model's {layers} layers: some pipeline stages would hold no layer"
                 ),
                 fix: Some(format!("choose a --pp of at most {layers}")),
+                ..Default::default()
             });
             return whole;
         }
@@ -116,6 +117,7 @@ impl Planner<'_> {
                             empty.pp_rank
                         ),
                         fix: Some("give every stage at least one layer".into()),
+                        ..Default::default()
                     });
                     return whole;
                 }
@@ -130,6 +132,7 @@ impl Planner<'_> {
                     fix: Some(format!(
                         "give {pp} comma-separated layer counts that add up to {layers}, or unset VLLM_PP_LAYER_PARTITION"
                     )),
+                    ..Default::default()
                 });
                 whole
             }
@@ -163,6 +166,7 @@ impl Planner<'_> {
                         )
                     },
                     fix: need.fix.clone(),
+                    ..Default::default()
                 });
             }
         }
@@ -180,6 +184,8 @@ impl Planner<'_> {
                                 p.spec.name
                             ),
                             fix: Some("remove `pp_stage` from the layer parameter".into()),
+                            parameter: Some(p.spec.name.clone()),
+                            ..Default::default()
                         });
                     }
                     return [true; 4];
@@ -197,6 +203,8 @@ impl Planner<'_> {
                             "add `pp_stage:` to it in the mapping (docs/mapping-format.md), or use --pp 1"
                                 .into(),
                         ),
+                        parameter: Some(p.name.clone()),
+                        ..Default::default()
                     });
                     return [true; 4];
                 };
@@ -216,6 +224,8 @@ impl Planner<'_> {
                                     p.name
                                 ),
                                 fix: None,
+                                parameter: Some(p.name.clone()),
+                                ..Default::default()
                             });
                             return [true; 4];
                         }

@@ -20,16 +20,6 @@ pub struct PlanReport {
     pub plan: Plan,
 }
 
-/// `--json` when planning is refused: every problem, complete, while the terminal gets a summary.
-#[derive(Debug, Serialize)]
-pub struct ProblemsReport<'a> {
-    pub schema_version: u32,
-    pub wload_version: &'static str,
-    pub exit_status: u8,
-    pub problem_count: usize,
-    pub problems: &'a [Problem],
-}
-
 /// `--dtype`, as vLLM spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -57,11 +47,33 @@ pub struct PlanOptions {
     pub shapes_only: bool,
 }
 
-/// One thing wrong with the checkpoint for this model and TP size, with the likely fix.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+/// One thing wrong with the checkpoint for this model and TP size, with the likely fix, and what
+/// it is about as fields, which `--json` prints (docs/json.md). They are set where the problem is
+/// found, so that no reader has to parse `message`; each is `None` (and left out of the JSON)
+/// when the problem is not about one, as `..Problem::default()` leaves them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
 pub struct Problem {
     pub message: String,
+    /// `null` when there is no likely fix to suggest.
     pub fix: Option<String>,
+    /// The weight file (as the checkpoint names it) holding `tensor`, or the file at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// The checkpoint tensor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<String>,
+    /// The vLLM parameter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameter: Option<String>,
+    /// The checkpoint tensor's shape, when the problem is that it does not fit (or its size).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<u64>>,
+    /// The shape the parameter needs instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_shape: Option<Vec<u64>>,
+    /// The mapping rules that renamed `tensor` to `parameter`, as messages describe them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -22,6 +22,8 @@ impl Planner<'_> {
                             p.name
                         ),
                         fix: None,
+                        parameter: Some(p.name.clone()),
+                        ..Default::default()
                     });
                 }
                 continue;
@@ -36,6 +38,8 @@ impl Planner<'_> {
                         p.name
                     ),
                     fix: Some("keep either the fused tensor or the separate ones".into()),
+                    parameter: Some(p.name.clone()),
+                    ..Default::default()
                 });
                 continue;
             }
@@ -73,6 +77,8 @@ impl Planner<'_> {
                 "the checkpoint lacks this tensor or names it differently: check the names with `wload inspect`, or adjust the rules with --mapping FILE"
                     .into(),
             ),
+            parameter: Some(p.name.clone()),
+            ..Default::default()
         });
     }
 
@@ -90,6 +96,8 @@ impl Planner<'_> {
                     self.problems.push(Problem {
                         message: format!("{}: {msg}", p.name),
                         fix: Some(format!("choose another --tp (now {tp})")),
+                        parameter: Some(p.name.clone()),
+                        ..Default::default()
                     });
                 }
             }

@@ -75,6 +75,9 @@ pub fn write_load(
             t.transfer_s + t.sync_s,
             t.gbps(r.bytes)
         )?;
+        if r.checked {
+            write_checked(w, r)?;
+        }
         write_source(w, r)?;
         if let Some(rep) = &r.repeats {
             writeln!(
@@ -124,6 +127,19 @@ pub fn write_load(
         }
     }
     Ok(())
+}
+
+/// `--check`'s confirmation: without it, a check that passed would print nothing that says so.
+fn write_checked(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
+    let tensors: usize = r.ranks.iter().map(|k| k.tensors).sum();
+    let mut devices: Vec<&str> = r.ranks.iter().map(|k| k.device.as_str()).collect();
+    devices.dedup();
+    writeln!(
+        w,
+        "checked: all {tensors} {} read back from {} equal byte for byte what the host computes from the source",
+        if tensors == 1 { "tensor" } else { "tensors" },
+        devices.join(", ")
+    )
 }
 
 /// A stage's rate, or `-` when the stage moved nothing.

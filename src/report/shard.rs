@@ -42,6 +42,7 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
             if n == 1 { "file" } else { "files" }
         )?;
     }
+    write_read(w, r)?;
     let t = &r.timings;
     let rate = if t.write_s > 0.0 {
         format!(" ({}/s)", human_bytes((r.bytes as f64 / t.write_s) as u64))
@@ -77,4 +78,23 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
     } else {
         writeln!(w, "serve with: {}", serve.shell)
     }
+}
+
+/// How the source was read and how much of it the page cache held as writing started: what the
+/// write rate depends on most, in the JSON as `io` and `source_cache`.
+fn write_read(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> io::Result<()> {
+    let c = &r.source_cache;
+    let evicted = match c.evicted_from_bytes {
+        Some(b) => format!(", after --cold evicted it from {} cached", human_bytes(b)),
+        None => String::new(),
+    };
+    writeln!(
+        w,
+        "read: io {} ({}); source {}, {:.0}% in the page cache at the start ({}{evicted})",
+        r.io.used,
+        r.io.why,
+        human_bytes(c.source_bytes),
+        c.resident_share * 100.0,
+        human_bytes(c.resident_bytes),
+    )
 }

@@ -362,3 +362,152 @@ fn an_interrupted_shard_prints_an_interrupted_document() {
     assert_eq!(doc["error"]["kind"], "interrupted", "{doc}");
     assert!(!out.exists());
 }
+
+/// The one problem of `doc` whose `key` is `value`.
+fn problem_with<'d>(doc: &'d Value, key: &str, value: &str) -> &'d Value {
+    doc["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p[key] == value)
+        .unwrap_or_else(|| panic!("no problem with {key} {value}: {doc}"))
+}
+
+/// The fields a problem carries, in the order the document has them.
+fn keys(p: &Value) -> Vec<&str> {
+    p.as_object().unwrap().keys().map(String::as_str).collect()
+}
+
+/// Reverses the shape of the first 2-D tensor of `file` whose name contains `part` (same
+/// element count, so the header stays valid) and returns its name and its new shape.
+fn transpose_in_header(file: &std::path::Path, part: &str) -> (String, Value) {
+    let mut found = None;
+    edit_header(file, |h| {
+        let (name, t) = h
+            .iter_mut()
+            .find(|(k, t)| k.contains(part) && t["shape"].as_array().is_some_and(|s| s.len() == 2))
+            .unwrap_or_else(|| panic!("no 2-D '{part}' tensor in {}", file.display()));
+        let mut shape = t["shape"].as_array().unwrap().clone();
+        assert_ne!(
+            shape[0], shape[1],
+            "{name}: a square shape reversed is the same"
+        );
+        shape.reverse();
+        t["shape"] = Value::Array(shape.clone());
+        found = Some((name.clone(), Value::Array(shape)));
+    });
+    found.unwrap()
+}
+
+/// Each kind of problem carries, as typed fields, what it is about: no field is read back out of
+/// the message, and a field the problem is not about is left out.
+#[test]
+fn problems_carry_their_file_tensor_parameter_and_shapes_as_fields() {
+    // A header that gives a weight the wrong (transposed) shape: all five, and the rule.
+    let ckpt = copy_fixture("llama_gqa");
+    let file = "model-00002-of-00006.safetensors";
+    let (tensor, shape) = transpose_in_header(&ckpt.path().join(file), "mlp.gate_proj");
+    let doc = assert_failed(
+        &["plan", s(ckpt.path()), "--tp", "1", "--json"],
+        &[],
+        3,
+        "checkpoint",
+    );
+    let p = problem_with(&doc, "tensor", &tensor);
+    assert_eq!(p["file"], file, "{p}");
+    assert_eq!(p["parameter"], tensor.replace("gate_proj", "gate_up_proj"));
+    assert_eq!(p["shape"], shape);
+    let mut expected = shape.as_array().unwrap().clone();
+    expected.reverse();
+    assert_eq!(p["expected_shape"], Value::Array(expected));
+    assert_eq!(p["rule"], "stacked '.gate_proj' → '.gate_up_proj' shard 0");
+    assert!(p["message"].as_str().unwrap().contains(&tensor), "{p}");
+
+    // A tensor that matches no parameter: its file and name; no parameter, no shapes.
+    let ckpt = tempfile::TempDir::new().unwrap();
+    many_layers_checkpoint(ckpt.path(), 1, |n| n.replace(".up_proj.", ".upp_proj."));
+    let doc = assert_failed(
+        &["plan", s(ckpt.path()), "--tp", "2", "--json"],
+        &[],
+        3,
+        "checkpoint",
+    );
+    let unmapped = problem_with(&doc, "tensor", "model.layers.0.mlp.upp_proj.weight");
+    assert_eq!(
+        keys(unmapped),
+        ["message", "fix", "file", "tensor"],
+        "{unmapped}"
+    );
+    assert_eq!(unmapped["file"], "model.safetensors");
+    // The parameter it leaves unfilled: named, with no file or tensor (there is none).
+    let missing = problem_with(&doc, "parameter", "model.layers.0.mlp.gate_up_proj.weight");
+    assert_eq!(keys(missing), ["message", "fix", "parameter"], "{missing}");
+    assert!(
+        missing["message"]
+            .as_str()
+            .unwrap()
+            .contains("has nothing in the checkpoint to fill it"),
+        "{missing}"
+    );
+
+    // A size vLLM cannot split across the ranks: the parameter, and the fix.
+    let doc = assert_failed(
+        &[
+            "plan",
+            tiny(),
+            "--tp",
+            "2",
+            "--hf-overrides",
+            r#"{"intermediate_size": 255}"#,
+            "--json",
+        ],
+        &[],
+        3,
+        "checkpoint",
+    );
+    // The down projection's wrong shape is a problem too; this one is the split.
+    let split = problem_with(&doc, "fix", "choose another --tp (now 2)");
+    assert_eq!(keys(split), ["message", "fix", "parameter"], "{split}");
+    assert_eq!(split["parameter"], "model.layers.0.mlp.gate_up_proj.weight");
+    assert_eq!(
+        split["message"],
+        "model.layers.0.mlp.gate_up_proj.weight: merged output size (255) is not divisible by tp (2)"
+    );
+
+    // A config check (vLLM's assert on the config and TP size) is about none of them.
+    let doc = assert_failed(
+        &["plan", tiny(), "--tp", "3", "--json"],
+        &[],
+        3,
+        "checkpoint",
+    );
+    for p in doc["problems"].as_array().unwrap() {
+        assert_eq!(keys(p), ["message", "fix"], "{p}");
+    }
+}
+
+/// A pre-sharded folder with a tensor of the wrong shape: the rank file, the tensor, the
+/// parameter it would fill and both shapes.
+#[test]
+fn a_wrong_shaped_tensor_in_a_sharded_folder_is_named_by_fields() {
+    let work = tempfile::TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(std::path::Path::new(tiny()), 2, &out, &["-q"]);
+    let file = "model-rank-1-part-0.safetensors";
+    let (tensor, shape) = transpose_in_header(&out.join(file), "gate_up_proj");
+    let doc = assert_failed(
+        &["load", s(&out), "--dry-run", "--json"],
+        &[],
+        3,
+        "checkpoint",
+    );
+    let p = problem_with(&doc, "tensor", &tensor);
+    assert_eq!(p["file"], file, "{p}");
+    // A sharded folder's tensors are named as the parameters they fill.
+    assert_eq!(p["parameter"], tensor.as_str());
+    assert_eq!(p["shape"], shape);
+    let mut expected = shape.as_array().unwrap().clone();
+    expected.reverse();
+    assert_eq!(p["expected_shape"], Value::Array(expected));
+    assert!(p.get("rule").is_none(), "{p}");
+}

@@ -1525,3 +1525,35 @@ fn gpu_bench_script_runs_on_the_stub_gpu() {
     );
     assert_eq!(r["pinned_h2d_gbps"], Value::Null, "{r}");
 }
+
+/// `--check` that passes says so (issue #13): how many tensors were compared, and on what; a
+/// load without it claims no check.
+#[test]
+fn a_passing_check_is_confirmed() {
+    let fx = fixtures_dir().join(GQA);
+    let args = [s(&fx), "--tp", "2", "--device", "cpu", "--check"];
+    let out = load(&args);
+    assert!(out.status.success(), "{}", load_context(&args, &out));
+    let text = stdout(&out);
+    let tensors: u64 = json_ok(&[s(&fx), "--tp", "2", "--device", "cpu", "--json"], &[])["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["tensors"].as_u64().unwrap())
+        .sum();
+    let line = format!(
+        "checked: all {tensors} tensors read back from cpu equal byte for byte what the host computes from the source"
+    );
+    assert!(
+        text.lines().any(|l| l == line),
+        "no `{line}`: {}",
+        load_context(&args, &out)
+    );
+    let args = [s(&fx), "--tp", "2", "--device", "cpu"];
+    let out = load(&args);
+    assert!(
+        !stdout(&out).contains("checked:"),
+        "{}",
+        load_context(&args, &out)
+    );
+}

@@ -1060,3 +1060,37 @@ fn verify_confirms_when_it_passes() {
         assert_eq!(said, verify, "--verify {verify}: {text}");
     }
 }
+
+/// The summary says how the source was read and how much of it was cached (the JSON's `io` and
+/// `source_cache`): a write rate means little without them.
+#[test]
+fn the_summary_says_how_the_source_was_read() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let src = Path::new("examples/tiny-llama");
+    let read_line = |o: &Output| {
+        stdout(o)
+            .lines()
+            .find(|l| l.starts_with("read: "))
+            .unwrap_or_else(|| panic!("no `read:` line: {}", context(o)))
+            .to_string()
+    };
+    let o = shard_ok(src, 2, &out, &["--io", "direct"]);
+    let line = read_line(&o);
+    assert!(
+        line.starts_with("read: io direct (direct: as asked); source 1.1 MiB, "),
+        "{line}"
+    );
+    assert!(
+        line.contains("% in the page cache at the start ("),
+        "{line}"
+    );
+    assert!(!line.contains("--cold"), "{line}");
+
+    let o = shard_ok(src, 2, &out, &["--force", "--cold"]);
+    let line = read_line(&o);
+    assert!(line.starts_with("read: io "), "{line}");
+    // How much was cached before depends on what ran before: only that it was evicted.
+    assert!(line.contains(", after --cold evicted it from "), "{line}");
+    assert!(line.ends_with(" cached)"), "{line}");
+}
