@@ -139,9 +139,6 @@ impl Planner<'_> {
         }
     }
 
-    /// For every parameter, on which kinds of stage it is built: layer parameters everywhere
-    /// (their layer decides), head and tail parameters where their `pp_stage` holds. With one
-    /// stage everything is built and `pp_stage` is not needed.
     /// The mapping's `stage_needs`: a stage (the whole model without PP) holding none of the
     /// layers it asks for is refused with vLLM's message.
     pub(super) fn stage_needs(&mut self, stages: &[Stage]) {
@@ -172,6 +169,9 @@ impl Planner<'_> {
         }
     }
 
+    /// For every parameter, on which kinds of stage it is built: layer parameters everywhere
+    /// (their layer decides), head and tail parameters where their `pp_stage` holds. With one
+    /// stage everything is built and `pp_stage` is not needed.
     pub(super) fn on_stages(&mut self, params: &[Param]) -> Vec<OnStage> {
         params
             .iter()
