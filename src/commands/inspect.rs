@@ -192,7 +192,11 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
             head_dim_default: config.hidden_size.checked_div(config.num_attention_heads),
             config: config.clone(),
         },
-        structure: structure::structure(config),
+        structure: {
+            // The mapping plan would use; an architecture without one still has its attention.
+            let mapping = crate::mapping::select(None, config.architecture()).ok();
+            structure::structure(config, mapping.as_ref(), None)
+        },
         quantization: quant_info(config.quantization_config.as_ref()),
         filter: filter.map(str::to_string),
         tensors,

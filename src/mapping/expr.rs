@@ -203,6 +203,31 @@ impl Expr {
     pub fn size(&self) -> usize {
         size(&self.node)
     }
+
+    /// The conditions of a chain of `&&`, looking through substituted per-layer values (a layer
+    /// condition is usually one such value): what must all hold for the whole to hold, so that a
+    /// false one says why. Each keeps the whole expression's source text.
+    pub fn conjuncts(&self) -> Vec<Expr> {
+        let mut out = Vec::new();
+        split_and(&self.node, &mut out);
+        out.into_iter()
+            .map(|node| Expr {
+                src: self.src.clone(),
+                node,
+            })
+            .collect()
+    }
+}
+
+fn split_and(n: &Node, out: &mut Vec<Node>) {
+    match n {
+        Node::Bin(Op::And, a, b) => {
+            split_and(a, out);
+            split_and(b, out);
+        }
+        Node::Derived(d) => split_and(&d.body, out),
+        _ => out.push(n.clone()),
+    }
 }
 
 /// Visits every node outside substituted values.
