@@ -27,6 +27,10 @@ pub struct Structure {
     pub moe: Option<Moe>,
     /// Multi-token-prediction layers stored past `num_hidden_layers`; `None` when unknown.
     pub mtp_layers: Option<u64>,
+    /// The config field that sets the MTP layer count (the first the mapping's `skip_layer`
+    /// reads, through its derived values), for the human report.
+    #[serde(skip)]
+    pub mtp_field: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -121,6 +125,7 @@ pub fn structure(
                     .is_none_or(Value::is_null)
                     .then_some(0)
             }),
+            mtp_field: Some("num_nextn_predict_layers".into()),
         };
     };
     let layers = v.eval_u64(&m.parameters.layers, None).ok();
@@ -128,7 +133,29 @@ pub fn structure(
         attention: attention(c, &v, &m.parameters.layer),
         moe: moe(&v, &m.parameters.layer, layers),
         mtp_layers: mtp_layers(&v, m.skip_layer.as_ref(), layers),
+        mtp_field: m
+            .skip_layer
+            .as_ref()
+            .and_then(|e| config_fields(m, e, 0).into_iter().next()),
     }
+}
+
+/// The config fields `e` reads, looking through the mapping's derived values (GLM's `mtp_layers`
+/// is `num_nextn_predict_layers ?? num_mtp_layers ?? 1`), but not the layer count or index.
+fn config_fields(m: &Mapping, e: &Expr, depth: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in e.vars() {
+        if matches!(name, "i" | "num_hidden_layers") {
+            continue;
+        }
+        match m.derive.get(name) {
+            // A derived value reads only the ones before it: the depth bound is a guard.
+            Some(d) if depth < m.derive.len() => out.extend(config_fields(m, d, depth + 1)),
+            Some(_) => {}
+            None => out.push(name.to_string()),
+        }
+    }
+    out
 }
 
 /// An architecture without a mapping: only what its config states (no layer rule, no defaults).
