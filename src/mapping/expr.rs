@@ -758,6 +758,27 @@ mod tests {
     }
 
     #[test]
+    fn conjuncts_split_and_chains_through_substituted_values() {
+        let moe = Expr::parse("n > 0 && i >= k && (i % f == 0 || x)").unwrap();
+        let when = Expr::parse("moe_layer && shared")
+            .unwrap()
+            .substitute("moe_layer", &moe);
+        let conds = when.conjuncts();
+        let parts: Vec<Vec<&str>> = conds.iter().map(Expr::vars).collect();
+        assert_eq!(
+            parts,
+            vec![
+                vec!["n"],
+                vec!["i", "k"],
+                vec!["i", "f", "x"],
+                vec!["shared"]
+            ]
+        );
+        // One condition is its own only conjunct.
+        assert_eq!(Expr::parse("a || b").unwrap().conjuncts().len(), 1);
+    }
+
+    #[test]
     fn arithmetic_and_precedence() {
         assert_eq!(ev("hidden_size / num_attention_heads").unwrap(), json!(128));
         assert_eq!(ev("1 + 2 * 3").unwrap(), json!(7));

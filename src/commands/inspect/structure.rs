@@ -359,9 +359,11 @@ fn moe_layers(
                     deciding[k] |= v.eval_bool(c, Some(i)) == Ok(false);
                 }
             }
-            Err(_) => {
+            Err(err) => {
+                // The fields of the condition that failed ("decoder_sparse_step 0"), or why.
                 let failed = conds.iter().find(|c| v.eval(c, Some(i)).is_err());
-                return (None, failed.and_then(|c| fields(v, [c])));
+                let why = failed.and_then(|c| fields(v, [c]));
+                return (None, why.or_else(|| Some(format!("layer {i}: {err}"))));
             }
         }
     }
