@@ -225,7 +225,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__inspect)
-            opts="-v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --filter --json --verbose --quiet --help --version"
+            opts="-v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --filter --json --mapping --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -256,6 +256,21 @@ _wload() {
                     ;;
                 --filter)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mapping)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
                     return 0
                     ;;
                 *)

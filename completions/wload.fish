@@ -48,6 +48,7 @@ complete -c wload -n "__fish_wload_using_subcommand inspect" -l hf-overrides -d 
 complete -c wload -n "__fish_wload_using_subcommand inspect" -l revision -d 'Hub revision of a repo id: branch, tag or commit, as vLLM\'s --revision' -r
 complete -c wload -n "__fish_wload_using_subcommand inspect" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand inspect" -l filter -d 'Only list tensors whose name matches this regular expression (totals then cover those)' -r
+complete -c wload -n "__fish_wload_using_subcommand inspect" -l mapping -d 'Mapping file whose structure (experts, dense layers, MTP layers) to describe, instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
 complete -c wload -n "__fish_wload_using_subcommand inspect" -l json -d 'Print one JSON document instead of tables (schema: docs/inspect-json.md)'
 complete -c wload -n "__fish_wload_using_subcommand inspect" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
 complete -c wload -n "__fish_wload_using_subcommand inspect" -s q -l quiet -d 'Print nothing but results and errors'

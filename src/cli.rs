@@ -210,6 +210,10 @@ pub struct InspectArgs {
     /// Print one JSON document instead of tables (schema: docs/inspect-json.md)
     #[arg(long)]
     pub json: bool,
+
+    /// Mapping file whose structure (experts, dense layers, MTP layers) to describe, instead of the built-in one for the architecture (docs/mapping-format.md)
+    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+    pub mapping: Option<PathBuf>,
 }
 
 /// How to split the model: shared by plan, shard and load.

@@ -152,6 +152,16 @@ pub struct RoleTotal {
 
 /// Gathers the facts; `filter` keeps tensors whose name matches (totals then cover those only).
 pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspection<'a>, Error> {
+    inspect_mapped(opened, filter, None)
+}
+
+/// [`inspect`], with the structure section read from `mapping` (`--mapping FILE`) instead of the
+/// built-in mapping for the architecture; a file that cannot be read or parsed is an error.
+pub fn inspect_mapped<'a>(
+    opened: &'a Opened,
+    filter: Option<&str>,
+    mapping: Option<&std::path::Path>,
+) -> Result<Inspection<'a>, Error> {
     let re = filter.map(Regex::new).transpose()?;
     let Opened {
         resolved,
@@ -175,6 +185,12 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
         .collect();
 
     let (tensors, totals) = tensors_and_totals(checkpoint, re.as_ref());
+    // The mapping plan would use. Without --mapping, an architecture wload has no mapping for is
+    // still inspected (its structure from the config alone).
+    let chosen = match mapping {
+        Some(file) => Some(crate::mapping::select(Some(file), None)?),
+        None => crate::mapping::select(None, config.architecture()).ok(),
+    };
 
     Ok(Inspection {
         schema_version: SCHEMA_VERSION,
@@ -192,7 +208,7 @@ pub fn inspect<'a>(opened: &'a Opened, filter: Option<&str>) -> Result<Inspectio
             head_dim_default: config.hidden_size.checked_div(config.num_attention_heads),
             config: config.clone(),
         },
-        structure: structure::structure(config),
+        structure: structure::structure(config, chosen.as_ref(), mapping),
         quantization: quant_info(config.quantization_config.as_ref()),
         filter: filter.map(str::to_string),
         tensors,

@@ -203,6 +203,31 @@ impl Expr {
     pub fn size(&self) -> usize {
         size(&self.node)
     }
+
+    /// The conditions of a chain of `&&`, looking through substituted per-layer values (a layer
+    /// condition is usually one such value): what must all hold for the whole to hold, so that a
+    /// false one says why. Each keeps the whole expression's source text.
+    pub fn conjuncts(&self) -> Vec<Expr> {
+        let mut out = Vec::new();
+        split_and(&self.node, &mut out);
+        out.into_iter()
+            .map(|node| Expr {
+                src: self.src.clone(),
+                node,
+            })
+            .collect()
+    }
+}
+
+fn split_and(n: &Node, out: &mut Vec<Node>) {
+    match n {
+        Node::Bin(Op::And, a, b) => {
+            split_and(a, out);
+            split_and(b, out);
+        }
+        Node::Derived(d) => split_and(&d.body, out),
+        _ => out.push(n.clone()),
+    }
 }
 
 /// Visits every node outside substituted values.
@@ -730,6 +755,27 @@ mod tests {
                          "layers": [1, 3], "tie": false});
         let scope = move |k: &str| cfg.get(k).cloned();
         Expr::parse(src).unwrap().eval(&scope)
+    }
+
+    #[test]
+    fn conjuncts_split_and_chains_through_substituted_values() {
+        let moe = Expr::parse("n > 0 && i >= k && (i % f == 0 || x)").unwrap();
+        let when = Expr::parse("moe_layer && shared")
+            .unwrap()
+            .substitute("moe_layer", &moe);
+        let conds = when.conjuncts();
+        let parts: Vec<Vec<&str>> = conds.iter().map(Expr::vars).collect();
+        assert_eq!(
+            parts,
+            vec![
+                vec!["n"],
+                vec!["i", "k"],
+                vec!["i", "f", "x"],
+                vec!["shared"]
+            ]
+        );
+        // One condition is its own only conjunct.
+        assert_eq!(Expr::parse("a || b").unwrap().conjuncts().len(), 1);
     }
 
     #[test]

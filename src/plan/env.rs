@@ -169,6 +169,73 @@ impl Scope for EnvScope<'_> {
     }
 }
 
+/// The variables the planner's expressions see for a model at `--tp 1` (config, the mapping's
+/// defaults, its derived values), for describing the model as `plan` reads it without planning
+/// it: `inspect`'s structure section. A derived value that cannot be computed stays unset, as in
+/// the planner, which reports it.
+pub struct Variables {
+    env: Env,
+    derived: std::collections::HashSet<String>,
+}
+
+impl Variables {
+    /// Without a mapping (an architecture wload has none for), only the config's fields.
+    pub fn new(
+        mapping: Option<&Mapping>,
+        config: &ModelConfig,
+        mapping_file: Option<&std::path::Path>,
+    ) -> Variables {
+        let Some(mapping) = mapping else {
+            let vars: HashMap<String, Value> = config.raw.clone().into_iter().collect();
+            return Variables {
+                env: Env {
+                    given: vars.keys().cloned().collect(),
+                    vars,
+                    aliases: config.aliases,
+                    mapping_file: String::new(),
+                },
+                derived: Default::default(),
+            };
+        };
+        let opts = PlanOptions {
+            tp: 1,
+            pp: 1,
+            pp_partition: None,
+            expert_parallel: false,
+            dtype: super::DtypeChoice::Auto,
+            mapping: mapping_file.map(std::path::Path::to_path_buf),
+            shapes_only: true,
+        };
+        Variables {
+            env: Env::new(mapping, config, &opts, &mut Problems::default()),
+            derived: mapping.derive.keys().cloned().collect(),
+        }
+    }
+
+    /// The value of `name` (a config field, a default, `tp`/`ep` or a derived value).
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.env.vars.get(name)
+    }
+
+    /// Whether `name` is one of the mapping's derived values rather than a config field.
+    pub fn is_derived(&self, name: &str) -> bool {
+        self.derived.contains(name)
+    }
+
+    /// `e` evaluated over the variables, with `i` set inside layer `i`.
+    pub fn eval(&self, e: &expr::Expr, i: Option<u64>) -> Result<Value, EvalError> {
+        e.eval(&self.env.scope(i))
+    }
+
+    pub fn eval_u64(&self, e: &expr::Expr, i: Option<u64>) -> Result<u64, EvalError> {
+        e.eval_u64(&self.env.scope(i))
+    }
+
+    pub fn eval_bool(&self, e: &expr::Expr, i: Option<u64>) -> Result<bool, EvalError> {
+        e.eval_bool(&self.env.scope(i))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,6 +36,7 @@ use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
 use crate::quant::Quantization;
 use env::Env;
+pub use env::Variables;
 pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList, header_problem};
 pub use stages::{Stage, split_layers};
 pub use types::{

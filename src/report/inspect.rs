@@ -151,8 +151,11 @@ fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()> {
         Some(n) => rows.push((
             "mtp",
             format!(
-                "{n} layer{} past num_hidden_layers (num_nextn_predict_layers): vLLM's main model skips {}",
+                "{n} layer{} past num_hidden_layers{}: vLLM's main model skips {}",
                 plural(n),
+                s.mtp_field
+                    .as_ref()
+                    .map_or_else(String::new, |f| format!(" ({f})")),
                 if n == 1 { "it" } else { "them" }
             ),
         )),

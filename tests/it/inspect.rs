@@ -1506,6 +1506,89 @@ fn glm4_moe_defaults_give_one_dense_layer_a_shared_expert_and_one_mtp_layer() {
     assert_eq!(st["moe"]["router"]["e_score_correction_bias"], true);
 }
 
+/// A family only a mapping file knows: its structure comes from the file (which layers build
+/// experts, their count and width, shared experts, the router's bias, the layers `skip_layer`
+/// skips, the scoring its defaults name), with no Rust for it.
+const CUSTOM_MOE_MAPPING: &str = r#"
+family: custom_moe
+description: a made-up MoE family known only to this file
+architectures: [CustomMoeForCausalLM]
+defaults:
+  dense_head_layers: 1
+  n_shared_experts: 2
+  scoring_func: sigmoid
+  mtp_depth: 2
+derive:
+  shared_size: moe_intermediate_size * n_shared_experts
+  moe_layer: "i >= dense_head_layers && i % 2 == 1"
+skip_layer: i >= num_hidden_layers && i < num_hidden_layers + mtp_depth
+parameters:
+  layer:
+    - name: model.layers.{i}.mlp.router.bias
+      when: moe_layer
+      layout: {kind: replicated, shape: [num_experts]}
+    - name: model.layers.{i}.mlp.shared_experts.gate_up_proj.weight
+      when: moe_layer
+      layout: {kind: merged_column, sizes: [shared_size, shared_size], inner: [hidden_size]}
+    - name: model.layers.{i}.mlp.experts.w13_weight
+      when: moe_layer
+      layout: {kind: experts, part: w13, experts: num_experts * 2, intermediate: moe_intermediate_size, hidden: hidden_size}
+"#;
+
+#[test]
+fn a_family_only_its_mapping_file_knows_gets_its_structure_from_the_file() {
+    let work = TempDir::new().unwrap();
+    let file = work.path().join("custom_moe.yaml");
+    fs::write(&file, CUSTOM_MOE_MAPPING).unwrap();
+    let dir = fixtures_dir().join("qwen3_moe_fp8_block");
+    let overrides = r#"{"architectures": ["CustomMoeForCausalLM"], "num_hidden_layers": 6,
+                        "mlp_only_layers": null, "dense_head_layers": 3}"#;
+    let args = |json: bool| {
+        let mut a = vec![
+            "inspect",
+            s(&dir),
+            "--hf-overrides",
+            overrides,
+            "--mapping",
+            s(&file),
+        ];
+        if json {
+            a.push("--json");
+        }
+        a
+    };
+    let out = run(&args(false));
+    assert!(out.status.success(), "{}", context(&out));
+    assert_eq!(
+        structure_section(&stdout(&out)),
+        rows(&[
+            "attention            GQA: 8 heads, 4 kv heads, head_dim 16",
+            "experts              16 routed, 2 per token, intermediate 64",
+            "shared experts       2 × 64, fused into one MLP of 128; tensor-parallel even with expert parallelism",
+            "layers               layers 0–2 dense, 3 MoE, 4 dense, 5 MoE (dense_head_layers 3)",
+            "router               sigmoid scoring, with a router bias",
+            "mtp                  2 layers past num_hidden_layers (mtp_depth): vLLM's main model skips them",
+        ])
+    );
+    let st = wload_json(&args(true))["structure"].clone();
+    assert_eq!(st["moe"]["moe_layers"], json!([3, 5]));
+    assert_eq!(st["moe"]["dense_layers"], json!([0, 1, 2, 4]));
+    assert_eq!(st["moe"]["layer_rule"], "dense_head_layers 3");
+    assert_eq!(st["moe"]["shared_experts"]["count"], 2);
+    assert_eq!(st["mtp_layers"], 2);
+
+    // Without the file wload has no mapping for the architecture: the config's experts only.
+    let (human, st) = structure_with(&dir, overrides);
+    assert!(human.contains("layers               unknown"), "{human}");
+    assert_eq!(st["moe"]["routed_experts"], 8);
+    assert_eq!(st["moe"]["moe_layers"], Value::Null);
+
+    // A mapping file that is not there is refused, as by plan.
+    let missing = work.path().join("missing.yaml");
+    let out = run(&["inspect", s(&dir), "--mapping", s(&missing)]);
+    assert_refused(&out, 2, &["missing.yaml", "cannot read"]);
+}
+
 /// `inspect` of `wload shard`'s output: per rank and part, counted independently from the
 /// files' headers, the layout from wload.json, complete, and how to check and serve it.
 #[test]

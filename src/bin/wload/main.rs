@@ -170,7 +170,8 @@ fn inspect(
         return emit(out, json_if(args.json, None), &other, Some(human));
     }
     let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
-    let report = wload::inspect::inspect(&opened, args.filter.as_deref())?;
+    let report =
+        wload::inspect::inspect_mapped(&opened, args.filter.as_deref(), args.mapping.as_deref())?;
     emit(
         out,
         json_if(args.json, None),

@@ -1,15 +1,24 @@
 //! The family's special structure, for choosing `--tp` / `--enable-expert-parallel`: the kind of
 //! attention (and MLA's ranks), the experts, which layers are dense, the router, the MTP layers.
 //!
-//! Read from the config's raw fields with the defaults and rules the mappings use
-//! (mappings/*.yaml `defaults` / `derive`, which cite vLLM's model files), so that what `inspect`
-//! says matches what `plan` builds. It never fails: a missing field without a family default, or
-//! one of the wrong type, is reported as unknown (`null`).
+//! Derived from the mapping `plan` would use (mappings/*.yaml, or `--mapping FILE`), evaluated
+//! over the config as the planner evaluates it (`plan::Variables`: defaults, derived values), so
+//! that a family's facts live in its YAML only and what `inspect` says is what `plan` builds:
+//! the MoE layers are those where the mapping builds a fused-experts parameter, the expert count
+//! and width are that layout's, shared experts, the router's correction bias and bias are the
+//! parameters the mapping builds on a MoE layer, the MTP layers are those `skip_layer` skips.
+//! What no mapping states (MLA's ranks, the router's scoring) is read from the variables, i.e.
+//! config.json with the mapping's defaults, in one place for every family. It never fails: what
+//! cannot be evaluated is reported as unknown (`null`).
 
 use serde::Serialize;
-use serde_json::{Map, Value};
+use std::path::Path;
+
+use serde_json::Value;
 
 use crate::config::ModelConfig;
+use crate::mapping::{Expr, Layout, Mapping, ParamSpec};
+use crate::plan::Variables;
 
 #[derive(Debug, Serialize)]
 pub struct Structure {
@@ -18,6 +27,10 @@ pub struct Structure {
     pub moe: Option<Moe>,
     /// Multi-token-prediction layers stored past `num_hidden_layers`; `None` when unknown.
     pub mtp_layers: Option<u64>,
+    /// The config field that sets the MTP layer count (the first the mapping's `skip_layer`
+    /// reads, through its derived values), for the human report.
+    #[serde(skip)]
+    pub mtp_field: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -91,86 +104,110 @@ pub struct Router {
     pub bias: bool,
 }
 
-/// A config field as read: absent, `null`, a number, or something else.
-#[derive(Debug, Clone, PartialEq)]
-enum Field {
-    Absent,
-    Null,
-    Num(u64),
-    Odd,
-}
+/// Far above any real model (DeepSeek-V3 has 61 layers): a config claiming billions of layers
+/// would otherwise have inspect list them all.
+const MAX_LISTED_LAYERS: u64 = 1 << 16;
 
-fn field(raw: &Map<String, Value>, key: &str) -> Field {
-    match raw.get(key) {
-        None => Field::Absent,
-        Some(Value::Null) => Field::Null,
-        Some(v) => v.as_u64().map_or(Field::Odd, Field::Num),
-    }
-}
-
-/// The number, or `default` when the field is absent or `null` (transformers' default applies);
-/// `None` when it is of the wrong type.
-fn num(raw: &Map<String, Value>, key: &str, default: Option<u64>) -> Option<u64> {
-    match field(raw, key) {
-        Field::Num(n) => Some(n),
-        Field::Absent | Field::Null => default,
-        Field::Odd => None,
-    }
-}
-
-fn string(raw: &Map<String, Value>, key: &str) -> Option<String> {
-    raw.get(key).and_then(Value::as_str).map(str::to_string)
-}
-
-/// The mapping families with a special structure, by the architecture vLLM builds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Family {
-    DeepseekV2,
-    DeepseekV3,
-    Qwen2Moe,
-    Qwen3Moe,
-    Glm4Moe,
-    Mixtral,
-    GptOss,
-    Other,
-}
-
-fn family(arch: Option<&str>) -> Family {
-    match arch {
-        Some("DeepseekV2ForCausalLM") => Family::DeepseekV2,
-        Some("DeepseekV3ForCausalLM") => Family::DeepseekV3,
-        Some("Qwen2MoeForCausalLM") => Family::Qwen2Moe,
-        Some("Qwen3MoeForCausalLM") => Family::Qwen3Moe,
-        Some("Glm4MoeForCausalLM") => Family::Glm4Moe,
-        Some("MixtralForCausalLM") => Family::Mixtral,
-        Some("GptOssForCausalLM") => Family::GptOss,
-        _ => Family::Other,
-    }
-}
-
-pub fn structure(c: &ModelConfig) -> Structure {
-    let fam = family(c.architecture());
+/// `mapping` is the one `plan` would use (`None`: wload has none for the architecture);
+/// `mapping_file` is `--mapping FILE`, for messages.
+pub fn structure(
+    c: &ModelConfig,
+    mapping: Option<&Mapping>,
+    mapping_file: Option<&Path>,
+) -> Structure {
+    let v = Variables::new(mapping, c, mapping_file);
+    let Some(m) = mapping else {
+        return Structure {
+            attention: attention(c, &v, &[]),
+            moe: unmapped_moe(c, &v),
+            mtp_layers: num(&v, "num_nextn_predict_layers").or_else(|| {
+                v.get("num_nextn_predict_layers")
+                    .is_none_or(Value::is_null)
+                    .then_some(0)
+            }),
+            mtp_field: Some("num_nextn_predict_layers".into()),
+        };
+    };
+    let layers = v.eval_u64(&m.parameters.layers, None).ok();
     Structure {
-        attention: attention(c, fam),
-        moe: moe(c, fam),
-        mtp_layers: mtp_layers(&c.raw, fam),
+        attention: attention(c, &v, &m.parameters.layer),
+        moe: moe(&v, &m.parameters.layer, layers),
+        mtp_layers: mtp_layers(&v, m.skip_layer.as_ref(), layers),
+        mtp_field: m
+            .skip_layer
+            .as_ref()
+            .and_then(|e| config_fields(m, e, 0).into_iter().next()),
     }
 }
 
-fn attention(c: &ModelConfig, fam: Family) -> Attention {
-    let raw = &c.raw;
-    let deepseek = matches!(fam, Family::DeepseekV2 | Family::DeepseekV3);
-    if deepseek || (fam == Family::Other && raw.contains_key("kv_lora_rank")) {
-        return Attention::Mla(mla(c, deepseek));
+/// The config fields `e` reads, looking through the mapping's derived values (GLM's `mtp_layers`
+/// is `num_nextn_predict_layers ?? num_mtp_layers ?? 1`), but not the layer count or index.
+fn config_fields(m: &Mapping, e: &Expr, depth: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in e.vars() {
+        if matches!(name, "i" | "num_hidden_layers") {
+            continue;
+        }
+        match m.derive.get(name) {
+            // A derived value reads only the ones before it: the depth bound is a guard.
+            Some(d) if depth < m.derive.len() => out.extend(config_fields(m, d, depth + 1)),
+            Some(_) => {}
+            None => out.push(name.to_string()),
+        }
     }
-    let head_dim = match fam {
-        // Qwen2's attention ignores config.head_dim (qwen2.py:150; mappings/qwen2.yaml).
-        Family::Qwen2Moe => None,
-        // GptOssConfig's default (mappings/gpt_oss.yaml).
-        Family::GptOss => num(raw, "head_dim", Some(64)),
-        _ => c.head_dim,
+    out
+}
+
+/// An architecture without a mapping: only what its config states (no layer rule, no defaults).
+fn unmapped_moe(c: &ModelConfig, v: &Variables) -> Option<Moe> {
+    let experts = c.num_experts.filter(|n| *n > 0)?;
+    let topk = string(v, "topk_method");
+    Some(Moe {
+        routed_experts: Some(experts),
+        experts_per_token: num(v, "num_experts_per_tok"),
+        expert_intermediate_size: c.moe_intermediate_size,
+        shared_experts: None,
+        moe_layers: None,
+        dense_layers: None,
+        layer_rule: None,
+        router: Router {
+            scoring_func: string(v, "scoring_func"),
+            e_score_correction_bias: topk.as_deref() == Some("noaux_tc"),
+            topk_method: topk,
+            bias: false,
+        },
+    })
+}
+
+fn num(v: &Variables, name: &str) -> Option<u64> {
+    v.get(name).and_then(Value::as_u64)
+}
+
+fn string(v: &Variables, name: &str) -> Option<String> {
+    v.get(name).and_then(Value::as_str).map(str::to_string)
+}
+
+/// MLA when the variables have a kv latent rank (DeepSeek's config fields, with the mapping's
+/// defaults); otherwise heads, with head_dim as the mapping's qkv layout computes it.
+fn attention(c: &ModelConfig, v: &Variables, layer: &[ParamSpec]) -> Attention {
+    if v.get("kv_lora_rank").is_some_and(|x| !x.is_null()) {
+        return Attention::Mla(Mla {
+            heads: c.num_attention_heads,
+            q_lora_rank: q_lora(v),
+            kv_lora_rank: num(v, "kv_lora_rank"),
+            qk_nope_head_dim: num(v, "qk_nope_head_dim"),
+            qk_rope_head_dim: num(v, "qk_rope_head_dim"),
+            v_head_dim: num(v, "v_head_dim"),
+        });
     }
-    .or_else(|| c.hidden_size.checked_div(c.num_attention_heads));
+    let from_layout = layer.iter().find_map(|p| match &p.layout {
+        Layout::Qkv { head_dim, .. } => Some(v.eval_u64(head_dim, Some(0)).ok()),
+        _ => None,
+    });
+    let head_dim = match from_layout {
+        Some(d) => d,
+        None => num(v, "head_dim").or_else(|| c.hidden_size.checked_div(c.num_attention_heads)),
+    };
     let h = Heads {
         heads: c.num_attention_heads,
         kv_heads: c.num_key_value_heads,
@@ -183,260 +220,235 @@ fn attention(c: &ModelConfig, fam: Family) -> Attention {
     }
 }
 
-/// DeepseekV2Config's defaults (mappings/deepseek_v2.yaml, which V3 inherits); another family
-/// with MLA fields gets no defaults.
-fn mla(c: &ModelConfig, deepseek: bool) -> Mla {
-    let raw = &c.raw;
-    let d = |n: u64| deepseek.then_some(n);
-    // transformers defaults a missing q_lora_rank to 1536 but keeps an explicit null, and vLLM
-    // then builds q_proj instead of q_a_proj/q_b_proj (deepseek_v2.py:1051).
-    let q_lora_rank = match field(raw, "q_lora_rank") {
-        Field::Absent if deepseek => QLora::Rank(1536),
-        Field::Absent | Field::Odd => QLora::Unknown("unknown"),
-        Field::Null | Field::Num(0) => QLora::None,
-        Field::Num(n) => QLora::Rank(n),
-    };
-    Mla {
-        heads: c.num_attention_heads,
-        q_lora_rank,
-        kv_lora_rank: num(raw, "kv_lora_rank", d(512)),
-        qk_nope_head_dim: num(raw, "qk_nope_head_dim", d(128)),
-        qk_rope_head_dim: num(raw, "qk_rope_head_dim", d(64)),
-        v_head_dim: num(raw, "v_head_dim", d(128)),
-    }
-}
-
-fn routed_experts(c: &ModelConfig, fam: Family) -> Option<u64> {
-    let raw = &c.raw;
-    match fam {
-        Family::DeepseekV2 | Family::DeepseekV3 => num(raw, "n_routed_experts", Some(0)),
-        Family::Qwen2Moe => num(raw, "num_experts", Some(60)),
-        Family::Glm4Moe => match field(raw, "n_routed_experts") {
-            Field::Num(n) => Some(n),
-            Field::Odd => None,
-            _ => num(raw, "num_local_experts", Some(128)),
+/// The mapping's `q_lora` (whether vLLM builds q_a_proj/q_b_proj) when it derives one; else the
+/// config's field as transformers reads it: an explicit `null` or 0 means q is projected straight
+/// from the hidden state (deepseek_v2.py:1051).
+fn q_lora(v: &Variables) -> QLora {
+    let rank = || num(v, "q_lora_rank").map_or(QLora::Unknown("unknown"), QLora::Rank);
+    match v.get("q_lora") {
+        Some(Value::Bool(false)) => QLora::None,
+        Some(Value::Bool(true)) => rank(),
+        _ if v.is_derived("q_lora") => QLora::Unknown("unknown"),
+        _ => match v.get("q_lora_rank") {
+            Some(Value::Null) => QLora::None,
+            Some(x) if x.as_u64() == Some(0) => QLora::None,
+            _ => rank(),
         },
-        Family::Mixtral | Family::GptOss => num(raw, "num_local_experts", None),
-        Family::Qwen3Moe | Family::Other => c.num_experts,
     }
 }
 
-fn moe(c: &ModelConfig, fam: Family) -> Option<Moe> {
-    let raw = &c.raw;
-    let experts = routed_experts(c, fam);
-    let expected_moe = !matches!(fam, Family::Other);
-    // A MoE family whose expert count is unreadable is still a MoE; a count of 0 is vLLM's
-    // dense fallback (`num_experts > 0 &&` in the mappings' moe_layer).
-    match experts {
-        Some(0) => return None,
-        None if !expected_moe => return None,
-        _ => {}
+fn is_experts(p: &ParamSpec) -> bool {
+    matches!(
+        p.layout,
+        Layout::Experts { .. } | Layout::GptOssExperts { .. }
+    )
+}
+
+/// Whether the mapping may build `p` at layer `i`: none of its `when`'s conditions is false
+/// (one that cannot be evaluated, for a config field of the wrong type, leaves it built: the
+/// planner reports why).
+fn may_build(v: &Variables, p: &ParamSpec, i: Option<u64>) -> bool {
+    p.when.as_ref().is_none_or(|w| {
+        w.conjuncts()
+            .iter()
+            .all(|c| v.eval_bool(c, i).unwrap_or(true))
+    })
+}
+
+fn moe(v: &Variables, layer: &[ParamSpec], layers: Option<u64>) -> Option<Moe> {
+    let experts = layer.iter().find(|p| is_experts(p))?;
+    let (moe_layers, layer_rule) = moe_layers(v, experts, layers);
+    // No layer with experts: vLLM's dense fallback (n_routed_experts 0, Qwen's num_experts 0).
+    if moe_layers.as_ref().is_some_and(Vec::is_empty) {
+        return None;
     }
-    let expert_intermediate_size = match fam {
-        // Mixtral's and gpt-oss's experts are intermediate_size wide (mixtral.py, gpt_oss.py).
-        Family::Mixtral | Family::GptOss => c.intermediate_size,
-        Family::Qwen2Moe | Family::Glm4Moe => num(raw, "moe_intermediate_size", Some(1408)),
-        _ => c.moe_intermediate_size,
+    let probe = moe_layers.as_ref().and_then(|m| m.first().copied());
+    let (count, intermediate) = match &experts.layout {
+        Layout::Experts {
+            experts,
+            intermediate,
+            ..
+        }
+        | Layout::GptOssExperts {
+            experts,
+            intermediate,
+            ..
+        } => (
+            v.eval_u64(experts, probe).ok(),
+            v.eval_u64(intermediate, probe).ok(),
+        ),
+        _ => (None, None),
     };
-    let (moe_layers, layer_rule) = moe_layers(c, fam);
-    // The rules yield ascending indices: a binary search keeps 65536 layers instant.
-    let dense_layers = moe_layers.as_ref().map(|m| {
-        (0..c.num_hidden_layers)
-            .filter(|i| m.binary_search(i).is_err())
-            .collect()
+    let built: Vec<&ParamSpec> = layer.iter().filter(|p| may_build(v, p, probe)).collect();
+    let named = |suffix: &str| built.iter().any(|p| p.name.ends_with(suffix));
+    let dense_layers = moe_layers.as_ref().zip(layers).map(|(m, n)| {
+        // The layers are ascending: a binary search keeps 65536 of them instant.
+        (0..n).filter(|i| m.binary_search(i).is_err()).collect()
     });
     Some(Moe {
-        routed_experts: experts,
-        experts_per_token: num(raw, "num_experts_per_tok", None),
-        expert_intermediate_size,
-        shared_experts: shared_experts(raw, fam, expert_intermediate_size),
+        routed_experts: count,
+        experts_per_token: num(v, "num_experts_per_tok"),
+        expert_intermediate_size: intermediate,
+        shared_experts: shared_experts(v, &built),
         moe_layers,
         dense_layers,
         layer_rule,
-        router: router(raw, fam),
+        router: Router {
+            // Not a mapping fact: config.json's (or the mapping's default), softmax otherwise.
+            scoring_func: string(v, "scoring_func").or(Some("softmax".into())),
+            topk_method: string(v, "topk_method"),
+            e_score_correction_bias: named("e_score_correction_bias"),
+            bias: named("router.bias") || named("gate.bias"),
+        },
     })
 }
 
-fn shared_experts(
-    raw: &Map<String, Value>,
-    fam: Family,
-    expert_intermediate: Option<u64>,
-) -> Option<SharedExperts> {
-    let (count, size, gate) = match fam {
-        // DeepseekV2MoE / Glm4MoE: one MLP of moe_intermediate_size × n_shared_experts
-        // (deepseek_v2.py, glm4_moe.py:170–181; the mappings' shared_size).
-        Family::DeepseekV2 => (
-            num(raw, "n_shared_experts", Some(2))?,
-            expert_intermediate,
-            None,
-        ),
-        Family::DeepseekV3 | Family::Glm4Moe => (
-            num(raw, "n_shared_experts", Some(1))?,
-            expert_intermediate,
-            None,
-        ),
-        // Qwen2MoeSparseMoeBlock: one shared expert scaled by sigmoid(shared_expert_gate(x)),
-        // absent when shared_expert_intermediate_size is 0 (qwen2_moe.py:148–179).
-        Family::Qwen2Moe => {
-            let size = num(raw, "shared_expert_intermediate_size", Some(5632));
-            (u64::from(size != Some(0)), size, Some("sigmoid"))
+/// vLLM builds the shared experts as one MLP (its gate_up_proj's halves are count ×
+/// intermediate_size wide), tensor-parallel even with expert parallelism; Qwen2-MoE scales it by
+/// sigmoid(shared_expert_gate). The count is config.json's `n_shared_experts` (with the mapping's
+/// default), one when the family has no such field.
+fn shared_experts(v: &Variables, built: &[&ParamSpec]) -> Option<SharedExperts> {
+    let fused = built.iter().find_map(|p| match &p.layout {
+        Layout::MergedColumn { sizes, .. }
+            if p.name.contains("shared_expert") && p.tied_to.is_none() =>
+        {
+            Some(sizes.first().and_then(|s| v.eval_u64(s, None).ok()))
         }
-        _ => return None,
+        _ => None,
+    })?;
+    let count = match v.get("n_shared_experts") {
+        None | Some(Value::Null) => 1,
+        Some(x) => x.as_u64()?,
     };
+    let gated = built
+        .iter()
+        .any(|p| p.name.ends_with("shared_expert_gate.weight"));
     (count > 0).then(|| SharedExperts {
         count,
-        intermediate_size: size,
-        fused_intermediate_size: size.and_then(|s| s.checked_mul(count)),
-        gate,
+        intermediate_size: fused.and_then(|f| (f % count == 0).then(|| f / count)),
+        fused_intermediate_size: fused,
+        gate: gated.then_some("sigmoid"),
     })
 }
 
-/// Far above any real model (DeepSeek-V3 has 61 layers).
-const MAX_LISTED_LAYERS: u64 = 1 << 16;
-
-/// The MoE layers by the family's rule (the mappings' `moe_layer`), and the fields that decide it.
-fn moe_layers(c: &ModelConfig, fam: Family) -> (Option<Vec<u64>>, Option<String>) {
-    let raw = &c.raw;
-    // A config claiming billions of layers would otherwise have inspect list them all.
-    if c.num_hidden_layers > MAX_LISTED_LAYERS {
-        return (None, None);
-    }
-    let layers = 0..c.num_hidden_layers;
-    match fam {
-        // deepseek_v2.py:1293–1297: layer_idx >= first_k_dense_replace and
-        // layer_idx % moe_layer_freq == 0.
-        Family::DeepseekV2 | Family::DeepseekV3 => {
-            let k_default = if fam == Family::DeepseekV3 { 3 } else { 0 };
-            let (Some(k), Some(freq)) = (
-                num(raw, "first_k_dense_replace", Some(k_default)),
-                num(raw, "moe_layer_freq", Some(1)),
-            ) else {
-                return (None, odd(raw, &["first_k_dense_replace", "moe_layer_freq"]));
-            };
-            if freq == 0 {
-                return (None, Some("moe_layer_freq 0".into()));
-            }
-            let mut rule = format!("first_k_dense_replace {k}");
-            if freq != 1 {
-                rule.push_str(&format!(", moe_layer_freq {freq}"));
-            }
-            let moe = layers.filter(|i| *i >= k && i % freq == 0).collect();
-            (Some(moe), Some(rule))
-        }
-        // glm4_moe.py:353–362: every layer from first_k_dense_replace on.
-        Family::Glm4Moe => match num(raw, "first_k_dense_replace", Some(1)) {
-            Some(k) => (
-                Some(layers.filter(|i| *i >= k).collect()),
-                Some(format!("first_k_dense_replace {k}")),
-            ),
-            None => (None, odd(raw, &["first_k_dense_replace"])),
-        },
-        // qwen2_moe.py:312–319 / qwen3_moe.py: not in mlp_only_layers, and
-        // (layer_idx + 1) % decoder_sparse_step == 0.
-        Family::Qwen2Moe | Family::Qwen3Moe => qwen_moe_layers(raw, layers),
-        Family::Mixtral | Family::GptOss => (Some(layers.collect()), None),
-        Family::Other => (None, None),
-    }
-}
-
-/// The first of `keys` whose value is not what the family reads, as written ("first_k_dense_replace
-/// = \"three\""), for saying why the layers are unknown.
-fn odd(raw: &Map<String, Value>, keys: &[&str]) -> Option<String> {
-    keys.iter().find_map(|k| {
-        let v = raw.get(*k)?;
-        let fine = v.is_null()
-            || v.is_u64()
-            || (*k == "mlp_only_layers"
-                && v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)));
-        (!fine).then(|| format!("{k} = {v}"))
-    })
-}
-
-fn qwen_moe_layers(
-    raw: &Map<String, Value>,
-    layers: std::ops::Range<u64>,
+/// The layers where the mapping builds `experts`, and the config fields that make the others
+/// dense ("first_k_dense_replace 1"), or the value that makes them unknown.
+fn moe_layers(
+    v: &Variables,
+    experts: &ParamSpec,
+    layers: Option<u64>,
 ) -> (Option<Vec<u64>>, Option<String>) {
-    let only: Option<Vec<u64>> = match raw.get("mlp_only_layers") {
-        None | Some(Value::Null) => Some(Vec::new()),
-        Some(Value::Array(a)) => a.iter().map(Value::as_u64).collect(),
-        Some(_) => None,
+    let Some(n) = layers.filter(|n| *n <= MAX_LISTED_LAYERS) else {
+        return (None, None);
     };
-    let (Some(only), Some(step)) = (only, num(raw, "decoder_sparse_step", Some(1))) else {
-        return (None, odd(raw, &["mlp_only_layers", "decoder_sparse_step"]));
+    let Some(when) = &experts.when else {
+        return (Some((0..n).collect()), None);
     };
-    if step == 0 {
-        // vLLM divides by it and fails; plan refuses it with the mapping's message.
-        return (None, Some("decoder_sparse_step 0".into()));
+    let conds = when.conjuncts();
+    if let Some(odd) = conds.iter().find_map(|c| odd_field(v, c)) {
+        return (None, Some(odd));
     }
-    let mut rule = Vec::new();
-    if step != 1 {
-        rule.push(format!("decoder_sparse_step {step}"));
+    let mut moe = Vec::new();
+    // Which conditions keep some layer dense: the fields they read decide the layers.
+    let mut deciding = vec![false; conds.len()];
+    for i in 0..n {
+        match v.eval_bool(when, Some(i)) {
+            Ok(true) => moe.push(i),
+            Ok(false) => {
+                for (k, c) in conds.iter().enumerate() {
+                    deciding[k] |= v.eval_bool(c, Some(i)) == Ok(false);
+                }
+            }
+            Err(err) => {
+                // The fields of the condition that failed ("decoder_sparse_step 0"), or why.
+                let failed = conds.iter().find(|c| v.eval(c, Some(i)).is_err());
+                let why = failed.and_then(|c| fields(v, [c]));
+                return (None, why.or_else(|| Some(format!("layer {i}: {err}"))));
+            }
+        }
     }
-    if !only.is_empty() {
-        let list: Vec<String> = only.iter().map(u64::to_string).collect();
-        rule.push(format!("mlp_only_layers [{}]", list.join(", ")));
+    let rule = fields(
+        v,
+        conds
+            .iter()
+            .zip(&deciding)
+            .filter(|(_, d)| **d)
+            .map(|(c, _)| c),
+    );
+    (Some(moe), rule)
+}
+
+/// The config fields `conds` read (not the mapping's derived values, not `i`), each once with its
+/// value: "decoder_sparse_step 2, mlp_only_layers [0]".
+fn fields<'e>(v: &Variables, conds: impl IntoIterator<Item = &'e Expr>) -> Option<String> {
+    let mut seen: Vec<&str> = Vec::new();
+    for c in conds {
+        for name in c.vars() {
+            if name != "i" && !v.is_derived(name) && !seen.contains(&name) {
+                seen.push(name);
+            }
+        }
     }
-    let moe = layers
-        .filter(|i| !only.contains(i) && (i + 1) % step == 0)
+    let parts: Vec<String> = seen
+        .iter()
+        .filter_map(|k| Some(format!("{k} {}", show(v.get(k)?))))
         .collect();
-    (Some(moe), (!rule.is_empty()).then(|| rule.join(", ")))
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
-fn router(raw: &Map<String, Value>, fam: Family) -> Router {
-    match fam {
-        // DeepseekV2MoE: scoring_func defaults to softmax; topk_method noaux_tc adds the F32
-        // correction bias (deepseek_v2.py:327–332). V3's config class has no topk_method.
-        Family::DeepseekV2 | Family::DeepseekV3 => {
-            let topk = match raw.get("topk_method") {
-                None if fam == Family::DeepseekV2 => Some("greedy".to_string()),
-                _ => string(raw, "topk_method"),
-            };
-            Router {
-                scoring_func: string(raw, "scoring_func").or(Some("softmax".into())),
-                e_score_correction_bias: topk.as_deref() == Some("noaux_tc"),
-                topk_method: topk,
-                bias: false,
-            }
+fn show(x: &Value) -> String {
+    match x {
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(show).collect();
+            format!("[{}]", items.join(", "))
         }
-        // Glm4MoE: an F32 router with sigmoid scoring and an F32 correction bias on every MoE
-        // layer (glm4_moe.py:119–150).
-        Family::Glm4Moe => Router {
-            scoring_func: Some("sigmoid".into()),
-            topk_method: string(raw, "topk_method"),
-            e_score_correction_bias: true,
-            bias: false,
-        },
-        // Softmax over the router logits, no correction bias (qwen2_moe.py, qwen3_moe.py,
-        // mixtral.py, gpt_oss.py; gpt-oss's router has a bias).
-        Family::Qwen2Moe | Family::Qwen3Moe | Family::Mixtral | Family::GptOss => Router {
-            scoring_func: Some("softmax".into()),
-            topk_method: None,
-            e_score_correction_bias: false,
-            bias: fam == Family::GptOss,
-        },
-        // A family wload has no mapping for: only what its config states.
-        Family::Other => {
-            let topk = string(raw, "topk_method");
-            Router {
-                scoring_func: string(raw, "scoring_func"),
-                e_score_correction_bias: topk.as_deref() == Some("noaux_tc"),
-                topk_method: topk,
-                bias: false,
-            }
-        }
+        other => other.to_string(),
     }
 }
 
-/// MTP layers past num_hidden_layers belong to the speculative decoder: vLLM's main model skips
-/// their weights (deepseek_v2 / glm4_moe mappings' skip_layer).
-fn mtp_layers(raw: &Map<String, Value>, fam: Family) -> Option<u64> {
-    match fam {
-        Family::DeepseekV2 | Family::DeepseekV3 => num(raw, "num_nextn_predict_layers", Some(0)),
-        Family::Glm4Moe => match field(raw, "num_nextn_predict_layers") {
-            Field::Num(n) => Some(n),
-            Field::Odd => None,
-            _ => num(raw, "num_mtp_layers", Some(1)),
-        },
-        _ => num(raw, "num_nextn_predict_layers", Some(0)),
+/// The first variable `e` reads whose value no layer rule can use (a string, a negative or
+/// fractional number, a list of anything but layer indices), as written
+/// ("first_k_dense_replace = \"three\""), for saying why the layers are unknown.
+fn odd_field(v: &Variables, e: &Expr) -> Option<String> {
+    e.vars().into_iter().find_map(|k| {
+        let x = v.get(k)?;
+        let fine = match x {
+            Value::Null | Value::Bool(_) => true,
+            Value::Number(n) => n.is_u64(),
+            Value::Array(a) => a.iter().all(Value::is_u64),
+            Value::String(_) | Value::Object(_) => false,
+        };
+        (!fine).then(|| format!("{k} = {x}"))
+    })
+}
+
+/// Multi-token-prediction layers past the decoder layers: the run of layer indices from
+/// `layers` on that the mapping's `skip_layer` skips (vLLM's main model skips their weights).
+/// None without a `skip_layer`; unknown when it reads an odd value or cannot be evaluated.
+fn mtp_layers(v: &Variables, skip: Option<&Expr>, layers: Option<u64>) -> Option<u64> {
+    let Some(skip) = skip else { return Some(0) };
+    if odd_field(v, skip).is_some() {
+        return None;
     }
+    let start = layers?;
+    let skipped = |n: u64| -> Option<bool> { v.eval_bool(skip, Some(start.checked_add(n)?)).ok() };
+    if !skipped(0)? {
+        return Some(0);
+    }
+    // The skipped layers are one run: gallop to a layer past it, then bisect for its end, so that
+    // a config claiming a million MTP layers costs a few dozen evaluations.
+    let (mut yes, mut no) = (0u64, 1u64);
+    while skipped(no)? {
+        yes = no;
+        no = no.checked_mul(2)?;
+    }
+    while no - yes > 1 {
+        let mid = yes + (no - yes) / 2;
+        if skipped(mid)? {
+            yes = mid;
+        } else {
+            no = mid;
+        }
+    }
+    Some(yes + 1)
 }
