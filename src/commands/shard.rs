@@ -75,9 +75,40 @@ pub enum ShardError {
     },
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// An I/O failure on a file of the staging folder, named as the file of OUT it was to become.
+    #[error(
+        "{op} {}: {source} (nothing was published: this run's partial files were removed)",
+        .path.display()
+    )]
+    Staged {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl ShardError {
+    /// Names a staging file (`.OUT.wload-tmp-PID/x`) as the OUT file it stood for (`OUT/x`): the
+    /// staging folder is an implementation detail, and it is gone by the time the user reads this.
+    fn as_published(self, tmp: &Path, out: &Path) -> ShardError {
+        let (ShardError::Io { path, .. } | ShardError::Exec(ExecError::Io { path, .. })) = &self
+        else {
+            return self;
+        };
+        let Ok(rel) = path.strip_prefix(tmp) else {
+            return self;
+        };
+        let path = out.join(rel);
+        match self {
+            ShardError::Io { op, source, .. }
+            | ShardError::Exec(ExecError::Io { op, source, .. }) => {
+                ShardError::Staged { op, path, source }
+            }
+            other => other,
+        }
+    }
+
     fn io(op: &'static str, path: &Path, source: io::Error) -> ShardError {
         ShardError::Io {
             op,
@@ -100,9 +131,10 @@ impl ShardError {
             ShardError::SideFile { source, .. } if source.kind() == io::ErrorKind::InvalidInput => {
                 ExitStatus::Checkpoint
             }
-            ShardError::Raced(_) | ShardError::SideFile { .. } | ShardError::Io { .. } => {
-                ExitStatus::Runtime
-            }
+            ShardError::Raced(_)
+            | ShardError::SideFile { .. }
+            | ShardError::Io { .. }
+            | ShardError::Staged { .. } => ExitStatus::Runtime,
             ShardError::Exec(e) => e.exit_status(),
         }
     }
@@ -200,15 +232,16 @@ pub fn shard(
         &files,
         &Control::new(cancel, bar.as_ref()).with_options(exec),
     )
-    .map_err(ShardError::from)?;
+    .map_err(|e| ShardError::from(e).as_published(tmp, &opts.out))?;
     timings.write_s = t.elapsed().as_secs_f64() - written.hash_tail_s;
     timings.hash_s = written.hash_tail_s;
     timings.hash_busy_s = written.hash_busy_s;
     let hashes = written.hashes;
 
     let t = Instant::now();
-    let side = copy_side_files(root, tmp, &opts.out, cancel)?;
-    let config_changes = write_config(root, tmp, &plan)?;
+    let published = |e: ShardError| e.as_published(tmp, &opts.out);
+    let side = copy_side_files(root, tmp, &opts.out, cancel).map_err(published)?;
+    let config_changes = write_config(root, tmp, &plan).map_err(published)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
 
     #[cfg(feature = "test-hooks")]
@@ -218,7 +251,7 @@ pub fn shard(
     if opts.verify {
         let t = Instant::now();
         verify::verify_parts(&plan, root, tmp, &files, &Control::new(cancel, &Quiet))
-            .map_err(ShardError::from)?;
+            .map_err(|e| ShardError::from(e).as_published(tmp, &opts.out))?;
         timings.verify_s = t.elapsed().as_secs_f64();
     }
     if cancel.load(Ordering::Relaxed) {
@@ -234,7 +267,7 @@ pub fn shard(
         &manifest,
         auto_dtype.as_str(),
     ));
-    write_manifest(tmp, &manifest)?;
+    write_manifest(tmp, &manifest).map_err(published)?;
 
     staging.publish(&target)?;
     Ok(ShardReport {

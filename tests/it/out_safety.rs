@@ -602,3 +602,24 @@ fn a_named_pipe_among_the_side_files_is_refused() {
     assert!(!out.exists());
     assert!(staging_folders(work.path()).is_empty());
 }
+
+/// A write that fails (a full disk, through the test hook) names the file of OUT it was writing,
+/// not the hidden staging folder the user never asked for and that is gone by then.
+#[test]
+fn a_failed_write_names_the_out_file_not_the_staging_folder() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = wload()
+        .args(["shard", s(&fixture(GQA)), "--tp", "2", "-o", s(&out), "-q"])
+        .env("WLOAD_TEST_WRITE_FAILS_AFTER", "1000")
+        .output()
+        .expect("wload runs");
+    let named = out.join("model-rank-");
+    assert_refused(
+        &o,
+        1,
+        &[s(&named), "No space left", "nothing was published"],
+    );
+    assert!(!stderr(&o).contains("wload-tmp"), "{}", context(&o));
+    assert!(staging_folders(work.path()).is_empty() && !out.exists());
+}
