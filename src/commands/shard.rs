@@ -91,7 +91,7 @@ pub enum ShardError {
 impl ShardError {
     /// Names a staging file (`.OUT.wload-tmp-PID/x`) as the OUT file it stood for (`OUT/x`): the
     /// staging folder is an implementation detail, and it is gone by the time the user reads this.
-    fn as_published(self, tmp: &Path, out: &Path) -> ShardError {
+    fn named_in_out(self, tmp: &Path, out: &Path) -> ShardError {
         let (ShardError::Io { path, .. } | ShardError::Exec(ExecError::Io { path, .. })) = &self
         else {
             return self;
@@ -232,14 +232,14 @@ pub fn shard(
         &files,
         &Control::new(cancel, bar.as_ref()).with_options(exec),
     )
-    .map_err(|e| ShardError::from(e).as_published(tmp, &opts.out))?;
+    .map_err(|e| ShardError::from(e).named_in_out(tmp, &opts.out))?;
     timings.write_s = t.elapsed().as_secs_f64() - written.hash_tail_s;
     timings.hash_s = written.hash_tail_s;
     timings.hash_busy_s = written.hash_busy_s;
     let hashes = written.hashes;
 
     let t = Instant::now();
-    let published = |e: ShardError| e.as_published(tmp, &opts.out);
+    let published = |e: ShardError| e.named_in_out(tmp, &opts.out);
     let side = copy_side_files(root, tmp, &opts.out, cancel).map_err(published)?;
     let config_changes = write_config(root, tmp, &plan).map_err(published)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
@@ -251,7 +251,7 @@ pub fn shard(
     if opts.verify {
         let t = Instant::now();
         verify::verify_parts(&plan, root, tmp, &files, &Control::new(cancel, &Quiet))
-            .map_err(|e| ShardError::from(e).as_published(tmp, &opts.out))?;
+            .map_err(|e| ShardError::from(e).named_in_out(tmp, &opts.out))?;
         timings.verify_s = t.elapsed().as_secs_f64();
     }
     if cancel.load(Ordering::Relaxed) {
