@@ -152,23 +152,28 @@ impl Planner<'_> {
         let via_text = || via(rules, target);
         let shard = target.shard.as_ref();
         let key: SlotKey = target.slot();
+        // What every problem of this tensor names: its file, itself, the parameter and the rule.
+        let about = |message: String, fix: &str| Problem {
+            message,
+            fix: Some(fix.into()),
+            file: Some(file.to_string()),
+            tensor: Some(t.name.clone()),
+            parameter: Some(p.name.clone()),
+            rule: rule_of(rules, target),
+            ..Default::default()
+        };
         let expected = match p.geometry.expected_source(shard) {
             Ok(s) => s,
             Err(err) => {
-                self.problems.push(Problem {
-                    message: format!(
+                self.problems.push(about(
+                    format!(
                         "{file}: tensor '{}' → '{}'{}: {err}",
                         t.name,
                         p.name,
                         via_text()
                     ),
-                    fix: Some("fix the mapping rule's shard id (--mapping FILE)".into()),
-                    file: Some(file.to_string()),
-                    tensor: Some(t.name.clone()),
-                    parameter: Some(p.name.clone()),
-                    rule: rule_of(rules, target),
-                    ..Default::default()
-                });
+                    "fix the mapping rule's shard id (--mapping FILE)",
+                ));
                 return false;
             }
         };
@@ -176,63 +181,48 @@ impl Planner<'_> {
         let scalar_ok = expected.is_empty() && t.shape.iter().product::<u64>() == 1;
         if t.shape != expected && !scalar_ok {
             self.problems.push(Problem {
-                message: format!(
-                    "{file}: tensor '{}' has shape {:?}, but '{}'{}{} expects {expected:?}",
-                    t.name,
-                    t.shape,
-                    p.name,
-                    shard_text(),
-                    via_text()
-                ),
-                fix: Some(
-                    "check config.json's dimensions (override with --hf-overrides) or that the checkpoint matches this model"
-                        .into(),
-                ),
-                file: Some(file.to_string()),
-                tensor: Some(t.name.clone()),
-                parameter: Some(p.name.clone()),
                 shape: Some(t.shape.clone()),
-                expected_shape: Some(expected),
-                rule: rule_of(rules, target),
+                expected_shape: Some(expected.clone()),
+                ..about(
+                    format!(
+                        "{file}: tensor '{}' has shape {:?}, but '{}'{}{} expects {expected:?}",
+                        t.name,
+                        t.shape,
+                        p.name,
+                        shard_text(),
+                        via_text()
+                    ),
+                    "check config.json's dimensions (override with --hf-overrides) or that the checkpoint matches this model",
+                )
             });
             return false;
         }
         if !convertible(t.dtype, p.dtype) {
-            self.problems.push(Problem {
-                message: format!(
+            self.problems.push(about(
+                format!(
                     "{file}: tensor '{}' is {}, which cannot be converted to {} for '{}'",
                     t.name, t.dtype, p.dtype, p.name
                 ),
-                fix: Some(if p.dtype == crate::dtype::Dtype::F8E4M3 {
-                    "quantization_config says this layer is FP8, but the checkpoint stores it otherwise: list the module in the config's ignored_layers / modules_to_not_convert (fp8) or ignore (compressed-tensors)".into()
+                if p.dtype == crate::dtype::Dtype::F8E4M3 {
+                    "quantization_config says this layer is FP8, but the checkpoint stores it otherwise: list the module in the config's ignored_layers / modules_to_not_convert (fp8) or ignore (compressed-tensors)"
                 } else {
-                    "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint".into()
-                }),
-                file: Some(file.to_string()),
-                tensor: Some(t.name.clone()),
-                parameter: Some(p.name.clone()),
-                rule: rule_of(rules, target),
-                ..Default::default()
-            });
+                    "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint"
+                },
+            ));
             return false;
         }
         if let Some(prev) = a.fed[pi].get(&key) {
-            self.problems.push(Problem {
-                message: format!(
+            // Names the second of the two: the first is in the plan already.
+            self.problems.push(about(
+                format!(
                     "'{}'{}: filled twice, by '{}' and '{}'",
                     p.name,
                     shard_text(),
                     a.sources[prev.source].name,
                     t.name
                 ),
-                fix: Some("remove one of the two tensors from the checkpoint".into()),
-                // The second of the two: the first is in the plan already.
-                file: Some(file.to_string()),
-                tensor: Some(t.name.clone()),
-                parameter: Some(p.name.clone()),
-                rule: rule_of(rules, target),
-                ..Default::default()
-            });
+                "remove one of the two tensors from the checkpoint",
+            ));
             return false;
         }
         a.sources.push(source_of(t, file));

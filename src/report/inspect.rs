@@ -21,7 +21,7 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
     write_structure(w, &i.structure)?;
     write_quantization(w, i, verbose)?;
     write_tensors(w, i)?;
-    write_totals(w, i)
+    write_totals(w, &i.totals)
 }
 
 fn write_origin(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
@@ -482,7 +482,7 @@ fn write_tensors(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
     Ok(())
 }
 
-fn write_totals(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
+fn write_totals(w: &mut dyn Write, totals: &crate::commands::inspect::Totals) -> io::Result<()> {
     writeln!(w, "\ntotals")?;
     let mut t = Table::new(&[
         ("DTYPE", false),
@@ -490,7 +490,7 @@ fn write_totals(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         ("PARAMETERS", true),
         ("BYTES", true),
     ]);
-    for d in &i.totals.by_dtype {
+    for d in &totals.by_dtype {
         t.row(vec![
             d.dtype.to_string(),
             thousands(d.count.tensors as u64),
@@ -500,9 +500,9 @@ fn write_totals(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
     }
     t.row(vec![
         "all".into(),
-        thousands(i.totals.count.tensors as u64),
-        thousands(i.totals.count.parameters),
-        human_bytes(i.totals.count.bytes),
+        thousands(totals.count.tensors as u64),
+        thousands(totals.count.parameters),
+        human_bytes(totals.count.bytes),
     ]);
     t.write(w, "  ")
 }
@@ -689,26 +689,5 @@ fn write_lone_file(w: &mut dyn Write, f: &crate::commands::inspect::LoneFile) ->
         ]);
     }
     t.write(w, "  ")?;
-    writeln!(w, "\ntotals")?;
-    let mut t = Table::new(&[
-        ("DTYPE", false),
-        ("TENSORS", true),
-        ("PARAMETERS", true),
-        ("BYTES", true),
-    ]);
-    for d in &f.totals.by_dtype {
-        t.row(vec![
-            d.dtype.to_string(),
-            thousands(d.count.tensors as u64),
-            thousands(d.count.parameters),
-            human_bytes(d.count.bytes),
-        ]);
-    }
-    t.row(vec![
-        "all".into(),
-        thousands(f.totals.count.tensors as u64),
-        thousands(f.totals.count.parameters),
-        human_bytes(f.totals.count.bytes),
-    ]);
-    t.write(w, "  ")
+    write_totals(w, &f.totals)
 }
