@@ -562,27 +562,12 @@ fn write_survey(
         "kind     pre-sharded folder (vLLM sharded_state files, {})",
         s.pattern
     )?;
-    let mut facts = Vec::new();
-    if let Some(a) = &wf.architecture {
-        facts.push(a.clone());
-    }
-    if let Some(d) = &wf.dtype {
-        facts.push(format!("dtype {d}"));
-    }
-    match wf.expert_parallel {
-        Some(true) => facts.push("expert parallel".into()),
-        Some(false) => facts.push("no expert parallel".into()),
-        None => facts.push("expert parallel unknown (no wload.json)".into()),
-    }
-    if let Some(src) = &wf.source_checkpoint {
-        facts.push(format!("sharded from {src}"));
-    }
     writeln!(
         w,
         "written  for {} (per {}: {})",
         wf.flags(),
         wf.from,
-        facts.join(", ")
+        written_for_facts(wf).join(", ")
     )?;
     let filtered = s
         .filter
@@ -625,6 +610,42 @@ fn write_survey(
         thousands(n.parameters),
         human_bytes(n.bytes)
     )?;
+    write_completeness(w, s)?;
+    writeln!(w, "check    {}", s.check_with)?;
+    if let Some(serve) = &s.serve {
+        writeln!(w, "serve    {}", serve.shell)?;
+    } else if verbose {
+        writeln!(
+            w,
+            "serve    (no wload.json: see `wload load` above for the flags)"
+        )?;
+    }
+    Ok(())
+}
+
+/// What wload.json (or the file names) say the folder was written from and with.
+fn written_for_facts(wf: &crate::rank_files::WrittenFor) -> Vec<String> {
+    let mut facts = Vec::new();
+    if let Some(a) = &wf.architecture {
+        facts.push(a.clone());
+    }
+    if let Some(d) = &wf.dtype {
+        facts.push(format!("dtype {d}"));
+    }
+    match wf.expert_parallel {
+        Some(true) => facts.push("expert parallel".into()),
+        Some(false) => facts.push("no expert parallel".into()),
+        None => facts.push("expert parallel unknown (no wload.json)".into()),
+    }
+    if let Some(src) = &wf.source_checkpoint {
+        facts.push(format!("sharded from {src}"));
+    }
+    facts
+}
+
+/// Whether every rank has its files, or each problem with its fix.
+fn write_completeness(w: &mut dyn Write, s: &crate::pre_sharded::Survey) -> io::Result<()> {
+    let wf = &s.written_for;
     if s.complete {
         writeln!(
             w,
@@ -647,15 +668,6 @@ fn write_survey(
                 writeln!(w, "    fix: {fix}")?;
             }
         }
-    }
-    writeln!(w, "check    {}", s.check_with)?;
-    if let Some(serve) = &s.serve {
-        writeln!(w, "serve    {}", serve.shell)?;
-    } else if verbose {
-        writeln!(
-            w,
-            "serve    (no wload.json: see `wload load` above for the flags)"
-        )?;
     }
     Ok(())
 }

@@ -10,120 +10,137 @@ pub fn write_load(
     r: &crate::commands::load::LoadReport,
     quiet: bool,
 ) -> io::Result<()> {
-    let t = &r.timings;
     if r.dry_run {
-        writeln!(
-            w,
-            "ok: vLLM would load {} at tp {}{} ({} ranks checked, {}, {})",
-            r.source,
-            r.tp,
-            if r.pp > 1 {
-                format!(" pp {}", r.pp)
-            } else {
-                String::new()
-            },
-            r.ranks.len(),
-            human_bytes(r.bytes),
-            match r.kind {
-                crate::commands::load::InputKind::Checkpoint => "checkpoint",
-                crate::commands::load::InputKind::PreSharded => "pre-sharded",
-            }
-        )?;
-        for f in &r.files_read {
-            let m = match f.matches_manifest {
-                Some(true) => " (matches wload.json)",
-                Some(false) => " (DIFFERS from wload.json)",
-                None => "",
-            };
-            writeln!(
-                w,
-                "  read {} {} xxh3 {}{m}",
-                f.file,
-                human_bytes(f.bytes),
-                f.xxh3
-            )?;
-        }
+        write_dry_run(w, r)?;
     } else {
-        let mut tab = Table::new(&[
-            ("RANK", true),
-            ("DEVICE", false),
-            ("TENSORS", true),
-            ("BYTES", true),
-            ("COPY s", true),
-            ("READ GB/s", true),
-            ("H2D GB/s", true),
-            ("OVERLAP", true),
-        ]);
-        for k in &r.ranks {
-            let st = &k.stages;
-            tab.row(vec![
-                k.rank.to_string(),
-                k.device.clone(),
-                k.tensors.to_string(),
-                human_bytes(k.bytes),
-                format!("{:.3}", k.copy_s),
-                rate(st.read_bytes, st.read_gbps),
-                rate(st.h2d_bytes, st.h2d_gbps),
-                format!("{:.0}%", st.overlap * 100.0),
-            ]);
-        }
-        tab.write(w, "")?;
-        writeln!(
-            w,
-            "\nloaded {} in {:.3}s: {:.2} GB/s (read, convert and copy overlapped; sync included)",
-            human_bytes(r.bytes),
-            t.transfer_s + t.sync_s,
-            t.gbps(r.bytes)
-        )?;
-        if r.checked {
-            write_checked(w, r)?;
-        }
-        write_source(w, r)?;
-        if let Some(rep) = &r.repeats {
-            writeln!(
-                w,
-                "  {} runs: {:.2} / {:.2} / {:.2} GB/s min / median / max ({:.3} / {:.3} / {:.3} s); the rest is the last run",
-                rep.runs.len(),
-                rep.gbps_min,
-                rep.gbps_median,
-                rep.gbps_max,
-                rep.seconds_min,
-                rep.seconds_median,
-                rep.seconds_max
-            )?;
-        }
-        let rows: [(&str, f64, &str); 10] = [
-            ("resolve", t.open.resolve_s, "wall"),
-            ("config", t.open.config_s, "wall"),
-            ("headers", t.open.headers_s, "wall"),
-            ("plan", t.open.plan_s, "wall"),
-            ("page cache", t.cache_s, "wall"),
-            ("open devices", t.open_devices_s, "wall"),
-            ("read", t.read_s, "thread-summed"),
-            ("convert", t.convert_s, "thread-summed"),
-            ("copy to device", t.copy_s, "thread-summed"),
-            ("sync", t.sync_s, "wall"),
-        ];
-        for (k, v, how) in rows {
-            writeln!(w, "  {k:<15} {v:>9.3}s  {how}")?;
-        }
-        writeln!(w, "  {:<15} {:>9.3}s  wall", "total", t.total_s)?;
-        for k in &r.ranks {
-            for s in k.checksums.iter().flatten() {
-                writeln!(
-                    w,
-                    "  rank {} {} {} {}",
-                    k.rank,
-                    s.name,
-                    shape(&s.shape),
-                    s.xxh3
-                )?;
-            }
-        }
+        write_ranks(w, r)?;
+        write_transfer(w, r)?;
     }
     if !quiet {
         for warn in &r.warnings {
             writeln!(w, "warning: {warn}")?;
+        }
+    }
+    Ok(())
+}
+
+/// `--dry-run`: the verdict, and with `--read` each file's checksum against wload.json.
+fn write_dry_run(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
+    writeln!(
+        w,
+        "ok: vLLM would load {} at tp {}{} ({} ranks checked, {}, {})",
+        r.source,
+        r.tp,
+        if r.pp > 1 {
+            format!(" pp {}", r.pp)
+        } else {
+            String::new()
+        },
+        r.ranks.len(),
+        human_bytes(r.bytes),
+        match r.kind {
+            crate::commands::load::InputKind::Checkpoint => "checkpoint",
+            crate::commands::load::InputKind::PreSharded => "pre-sharded",
+        }
+    )?;
+    for f in &r.files_read {
+        let m = match f.matches_manifest {
+            Some(true) => " (matches wload.json)",
+            Some(false) => " (DIFFERS from wload.json)",
+            None => "",
+        };
+        writeln!(
+            w,
+            "  read {} {} xxh3 {}{m}",
+            f.file,
+            human_bytes(f.bytes),
+            f.xxh3
+        )?;
+    }
+    Ok(())
+}
+
+/// One row per rank: where its bytes went and how fast each stage ran.
+fn write_ranks(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
+    let mut tab = Table::new(&[
+        ("RANK", true),
+        ("DEVICE", false),
+        ("TENSORS", true),
+        ("BYTES", true),
+        ("COPY s", true),
+        ("READ GB/s", true),
+        ("H2D GB/s", true),
+        ("OVERLAP", true),
+    ]);
+    for k in &r.ranks {
+        let st = &k.stages;
+        tab.row(vec![
+            k.rank.to_string(),
+            k.device.clone(),
+            k.tensors.to_string(),
+            human_bytes(k.bytes),
+            format!("{:.3}", k.copy_s),
+            rate(st.read_bytes, st.read_gbps),
+            rate(st.h2d_bytes, st.h2d_gbps),
+            format!("{:.0}%", st.overlap * 100.0),
+        ]);
+    }
+    tab.write(w, "")
+}
+
+/// The transfer's totals, the source's cache state and I/O path, the timings, and checksums.
+fn write_transfer(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
+    let t = &r.timings;
+    writeln!(
+        w,
+        "\nloaded {} in {:.3}s: {:.2} GB/s (read, convert and copy overlapped; sync included)",
+        human_bytes(r.bytes),
+        t.transfer_s + t.sync_s,
+        t.gbps(r.bytes)
+    )?;
+    if r.checked {
+        write_checked(w, r)?;
+    }
+    write_source(w, r)?;
+    if let Some(rep) = &r.repeats {
+        writeln!(
+            w,
+            "  {} runs: {:.2} / {:.2} / {:.2} GB/s min / median / max ({:.3} / {:.3} / {:.3} s); the rest is the last run",
+            rep.runs.len(),
+            rep.gbps_min,
+            rep.gbps_median,
+            rep.gbps_max,
+            rep.seconds_min,
+            rep.seconds_median,
+            rep.seconds_max
+        )?;
+    }
+    let rows: [(&str, f64, &str); 10] = [
+        ("resolve", t.open.resolve_s, "wall"),
+        ("config", t.open.config_s, "wall"),
+        ("headers", t.open.headers_s, "wall"),
+        ("plan", t.open.plan_s, "wall"),
+        ("page cache", t.cache_s, "wall"),
+        ("open devices", t.open_devices_s, "wall"),
+        ("read", t.read_s, "thread-summed"),
+        ("convert", t.convert_s, "thread-summed"),
+        ("copy to device", t.copy_s, "thread-summed"),
+        ("sync", t.sync_s, "wall"),
+    ];
+    for (k, v, how) in rows {
+        writeln!(w, "  {k:<15} {v:>9.3}s  {how}")?;
+    }
+    writeln!(w, "  {:<15} {:>9.3}s  wall", "total", t.total_s)?;
+    for k in &r.ranks {
+        for s in k.checksums.iter().flatten() {
+            writeln!(
+                w,
+                "  rank {} {} {} {}",
+                k.rank,
+                s.name,
+                shape(&s.shape),
+                s.xxh3
+            )?;
         }
     }
     Ok(())
