@@ -388,7 +388,9 @@ fn repeats(runs: Vec<RunSample>) -> Repeats {
     let stat = |f: fn(&RunSample) -> f64| {
         let mut v: Vec<f64> = runs.iter().map(f).collect();
         v.sort_by(f64::total_cmp);
-        (v[0], v[(v.len() - 1) / 2], v[v.len() - 1])
+        let n = v.len();
+        // An even count's median is the mean of the middle two, not the lower one.
+        (v[0], (v[(n - 1) / 2] + v[n / 2]) / 2.0, v[n - 1])
     };
     let (gbps_min, gbps_median, gbps_max) = stat(|r| r.gbps);
     let (seconds_min, seconds_median, seconds_max) = stat(|r| r.seconds);
@@ -736,4 +738,32 @@ fn read_all(root: &Path, plan: &Plan, kind: InputKind) -> Result<Vec<FileSum>, L
 
 fn is_one(n: &u64) -> bool {
     *n == 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(seconds: f64) -> RunSample {
+        RunSample {
+            seconds,
+            gbps: 8.0 / seconds,
+            resident_share: 1.0,
+        }
+    }
+
+    #[test]
+    fn repeats_take_the_middle_run_or_the_mean_of_the_middle_two() {
+        let odd = repeats(vec![sample(4.0), sample(1.0), sample(2.0)]);
+        assert_eq!(
+            (odd.seconds_min, odd.seconds_median, odd.seconds_max),
+            (1.0, 2.0, 4.0)
+        );
+        let even = repeats(vec![sample(4.0), sample(1.0), sample(2.0), sample(8.0)]);
+        assert_eq!(
+            (even.seconds_min, even.seconds_median, even.seconds_max),
+            (1.0, 3.0, 8.0)
+        );
+        assert_eq!(even.gbps_median, (8.0 / 2.0 + 8.0 / 4.0) / 2.0);
+    }
 }
