@@ -75,18 +75,6 @@ fn fixture_config() -> Value {
     serde_json::from_slice(&fs::read(fixture(FIXTURE).join("config.json")).unwrap()).unwrap()
 }
 
-/// Writes `config` and `tensors` (one model.safetensors) into a new temp folder.
-fn write_checkpoint(config: &Value, tensors: &Tensors) -> TempDir {
-    let tmp = TempDir::new().unwrap();
-    write_json(&tmp.path().join("config.json"), config);
-    let list: Vec<Tensor> = tensors
-        .iter()
-        .map(|(n, t)| (n.as_str(), t.dtype.as_str(), &t.shape[..], &t.data[..]))
-        .collect();
-    write_safetensors(&tmp.path().join("model.safetensors"), &list);
-    tmp
-}
-
 fn bf16(t: u64, shape: &[usize]) -> Held {
     Held {
         dtype: "BF16".into(),
@@ -227,16 +215,6 @@ impl Layout {
     }
 }
 
-/// `wload plan SOURCE --json ARGS…`, clean (exit 0, nothing on stderr).
-fn plan_json(source: &Path, args: &[&str]) -> Value {
-    let mut all = vec!["plan", s(source), "--json"];
-    all.extend_from_slice(args);
-    let out = run(&all);
-    assert!(out.status.success(), "{}", context(&out));
-    assert!(out.stderr.is_empty(), "plan is clean: {}", context(&out));
-    serde_json::from_slice(&out.stdout).expect("plan --json is JSON")
-}
-
 /// The plan's tensor names for (global) rank `r`, in its order.
 fn plan_keys(plan: &Value, r: usize) -> Vec<String> {
     plan["ranks"][r]["tensors"]
@@ -324,7 +302,7 @@ fn v2_lite_without_q_lora_holds_vllms_keys_and_slices_at_tp2() {
         noaux: false,
         fp8: false,
     };
-    let plan = plan_json(src.path(), &["--tp", "2"]);
+    let plan = clean_plan_json(src.path(), &["--tp", "2"]);
     assert_eq!(plan["family"], "deepseek_v2");
     assert_eq!(plan["architecture"], "DeepseekV2ForCausalLM");
     let tmp = TempDir::new().unwrap();
@@ -452,21 +430,8 @@ fn the_mtp_layer_is_skipped_and_the_rest_is_vllms() {
         44,
         "a full MoE layer (38 tensors) plus 6 MTP-only ones"
     );
-    let plan = plan_json(src.path(), &["--tp", "2"]);
-    let mut skipped: Vec<String> = plan["skipped"]
-        .as_array()
-        .expect("skipped")
-        .iter()
-        .map(|s| {
-            let reason = s["reason"].as_str().unwrap();
-            assert!(
-                reason.contains("MTP"),
-                "{s}: the reason names the MTP layer"
-            );
-            s["tensor"].as_str().unwrap().to_string()
-        })
-        .collect();
-    skipped.sort();
+    let plan = clean_plan_json(src.path(), &["--tp", "2"]);
+    let skipped = skipped_tensors(&plan, "MTP");
     assert_eq!(skipped, mtp);
     let sources = plan["sources"].as_array().unwrap();
     assert!(
@@ -669,7 +634,7 @@ fn block_fp8_v3_holds_vllms_scales_at_tp2() {
         fp8: true,
         ..Layout::V3
     };
-    let plan = plan_json(src.path(), &["--tp", "2"]);
+    let plan = clean_plan_json(src.path(), &["--tp", "2"]);
     let tmp = TempDir::new().unwrap();
     shard_ok(src.path(), 2, tmp.path(), &["-q"]);
     for r in 0..2 {
@@ -749,7 +714,7 @@ fn block_fp8_v2_lite_quantizes_the_replicated_kv_a_proj_whole() {
         noaux: false,
         fp8: true,
     };
-    let plan = plan_json(src.path(), &["--tp", "2"]);
+    let plan = clean_plan_json(src.path(), &["--tp", "2"]);
     let tmp = TempDir::new().unwrap();
     shard_ok(src.path(), 2, tmp.path(), &["-q"]);
     let q_r = HEADS * (NOPE + ROPE) / 2;
@@ -897,7 +862,7 @@ fn block_fp8_with_a_shared_partition_below_the_block_is_refused() {
 
 /// The TP2 plan of rank 0 as (name, shape) pairs, for a plan that must succeed.
 fn rank0_shapes(src: &Path) -> BTreeMap<String, Vec<u64>> {
-    plan_json(src, &["--tp", "2"])["ranks"][0]["tensors"]
+    clean_plan_json(src, &["--tp", "2"])["ranks"][0]["tensors"]
         .as_array()
         .unwrap()
         .iter()

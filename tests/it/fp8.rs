@@ -419,18 +419,7 @@ fn rewrite_model(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Held)>)) {
     let path = dir.join("model.safetensors");
     let mut tensors = file_tensors(&path);
     edit(&mut tensors);
-    let refs: Vec<Tensor> = tensors
-        .iter()
-        .map(|(n, t)| {
-            (
-                n.as_str(),
-                t.dtype.as_str(),
-                t.shape.as_slice(),
-                t.data.as_slice(),
-            )
-        })
-        .collect();
-    write_safetensors(&path, &refs);
+    write_held(&path, tensors.iter().map(|(n, t)| (n, t)));
 }
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
@@ -786,18 +775,10 @@ fn mixtral_fp8(dir: &Path, reversed: bool) {
     if reversed {
         tensors.reverse();
     }
-    let refs: Vec<Tensor> = tensors
-        .iter()
-        .map(|(n, t)| {
-            (
-                n.as_str(),
-                t.dtype.as_str(),
-                t.shape.as_slice(),
-                t.data.as_slice(),
-            )
-        })
-        .collect();
-    write_safetensors(&dir.join("model.safetensors"), &refs);
+    write_held(
+        &dir.join("model.safetensors"),
+        tensors.iter().map(|(n, t)| (n, t)),
+    );
 }
 
 fn f32_held(shape: &[u64], v: &[f32]) -> Held {
@@ -1397,18 +1378,10 @@ fn fused_on_disk_fp8_copies_one_scale_into_every_slot() {
             tensors.push((name, t));
         }
     }
-    let refs: Vec<Tensor> = tensors
-        .iter()
-        .map(|(n, t)| {
-            (
-                n.as_str(),
-                t.dtype.as_str(),
-                t.shape.as_slice(),
-                t.data.as_slice(),
-            )
-        })
-        .collect();
-    write_safetensors(&src.join("model.safetensors"), &refs);
+    write_held(
+        &src.join("model.safetensors"),
+        tensors.iter().map(|(n, t)| (n, t)),
+    );
 
     let out = tmp.path().join("out");
     shard_ok(&src, 2, &out, &["-q"]);

@@ -131,25 +131,6 @@ fn tensors() -> Tensors {
     tensors
 }
 
-/// Writes `config` and `tensors` (one model.safetensors) into a new temp folder.
-fn write_checkpoint(config: &Value, tensors: &Tensors) -> TempDir {
-    let tmp = TempDir::new().unwrap();
-    write_json(&tmp.path().join("config.json"), config);
-    let list: Vec<Tensor> = tensors
-        .iter()
-        .map(|(n, t)| {
-            (
-                n.as_str(),
-                t.dtype.as_str(),
-                t.shape.as_slice(),
-                t.data.as_slice(),
-            )
-        })
-        .collect();
-    write_safetensors(&tmp.path().join("model.safetensors"), &list);
-    tmp
-}
-
 /// The checkpoint in a temp folder, and its tensors.
 fn checkpoint() -> (TempDir, Tensors) {
     let tensors = tensors();
@@ -294,12 +275,7 @@ fn check_common(got: &Tensors, ck: &Tensors, r: usize, tp: usize, ctx: &str) {
 
 /// `wload plan SOURCE --tp 2 --json EXTRA…`, clean (exit 0, nothing on stderr).
 fn plan_json(source: &Path, extra: &[&str]) -> Value {
-    let mut args = vec!["plan", s(source), "--tp", "2", "--json"];
-    args.extend_from_slice(extra);
-    let out = run(&args);
-    assert!(out.status.success(), "{}", context(&out));
-    assert!(out.stderr.is_empty(), "plan is clean: {}", context(&out));
-    serde_json::from_slice(&out.stdout).expect("plan --json is JSON")
+    clean_plan_json(source, &[&["--tp", "2"], extra].concat())
 }
 
 #[test]
@@ -434,20 +410,7 @@ fn ep2_places_whole_experts_and_keeps_the_rest_as_tp2() {
 fn the_mtp_layer_is_reported_as_skipped() {
     let (src, ck) = checkpoint();
     let plan = plan_json(src.path(), &[]);
-    let mut skipped: Vec<String> = plan["skipped"]
-        .as_array()
-        .expect("skipped")
-        .iter()
-        .map(|s| {
-            let reason = s["reason"].as_str().unwrap();
-            assert!(
-                reason.contains("MTP"),
-                "{s}: the reason names the MTP layer"
-            );
-            s["tensor"].as_str().unwrap().to_string()
-        })
-        .collect();
-    skipped.sort();
+    let skipped = skipped_tensors(&plan, "MTP");
     let mtp: Vec<String> = ck
         .keys()
         .filter(|n| n.starts_with("model.layers.2."))

@@ -133,3 +133,29 @@ pub fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> String {
     }
     err
 }
+
+/// `wload plan SOURCE --json ARGS…`, clean: exit 0 and nothing on stderr.
+pub fn clean_plan_json(source: &Path, args: &[&str]) -> Value {
+    let mut all = vec!["plan", s(source), "--json"];
+    all.extend_from_slice(args);
+    let out = run(&all);
+    assert!(out.status.success(), "{}", context(&out));
+    assert!(out.stderr.is_empty(), "plan is clean: {}", context(&out));
+    serde_json::from_slice(&out.stdout).expect("plan --json is JSON")
+}
+
+/// The tensors `plan --json` lists as skipped, sorted; each one's reason must mention `why`.
+pub fn skipped_tensors(plan: &Value, why: &str) -> Vec<String> {
+    let mut skipped: Vec<String> = plan["skipped"]
+        .as_array()
+        .expect("skipped")
+        .iter()
+        .map(|s| {
+            let reason = s["reason"].as_str().unwrap();
+            assert!(reason.contains(why), "{s}: the reason names {why}");
+            s["tensor"].as_str().unwrap().to_string()
+        })
+        .collect();
+    skipped.sort();
+    skipped
+}

@@ -127,3 +127,20 @@ pub fn assert_tensor(
         "{ctx}: {name}: bytes differ from the expected slice"
     );
 }
+
+/// Writes `tensors`, in the order given, as the one safetensors file `path`.
+pub fn write_held<'a>(path: &Path, tensors: impl IntoIterator<Item = (&'a String, &'a Held)>) {
+    let list: Vec<super::Tensor> = tensors
+        .into_iter()
+        .map(|(n, t)| (n.as_str(), t.dtype.as_str(), &t.shape[..], &t.data[..]))
+        .collect();
+    super::write_safetensors(path, &list);
+}
+
+/// A new temp folder holding `config` as config.json and `tensors` as one model.safetensors.
+pub fn write_checkpoint(config: &serde_json::Value, tensors: &Tensors) -> tempfile::TempDir {
+    let tmp = tempfile::TempDir::new().unwrap();
+    super::write_json(&tmp.path().join("config.json"), config);
+    write_held(&tmp.path().join("model.safetensors"), tensors);
+    tmp
+}
