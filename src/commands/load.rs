@@ -220,8 +220,7 @@ pub struct LoadTimings {
 
 impl LoadTimings {
     pub fn gbps(&self, bytes: u64) -> f64 {
-        let t = self.transfer_s + self.sync_s;
-        if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 }
+        crate::exec::storage::gbps(bytes, self.transfer_s + self.sync_s)
     }
 }
 

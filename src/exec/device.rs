@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use super::storage::{ALIGN, AlignedBuf, Busy, SourceFile};
 
@@ -69,11 +69,11 @@ pub struct Stages {
 
 impl Stages {
     pub fn device_copy_s(&self) -> f64 {
-        self.device_copy_ns.load(Ordering::Relaxed) as f64 / 1e9
+        crate::exec::Stats::secs(&self.device_copy_ns)
     }
 
     pub fn wait_s(&self) -> f64 {
-        self.wait_ns.load(Ordering::Relaxed) as f64 / 1e9
+        crate::exec::Stats::secs(&self.wait_ns)
     }
 }
 

@@ -325,7 +325,7 @@ pub fn write_parts(
     Ok(Written {
         hashes,
         hash_tail_s: last_write.elapsed().as_secs_f64(),
-        hash_busy_s: hashing.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        hash_busy_s: crate::exec::Stats::secs(&hashing.busy_ns),
     })
 }
 
