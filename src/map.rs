@@ -56,7 +56,7 @@ pub struct Target {
     /// How the rows must be rearranged on the way, beyond a dtype cast.
     pub conversion: Option<Conversion>,
     /// The rules that changed the name, in order, for messages (`Rules::describe`).
-    pub via: Vec<crate::mapping::rules::Step>,
+    pub via: crate::mapping::rules::Trace,
 }
 
 /// A rearrangement of a tensor's rows between the checkpoint and the parameter.

@@ -379,7 +379,7 @@ fn whole_copy(
     let numel = t.numel();
     sources.push(SourceTensor {
         name: t.name.clone(),
-        file: f.name.clone(),
+        file: f.name.as_str().into(),
         file_index: t.file,
         offset: t.offset,
         dtype: t.dtype,
@@ -400,7 +400,8 @@ fn whole_copy(
             dst_start: 0,
             dst_stride: numel,
             src_elem_stride: 1,
-        }],
+        }]
+        .into(),
     }
 }
 
@@ -417,7 +418,7 @@ impl Built {
         let mut file_ix: BTreeMap<String, usize> = BTreeMap::new();
         for s in &mut self.sources {
             let n = file_ix.len();
-            s.file_index = *file_ix.entry(s.file.clone()).or_insert(n);
+            s.file_index = *file_ix.entry(s.file.to_string()).or_insert(n);
         }
         Plan {
             family: expected.family,

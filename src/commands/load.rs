@@ -709,7 +709,7 @@ fn read_all(root: &Path, plan: &Plan, kind: InputKind) -> Result<Vec<FileSum>, L
     let manifest = (kind == InputKind::PreSharded)
         .then(|| Manifest::read(root))
         .flatten();
-    let files: BTreeSet<&str> = plan.sources.iter().map(|s| s.file.as_str()).collect();
+    let files: BTreeSet<&str> = plan.sources.iter().map(|s| &*s.file).collect();
     files
         .into_par_iter()
         .map(|f| {

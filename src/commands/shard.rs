@@ -549,8 +549,8 @@ fn tensors_equal(
         return Ok(false);
     }
     let (fx, fy) = (
-        File::open(root.join(&x.file))?,
-        File::open(root.join(&y.file))?,
+        File::open(root.join(&*x.file))?,
+        File::open(root.join(&*y.file))?,
     );
     let n: u64 = x.shape.iter().product();
     let step = 1 << 20;

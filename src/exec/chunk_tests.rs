@@ -95,8 +95,8 @@ fn random_bytes(rng: &mut Rng, dtype: Dtype, n: u64) -> Vec<u8> {
 fn reference_tensor(t: &OutTensor, srcs: &[Src]) -> Vec<u8> {
     let osz = item(t.dtype) as usize;
     let mut out = vec![0u8; t.bytes as usize];
-    for p in &t.pieces {
-        match *p {
+    for p in t.pieces.iter() {
+        match p {
             Piece::Copy {
                 source,
                 rows,
@@ -183,7 +183,7 @@ fn tensor(name: String, dtype: Dtype, shape: Vec<u64>, pieces: Vec<Piece>) -> Ou
         dtype,
         shape,
         bytes,
-        pieces,
+        pieces: pieces.into(),
     }
 }
 
@@ -237,7 +237,7 @@ fn random_checkpoint(rng: &mut Rng, root: &Path) -> (Vec<SourceTensor>, Vec<Src>
         files[fi].extend((0..pad).map(|_| rng.next() as u8));
         sources.push(SourceTensor {
             name: format!("src.{i}"),
-            file: format!("ckpt-{fi}.bin"),
+            file: format!("ckpt-{fi}.bin").into(),
             file_index: fi,
             offset: files[fi].len() as u64,
             dtype,

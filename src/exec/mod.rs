@@ -254,8 +254,8 @@ pub fn execute(
     let mut fills = Vec::new();
     for pl in placements {
         let t = &plan.ranks[pl.rank].tensors[pl.tensor];
-        for piece in &t.pieces {
-            match piece {
+        for piece in t.pieces.iter() {
+            match &piece {
                 Piece::Copy { source, .. } => jobs[*source].push(Job {
                     out: pl.out,
                     base: pl.offset,
@@ -290,7 +290,7 @@ pub fn execute(
             files.resize_with(s.file_index + 1, || None);
         }
         if files[s.file_index].is_none() {
-            let path = root.join(&s.file);
+            let path = root.join(&*s.file);
             let f = SourceFile::open(&path, opts.io).map_err(ExecError::Open)?;
             files[s.file_index] = Some(f);
         }
@@ -886,8 +886,7 @@ pub fn placements_for(plan: &Plan, files: &[parts::PartFile]) -> Vec<Placement> 
 
 /// The files a plan reads, once each, in name order.
 pub fn source_files(plan: &Plan, root: &Path) -> Vec<PathBuf> {
-    let names: std::collections::BTreeSet<&str> =
-        plan.sources.iter().map(|s| s.file.as_str()).collect();
+    let names: std::collections::BTreeSet<&str> = plan.sources.iter().map(|s| &*s.file).collect();
     names.into_iter().map(|f| root.join(f)).collect()
 }
 
@@ -903,7 +902,7 @@ pub fn phases(plan: &Plan, rank: usize) -> Vec<u64> {
             t.pieces
                 .iter()
                 .filter_map(|p| match p {
-                    Piece::Copy { source, .. } => Some((&plan.sources[*source], p.block()?)),
+                    Piece::Copy { source, .. } => Some((&plan.sources[source], p.block()?)),
                     Piece::Fill { .. } => None,
                 })
                 .filter(|(s, b)| s.dtype == t.dtype && !b.transposed())

@@ -175,7 +175,7 @@ mod tests {
                 dtype,
                 bytes: dtype.byte_size(numel).unwrap(),
                 shape,
-                pieces: Vec::new(),
+                pieces: Default::default(),
             });
         }
         RankPlan {

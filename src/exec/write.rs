@@ -360,7 +360,7 @@ fn zero_fills(plan: &Plan, placements: &[Placement]) -> Vec<(usize, u64, u64)> {
     for pl in placements {
         let t = &plan.ranks[pl.rank].tensors[pl.tensor];
         let item = t.dtype.bits() / 8;
-        for piece in &t.pieces {
+        for piece in t.pieces.iter() {
             if let Piece::Fill {
                 dst_start,
                 count,

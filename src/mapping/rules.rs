@@ -120,6 +120,15 @@ pub enum ShardId {
 }
 
 impl ShardId {
+    /// As messages and matches spell it, without allocating for a named shard (the planner asks
+    /// once per checkpoint tensor).
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ShardId::Name(n) => std::borrow::Cow::Borrowed(n),
+            ShardId::Index(k) => std::borrow::Cow::Owned(k.to_string()),
+        }
+    }
+
     /// The shard named `s`, borrowed for the names wload's mappings use (cloning it, once per
     /// checkpoint tensor, then allocates nothing).
     pub fn named(s: &str) -> ShardId {
@@ -145,14 +154,29 @@ impl fmt::Display for ShardId {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Step {
-    Mistral { from: String, to: String },
+    /// Boxed: rare, and it would triple the size of every other step.
+    Mistral(Box<MistralStep>),
     Regex(usize),
     Substr(usize),
     Stacked(usize),
     Prefix(usize),
     Suffix(usize),
-    Expert { rule: usize, id: u64 },
+    Expert {
+        rule: usize,
+        id: u64,
+    },
 }
+
+/// A Mistral-native rename, whole names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MistralStep {
+    pub from: String,
+    pub to: String,
+}
+
+/// The rules that changed a name, in order: rarely more than two, kept inline (one allocation
+/// saved per checkpoint tensor).
+pub type Trace = smallvec::SmallVec<[Step; 2]>;
 
 /// Where a checkpoint name ends up.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,7 +196,7 @@ pub struct Mapped {
     /// Rotary permutation with this many heads (`heads` expression of the Permute rule).
     pub permute_heads: Option<String>,
     /// The rules that changed the name, in order, for messages ([`Rules::describe`]).
-    pub trace: Vec<Step>,
+    pub trace: Trace,
 }
 
 impl Rules {
@@ -240,16 +264,16 @@ impl Rules {
 
     /// Maps one checkpoint name.
     pub fn apply(&self, name: &str) -> Outcome {
-        let mut trace = Vec::new();
+        let mut trace = Trace::new();
         let mut key = std::borrow::Cow::Borrowed(name);
         let mut permute_heads = None;
         if let Some(m) = &self.mistral {
             let (k, p) = m.remap(&key);
             if k != key {
-                trace.push(Step::Mistral {
+                trace.push(Step::Mistral(Box::new(MistralStep {
                     from: key.to_string(),
                     to: k.clone(),
-                });
+                })));
             }
             key = k.into();
             permute_heads = p;
@@ -297,7 +321,7 @@ impl Rules {
     pub fn describe(&self, step: &Step) -> String {
         let to = |t: &Option<String>| t.clone().unwrap_or_else(|| "null".into());
         match step {
-            Step::Mistral { from, to } => format!("mistral names: {from} → {to}"),
+            Step::Mistral(m) => format!("mistral names: {} → {}", m.from, m.to),
             Step::Regex(k) => {
                 let r = &self.regex[*k];
                 format!("regex `{}` → `{}`", r.pattern, to(&r.replace))
@@ -334,7 +358,7 @@ impl Rules {
         &self,
         inner: &mut String,
         shard: &mut Option<ShardId>,
-        trace: &mut Vec<Step>,
+        trace: &mut Trace,
     ) -> Option<Outcome> {
         // A rule fires only on what the ones before it left; if none matches the name, none fires.
         let none = self.any_regex.as_ref().is_some_and(|s| !s.is_match(inner));
@@ -408,7 +432,7 @@ impl Rules {
         &self,
         target: &mut String,
         shard: &mut Option<ShardId>,
-        trace: &mut Vec<Step>,
+        trace: &mut Trace,
     ) -> Option<u64> {
         if let Some(literal) = self.literal_experts.as_ref().filter(|_| target.is_ascii()) {
             for (k, m) in literal.iter().enumerate() {
@@ -451,7 +475,9 @@ impl Rules {
 /// suffix that does not start with a digit leaves the greedy digit run no other choice.
 #[derive(Debug, Clone)]
 struct LiteralExpert {
-    prefix: String,
+    /// The prefix's searcher, built once: a `str::find` builds one per call, which cost more
+    /// than the search on 90,000 short names.
+    prefix: memchr::memmem::Finder<'static>,
     suffix: String,
 }
 
@@ -476,21 +502,26 @@ impl LiteralExpert {
         if suffix.starts_with(|c: char| c.is_ascii_digit()) {
             return None;
         }
-        Some(LiteralExpert { prefix, suffix })
+        Some(LiteralExpert {
+            prefix: memchr::memmem::Finder::new(prefix.as_bytes()).into_owned(),
+            suffix,
+        })
     }
 
     /// The whole match and the digits, in `name` (ASCII).
     fn find<'n>(&self, name: &'n str) -> Option<(std::ops::Range<usize>, &'n str)> {
+        let bytes = name.as_bytes();
+        let prefix_len = self.prefix.needle().len();
         let mut from = 0;
-        while let Some(at) = name.get(from..)?.find(self.prefix.as_str()) {
+        while let Some(at) = self.prefix.find(bytes.get(from..)?) {
             let start = from + at;
-            let digits_at = start + self.prefix.len();
-            let run = name[digits_at..]
-                .bytes()
-                .take_while(u8::is_ascii_digit)
+            let digits_at = start + prefix_len;
+            let run = bytes[digits_at..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
                 .count();
             let end = digits_at + run;
-            if run > 0 && name[end..].starts_with(self.suffix.as_str()) {
+            if run > 0 && bytes[end..].starts_with(self.suffix.as_bytes()) {
                 return Some((start..end + self.suffix.len(), &name[digits_at..end]));
             }
             // An empty prefix matches everywhere: step over one character.

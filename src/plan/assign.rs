@@ -4,6 +4,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rayon::prelude::*;
+
 use super::layout::SlotKey;
 use super::params::Param;
 use super::{Planner, Problem, Skipped, SourceTensor, convertible};
@@ -39,32 +41,104 @@ pub(super) struct Assigned {
     pub skipped: Vec<Skipped>,
 }
 
+/// One mapped tensor, checked on its own (the checks that need no other tensor).
+enum Verdict<'t> {
+    Dropped(&'t str),
+    /// Its name is no parameter of the model.
+    NoParameter(&'t Target),
+    /// It fits parameter `pi`'s slot, if no other tensor filled that slot before.
+    Fits {
+        pi: usize,
+        target: &'t Target,
+        source: SourceTensor,
+        rotary_heads: Option<u64>,
+    },
+    /// It does not fit parameter `pi`: the problem says why.
+    Misfit {
+        pi: usize,
+        target: &'t Target,
+        problem: Box<Problem>,
+    },
+}
+
 impl Planner<'_> {
+    /// Checks every mapped tensor on its own, in parallel (a DeepSeek-V3 checkpoint has 90,000),
+    /// then fills the slots in load order, where a slot filled twice is found.
     pub(super) fn assign(&mut self, params: &[Param], mapped: &Mapped) -> Assigned {
         let by_name: HashMap<&str, usize, Hasher> = params
             .iter()
             .enumerate()
             .map(|(i, p)| (p.name.as_str(), i))
             .collect();
+        let files: Vec<std::sync::Arc<str>> = (mapped.checkpoint.files.iter())
+            .map(|f| f.name.as_str().into())
+            .collect();
+        let verdicts: Vec<Verdict> = {
+            let this = &*self;
+            (mapped.tensors.par_iter())
+                .map(|m| this.verdict(params, &by_name, &files, m))
+                .collect()
+        };
         let mut a = Assigned {
-            sources: Vec::new(),
+            sources: Vec::with_capacity(verdicts.len()),
             fed: (0..params.len()).map(|_| Fed::default()).collect(),
             present: HashSet::default(),
             skipped: Vec::new(),
         };
-        for m in &mapped.tensors {
-            match &m.fate {
-                Fate::Dropped { rule } => a.skipped.push(Skipped {
+        for (m, v) in mapped.tensors.iter().zip(verdicts) {
+            match v {
+                Verdict::Dropped(rule) => a.skipped.push(Skipped {
                     tensor: m.tensor.name.clone(),
                     reason: format!("dropped by {rule}"),
                 }),
-                Fate::Target(target) => match by_name.get(target.parameter.as_str()) {
-                    Some(&pi) => self.fill_slot(&params[pi], pi, m, target, &mut a),
-                    None => self.no_parameter(m, target, &mut a.skipped),
-                },
+                Verdict::NoParameter(target) => self.no_parameter(m, target, &mut a.skipped),
+                Verdict::Misfit {
+                    pi,
+                    target,
+                    problem,
+                } => {
+                    self.problems.push(*problem);
+                    a.present.insert((pi, target.slot()));
+                }
+                Verdict::Fits {
+                    pi,
+                    target,
+                    source,
+                    rotary_heads,
+                } => self.fill(&params[pi], pi, target, source, rotary_heads, &mut a),
             }
         }
         a
+    }
+
+    /// What `m` is to the model, from its name, shape and dtype alone.
+    fn verdict<'t>(
+        &self,
+        params: &[Param],
+        by_name: &HashMap<&str, usize, Hasher>,
+        files: &[std::sync::Arc<str>],
+        m: &'t MappedTensor,
+    ) -> Verdict<'t> {
+        let target = match &m.fate {
+            Fate::Dropped { rule } => return Verdict::Dropped(rule),
+            Fate::Target(target) => target,
+        };
+        let Some(&pi) = by_name.get(target.parameter.as_str()) else {
+            return Verdict::NoParameter(target);
+        };
+        match self.misfit(&params[pi], m, target) {
+            Some(problem) => Verdict::Misfit {
+                pi,
+                target,
+                problem: Box::new(problem),
+            },
+            None => Verdict::Fits {
+                pi,
+                target,
+                source: source_of(m.tensor, files[m.tensor.file].clone()),
+                rotary_heads: self.rotary_heads(target),
+            },
+        }
     }
 
     /// A name that is no parameter: skipped when vLLM ignores such names (unexpected biases and
@@ -123,35 +197,14 @@ impl Planner<'_> {
         });
     }
 
-    /// `m` into its slot of `p` (index `pi`), or a problem saying why it does not fit.
-    fn fill_slot(
-        &mut self,
-        p: &Param,
-        pi: usize,
-        m: &MappedTensor,
-        target: &Target,
-        a: &mut Assigned,
-    ) {
-        if !self.try_fill(p, pi, m, target, a) {
-            a.present.insert((pi, target.slot()));
-        }
-    }
-
-    /// [`Self::fill_slot`]; false when `m` does not fit (a problem says why).
-    fn try_fill(
-        &mut self,
-        p: &Param,
-        pi: usize,
-        m: &MappedTensor,
-        target: &Target,
-        a: &mut Assigned,
-    ) -> bool {
+    /// Why `m` cannot fill its slot of `p`: a shard id the layout does not take, a shape other
+    /// than the config implies, a dtype that does not convert. `None` when it fits.
+    fn misfit(&self, p: &Param, m: &MappedTensor, target: &Target) -> Option<Problem> {
         let (t, file) = (m.tensor, m.file);
         // Text for messages only: most tensors fit and need none.
         let rules = &self.mapping.rules;
         let via_text = || via(rules, target);
         let shard = target.shard.as_ref();
-        let key: SlotKey = target.slot();
         // What every problem of this tensor names: its file, itself, the parameter and the rule.
         let about = |message: String, fix: &str| Problem {
             message,
@@ -165,7 +218,7 @@ impl Planner<'_> {
         let expected = match p.geometry.expected_source(shard) {
             Ok(s) => s,
             Err(err) => {
-                self.problems.push(about(
+                return Some(about(
                     format!(
                         "{file}: tensor '{}' → '{}'{}: {err}",
                         t.name,
@@ -174,13 +227,12 @@ impl Planner<'_> {
                     ),
                     "fix the mapping rule's shard id (--mapping FILE)",
                 ));
-                return false;
             }
         };
         let shard_text = || shard.map_or(String::new(), |s| format!(" shard {s}"));
         let scalar_ok = expected.is_empty() && t.shape.iter().product::<u64>() == 1;
         if t.shape != expected && !scalar_ok {
-            self.problems.push(Problem {
+            return Some(Problem {
                 shape: Some(t.shape.clone()),
                 expected_shape: Some(expected.clone()),
                 ..about(
@@ -195,10 +247,9 @@ impl Planner<'_> {
                     "check config.json's dimensions (override with --hf-overrides) or that the checkpoint matches this model",
                 )
             });
-            return false;
         }
         if !convertible(t.dtype, p.dtype) {
-            self.problems.push(about(
+            return Some(about(
                 format!(
                     "{file}: tensor '{}' is {}, which cannot be converted to {} for '{}'",
                     t.name, t.dtype, p.dtype, p.name
@@ -209,24 +260,44 @@ impl Planner<'_> {
                     "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint"
                 },
             ));
-            return false;
         }
+        None
+    }
+
+    /// A tensor that fits into its slot of `p` (index `pi`), unless the slot is filled already.
+    fn fill(
+        &mut self,
+        p: &Param,
+        pi: usize,
+        target: &Target,
+        source: SourceTensor,
+        rotary_heads: Option<u64>,
+        a: &mut Assigned,
+    ) {
+        let key: SlotKey = target.slot();
         if let Some(prev) = a.fed[pi].get(&key) {
+            let shard_text = target
+                .shard
+                .as_ref()
+                .map_or(String::new(), |s| format!(" shard {s}"));
+            let rules = &self.mapping.rules;
             // Names the second of the two: the first is in the plan already.
-            self.problems.push(about(
-                format!(
-                    "'{}'{}: filled twice, by '{}' and '{}'",
-                    p.name,
-                    shard_text(),
-                    a.sources[prev.source].name,
-                    t.name
+            self.problems.push(Problem {
+                message: format!(
+                    "'{}'{shard_text}: filled twice, by '{}' and '{}'",
+                    p.name, a.sources[prev.source].name, source.name
                 ),
-                "remove one of the two tensors from the checkpoint",
-            ));
-            return false;
+                fix: Some("remove one of the two tensors from the checkpoint".into()),
+                file: Some(source.file.to_string()),
+                tensor: Some(source.name.clone()),
+                parameter: Some(p.name.clone()),
+                rule: rule_of(rules, target),
+                ..Default::default()
+            });
+            a.present.insert((pi, key));
+            return;
         }
-        a.sources.push(source_of(t, file));
-        let rotary_heads = self.rotary_heads(target);
+        a.sources.push(source);
         a.fed[pi].insert(
             key,
             Feed {
@@ -234,7 +305,6 @@ impl Planner<'_> {
                 rotary_heads,
             },
         );
-        true
     }
 
     /// The layer index of a `model.layers.{i}.` tensor the mapping's `skip_layer` excludes.
@@ -271,10 +341,10 @@ fn rule_of(rules: &crate::mapping::rules::Rules, target: &Target) -> Option<Stri
     (!steps.is_empty()).then(|| steps.join(", "))
 }
 
-fn source_of(t: &TensorInfo, file: &str) -> SourceTensor {
+fn source_of(t: &TensorInfo, file: std::sync::Arc<str>) -> SourceTensor {
     SourceTensor {
         name: t.name.clone(),
-        file: file.to_string(),
+        file,
         file_index: t.file,
         offset: t.offset,
         dtype: t.dtype,

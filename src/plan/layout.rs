@@ -363,7 +363,7 @@ impl Geometry {
                 kv_heads,
                 head_dim,
                 inner,
-            } => match shard.map(ShardId::to_string).as_deref() {
+            } => match shard.map(ShardId::text).as_deref() {
                 None => Ok(cat((heads + 2 * kv_heads) * head_dim, inner)),
                 Some("q") => Ok(cat(heads * head_dim, inner)),
                 Some("k") | Some("v") => Ok(cat(kv_heads * head_dim, inner)),
@@ -376,7 +376,7 @@ impl Geometry {
                 intermediate,
                 hidden,
                 ..
-            } => match (part, shard.map(ShardId::to_string).as_deref()) {
+            } => match (part, shard.map(ShardId::text).as_deref()) {
                 (ExpertPart::W13, Some("w1" | "w3")) => Ok(vec![*intermediate, *hidden]),
                 (ExpertPart::W2, Some("w2")) => Ok(vec![*hidden, *intermediate]),
                 (_, s) => Err(format!(

@@ -16,6 +16,7 @@ mod assign;
 mod env;
 pub mod layout;
 mod params;
+mod piece_list;
 mod pieces;
 mod problems;
 mod quant;
@@ -37,6 +38,7 @@ use crate::mapping::Mapping;
 use crate::quant::Quantization;
 use env::Env;
 pub use env::Variables;
+pub use piece_list::Pieces;
 pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList, header_problem};
 pub use stages::{Stage, split_layers};
 pub use types::{

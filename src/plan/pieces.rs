@@ -8,6 +8,7 @@ use rayon::prelude::*;
 use super::assign::{Assigned, Fed, Feed};
 use super::layout::{Block, Geometry, PerExpert, Rank, Slice};
 use super::params::Param;
+use super::piece_list::{Pieces, copy};
 use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan, Region};
 use crate::mapping::rules::ShardId;
@@ -145,7 +146,7 @@ fn rank_tensor(p: &Param, name: &str, r: Rank, feeds: Feeds, fused: bool) -> Opt
         return None;
     }
     let fill = p.fill;
-    let mut pieces = Vec::new();
+    let mut pieces = Pieces::default();
     if p.buffer {
         pieces.push(Piece::Fill {
             dst_start: 0,
@@ -177,7 +178,9 @@ fn rank_tensor(p: &Param, name: &str, r: Rank, feeds: Feeds, fused: bool) -> Opt
             value: 0.0,
         }));
         if matches!(p.geometry, Geometry::ExpertTensorScale { input: true, .. }) {
-            keep_last_loaded(&mut pieces);
+            let mut list: Vec<Piece> = pieces.iter().collect();
+            keep_last_loaded(&mut list);
+            pieces = list.into();
         }
     }
     Some(OutTensor {
@@ -219,16 +222,31 @@ fn keep_last_loaded(pieces: &mut Vec<Piece>) {
 /// expert by expert, as [`super::layout::RankLayout::all_slices`] would list them, each block
 /// and region worked out once.
 fn push_experts(
-    out: &mut Vec<Piece>,
+    out: &mut Pieces,
     slices: &[Slice],
     pe: PerExpert,
     by_expert: &ByExpert,
     fill: f64,
 ) {
     let each: Vec<(Block, Region)> = slices.iter().map(|s| (s.block(), s.region())).collect();
-    out.reserve(slices.len() * usize::try_from(pe.count).unwrap_or(0));
-    for j in 0..pe.count {
-        let e = pe.first + j;
+    // Kept compact when every slot is a plain copy (no rotary rows, nothing missing).
+    let plain = |e: u64, slice: &Slice| {
+        by_expert
+            .get(&slice.slot.0, e)
+            .filter(|f| f.rotary_heads.is_none())
+            .map(|f| f.source)
+    };
+    let experts = pe.first..pe.first + pe.count;
+    let sources: Option<Vec<usize>> = experts
+        .clone()
+        .flat_map(|e| slices.iter().map(move |s| (e, s)))
+        .map(|(e, s)| plain(e, s))
+        .collect();
+    if let Some(sources) = sources {
+        out.push_experts(each, pe.dst_step, sources);
+        return;
+    }
+    for (j, e) in (0..pe.count).zip(experts) {
         let shift = j * pe.dst_step;
         for (slice, &(b, region)) in slices.iter().zip(&each) {
             let b = Block {
@@ -253,7 +271,7 @@ fn push_experts(
 
 /// Copies for one slice; with a rotary permutation (Mistral-native q/k) each head's even rows go
 /// to its first half and odd rows to its second half.
-fn push_copies(out: &mut Vec<Piece>, feed: &Feed, slice: &Slice) {
+fn push_copies(out: &mut Pieces, feed: &Feed, slice: &Slice) {
     let b = slice.block();
     let region = slice.region();
     let source = feed.source;
@@ -289,21 +307,6 @@ fn push_copies(out: &mut Vec<Piece>, feed: &Feed, slice: &Slice) {
             }
         }
         _ => out.push(copy(source, region, b)),
-    }
-}
-
-/// A copy of block `b` of source `source`.
-fn copy(source: usize, region: Region, b: Block) -> Piece {
-    Piece::Copy {
-        source,
-        region,
-        rows: b.rows,
-        row: b.row,
-        src_start: b.src_start,
-        src_stride: b.src_stride,
-        dst_start: b.dst_start,
-        dst_stride: b.dst_stride,
-        src_elem_stride: b.src_elem_stride,
     }
 }
 

@@ -102,7 +102,8 @@ impl PlanError {
 #[derive(Debug, Clone, Serialize)]
 pub struct SourceTensor {
     pub name: String,
-    pub file: String,
+    /// Shared by every tensor of the file (a large MoE has thousands per file).
+    pub file: std::sync::Arc<str>,
     #[serde(skip)]
     pub file_index: usize,
     /// Absolute byte offset of the tensor's data in its file.
@@ -198,7 +199,7 @@ pub struct OutTensor {
     pub dtype: Dtype,
     pub shape: Vec<u64>,
     pub bytes: u64,
-    pub pieces: Vec<Piece>,
+    pub pieces: super::Pieces,
 }
 
 #[derive(Debug, Clone, Serialize)]

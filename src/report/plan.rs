@@ -70,8 +70,8 @@ pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Resul
         ]);
         for o in &rank.tensors {
             let mut from: Vec<String> = Vec::new();
-            for piece in &o.pieces {
-                let s = match piece {
+            for piece in o.pieces.iter() {
+                let s = match &piece {
                     Piece::Copy { source, region, .. } => {
                         let src = &p.sources[*source];
                         let conv = if src.dtype == o.dtype {
