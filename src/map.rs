@@ -6,6 +6,8 @@
 //! `--tp` and `--enable-expert-parallel` (`when:` conditions, the layer count), so "matches no
 //! parameter" and "vLLM ignores it" are the plan's assign phase's verdicts.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 use serde::{Serialize, Serializer};
 
@@ -47,7 +49,7 @@ pub enum Fate {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Target {
     /// The vLLM parameter's name (which may not exist for this config: see the module doc).
-    pub parameter: String,
+    pub parameter: Arc<str>,
     /// Which part of a stacked parameter (`q`/`k`/`v`, `0`/`1`, `w1`/`w2`/`w3`); none for a
     /// parameter filled whole.
     pub shard: Option<ShardId>,
@@ -77,19 +79,18 @@ impl Target {
 
 /// Applies `mapping`'s name rules to every tensor vLLM keeps from `checkpoint`.
 pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
-    // File by file in parallel (a DeepSeek-V3 checkpoint has 90,000 names), kept in load order.
-    let tensors = checkpoint
-        .files
+    // Listed first, so that the names (90,000 in a DeepSeek-V3 checkpoint) are mapped in
+    // parallel straight into their places in load order.
+    let kept: Vec<&TensorInfo> = (checkpoint.files.iter())
+        .flat_map(|f| f.tensors.iter())
+        .filter(|t| checkpoint.is_effective(t))
+        .collect();
+    let tensors = kept
         .par_iter()
-        .flat_map_iter(|f| {
-            f.tensors
-                .iter()
-                .filter(|t| checkpoint.is_effective(t))
-                .map(|t| MappedTensor {
-                    tensor: t,
-                    file: &checkpoint.files[t.file].name,
-                    fate: fate(mapping.rules.apply(&t.name)),
-                })
+        .map_init(Recent::default, |recent, &t| MappedTensor {
+            tensor: t,
+            file: &checkpoint.files[t.file].name,
+            fate: fate(mapping.rules.apply(&t.name), recent),
         })
         .collect();
     Mapped {
@@ -98,11 +99,11 @@ pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
     }
 }
 
-fn fate(outcome: Outcome) -> Fate {
+fn fate(outcome: Outcome, recent: &mut Recent) -> Fate {
     match outcome {
         Outcome::Dropped { rule } => Fate::Dropped { rule },
         Outcome::Mapped(m) => Fate::Target(Target {
-            parameter: m.target,
+            parameter: recent.share(m.target),
             shard: m.shard,
             expert: m.expert,
             conversion: m
@@ -110,6 +111,33 @@ fn fate(outcome: Outcome) -> Fate {
                 .map(|heads| Conversion::RotaryPermute { heads }),
             via: m.trace,
         }),
+    }
+}
+
+/// The last few parameter names one thread mapped to: a fused expert parameter is named by
+/// hundreds of consecutive checkpoint tensors, which then share one copy of its name instead of
+/// holding one each (90,000 in a DeepSeek-V3 checkpoint, most of the map stage's memory).
+#[derive(Default)]
+struct Recent {
+    names: Vec<Arc<str>>,
+    next: usize,
+}
+
+impl Recent {
+    const KEPT: usize = 8;
+
+    fn share(&mut self, name: String) -> Arc<str> {
+        if let Some(a) = self.names.iter().find(|a| ***a == *name) {
+            return a.clone();
+        }
+        let a: Arc<str> = name.into();
+        if self.names.len() < Self::KEPT {
+            self.names.push(a.clone());
+        } else {
+            self.names[self.next] = a.clone();
+            self.next = (self.next + 1) % Self::KEPT;
+        }
+        a
     }
 }
 
@@ -175,7 +203,7 @@ mod tests {
             .tensors
             .iter()
             .map(|t| match &t.fate {
-                Fate::Target(x) => (x.parameter.as_str(), x.slot()),
+                Fate::Target(x) => (&*x.parameter, x.slot()),
                 Fate::Dropped { rule } => panic!("dropped by {rule}"),
             })
             .collect();

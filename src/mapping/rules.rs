@@ -50,7 +50,15 @@ pub struct Rules {
     /// Every substring and stacked rule's `from`, as literals: one pass says that none of them
     /// occurs, which holds for nearly every per-expert name.
     #[serde(skip)]
-    any_literal: Option<RegexSet>,
+    any_literal: Option<Literals>,
+    /// When every regex rule is anchored at the end of the name: the endings one of which a
+    /// name needs for any of them to match (`.k_scale`, `.g_idx`, …). Comparing endings is
+    /// much cheaper than running the regexes over each of 90,000 names.
+    #[serde(skip)]
+    regex_endings: Option<Endings>,
+    /// Each expert rule's shard id, parsed once.
+    #[serde(skip)]
+    expert_shards: Vec<ShardId>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -254,11 +262,14 @@ impl Rules {
             .iter()
             .map(|r| LiteralExpert::parse(&r.pattern))
             .collect();
-        let literals: Vec<String> = (self.substr.iter().map(|r| &r.from))
-            .chain(self.stacked.iter().map(|r| &r.from))
-            .map(|f| regex::escape(f))
+        let literals =
+            (self.substr.iter().map(|r| &r.from)).chain(self.stacked.iter().map(|r| &r.from));
+        self.any_literal = Some(Literals::new(literals)?);
+        self.regex_endings =
+            required_endings(self.regex.iter().map(|r| r.pattern.as_str())).map(Endings::new);
+        self.expert_shards = (self.experts.iter())
+            .map(|r| ShardId::named(&r.shard))
             .collect();
-        self.any_literal = Some(set(literals.iter().map(String::as_str).collect())?);
         Ok(())
     }
 
@@ -288,16 +299,32 @@ impl Rules {
             });
         };
         let mut shard = None;
-        let mut target = if self.untouched(rest) {
-            key.into_owned()
+        let renamed: std::borrow::Cow<str> = if self.untouched(rest) {
+            key
         } else {
             let mut inner = rest.to_string();
             if let Some(dropped) = self.rename(&mut inner, &mut shard, &mut trace) {
                 return dropped;
             }
-            format!("{}{inner}", self.scope)
+            format!("{}{inner}", self.scope).into()
         };
-        let expert = self.expert(&mut target, &mut shard, &mut trace);
+        // The name is built once, with the expert rule's replacement spliced in.
+        let (target, expert) = match self.expert(&renamed) {
+            Some(m) => {
+                let replace = &self.experts[m.rule].replace;
+                let mut t = String::with_capacity(renamed.len() - m.whole.len() + replace.len());
+                t.push_str(&renamed[..m.whole.start]);
+                t.push_str(replace);
+                t.push_str(&renamed[m.whole.end..]);
+                shard = Some(self.expert_shards[m.rule].clone());
+                trace.push(Step::Expert {
+                    rule: m.rule,
+                    id: m.id,
+                });
+                (t, Some(m.id))
+            }
+            None => (renamed.into_owned(), None),
+        };
         Outcome::Mapped(Mapped {
             target,
             shard,
@@ -310,11 +337,23 @@ impl Rules {
     /// Whether no rename rule can fire on `inner` (then [`Rules::rename`] would leave it as it
     /// is): the common case, answered without copying the name.
     fn untouched(&self, inner: &str) -> bool {
-        let none = |set: &Option<RegexSet>| set.as_ref().is_some_and(|s| !s.is_match(inner));
-        none(&self.any_regex)
-            && none(&self.any_literal)
-            && !self.prefix.iter().any(|r| inner.starts_with(&r.from))
+        !self.prefix.iter().any(|r| inner.starts_with(&r.from))
             && !self.suffix.iter().any(|r| inner.ends_with(&r.from))
+            && self
+                .any_literal
+                .as_ref()
+                .is_some_and(|a| !a.is_match(inner))
+            && !self.any_regex_matches(inner)
+    }
+
+    /// Whether some regex rule may match `inner` (false only when none does).
+    fn any_regex_matches(&self, inner: &str) -> bool {
+        if let Some(endings) = &self.regex_endings
+            && !endings.any_ends(inner.as_bytes())
+        {
+            return false;
+        }
+        self.any_regex.as_ref().is_none_or(|s| s.is_match(inner))
     }
 
     /// A step of a name's trace, as messages show it.
@@ -361,7 +400,7 @@ impl Rules {
         trace: &mut Trace,
     ) -> Option<Outcome> {
         // A rule fires only on what the ones before it left; if none matches the name, none fires.
-        let none = self.any_regex.as_ref().is_some_and(|s| !s.is_match(inner));
+        let none = !self.any_regex_matches(inner);
         for (k, (r, re)) in self
             .regex
             .iter()
@@ -426,47 +465,120 @@ impl Rules {
         None
     }
 
-    /// The first expert rule that matches: the per-expert name folded into the fused parameter,
-    /// and the expert id.
-    fn expert(
-        &self,
-        target: &mut String,
-        shard: &mut Option<ShardId>,
-        trace: &mut Trace,
-    ) -> Option<u64> {
-        if let Some(literal) = self.literal_experts.as_ref().filter(|_| target.is_ascii()) {
-            for (k, m) in literal.iter().enumerate() {
-                let Some((whole, id)) = m.find(target) else {
-                    continue;
-                };
-                let Ok(id) = id.parse::<u64>() else {
-                    continue;
-                };
-                target.replace_range(whole, &self.experts[k].replace);
-                *shard = Some(ShardId::named(&self.experts[k].shard));
-                trace.push(Step::Expert { rule: k, id });
-                return Some(id);
-            }
-            return None;
+    /// The first expert rule that matches `name`: where, its expert id and which rule.
+    fn expert(&self, name: &str) -> Option<ExpertMatch> {
+        if let Some(literal) = self.literal_experts.as_ref().filter(|_| name.is_ascii()) {
+            return literal.iter().enumerate().find_map(|(rule, m)| {
+                let (whole, id) = m.find(name)?;
+                let id = id.parse::<u64>().ok()?;
+                Some(ExpertMatch { whole, id, rule })
+            });
         }
         // The rules that match, in order; the first whose id parses fires.
-        let matching = self.any_expert.as_ref()?.matches(target);
-        for k in matching.iter() {
-            let (r, re) = (&self.experts[k], &self.compiled_experts[k]);
-            let Some(c) = re.captures(target) else {
-                continue;
-            };
-            let Ok(id) = c[1].parse::<u64>() else {
-                continue;
-            };
+        let matching = self.any_expert.as_ref()?.matches(name);
+        matching.iter().find_map(|rule| {
+            let c = self.compiled_experts[rule].captures(name)?;
+            let id = c[1].parse::<u64>().ok()?;
             let whole = c.get(0).expect("group 0 always matches").range();
-            target.replace_range(whole, &r.replace);
-            *shard = Some(ShardId::named(&r.shard));
-            trace.push(Step::Expert { rule: k, id });
-            return Some(id);
-        }
-        None
+            Some(ExpertMatch { whole, id, rule })
+        })
     }
+}
+
+/// Where an expert rule matched a name, the expert id it captured, and the rule's index.
+struct ExpertMatch {
+    whole: std::ops::Range<usize>,
+    id: u64,
+    rule: usize,
+}
+
+/// A set of literals, searched for at once: with the vectorised (Teddy) searcher where the CPU
+/// has one, which is several times faster on short names than the automaton, else with the
+/// automaton.
+#[derive(Debug, Clone)]
+enum Literals {
+    Packed(aho_corasick::packed::Searcher),
+    Automaton(aho_corasick::AhoCorasick),
+}
+
+impl Literals {
+    fn new<'l>(literals: impl Iterator<Item = &'l String> + Clone) -> Result<Literals, String> {
+        let packed = (literals.clone().all(|l| !l.is_empty()))
+            .then(|| {
+                aho_corasick::packed::Config::new()
+                    .builder()
+                    .extend(literals.clone())
+                    .build()
+            })
+            .flatten();
+        match packed {
+            Some(p) => Ok(Literals::Packed(p)),
+            None => aho_corasick::AhoCorasick::new(literals)
+                .map(Literals::Automaton)
+                .map_err(|e| format!("substring and stacked rules: {e}")),
+        }
+    }
+
+    fn is_match(&self, haystack: &str) -> bool {
+        match self {
+            Literals::Packed(p) => p.find(haystack).is_some(),
+            Literals::Automaton(a) => a.is_match(haystack),
+        }
+    }
+}
+
+/// Literal endings, by their last byte: most names end in a byte none of them does, and the
+/// others are compared with the few that end in theirs.
+#[derive(Debug, Clone, Default)]
+struct Endings {
+    by_last: Vec<Vec<Vec<u8>>>,
+    /// The empty ending, which every name has.
+    empty: bool,
+}
+
+impl Endings {
+    fn new(list: Vec<Vec<u8>>) -> Endings {
+        let mut e = Endings {
+            by_last: vec![Vec::new(); 256],
+            empty: false,
+        };
+        for l in list {
+            match l.last() {
+                Some(&b) => e.by_last[usize::from(b)].push(l),
+                None => e.empty = true,
+            }
+        }
+        e
+    }
+
+    fn any_ends(&self, name: &[u8]) -> bool {
+        self.empty
+            || name.last().is_some_and(|&b| {
+                self.by_last[usize::from(b)]
+                    .iter()
+                    .any(|e| name.ends_with(e))
+            })
+    }
+}
+
+/// The endings a name needs for any of `patterns` to match, when every one is anchored at the
+/// end (`$`) and has a finite set of literal endings (regex-syntax's suffix extraction, which
+/// the regex engine itself uses to pre-filter); `None` when a pattern has neither.
+fn required_endings<'p>(patterns: impl Iterator<Item = &'p str>) -> Option<Vec<Vec<u8>>> {
+    use regex_syntax::hir::Look;
+    use regex_syntax::hir::literal::{ExtractKind, Extractor};
+    let mut endings = Vec::new();
+    for p in patterns {
+        let hir = regex_syntax::Parser::new().parse(p).ok()?;
+        if !hir.properties().look_set_suffix().contains(Look::End) {
+            return None;
+        }
+        let mut ex = Extractor::new();
+        ex.kind(ExtractKind::Suffix);
+        let seq = ex.extract(&hir);
+        endings.extend(seq.literals()?.iter().map(|l| l.as_bytes().to_vec()));
+    }
+    Some(endings)
 }
 
 /// An expert rule of the form `prefix(\d+)suffix` with literal ends (every rule wload ships),
@@ -687,6 +799,62 @@ mod tests {
 
     /// The literal matcher finds what the regex finds (match, id), on names built to trip it:
     /// overlapping prefixes, digit runs that stop short of the suffix, several candidates.
+    /// The endings pre-filter may only rule out names no regex rule matches; the quantization
+    /// rules (kv-cache scales, FP8's output scales) must take the fast path.
+    #[test]
+    fn a_name_without_a_required_ending_matches_no_regex_rule() {
+        let fp8 = crate::quant::Quantization::from_config(Some(&serde_json::json!({
+            "quant_method": "fp8", "activation_scheme": "static"
+        })))
+        .expect("fp8 config")
+        .expect("quantized");
+        let (quant, _) = fp8.name_rules();
+        let quant: Vec<&str> = quant.regex.iter().map(|r| r.pattern.as_str()).collect();
+        assert!(required_endings(quant.iter().copied()).is_some());
+        let names = [
+            "model.layers.0.self_attn.k_proj.k_scale",
+            "model.layers.0.self_attn.attn.k_scale",
+            "model.layers.0.self_attn.k_scale",
+            "k_scale",
+            ".k_scale",
+            "attn.v_scale",
+            "xattn.q_scale",
+            "model.layers.1.self_attn.k_cache.scale",
+            "model.layers.1.self_attn.q.scale",
+            "model.layers.1.mixer.k_proj.k_scale",
+            "model.layers.2.self_attn.v_proj.output_scale",
+            "model.layers.2.self_attn.prob_output_scale",
+            "model.layers.2.mlp.down_proj.g_idx",
+            "model.layers.2.mlp.down_proj.g_idxx",
+            "model.layers.3.mlp.experts.17.gate_proj.weight_scale_inv",
+            "model.layers.3.self_attn.k_zero_point",
+            "k_scale\n",
+            "ä.k_scale",
+            "",
+        ];
+        let extra = [r"foo$", r"(?i)\.BAR$", r"(a|bc)\.x$", r"z\.[0-9]$"];
+        for patterns in [quant.clone(), [quant.clone(), extra.to_vec()].concat()] {
+            let endings =
+                Endings::new(required_endings(patterns.iter().copied()).expect("anchored"));
+            let set = RegexSet::new(&patterns).expect("regexes");
+            for n in names
+                .iter()
+                .copied()
+                .chain(["a.foo", "x.bar", "bc.x", "z.7"])
+            {
+                if set.is_match(n) {
+                    assert!(
+                        endings.any_ends(n.as_bytes()),
+                        "{n:?} matches but has none of the endings"
+                    );
+                }
+            }
+        }
+        // Not anchored, or no literal ending: no pre-filter.
+        assert!(required_endings([r"\.k_scale"].into_iter()).is_none());
+        assert!(required_endings([r"x.*$"].into_iter()).is_none());
+    }
+
     #[test]
     fn literal_expert_rules_match_as_the_regex_does() {
         let patterns = [

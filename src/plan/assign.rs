@@ -16,17 +16,7 @@ use crate::mapping::Expr;
 /// A fast, fixed hasher: slot lookups run once per piece, millions of times for a large MoE.
 type Hasher = foldhash::fast::FixedState;
 
-/// A parameter's filled slots.
-pub(super) type Fed = HashMap<SlotKey, Feed, Hasher>;
-
-/// The checkpoint tensor that fills one slot of a parameter.
-pub(super) struct Feed {
-    /// Index into the plan's sources.
-    pub source: usize,
-    /// Rotary permutation over this many heads (Mistral-native q/k), when the mapping asks for
-    /// one and its head count evaluates.
-    pub rotary_heads: Option<u64>,
-}
+pub(super) use super::fed::{Fed, Feed};
 
 /// What the checkpoint fills.
 pub(super) struct Assigned {
@@ -61,6 +51,34 @@ enum Verdict<'t> {
     },
 }
 
+/// The parameter one thread looked up last. The map stage gives consecutive tensors of one
+/// parameter one shared name, so its address says "the same parameter" without hashing the
+/// name again (a fused expert parameter is named by hundreds of tensors in a row).
+#[derive(Default)]
+struct LastParameter {
+    /// The shared name's address (the names live as long as the mapped checkpoint) and its
+    /// parameter index.
+    last: Option<(*const u8, Option<usize>)>,
+}
+
+impl LastParameter {
+    fn index(
+        &mut self,
+        name: &std::sync::Arc<str>,
+        by_name: &HashMap<&str, usize, Hasher>,
+    ) -> Option<usize> {
+        let at = name.as_ptr();
+        match self.last {
+            Some((a, pi)) if a == at => pi,
+            _ => {
+                let pi = by_name.get(&**name).copied();
+                self.last = Some((at, pi));
+                pi
+            }
+        }
+    }
+}
+
 impl Planner<'_> {
     /// Checks every mapped tensor on its own, in parallel (a DeepSeek-V3 checkpoint has 90,000),
     /// then fills the slots in load order, where a slot filled twice is found.
@@ -76,12 +94,16 @@ impl Planner<'_> {
         let verdicts: Vec<Verdict> = {
             let this = &*self;
             (mapped.tensors.par_iter())
-                .map(|m| this.verdict(params, &by_name, &files, m))
+                .map_init(LastParameter::default, |last, m| {
+                    this.verdict(params, &by_name, last, &files, m)
+                })
                 .collect()
         };
         let mut a = Assigned {
             sources: Vec::with_capacity(verdicts.len()),
-            fed: (0..params.len()).map(|_| Fed::default()).collect(),
+            fed: (params.iter())
+                .map(|p| Fed::new(p.geometry.expert_count()))
+                .collect(),
             present: HashSet::default(),
             skipped: Vec::new(),
         };
@@ -116,6 +138,7 @@ impl Planner<'_> {
         &self,
         params: &[Param],
         by_name: &HashMap<&str, usize, Hasher>,
+        last: &mut LastParameter,
         files: &[std::sync::Arc<str>],
         m: &'t MappedTensor,
     ) -> Verdict<'t> {
@@ -123,7 +146,7 @@ impl Planner<'_> {
             Fate::Dropped { rule } => return Verdict::Dropped(rule),
             Fate::Target(target) => target,
         };
-        let Some(&pi) = by_name.get(target.parameter.as_str()) else {
+        let Some(pi) = last.index(&target.parameter, by_name) else {
             return Verdict::NoParameter(target);
         };
         match self.misfit(&params[pi], m, target) {
@@ -172,7 +195,7 @@ impl Planner<'_> {
             });
             return;
         }
-        let what = if target.parameter == t.name {
+        let what = if *target.parameter == *t.name {
             String::new()
         } else {
             format!(
@@ -231,10 +254,10 @@ impl Planner<'_> {
         };
         let shard_text = || shard.map_or(String::new(), |s| format!(" shard {s}"));
         let scalar_ok = expected.is_empty() && t.shape.iter().product::<u64>() == 1;
-        if t.shape != expected && !scalar_ok {
+        if t.shape[..] != expected[..] && !scalar_ok {
             return Some(Problem {
                 shape: Some(t.shape.clone()),
-                expected_shape: Some(expected.clone()),
+                expected_shape: Some(expected.to_vec()),
                 ..about(
                     format!(
                         "{file}: tensor '{}' has shape {:?}, but '{}'{}{} expects {expected:?}",

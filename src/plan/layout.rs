@@ -102,6 +102,9 @@ impl Rank {
 /// Key of one source of a parameter: the shard id and expert id it was mapped with.
 pub type SlotKey = (Option<ShardId>, Option<u64>);
 
+/// A tensor shape that rarely has more than 4 dims.
+pub type Shape = smallvec::SmallVec<[u64; 4]>;
+
 /// A strided block move in elements: `rows` rows of `row` contiguous elements, from
 /// `src_start + k·src_stride` to `dst_start + k·dst_stride`. The same description serves a file
 /// write, a memcpy and a 2-D device copy.
@@ -335,10 +338,11 @@ impl Geometry {
         }
     }
 
-    /// The shard ids this layout accepts, and the checkpoint shape each must have.
-    pub fn expected_source(&self, shard: Option<&ShardId>) -> Result<Vec<u64>, String> {
+    /// The shard ids this layout accepts, and the checkpoint shape each must have (checked
+    /// once per checkpoint tensor: kept inline).
+    pub fn expected_source(&self, shard: Option<&ShardId>) -> Result<Shape, String> {
         let none = |shape: &[u64]| match shard {
-            None => Ok(shape.to_vec()),
+            None => Ok(Shape::from_slice(shape)),
             Some(s) => Err(format!(
                 "shard id {s} given to a parameter that is not stacked"
             )),
@@ -349,9 +353,9 @@ impl Geometry {
             | Geometry::Row { shape } => none(shape),
             Geometry::Vocab { vocab, inner, .. } => none(&cat(*vocab, inner)),
             Geometry::MergedColumn { sizes, inner, .. } => match shard {
-                None => Ok(cat(sizes.iter().sum(), inner)),
+                None => Ok(cat(sizes.iter().sum(), inner).into()),
                 Some(ShardId::Index(k)) if (*k as usize) < sizes.len() => {
-                    Ok(cat(sizes[*k as usize], inner))
+                    Ok(cat(sizes[*k as usize], inner).into())
                 }
                 Some(s) => Err(format!(
                     "shard id should be between 0 and {}, got {s}",
@@ -364,9 +368,9 @@ impl Geometry {
                 head_dim,
                 inner,
             } => match shard.map(ShardId::text).as_deref() {
-                None => Ok(cat((heads + 2 * kv_heads) * head_dim, inner)),
-                Some("q") => Ok(cat(heads * head_dim, inner)),
-                Some("k") | Some("v") => Ok(cat(kv_heads * head_dim, inner)),
+                None => Ok(cat((heads + 2 * kv_heads) * head_dim, inner).into()),
+                Some("q") => Ok(cat(heads * head_dim, inner).into()),
+                Some("k") | Some("v") => Ok(cat(kv_heads * head_dim, inner).into()),
                 Some(s) => Err(format!(
                     "shard id for QKVParallelLinear should be 'q', 'k', or 'v', got shard id {s}"
                 )),
@@ -377,8 +381,10 @@ impl Geometry {
                 hidden,
                 ..
             } => match (part, shard.map(ShardId::text).as_deref()) {
-                (ExpertPart::W13, Some("w1" | "w3")) => Ok(vec![*intermediate, *hidden]),
-                (ExpertPart::W2, Some("w2")) => Ok(vec![*hidden, *intermediate]),
+                (ExpertPart::W13, Some("w1" | "w3")) => {
+                    Ok(smallvec::smallvec![*intermediate, *hidden])
+                }
+                (ExpertPart::W2, Some("w2")) => Ok(smallvec::smallvec![*hidden, *intermediate]),
                 (_, s) => Err(format!(
                     "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
                     s.unwrap_or("none")
@@ -390,16 +396,16 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => none(&match part {
-                GptOssPart::W13Weight => vec![*experts, *hidden, 2 * intermediate],
-                GptOssPart::W13Bias => vec![*experts, 2 * intermediate],
-                GptOssPart::W2Weight => vec![*experts, *intermediate, *hidden],
-                GptOssPart::W2Bias => vec![*experts, *hidden],
+                GptOssPart::W13Weight => Shape::from_slice(&[*experts, *hidden, 2 * intermediate]),
+                GptOssPart::W13Bias => Shape::from_slice(&[*experts, 2 * intermediate]),
+                GptOssPart::W2Weight => Shape::from_slice(&[*experts, *intermediate, *hidden]),
+                GptOssPart::W2Bias => Shape::from_slice(&[*experts, *hidden]),
             }),
             // A scalar per slot; the shard id must be one the weight takes.
-            Geometry::TensorScale { of } => of.expected_source(shard).map(|_| vec![]),
+            Geometry::TensorScale { of } => of.expected_source(shard).map(|_| Shape::new()),
             Geometry::BlockScale { of, block } => of
                 .expected_source(shard)
-                .map(|s| scales::blocks_of(&s, *block)),
+                .map(|s| scales::blocks_of(&s, *block).into()),
             Geometry::ExpertTensorScale { part, .. } => Geometry::Experts {
                 part: *part,
                 experts: 0,
@@ -407,7 +413,7 @@ impl Geometry {
                 hidden: 0,
             }
             .expected_source(shard)
-            .map(|_| vec![]),
+            .map(|_| Shape::new()),
             Geometry::ExpertBlockScale {
                 part, dims, block, ..
             } => Geometry::Experts {
@@ -417,7 +423,7 @@ impl Geometry {
                 hidden: dims[1],
             }
             .expected_source(shard)
-            .map(|_| scales::expert_block_source(*part, *dims, *block)),
+            .map(|_| scales::expert_block_source(*part, *dims, *block).into()),
         }
     }
 

@@ -14,6 +14,7 @@
 
 mod assign;
 mod env;
+mod fed;
 pub mod layout;
 mod params;
 mod piece_list;

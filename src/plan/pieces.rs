@@ -11,7 +11,6 @@ use super::params::Param;
 use super::piece_list::{Pieces, copy};
 use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan, Region};
-use crate::mapping::rules::ShardId;
 
 impl Planner<'_> {
     /// Every rank's tensors, stage by stage (global rank `pp_rank * tp + tp_rank`). A stage holds
@@ -28,9 +27,6 @@ impl Planner<'_> {
         on: &[OnStage],
     ) -> Vec<RankPlan> {
         let mut out = Vec::new();
-        let by_expert: Vec<ByExpert> = (a.fed.iter().zip(params))
-            .map(|(fed, p)| ByExpert::new(fed, p.geometry.expert_count()))
-            .collect();
         for stage in stages {
             let here: Vec<bool> = params
                 .iter()
@@ -64,11 +60,7 @@ impl Planner<'_> {
                             // partner would be: they are one tensor.
                             let src = p.alias_of.unwrap_or(pi);
                             let name = alias_name.get(&pi).unwrap_or(&p.name);
-                            let feeds = Feeds {
-                                fed: &a.fed[src],
-                                by_expert: &by_expert[src],
-                            };
-                            rank_tensor(&params[src], name, r, feeds, fused[src])
+                            rank_tensor(&params[src], name, r, &a.fed[src], fused[src])
                         })
                         .collect();
                     RankPlan {
@@ -86,60 +78,9 @@ impl Planner<'_> {
     }
 }
 
-/// A parameter's filled slots, and the same by expert.
-#[derive(Clone, Copy)]
-struct Feeds<'a> {
-    fed: &'a Fed,
-    by_expert: &'a ByExpert<'a>,
-}
-
-/// A fused expert parameter's feeds indexed by expert id, per shard id: looking each expert's
-/// slot up by hash, on every rank, was most of a DeepSeek-V3 plan's time.
-struct ByExpert<'a>(Vec<(Option<ShardId>, Vec<Option<&'a Feed>>)>);
-
-impl<'a> ByExpert<'a> {
-    /// The table of a parameter with `experts` experts (none for other layouts). A slot of an
-    /// expert past them, which a checkpoint may name, is never read: the table leaves it out
-    /// rather than grow to a hostile id.
-    fn new(fed: &'a Fed, experts: Option<u64>) -> ByExpert<'a> {
-        let mut by: Vec<(Option<ShardId>, Vec<Option<&Feed>>)> = Vec::new();
-        let Some(experts) = experts else {
-            return ByExpert(by);
-        };
-        for ((shard, expert), feed) in fed {
-            let Some(e) = expert
-                .filter(|&e| e < experts)
-                .and_then(|e| usize::try_from(e).ok())
-            else {
-                continue;
-            };
-            let k = match by.iter().position(|(s, _)| s == shard) {
-                Some(k) => k,
-                None => {
-                    by.push((shard.clone(), Vec::new()));
-                    by.len() - 1
-                }
-            };
-            let list = &mut by[k].1;
-            if list.len() <= e {
-                list.resize(e + 1, None);
-            }
-            list[e] = Some(feed);
-        }
-        ByExpert(by)
-    }
-
-    /// The feed of `shard` for expert `e`.
-    fn get(&self, shard: &Option<ShardId>, e: u64) -> Option<&'a Feed> {
-        let (_, list) = self.0.iter().find(|(s, _)| s == shard)?;
-        *list.get(usize::try_from(e).ok()?)?
-    }
-}
-
 /// Rank `r`'s tensor of `p`, named `name`; `None` when it is empty (vLLM drops those: an EP rank
 /// without experts).
-fn rank_tensor(p: &Param, name: &str, r: Rank, feeds: Feeds, fused: bool) -> Option<OutTensor> {
-    let fed = feeds.fed;
+fn rank_tensor(p: &Param, name: &str, r: Rank, fed: &Fed, fused: bool) -> Option<OutTensor> {
     let l = p.geometry.rank_layout(r, fused);
     let numel: u64 = l.shape.iter().product();
     if numel == 0 {
@@ -164,7 +105,7 @@ fn rank_tensor(p: &Param, name: &str, r: Rank, feeds: Feeds, fused: bool) -> Opt
                     }
                 }
             }
-            Some(pe) => push_experts(&mut pieces, &l.slices, pe, feeds.by_expert, fill),
+            Some(pe) => push_experts(&mut pieces, &l.slices, pe, fed, fill),
         }
         for (slot, b, region) in p.geometry.strided(r) {
             match fed.get(&slot) {
@@ -221,18 +162,11 @@ fn keep_last_loaded(pieces: &mut Vec<Piece>) {
 /// Copies for every expert of a fused expert tensor: `slices` (the first expert's) repeated
 /// expert by expert, as [`super::layout::RankLayout::all_slices`] would list them, each block
 /// and region worked out once.
-fn push_experts(
-    out: &mut Pieces,
-    slices: &[Slice],
-    pe: PerExpert,
-    by_expert: &ByExpert,
-    fill: f64,
-) {
+fn push_experts(out: &mut Pieces, slices: &[Slice], pe: PerExpert, fed: &Fed, fill: f64) {
     let each: Vec<(Block, Region)> = slices.iter().map(|s| (s.block(), s.region())).collect();
     // Kept compact when every slot is a plain copy (no rotary rows, nothing missing).
     let plain = |e: u64, slice: &Slice| {
-        by_expert
-            .get(&slice.slot.0, e)
+        fed.expert(&slice.slot.0, e)
             .filter(|f| f.rotary_heads.is_none())
             .map(|f| f.source)
     };
@@ -253,7 +187,7 @@ fn push_experts(
                 dst_start: b.dst_start + shift,
                 ..b
             };
-            match by_expert.get(&slice.slot.0, e) {
+            match fed.expert(&slice.slot.0, e) {
                 Some(feed) if feed.rotary_heads.is_none() => out.push(copy(feed.source, region, b)),
                 Some(feed) => {
                     let slice = Slice {
@@ -317,34 +251,4 @@ fn unfilled(b: &Block, value: f64) -> impl Iterator<Item = Piece> + '_ {
         count: b.row,
         value,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn feed(source: usize) -> Feed {
-        Feed {
-            source,
-            rotary_heads: None,
-        }
-    }
-
-    /// A checkpoint may name an expert past the model's (vLLM skips it): the table must not
-    /// grow to its id, and the experts the layout asks for are still found.
-    #[test]
-    fn an_expert_id_past_the_models_experts_is_left_out_of_the_table() {
-        let w1 = || Some(ShardId::named("w1"));
-        let mut fed = Fed::default();
-        fed.insert((w1(), Some(1)), feed(7));
-        fed.insert((w1(), Some(u64::MAX / 2)), feed(8));
-        fed.insert((None, None), feed(9));
-        let by = ByExpert::new(&fed, Some(4));
-        assert_eq!(by.0.len(), 1);
-        assert_eq!(by.0[0].1.len(), 2);
-        assert_eq!(by.get(&w1(), 1).map(|f| f.source), Some(7));
-        assert!(by.get(&w1(), 0).is_none());
-        assert!(by.get(&w1(), u64::MAX / 2).is_none());
-        assert!(ByExpert::new(&fed, None).0.is_empty());
-    }
 }

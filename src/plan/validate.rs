@@ -1,65 +1,110 @@
 //! Validate phase: every parameter is filled (once: by a fused tensor or by its shards), and every
 //! layout divides by the TP size as vLLM asserts.
 
+use rayon::prelude::*;
+
 use super::assign::Assigned;
 use super::layout::Rank;
 use super::params::Param;
 use super::{Planner, Problem};
 use crate::mapping::rules::ShardId;
 
+/// How the checkpoint fills one parameter.
+enum Filling {
+    /// By its shards (or not at all, where that is allowed).
+    Split,
+    /// By one tensor stacked on disk.
+    Fused,
+    /// The checkpoint fills a parameter tied to another.
+    TiedButFilled,
+    /// By a fused tensor and by separate shards.
+    Both,
+    /// These slots are empty (`""`: the whole parameter).
+    Missing(Vec<String>),
+}
+
 impl Planner<'_> {
     /// Problems for parameters left unfilled or filled both ways; per parameter, whether a single
-    /// stacked tensor (a fused one) fills it.
+    /// stacked tensor (a fused one) fills it. Parameters are checked in parallel (a large MoE
+    /// has hundreds of expert slots per parameter), and their problems reported in order.
     pub(super) fn filled(&mut self, params: &[Param], a: &Assigned) -> Vec<bool> {
+        let fillings: Vec<Filling> = {
+            let this = &*self;
+            (params.par_iter().enumerate())
+                .map(|(pi, p)| this.filling(pi, p, a))
+                .collect()
+        };
         let mut fused = vec![false; params.len()];
-        for (pi, p) in params.iter().enumerate() {
-            let fed = &a.fed[pi];
-            if p.buffer || p.alias_of.is_some() {
-                if p.alias_of.is_some() && !fed.is_empty() {
-                    self.problems.push(Problem {
-                        message: format!(
-                            "'{}' is tied to another parameter but the checkpoint fills it",
-                            p.name
-                        ),
-                        fix: None,
-                        parameter: Some(p.name.clone()),
-                        ..Default::default()
-                    });
+        for ((p, filling), fused) in params.iter().zip(fillings).zip(&mut fused) {
+            let (message, fix) = match filling {
+                Filling::Split => continue,
+                Filling::Fused => {
+                    *fused = true;
+                    continue;
                 }
-                continue;
-            }
-            let (split, whole) = p.geometry.required();
-            let has_whole = whole.as_ref().is_some_and(|w| fed.contains_key(w));
-            let has_split = split.iter().any(|k| fed.contains_key(k));
-            if has_whole && has_split {
-                self.problems.push(Problem {
-                    message: format!(
+                Filling::Missing(missing) => {
+                    self.missing(p, &missing);
+                    continue;
+                }
+                Filling::TiedButFilled => (
+                    format!(
+                        "'{}' is tied to another parameter but the checkpoint fills it",
+                        p.name
+                    ),
+                    None,
+                ),
+                Filling::Both => (
+                    format!(
                         "'{}' is filled both by a fused tensor and by separate shards",
                         p.name
                     ),
-                    fix: Some("keep either the fused tensor or the separate ones".into()),
-                    parameter: Some(p.name.clone()),
-                    ..Default::default()
-                });
-                continue;
-            }
-            fused[pi] = has_whole;
-            if has_whole || p.optional || self.opts.shapes_only {
-                continue;
-            }
-            if whole.is_some_and(|w| a.present.contains(&(pi, w))) {
-                continue;
-            }
-            let missing: Vec<String> = split
-                .iter()
-                .filter(|k| !fed.contains_key(*k) && !a.present.contains(&(pi, (*k).clone())))
-                .map(|(s, e)| slot_name(s, e))
-                .collect();
-            if !missing.is_empty() {
-                self.missing(p, &missing);
-            }
+                    Some("keep either the fused tensor or the separate ones".into()),
+                ),
+            };
+            self.problems.push(Problem {
+                message,
+                fix,
+                parameter: Some(p.name.clone()),
+                ..Default::default()
+            });
         }
         fused
+    }
+
+    /// How the checkpoint fills parameter `p` (index `pi`).
+    fn filling(&self, pi: usize, p: &Param, a: &Assigned) -> Filling {
+        let fed = &a.fed[pi];
+        if p.buffer || p.alias_of.is_some() {
+            if p.alias_of.is_some() && !fed.is_empty() {
+                return Filling::TiedButFilled;
+            }
+            return Filling::Split;
+        }
+        let (split, whole) = p.geometry.required();
+        let has_whole = whole.as_ref().is_some_and(|w| fed.contains_key(w));
+        let has_split = split.iter().any(|k| fed.contains_key(k));
+        if has_whole && has_split {
+            return Filling::Both;
+        }
+        if has_whole {
+            return Filling::Fused;
+        }
+        if p.optional || self.opts.shapes_only {
+            return Filling::Split;
+        }
+        if whole.is_some_and(|w| a.present.contains(&(pi, w))) {
+            return Filling::Split;
+        }
+        let missing: Vec<String> = split
+            .iter()
+            .filter(|k| !fed.contains_key(k) && !a.present.contains(&(pi, (*k).clone())))
+            .map(|(s, e)| slot_name(s, e))
+            .collect();
+        if missing.is_empty() {
+            Filling::Split
+        } else {
+            Filling::Missing(missing)
+        }
     }
 
     fn missing(&mut self, p: &Param, missing: &[String]) {

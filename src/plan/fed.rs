@@ -1,0 +1,172 @@
+//! A parameter's filled slots: which checkpoint tensor fills each (shard id, expert id) slot.
+//! A fused expert parameter of a large MoE has hundreds of slots per shard id, looked up for
+//! every expert on every rank, so they are kept per shard id in a table indexed by expert id
+//! rather than hashed (90,000 slots in a DeepSeek-V3 checkpoint).
+
+use std::collections::HashMap;
+
+use super::layout::SlotKey;
+use crate::mapping::rules::ShardId;
+
+/// The checkpoint tensor that fills one slot of a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Feed {
+    /// Index into the plan's sources.
+    pub source: usize,
+    /// Rotary permutation over this many heads (Mistral-native q/k), when the mapping asks for
+    /// one and its head count evaluates.
+    pub rotary_heads: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Fed {
+    /// Expert ids below this (the parameter's experts) are kept in a table. A checkpoint may
+    /// name any id; one past the model's experts (which vLLM skips) must not grow the table.
+    table_experts: u64,
+    shards: Vec<Shard>,
+}
+
+/// The slots of one shard id.
+#[derive(Debug)]
+struct Shard {
+    id: Option<ShardId>,
+    /// The slot without an expert id.
+    plain: Option<Feed>,
+    /// By expert id, below `Fed::table_experts`.
+    experts: Vec<Option<Feed>>,
+    /// Any other expert id.
+    other: HashMap<u64, Feed>,
+}
+
+impl Fed {
+    /// The slots of a parameter with `experts` experts (`None`: not a fused expert parameter).
+    pub fn new(experts: Option<u64>) -> Fed {
+        Fed {
+            // Bounded as well by what a table may cost: a config can claim any count.
+            table_experts: experts.unwrap_or(0).min(1 << 20),
+            shards: Vec::new(),
+        }
+    }
+
+    pub fn get(&self, (shard, expert): &SlotKey) -> Option<&Feed> {
+        let s = self.shard(shard)?;
+        match *expert {
+            None => s.plain.as_ref(),
+            Some(e) if e < self.table_experts => s.experts.get(e as usize)?.as_ref(),
+            Some(e) => s.other.get(&e),
+        }
+    }
+
+    /// The slot of `shard` for expert `e`.
+    pub fn expert(&self, shard: &Option<ShardId>, e: u64) -> Option<&Feed> {
+        let s = self.shard(shard)?;
+        if e < self.table_experts {
+            s.experts.get(e as usize)?.as_ref()
+        } else {
+            s.other.get(&e)
+        }
+    }
+
+    pub fn contains_key(&self, key: &SlotKey) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(|s| {
+            s.plain.is_none() && s.other.is_empty() && s.experts.iter().all(Option::is_none)
+        })
+    }
+
+    /// Fills `key` (replacing what filled it).
+    pub fn insert(&mut self, (shard, expert): SlotKey, feed: Feed) {
+        let table_experts = self.table_experts;
+        let k = match self.shards.iter().position(|s| s.id == shard) {
+            Some(k) => k,
+            None => {
+                self.shards.push(Shard {
+                    id: shard,
+                    plain: None,
+                    experts: Vec::new(),
+                    other: HashMap::new(),
+                });
+                self.shards.len() - 1
+            }
+        };
+        let s = &mut self.shards[k];
+        match expert {
+            None => s.plain = Some(feed),
+            Some(e) if e < table_experts => {
+                let e = e as usize;
+                if s.experts.len() <= e {
+                    s.experts.resize(e + 1, None);
+                }
+                s.experts[e] = Some(feed);
+            }
+            Some(e) => {
+                s.other.insert(e, feed);
+            }
+        }
+    }
+
+    fn shard(&self, id: &Option<ShardId>) -> Option<&Shard> {
+        self.shards.iter().find(|s| s.id == *id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(source: usize) -> Feed {
+        Feed {
+            source,
+            rotary_heads: None,
+        }
+    }
+
+    /// A checkpoint may name an expert past the model's (vLLM skips it): the table must not
+    /// grow to its id, and every slot is still found.
+    #[test]
+    fn an_expert_id_past_the_models_experts_stays_out_of_the_table() {
+        let w1 = || Some(ShardId::named("w1"));
+        let mut fed = Fed::new(Some(4));
+        assert!(fed.is_empty());
+        fed.insert((w1(), Some(1)), feed(7));
+        fed.insert((w1(), Some(u64::MAX / 2)), feed(8));
+        fed.insert((None, None), feed(9));
+        assert_eq!(fed.shards.len(), 2);
+        assert_eq!(fed.shards[0].experts.len(), 2);
+        assert_eq!(fed.expert(&w1(), 1).map(|f| f.source), Some(7));
+        assert!(fed.expert(&w1(), 0).is_none());
+        assert_eq!(
+            fed.get(&(w1(), Some(u64::MAX / 2))).map(|f| f.source),
+            Some(8)
+        );
+        assert_eq!(fed.get(&(None, None)).map(|f| f.source), Some(9));
+        assert!(!fed.contains_key(&(None, Some(1))));
+        assert!(!fed.contains_key(&(Some(ShardId::named("w3")), Some(1))));
+        assert!(!fed.is_empty());
+    }
+
+    #[test]
+    fn a_parameter_without_experts_keeps_its_slots_by_shard_id() {
+        let mut fed = Fed::new(None);
+        fed.insert((Some(ShardId::named("q")), None), feed(1));
+        fed.insert((Some(ShardId::Index(1)), None), feed(2));
+        fed.insert((Some(ShardId::Index(1)), Some(3)), feed(3));
+        assert_eq!(
+            fed.get(&(Some(ShardId::named("q")), None))
+                .map(|f| f.source),
+            Some(1)
+        );
+        assert_eq!(
+            fed.get(&(Some(ShardId::Index(1)), None)).map(|f| f.source),
+            Some(2)
+        );
+        assert_eq!(
+            fed.expert(&Some(ShardId::Index(1)), 3).map(|f| f.source),
+            Some(3)
+        );
+        assert!(fed.get(&(Some(ShardId::named("k")), None)).is_none());
+    }
+}
