@@ -56,7 +56,8 @@ pub struct Target {
     /// The global expert id, for fused expert parameters.
     pub expert: Option<u64>,
     /// How the rows must be rearranged on the way, beyond a dtype cast.
-    pub conversion: Option<Conversion>,
+    /// Boxed: rare, and kept out of every mapped tensor's size.
+    pub conversion: Option<Box<Conversion>>,
     /// The rules that changed the name, in order, for messages (`Rules::describe`).
     pub via: crate::mapping::rules::Trace,
 }
@@ -108,7 +109,7 @@ fn fate(outcome: Outcome, recent: &mut Recent) -> Fate {
             expert: m.expert,
             conversion: m
                 .permute_heads
-                .map(|heads| Conversion::RotaryPermute { heads }),
+                .map(|heads| Box::new(Conversion::RotaryPermute { heads })),
             via: m.trace,
         }),
     }
@@ -269,7 +270,7 @@ mod tests {
             .tensors
             .iter()
             .map(|t| match &t.fate {
-                Fate::Target(x) => x.conversion.clone(),
+                Fate::Target(x) => x.conversion.as_deref().cloned(),
                 Fate::Dropped { .. } => None,
             })
             .collect();

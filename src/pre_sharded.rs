@@ -383,7 +383,7 @@ fn whole_copy(
         file_index: t.file,
         offset: t.offset,
         dtype: t.dtype,
-        shape: t.shape.clone(),
+        shape: t.shape.as_slice().into(),
     });
     OutTensor {
         name: t.name.clone(),

@@ -241,7 +241,7 @@ fn random_checkpoint(rng: &mut Rng, root: &Path) -> (Vec<SourceTensor>, Vec<Src>
             file_index: fi,
             offset: files[fi].len() as u64,
             dtype,
-            shape: vec![rows, cols],
+            shape: smallvec::smallvec![rows, cols],
         });
         files[fi].extend_from_slice(&bytes);
         srcs.push(Src {
@@ -596,7 +596,7 @@ fn empty_blocks_copy_nothing() {
         file_index: 0,
         offset: 0,
         dtype: Dtype::F32,
-        shape: vec![4, 4],
+        shape: smallvec::smallvec![4, 4],
     };
     let t = tensor(
         "t".into(),
@@ -672,7 +672,7 @@ fn transposed_copies_are_exact_at_every_chunk_size() {
         file_index: 0,
         offset: 3,
         dtype: Dtype::F32,
-        shape: vec![e, h, two_i],
+        shape: smallvec::smallvec![e, h, two_i],
     };
     let w = cols.1 - cols.0;
     let pieces = || -> Vec<Piece> {

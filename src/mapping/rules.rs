@@ -182,9 +182,9 @@ pub struct MistralStep {
     pub to: String,
 }
 
-/// The rules that changed a name, in order: rarely more than two, kept inline (one allocation
+/// The rules that changed a name, in order: rarely more than one, kept inline (one allocation
 /// saved per checkpoint tensor).
-pub type Trace = smallvec::SmallVec<[Step; 2]>;
+pub type Trace = smallvec::SmallVec<[Step; 1]>;
 
 /// Where a checkpoint name ends up.
 #[derive(Debug, Clone, PartialEq)]

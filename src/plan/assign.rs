@@ -40,7 +40,6 @@ enum Verdict<'t> {
     Fits {
         pi: usize,
         target: &'t Target,
-        source: SourceTensor,
         rotary_heads: Option<u64>,
     },
     /// It does not fit parameter `pi`: the problem says why.
@@ -95,12 +94,14 @@ impl Planner<'_> {
             let this = &*self;
             (mapped.tensors.par_iter())
                 .map_init(LastParameter::default, |last, m| {
-                    this.verdict(params, &by_name, last, &files, m)
+                    this.verdict(params, &by_name, last, m)
                 })
                 .collect()
         };
+        // The tensors the plan reads, in load order: the sources, built once all are known.
+        let mut read: Vec<&MappedTensor> = Vec::with_capacity(verdicts.len());
         let mut a = Assigned {
-            sources: Vec::with_capacity(verdicts.len()),
+            sources: Vec::new(),
             fed: (params.iter())
                 .map(|p| Fed::new(p.geometry.expert_count()))
                 .collect(),
@@ -125,11 +126,20 @@ impl Planner<'_> {
                 Verdict::Fits {
                     pi,
                     target,
-                    source,
                     rotary_heads,
-                } => self.fill(&params[pi], pi, target, source, rotary_heads, &mut a),
+                } => self.fill(
+                    &params[pi],
+                    pi,
+                    (m, target),
+                    rotary_heads,
+                    &mut a,
+                    &mut read,
+                ),
             }
         }
+        a.sources = (read.par_iter())
+            .map(|m| source_of(m.tensor, files[m.tensor.file].clone()))
+            .collect();
         a
     }
 
@@ -139,7 +149,6 @@ impl Planner<'_> {
         params: &[Param],
         by_name: &HashMap<&str, usize, Hasher>,
         last: &mut LastParameter,
-        files: &[std::sync::Arc<str>],
         m: &'t MappedTensor,
     ) -> Verdict<'t> {
         let target = match &m.fate {
@@ -158,7 +167,6 @@ impl Planner<'_> {
             None => Verdict::Fits {
                 pi,
                 target,
-                source: source_of(m.tensor, files[m.tensor.file].clone()),
                 rotary_heads: self.rotary_heads(target),
             },
         }
@@ -287,15 +295,16 @@ impl Planner<'_> {
         None
     }
 
-    /// A tensor that fits into its slot of `p` (index `pi`), unless the slot is filled already.
-    fn fill(
+    /// A tensor `m` that fits into its slot of `p` (index `pi`), unless the slot is filled
+    /// already; `read` lists the tensors read so far (a slot's feed is its index there).
+    fn fill<'t, 'c>(
         &mut self,
         p: &Param,
         pi: usize,
-        target: &Target,
-        source: SourceTensor,
+        (m, target): (&'t MappedTensor<'c>, &Target),
         rotary_heads: Option<u64>,
         a: &mut Assigned,
+        read: &mut Vec<&'t MappedTensor<'c>>,
     ) {
         let key: SlotKey = target.slot();
         if let Some(prev) = a.fed[pi].get(&key) {
@@ -308,11 +317,11 @@ impl Planner<'_> {
             self.problems.push(Problem {
                 message: format!(
                     "'{}'{shard_text}: filled twice, by '{}' and '{}'",
-                    p.name, a.sources[prev.source].name, source.name
+                    p.name, read[prev.source].tensor.name, m.tensor.name
                 ),
                 fix: Some("remove one of the two tensors from the checkpoint".into()),
-                file: Some(source.file.to_string()),
-                tensor: Some(source.name.clone()),
+                file: Some(m.file.to_string()),
+                tensor: Some(m.tensor.name.clone()),
                 parameter: Some(p.name.clone()),
                 rule: rule_of(rules, target),
                 ..Default::default()
@@ -320,11 +329,11 @@ impl Planner<'_> {
             a.present.insert((pi, key));
             return;
         }
-        a.sources.push(source);
+        read.push(m);
         a.fed[pi].insert(
             key,
             Feed {
-                source: a.sources.len() - 1,
+                source: read.len() - 1,
                 rotary_heads,
             },
         );
@@ -343,7 +352,7 @@ impl Planner<'_> {
     /// The head count of a rotary permutation; a count that does not evaluate means none (the
     /// rows are then copied as they are).
     fn rotary_heads(&self, target: &Target) -> Option<u64> {
-        match &target.conversion {
+        match target.conversion.as_deref() {
             Some(Conversion::RotaryPermute { heads }) => Expr::parse(heads)
                 .ok()?
                 .eval_u64(&self.env.scope(None))
@@ -371,6 +380,6 @@ fn source_of(t: &TensorInfo, file: std::sync::Arc<str>) -> SourceTensor {
         file_index: t.file,
         offset: t.offset,
         dtype: t.dtype,
-        shape: t.shape.clone(),
+        shape: t.shape.as_slice().into(),
     }
 }

@@ -67,6 +67,14 @@ impl Fed {
         }
     }
 
+    /// The slots of `shard` by expert, found once for a walk over many experts.
+    pub fn experts_of(&self, shard: &Option<ShardId>) -> Option<ExpertSlots<'_>> {
+        Some(ExpertSlots {
+            shard: self.shard(shard)?,
+            table_experts: self.table_experts,
+        })
+    }
+
     pub fn contains_key(&self, key: &SlotKey) -> bool {
         self.get(key).is_some()
     }
@@ -113,6 +121,23 @@ impl Fed {
     }
 }
 
+/// One shard id's slots by expert ([`Fed::experts_of`]).
+pub(super) struct ExpertSlots<'f> {
+    shard: &'f Shard,
+    table_experts: u64,
+}
+
+impl ExpertSlots<'_> {
+    /// The slot of expert `e`, as [`Fed::expert`].
+    pub fn get(&self, e: u64) -> Option<&Feed> {
+        if e < self.table_experts {
+            self.shard.experts.get(e as usize)?.as_ref()
+        } else {
+            self.shard.other.get(&e)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +162,11 @@ mod tests {
         assert_eq!(fed.shards.len(), 2);
         assert_eq!(fed.shards[0].experts.len(), 2);
         assert_eq!(fed.expert(&w1(), 1).map(|f| f.source), Some(7));
+        let w1_slots = fed.experts_of(&w1()).expect("w1 has slots");
+        assert_eq!(w1_slots.get(1).map(|f| f.source), Some(7));
+        assert_eq!(w1_slots.get(u64::MAX / 2).map(|f| f.source), Some(8));
+        assert!(w1_slots.get(2).is_none());
+        assert!(fed.experts_of(&Some(ShardId::named("w3"))).is_none());
         assert!(fed.expert(&w1(), 0).is_none());
         assert_eq!(
             fed.get(&(w1(), Some(u64::MAX / 2))).map(|f| f.source),

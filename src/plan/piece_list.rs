@@ -23,7 +23,9 @@ enum Item {
 struct ExpertCopies {
     each: Vec<(Block, Region)>,
     dst_step: u64,
-    sources: Vec<usize>,
+    /// Half the memory of `usize` indices (a plan has millions of expert copies); a plan with
+    /// more sources than fit keeps its copies one by one.
+    sources: Vec<u32>,
 }
 
 impl ExpertCopies {
@@ -42,7 +44,7 @@ impl ExpertCopies {
                     .zip(&self.each)
                     .map(move |(&source, &(b, region))| {
                         copy(
-                            source,
+                            source as usize,
                             region,
                             Block {
                                 dst_start: b.dst_start + shift,
@@ -65,7 +67,7 @@ impl Pieces {
         &mut self,
         each: Vec<(Block, Region)>,
         dst_step: u64,
-        sources: Vec<usize>,
+        sources: Vec<u32>,
     ) {
         debug_assert!(each.is_empty() || sources.len().is_multiple_of(each.len()));
         if !sources.is_empty() {

@@ -165,16 +165,17 @@ fn keep_last_loaded(pieces: &mut Vec<Piece>) {
 fn push_experts(out: &mut Pieces, slices: &[Slice], pe: PerExpert, fed: &Fed, fill: f64) {
     let each: Vec<(Block, Region)> = slices.iter().map(|s| (s.block(), s.region())).collect();
     // Kept compact when every slot is a plain copy (no rotary rows, nothing missing).
-    let plain = |e: u64, slice: &Slice| {
-        fed.expert(&slice.slot.0, e)
+    let tables: Vec<_> = slices.iter().map(|s| fed.experts_of(&s.slot.0)).collect();
+    let plain = |e: u64, k: usize| {
+        (tables[k].as_ref()?.get(e))
             .filter(|f| f.rotary_heads.is_none())
-            .map(|f| f.source)
+            .and_then(|f| u32::try_from(f.source).ok())
     };
     let experts = pe.first..pe.first + pe.count;
-    let sources: Option<Vec<usize>> = experts
+    let sources: Option<Vec<u32>> = experts
         .clone()
-        .flat_map(|e| slices.iter().map(move |s| (e, s)))
-        .map(|(e, s)| plain(e, s))
+        .flat_map(|e| (0..slices.len()).map(move |k| (e, k)))
+        .map(|(e, k)| plain(e, k))
         .collect();
     if let Some(sources) = sources {
         out.push_experts(each, pe.dst_step, sources);

@@ -109,7 +109,8 @@ pub struct SourceTensor {
     /// Absolute byte offset of the tensor's data in its file.
     pub offset: u64,
     pub dtype: Dtype,
-    pub shape: Vec<u64>,
+    /// Inline: a plan can read 90,000 sources.
+    pub shape: super::layout::Shape,
 }
 
 /// Which part of a source tensor a copy reads, for people: `all`, `rows [a, b)`, `cols [a, b)`,
