@@ -20,11 +20,16 @@ pub(super) struct Feed {
 
 #[derive(Debug, Default)]
 pub(super) struct Fed {
-    /// Expert ids below this (the parameter's experts) are kept in a table. A checkpoint may
+    /// Expert ids below this (the parameter's experts) may be kept in a table. A checkpoint may
     /// name any id; one past the model's experts (which vLLM skips) must not grow the table.
     table_experts: u64,
     shards: Vec<Shard>,
 }
+
+/// How far past its end a table grows for one id: ids come nearly in order, and a lone large id
+/// (a config and a checkpoint can claim any) goes to [`Shard::other`] instead of a table of
+/// that size.
+const TABLE_STEP: usize = 4096;
 
 /// The slots of one shard id.
 #[derive(Debug)]
@@ -32,10 +37,22 @@ struct Shard {
     id: Option<ShardId>,
     /// The slot without an expert id.
     plain: Option<Feed>,
-    /// By expert id, below `Fed::table_experts`.
+    /// By expert id, below `Fed::table_experts`, grown by at most [`TABLE_STEP`] at a time.
     experts: Vec<Option<Feed>>,
     /// Any other expert id.
     other: HashMap<u64, Feed>,
+}
+
+impl Shard {
+    /// An id may sit in `other` although the table has since grown past it.
+    fn expert(&self, e: u64) -> Option<&Feed> {
+        let in_table = usize::try_from(e).ok().and_then(|i| self.experts.get(i));
+        match in_table {
+            Some(Some(feed)) => Some(feed),
+            _ if self.other.is_empty() => None,
+            _ => self.other.get(&e),
+        }
+    }
 }
 
 impl Fed {
@@ -43,7 +60,7 @@ impl Fed {
     pub fn new(experts: Option<u64>) -> Fed {
         Fed {
             // Bounded as well by what a table may cost: a config can claim any count.
-            table_experts: experts.unwrap_or(0).min(1 << 20),
+            table_experts: experts.unwrap_or(0),
             shards: Vec::new(),
         }
     }
@@ -52,26 +69,19 @@ impl Fed {
         let s = self.shard(shard)?;
         match *expert {
             None => s.plain.as_ref(),
-            Some(e) if e < self.table_experts => s.experts.get(e as usize)?.as_ref(),
-            Some(e) => s.other.get(&e),
+            Some(e) => s.expert(e),
         }
     }
 
     /// The slot of `shard` for expert `e`.
     pub fn expert(&self, shard: &Option<ShardId>, e: u64) -> Option<&Feed> {
-        let s = self.shard(shard)?;
-        if e < self.table_experts {
-            s.experts.get(e as usize)?.as_ref()
-        } else {
-            s.other.get(&e)
-        }
+        self.shard(shard)?.expert(e)
     }
 
     /// The slots of `shard` by expert, found once for a walk over many experts.
     pub fn experts_of(&self, shard: &Option<ShardId>) -> Option<ExpertSlots<'_>> {
         Some(ExpertSlots {
             shard: self.shard(shard)?,
-            table_experts: self.table_experts,
         })
     }
 
@@ -103,12 +113,18 @@ impl Fed {
         let s = &mut self.shards[k];
         match expert {
             None => s.plain = Some(feed),
-            Some(e) if e < table_experts => {
-                let e = e as usize;
-                if s.experts.len() <= e {
-                    s.experts.resize(e + 1, None);
+            Some(e)
+                if e < table_experts
+                    && usize::try_from(e).is_ok_and(|i| i < s.experts.len() + TABLE_STEP) =>
+            {
+                let i = e as usize;
+                if s.experts.len() <= i {
+                    s.experts.resize(i + 1, None);
                 }
-                s.experts[e] = Some(feed);
+                s.experts[i] = Some(feed);
+                if !s.other.is_empty() {
+                    s.other.remove(&e);
+                }
             }
             Some(e) => {
                 s.other.insert(e, feed);
@@ -124,17 +140,12 @@ impl Fed {
 /// One shard id's slots by expert ([`Fed::experts_of`]).
 pub(super) struct ExpertSlots<'f> {
     shard: &'f Shard,
-    table_experts: u64,
 }
 
 impl ExpertSlots<'_> {
     /// The slot of expert `e`, as [`Fed::expert`].
     pub fn get(&self, e: u64) -> Option<&Feed> {
-        if e < self.table_experts {
-            self.shard.experts.get(e as usize)?.as_ref()
-        } else {
-            self.shard.other.get(&e)
-        }
+        self.shard.expert(e)
     }
 }
 
@@ -176,6 +187,32 @@ mod tests {
         assert!(!fed.contains_key(&(None, Some(1))));
         assert!(!fed.contains_key(&(Some(ShardId::named("w3")), Some(1))));
         assert!(!fed.is_empty());
+    }
+
+    /// A config may claim any number of experts and a checkpoint name any id below it: the table
+    /// grows with the ids present, not to the largest.
+    #[test]
+    fn a_lone_large_expert_id_does_not_grow_the_table() {
+        let w2 = || Some(ShardId::named("w2"));
+        let mut fed = Fed::new(Some(u64::MAX));
+        fed.insert((w2(), Some(0)), feed(1));
+        fed.insert((w2(), Some(1 << 40)), feed(2));
+        fed.insert((w2(), Some(5)), feed(3));
+        assert_eq!(fed.shards[0].experts.len(), 6);
+        assert_eq!(fed.expert(&w2(), 1 << 40).map(|f| f.source), Some(2));
+        assert_eq!(fed.expert(&w2(), 5).map(|f| f.source), Some(3));
+        assert!(fed.expert(&w2(), 3).is_none());
+        assert!(fed.expert(&w2(), 1 << 20).is_none());
+        // An id kept aside is still found once the table has grown past it.
+        let aside = TABLE_STEP as u64 + 100;
+        fed.insert((w2(), Some(aside)), feed(4));
+        assert!(fed.shards[0].other.contains_key(&aside));
+        for e in (6..aside + 10).filter(|&e| e != aside) {
+            fed.insert((w2(), Some(e)), feed(5));
+        }
+        assert!(fed.shards[0].experts.len() as u64 > aside);
+        assert_eq!(fed.expert(&w2(), aside).map(|f| f.source), Some(4));
+        assert_eq!(fed.get(&(w2(), Some(aside))).map(|f| f.source), Some(4));
     }
 
     #[test]
