@@ -29,10 +29,6 @@ struct ExpertCopies {
 }
 
 impl ExpertCopies {
-    fn len(&self) -> usize {
-        self.sources.len()
-    }
-
     fn iter(&self) -> impl Iterator<Item = Piece> + '_ {
         let n = self.each.len().max(1);
         self.sources
@@ -79,30 +75,16 @@ impl Pieces {
         }
     }
 
-    /// Every piece, in order.
+    /// Every piece, in order. Plain pieces are yielded as they are; an expert run's pieces are
+    /// made as they are read (no allocation per item: the engine walks every piece).
     pub fn iter(&self) -> impl Iterator<Item = Piece> + '_ {
-        self.0
-            .iter()
-            .flat_map(|item| -> Box<dyn Iterator<Item = Piece> + '_> {
-                match item {
-                    Item::One(p) => Box::new(std::iter::once(p.clone())),
-                    Item::Experts(run) => Box::new(run.iter()),
-                }
-            })
-    }
-
-    pub fn len(&self) -> usize {
-        self.0
-            .iter()
-            .map(|item| match item {
-                Item::One(_) => 1,
-                Item::Experts(run) => run.len(),
-            })
-            .sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.0.iter().flat_map(|item| {
+            let (one, run) = match item {
+                Item::One(p) => (Some(p.clone()), None),
+                Item::Experts(run) => (None, Some(run.iter())),
+            };
+            one.into_iter().chain(run.into_iter().flatten())
+        })
     }
 }
 
@@ -115,12 +97,6 @@ impl Extend<Piece> for Pieces {
 impl From<Vec<Piece>> for Pieces {
     fn from(v: Vec<Piece>) -> Pieces {
         Pieces(v.into_iter().map(Item::One).collect())
-    }
-}
-
-impl FromIterator<Piece> for Pieces {
-    fn from_iter<I: IntoIterator<Item = Piece>>(iter: I) -> Pieces {
-        Pieces(iter.into_iter().map(Item::One).collect())
     }
 }
 
@@ -195,7 +171,7 @@ mod tests {
                 (Some(3), 400),
             ]
         );
-        assert_eq!(p.len(), 8);
+        assert_eq!(p.iter().count(), 8);
         assert_eq!(
             serde_json::to_value(&p)
                 .expect("json")
