@@ -7,6 +7,7 @@
 //! imports point from there down. docs/architecture.md has the map.
 
 pub mod checkpoint;
+pub mod checksum;
 pub mod cli;
 pub mod commands;
 pub mod config;

@@ -1,10 +1,8 @@
 //! `wload.json`: what `wload shard` wrote (source, TP, flags, every part file with its size and
-//! XXH3), read back by `load` (to check a pre-sharded folder) and by `shard --force` (to tell an
+//! checksum), read back by `load` (to check a pre-sharded folder) and by `shard --force` (to tell an
 //! earlier output from a folder of the user's).
 
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -66,8 +64,29 @@ pub struct ManifestFile {
     pub tp_rank: Option<u64>,
     pub part: u64,
     pub size: u64,
-    /// XXH3-64 of the whole file, hex.
-    pub xxh3: String,
+    /// The file's checksum ([`crate::checksum`]: XXH3-64 of its 64 KiB blocks, summed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3_64k: Option<String>,
+    /// XXH3-64 of the whole file, hex: what manifests of wload 0.1.0 before block checksums
+    /// hold instead; read, never written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3: Option<String>,
+}
+
+impl ManifestFile {
+    /// Whether the file at `path`, whose block checksum is `sum` ([`crate::checksum`]) and size
+    /// `size`, is the one recorded here. A manifest from before block checksums is checked
+    /// against the whole file's XXH3, read again.
+    pub fn matches(&self, path: &Path, sum: &str, size: u64) -> io::Result<bool> {
+        if size != self.size {
+            return Ok(false);
+        }
+        match (&self.xxh3_64k, &self.xxh3) {
+            (Some(k), _) => Ok(k == sum),
+            (None, Some(whole)) => Ok(*whole == crate::checksum::whole_file_xxh3(path)?),
+            (None, None) => Ok(false),
+        }
+    }
 }
 
 impl Manifest {
@@ -75,36 +94,6 @@ impl Manifest {
     pub fn read(dir: &Path) -> Option<Manifest> {
         serde_json::from_slice(&crate::small_file::read(&dir.join(MANIFEST)).ok()?).ok()
     }
-}
-
-/// XXH3-64 of a file, hex; the manifest's fast hash.
-pub fn hash_file(path: &Path) -> io::Result<String> {
-    hash_open(&File::open(path)?, &|| false)
-}
-
-/// Bytes read per step when hashing: small enough that the step stays in the core's L2 cache
-/// between the kernel's copy and the hash (an 8 MiB step made hashing a third slower), and read
-/// rather than mapped, so the file's pages never count as this process's memory.
-const HASH_STEP: usize = 256 << 10;
-
-/// XXH3-64 of an open file from its start, hex. `stop` is asked between steps; when it says yes
-/// the hash ends with [`io::ErrorKind::Interrupted`].
-pub fn hash_open(f: &File, stop: &dyn Fn() -> bool) -> io::Result<String> {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    let mut buf = vec![0u8; HASH_STEP];
-    let mut at = 0u64;
-    loop {
-        if stop() {
-            return Err(io::ErrorKind::Interrupted.into());
-        }
-        let n = f.read_at(&mut buf, at)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        at += n as u64;
-    }
-    Ok(format!("{:016x}", h.digest()))
 }
 
 /// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM

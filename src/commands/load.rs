@@ -9,10 +9,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::checksum;
 use crate::exec::device::{CpuDevice, Device, DeviceError};
 use crate::exec::storage::{self, IoMode, SourceFile};
 use crate::exec::{Control, ExecError, ExecOptions, Placement, Sink, Stats};
-use crate::manifest::{self, Manifest};
+use crate::manifest::Manifest;
 use crate::plan::{self, Plan, Problem};
 use crate::progress::{Progress, Quiet};
 use crate::{Error, Opened, PlanOptions, SourceOptions, Timings};
@@ -188,7 +189,8 @@ pub struct TensorSum {
 pub struct FileSum {
     pub file: String,
     pub bytes: u64,
-    pub xxh3: String,
+    /// Its checksum as `wload.json` records one ([`crate::checksum`]).
+    pub xxh3_64k: String,
     /// Whether it matched the manifest (`None` when there is none to compare with).
     pub matches_manifest: Option<bool>,
 }
@@ -483,7 +485,7 @@ fn dry_run(planned: &Planned, lopts: &LoadOptions) -> Result<LoadReport, Error> 
             .iter()
             .filter(|f| f.matches_manifest == Some(false))
             .map(|f| Problem {
-                message: format!("{}: checksum {} differs from the manifest (wload.json): the file changed or is corrupt", f.file, f.xxh3),
+                message: format!("{}: checksum {} differs from the manifest (wload.json): the file changed or is corrupt", f.file, f.xxh3_64k),
                 fix: Some("re-shard, or copy the file again".into()),
                 file: Some(f.file.clone()),
                 ..Default::default()
@@ -714,21 +716,24 @@ fn read_all(root: &Path, plan: &Plan, kind: InputKind) -> Result<Vec<FileSum>, L
         .into_par_iter()
         .map(|f| {
             let path = root.join(f);
-            let sum = manifest::hash_file(&path).map_err(|e| {
+            let corrupt = |e: std::io::Error| {
                 LoadError::Exec(ExecError::Corrupt {
                     path: path.clone(),
                     message: e.to_string(),
                 })
-            })?;
+            };
+            let sum = checksum::of_file(&path).map_err(corrupt)?;
             let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             let matches_manifest = manifest
                 .as_ref()
                 .and_then(|m| m.files.iter().find(|x| x.name == f))
-                .map(|m| m.xxh3 == sum && m.size == bytes);
+                .map(|m| m.matches(&path, &sum, bytes))
+                .transpose()
+                .map_err(corrupt)?;
             Ok(FileSum {
                 file: f.to_string(),
                 bytes,
-                xxh3: sum,
+                xxh3_64k: sum,
                 matches_manifest,
             })
         })

@@ -379,7 +379,8 @@ fn manifest_for(
                 tp_rank: (plan.pp > 1).then(|| f.rank % plan.tp),
                 part: f.part,
                 size: f.size,
-                xxh3: h,
+                xxh3_64k: Some(h),
+                xxh3: None,
             })
             .collect(),
         side_files: Some(side_files),

@@ -1,5 +1,5 @@
 //! Writing part files: headers first, data regions filled by the engine with positioned writes,
-//! each file hashed for the manifest as soon as it is complete.
+//! each file's checksum for the manifest summed from its blocks as they are written.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use super::parts::PartFile;
 use super::{Control, ExecError, Placement, Sink, execute, placements_for};
+use crate::checksum;
 use crate::plan::{Piece, Plan};
 
 /// The user's escape hatch from `copy_file_range`: filesystems have shipped bugs in it (OpenZFS
@@ -28,18 +29,35 @@ struct Output {
     file: File,
     size: u64,
     state: Mutex<OutState>,
-    /// Its XXH3, once hashed; `None` also after a failed hash (the error is in [`Hashing`]).
-    hash: Mutex<Option<String>>,
+    /// The sum of the digests of the blocks hashed so far ([`checksum`]).
+    sum: AtomicU64,
 }
 
 #[derive(Default)]
 struct OutState {
     written: Coverage,
-    /// Its hash was started: every byte had been written.
-    hashing: bool,
-    /// A write came after that, so the hash may not be of the final bytes: hash again at the end.
-    /// The engine writes every byte once, so this is a guard, not a path that runs.
+    /// A byte was written twice, so a block may have been hashed before its final bytes: hash
+    /// the whole file again at the end. The engine writes every byte once, so this is a guard,
+    /// not a path that runs.
     stale: bool,
+}
+
+/// What a write put into a file, for its checksum: bytes in memory, zeros, or bytes the kernel
+/// copied (`copy_file_range`), which only the file holds.
+#[derive(Clone, Copy)]
+enum Wrote<'a> {
+    Bytes(&'a [u8]),
+    Zeros(u64),
+    OnDisk(u64),
+}
+
+impl Wrote<'_> {
+    fn len(&self) -> u64 {
+        match *self {
+            Wrote::Bytes(b) => b.len() as u64,
+            Wrote::Zeros(n) | Wrote::OnDisk(n) => n,
+        }
+    }
 }
 
 /// The byte ranges of a file written so far, merged: `start → end`.
@@ -74,76 +92,150 @@ impl Coverage {
         self.covered += b - a;
         self.covered
     }
+
+    /// Whether every byte of `[a, b)` is written.
+    fn covers(&self, a: u64, b: u64) -> bool {
+        self.spans
+            .range(..=a)
+            .next_back()
+            .is_some_and(|(_, &e)| e >= b)
+    }
 }
 
-/// What the hashes running beside the writes share: when to stop, the first error, the time.
+/// The blocks a write of `[a, b)` to a file of `size` bytes holds whole (`[first, end)`, maybe
+/// empty), and the at most two it holds in part.
+fn blocks_of(a: u64, b: u64, size: u64) -> ((u64, u64), [Option<u64>; 2]) {
+    let first = a.div_ceil(checksum::BLOCK);
+    let end = if b == size {
+        size.div_ceil(checksum::BLOCK)
+    } else {
+        checksum::block_of(b)
+    };
+    let mut part = [None, None];
+    if a >= b {
+        return ((first, first), part);
+    }
+    if first >= end {
+        // Inside one block, or across one boundary with neither side whole.
+        part[0] = Some(checksum::block_of(a));
+        let last = checksum::block_of(b - 1);
+        if last != checksum::block_of(a) {
+            part[1] = Some(last);
+        }
+        return ((first, first), part);
+    }
+    if !a.is_multiple_of(checksum::BLOCK) {
+        part[0] = Some(first - 1);
+    }
+    if end * checksum::BLOCK < b {
+        part[1] = Some(end);
+    }
+    ((first, end), part)
+}
+
+/// What the writing threads share for the checksums: when to stop, the time spent hashing.
 struct Hashing<'a> {
     cancel: &'a AtomicBool,
-    /// Set when the write failed: the output is discarded, its hashes are not needed.
-    failed: AtomicBool,
-    error: Mutex<Option<ExecError>>,
     busy_ns: AtomicU64,
 }
 
-impl Hashing<'_> {
-    fn stopped(&self) -> bool {
-        self.cancel.load(Ordering::Relaxed) || self.failed.load(Ordering::Relaxed)
-    }
+thread_local! {
+    /// A thread's buffer for reading blocks back.
+    static READ_BACK: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
-    /// Hashes `out` from the page cache, where it was just written.
-    fn hash(&self, out: &Output) {
-        let t = Instant::now();
-        match crate::manifest::hash_open(&out.file, &|| self.stopped()) {
-            Ok(h) => *lock(&out.hash) = Some(h),
-            Err(e) => {
-                let e = if e.kind() == std::io::ErrorKind::Interrupted {
-                    ExecError::Cancelled
-                } else {
-                    ExecError::io("reading back", &out.path, e)
-                };
-                lock(&self.error).get_or_insert(e);
+impl Hashing<'_> {
+    /// Adds to `out`'s checksum what the write `w` at `offset` completed: the blocks it holds
+    /// whole, hashed from its bytes where it has them, and any block it finished in part, read
+    /// back from the page cache (where another thread wrote the rest).
+    fn wrote(&self, out: &Output, offset: u64, w: Wrote) -> Result<(), ExecError> {
+        let end = offset + w.len();
+        let ((first, last), parts) = blocks_of(offset, end, out.size);
+        let finished = {
+            let mut st = lock(&out.state);
+            let before = st.written.covered;
+            if st.written.add(offset, end) - before < end - offset {
+                st.stale = true;
             }
+            if st.stale {
+                return Ok(());
+            }
+            parts.map(|p| {
+                p.filter(|&b| {
+                    let (s, e) = (
+                        b * checksum::BLOCK,
+                        ((b + 1) * checksum::BLOCK).min(out.size),
+                    );
+                    st.written.covers(s, e)
+                })
+            })
+        };
+        let t = Instant::now();
+        let mut sum = 0u64;
+        match w {
+            Wrote::Bytes(bytes) => {
+                for b in first..last {
+                    let s = (b * checksum::BLOCK - offset) as usize;
+                    let e = (((b + 1) * checksum::BLOCK).min(end) - offset) as usize;
+                    sum = sum.wrapping_add(checksum::block(b, &bytes[s..e]));
+                }
+            }
+            Wrote::Zeros(_) => {
+                for b in first..last {
+                    let len = ((b + 1) * checksum::BLOCK).min(out.size) - b * checksum::BLOCK;
+                    sum = sum.wrapping_add(if len == checksum::BLOCK {
+                        checksum::zero_block(b)
+                    } else {
+                        checksum::block(b, &vec![0; len as usize])
+                    });
+                }
+            }
+            Wrote::OnDisk(_) => sum = self.read_back(out, (first, last))?,
         }
+        for b in finished.into_iter().flatten() {
+            sum = sum.wrapping_add(self.read_back(out, (b, b + 1))?);
+        }
+        out.sum.fetch_add(sum, Ordering::Relaxed);
         self.busy_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The digests of blocks `[first, end)` of `out`, read back.
+    fn read_back(&self, out: &Output, blocks: (u64, u64)) -> Result<u64, ExecError> {
+        if blocks.0 >= blocks.1 {
+            return Ok(0);
+        }
+        let stop = || self.cancel.load(Ordering::Relaxed);
+        READ_BACK
+            .with_borrow_mut(|buf| checksum::read_blocks(&out.file, blocks, buf, &stop))
+            .map_err(|e| read_back_error(out, e))
     }
 }
 
-/// A poisoned lock only means another thread panicked while holding it; the data (spans, a
-/// hash string) is still whole.
+fn read_back_error(out: &Output, e: std::io::Error) -> ExecError {
+    if e.kind() == std::io::ErrorKind::Interrupted {
+        ExecError::Cancelled
+    } else {
+        ExecError::io("reading back", &out.path, e)
+    }
+}
+
+/// A poisoned lock only means another thread panicked while holding it; the data (spans) is
+/// still whole.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-struct FileSink<'s, 'scope, 'c> {
-    outs: &'scope [Output],
-    hashing: &'scope Hashing<'c>,
-    scope: &'s rayon::Scope<'scope>,
+struct FileSink<'a, 'c> {
+    outs: &'a [Output],
+    hashing: &'a Hashing<'c>,
     /// Data bytes written so far, for [`fail_after`].
     total: AtomicU64,
     fail_after: Option<u64>,
 }
 
-impl<'scope> FileSink<'_, 'scope, '_> {
-    /// Records that `[offset, offset + len)` of output `out` is written; once the whole file is,
-    /// hashes it beside the remaining writes (on the thread pool, which runs it when a thread is
-    /// free), while its pages are still in the page cache.
-    fn wrote(&self, out: usize, offset: u64, len: u64) {
-        let o = &self.outs[out];
-        let complete = {
-            let mut st = lock(&o.state);
-            if st.hashing {
-                st.stale = true;
-                return;
-            }
-            st.hashing = st.written.add(offset, offset + len) == o.size;
-            st.hashing
-        };
-        if complete {
-            self.spawn_hash(o);
-        }
-    }
-
+impl FileSink<'_, '_> {
     /// The test hook's failure ([`fail_after`]): the write that would take the run past its
     /// budget fails as on a full disk.
     fn budget(&self, out: usize, len: u64) -> Result<(), ExecError> {
@@ -156,23 +248,16 @@ impl<'scope> FileSink<'_, 'scope, '_> {
         }
         Ok(())
     }
-
-    /// Hashes `o` on the pool; its `hashing` flag is already set.
-    fn spawn_hash(&self, o: &'scope Output) {
-        let hashing = self.hashing;
-        self.scope.spawn(move |_| hashing.hash(o));
-    }
 }
 
-impl Sink for FileSink<'_, '_, '_> {
+impl Sink for FileSink<'_, '_> {
     fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError> {
         self.budget(out, bytes.len() as u64)?;
         let o = &self.outs[out];
         o.file
             .write_all_at(bytes, offset)
             .map_err(|e| ExecError::io("writing", &o.path, e))?;
-        self.wrote(out, offset, bytes.len() as u64);
-        Ok(())
+        self.hashing.wrote(o, offset, Wrote::Bytes(bytes))
     }
 
     fn starts_zeroed(&self) -> bool {
@@ -224,7 +309,10 @@ impl Sink for FileSink<'_, '_, '_> {
             }
             left -= n as usize;
         }
-        self.wrote(out, offset, len);
+        // The kernel's copy left the bytes in the page cache, where they are read back now,
+        // while they are still in the CPU's cache.
+        self.hashing
+            .wrote(&self.outs[out], offset, Wrote::OnDisk(len))?;
         Ok(true)
     }
 }
@@ -242,9 +330,8 @@ pub struct Written {
 }
 
 /// Creates `files` in `dir` (which must be new and empty), fills them from the checkpoint at
-/// `root`, and hashes each one (XXH3-64, for the manifest) as soon as its last byte is written,
-/// while the others are still being written. Files are sized up front, so what is never written
-/// reads as zeros.
+/// `root`, and computes each one's checksum for the manifest ([`checksum`]) as its blocks are
+/// written. Files are sized up front, so what is never written reads as zeros.
 pub fn write_parts(
     plan: &Plan,
     root: &Path,
@@ -253,10 +340,43 @@ pub fn write_parts(
     ctl: &Control,
 ) -> Result<Written, ExecError> {
     let placements = placements_for(plan, files);
+    let hashing = Hashing {
+        cancel: ctl.cancel,
+        busy_ns: AtomicU64::new(0),
+    };
+    let outs = create(dir, files, &hashing, ctl)?;
+    // The engine skips the zero fills (the files start zeroed): their blocks are hashed now.
+    for (out, start, end) in zero_fills(plan, &placements) {
+        hashing.wrote(&outs[out], start, Wrote::Zeros(end - start))?;
+    }
+    let sink = FileSink {
+        outs: &outs,
+        hashing: &hashing,
+        total: AtomicU64::new(0),
+        fail_after: fail_after(),
+    };
+    // Like cp, no fsync: the data is in the page cache and the rename publishes it.
+    execute(plan, root, &placements, &sink, ctl)?;
+    let last_write = Instant::now();
+    let hashes = finish_hashes(&outs, &hashing)?;
+    Ok(Written {
+        hashes,
+        hash_tail_s: last_write.elapsed().as_secs_f64(),
+        hash_busy_s: crate::exec::Stats::secs(&hashing.busy_ns),
+    })
+}
+
+/// The output files, created with their headers written (and hashed) and their space reserved.
+fn create(
+    dir: &Path,
+    files: &[PartFile],
+    hashing: &Hashing,
+    ctl: &Control,
+) -> Result<Vec<Output>, ExecError> {
     let mut outs = Vec::with_capacity(files.len());
     for f in files {
         let path = dir.join(&f.name);
-        // Readable too: the file is hashed through the same descriptor.
+        // Readable too: blocks are read back through the same descriptor.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -268,86 +388,41 @@ pub fn write_parts(
         // Reserve the space now, so a full disk fails here rather than halfway through.
         allocate(&file, f.size).map_err(|e| ExecError::io("allocating", &path, e))?;
         ctl.progress.advance(f.header.len() as u64);
-        let mut written = Coverage::default();
-        written.add(0, f.header.len() as u64);
-        outs.push(Output {
+        let out = Output {
             path,
             file,
             size: f.size,
-            state: Mutex::new(OutState {
-                written,
-                ..Default::default()
-            }),
-            hash: Mutex::new(None),
-        });
-    }
-    for (out, start, end) in zero_fills(plan, &placements) {
-        lock(&outs[out].state).written.add(start, end);
-    }
-    let hashing = Hashing {
-        cancel: ctl.cancel,
-        failed: AtomicBool::new(false),
-        error: Mutex::new(None),
-        busy_ns: AtomicU64::new(0),
-    };
-    let mut last_write = Instant::now();
-    // Like cp, no fsync: the data is in the page cache and the rename publishes it.
-    rayon::in_place_scope(|scope| {
-        let sink = FileSink {
-            outs: &outs,
-            hashing: &hashing,
-            scope,
-            total: AtomicU64::new(0),
-            fail_after: fail_after(),
+            state: Mutex::new(OutState::default()),
+            sum: AtomicU64::new(0),
         };
-        // Files with nothing for the engine to write (no tensors, or zeros only) are complete.
-        for o in &outs {
-            let complete = {
-                let mut st = lock(&o.state);
-                st.hashing = st.written.covered == o.size;
-                st.hashing
-            };
-            if complete {
-                sink.spawn_hash(o);
-            }
-        }
-        let r = execute(plan, root, &placements, &sink, ctl);
-        last_write = Instant::now();
-        if r.is_err() {
-            hashing.failed.store(true, Ordering::Relaxed);
-        }
-        r
-    })?;
-    if let Some(e) = lock(&hashing.error).take() {
-        return Err(e);
+        hashing.wrote(&out, 0, Wrote::Bytes(&f.header))?;
+        outs.push(out);
     }
-    let hashes = finish_hashes(&outs, &hashing)?;
-    Ok(Written {
-        hashes,
-        hash_tail_s: last_write.elapsed().as_secs_f64(),
-        hash_busy_s: crate::exec::Stats::secs(&hashing.busy_ns),
-    })
+    Ok(outs)
 }
 
-/// Every file's hash: those taken during the write, and again, in parallel, any file that was
-/// never seen complete or was written after its hash began. Neither happens with an engine that
-/// writes each planned byte once, but the manifest must hold the hash of the bytes on disk, so
-/// this does not rely on it.
+/// Every file's checksum: the sum of its blocks' digests, or, for a file with a byte written
+/// twice or never, the whole file read back (in parallel). Neither happens with an engine that
+/// writes each planned byte once, but the manifest must hold the checksum of the bytes on disk,
+/// so this does not rely on it.
 fn finish_hashes(outs: &[Output], hashing: &Hashing) -> Result<Vec<String>, ExecError> {
     use rayon::prelude::*;
     outs.par_iter()
         .map(|o| {
-            let (stale, known) = (lock(&o.state).stale, lock(&o.hash).take());
-            match known {
-                Some(h) if !stale => Ok(h),
-                _ => {
-                    hashing.hash(o);
-                    match lock(&o.hash).take() {
-                        Some(h) => Ok(h),
-                        None => Err(lock(&hashing.error).take().unwrap_or(ExecError::Cancelled)),
-                    }
-                }
+            let whole = {
+                let st = lock(&o.state);
+                !st.stale && st.written.covered == o.size
+            };
+            if whole {
+                return Ok(checksum::text(o.sum.load(Ordering::Relaxed)));
             }
+            let t = Instant::now();
+            let stop = || hashing.cancel.load(Ordering::Relaxed);
+            let r = checksum::of_open(&o.file, &stop).map_err(|e| read_back_error(o, e));
+            hashing
+                .busy_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            r
         })
         .collect()
 }
@@ -412,7 +487,63 @@ fn allocate(f: &File, size: u64) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::Coverage;
+    use super::{Coverage, blocks_of};
+    use crate::checksum::BLOCK;
+
+    /// The blocks a write holds whole and in part, against a block-by-block count, around
+    /// block edges and the end of the file.
+    #[test]
+    fn blocks_of_splits_writes_into_whole_and_partial_blocks() {
+        let edges = [
+            0,
+            1,
+            BLOCK - 1,
+            BLOCK,
+            BLOCK + 1,
+            2 * BLOCK,
+            3 * BLOCK - 5,
+            3 * BLOCK,
+        ];
+        for size in [BLOCK / 2, BLOCK, 2 * BLOCK + 7, 3 * BLOCK] {
+            for &a in edges.iter().filter(|&&a| a <= size) {
+                for &b in edges
+                    .iter()
+                    .chain([&size])
+                    .filter(|&&b| b >= a && b <= size)
+                {
+                    let ((first, end), parts) = blocks_of(a, b, size);
+                    let mut whole = Vec::new();
+                    let mut part = Vec::new();
+                    for k in 0..size.div_ceil(BLOCK) {
+                        let (s, e) = (k * BLOCK, ((k + 1) * BLOCK).min(size));
+                        let (lo, hi) = (a.max(s), b.min(e));
+                        if lo >= hi {
+                            continue;
+                        }
+                        if lo == s && hi == e {
+                            whole.push(k);
+                        } else {
+                            part.push(k);
+                        }
+                    }
+                    let got: Vec<u64> = (first..end).collect();
+                    assert_eq!(got, whole, "whole blocks of {a}..{b} in {size}");
+                    let got: Vec<u64> = parts.into_iter().flatten().collect();
+                    assert_eq!(got, part, "partial blocks of {a}..{b} in {size}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn coverage_knows_when_a_range_is_written() {
+        let mut c = Coverage::default();
+        c.add(10, 20);
+        c.add(30, 40);
+        assert!(c.covers(10, 20) && c.covers(12, 18) && !c.covers(5, 15) && !c.covers(15, 35));
+        c.add(20, 30);
+        assert!(c.covers(10, 40) && !c.covers(10, 41));
+    }
 
     /// Covered bytes after each added range, checked against a byte map.
     fn check(ranges: &[(u64, u64)]) {

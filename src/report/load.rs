@@ -51,10 +51,10 @@ fn write_dry_run(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io
         };
         writeln!(
             w,
-            "  read {} {} xxh3 {}{m}",
+            "  read {} {} checksum {}{m}",
             f.file,
             human_bytes(f.bytes),
-            f.xxh3
+            f.xxh3_64k
         )?;
     }
     Ok(())

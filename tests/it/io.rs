@@ -145,7 +145,7 @@ fn shard_reads_cold_and_direct_with_the_same_output() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|f| (f["name"].to_string(), f["xxh3"].to_string()))
+            .map(|f| (f["name"].to_string(), f["xxh3_64k"].to_string()))
             .collect();
         (files, r)
     };

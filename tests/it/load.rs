@@ -507,13 +507,13 @@ fn check_files_read(label: &str, dir: &Path, report: &Value) -> Vec<String> {
             ));
             continue;
         };
-        if file["xxh3"].as_str() != Some(hex(&bytes).as_str())
+        if file["xxh3_64k"].as_str() != Some(block_checksum(&bytes).as_str())
             || file["bytes"].as_u64() != Some(bytes.len() as u64)
         {
             f.push(format!(
-                "{label}: {name}: reported {file}, file has {} bytes xxh3 {}",
+                "{label}: {name}: reported {file}, file has {} bytes, checksum {}",
                 bytes.len(),
-                hex(&bytes)
+                block_checksum(&bytes)
             ));
         }
     }
@@ -820,6 +820,40 @@ fn flipped_byte_is_caught_by_dry_run_read_only() {
     let files = r["files_read"].as_array().unwrap();
     assert_eq!(files.len(), 1, "{r}");
     assert_eq!(files[0]["matches_manifest"], true, "{r}");
+}
+
+/// A manifest written before block checksums (`xxh3`: XXH3-64 of the whole file) still checks
+/// its folder: an untouched file matches, a changed one is named.
+#[test]
+fn manifest_with_whole_file_hashes_still_checks() {
+    let (_tmp, out) = shard_fixture(GQA, 2);
+    let d = s(&out);
+    let manifest = out.join("wload.json");
+    let mut m: Value = serde_json::from_slice(&fs::read(&manifest).unwrap()).unwrap();
+    for f in m["files"].as_array_mut().unwrap() {
+        let bytes = fs::read(out.join(f["name"].as_str().unwrap())).unwrap();
+        let f = f.as_object_mut().unwrap();
+        assert!(f.remove("xxh3_64k").is_some(), "{f:?}");
+        f.insert("xxh3".into(), Value::String(hex(&bytes)));
+    }
+    fs::write(&manifest, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let read = [d, "--tp", "2", "--device", "cpu", "--dry-run", "--read"];
+    let r = json_ok(&[&read[..], &["--json"]].concat(), &[]);
+    let files = r["files_read"].as_array().unwrap();
+    assert_eq!(files.len(), 2, "{r}");
+    assert!(files.iter().all(|f| f["matches_manifest"] == true), "{r}");
+
+    let file = out.join("model-rank-1-part-0.safetensors");
+    let mut bytes = fs::read(&file).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x01;
+    fs::write(&file, &bytes).unwrap();
+    assert_fails(
+        &read,
+        &[],
+        3,
+        &["model-rank-1-part-0.safetensors", "checksum", "manifest"],
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

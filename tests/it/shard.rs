@@ -120,15 +120,15 @@ fn check_manifest(out: &Path) -> Value {
             format!("model-rank-{rank}-part-{part}.safetensors"),
             "rank/part"
         );
-        let hash = f["xxh3"].as_str().expect("xxh3 is a string");
-        assert!(
-            hash.len() == 16 && hash.bytes().all(|c| c.is_ascii_hexdigit()),
-            "{name}: xxh3 {hash:?} is not 16 hex digits"
-        );
+        let hash = f["xxh3_64k"].as_str().expect("xxh3_64k is a string");
         assert_eq!(
-            u64::from_str_radix(hash, 16).unwrap(),
-            xxhash_rust::xxh3::xxh3_64(&bytes),
-            "{name}: xxh3 does not match the file"
+            hash,
+            block_checksum(&bytes),
+            "{name}: the checksum does not match the file"
+        );
+        assert!(
+            f.get("xxh3").is_none(),
+            "{name}: the old whole-file hash is written: {f}"
         );
     }
     m

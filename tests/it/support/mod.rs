@@ -58,3 +58,13 @@ pub fn thread_cpu_seconds() -> f64 {
     assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
+
+/// The manifest's checksum of `bytes` (`xxh3_64k`), written out from its definition in
+/// docs/shard-json.md rather than taken from wload: every 64 KiB block's XXH3-64 with the
+/// block's index as seed, summed modulo 2^64, as 16 hex digits.
+pub fn block_checksum(bytes: &[u8]) -> String {
+    let sum = bytes.chunks(64 << 10).enumerate().fold(0u64, |s, (i, b)| {
+        s.wrapping_add(xxhash_rust::xxh3::xxh3_64_with_seed(b, i as u64))
+    });
+    format!("{sum:016x}")
+}
