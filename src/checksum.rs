@@ -40,54 +40,38 @@ pub fn block_of(offset: u64) -> u64 {
     offset / BLOCK
 }
 
-/// Fills `buf` from byte `at` of `f`, or up to the end of the file; returns the bytes read.
-fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read_at(&mut buf[n..], at + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-/// The sum of the digests of blocks `[first, end)` of `f`, read back in [`READ_STEP`]s into
-/// `buf`; blocks past the end of the file count nothing. `stop` is asked between steps; when
-/// it says yes this ends with [`io::ErrorKind::Interrupted`].
+/// The sum of the digests of blocks `[first, end)` of `f`, a file of `size` bytes, read back in
+/// [`READ_STEP`]s into `buf`. `stop` is asked between steps; when it says yes this ends with
+/// [`io::ErrorKind::Interrupted`]. A file shorter than `size` is an error (`UnexpectedEof`).
 pub fn read_blocks(
     f: &File,
+    size: u64,
     (first, end): (u64, u64),
     buf: &mut Vec<u8>,
     stop: &dyn Fn() -> bool,
 ) -> io::Result<u64> {
     buf.resize(READ_STEP, 0);
-    let per_step = READ_STEP as u64 / BLOCK;
     let mut sum = 0u64;
-    let mut b = first;
-    while b < end {
+    let mut at = first * BLOCK;
+    let end = (end * BLOCK).min(size);
+    while at < end {
         if stop() {
             return Err(io::ErrorKind::Interrupted.into());
         }
-        let want = ((end - b).min(per_step) * BLOCK) as usize;
-        let n = read_full(f, &mut buf[..want], b * BLOCK)?;
-        for (i, bytes) in buf[..n].chunks(BLOCK as usize).enumerate() {
-            sum = sum.wrapping_add(block(b + i as u64, bytes));
+        let bytes = &mut buf[..(end - at).min(READ_STEP as u64) as usize];
+        f.read_exact_at(bytes, at)?;
+        for (i, b) in bytes.chunks(BLOCK as usize).enumerate() {
+            sum = sum.wrapping_add(block(block_of(at) + i as u64, b));
         }
-        if n < want {
-            break;
-        }
-        b += per_step;
+        at += bytes.len() as u64;
     }
     Ok(sum)
 }
 
 /// The checksum of an open file, read from its start.
 pub fn of_open(f: &File, stop: &dyn Fn() -> bool) -> io::Result<String> {
-    let blocks = f.metadata()?.len().div_ceil(BLOCK);
-    read_blocks(f, (0, blocks), &mut Vec::new(), stop).map(text)
+    let size = f.metadata()?.len();
+    read_blocks(f, size, (0, size.div_ceil(BLOCK)), &mut Vec::new(), stop).map(text)
 }
 
 /// The checksum of the file at `path`.
@@ -103,11 +87,13 @@ pub fn whole_file_xxh3(path: &Path) -> io::Result<String> {
     let mut buf = vec![0u8; READ_STEP];
     let mut at = 0u64;
     loop {
-        let n = read_full(&f, &mut buf, at)?;
+        let n = match f.read_at(&mut buf, at) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         h.update(&buf[..n]);
-        if n < buf.len() {
-            break;
-        }
         at += n as u64;
     }
     Ok(format!("{:016x}", h.digest()))

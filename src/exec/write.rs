@@ -208,7 +208,7 @@ impl Hashing<'_> {
         }
         let stop = || self.cancel.load(Ordering::Relaxed);
         READ_BACK
-            .with_borrow_mut(|buf| checksum::read_blocks(&out.file, blocks, buf, &stop))
+            .with_borrow_mut(|buf| checksum::read_blocks(&out.file, out.size, blocks, buf, &stop))
             .map_err(|e| read_back_error(out, e))
     }
 }

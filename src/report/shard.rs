@@ -51,7 +51,7 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
     };
     writeln!(
         w,
-        "time: headers {:.3}s, plan {:.3}s, write {:.3}s{rate}, hash {:.3}s after the last write ({:.3}s in all, each file hashed as it completed), side files {:.3}s{}",
+        "time: headers {:.3}s, plan {:.3}s, write {:.3}s{rate}, hash {:.3}s after the last write ({:.3}s hashing in all, blocks hashed as written), side files {:.3}s{}",
         t.open.headers_s,
         t.open.plan_s,
         t.write_s,
