@@ -264,6 +264,9 @@ impl Sink for FileSink<'_, '_> {
         true
     }
 
+    /// Copies with copy_file_range, in steps of [`checksum::READ_STEP`] (on the output's step
+    /// boundaries): each step's blocks are read back for the checksum right after the kernel's
+    /// copy, while they are still in the core's cache, rather than from memory later.
     fn copy_from_file(
         &self,
         out: usize,
@@ -272,49 +275,72 @@ impl Sink for FileSink<'_, '_> {
         src_offset: u64,
         len: u64,
     ) -> Result<bool, ExecError> {
-        use std::os::fd::AsRawFd;
         self.budget(out, len)?;
-        let Output { path, file: f, .. } = &self.outs[out];
-        let (mut off_in, mut off_out) = (src_offset as libc::loff_t, offset as libc::loff_t);
-        let mut left = len as usize;
-        while left > 0 {
-            // SAFETY: valid descriptors we own, offsets passed by pointer as the syscall wants.
-            let n = unsafe {
-                libc::copy_file_range(
-                    src.as_raw_fd(),
-                    &mut off_in,
-                    f.as_raw_fd(),
-                    &mut off_out,
-                    left,
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                let unsupported = matches!(
-                    e.raw_os_error(),
-                    Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL)
-                );
-                if unsupported && left == len as usize {
+        let o = &self.outs[out];
+        let step = checksum::READ_STEP as u64;
+        let mut at = 0;
+        while at < len {
+            let to = offset + at;
+            let n = ((to / step + 1) * step - to).min(len - at);
+            if !kernel_copy(o, src, src_offset + at, to, n)? {
+                if at == 0 {
                     // This filesystem pair cannot: the caller reads and writes instead.
                     return Ok(false);
                 }
-                return Err(ExecError::io("writing", path, e));
+                let e = std::io::Error::from_raw_os_error(libc::EINVAL);
+                return Err(ExecError::io("writing", &o.path, e));
             }
-            if n == 0 {
-                return Err(ExecError::Corrupt {
-                    path: path.clone(),
-                    message: "source ended early (truncated?)".into(),
-                });
-            }
-            left -= n as usize;
+            self.hashing.wrote(o, to, Wrote::OnDisk(n))?;
+            at += n;
         }
-        // The kernel's copy left the bytes in the page cache, where they are read back now,
-        // while they are still in the CPU's cache.
-        self.hashing
-            .wrote(&self.outs[out], offset, Wrote::OnDisk(len))?;
         Ok(true)
     }
+}
+
+/// Copies `len` bytes from `src_offset` of `src` to `offset` of `o` with copy_file_range;
+/// `Ok(false)` when the filesystems cannot (before any byte is copied).
+fn kernel_copy(
+    o: &Output,
+    src: &File,
+    src_offset: u64,
+    offset: u64,
+    len: u64,
+) -> Result<bool, ExecError> {
+    use std::os::fd::AsRawFd;
+    let (mut off_in, mut off_out) = (src_offset as libc::loff_t, offset as libc::loff_t);
+    let mut left = len as usize;
+    while left > 0 {
+        // SAFETY: valid descriptors we own, offsets passed by pointer as the syscall wants.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                o.file.as_raw_fd(),
+                &mut off_out,
+                left,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            let unsupported = matches!(
+                e.raw_os_error(),
+                Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL)
+            );
+            if unsupported && left == len as usize {
+                return Ok(false);
+            }
+            return Err(ExecError::io("writing", &o.path, e));
+        }
+        if n == 0 {
+            return Err(ExecError::Corrupt {
+                path: o.path.clone(),
+                message: "source ended early (truncated?)".into(),
+            });
+        }
+        left -= n as usize;
+    }
+    Ok(true)
 }
 
 /// What [`write_parts`] produced besides the files.
