@@ -164,9 +164,9 @@ pub struct ShardTimings {
     pub open: crate::Timings,
     pub write_s: f64,
     pub side_files_s: f64,
-    /// Hashing for the manifest: the seconds it added after the last write (files are hashed
-    /// as each completes, beside the remaining writes), and the seconds the hashing threads spent
-    /// on it, summed (on a busy machine that includes time they waited for a core).
+    /// Checksums for the manifest: the seconds they added after the last write (blocks are
+    /// hashed as they are written), and the seconds the writing threads spent on them, summed
+    /// (on a busy machine that includes time they waited for a core).
     pub hash_s: f64,
     pub hash_busy_s: f64,
     pub verify_s: f64,

@@ -346,12 +346,12 @@ fn kernel_copy(
 /// What [`write_parts`] produced besides the files.
 #[derive(Debug, Clone)]
 pub struct Written {
-    /// XXH3-64 of each file as written, hex, in the order of the `files` given.
+    /// Each file's checksum ([`checksum`]), in the order of the `files` given.
     pub hashes: Vec<String>,
-    /// Seconds from the engine's last write to the last hash: what hashing added to the write.
+    /// Seconds from the engine's last write to the last checksum: what hashing added after the
+    /// write (about nothing, unless a file had to be read back whole).
     pub hash_tail_s: f64,
-    /// Seconds the hashing threads spent on it, summed (beside the writes for the files that
-    /// completed before the last write).
+    /// Seconds the writing threads spent hashing and reading blocks back, summed.
     pub hash_busy_s: f64,
 }
 
