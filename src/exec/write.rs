@@ -478,8 +478,8 @@ fn zero_fills(plan: &Plan, placements: &[Placement]) -> Vec<(usize, u64, u64)> {
 }
 
 /// Test hook (`WLOAD_TEST_WRITE_FAILS_AFTER=N`): the write that takes the run past `N` data bytes
-/// fails with "No space left on device", so that tests can fail a run while the files completed
-/// before are being hashed. Only in builds with the `test-hooks` feature (see src/exec/hooks.rs).
+/// fails with "No space left on device", so that tests can fail a run partway, with some blocks
+/// already hashed. Only in builds with the `test-hooks` feature (see src/exec/hooks.rs).
 #[cfg(feature = "test-hooks")]
 fn fail_after() -> Option<u64> {
     let v = std::env::var("WLOAD_TEST_WRITE_FAILS_AFTER").ok()?;

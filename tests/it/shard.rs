@@ -902,7 +902,7 @@ fn manifest_hashes_are_the_written_bytes() {
     }
 }
 
-/// A write that fails while the files completed before it are being hashed (test builds only:
+/// A write that fails after blocks of several files are hashed (test builds only:
 /// `WLOAD_TEST_WRITE_FAILS_AFTER`, a full disk after that many bytes) ends the run with exit 1,
 /// the disk's error naming the file, and leaves neither OUT nor a temporary folder: at the first
 /// write, half-way, and near the end.
