@@ -250,68 +250,9 @@ pub fn execute(
     ctl: &Control,
 ) -> Result<(), ExecError> {
     let (cancel, progress, stats, opts) = (ctl.cancel, ctl.progress, &ctl.stats, ctl.opts);
-    let mut jobs: Vec<Vec<Job>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
-    let mut fills = Vec::new();
-    for pl in placements {
-        let t = &plan.ranks[pl.rank].tensors[pl.tensor];
-        for piece in t.pieces.iter() {
-            match &piece {
-                Piece::Copy { source, .. } => jobs[*source].push(Job {
-                    out: pl.out,
-                    base: pl.offset,
-                    to: t.dtype,
-                    b: piece.block().expect("a copy piece has a block"),
-                }),
-                Piece::Fill {
-                    dst_start,
-                    count,
-                    value,
-                } => {
-                    // By bits: -0.0 is not zero bytes (0x8000 in bf16), so it must be written.
-                    if value.to_bits() != 0 || !sink.starts_zeroed() {
-                        let item = t.dtype.bits() / 8;
-                        fills.push((
-                            pl.out,
-                            pl.offset + dst_start * item,
-                            t.dtype,
-                            *value,
-                            *count,
-                        ));
-                    }
-                }
-            }
-        }
-    }
-
-    // Each checkpoint file is opened once and shared; pread needs no seeking.
-    let mut files: Vec<Option<SourceFile>> = Vec::new();
-    for s in &plan.sources {
-        if files.len() <= s.file_index {
-            files.resize_with(s.file_index + 1, || None);
-        }
-        if files[s.file_index].is_none() {
-            let path = root.join(&*s.file);
-            let f = SourceFile::open(&path, opts.io).map_err(ExecError::Open)?;
-            files[s.file_index] = Some(f);
-        }
-    }
-
-    let mut order: Vec<usize> = (0..plan.sources.len())
-        .filter(|&s| !jobs[s].is_empty())
-        .collect();
-    order.sort_by_key(|&s| (plan.sources[s].file_index, plan.sources[s].offset));
-    let mut rest: Vec<Vec<usize>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
-    let mut items = Vec::new();
-    for &s in &order {
-        split_source(
-            s,
-            &plan.sources[s],
-            &jobs[s],
-            opts,
-            &mut items,
-            &mut rest[s],
-        );
-    }
+    let (jobs, fills) = jobs_and_fills(plan, placements, sink.starts_zeroed());
+    let files = open_sources(plan, root, opts.io)?;
+    let (items, rest) = work_items(plan, &jobs, opts);
     let run = Run {
         sink,
         cancel,
@@ -346,18 +287,95 @@ pub fn execute(
         Ok(pool) if threads != rayon::current_num_threads() => pool.install(copy)?,
         _ => copy()?,
     }
+    run.fills(fills)
+}
 
-    for (out, offset, dtype, value, count) in fills {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(ExecError::Cancelled);
+/// A fill the sink must write: output, byte offset, dtype, value, element count.
+type Fill = (usize, u64, Dtype, f64, u64);
+
+/// The copy pieces of the placed tensors as jobs per source, and the fills a sink must write
+/// (zero fills are skipped on a sink whose files start zeroed).
+fn jobs_and_fills(
+    plan: &Plan,
+    placements: &[Placement],
+    starts_zeroed: bool,
+) -> (Vec<Vec<Job>>, Vec<Fill>) {
+    let mut jobs: Vec<Vec<Job>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
+    let mut fills = Vec::new();
+    for pl in placements {
+        let t = &plan.ranks[pl.rank].tensors[pl.tensor];
+        for piece in t.pieces.iter() {
+            match &piece {
+                Piece::Copy { source, .. } => jobs[*source].push(Job {
+                    out: pl.out,
+                    base: pl.offset,
+                    to: t.dtype,
+                    b: piece.block().expect("a copy piece has a block"),
+                }),
+                Piece::Fill {
+                    dst_start,
+                    count,
+                    value,
+                } => {
+                    // By bits: -0.0 is not zero bytes (0x8000 in bf16), so it must be written.
+                    if value.to_bits() != 0 || !starts_zeroed {
+                        let item = t.dtype.bits() / 8;
+                        fills.push((
+                            pl.out,
+                            pl.offset + dst_start * item,
+                            t.dtype,
+                            *value,
+                            *count,
+                        ));
+                    }
+                }
+            }
         }
-        let bytes = convert::fill_bytes(dtype, value, count);
-        let t = Instant::now();
-        sink.put(out, offset, &bytes)?;
-        add_since(&stats.put_ns, t);
-        progress.advance(bytes.len() as u64);
     }
-    Ok(())
+    (jobs, fills)
+}
+
+/// Every checkpoint file the plan reads, opened once and shared (pread needs no seeking),
+/// indexed by the sources' `file_index`.
+fn open_sources(
+    plan: &Plan,
+    root: &Path,
+    io: IoMode,
+) -> Result<Vec<Option<SourceFile>>, ExecError> {
+    let mut files: Vec<Option<SourceFile>> = Vec::new();
+    for s in &plan.sources {
+        if files.len() <= s.file_index {
+            files.resize_with(s.file_index + 1, || None);
+        }
+        if files[s.file_index].is_none() {
+            let path = root.join(&*s.file);
+            let f = SourceFile::open(&path, io).map_err(ExecError::Open)?;
+            files[s.file_index] = Some(f);
+        }
+    }
+    Ok(files)
+}
+
+/// The parallel work, in file order: every source with jobs split into items, and per source the
+/// jobs its chunk items serve.
+fn work_items(plan: &Plan, jobs: &[Vec<Job>], opts: ExecOptions) -> (Vec<Item>, Vec<Vec<usize>>) {
+    let mut order: Vec<usize> = (0..plan.sources.len())
+        .filter(|&s| !jobs[s].is_empty())
+        .collect();
+    order.sort_by_key(|&s| (plan.sources[s].file_index, plan.sources[s].offset));
+    let mut rest: Vec<Vec<usize>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
+    let mut items = Vec::new();
+    for &s in &order {
+        split_source(
+            s,
+            &plan.sources[s],
+            &jobs[s],
+            opts,
+            &mut items,
+            &mut rest[s],
+        );
+    }
+    (items, rest)
 }
 
 /// One unit of parallel work: a dense, unconverted span of one job (bytes `[at, at + len)` of
@@ -450,6 +468,23 @@ struct Run<'a> {
     progress: &'a dyn Progress,
     stats: &'a Stats,
     opts: ExecOptions,
+}
+
+impl Run<'_> {
+    /// Writes the fills, in order, after the copies.
+    fn fills(&self, fills: Vec<Fill>) -> Result<(), ExecError> {
+        for (out, offset, dtype, value, count) in fills {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(ExecError::Cancelled);
+            }
+            let bytes = convert::fill_bytes(dtype, value, count);
+            let t = Instant::now();
+            self.sink.put(out, offset, &bytes)?;
+            add_since(&self.stats.put_ns, t);
+            self.progress.advance(bytes.len() as u64);
+        }
+        Ok(())
+    }
 }
 
 /// A worker thread's read and conversion buffers, reused from one item to the next.
