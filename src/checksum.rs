@@ -40,6 +40,12 @@ pub fn block_of(offset: u64) -> u64 {
     offset / BLOCK
 }
 
+/// The bytes `[start, end)` of block `index` in a file of `size` bytes (the last block is
+/// shorter).
+pub fn block_span(index: u64, size: u64) -> (u64, u64) {
+    (index * BLOCK, ((index + 1) * BLOCK).min(size))
+}
+
 /// The sum of the digests of blocks `[first, end)` of `f`, a file of `size` bytes, read back in
 /// [`READ_STEP`]s into `buf`. `stop` is asked between steps; when it says yes this ends with
 /// [`io::ErrorKind::Interrupted`]. A file shorter than `size` is an error (`UnexpectedEof`).
@@ -99,11 +105,11 @@ pub fn whole_file_xxh3(path: &Path) -> io::Result<String> {
     Ok(format!("{:016x}", h.digest()))
 }
 
-/// The digest of a block of zeros (`BLOCK` bytes) with seed `index`, without a zeroed buffer
-/// per call.
-pub fn zero_block(index: u64) -> u64 {
+/// The digest of block `index` when it is `len` zeros (at most [`BLOCK`]), without a zeroed
+/// buffer per call.
+pub fn zero_block(index: u64, len: u64) -> u64 {
     static ZEROS: [u8; BLOCK as usize] = [0; BLOCK as usize];
-    block(index, &ZEROS)
+    block(index, &ZEROS[..len as usize])
 }
 
 #[cfg(test)]
@@ -153,6 +159,7 @@ mod tests {
         data[..b].fill(2);
         let swapped: Vec<u8> = data[b..].iter().chain(&data[..b]).copied().collect();
         assert_ne!(by_definition(&data), by_definition(&swapped));
-        assert_eq!(zero_block(3), xxh3_64_with_seed(&vec![0u8; b], 3));
+        assert_eq!(zero_block(3, BLOCK), xxh3_64_with_seed(&vec![0u8; b], 3));
+        assert_eq!(zero_block(4, 7), xxh3_64_with_seed(&[0u8; 7], 4));
     }
 }

@@ -162,10 +162,7 @@ impl Hashing<'_> {
             }
             parts.map(|p| {
                 p.filter(|&b| {
-                    let (s, e) = (
-                        b * checksum::BLOCK,
-                        ((b + 1) * checksum::BLOCK).min(out.size),
-                    );
+                    let (s, e) = checksum::block_span(b, out.size);
                     st.written.covers(s, e)
                 })
             })
@@ -175,19 +172,15 @@ impl Hashing<'_> {
         match w {
             Wrote::Bytes(bytes) => {
                 for b in first..last {
-                    let s = (b * checksum::BLOCK - offset) as usize;
-                    let e = (((b + 1) * checksum::BLOCK).min(end) - offset) as usize;
-                    sum = sum.wrapping_add(checksum::block(b, &bytes[s..e]));
+                    let (s, e) = checksum::block_span(b, out.size);
+                    let bytes = &bytes[(s - offset) as usize..(e - offset) as usize];
+                    sum = sum.wrapping_add(checksum::block(b, bytes));
                 }
             }
             Wrote::Zeros(_) => {
                 for b in first..last {
-                    let len = ((b + 1) * checksum::BLOCK).min(out.size) - b * checksum::BLOCK;
-                    sum = sum.wrapping_add(if len == checksum::BLOCK {
-                        checksum::zero_block(b)
-                    } else {
-                        checksum::block(b, &vec![0; len as usize])
-                    });
+                    let (s, e) = checksum::block_span(b, out.size);
+                    sum = sum.wrapping_add(checksum::zero_block(b, e - s));
                 }
             }
             Wrote::OnDisk(_) => sum = self.read_back(out, (first, last))?,
@@ -282,13 +275,9 @@ impl Sink for FileSink<'_, '_> {
         while at < len {
             let to = offset + at;
             let n = ((to / step + 1) * step - to).min(len - at);
-            if !kernel_copy(o, src, src_offset + at, to, n)? {
-                if at == 0 {
-                    // This filesystem pair cannot: the caller reads and writes instead.
-                    return Ok(false);
-                }
-                let e = std::io::Error::from_raw_os_error(libc::EINVAL);
-                return Err(ExecError::io("writing", &o.path, e));
+            if !kernel_copy(o, src, (src_offset + at, to, n), at == 0)? {
+                // This filesystem pair cannot: the caller reads and writes instead.
+                return Ok(false);
             }
             self.hashing.wrote(o, to, Wrote::OnDisk(n))?;
             at += n;
@@ -298,13 +287,13 @@ impl Sink for FileSink<'_, '_> {
 }
 
 /// Copies `len` bytes from `src_offset` of `src` to `offset` of `o` with copy_file_range;
-/// `Ok(false)` when the filesystems cannot (before any byte is copied).
+/// `Ok(false)` when the filesystems cannot and `first` (no byte of the span copied yet), else
+/// that is an error.
 fn kernel_copy(
     o: &Output,
     src: &File,
-    src_offset: u64,
-    offset: u64,
-    len: u64,
+    (src_offset, offset, len): (u64, u64, u64),
+    first: bool,
 ) -> Result<bool, ExecError> {
     use std::os::fd::AsRawFd;
     let (mut off_in, mut off_out) = (src_offset as libc::loff_t, offset as libc::loff_t);
@@ -327,7 +316,7 @@ fn kernel_copy(
                 e.raw_os_error(),
                 Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL)
             );
-            if unsupported && left == len as usize {
+            if unsupported && first && left == len as usize {
                 return Ok(false);
             }
             return Err(ExecError::io("writing", &o.path, e));
