@@ -88,10 +88,13 @@ pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
         .collect();
     let tensors = kept
         .par_iter()
-        .map_init(Recent::default, |recent, &t| MappedTensor {
-            tensor: t,
-            file: &checkpoint.files[t.file].name,
-            fate: fate(mapping.rules.apply(&t.name), recent),
+        .map_init(Recent::default, |recent, &t| {
+            let outcome = mapping.rules.apply_into(&t.name, &mut recent.buffer);
+            MappedTensor {
+                tensor: t,
+                file: &checkpoint.files[t.file].name,
+                fate: fate(outcome, recent),
+            }
         })
         .collect();
     Mapped {
@@ -100,11 +103,12 @@ pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
     }
 }
 
-fn fate(outcome: Outcome, recent: &mut Recent) -> Fate {
+/// What `outcome` makes of a tensor; its parameter name is in `recent.buffer`.
+fn fate(outcome: Outcome<()>, recent: &mut Recent) -> Fate {
     match outcome {
         Outcome::Dropped { rule } => Fate::Dropped { rule },
         Outcome::Mapped(m) => Fate::Target(Target {
-            parameter: recent.share(m.target),
+            parameter: recent.share(),
             shard: m.shard,
             expert: m.expert,
             conversion: m
@@ -117,17 +121,21 @@ fn fate(outcome: Outcome, recent: &mut Recent) -> Fate {
 
 /// The last few parameter names one thread mapped to: a fused expert parameter is named by
 /// hundreds of consecutive checkpoint tensors, which then share one copy of its name instead of
-/// holding one each (90,000 in a DeepSeek-V3 checkpoint, most of the map stage's memory).
+/// holding one each (90,000 in a DeepSeek-V3 checkpoint, most of the map stage's memory), and
+/// the thread's buffer the rules write each name into, so that a shared name is never allocated.
 #[derive(Default)]
 struct Recent {
     names: Vec<Arc<str>>,
     next: usize,
+    buffer: String,
 }
 
 impl Recent {
     const KEPT: usize = 8;
 
-    fn share(&mut self, name: String) -> Arc<str> {
+    /// The name in `buffer`, shared with an earlier tensor's when it is one of the last few.
+    fn share(&mut self) -> Arc<str> {
+        let name = self.buffer.as_str();
         if let Some(a) = self.names.iter().find(|a| ***a == *name) {
             return a.clone();
         }
@@ -162,9 +170,9 @@ mod tests {
             tensors: tensors
                 .iter()
                 .map(|n| TensorInfo {
-                    name: n.to_string(),
+                    name: (*n).into(),
                     dtype: Dtype::Bf16,
-                    shape: vec![2, 2],
+                    shape: smallvec::smallvec![2, 2],
                     file: 0,
                     offset: 0,
                     len: 8,

@@ -270,12 +270,12 @@ impl RankCheck<'_> {
                         ),
                         fix: Some("remove the duplicate (vLLM raises KeyError)".into()),
                         file: Some(f.name.clone()),
-                        tensor: Some(t.name.clone()),
+                        tensor: Some(t.name.to_string()),
                         ..Default::default()
                     });
                     continue;
                 }
-                match self.check(f, t, want_by.get(t.name.as_str()).copied()) {
+                match self.check(f, t, want_by.get(&*t.name).copied()) {
                     Err(p) => problems.push(*p),
                     Ok(w) => {
                         if w.dtype != t.dtype {
@@ -291,7 +291,7 @@ impl RankCheck<'_> {
             }
         }
         for w in &want.tensors {
-            if !seen.contains(&w.name) {
+            if !seen.contains(w.name.as_str()) {
                 problems.push(Problem {
                     message: format!("rank {r}: missing tensor '{}' (vLLM: \"Missing keys ... in loaded state\")", w.name),
                     fix: Some("re-shard from the original checkpoint with `wload shard`".into()),
@@ -328,11 +328,11 @@ impl RankCheck<'_> {
                 ),
                 fix: Some("re-shard from the original checkpoint with `wload shard`".into()),
                 file: Some(f.name.clone()),
-                tensor: Some(t.name.clone()),
+                tensor: Some(t.name.to_string()),
                 ..Default::default()
             }));
         };
-        if w.shape != t.shape {
+        if w.shape[..] != t.shape[..] {
             return Err(Box::new(Problem {
                 message: format!(
                     "{}: tensor '{}' has shape {:?}, but rank {r} of {arch} at tp {tp} needs {:?}",
@@ -345,9 +345,9 @@ impl RankCheck<'_> {
                         .into()
                 }),
                 file: Some(f.name.clone()),
-                tensor: Some(t.name.clone()),
+                tensor: Some(t.name.to_string()),
                 parameter: Some(w.name.clone()),
-                shape: Some(t.shape.clone()),
+                shape: Some(t.shape.to_vec()),
                 expected_shape: Some(w.shape.clone()),
                 ..Default::default()
             }));
@@ -360,7 +360,7 @@ impl RankCheck<'_> {
                 ),
                 fix: Some("re-shard with the intended --dtype".into()),
                 file: Some(f.name.clone()),
-                tensor: Some(t.name.clone()),
+                tensor: Some(t.name.to_string()),
                 parameter: Some(w.name.clone()),
                 ..Default::default()
             }));
@@ -386,9 +386,9 @@ fn whole_copy(
         shape: t.shape.as_slice().into(),
     });
     OutTensor {
-        name: t.name.clone(),
+        name: t.name.to_string(),
         dtype: w.dtype,
-        shape: t.shape.clone(),
+        shape: t.shape.to_vec(),
         bytes: w.bytes,
         pieces: vec![Piece::Copy {
             source: sources.len() - 1,

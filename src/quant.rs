@@ -722,6 +722,33 @@ mod tests {
         }
     }
 
+    /// Shipped mappings compile their regexes only when a name needs them, trusting that they
+    /// compile: every one does, alone and with each scheme's rules merged in.
+    #[test]
+    fn every_shipped_mapping_compiles_with_every_schemes_rules() {
+        let schemes = [
+            Quantization::Fp8(Fp8 {
+                block: Some([128, 128]),
+                static_activations: false,
+                ignored: vec![],
+            }),
+            Quantization::CompressedFp8(CompressedFp8 {
+                weights: WeightStrategy::Channel,
+                static_activations: false,
+                ignore: vec![],
+                ignore_patterns: vec![],
+            }),
+        ];
+        for m in crate::mapping::embedded() {
+            m.rules.check_regexes().unwrap();
+            for q in &schemes {
+                let with = m.with_quant_rules(Some(q));
+                with.rules.check_regexes().unwrap();
+                assert!(with.rules.regex.len() > m.rules.regex.len(), "{}", m.family);
+            }
+        }
+    }
+
     #[test]
     fn kv_scale_names_move_onto_the_attention_layer_unless_already_there() {
         let (mut rules, _) = Quantization::Fp8(Fp8 {

@@ -542,7 +542,7 @@ fn tensors_equal(
     b: &str,
     dtype: crate::dtype::Dtype,
 ) -> io::Result<bool> {
-    let find = |n: &str| plan.sources.iter().find(|s| s.name == n);
+    let find = |n: &str| plan.sources.iter().find(|s| &*s.name == n);
     let (Some(x), Some(y)) = (find(a), find(b)) else {
         return Ok(false);
     };

@@ -236,7 +236,7 @@ fn random_checkpoint(rng: &mut Rng, root: &Path) -> (Vec<SourceTensor>, Vec<Src>
         let pad = rng.range(0, 13) as usize;
         files[fi].extend((0..pad).map(|_| rng.next() as u8));
         sources.push(SourceTensor {
-            name: format!("src.{i}"),
+            name: format!("src.{i}").into(),
             file: format!("ckpt-{fi}.bin").into(),
             file_index: fi,
             offset: files[fi].len() as u64,

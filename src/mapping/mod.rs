@@ -332,8 +332,22 @@ impl MappingError {
 }
 
 /// Parses one mapping file's text: follows `extends`, expands the blocks it uses, applies its
-/// edits, and merges the common rules into it.
+/// edits, and merges the common rules into it. Its regexes are compiled at once, so that one the
+/// regex engine refuses is reported here, with the file's name.
 pub fn parse(file: &str, text: &str) -> Result<Mapping, MappingError> {
+    let m = compose::resolve(file, text)?;
+    m.rules
+        .check_regexes()
+        .map_err(|message| MappingError::Invalid {
+            file: file.to_string(),
+            message,
+        })?;
+    Ok(m)
+}
+
+/// A shipped mapping, parsed; its regexes are compiled when first needed (the tests compile
+/// them all).
+fn parse_embedded(file: &str, text: &str) -> Result<Mapping, MappingError> {
     compose::resolve(file, text)
 }
 
@@ -341,7 +355,9 @@ pub fn parse(file: &str, text: &str) -> Result<Mapping, MappingError> {
 pub fn embedded() -> Vec<Mapping> {
     EMBEDDED
         .iter()
-        .map(|(f, t)| parse(f, t).unwrap_or_else(|e| panic!("embedded mapping is invalid: {e}")))
+        .map(|(f, t)| {
+            parse_embedded(f, t).unwrap_or_else(|e| panic!("embedded mapping is invalid: {e}"))
+        })
         .collect()
 }
 
@@ -361,7 +377,7 @@ pub fn select(file: Option<&Path>, arch: Option<&str>) -> Result<Mapping, Mappin
         .iter()
         .find(|(_, text)| declared_architectures(text).iter().any(|a| a == arch))
     {
-        return parse(file, text);
+        return parse_embedded(file, text);
     }
     let mut known: Vec<String> = EMBEDDED
         .iter()

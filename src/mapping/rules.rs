@@ -2,6 +2,7 @@
 //! fixed order of vLLM's `WeightsMapper._map_name_with_shard` (vLLM 0.33 `model_executor/models/utils.py`, `WeightsMapper`).
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use indexmap::IndexMap;
 use regex::{Regex, RegexSet};
@@ -33,20 +34,12 @@ pub struct Rules {
     /// applied after the rules above.
     #[serde(default)]
     pub experts: Vec<ExpertRule>,
+    /// The regexes, compiled when a name first needs them ([`Rules::regexes`]).
     #[serde(skip)]
-    compiled: Vec<Regex>,
-    #[serde(skip)]
-    compiled_experts: Vec<Regex>,
+    compiled: OnceLock<Compiled>,
     /// The expert rules as literal matchers, when every pattern is `literal(\\d+)literal`.
     #[serde(skip)]
     literal_experts: Option<Vec<LiteralExpert>>,
-    /// All regex rules at once, then all expert rules: most names match none, and one pass over
-    /// the name says so (a DeepSeek-V3 checkpoint has 90,000 names and a quantized one 14 regex
-    /// rules).
-    #[serde(skip)]
-    any_regex: Option<RegexSet>,
-    #[serde(skip)]
-    any_expert: Option<RegexSet>,
     /// Every substring and stacked rule's `from`, as literals: one pass says that none of them
     /// occurs, which holds for nearly every per-expert name.
     #[serde(skip)]
@@ -59,6 +52,38 @@ pub struct Rules {
     /// Each expert rule's shard id, parsed once.
     #[serde(skip)]
     expert_shards: Vec<ShardId>,
+}
+
+/// The rules' regexes, compiled. Compiling is what a mapping costs most to prepare (2 ms for a
+/// quantized model's 13 rules, twice as long as reading its YAML), and most checkpoints never need
+/// it: their names' endings and literal expert patterns answer first.
+#[derive(Debug, Clone)]
+struct Compiled {
+    regex: Vec<Regex>,
+    experts: Vec<Regex>,
+    /// All regex rules at once, then all expert rules: most names that get this far match none,
+    /// and one pass over the name says so. `None` when a set exceeds the regex engine's size
+    /// limit although its members do not: each rule is then tried in turn.
+    any_regex: Option<RegexSet>,
+    any_expert: Option<RegexSet>,
+}
+
+impl Compiled {
+    fn new(rules: &Rules) -> Result<Compiled, String> {
+        let re = |p: &str| Regex::new(p).map_err(|e| format!("bad regex `{p}`: {e}"));
+        let regex = (rules.regex.iter())
+            .map(|r| re(&r.pattern))
+            .collect::<Result<_, _>>()?;
+        let experts = (rules.experts.iter())
+            .map(|r| re(&r.pattern))
+            .collect::<Result<_, _>>()?;
+        Ok(Compiled {
+            regex,
+            experts,
+            any_regex: RegexSet::new(rules.regex.iter().map(|r| &r.pattern)).ok(),
+            any_expert: RegexSet::new(rules.experts.iter().map(|r| &r.pattern)).ok(),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -186,10 +211,11 @@ pub struct MistralStep {
 /// saved per checkpoint tensor).
 pub type Trace = smallvec::SmallVec<[Step; 1]>;
 
-/// Where a checkpoint name ends up.
+/// Where a checkpoint name ends up. `T` holds the parameter name: a `String`, or nothing when
+/// [`Rules::apply_into`] wrote it into the caller's buffer.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    Mapped(Mapped),
+pub enum Outcome<T = String> {
+    Mapped(Mapped<T>),
     /// A rule with `null` dropped it.
     Dropped {
         rule: String,
@@ -197,8 +223,8 @@ pub enum Outcome {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Mapped {
-    pub target: String,
+pub struct Mapped<T = String> {
+    pub target: T,
     pub shard: Option<ShardId>,
     pub expert: Option<u64>,
     /// Rotary permutation with this many heads (`heads` expression of the Permute rule).
@@ -225,38 +251,26 @@ impl Rules {
         }
     }
 
+    /// Checks the rules and builds what matching them needs, except the regexes themselves,
+    /// which are compiled when first needed ([`Rules::regexes`]). A pattern that does not parse,
+    /// or an expert pattern without exactly one capture group, is refused here.
     pub fn compile(&mut self) -> Result<(), String> {
-        let re = |p: &str| Regex::new(p).map_err(|e| format!("bad regex `{p}`: {e}"));
-        self.compiled = self
-            .regex
-            .iter()
-            .map(|r| re(&r.pattern))
-            .collect::<Result<_, _>>()?;
-        self.compiled_experts = self
-            .experts
-            .iter()
-            .map(|r| {
-                let c = re(&r.pattern)?;
-                if c.captures_len() != 2 {
-                    return Err(format!(
-                        "expert rule `{}` needs exactly one capture group (the expert id)",
-                        r.pattern
-                    ));
-                }
-                Ok(c)
-            })
-            .collect::<Result<_, _>>()?;
-        let set = |ps: Vec<&str>| RegexSet::new(ps).map_err(|e| format!("bad regex set: {e}"));
-        self.any_regex = Some(set(self
-            .regex
-            .iter()
-            .map(|r| r.pattern.as_str())
-            .collect())?);
-        self.any_expert = Some(set(self
-            .experts
-            .iter()
-            .map(|r| r.pattern.as_str())
-            .collect())?);
+        for r in &self.regex {
+            parse_regex(&r.pattern)?;
+        }
+        for r in &self.experts {
+            if parse_regex(&r.pattern)?
+                .properties()
+                .explicit_captures_len()
+                != 1
+            {
+                return Err(format!(
+                    "expert rule `{}` needs exactly one capture group (the expert id)",
+                    r.pattern
+                ));
+            }
+        }
+        self.compiled = OnceLock::new();
         self.literal_experts = self
             .experts
             .iter()
@@ -273,8 +287,47 @@ impl Rules {
         Ok(())
     }
 
+    /// Compiles the regexes now, so that a pattern the regex engine refuses (one past its size
+    /// limit parses but does not compile) is reported while the mapping is read. wload's own
+    /// mappings and quantization rules are compiled by its tests; a `--mapping` file is checked
+    /// with this.
+    pub fn check_regexes(&self) -> Result<(), String> {
+        if self.compiled.get().is_none() {
+            let _ = self.compiled.set(Compiled::new(self)?);
+        }
+        Ok(())
+    }
+
+    /// The compiled regexes, compiled on first use.
+    fn regexes(&self) -> &Compiled {
+        self.compiled.get_or_init(|| {
+            Compiled::new(self).expect(
+                "every regex was checked when the mapping was read (Rules::check_regexes; \
+                 the shipped mappings and quantization rules in tests)",
+            )
+        })
+    }
+
     /// Maps one checkpoint name.
     pub fn apply(&self, name: &str) -> Outcome {
+        let mut target = String::new();
+        match self.apply_into(name, &mut target) {
+            Outcome::Mapped(m) => Outcome::Mapped(Mapped {
+                target,
+                shard: m.shard,
+                expert: m.expert,
+                permute_heads: m.permute_heads,
+                trace: m.trace,
+            }),
+            Outcome::Dropped { rule } => Outcome::Dropped { rule },
+        }
+    }
+
+    /// Maps one checkpoint name, writing the parameter name into `target` (cleared first): the
+    /// map stage reuses one buffer per thread, and most of 90,000 names then allocate nothing
+    /// (consecutive tensors of a fused expert parameter share its name).
+    pub fn apply_into(&self, name: &str, target: &mut String) -> Outcome<()> {
+        target.clear();
         let mut trace = Trace::new();
         let mut key = std::borrow::Cow::Borrowed(name);
         let mut permute_heads = None;
@@ -290,8 +343,9 @@ impl Rules {
             permute_heads = p;
         }
         let Some(rest) = key.strip_prefix(self.scope.as_str()) else {
+            target.push_str(&key);
             return Outcome::Mapped(Mapped {
-                target: key.into_owned(),
+                target: (),
                 shard: None,
                 expert: None,
                 permute_heads,
@@ -309,24 +363,25 @@ impl Rules {
             format!("{}{inner}", self.scope).into()
         };
         // The name is built once, with the expert rule's replacement spliced in.
-        let (target, expert) = match self.expert(&renamed) {
+        let expert = match self.expert(&renamed) {
             Some(m) => {
-                let replace = &self.experts[m.rule].replace;
-                let mut t = String::with_capacity(renamed.len() - m.whole.len() + replace.len());
-                t.push_str(&renamed[..m.whole.start]);
-                t.push_str(replace);
-                t.push_str(&renamed[m.whole.end..]);
+                target.push_str(&renamed[..m.whole.start]);
+                target.push_str(&self.experts[m.rule].replace);
+                target.push_str(&renamed[m.whole.end..]);
                 shard = Some(self.expert_shards[m.rule].clone());
                 trace.push(Step::Expert {
                     rule: m.rule,
                     id: m.id,
                 });
-                (t, Some(m.id))
+                Some(m.id)
             }
-            None => (renamed.into_owned(), None),
+            None => {
+                target.push_str(&renamed);
+                None
+            }
         };
         Outcome::Mapped(Mapped {
-            target,
+            target: (),
             shard,
             expert,
             permute_heads,
@@ -353,7 +408,10 @@ impl Rules {
         {
             return false;
         }
-        self.any_regex.as_ref().is_none_or(|s| s.is_match(inner))
+        if self.regex.is_empty() {
+            return false;
+        }
+        (self.regexes().any_regex.as_ref()).is_none_or(|s| s.is_match(inner))
     }
 
     /// A step of a name's trace, as messages show it.
@@ -398,13 +456,13 @@ impl Rules {
         inner: &mut String,
         shard: &mut Option<ShardId>,
         trace: &mut Trace,
-    ) -> Option<Outcome> {
+    ) -> Option<Outcome<()>> {
         // A rule fires only on what the ones before it left; if none matches the name, none fires.
         let none = !self.any_regex_matches(inner);
         for (k, (r, re)) in self
             .regex
             .iter()
-            .zip(&self.compiled)
+            .zip(&self.regexes().regex)
             .enumerate()
             .filter(|_| !none)
         {
@@ -475,9 +533,16 @@ impl Rules {
             });
         }
         // The rules that match, in order; the first whose id parses fires.
-        let matching = self.any_expert.as_ref()?.matches(name);
-        matching.iter().find_map(|rule| {
-            let c = self.compiled_experts[rule].captures(name)?;
+        if self.experts.is_empty() {
+            return None;
+        }
+        let compiled = self.regexes();
+        let matching: Vec<usize> = match &compiled.any_expert {
+            Some(set) => set.matches(name).into_iter().collect(),
+            None => (0..compiled.experts.len()).collect(),
+        };
+        matching.into_iter().find_map(|rule| {
+            let c = compiled.experts[rule].captures(name)?;
             let id = c[1].parse::<u64>().ok()?;
             let whole = c.get(0).expect("group 0 always matches").range();
             Some(ExpertMatch { whole, id, rule })
@@ -559,6 +624,13 @@ impl Endings {
                     .any(|e| name.ends_with(e))
             })
     }
+}
+
+/// `p` parsed as the regex engine will parse it, or why it does not parse.
+fn parse_regex(p: &str) -> Result<regex_syntax::hir::Hir, String> {
+    regex_syntax::Parser::new()
+        .parse(p)
+        .map_err(|e| format!("bad regex `{p}`: {e}"))
 }
 
 /// The endings a name needs for any of `patterns` to match, when every one is anchored at the

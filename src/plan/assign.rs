@@ -111,7 +111,7 @@ impl Planner<'_> {
         for (m, v) in mapped.tensors.iter().zip(verdicts) {
             match v {
                 Verdict::Dropped(rule) => a.skipped.push(Skipped {
-                    tensor: m.tensor.name.clone(),
+                    tensor: m.tensor.name.to_string(),
                     reason: format!("dropped by {rule}"),
                 }),
                 Verdict::NoParameter(target) => self.no_parameter(m, target, &mut a.skipped),
@@ -186,7 +186,7 @@ impl Planner<'_> {
             .find(|s| target.parameter.ends_with(s));
         if let Some(i) = self.skipped_layer(&t.name) {
             skipped.push(Skipped {
-                tensor: t.name.clone(),
+                tensor: t.name.to_string(),
                 reason: format!(
                     "layer {i} is a speculative-decoding (MTP) layer, which vLLM skips when loading the model"
                 ),
@@ -195,7 +195,7 @@ impl Planner<'_> {
         }
         if let Some(sfx) = ignored {
             skipped.push(Skipped {
-                tensor: t.name.clone(),
+                tensor: t.name.to_string(),
                 reason: format!(
                     "no parameter '{}'; vLLM ignores unexpected '{sfx}' names",
                     target.parameter
@@ -222,7 +222,7 @@ impl Planner<'_> {
                     .into(),
             ),
             file: Some(m.file.to_string()),
-            tensor: Some(t.name.clone()),
+            tensor: Some(t.name.to_string()),
             rule: rule_of(&self.mapping.rules, target),
             ..Default::default()
         });
@@ -241,7 +241,7 @@ impl Planner<'_> {
             message,
             fix: Some(fix.into()),
             file: Some(file.to_string()),
-            tensor: Some(t.name.clone()),
+            tensor: Some(t.name.to_string()),
             parameter: Some(p.name.clone()),
             rule: rule_of(rules, target),
             ..Default::default()
@@ -264,7 +264,7 @@ impl Planner<'_> {
         let scalar_ok = expected.is_empty() && t.shape.iter().product::<u64>() == 1;
         if t.shape[..] != expected[..] && !scalar_ok {
             return Some(Problem {
-                shape: Some(t.shape.clone()),
+                shape: Some(t.shape.to_vec()),
                 expected_shape: Some(expected.to_vec()),
                 ..about(
                     format!(
@@ -321,7 +321,7 @@ impl Planner<'_> {
                 ),
                 fix: Some("remove one of the two tensors from the checkpoint".into()),
                 file: Some(m.file.to_string()),
-                tensor: Some(m.tensor.name.clone()),
+                tensor: Some(m.tensor.name.to_string()),
                 parameter: Some(p.name.clone()),
                 rule: rule_of(rules, target),
                 ..Default::default()

@@ -361,7 +361,7 @@ mod tests {
         let norm = mapped
             .tensors
             .iter_mut()
-            .find(|t| t.tensor.name == "model.norm.weight")
+            .find(|t| &*t.tensor.name == "model.norm.weight")
             .expect("norm");
         norm.fate = map::Fate::Dropped {
             rule: "a test".into(),

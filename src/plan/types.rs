@@ -101,7 +101,8 @@ impl PlanError {
 /// A checkpoint tensor some piece reads.
 #[derive(Debug, Clone, Serialize)]
 pub struct SourceTensor {
-    pub name: String,
+    /// The checkpoint's own copy of the name, shared.
+    pub name: std::sync::Arc<str>,
     /// Shared by every tensor of the file (a large MoE has thousands per file).
     pub file: std::sync::Arc<str>,
     #[serde(skip)]
