@@ -104,6 +104,17 @@ pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
 }
 
 /// What `outcome` makes of a tensor; its parameter name is in `recent.buffer`.
+/// Dropped in parallel: freeing 90,000 mapped tensors one by one cost the plan stage 2 ms.
+impl Drop for Mapped<'_> {
+    fn drop(&mut self) {
+        if self.tensors.len() > 10_000 {
+            std::mem::take(&mut self.tensors)
+                .into_par_iter()
+                .for_each(drop);
+        }
+    }
+}
+
 fn fate(outcome: Outcome<()>, recent: &mut Recent) -> Fate {
     match outcome {
         Outcome::Dropped { rule } => Fate::Dropped { rule },

@@ -306,8 +306,11 @@ impl Planner<'_> {
         a: &mut Assigned,
         read: &mut Vec<&'t MappedTensor<'c>>,
     ) {
-        let key: SlotKey = target.slot();
-        if let Some(prev) = a.fed[pi].get(&key) {
+        let feed = Feed {
+            source: read.len(),
+            rotary_heads,
+        };
+        if let Err(prev) = a.fed[pi].fill(target.slot(), feed) {
             let shard_text = target
                 .shard
                 .as_ref()
@@ -326,17 +329,10 @@ impl Planner<'_> {
                 rule: rule_of(rules, target),
                 ..Default::default()
             });
-            a.present.insert((pi, key));
+            a.present.insert((pi, target.slot()));
             return;
         }
         read.push(m);
-        a.fed[pi].insert(
-            key,
-            Feed {
-                source: read.len() - 1,
-                rotary_heads,
-            },
-        );
     }
 
     /// The layer index of a `model.layers.{i}.` tensor the mapping's `skip_layer` excludes.

@@ -24,8 +24,9 @@ struct ExpertCopies {
     each: Vec<(Block, Region)>,
     dst_step: u64,
     /// Half the memory of `usize` indices (a plan has millions of expert copies); a plan with
-    /// more sources than fit keeps its copies one by one.
-    sources: Vec<u32>,
+    /// more sources than fit keeps its copies one by one. Shared by the ranks that read the
+    /// same experts.
+    sources: std::sync::Arc<[u32]>,
 }
 
 impl ExpertCopies {
@@ -63,7 +64,7 @@ impl Pieces {
         &mut self,
         each: Vec<(Block, Region)>,
         dst_step: u64,
-        sources: Vec<u32>,
+        sources: std::sync::Arc<[u32]>,
     ) {
         debug_assert!(each.is_empty() || sources.len().is_multiple_of(each.len()));
         if !sources.is_empty() {
@@ -147,7 +148,7 @@ mod tests {
             value: 0.0,
         });
         let each = vec![(block(10), Region::ALL), (block(16), Region::ALL)];
-        p.push_experts(each, 100, vec![7, 8, 9, 10, 11, 12]);
+        p.push_experts(each, 100, vec![7, 8, 9, 10, 11, 12].into());
         p.extend([copy(3, Region::ALL, block(400))]);
         let got: Vec<(Option<usize>, u64)> = p
             .iter()

@@ -2,6 +2,7 @@
 //! fill it — a copy of a block of a source tensor per slice of its layout, or a fill.
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use rayon::prelude::*;
 
@@ -11,6 +12,7 @@ use super::params::Param;
 use super::piece_list::{Pieces, copy};
 use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan, Region};
+use crate::mapping::rules::ShardId;
 
 impl Planner<'_> {
     /// Every rank's tensors, stage by stage (global rank `pp_rank * tp + tp_rank`). A stage holds
@@ -27,6 +29,7 @@ impl Planner<'_> {
         on: &[OnStage],
     ) -> Vec<RankPlan> {
         let mut out = Vec::new();
+        let shared: Vec<SharedSources> = params.iter().map(|_| OnceLock::new()).collect();
         for stage in stages {
             let here: Vec<bool> = params
                 .iter()
@@ -60,7 +63,8 @@ impl Planner<'_> {
                             // partner would be: they are one tensor.
                             let src = p.alias_of.unwrap_or(pi);
                             let name = alias_name.get(&pi).unwrap_or(&p.name);
-                            rank_tensor(&params[src], name, r, &a.fed[src], fused[src])
+                            let fed = (&a.fed[src], &shared[src]);
+                            rank_tensor(&params[src], name, r, fed, fused[src])
                         })
                         .collect();
                     RankPlan {
@@ -78,9 +82,21 @@ impl Planner<'_> {
     }
 }
 
+/// A fused expert parameter's copy sources for all its experts, in [`Pieces::push_experts`]'
+/// order, worked out by the first rank that needs them and shared by the others: at TP every
+/// rank reads every expert (a DeepSeek-V3 plan looked the same 90,000 slots up on each of 8
+/// ranks). Kept with the shard ids they were worked out for.
+type SharedSources = OnceLock<(Vec<Option<ShardId>>, Option<Arc<[u32]>>)>;
+
 /// Rank `r`'s tensor of `p`, named `name`; `None` when it is empty (vLLM drops those: an EP rank
 /// without experts).
-fn rank_tensor(p: &Param, name: &str, r: Rank, fed: &Fed, fused: bool) -> Option<OutTensor> {
+fn rank_tensor(
+    p: &Param,
+    name: &str,
+    r: Rank,
+    (fed, shared): (&Fed, &SharedSources),
+    fused: bool,
+) -> Option<OutTensor> {
     let l = p.geometry.rank_layout(r, fused);
     let numel: u64 = l.shape.iter().product();
     if numel == 0 {
@@ -105,7 +121,11 @@ fn rank_tensor(p: &Param, name: &str, r: Rank, fed: &Fed, fused: bool) -> Option
                     }
                 }
             }
-            Some(pe) => push_experts(&mut pieces, &l.slices, pe, fed, fill),
+            Some(pe) => {
+                let experts = p.geometry.expert_count().unwrap_or(pe.first + pe.count);
+                let all = shared_sources(shared, &l.slices, experts, fed);
+                push_experts(&mut pieces, &l.slices, pe, (fed, all), fill)
+            }
         }
         for (slot, b, region) in p.geometry.strided(r) {
             match fed.get(&slot) {
@@ -159,26 +179,77 @@ fn keep_last_loaded(pieces: &mut Vec<Piece>) {
     });
 }
 
-/// Copies for every expert of a fused expert tensor: `slices` (the first expert's) repeated
-/// expert by expert, as [`super::layout::RankLayout::all_slices`] would list them, each block
-/// and region worked out once.
-fn push_experts(out: &mut Pieces, slices: &[Slice], pe: PerExpert, fed: &Fed, fill: f64) {
-    let each: Vec<(Block, Region)> = slices.iter().map(|s| (s.block(), s.region())).collect();
-    // Kept compact when every slot is a plain copy (no rotary rows, nothing missing).
+/// The sources of `slices`' slots for experts `0..experts`, from `shared` when they were worked
+/// out for the same slots; `None` when some slot is not a plain copy.
+fn shared_sources(
+    shared: &SharedSources,
+    slices: &[Slice],
+    experts: u64,
+    fed: &Fed,
+) -> Option<Arc<[u32]>> {
+    let shards = || slices.iter().map(|s| s.slot.0.clone()).collect::<Vec<_>>();
+    let (for_shards, sources) = shared.get_or_init(|| {
+        (
+            shards(),
+            plain_sources(slices, 0..experts, fed).map(Arc::from),
+        )
+    });
+    let same = for_shards.len() == slices.len()
+        && for_shards.iter().zip(slices).all(|(a, s)| *a == s.slot.0);
+    if same {
+        sources.clone()
+    } else {
+        plain_sources(slices, 0..experts, fed).map(Arc::from)
+    }
+}
+
+/// For each expert of `experts` in turn, the source of each slice's slot, when every one is a
+/// plain copy (no rotary rows, nothing missing); `None` otherwise.
+fn plain_sources(slices: &[Slice], experts: std::ops::Range<u64>, fed: &Fed) -> Option<Vec<u32>> {
     let tables: Vec<_> = slices.iter().map(|s| fed.experts_of(&s.slot.0)).collect();
     let plain = |e: u64, k: usize| {
         (tables[k].as_ref()?.get(e))
             .filter(|f| f.rotary_heads.is_none())
             .and_then(|f| u32::try_from(f.source).ok())
     };
-    let experts = pe.first..pe.first + pe.count;
-    let sources: Option<Vec<u32>> = experts
-        .clone()
+    experts
         .flat_map(|e| (0..slices.len()).map(move |k| (e, k)))
         .map(|(e, k)| plain(e, k))
-        .collect();
-    if let Some(sources) = sources {
+        .collect()
+}
+
+/// Copies for every expert of a fused expert tensor: `slices` (the first expert's) repeated
+/// expert by expert, as [`super::layout::RankLayout::all_slices`] would list them, each block
+/// and region worked out once. `all` holds the sources for all the parameter's experts when
+/// every one is a plain copy: the copies are then kept compact.
+fn push_experts(
+    out: &mut Pieces,
+    slices: &[Slice],
+    pe: PerExpert,
+    (fed, all): (&Fed, Option<Arc<[u32]>>),
+    fill: f64,
+) {
+    let each: Vec<(Block, Region)> = slices.iter().map(|s| (s.block(), s.region())).collect();
+    let n = slices.len() as u64;
+    let range = usize::try_from(pe.first * n)
+        .ok()
+        .zip(usize::try_from((pe.first + pe.count) * n).ok());
+    if let Some(all) = all
+        && let Some((from, to)) = range
+        && let Some(part) = all.get(from..to)
+    {
+        // At TP every rank holds every expert: one list for all of them.
+        let sources = if part.len() == all.len() {
+            all.clone()
+        } else {
+            Arc::from(part)
+        };
         out.push_experts(each, pe.dst_step, sources);
+        return;
+    }
+    let experts = pe.first..pe.first + pe.count;
+    if let Some(sources) = plain_sources(slices, experts.clone(), fed) {
+        out.push_experts(each, pe.dst_step, sources.into());
         return;
     }
     for (j, e) in (0..pe.count).zip(experts) {

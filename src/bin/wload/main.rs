@@ -16,6 +16,7 @@ use wload::cli::{
 use wload::{Error, ExitStatus, SourceOptions};
 
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return refused_command_line(&e),
@@ -339,4 +340,19 @@ fn load_settings(args: &LoadArgs) -> Result<wload::manifest::LoadSettings, Error
         mapping: p.mapping.clone(),
     };
     wload::manifest::load_settings(&args.source.source, &flags)
+}
+
+/// Lets glibc reuse freed memory instead of returning it to the kernel. By default it maps each
+/// allocation above 128 KiB on its own and unmaps it on free, so every large table the header
+/// and plan stages build and drop is faulted in again, page by page, by the next one (a
+/// DeepSeek-V3 `plan` took 18,000 page faults; on a VM each costs 2–3 µs). Allocations under
+/// 32 MiB now come from the heap, which keeps up to 512 MiB freed before trimming: `plan` takes
+/// a fifth fewer faults, and peak RSS is unchanged (`shard` of the benchmark checkpoints).
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets the allocator's parameters; it runs before any other thread.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
+    }
 }
