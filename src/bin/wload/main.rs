@@ -16,11 +16,16 @@ use wload::cli::{
 use wload::{Error, ExitStatus, SourceOptions};
 
 fn main() -> ExitCode {
-    keep_freed_memory();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return refused_command_line(&e),
     };
+    if matches!(
+        cli.command,
+        Command::Inspect(_) | Command::Plan(_) | Command::Sizes(_)
+    ) {
+        keep_freed_memory();
+    }
     let json = cli.command.json();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -346,8 +351,10 @@ fn load_settings(args: &LoadArgs) -> Result<wload::manifest::LoadSettings, Error
 /// allocation above 128 KiB on its own and unmaps it on free, so every large table the header
 /// and plan stages build and drop is faulted in again, page by page, by the next one (a
 /// DeepSeek-V3 `plan` took 18,000 page faults; on a VM each costs 2–3 µs). Allocations under
-/// 32 MiB now come from the heap, which keeps up to 512 MiB freed before trimming: `plan` takes
-/// a fifth fewer faults, and peak RSS is unchanged (`shard` of the benchmark checkpoints).
+/// 32 MiB then come from the heap, which keeps up to 512 MiB freed before trimming: `plan` takes
+/// a fifth fewer faults. Only for the commands that read headers and plan: under `shard` it
+/// raised peak RSS from 49 to 61 MiB in one run of three (buffers kept by one thread's arena
+/// while another's grew), and `shard` and `load` promise bounded memory.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets the allocator's parameters; it runs before any other thread.
