@@ -255,9 +255,9 @@ impl Rules {
     /// which are compiled when first needed ([`Rules::regexes`]). A pattern that does not parse,
     /// or an expert pattern without exactly one capture group, is refused here.
     pub fn compile(&mut self) -> Result<(), String> {
-        for r in &self.regex {
-            parse_regex(&r.pattern)?;
-        }
+        let parsed: Vec<regex_syntax::hir::Hir> = (self.regex.iter())
+            .map(|r| parse_regex(&r.pattern))
+            .collect::<Result<_, _>>()?;
         for r in &self.experts {
             if parse_regex(&r.pattern)?
                 .properties()
@@ -279,8 +279,7 @@ impl Rules {
         let literals =
             (self.substr.iter().map(|r| &r.from)).chain(self.stacked.iter().map(|r| &r.from));
         self.any_literal = Some(Literals::new(literals)?);
-        self.regex_endings =
-            required_endings(self.regex.iter().map(|r| r.pattern.as_str())).map(Endings::new);
+        self.regex_endings = required_endings(&parsed).map(Endings::new);
         self.expert_shards = (self.experts.iter())
             .map(|r| ShardId::named(&r.shard))
             .collect();
@@ -633,21 +632,20 @@ fn parse_regex(p: &str) -> Result<regex_syntax::hir::Hir, String> {
         .map_err(|e| format!("bad regex `{p}`: {e}"))
 }
 
-/// The endings a name needs for any of `patterns` to match, when every one is anchored at the
-/// end (`$`) and has a finite set of literal endings (regex-syntax's suffix extraction, which
-/// the regex engine itself uses to pre-filter); `None` when a pattern has neither.
-fn required_endings<'p>(patterns: impl Iterator<Item = &'p str>) -> Option<Vec<Vec<u8>>> {
+/// The endings a name needs for any of the parsed patterns to match, when every one is anchored
+/// at the end (`$`) and has a finite set of literal endings (regex-syntax's suffix extraction,
+/// which the regex engine itself uses to pre-filter); `None` when a pattern has neither.
+fn required_endings(patterns: &[regex_syntax::hir::Hir]) -> Option<Vec<Vec<u8>>> {
     use regex_syntax::hir::Look;
     use regex_syntax::hir::literal::{ExtractKind, Extractor};
     let mut endings = Vec::new();
-    for p in patterns {
-        let hir = regex_syntax::Parser::new().parse(p).ok()?;
+    for hir in patterns {
         if !hir.properties().look_set_suffix().contains(Look::End) {
             return None;
         }
         let mut ex = Extractor::new();
         ex.kind(ExtractKind::Suffix);
-        let seq = ex.extract(&hir);
+        let seq = ex.extract(hir);
         endings.extend(seq.literals()?.iter().map(|l| l.as_bytes().to_vec()));
     }
     Some(endings)
@@ -882,7 +880,13 @@ mod tests {
         .expect("quantized");
         let (quant, _) = fp8.name_rules();
         let quant: Vec<&str> = quant.regex.iter().map(|r| r.pattern.as_str()).collect();
-        assert!(required_endings(quant.iter().copied()).is_some());
+        let endings_of = |patterns: &[&str]| {
+            let parsed: Vec<_> = (patterns.iter())
+                .map(|p| parse_regex(p).expect("parses"))
+                .collect();
+            required_endings(&parsed)
+        };
+        assert!(endings_of(&quant).is_some());
         let names = [
             "model.layers.0.self_attn.k_proj.k_scale",
             "model.layers.0.self_attn.attn.k_scale",
@@ -906,8 +910,7 @@ mod tests {
         ];
         let extra = [r"foo$", r"(?i)\.BAR$", r"(a|bc)\.x$", r"z\.[0-9]$"];
         for patterns in [quant.clone(), [quant.clone(), extra.to_vec()].concat()] {
-            let endings =
-                Endings::new(required_endings(patterns.iter().copied()).expect("anchored"));
+            let endings = Endings::new(endings_of(&patterns).expect("anchored"));
             let set = RegexSet::new(&patterns).expect("regexes");
             for n in names
                 .iter()
@@ -923,8 +926,8 @@ mod tests {
             }
         }
         // Not anchored, or no literal ending: no pre-filter.
-        assert!(required_endings([r"\.k_scale"].into_iter()).is_none());
-        assert!(required_endings([r"x.*$"].into_iter()).is_none());
+        assert!(endings_of(&[r"\.k_scale"]).is_none());
+        assert!(endings_of(&[r"x.*$"]).is_none());
     }
 
     #[test]
