@@ -102,7 +102,7 @@ pub fn whole_file_xxh3(path: &Path) -> io::Result<String> {
         h.update(&buf[..n]);
         at += n as u64;
     }
-    Ok(format!("{:016x}", h.digest()))
+    Ok(text(h.digest()))
 }
 
 /// The digest of block `index` when it is `len` zeros (at most [`BLOCK`]), without a zeroed

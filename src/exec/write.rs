@@ -106,31 +106,25 @@ impl Coverage {
 /// empty), and the at most two it holds in part.
 fn blocks_of(a: u64, b: u64, size: u64) -> ((u64, u64), [Option<u64>; 2]) {
     let first = a.div_ceil(checksum::BLOCK);
+    if a >= b {
+        return ((first, first), [None, None]);
+    }
+    // The file's last block is whole when the write reaches the end of the file.
     let end = if b == size {
         size.div_ceil(checksum::BLOCK)
     } else {
         checksum::block_of(b)
-    };
-    let mut part = [None, None];
-    if a >= b {
-        return ((first, first), part);
     }
-    if first >= end {
-        // Inside one block, or across one boundary with neither side whole.
-        part[0] = Some(checksum::block_of(a));
-        let last = checksum::block_of(b - 1);
-        if last != checksum::block_of(a) {
-            part[1] = Some(last);
-        }
-        return ((first, first), part);
-    }
-    if !a.is_multiple_of(checksum::BLOCK) {
-        part[0] = Some(first - 1);
-    }
-    if end * checksum::BLOCK < b {
-        part[1] = Some(end);
-    }
-    ((first, end), part)
+    .max(first);
+    let (p, q) = (checksum::block_of(a), checksum::block_of(b - 1));
+    let partial = |k: u64| !(first..end).contains(&k);
+    (
+        (first, end),
+        [
+            Some(p).filter(|&k| partial(k)),
+            Some(q).filter(|&k| k != p && partial(k)),
+        ],
+    )
 }
 
 /// What the writing threads share for the checksums: when to stop, the time spent hashing.

@@ -179,28 +179,24 @@ fn keep_last_loaded(pieces: &mut Vec<Piece>) {
     });
 }
 
-/// The sources of `slices`' slots for experts `0..experts`, from `shared` when they were worked
-/// out for the same slots; `None` when some slot is not a plain copy.
+/// The sources of `slices`' slots for experts `0..experts`, shared with the ranks before when
+/// they were worked out for the same slots (`None` otherwise, or when some slot is not a plain
+/// copy: the rank then works out its own).
 fn shared_sources(
     shared: &SharedSources,
     slices: &[Slice],
     experts: u64,
     fed: &Fed,
 ) -> Option<Arc<[u32]>> {
-    let shards = || slices.iter().map(|s| s.slot.0.clone()).collect::<Vec<_>>();
     let (for_shards, sources) = shared.get_or_init(|| {
         (
-            shards(),
+            slices.iter().map(|s| s.slot.0.clone()).collect(),
             plain_sources(slices, 0..experts, fed).map(Arc::from),
         )
     });
     let same = for_shards.len() == slices.len()
         && for_shards.iter().zip(slices).all(|(a, s)| *a == s.slot.0);
-    if same {
-        sources.clone()
-    } else {
-        plain_sources(slices, 0..experts, fed).map(Arc::from)
-    }
+    sources.clone().filter(|_| same)
 }
 
 /// For each expert of `experts` in turn, the source of each slice's slot, when every one is a
