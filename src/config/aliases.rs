@@ -31,24 +31,37 @@ const BASE: &[ConfigAlias] = &[alias("torch_dtype", "dtype")];
 
 // transformers 5 renamed the routed expert count of these classes to `num_local_experts` and
 // kept `num_experts` in `attribute_map` (models/mixtral/configuration_mixtral.py,
-// models/qwen3_moe/configuration_qwen3_moe.py); 4.57.1 had no `attribute_map` there. Neither
-// version has one for llama, mistral, qwen2, qwen3, gemma2 or phi3, and the base class's is empty.
-// Configs written by transformers 5 therefore carry `num_local_experts` for Qwen3-MoE and Hub
-// configs `num_experts`, and vLLM reads the resolved attribute either way.
-const MIXTRAL: &[ConfigAlias] = &[
+// models/qwen3_moe/configuration_qwen3_moe.py, models/gpt_oss/configuration_gpt_oss.py); 4.57.1
+// had no `attribute_map` there. Configs written by transformers 5 therefore carry
+// `num_local_experts` for Qwen3-MoE and Hub configs `num_experts`, and vLLM reads the resolved
+// attribute either way.
+const NUM_LOCAL_EXPERTS: &[ConfigAlias] = &[
     alias("torch_dtype", "dtype"),
     alias("num_experts", "num_local_experts"),
 ];
-const QWEN3_MOE: &[ConfigAlias] = &[
+// DeepseekV2Config reads `num_experts` as `n_routed_experts`
+// (models/deepseek_v2/configuration_deepseek_v2.py:102).
+const DEEPSEEK_V2: &[ConfigAlias] = &[
     alias("torch_dtype", "dtype"),
-    alias("num_experts", "num_local_experts"),
+    alias("num_experts", "n_routed_experts"),
 ];
+// DeepseekV3Config and Glm4MoeConfig read `num_local_experts` as `n_routed_experts` and
+// `num_mtp_layers` as `num_nextn_predict_layers` (models/deepseek_v3/configuration_deepseek_v3.py:77,
+// models/glm4_moe/configuration_glm4_moe.py:86), the layers vLLM's main model skips.
+const N_ROUTED_EXPERTS_MTP: &[ConfigAlias] = &[
+    alias("torch_dtype", "dtype"),
+    alias("num_local_experts", "n_routed_experts"),
+    alias("num_mtp_layers", "num_nextn_predict_layers"),
+];
+// No other config class of a family wload maps has an `attribute_map` in 5.20 (llama, mistral,
+// qwen2, qwen2_moe, qwen3, gemma2, phi3), and the base class's is empty.
 
 /// The aliases of the config class for `model_type` (the base class's when unknown).
 pub fn for_model_type(model_type: Option<&str>) -> &'static [ConfigAlias] {
     match model_type {
-        Some("mixtral") => MIXTRAL,
-        Some("qwen3_moe") => QWEN3_MOE,
+        Some("mixtral" | "qwen3_moe" | "gpt_oss") => NUM_LOCAL_EXPERTS,
+        Some("deepseek_v2") => DEEPSEEK_V2,
+        Some("deepseek_v3" | "glm4_moe") => N_ROUTED_EXPERTS_MTP,
         _ => BASE,
     }
 }

@@ -199,3 +199,55 @@ fn a_missing_aliased_field_names_both_spellings() {
         &["config field 'num_experts' (or 'num_local_experts') is missing"],
     );
 }
+
+/// transformers 5's DeepseekV3Config (and Glm4MoeConfig) read `num_local_experts` as
+/// `n_routed_experts` and `num_mtp_layers` as `num_nextn_predict_layers`: the golden fixture
+/// respelled both ways plans, summarises and shards byte for byte as the original, its MTP layer
+/// skipped as before, at TP and under expert parallelism.
+#[test]
+fn deepseek_v3_reads_num_local_experts_and_num_mtp_layers() {
+    let hub = copy_fixture("deepseek_v3");
+    let other = copy_fixture("deepseek_v3");
+    respell(other.path(), "n_routed_experts", "num_local_experts");
+    respell(other.path(), "num_nextn_predict_layers", "num_mtp_layers");
+    for (tp, extra) in [
+        (1, &[][..]),
+        (2, &[][..]),
+        (2, &["--enable-expert-parallel"][..]),
+    ] {
+        assert_eq!(
+            plan(hub.path(), tp, extra),
+            plan(other.path(), tp, extra),
+            "tp {tp} {extra:?}"
+        );
+    }
+    assert_eq!(summary(hub.path()), summary(other.path()));
+    assert_eq!(shard_bytes(hub.path(), 2), shard_bytes(other.path(), 2));
+}
+
+/// DeepseekV2Config reads `num_experts` as `n_routed_experts`; GptOssConfig reads it as
+/// `num_local_experts`. The model type, not the mapping, decides which.
+#[test]
+fn num_experts_is_read_as_each_class_names_it() {
+    let hub = copy_fixture("gpt_oss");
+    let other = copy_fixture("gpt_oss");
+    respell(other.path(), "num_local_experts", "num_experts");
+    assert_eq!(plan(hub.path(), 2, &[]), plan(other.path(), 2, &[]));
+    assert_eq!(summary(hub.path()), summary(other.path()));
+
+    // The DeepSeek-V3 fixture as a DeepSeek-V2 model: the same MLA and MoE structure.
+    let as_v2 = |key: &str| {
+        let d = copy_fixture("deepseek_v3");
+        let mut m = read_config(d.path());
+        m.insert("model_type".into(), json!("deepseek_v2"));
+        m.insert("architectures".into(), json!(["DeepseekV2ForCausalLM"]));
+        write_config(d.path(), m);
+        respell(d.path(), "n_routed_experts", key);
+        d
+    };
+    let v2 = as_v2("n_routed_experts");
+    let other = as_v2("num_experts");
+    assert_eq!(plan(v2.path(), 2, &[]), plan(other.path(), 2, &[]));
+    assert_eq!(summary(v2.path())["num_experts"], json!(8));
+    assert_eq!(summary(other.path())["num_experts"], json!(8));
+}
