@@ -1399,8 +1399,9 @@ fn odd_structure_fields_are_unknown_and_inspect_still_succeeds() {
         rows(&[
             "attention            MLA: 8 heads; q_lora_rank unknown, kv_lora_rank unknown (k and v are one shared latent: no kv heads to replicate)",
             "mla head dims        qk_nope 32 + qk_rope 16, v 32",
-            "experts              8 routed, 2 per token, intermediate unknown",
-            "shared experts       1, intermediate unknown; tensor-parallel even with expert parallelism",
+            // A null takes DeepseekV3Config's default, as a missing field does.
+            "experts              8 routed, 2 per token, intermediate 2048",
+            "shared experts       1, intermediate 2048; tensor-parallel even with expert parallelism",
             r#"layers               unknown (first_k_dense_replace = "three")"#,
             "router               sigmoid scoring",
             "mtp                  unknown",

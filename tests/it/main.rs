@@ -14,6 +14,7 @@ mod support;
 
 mod cli;
 mod config_aliases;
+mod config_defaults;
 mod deepseek;
 mod deploy;
 mod errors;

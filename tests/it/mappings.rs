@@ -78,6 +78,45 @@ fn qk_norms(i: u64) -> Vec<(String, Vec<u64>)> {
         .collect()
 }
 
+/// Qwen2 with `qk_norm` (BAGEL-style configs; qwen2.py:263): q_norm and k_norm, registered
+/// after o_proj and before the attention's buffers. Without the flag they are not parameters.
+#[test]
+fn qwen2_builds_q_and_k_norms_when_the_config_asks() {
+    let with_biases = |i: u64| {
+        let mut t = qk_norms(i);
+        t.extend(
+            ["q_proj", "k_proj", "v_proj"]
+                .iter()
+                .zip([8, 4, 4])
+                .map(|(n, rows)| (format!("model.layers.{i}.self_attn.{n}.bias"), vec![rows])),
+        );
+        t
+    };
+    let config =
+        json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "qk_norm": true});
+    let ckpt = checkpoint(config, 1, |_| true, with_biases);
+    let plan = wload_json(&["plan", s(ckpt.path()), "--tp", "2", "--json"]);
+    assert_eq!(
+        layer_names(&plan, 0)[..6],
+        [
+            "self_attn.qkv_proj.weight",
+            "self_attn.qkv_proj.bias",
+            "self_attn.o_proj.weight",
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+            "self_attn.attn._k_scale",
+        ]
+    );
+    let config = json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"});
+    let ckpt = checkpoint(config, 1, |_| true, with_biases);
+    let out = run(&["plan", s(ckpt.path()), "--tp", "2"]);
+    assert_refused(
+        &out,
+        3,
+        &["tensor 'model.layers.0.self_attn.q_norm.weight' matches no parameter"],
+    );
+}
+
 /// Rank 0's tensor names, in the order vLLM's state_dict has them.
 fn rank0_names(plan: &Value) -> Vec<String> {
     plan["ranks"][0]["tensors"]
@@ -162,9 +201,10 @@ fn a_family_with_two_more_norms_is_a_few_lines_of_yaml() {
     for i in 0..2 {
         assert_eq!(layer_names(&plan, i), expected, "layer {i}");
     }
-    // The shipped Qwen3 file says the same thing.
+    // The shipped Qwen3 file says the same thing (given the head_dim it would otherwise take
+    // as 128, Qwen3Config's default).
     let qwen3 = checkpoint(
-        json!({"architectures": ["Qwen3ForCausalLM"], "tie_word_embeddings": false}),
+        json!({"architectures": ["Qwen3ForCausalLM"], "tie_word_embeddings": false, "head_dim": 4}),
         2,
         |_| true,
         qk_norms,

@@ -140,8 +140,8 @@ pub fn structure(
     }
 }
 
-/// The config fields `e` reads, looking through the mapping's derived values (GLM's `mtp_layers`
-/// is `num_nextn_predict_layers ?? num_mtp_layers ?? 1`), but not the layer count or index.
+/// The config fields `e` reads, looking through the mapping's derived values (a `skip_layer` may
+/// read a derived count), but not the layer count or index.
 fn config_fields(m: &Mapping, e: &Expr, depth: usize) -> Vec<String> {
     let mut out = Vec::new();
     for name in e.vars() {

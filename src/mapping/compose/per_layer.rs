@@ -109,7 +109,10 @@ mod tests {
         .unwrap();
         // Only the values computed once stay in `derive`, in order.
         let once: Vec<&str> = m.derive.keys().map(String::as_str).collect();
-        assert_eq!(once, ["head_dim", "o_bias", "qkv_bias"]);
+        assert_eq!(
+            once,
+            ["num_key_value_heads", "head_dim", "o_bias", "qkv_bias"]
+        );
         let x = m.parameters.layer.iter().find(|s| s.name == "x").unwrap();
         let when = x.when.as_ref().unwrap();
         assert_eq!(when.src(), "wide");

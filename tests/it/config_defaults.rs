@@ -1,0 +1,193 @@
+//! Fields a config.json may leave out: vLLM reads the config class's default (transformers 5.20,
+//! the version vLLM 0.33 runs with), so a missing field plans exactly as that default written out,
+//! and where the checkpoint agrees with the default, exactly as the original.
+
+use std::fs;
+use std::path::Path;
+
+use serde_json::{Map, Value, json};
+use tempfile::TempDir;
+
+use crate::support::*;
+
+fn read_config(dir: &Path) -> Map<String, Value> {
+    let text = fs::read(dir.join("config.json")).expect("config.json");
+    match serde_json::from_slice(&text).expect("config.json is JSON") {
+        Value::Object(m) => m,
+        other => panic!("config.json is not an object: {other}"),
+    }
+}
+
+/// A copy of `fixture` whose config.json is changed by `edit`.
+fn fixture_with(fixture: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> TempDir {
+    let dir = copy_fixture(fixture);
+    let mut m = read_config(dir.path());
+    edit(&mut m);
+    write_json(&dir.path().join("config.json"), &Value::Object(m));
+    dir
+}
+
+/// `wload plan --json` at `tp`, accepted or refused, without what differs between two folders.
+fn plan_doc(dir: &Path, tp: u64) -> Value {
+    let tp = tp.to_string();
+    let out = run(&["plan", s(dir), "--tp", &tp, "--json"]);
+    let mut doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("plan --json is one JSON document ({e}): {}", context(&out)));
+    let o = doc.as_object_mut().expect("an object");
+    o.remove("timings");
+    o.remove("source");
+    doc
+}
+
+/// As DeepSeek-V2 (same module tree as V3, other config defaults).
+fn as_deepseek_v2(m: &mut Map<String, Value>) {
+    m.insert("model_type".into(), json!("deepseek_v2"));
+    m.insert("architectures".into(), json!(["DeepseekV2ForCausalLM"]));
+}
+
+/// Each (fixture, class, field, default): the fixture without the field plans as with the
+/// default written out. Where the default does not fit the tiny checkpoint both are refused,
+/// with the same problems (shapes computed from the default), rather than one refused for a
+/// missing field.
+#[test]
+fn a_missing_field_is_the_config_class_default() {
+    type Edit = fn(&mut Map<String, Value>);
+    let keep: Edit = |_| {};
+    let cases: &[(&str, Edit, &str, Value)] = &[
+        // LlamaConfig / Phi3Config: one kv head per attention head.
+        ("llama_gqa", keep, "num_key_value_heads", json!(8)),
+        ("phi3_fp32", keep, "num_key_value_heads", json!(8)),
+        ("qwen2", keep, "num_key_value_heads", json!(32)),
+        ("mixtral", keep, "num_key_value_heads", json!(8)),
+        ("qwen2_moe", keep, "num_key_value_heads", json!(16)),
+        ("qwen3_moe_fp8_block", keep, "num_key_value_heads", json!(4)),
+        ("gemma2", keep, "num_key_value_heads", json!(4)),
+        ("gemma2", keep, "head_dim", json!(256)),
+        // Qwen3MoeConfig has no head_dim (Qwen3Config's 128 is not inherited): hidden // heads.
+        ("qwen3_moe_fp8_block", keep, "head_dim", json!(16)),
+        ("deepseek_v3", keep, "n_routed_experts", json!(256)),
+        ("deepseek_v3", keep, "moe_intermediate_size", json!(2048)),
+        ("deepseek_v3", keep, "intermediate_size", json!(18432)),
+        ("deepseek_v3", as_deepseek_v2, "n_routed_experts", json!(64)),
+        (
+            "deepseek_v3",
+            as_deepseek_v2,
+            "moe_intermediate_size",
+            json!(1407),
+        ),
+        (
+            "deepseek_v3",
+            as_deepseek_v2,
+            "intermediate_size",
+            json!(11008),
+        ),
+    ];
+    for (fixture, edit, field, default) in cases {
+        let missing = fixture_with(fixture, |m| {
+            edit(m);
+            m.remove(*field).expect("the fixture states the field");
+        });
+        let stated = fixture_with(fixture, |m| {
+            edit(m);
+            m.insert(field.to_string(), default.clone());
+        });
+        assert_eq!(
+            plan_doc(missing.path(), 2),
+            plan_doc(stated.path(), 2),
+            "{fixture}: {field} missing vs {default}"
+        );
+    }
+}
+
+/// DeepseekV3Config's one MTP layer: with a tensor of the layer past num_hidden_layers in the
+/// checkpoint, a config.json without `num_nextn_predict_layers` skips it, as the original does.
+#[test]
+fn deepseek_v3_without_an_mtp_count_skips_one_mtp_layer() {
+    let hub = copy_fixture("deepseek_v3");
+    add_mtp_tensor(hub.path());
+    let missing = copy_fixture("deepseek_v3");
+    add_mtp_tensor(missing.path());
+    let mut m = read_config(missing.path());
+    m.remove("num_nextn_predict_layers").expect("stated");
+    write_json(&missing.path().join("config.json"), &Value::Object(m));
+    for tp in [1, 2] {
+        let want = plan_doc(hub.path(), tp);
+        assert_eq!(want["ok"], json!(true), "{want}");
+        assert_eq!(want, plan_doc(missing.path(), tp), "tp {tp}");
+    }
+    let skipped = plan_doc(missing.path(), 2)["skipped"].to_string();
+    assert!(skipped.contains(".eh_proj.weight"), "{skipped}");
+}
+
+/// Appends `model.layers.{num_hidden_layers}.eh_proj.weight` (an MTP layer's tensor, as
+/// DeepSeek-V3 releases ship) to the first file of `dir`, and to its index.
+fn add_mtp_tensor(dir: &Path) {
+    let layers = read_config(dir)["num_hidden_layers"]
+        .as_u64()
+        .expect("layers");
+    let name = format!("model.layers.{layers}.eh_proj.weight");
+    let index_path = dir.join("model.safetensors.index.json");
+    let mut index: Value = serde_json::from_slice(&fs::read(&index_path).unwrap()).unwrap();
+    let file = "model-00001-of-00006.safetensors";
+    index["weight_map"][&name] = json!(file);
+    write_json(&index_path, &index);
+    let path = dir.join(file);
+    let mut raw = RawFile::read(&path);
+    let mut header = raw.header();
+    let end = raw.data.len();
+    header.insert(
+        name,
+        json!({"dtype": "BF16", "shape": [4], "data_offsets": [end, end + 8]}),
+    );
+    raw.data.extend_from_slice(&[0; 8]);
+    raw.header_text = serde_json::to_vec(&Value::Object(header)).unwrap();
+    raw.write(&path);
+}
+
+/// DeepSeek's model builds its own lm_head whatever `tie_word_embeddings` says: a tied config
+/// keeps both tensors (the embedding on the first stage only), and a checkpoint without
+/// lm_head.weight is refused rather than given the embedding.
+#[test]
+fn deepseek_never_ties_lm_head_to_the_embedding() {
+    let hub = copy_fixture("deepseek_v3");
+    let tied = fixture_with("deepseek_v3", |m| {
+        m.insert("tie_word_embeddings".into(), json!(true));
+    });
+    for tp in ["1", "2"] {
+        let a = wload_json(&["plan", s(hub.path()), "--tp", tp, "--pp", "2", "--json"]);
+        let b = wload_json(&["plan", s(tied.path()), "--tp", tp, "--pp", "2", "--json"]);
+        assert_eq!(a["ranks"], b["ranks"], "tp {tp}");
+        assert_eq!(b["tie_word_embeddings"], json!(false));
+    }
+    // Without lm_head.weight in the checkpoint: refused, not filled from the embedding.
+    let dir = fixture_with("deepseek_v3", |m| {
+        m.insert("tie_word_embeddings".into(), json!(true));
+    });
+    drop_tensor(dir.path(), "lm_head.weight");
+    let out = run(&["plan", s(dir.path()), "--tp", "2"]);
+    assert_refused(
+        &out,
+        3,
+        &["parameter 'lm_head.weight' has nothing in the checkpoint to fill it"],
+    );
+}
+
+/// Renames `tensor` in whichever file of `dir` holds it to a tensor of the MTP layer past
+/// num_hidden_layers, which vLLM skips: the checkpoint no longer ships `tensor`, and its bytes
+/// keep the data region whole.
+fn drop_tensor(dir: &Path, tensor: &str) {
+    let layers = read_config(dir)["num_hidden_layers"]
+        .as_u64()
+        .expect("layers");
+    let index_path = dir.join("model.safetensors.index.json");
+    let mut index: Value = serde_json::from_slice(&fs::read(&index_path).unwrap()).unwrap();
+    let map = index["weight_map"].as_object_mut().expect("weight_map");
+    let file = map.remove(tensor).expect("the index names the tensor");
+    let renamed = format!("model.layers.{layers}.dropped.weight");
+    map.insert(renamed.clone(), file.clone());
+    write_json(&index_path, &index);
+    edit_header(&dir.join(file.as_str().unwrap()), |h| {
+        let t = h.remove(tensor).expect("the file holds the tensor");
+        h.insert(renamed, t);
+    });
+}
