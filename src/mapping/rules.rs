@@ -92,6 +92,11 @@ pub struct Rename {
     pub from: String,
     /// `null` drops the tensor.
     pub to: Option<String>,
+    /// (substr rules only) vLLM builds the module under `from` and registers it again under
+    /// `to`, the name its sharded state keeps: a quantization config's ignore list names the
+    /// module as built, so it is matched against `from` ([`Rules::built_module`]).
+    #[serde(default)]
+    pub alias: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -258,6 +263,12 @@ impl Rules {
         let parsed: Vec<regex_syntax::hir::Hir> = (self.regex.iter())
             .map(|r| parse_regex(&r.pattern))
             .collect::<Result<_, _>>()?;
+        if let Some(r) = (self.prefix.iter().chain(&self.suffix)).find(|r| r.alias) {
+            return Err(format!(
+                "rule '{}' → {:?}: `alias` applies to substr rules only",
+                r.from, r.to
+            ));
+        }
         for r in &self.experts {
             if parse_regex(&r.pattern)?
                 .properties()
@@ -284,6 +295,21 @@ impl Rules {
             .map(|r| ShardId::named(&r.shard))
             .collect();
         Ok(())
+    }
+
+    /// The name under which vLLM builds the module the sharded state keeps as `module`: each
+    /// `alias` substr rule turned back (`self_attn.mla_attn.o_proj` → `self_attn.o_proj`).
+    pub fn built_module(&self, module: &str) -> String {
+        let mut name = format!("{module}.");
+        for r in self.substr.iter().filter(|r| r.alias) {
+            if let Some(to) = r.to.as_deref()
+                && let Some(at) = name.find(to)
+            {
+                name.replace_range(at..at + to.len(), &r.from);
+            }
+        }
+        name.pop();
+        name
     }
 
     /// Compiles the regexes now, so that a pattern the regex engine refuses (one past its size

@@ -82,7 +82,10 @@ impl<'m> Planner<'m> {
         let module = p.name.strip_suffix(".weight")?;
         let quantized = match partner_quantized {
             Some(b) => Ok(b),
-            None => q.linear_quantized(module, &self.fused_shards(module)),
+            None => {
+                let built = self.mapping.rules.built_module(module);
+                q.linear_quantized(&built, &self.fused_shards(&built))
+            }
         };
         match quantized {
             Ok(true) => {}

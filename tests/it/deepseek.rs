@@ -701,6 +701,47 @@ fn block_fp8_with_a_bf16_kv_a_proj_is_refused() {
     assert!(!out.exists(), "nothing written");
 }
 
+/// An FP8 release that leaves layer 1's o_proj and shared experts in BF16 lists them as vLLM
+/// builds them (`self_attn.o_proj`, `mlp.shared_experts.*`: the quant config is asked with the
+/// module's prefix), not as the sharded state keeps them (`self_attn.mla_attn.o_proj`,
+/// `mlp.experts._shared_experts._layer.*`): they stay BF16, without scales, vLLM's bytes.
+#[test]
+fn block_fp8_ignored_layers_name_the_modules_as_vllm_builds_them() {
+    let kept = |n: &str| {
+        n.starts_with(&l(1, "self_attn.o_proj.")) || n.starts_with(&l(1, "mlp.shared_experts."))
+    };
+    let (mut cfg, mut ck) = (fixture_config(), fixture_tensors());
+    quantize(&mut cfg, &mut ck, kept);
+    cfg["quantization_config"]["ignored_layers"] = json!([
+        l(1, "self_attn.o_proj"),
+        l(1, "mlp.shared_experts.gate_proj"),
+        l(1, "mlp.shared_experts.up_proj"),
+        l(1, "mlp.shared_experts.down_proj"),
+    ]);
+    let src = write_checkpoint(&cfg, &ck);
+    let tmp = TempDir::new().unwrap();
+    shard_ok(src.path(), 2, tmp.path(), &["-q"]);
+    let s = "mlp.experts._shared_experts._layer";
+    let bf16 = [
+        l(1, "self_attn.mla_attn.o_proj.weight"),
+        l(1, &format!("{s}.gate_up_proj.weight")),
+        l(1, &format!("{s}.down_proj.weight")),
+    ];
+    for r in 0..2 {
+        let ctx = format!("rank {r}");
+        let got = rank_tensors(tmp.path(), r as u64);
+        for name in &bf16 {
+            assert_eq!(got[name].dtype, "BF16", "{ctx}: {name}");
+            let scale = format!("{name}_scale_inv");
+            assert!(!got.contains_key(&scale), "{ctx}: {scale}");
+        }
+        let compared = assert_as_golden(&got, r, |n: &str| bf16.iter().any(|b| b == n), &ctx);
+        assert_eq!(compared, bf16.len(), "{ctx}");
+        let o0 = &got[&l(0, "self_attn.mla_attn.o_proj.weight")];
+        assert_eq!(o0.dtype, "F8_E4M3", "{ctx}: layer 0's o_proj is not listed");
+    }
+}
+
 /// Block FP8 without q_lora_rank (as DeepSeek-V2-Lite FP8 releases ship it): kv_a_proj_with_mqa
 /// is a ReplicatedLinear built with the quant config, so it is FP8 with its whole scale on every
 /// rank; q_proj is column-parallel, scale rows split with it.
