@@ -9,49 +9,71 @@
 
 use serde_json::{Map, Value};
 
-/// `alias` is read as `attribute` (transformers' `attribute_map`: alias → attribute). When a
-/// config.json holds both, `attribute` wins, as in transformers.
+/// `alias` is read as `attribute` (transformers' `attribute_map`: alias → attribute).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConfigAlias {
     pub alias: &'static str,
     pub attribute: &'static str,
+    /// Which spelling transformers keeps when config.json has both: the class's dataclass field
+    /// is set first, and the other spelling, passed on as an extra keyword, is set after it
+    /// through `attribute_map` (configuration_utils.py:157–174, 497–501, 644–647).
+    pub wins: Wins,
 }
 
-const fn alias(alias: &'static str, attribute: &'static str) -> ConfigAlias {
-    ConfigAlias { alias, attribute }
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wins {
+    Attribute,
+    Alias,
+}
+
+const fn alias(alias: &'static str, attribute: &'static str, wins: Wins) -> ConfigAlias {
+    ConfigAlias {
+        alias,
+        attribute,
+        wins,
+    }
 }
 
 // vLLM 0.33 requires transformers >=5.16.1,<5.21.0; the entries below are read from 5.20.0 (and
-// are the same in 5.24.0).
+// are the same in 5.24.0), and which spelling wins was checked by loading configs with both
+// through 5.20's classes.
 //
 // PreTrainedConfig (configuration_utils.py, 4.57.1 `__init__` and 5.x `__post_init__`) pops the
 // `torch_dtype` kwarg into `dtype` ("If both are provided, keep `dtype`"), and 5.x keeps a
 // `torch_dtype` property that reads `dtype`: an alias for every config class.
-const BASE: &[ConfigAlias] = &[alias("torch_dtype", "dtype")];
+const DTYPE: ConfigAlias = alias("torch_dtype", "dtype", Wins::Attribute);
+const BASE: &[ConfigAlias] = &[DTYPE];
 
 // transformers 5 renamed the routed expert count of these classes to `num_local_experts` and
 // kept `num_experts` in `attribute_map` (models/mixtral/configuration_mixtral.py,
 // models/qwen3_moe/configuration_qwen3_moe.py, models/gpt_oss/configuration_gpt_oss.py); 4.57.1
 // had no `attribute_map` there. Configs written by transformers 5 therefore carry
 // `num_local_experts` for Qwen3-MoE and Hub configs `num_experts`, and vLLM reads the resolved
-// attribute either way.
-const NUM_LOCAL_EXPERTS: &[ConfigAlias] = &[
-    alias("torch_dtype", "dtype"),
-    alias("num_experts", "num_local_experts"),
+// attribute either way. Mixtral's and gpt-oss's field is `num_local_experts`, Qwen3-MoE's
+// `num_experts`: the other spelling wins.
+const MIXTRAL_GPT_OSS: &[ConfigAlias] = &[
+    DTYPE,
+    alias("num_experts", "num_local_experts", Wins::Alias),
 ];
-// DeepseekV2Config reads `num_experts` as `n_routed_experts`
+const QWEN3_MOE: &[ConfigAlias] = &[
+    DTYPE,
+    alias("num_experts", "num_local_experts", Wins::Attribute),
+];
+// DeepseekV2Config reads `num_experts` as `n_routed_experts`, its field
 // (models/deepseek_v2/configuration_deepseek_v2.py:102).
-const DEEPSEEK_V2: &[ConfigAlias] = &[
-    alias("torch_dtype", "dtype"),
-    alias("num_experts", "n_routed_experts"),
-];
-// DeepseekV3Config and Glm4MoeConfig read `num_local_experts` as `n_routed_experts` and
-// `num_mtp_layers` as `num_nextn_predict_layers` (models/deepseek_v3/configuration_deepseek_v3.py:77,
-// models/glm4_moe/configuration_glm4_moe.py:86), the layers vLLM's main model skips.
+const DEEPSEEK_V2: &[ConfigAlias] = &[DTYPE, alias("num_experts", "n_routed_experts", Wins::Alias)];
+// DeepseekV3Config and Glm4MoeConfig read `num_local_experts` as `n_routed_experts` (a field) and
+// `num_mtp_layers` (a field) as `num_nextn_predict_layers` (models/deepseek_v3/
+// configuration_deepseek_v3.py:77, models/glm4_moe/configuration_glm4_moe.py:86), the layers
+// vLLM's main model skips.
 const N_ROUTED_EXPERTS_MTP: &[ConfigAlias] = &[
-    alias("torch_dtype", "dtype"),
-    alias("num_local_experts", "n_routed_experts"),
-    alias("num_mtp_layers", "num_nextn_predict_layers"),
+    DTYPE,
+    alias("num_local_experts", "n_routed_experts", Wins::Alias),
+    alias(
+        "num_mtp_layers",
+        "num_nextn_predict_layers",
+        Wins::Attribute,
+    ),
 ];
 // No other config class of a family wload maps has an `attribute_map` in 5.20 (llama, mistral,
 // qwen2, qwen2_moe, qwen3, gemma2, phi3), and the base class's is empty.
@@ -59,7 +81,8 @@ const N_ROUTED_EXPERTS_MTP: &[ConfigAlias] = &[
 /// The aliases of the config class for `model_type` (the base class's when unknown).
 pub fn for_model_type(model_type: Option<&str>) -> &'static [ConfigAlias] {
     match model_type {
-        Some("mixtral" | "qwen3_moe" | "gpt_oss") => NUM_LOCAL_EXPERTS,
+        Some("mixtral" | "gpt_oss") => MIXTRAL_GPT_OSS,
+        Some("qwen3_moe") => QWEN3_MOE,
         Some("deepseek_v2") => DEEPSEEK_V2,
         Some("deepseek_v3" | "glm4_moe") => N_ROUTED_EXPERTS_MTP,
         _ => BASE,
@@ -96,11 +119,11 @@ fn present(map: &Map<String, Value>, key: &str) -> bool {
     !matches!(map.get(key), None | Some(Value::Null))
 }
 
-/// The alias's value moves to the attribute when the attribute is absent; a present attribute
-/// wins (transformers sets the attribute after the alias, and `dtype` over `torch_dtype`).
+/// The alias's value moves to the attribute when the attribute is absent, or when both are
+/// present and the alias is the spelling transformers sets last ([`ConfigAlias::wins`]).
 pub fn resolve(map: &mut Map<String, Value>, aliases: &[ConfigAlias]) {
     for a in aliases {
-        if !present(map, a.attribute)
+        if (a.wins == Wins::Alias || !present(map, a.attribute))
             && let Some(v) = map.get(a.alias).filter(|v| !v.is_null()).cloned()
         {
             map.insert(a.attribute.to_string(), v);
@@ -142,6 +165,31 @@ mod tests {
         assert_eq!(
             (&m["num_experts"], &m["num_local_experts"]),
             (&json!(4), &json!(4))
+        );
+    }
+
+    #[test]
+    fn the_alias_wins_where_the_attribute_is_the_class_field() {
+        for model_type in ["mixtral", "gpt_oss", "deepseek_v2"] {
+            let t = for_model_type(Some(model_type));
+            let a = t[1].attribute;
+            let mut m = obj(json!({"num_experts": 8, a: 4}));
+            resolve(&mut m, t);
+            mirror(&mut m, t);
+            assert_eq!(
+                (&m["num_experts"], &m[a]),
+                (&json!(8), &json!(8)),
+                "{model_type}"
+            );
+        }
+        // DeepSeek-V3's MTP field is the alias, so the attribute wins there.
+        let t = for_model_type(Some("deepseek_v3"));
+        let mut m = obj(json!({"num_local_experts": 8, "n_routed_experts": 4,
+            "num_mtp_layers": 3, "num_nextn_predict_layers": 1}));
+        resolve(&mut m, t);
+        assert_eq!(
+            (&m["n_routed_experts"], &m["num_nextn_predict_layers"]),
+            (&json!(8), &json!(1))
         );
     }
 

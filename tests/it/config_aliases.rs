@@ -113,14 +113,18 @@ fn torch_dtype_is_read_as_dtype() {
     }
 }
 
-/// When both spellings are in the file, transformers keeps the attribute's (`dtype` over
-/// `torch_dtype`; `num_local_experts`, set after the `num_experts` field, over it).
+/// When both spellings are in the file, transformers keeps the one it sets last: the class's
+/// dataclass field first, then the other spelling through `attribute_map` (`dtype` over
+/// `torch_dtype` whatever the class; Mixtral's field is `num_local_experts`, so `num_experts`
+/// wins; Qwen3-MoE's is `num_experts`, so `num_local_experts` wins).
 #[test]
-fn the_attribute_wins_when_both_spellings_are_present() {
+fn the_spelling_set_last_wins_when_both_are_present() {
     let hub = copy_fixture("mixtral");
     let both = copy_fixture("mixtral");
     let mut m = read_config(both.path());
-    m.insert("num_experts".into(), json!(7));
+    let experts = m["num_local_experts"].clone();
+    m.insert("num_local_experts".into(), json!(7));
+    m.insert("num_experts".into(), experts);
     m.insert("torch_dtype".into(), json!("float32"));
     write_config(both.path(), m);
     assert_eq!(plan(hub.path(), 2, &[]), plan(both.path(), 2, &[]));
