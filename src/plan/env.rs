@@ -45,6 +45,7 @@ impl Env {
         }
         vars.insert("tp".into(), Value::from(opts.tp));
         vars.insert("ep".into(), Value::Bool(opts.expert_parallel));
+        vars.insert("pp".into(), Value::from(opts.pp));
         let mapping_file = match &opts.mapping {
             Some(path) => path.display().to_string(),
             None => format!(

@@ -189,14 +189,21 @@ fn hf_overrides_take_either_spelling() {
     }
 }
 
-/// A field with two spellings that the config lacks is named in both.
+/// A field with two spellings that the config lacks, and that the mapping gives no default
+/// (here a user's mapping file that reads it without one), is named in both.
 #[test]
 fn a_missing_aliased_field_names_both_spellings() {
     let tmp = tiny_qwen3_moe();
     let mut m = read_config(tmp.path());
     m.remove("num_experts");
     write_config(tmp.path(), m);
-    let out = run(&["plan", s(tmp.path()), "--tp", "1"]);
+    let mapping = tmp.path().join("no-default.yaml");
+    fs::write(
+        &mapping,
+        "extends: qwen3\nfamily: acme\narchitectures: [Qwen3MoeForCausalLM]\nchecks:\n  - {rule: num_experts > 0, message: no experts}\n",
+    )
+    .unwrap();
+    let out = run(&["plan", s(tmp.path()), "--tp", "1", "--mapping", s(&mapping)]);
     assert_refused(
         &out,
         3,

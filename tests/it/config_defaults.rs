@@ -65,6 +65,18 @@ fn a_missing_field_is_the_config_class_default() {
         ("gemma2", keep, "head_dim", json!(256)),
         // Qwen3MoeConfig has no head_dim (Qwen3Config's 128 is not inherited): hidden // heads.
         ("qwen3_moe_fp8_block", keep, "head_dim", json!(16)),
+        ("mixtral", keep, "num_local_experts", json!(8)),
+        ("gpt_oss", keep, "num_key_value_heads", json!(8)),
+        ("gpt_oss", keep, "num_local_experts", json!(128)),
+        ("gpt_oss", keep, "intermediate_size", json!(2880)),
+        ("qwen3_moe_fp8_block", keep, "num_experts", json!(128)),
+        (
+            "qwen3_moe_fp8_block",
+            keep,
+            "moe_intermediate_size",
+            json!(768),
+        ),
+        ("qwen2_moe", keep, "intermediate_size", json!(5632)),
         ("deepseek_v3", keep, "n_routed_experts", json!(256)),
         ("deepseek_v3", keep, "moe_intermediate_size", json!(2048)),
         ("deepseek_v3", keep, "intermediate_size", json!(18432)),
@@ -131,17 +143,7 @@ fn add_mtp_tensor(dir: &Path) {
     let file = "model-00001-of-00006.safetensors";
     index["weight_map"][&name] = json!(file);
     write_json(&index_path, &index);
-    let path = dir.join(file);
-    let mut raw = RawFile::read(&path);
-    let mut header = raw.header();
-    let end = raw.data.len();
-    header.insert(
-        name,
-        json!({"dtype": "BF16", "shape": [4], "data_offsets": [end, end + 8]}),
-    );
-    raw.data.extend_from_slice(&[0; 8]);
-    raw.header_text = serde_json::to_vec(&Value::Object(header)).unwrap();
-    raw.write(&path);
+    append_tensor(&dir.join(file), &name, "BF16", &[4], &[0; 8]);
 }
 
 /// DeepSeek's model builds its own lm_head whatever `tie_word_embeddings` says: a tied config

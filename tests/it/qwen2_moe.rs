@@ -595,3 +595,119 @@ fn unsupported_activation_and_zero_sparse_step_are_refused() {
         &["decoder_sparse_step is 0", "ZeroDivisionError"],
     );
 }
+
+/// Qwen3-MoE releases have no shared expert, but vLLM builds one, as Qwen2-MoE's, when config.json
+/// gives `shared_expert_intermediate_size` (qwen3_moe.py:177–205): its gate and MLP are kept under
+/// the MoE runner's names, after the router, the MLP split as a dense one at every TP rank.
+#[test]
+fn qwen3_moe_with_a_shared_expert_holds_it_as_qwen2_moe_does() {
+    let src = tiny_qwen3_moe();
+    let file = src.path().join("model.safetensors");
+    let shared = [
+        ("shared_expert_gate.weight", vec![1u64, 16]),
+        ("shared_expert.gate_proj.weight", vec![12, 16]),
+        ("shared_expert.up_proj.weight", vec![12, 16]),
+        ("shared_expert.down_proj.weight", vec![16, 12]),
+    ];
+    for (k, (name, shape)) in shared.iter().enumerate() {
+        let n = 2 * shape.iter().product::<u64>() as usize;
+        let data: Vec<u8> = (0..n).map(|b| (b * 13 + k * 71 + 5) as u8).collect();
+        append_tensor(
+            &file,
+            &format!("model.layers.0.mlp.{name}"),
+            "BF16",
+            shape,
+            &data,
+        );
+    }
+    let config = src.path().join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    cfg["shared_expert_intermediate_size"] = json!(12);
+    write_json(&config, &cfg);
+
+    let plan = wload_json(&["plan", s(src.path()), "--tp", "2", "--json"]);
+    let s_ = "model.layers.0.mlp.experts._shared_experts._layer";
+    let names: Vec<&str> = plan["ranks"][0]["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .filter(|n| n.starts_with("model.layers.0.mlp."))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "model.layers.0.mlp.experts.gate.weight".to_string(),
+            format!("{s_}.expert_gate.weight"),
+            format!("{s_}.gate_up_proj.weight"),
+            format!("{s_}.down_proj.weight"),
+            "model.layers.0.mlp.experts.routed_experts.w13_weight".to_string(),
+            "model.layers.0.mlp.experts.routed_experts.w2_weight".to_string(),
+        ]
+    );
+    let out = TempDir::new().unwrap();
+    shard_ok(src.path(), 2, out.path(), &["-q"]);
+    let ck = checkpoint_tensors(src.path());
+    let c = |n: &str| &ck[&format!("model.layers.0.mlp.{n}")];
+    for r in 0..2u64 {
+        let got = rank_tensors(out.path(), r);
+        let g = |n: &str| &got[&format!("{s_}.{n}")].data;
+        let (a, b) = (r as usize * 6, r as usize * 6 + 6);
+        assert_eq!(
+            g("expert_gate.weight"),
+            &c("shared_expert_gate.weight").data,
+            "rank {r}"
+        );
+        let gate_up = [
+            c("shared_expert.gate_proj.weight").rows(a, b),
+            c("shared_expert.up_proj.weight").rows(a, b),
+        ]
+        .concat();
+        assert_eq!(g("gate_up_proj.weight"), &gate_up, "rank {r}");
+        assert_eq!(
+            g("down_proj.weight"),
+            &c("shared_expert.down_proj.weight").cols(a, b),
+            "rank {r}"
+        );
+    }
+    // Not divisible by the TP size: refused with the fix, as vLLM's MergedColumnParallelLinear is.
+    let out = run(&[
+        "plan",
+        s(src.path()),
+        "--tp",
+        "2",
+        "--hf-overrides",
+        r#"{"shared_expert_intermediate_size": 7}"#,
+    ]);
+    assert_refused(
+        &out,
+        3,
+        &["shared_expert_intermediate_size (7) is not divisible by tp (2)"],
+    );
+}
+
+/// gpt-oss's MLP block asserts `intermediate_size % world_size == 0` over every rank, pipeline
+/// stages included (gpt_oss.py:381–389): a TP × PP layout whose product does not divide it is
+/// refused even though each TP rank's slice would be whole.
+#[test]
+fn gpt_oss_intermediate_size_must_divide_tp_times_pp() {
+    let dir = copy_fixture("gpt_oss");
+    let wide = r#"{"intermediate_size": 66}"#;
+    let msg = "intermediate_size (66) is not divisible by the world size tp × pp (2 × 2)";
+    let out = run(&[
+        "plan",
+        s(dir.path()),
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--hf-overrides",
+        wide,
+    ]);
+    assert_refused(&out, 3, &[msg]);
+    // One stage: each of the two ranks takes 33 rows, and vLLM asserts nothing more.
+    let out = run(&["plan", s(dir.path()), "--tp", "2", "--hf-overrides", wide]);
+    assert!(!stderr(&out).contains("world size"), "{}", context(&out));
+    let out = run(&["plan", s(dir.path()), "--tp", "2", "--pp", "2"]);
+    assert!(out.status.success(), "{}", context(&out));
+}

@@ -94,6 +94,21 @@ pub fn edit_header(path: &Path, edit: impl FnOnce(&mut Map<String, Value>)) {
     raw.write(path);
 }
 
+/// Appends tensor `name` to the safetensors file at `path`, after its data region.
+pub fn append_tensor(path: &Path, name: &str, dtype: &str, shape: &[u64], data: &[u8]) {
+    let mut raw = RawFile::read(path);
+    let mut header = raw.header();
+    let end = raw.data.len();
+    let entry = serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [end, end + data.len()]});
+    assert!(
+        header.insert(name.to_string(), entry).is_none(),
+        "{name} is new"
+    );
+    raw.data.extend_from_slice(data);
+    raw.header_text = serde_json::to_vec(&Value::Object(header)).unwrap();
+    raw.write(path);
+}
+
 /// One tensor entry of a header, as the test reads it independently of the crate.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HeaderTensor {
