@@ -193,3 +193,35 @@ fn drop_tensor(dir: &Path, tensor: &str) {
         h.insert(renamed, t);
     });
 }
+
+/// `inspect` describes the attention vLLM builds: a kv head count the config leaves out is the
+/// class default there too (Qwen2's 32), not the head count.
+#[test]
+fn inspect_names_the_default_kv_heads() {
+    let dir = fixture_with("qwen2", |m| {
+        m.remove("num_key_value_heads").expect("stated");
+    });
+    let st = wload_json(&["inspect", s(dir.path()), "--json"])["structure"].clone();
+    assert_eq!(
+        st["attention"],
+        json!({"kind": "mha", "heads": 8, "kv_heads": 32, "head_dim": 16})
+    );
+}
+
+/// A bidirectional DeepSeek variant (`is_causal: false`, as embedding models ship) is built
+/// by vLLM without MLA, under names the MLA mapping does not hold: refused, not planned as MLA.
+#[test]
+fn a_bidirectional_deepseek_is_refused() {
+    let dir = fixture_with("deepseek_v3", |m| {
+        m.insert("is_causal".into(), json!(false));
+    });
+    let out = run(&["plan", s(dir.path()), "--tp", "2"]);
+    assert_refused(&out, 3, &["is_causal is false"]);
+    let causal = fixture_with("deepseek_v3", |m| {
+        m.insert("is_causal".into(), json!(true));
+    });
+    assert_eq!(
+        plan_doc(causal.path(), 2),
+        plan_doc(&fixtures_dir().join("deepseek_v3"), 2)
+    );
+}

@@ -200,17 +200,21 @@ fn attention(c: &ModelConfig, v: &Variables, layer: &[ParamSpec]) -> Attention {
             v_head_dim: num(v, "v_head_dim"),
         });
     }
-    let from_layout = layer.iter().find_map(|p| match &p.layout {
-        Layout::Qkv { head_dim, .. } => Some(v.eval_u64(head_dim, Some(0)).ok()),
+    // As the family's qkv layout computes them (its defaults for fields the config leaves out).
+    let qkv = layer.iter().find_map(|p| match &p.layout {
+        Layout::Qkv {
+            head_dim, kv_heads, ..
+        } => Some((head_dim, kv_heads)),
         _ => None,
     });
-    let head_dim = match from_layout {
-        Some(d) => d,
+    let head_dim = match qkv {
+        Some((d, _)) => v.eval_u64(d, Some(0)).ok(),
         None => num(v, "head_dim").or_else(|| c.hidden_size.checked_div(c.num_attention_heads)),
     };
+    let kv_heads = qkv.and_then(|(_, k)| v.eval_u64(k, Some(0)).ok());
     let h = Heads {
         heads: c.num_attention_heads,
-        kv_heads: c.num_key_value_heads,
+        kv_heads: kv_heads.unwrap_or(c.num_key_value_heads),
         head_dim,
     };
     match h.kv_heads {
