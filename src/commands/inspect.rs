@@ -12,7 +12,7 @@ use crate::quant::{Quantization, TensorRole, WeightStrategy, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
 use crate::{Error, Opened};
 
-mod structure;
+pub(crate) mod structure;
 pub use structure::{Attention, Moe, QLora, Structure};
 
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.

@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use crate::commands::inspect::structure::{self, Attention};
 use crate::plan::PlanOptions;
 use crate::{Error, Opened, Timings, map, mapping, plan};
 
@@ -155,7 +156,11 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
     let alone: Vec<PlanOptions> = tps.iter().map(|&tp| layout(tp, 1, false)).collect();
     let mut checked = maps.check_all(alone)?;
     let accepted_tp = accepted(&checked, 1, false);
-    let moe = config.num_experts.is_some();
+    // As the planner sees the model: the family's defaults fill what config.json leaves out (a
+    // Mixtral config without num_local_experts has 8), and 0 experts is vLLM's dense fallback.
+    let shape = structure::structure(config, Some(&mapping), opts.mapping.as_deref());
+    let experts = shape.moe.as_ref().and_then(|m| m.routed_experts);
+    let moe = shape.moe.is_some();
     if moe {
         // At TP 1 expert parallelism changes nothing, and a size that splits attention heads is
         // refused whatever happens to the experts (the rows above say so).
@@ -183,9 +188,12 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         architecture: config.architecture().unwrap_or(&mapping.family).to_string(),
         family: mapping.family.clone(),
         attention_heads: config.num_attention_heads,
-        kv_heads: config.num_key_value_heads,
+        kv_heads: match &shape.attention {
+            Attention::Mha(h) | Attention::Gqa(h) | Attention::Mqa(h) => h.kv_heads,
+            Attention::Mla(m) => m.heads,
+        },
         layers: config.num_hidden_layers,
-        experts: config.num_experts,
+        experts,
         accepted_tp_expert_parallel: moe.then(|| accepted(&checked, 1, true)),
         accepted_tp,
         accepted_pp,

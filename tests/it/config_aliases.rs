@@ -9,18 +9,6 @@ use serde_json::{Map, Value, json};
 
 use crate::support::*;
 
-fn read_config(dir: &Path) -> Map<String, Value> {
-    let text = fs::read(dir.join("config.json")).expect("config.json");
-    match serde_json::from_slice(&text).expect("config.json is JSON") {
-        Value::Object(m) => m,
-        other => panic!("config.json is not an object: {other}"),
-    }
-}
-
-fn write_config(dir: &Path, m: Map<String, Value>) {
-    write_json(&dir.join("config.json"), &Value::Object(m));
-}
-
 /// Renames `from` to `to` in `dir`'s config.json (the value kept, the key order otherwise kept).
 fn respell(dir: &Path, from: &str, to: &str) {
     let m: Map<String, Value> = read_config(dir)

@@ -6,26 +6,8 @@ use std::fs;
 use std::path::Path;
 
 use serde_json::{Map, Value, json};
-use tempfile::TempDir;
 
 use crate::support::*;
-
-fn read_config(dir: &Path) -> Map<String, Value> {
-    let text = fs::read(dir.join("config.json")).expect("config.json");
-    match serde_json::from_slice(&text).expect("config.json is JSON") {
-        Value::Object(m) => m,
-        other => panic!("config.json is not an object: {other}"),
-    }
-}
-
-/// A copy of `fixture` whose config.json is changed by `edit`.
-fn fixture_with(fixture: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> TempDir {
-    let dir = copy_fixture(fixture);
-    let mut m = read_config(dir.path());
-    edit(&mut m);
-    write_json(&dir.path().join("config.json"), &Value::Object(m));
-    dir
-}
 
 /// `wload plan --json` at `tp`, accepted or refused, without what differs between two folders.
 fn plan_doc(dir: &Path, tp: u64) -> Value {
@@ -121,7 +103,7 @@ fn deepseek_v3_without_an_mtp_count_skips_one_mtp_layer() {
     add_mtp_tensor(missing.path());
     let mut m = read_config(missing.path());
     m.remove("num_nextn_predict_layers").expect("stated");
-    write_json(&missing.path().join("config.json"), &Value::Object(m));
+    write_config(missing.path(), m);
     for tp in [1, 2] {
         let want = plan_doc(hub.path(), tp);
         assert_eq!(want["ok"], json!(true), "{want}");

@@ -183,3 +183,33 @@ fn a_layer_partition_pins_the_pp_size() {
         "{one}"
     );
 }
+
+/// What config.json leaves out is the config class's default, as `plan` takes it: a Mixtral
+/// config without `num_local_experts` has 8 experts (more than the tiny checkpoint holds, so
+/// every layout is refused, expert-parallel ones included, each for plan's reason), and a Qwen2
+/// config without `num_key_value_heads` has 32 kv heads.
+#[test]
+fn missing_fields_are_the_family_defaults() {
+    let mixtral = fixture_with("mixtral", |m| {
+        m.remove("num_local_experts").expect("stated");
+    });
+    let src = s(mixtral.path());
+    let doc = sizes_json(src, &["--max-tp", "2", "--max-pp", "1"]);
+    assert_eq!(doc["experts"], 8, "{doc}");
+    assert_eq!(tps(&doc["accepted_tp_expert_parallel"]), Vec::<u64>::new());
+    let ep = doc["checked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["expert_parallel"] == true)
+        .count();
+    assert_eq!(ep, 1, "TP 2 with EP is checked: {doc}");
+    agrees_with_plan(src, &doc);
+
+    let qwen2 = fixture_with("qwen2", |m| {
+        m.remove("num_key_value_heads").expect("stated");
+    });
+    let doc = sizes_json(s(qwen2.path()), &["--max-tp", "2", "--max-pp", "1"]);
+    assert_eq!(doc["kv_heads"], 32, "{doc}");
+    assert_eq!(doc["experts"], Value::Null);
+}

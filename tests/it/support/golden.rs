@@ -3,8 +3,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tempfile::TempDir;
+
+use super::write_json;
 
 /// The crate root.
 pub fn manifest_dir() -> PathBuf {
@@ -46,6 +48,28 @@ pub fn copy_fixture(name: &str) -> TempDir {
         fs::set_permissions(&to, perms).expect("make writable");
     }
     tmp
+}
+
+/// `dir`'s config.json, as an object.
+pub fn read_config(dir: &Path) -> Map<String, Value> {
+    let text = fs::read(dir.join("config.json")).expect("config.json");
+    match serde_json::from_slice(&text).expect("config.json is JSON") {
+        Value::Object(m) => m,
+        other => panic!("config.json is not an object: {other}"),
+    }
+}
+
+pub fn write_config(dir: &Path, m: Map<String, Value>) {
+    write_json(&dir.join("config.json"), &Value::Object(m));
+}
+
+/// A copy of the fixture `name` whose config.json is changed by `edit`.
+pub fn fixture_with(name: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> TempDir {
+    let dir = copy_fixture(name);
+    let mut m = read_config(dir.path());
+    edit(&mut m);
+    write_config(dir.path(), m);
+    dir
 }
 
 /// One golden case: `expected/<case>/tp<N>` with the fixture and the flags vLLM ran with.
