@@ -103,10 +103,33 @@ fn write_files(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::Result<(
 fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
     let c = &i.config.config;
     writeln!(w, "\nmodel")?;
-    let head_dim = match (c.head_dim, i.config.head_dim_default) {
+    // What config.json leaves out, as the family fills it (the structure below): the config
+    // class's default, not what the field would be in another family.
+    let heads = match &i.structure.attention {
+        Attention::Mha(h) | Attention::Gqa(h) | Attention::Mqa(h) => Some(h),
+        Attention::Mla(_) => None,
+    };
+    let stated = |field: &str| c.raw.get(field).is_some_and(|v| !v.is_null());
+    let split = i.config.head_dim_default;
+    let head_dim = match (c.head_dim, heads.and_then(|h| h.head_dim).or(split)) {
         (Some(h), _) => h.to_string(),
-        (None, Some(d)) => format!("{d} (hidden/heads; not in config)"),
+        (None, Some(d)) if Some(d) == split => format!("{d} (hidden/heads; not in config)"),
+        (None, Some(d)) => format!("{d} (not in config: the family's default)"),
         (None, None) => "-".into(),
+    };
+    let kv_heads = match heads {
+        Some(h) if !stated("num_key_value_heads") => {
+            format!("{} (not in config: the family's default)", h.kv_heads)
+        }
+        _ => c.num_key_value_heads.to_string(),
+    };
+    let experts = match (c.num_experts, c.moe_intermediate_size) {
+        (Some(e), Some(m)) => format!("{e} (moe intermediate {m})"),
+        (Some(e), None) => e.to_string(),
+        (None, _) => match i.structure.moe.as_ref().and_then(|m| m.routed_experts) {
+            Some(e) => format!("{e} (not in config: the family's default)"),
+            None => "-".into(),
+        },
     };
     let tie = match c.tie_word_embeddings {
         Some(b) => b.to_string(),
@@ -117,17 +140,11 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         ("layers", c.num_hidden_layers.to_string()),
         ("hidden", c.hidden_size.to_string()),
         ("heads", c.num_attention_heads.to_string()),
-        ("kv heads", c.num_key_value_heads.to_string()),
+        ("kv heads", kv_heads),
         ("head_dim", head_dim),
         ("intermediate", opt(&c.intermediate_size)),
         ("vocab", c.vocab_size.to_string()),
-        (
-            "experts",
-            match (c.num_experts, c.moe_intermediate_size) {
-                (Some(e), Some(m)) => format!("{e} (moe intermediate {m})"),
-                (e, _) => opt(&e),
-            },
-        ),
+        ("experts", experts),
         ("tie_word_embeddings", tie),
         ("dtype", opt(&c.dtype)),
         ("model_type", opt(&c.model_type)),

@@ -188,6 +188,15 @@ fn inspect_names_the_default_kv_heads() {
         st["attention"],
         json!({"kind": "mha", "heads": 8, "kv_heads": 32, "head_dim": 16})
     );
+    // The human summary of the config says the same, and that the value is not the file's.
+    let out = run(&["inspect", s(dir.path())]);
+    assert!(out.status.success(), "{}", context(&out));
+    let text = stdout(&out);
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("kv heads"))
+        .unwrap_or_else(|| panic!("no kv heads row: {text}"));
+    assert!(row.contains("32 (not in config"), "{row}");
 }
 
 /// A bidirectional DeepSeek variant (`is_causal: false`, as embedding models ship) is built
