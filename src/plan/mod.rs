@@ -52,6 +52,12 @@ pub use types::{
 /// config must be refused, not abort on a failed allocation. Real models have a few hundred.
 pub const MAX_LAYERS: u64 = 100_000;
 
+/// The most experts a layer may have. Each expert of each MoE layer gets its own sources and
+/// slices, so a count from a typo or a hostile config (2^31) would run for hours and exhaust
+/// memory before any problem is reported. Real models have up to a few hundred (DeepSeek-V3
+/// 256, Qwen3-Next 512); 65,536 plans in well under a second a layer.
+pub const MAX_EXPERTS: u64 = 1 << 16;
+
 /// Maps `ckpt`'s names with `mapping` and plans `opts.tp` ranks: [`map::map`] then
 /// [`plan_mapped`].
 pub fn plan(

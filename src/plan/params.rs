@@ -8,7 +8,7 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
 use super::layout::Geometry;
-use super::{MAX_LAYERS, PlanError, Planner, Problem, Retie};
+use super::{MAX_EXPERTS, MAX_LAYERS, PlanError, Planner, Problem, Retie};
 use crate::dtype::Dtype;
 use crate::mapping::expr::{EvalError, Scope};
 use crate::mapping::{Expr, Layout, ParamSpec, Tied};
@@ -269,6 +269,13 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             .map_err(|err| (format!("`{e}`: {err}"), Some(err)))
     };
     let many = |v: &[Expr]| v.iter().map(one).collect::<Result<Vec<_>, _>>();
+    let expert_count = |e: &Expr| match one(e)? {
+        n if n > MAX_EXPERTS => Err((
+            format!("`{e}` gives {n} experts; wload plans at most {MAX_EXPERTS} a layer"),
+            None,
+        )),
+        n => Ok(n),
+    };
     Ok(match l {
         Layout::Replicated { shape } => Geometry::Replicated {
             shape: many(shape)?,
@@ -319,7 +326,7 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             hidden,
         } => Geometry::Experts {
             part: *part,
-            experts: one(experts)?,
+            experts: expert_count(experts)?,
             intermediate: one(intermediate)?,
             hidden: one(hidden)?,
         },
@@ -330,7 +337,7 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             hidden,
         } => Geometry::GptOssExperts {
             part: *part,
-            experts: one(experts)?,
+            experts: expert_count(experts)?,
             intermediate: one(intermediate)?,
             hidden: one(hidden)?,
         },

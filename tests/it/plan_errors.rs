@@ -310,6 +310,30 @@ fn tp_larger_than_the_expert_count_is_refused_even_with_expert_parallel() {
         .says(&["Tensor parallel size 4 is greater than the number of experts 2"]);
 }
 
+/// An expert count no model has (a typo, or a hostile config) is refused at once, naming the
+/// field and the limit, for every family's experts layout: planning 2^31 experts a layer would
+/// run for hours and exhaust memory first.
+#[test]
+fn an_absurd_expert_count_is_refused_at_once() {
+    for (fixture, field) in [
+        ("mixtral", "num_local_experts"),
+        ("qwen2_moe", "num_experts"),
+        ("deepseek_v3", "n_routed_experts"),
+        ("gpt_oss", "num_local_experts"),
+    ] {
+        let dir = copy_fixture(fixture);
+        set_config(dir.path(), field, json!(1u64 << 31));
+        for extra in [
+            &["--tp", "2"][..],
+            &["--tp", "2", "--enable-expert-parallel"],
+        ] {
+            plan(dir.path(), extra)
+                .refused(3)
+                .says(&["gives 2147483648 experts; wload plans at most 65536"]);
+        }
+    }
+}
+
 #[test]
 fn missing_norm_names_the_parameter_left_unfilled() {
     let tmp = copy_fixture("llama_gqa");
