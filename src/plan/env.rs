@@ -35,13 +35,10 @@ impl Env {
     ) -> Env {
         let mut vars: HashMap<String, Value> = config.raw.clone().into_iter().collect();
         let given = vars.keys().cloned().collect();
+        // A default stands in for a field config.json leaves out; an explicit `null` stays, as
+        // transformers keeps None (its `__post_init__` may then fill it: the mapping's `??`).
         for (k, v) in &mapping.defaults {
-            match vars.get(k) {
-                None | Some(Value::Null) => {
-                    vars.insert(k.clone(), v.clone());
-                }
-                _ => {}
-            }
+            vars.entry(k.clone()).or_insert_with(|| v.clone());
         }
         vars.insert("tp".into(), Value::from(opts.tp));
         vars.insert("ep".into(), Value::Bool(opts.expert_parallel));

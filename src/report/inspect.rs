@@ -110,16 +110,21 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         Attention::Mla(_) => None,
     };
     let stated = |field: &str| c.raw.get(field).is_some_and(|v| !v.is_null());
+    // An explicit null is filled as the config class's __post_init__ fills it, not defaulted.
+    let filled = |field: &str| match c.raw.get(field) {
+        Some(v) if v.is_null() => "null in config: filled as the family fills it",
+        _ => "not in config: the family's default",
+    };
     let split = i.config.head_dim_default;
     let head_dim = match (c.head_dim, heads.and_then(|h| h.head_dim).or(split)) {
         (Some(h), _) => h.to_string(),
         (None, Some(d)) if Some(d) == split => format!("{d} (hidden/heads; not in config)"),
-        (None, Some(d)) => format!("{d} (not in config: the family's default)"),
+        (None, Some(d)) => format!("{d} ({})", filled("head_dim")),
         (None, None) => "-".into(),
     };
     let kv_heads = match heads {
         Some(h) if !stated("num_key_value_heads") => {
-            format!("{} (not in config: the family's default)", h.kv_heads)
+            format!("{} ({})", h.kv_heads, filled("num_key_value_heads"))
         }
         _ => c.num_key_value_heads.to_string(),
     };

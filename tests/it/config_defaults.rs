@@ -93,6 +93,52 @@ fn a_missing_field_is_the_config_class_default() {
     }
 }
 
+/// An explicit `null` is not the class default: transformers keeps None and the class's
+/// `__post_init__` fills it (one kv head per attention head; gpt-oss's head_dim hidden // heads),
+/// so the config plans exactly as with that value written out, even where the class default
+/// differs (Qwen2's 32 kv heads, Qwen2-MoE's 16).
+#[test]
+fn an_explicit_null_is_filled_as_the_config_class_fills_it() {
+    type Fill = fn(&Map<String, Value>) -> Value;
+    let cases: &[(&str, &str, Fill)] = &[
+        ("qwen2", "num_key_value_heads", |m| {
+            m["num_attention_heads"].clone()
+        }),
+        ("qwen2_moe", "num_key_value_heads", |m| {
+            m["num_attention_heads"].clone()
+        }),
+        ("mixtral", "num_key_value_heads", |m| {
+            m["num_attention_heads"].clone()
+        }),
+        ("gpt_oss", "num_key_value_heads", |m| {
+            m["num_attention_heads"].clone()
+        }),
+        ("gpt_oss", "head_dim", |m| {
+            let hidden = m["hidden_size"].as_u64().unwrap();
+            json!(hidden / m["num_attention_heads"].as_u64().unwrap())
+        }),
+        ("llama_gqa", "num_key_value_heads", |m| {
+            m["num_attention_heads"].clone()
+        }),
+    ];
+    for (fixture, field, filled) in cases {
+        let null = fixture_with(fixture, |m| {
+            m.insert(field.to_string(), Value::Null);
+        });
+        let stated = fixture_with(fixture, |m| {
+            let v = filled(m);
+            m.insert(field.to_string(), v);
+        });
+        for tp in [1, 2] {
+            assert_eq!(
+                plan_doc(null.path(), tp),
+                plan_doc(stated.path(), tp),
+                "{fixture}: {field} null, tp {tp}"
+            );
+        }
+    }
+}
+
 /// DeepseekV3Config's one MTP layer: with a tensor of the layer past num_hidden_layers in the
 /// checkpoint, a config.json without `num_nextn_predict_layers` skips it, as the original does.
 #[test]

@@ -1315,13 +1315,16 @@ fn llama_gqa_structure_is_grouped_query_attention_without_experts() {
 
 #[test]
 fn deepseek_defaults_apply_when_the_config_leaves_fields_out() {
-    let dir = fixtures_dir().join("deepseek_v3");
-    // DeepseekV3Config's first_k_dense_replace is 3; an explicit null q_lora_rank means no q
-    // compression (V2-Lite); two shared experts are fused into one MLP.
+    // DeepseekV3Config's first_k_dense_replace is 3 when config.json leaves it out; an explicit
+    // null q_lora_rank means no q compression (V2-Lite); two shared experts are fused into one MLP.
+    let tmp = fixture_with("deepseek_v3", |m| {
+        m.remove("first_k_dense_replace").expect("stated");
+    });
+    let dir = tmp.path();
     let (human, st) = structure_with(
-        &dir,
-        r#"{"num_hidden_layers": 61, "first_k_dense_replace": null, "q_lora_rank": null,
-            "n_shared_experts": 2, "num_nextn_predict_layers": 3}"#,
+        dir,
+        r#"{"num_hidden_layers": 61, "q_lora_rank": null, "n_shared_experts": 2,
+            "num_nextn_predict_layers": 3}"#,
     );
     assert!(
         human.contains("q_lora_rank none (q_proj from the hidden state)"),
@@ -1342,8 +1345,10 @@ fn deepseek_defaults_apply_when_the_config_leaves_fields_out() {
     assert_eq!(st["moe"]["shared_experts"]["fused_intermediate_size"], 128);
 
     // moe_layer_freq 2: every other layer from first_k_dense_replace on.
+    let dir = fixtures_dir().join("deepseek_v3");
+    let dir = dir.as_path();
     let (human, st) = structure_with(
-        &dir,
+        dir,
         r#"{"num_hidden_layers": 12, "first_k_dense_replace": 1, "moe_layer_freq": 2}"#,
     );
     assert_eq!(st["moe"]["moe_layers"], json!([2, 4, 6, 8, 10]));
@@ -1353,7 +1358,7 @@ fn deepseek_defaults_apply_when_the_config_leaves_fields_out() {
     );
 
     // n_routed_experts 0: vLLM builds a dense MLP everywhere.
-    let (human, st) = structure_with(&dir, r#"{"n_routed_experts": 0}"#);
+    let (human, st) = structure_with(dir, r#"{"n_routed_experts": 0}"#);
     assert_eq!(st["moe"], Value::Null);
     assert!(
         human.contains("none (a dense MLP on every layer)"),
@@ -1361,7 +1366,7 @@ fn deepseek_defaults_apply_when_the_config_leaves_fields_out() {
     );
 
     // Without topk_method (DeepseekV3Config has none) there is no correction bias.
-    let (human, st) = structure_with(&dir, r#"{"topk_method": null}"#);
+    let (human, st) = structure_with(dir, r#"{"topk_method": null}"#);
     assert_eq!(st["moe"]["router"]["e_score_correction_bias"], false);
     assert!(
         human.contains("router               sigmoid scoring\n"),
@@ -1399,9 +1404,10 @@ fn odd_structure_fields_are_unknown_and_inspect_still_succeeds() {
         rows(&[
             "attention            MLA: 8 heads; q_lora_rank unknown, kv_lora_rank unknown (k and v are one shared latent: no kv heads to replicate)",
             "mla head dims        qk_nope 32 + qk_rope 16, v 32",
-            // A null takes DeepseekV3Config's default, as a missing field does.
-            "experts              8 routed, 2 per token, intermediate 2048",
-            "shared experts       1, intermediate 2048; tensor-parallel even with expert parallelism",
+            // An explicit null is not the class default (2048): transformers keeps None, which
+            // its `int` field then refuses.
+            "experts              8 routed, 2 per token, intermediate unknown",
+            "shared experts       1, intermediate unknown; tensor-parallel even with expert parallelism",
             r#"layers               unknown (first_k_dense_replace = "three")"#,
             "router               sigmoid scoring",
             "mtp                  unknown",
