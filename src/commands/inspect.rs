@@ -12,8 +12,8 @@ use crate::quant::{Quantization, TensorRole, WeightStrategy, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
 use crate::{Error, Opened};
 
-pub(crate) mod structure;
-pub use structure::{Attention, Moe, QLora, Structure};
+use super::structure;
+pub use super::structure::{Attention, Moe, QLora, Structure};
 
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -6,3 +6,4 @@ pub mod inspect;
 pub mod load;
 pub mod plan;
 pub mod shard;
+pub mod structure;

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::commands::inspect::structure::{self, Attention};
+use crate::commands::structure::{self, Attention};
 use crate::plan::PlanOptions;
 use crate::{Error, Opened, Timings, map, mapping, plan};
 
