@@ -67,7 +67,7 @@ complete -c wload -n "__fish_wload_using_subcommand plan" -l revision -d 'Hub re
 complete -c wload -n "__fish_wload_using_subcommand plan" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand plan" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
 complete -c wload -n "__fish_wload_using_subcommand plan" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank' -r
-complete -c wload -n "__fish_wload_using_subcommand plan" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
+complete -c wload -n "__fish_wload_using_subcommand plan" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s, else the weights\' common dtype; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''
 float32\t''"
@@ -92,7 +92,7 @@ complete -c wload -n "__fish_wload_using_subcommand sizes" -l revision -d 'Hub r
 complete -c wload -n "__fish_wload_using_subcommand sizes" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand sizes" -l max-tp -d 'The largest tensor-parallel size to check' -r
 complete -c wload -n "__fish_wload_using_subcommand sizes" -l max-pp -d 'The largest pipeline-parallel size to check (never more than the layers)' -r
-complete -c wload -n "__fish_wload_using_subcommand sizes" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
+complete -c wload -n "__fish_wload_using_subcommand sizes" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s, else the weights\' common dtype; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''
 float32\t''"
@@ -115,7 +115,7 @@ complete -c wload -n "__fish_wload_using_subcommand shard" -l revision -d 'Hub r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand shard" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank' -r
-complete -c wload -n "__fish_wload_using_subcommand shard" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
+complete -c wload -n "__fish_wload_using_subcommand shard" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s, else the weights\' common dtype; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''
 float32\t''"

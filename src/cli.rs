@@ -242,7 +242,7 @@ pub struct ParallelArgs {
     #[arg(long)]
     pub enable_expert_parallel: bool,
 
-    /// Model dtype, as vLLM's --dtype (auto: the config's; float32 becomes bfloat16)
+    /// Model dtype, as vLLM's --dtype (auto: the config's, else the weights' common dtype; float32 becomes bfloat16)
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
 
@@ -281,7 +281,7 @@ pub struct SizesArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub max_pp: u64,
 
-    /// Model dtype, as vLLM's --dtype (auto: the config's; float32 becomes bfloat16)
+    /// Model dtype, as vLLM's --dtype (auto: the config's, else the weights' common dtype; float32 becomes bfloat16)
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
 

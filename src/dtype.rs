@@ -160,6 +160,93 @@ impl Serialize for Dtype {
     }
 }
 
+/// The dtype every one of `dtypes` casts to without loss, as vLLM picks a model's dtype when its
+/// config states none (`common_broadcastable_dtype`, vllm/utils/torch_utils.py:389: the dtype
+/// most of the others cast to losslessly). `None` when there is none to pick from. Where two tie
+/// (bfloat16 and float16 without float32) vLLM's pick follows Python's set order; wload takes
+/// the one later in [`Dtype::ALL`] (bfloat16 before float16).
+pub fn common_lossless(dtypes: impl IntoIterator<Item = Dtype>) -> Option<Dtype> {
+    let mut set: Vec<Dtype> = dtypes.into_iter().filter(|d| range(*d).is_some()).collect();
+    set.sort_unstable_by_key(|d| std::cmp::Reverse(*d as u8));
+    set.dedup();
+    let score = |to: Dtype| set.iter().filter(|&&from| lossless(from, to)).count();
+    // max_by_key keeps the last of equal maxima; the first is wanted.
+    set.iter().copied().rev().max_by_key(|&d| score(d))
+}
+
+/// torch's `is_lossless_cast` (torch_utils.py:358): a lower kind (bool < integer < float <
+/// complex) always casts up, never down; within a kind the target's range must hold the source's,
+/// and a float's resolution must be as fine.
+fn lossless(from: Dtype, to: Dtype) -> bool {
+    let (Some(a), Some(b)) = (range(from), range(to)) else {
+        return false;
+    };
+    if from == to || a.kind < b.kind {
+        return true;
+    }
+    a.kind == b.kind && a.min >= b.min && a.max <= b.max && a.resolution >= b.resolution
+}
+
+/// torch's `iinfo` / `finfo` of a dtype safetensors' torch loader knows; `None` for the types it
+/// has no torch dtype for (4- and 6-bit floats).
+struct Range {
+    /// 0 bool, 1 integer, 2 float, 3 complex (torch_utils.py:353).
+    kind: u8,
+    min: f64,
+    max: f64,
+    /// finfo's resolution (10^-precision); 0 for integers.
+    resolution: f64,
+}
+
+fn range(d: Dtype) -> Option<Range> {
+    let int = |min: f64, max: f64| Range {
+        kind: 1,
+        min,
+        max,
+        resolution: 0.0,
+    };
+    let float = |max: f64, resolution: f64| Range {
+        kind: 2,
+        min: -max,
+        max,
+        resolution,
+    };
+    Some(match d {
+        Dtype::Bool => Range {
+            kind: 0,
+            min: 0.0,
+            max: 1.0,
+            resolution: 0.0,
+        },
+        Dtype::U8 => int(0.0, 255.0),
+        Dtype::I8 => int(-128.0, 127.0),
+        Dtype::U16 => int(0.0, 65535.0),
+        Dtype::I16 => int(-32768.0, 32767.0),
+        Dtype::U32 => int(0.0, 4294967295.0),
+        Dtype::I32 => int(-2147483648.0, 2147483647.0),
+        Dtype::U64 => int(0.0, 18446744073709551615.0),
+        Dtype::I64 => int(-9223372036854775808.0, 9223372036854775807.0),
+        Dtype::F8E4M3 => float(448.0, 1.0),
+        Dtype::F8E4M3Fnuz => float(240.0, 1.0),
+        Dtype::F8E5M2 | Dtype::F8E5M2Fnuz => float(57344.0, 1.0),
+        Dtype::F8E8M0 => Range {
+            kind: 2,
+            min: 5.877471754111438e-39,
+            max: 1.7014118346046923e38,
+            resolution: 1.0,
+        },
+        Dtype::F16 => float(65504.0, 1e-3),
+        Dtype::Bf16 => float(3.3895313892515355e38, 1e-2),
+        Dtype::F32 => float(3.4028234663852886e38, 1e-6),
+        Dtype::F64 => float(f64::MAX, 1e-15),
+        Dtype::C64 => Range {
+            kind: 3,
+            ..float(3.4028234663852886e38, 1e-6)
+        },
+        Dtype::F4 | Dtype::F6E2M3 | Dtype::F6E3M2 => return None,
+    })
+}
+
 /// Every dtype name, for error messages that list what is accepted.
 pub fn known_names() -> String {
     Dtype::ALL.map(Dtype::as_str).join(", ")
@@ -175,6 +262,25 @@ mod tests {
             assert_eq!(d.as_str().parse::<Dtype>(), Ok(d));
         }
         assert!("bf16".parse::<Dtype>().is_err());
+    }
+
+    /// vLLM's pick for a config without a dtype, on the mixes checkpoints ship.
+    #[test]
+    fn the_common_lossless_dtype_is_vllms() {
+        use Dtype::*;
+        let pick = |v: &[Dtype]| common_lossless(v.iter().copied());
+        assert_eq!(pick(&[F16]), Some(F16));
+        assert_eq!(pick(&[Bf16, Bf16]), Some(Bf16));
+        assert_eq!(pick(&[F16, I64, Bool]), Some(F16));
+        assert_eq!(pick(&[Bf16, F32]), Some(F32));
+        assert_eq!(pick(&[F16, F32]), Some(F32));
+        assert_eq!(pick(&[F8E4M3, F16]), Some(F16));
+        assert_eq!(pick(&[F8E4M3, Bf16, F32]), Some(F32));
+        assert_eq!(pick(&[F16, Bf16]), Some(Bf16), "a tie: the wider type");
+        assert_eq!(pick(&[F4]), None);
+        assert_eq!(pick(&[]), None);
+        assert!(lossless(I64, F16) && !lossless(F16, I64));
+        assert!(lossless(F16, F32) && !lossless(F32, F16) && !lossless(Bf16, F16));
     }
 
     #[test]

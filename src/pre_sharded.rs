@@ -48,7 +48,8 @@ pub fn plan(
     }
     let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
     if let Some(m) = &manifest {
-        let model_dtype = plan::resolve_dtype(popts.dtype, &opened.config);
+        let tensors = opened.checkpoint.all_tensors().map(|t| t.dtype);
+        let model_dtype = plan::resolve_dtype(popts.dtype, &opened.config, tensors);
         problems.extend(crate::manifest::disagreements(
             &root.join(MANIFEST),
             m,

@@ -261,7 +261,13 @@ pub fn shard(
     let config = config_changes.is_some().then(|| "config.json".to_string());
     let side_and_config = side.iter().cloned().chain(config).collect();
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
-    let auto_dtype = crate::plan::resolve_dtype(crate::plan::DtypeChoice::Auto, &opened.config);
+    // What `vllm serve OUT` picks: OUT's config, or without a dtype there, its rank files'.
+    let written = plan
+        .ranks
+        .iter()
+        .flat_map(|r| r.tensors.iter().map(|t| t.dtype));
+    let auto_dtype =
+        crate::plan::resolve_dtype(crate::plan::DtypeChoice::Auto, &opened.config, written);
     manifest.serve = Some(crate::manifest::ServeCommand::new(
         &opts.out,
         &manifest,

@@ -228,7 +228,11 @@ impl<'m> Planner<'m> {
                 return Err(PlanError::Invalid(problems.list));
             }
         };
-        let model_dtype = resolve_dtype(opts.dtype, config);
+        let model_dtype = resolve_dtype(
+            opts.dtype,
+            config,
+            checkpoint.all_tensors().map(|t| t.dtype),
+        );
         if let Some(Quantization::Fp8(_)) = &quant
             && model_dtype == Dtype::F32
         {
@@ -289,17 +293,28 @@ impl Problems {
     }
 }
 
-/// vLLM's dtype for `--dtype` and the config (config/model.py:2423–2465).
-pub fn resolve_dtype(choice: DtypeChoice, config: &ModelConfig) -> Dtype {
+/// vLLM's dtype for `--dtype` and the config (config/model.py:2423–2465). A config that states
+/// none takes the dtype all of `tensors` (the checkpoint's) cast to without loss, as vLLM reads
+/// it from the safetensors headers (model_arch_config_convertor.py:221–234): an all-float16
+/// checkpoint without `torch_dtype` loads as float16.
+pub fn resolve_dtype(
+    choice: DtypeChoice,
+    config: &ModelConfig,
+    tensors: impl IntoIterator<Item = Dtype>,
+) -> Dtype {
     match choice {
         DtypeChoice::Bfloat16 => Dtype::Bf16,
         DtypeChoice::Float16 => Dtype::F16,
         DtypeChoice::Float32 => Dtype::F32,
-        DtypeChoice::Auto => match config.dtype.as_deref() {
-            Some("float16" | "half" | "torch.float16") => Dtype::F16,
-            // bfloat16 stays; float32 (and a missing dtype, which means float32) is downcast.
-            _ => Dtype::Bf16,
-        },
+        DtypeChoice::Auto => {
+            let half = match config.dtype.as_deref() {
+                Some(d) => matches!(d, "float16" | "half" | "torch.float16"),
+                None => crate::dtype::common_lossless(tensors) == Some(Dtype::F16),
+            };
+            // bfloat16 stays; float32 (the default when nothing says) and any other dtype
+            // become the platform's preferred bfloat16.
+            if half { Dtype::F16 } else { Dtype::Bf16 }
+        }
     }
 }
 

@@ -262,3 +262,56 @@ fn a_bidirectional_deepseek_is_refused() {
         plan_doc(&fixtures_dir().join("deepseek_v3"), 2)
     );
 }
+
+/// A config.json without `dtype` / `torch_dtype` (transformers leaves it None): vLLM reads the
+/// dtype from the safetensors headers, the one every tensor casts to without loss, and its
+/// `auto` keeps float16 and makes anything else bfloat16. So an all-float16 checkpoint shards
+/// exactly as with `torch_dtype: float16` (it was taken as float32, i.e. bfloat16), and a float32
+/// one as bfloat16. Serving the output needs `--dtype float16`: its rank files also hold vLLM's
+/// float32 attention scales, from which vLLM would pick float32, i.e. bfloat16.
+#[test]
+fn a_config_without_a_dtype_takes_the_checkpoints() {
+    for (fixture, want) in [
+        ("llama_tied_fp16", "F16"),
+        ("phi3_fp32", "BF16"),
+        ("llama_gqa", "BF16"),
+    ] {
+        let none = fixture_with(fixture, |m| {
+            m.remove("dtype");
+            m.remove("torch_dtype");
+        });
+        assert_eq!(plan_doc(none.path(), 2)["dtype"], want, "{fixture}");
+    }
+    let none = fixture_with("llama_tied_fp16", |m| {
+        m.remove("dtype");
+        m.remove("torch_dtype");
+    });
+    let work = tempfile::TempDir::new().unwrap();
+    let (with, without) = (work.path().join("with"), work.path().join("without"));
+    let fixture = fixtures_dir().join("llama_tied_fp16");
+    for (src, out) in [(fixture.as_path(), &with), (none.path(), &without)] {
+        let o = run(&["shard", s(src), "--tp", "2", "-o", s(out), "-q"]);
+        assert!(o.status.success(), "{}", context(&o));
+    }
+    let parts = |dir: &Path| {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("model-rank-"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(parts(&with), parts(&without));
+    assert!(!parts(&with).is_empty());
+    for name in parts(&with) {
+        assert!(
+            fs::read(with.join(&name)).unwrap() == fs::read(without.join(&name)).unwrap(),
+            "{name} differs"
+        );
+    }
+    let manifest: Value =
+        serde_json::from_slice(&fs::read(without.join("wload.json")).unwrap()).expect("wload.json");
+    let argv = manifest["serve"]["argv"].to_string();
+    assert!(argv.contains(r#""--dtype","float16""#), "{argv}");
+}
