@@ -72,6 +72,9 @@ pub struct ConfigSummary {
     pub config: ModelConfig,
     /// head_dim as used when the config does not state it: hidden_size / num_attention_heads.
     pub head_dim_default: Option<u64>,
+    /// What vLLM's `--dtype auto` loads the model as: the config's dtype, or without one the
+    /// weights' common dtype (float32 becomes bfloat16).
+    pub auto_dtype: Dtype,
 }
 
 /// A checkpoint's quantization as `inspect` describes it: for a scheme wload refuses, what could be
@@ -206,6 +209,11 @@ pub fn inspect_mapped<'a>(
         config: ConfigSummary {
             architecture: config.architecture().map(str::to_string),
             head_dim_default: config.hidden_size.checked_div(config.num_attention_heads),
+            auto_dtype: crate::plan::resolve_dtype(
+                crate::plan::DtypeChoice::Auto,
+                config,
+                checkpoint.all_tensors().map(|t| t.dtype),
+            ),
             config: config.clone(),
         },
         structure: structure::structure(config, chosen.as_ref(), mapping),

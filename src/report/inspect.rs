@@ -128,6 +128,15 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         }
         _ => c.num_key_value_heads.to_string(),
     };
+    let auto = match i.config.auto_dtype {
+        crate::dtype::Dtype::F16 => "float16",
+        _ => "bfloat16",
+    };
+    let dtype = match &c.dtype {
+        Some(d) if d.trim_start_matches("torch.") == auto => d.clone(),
+        Some(d) => format!("{d} (vLLM's --dtype auto: {auto})"),
+        None => format!("- (not in config: vLLM's --dtype auto takes {auto} from the weights)"),
+    };
     let experts = match (c.num_experts, c.moe_intermediate_size) {
         (Some(e), Some(m)) => format!("{e} (moe intermediate {m})"),
         (Some(e), None) => e.to_string(),
@@ -151,7 +160,7 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         ("vocab", c.vocab_size.to_string()),
         ("experts", experts),
         ("tie_word_embeddings", tie),
-        ("dtype", opt(&c.dtype)),
+        ("dtype", dtype),
         ("model_type", opt(&c.model_type)),
     ];
     for (k, v) in rows {

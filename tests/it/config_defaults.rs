@@ -314,4 +314,14 @@ fn a_config_without_a_dtype_takes_the_checkpoints() {
         serde_json::from_slice(&fs::read(without.join("wload.json")).unwrap()).expect("wload.json");
     let argv = manifest["serve"]["argv"].to_string();
     assert!(argv.contains(r#""--dtype","float16""#), "{argv}");
+    // inspect says so.
+    let doc = wload_json(&["inspect", s(none.path()), "--json"]);
+    assert_eq!(doc["config"]["auto_dtype"], "F16");
+    assert_eq!(doc["config"]["dtype"], Value::Null);
+    let out = run(&["inspect", s(none.path())]);
+    assert!(
+        stdout(&out).contains("takes float16 from the weights"),
+        "{}",
+        context(&out)
+    );
 }
