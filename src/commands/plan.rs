@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::commands::structure::{self, Attention};
+use crate::commands::structure;
 use crate::plan::PlanOptions;
 use crate::{Error, Opened, Timings, map, mapping, plan};
 
@@ -188,10 +188,8 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         architecture: config.architecture().unwrap_or(&mapping.family).to_string(),
         family: mapping.family.clone(),
         attention_heads: config.num_attention_heads,
-        kv_heads: match &shape.attention {
-            Attention::Mha(h) | Attention::Gqa(h) | Attention::Mqa(h) => h.kv_heads,
-            Attention::Mla(m) => m.heads,
-        },
+        // MLA has no kv heads to replicate: the heads.
+        kv_heads: (shape.attention.heads()).map_or(config.num_attention_heads, |h| h.kv_heads),
         layers: config.num_hidden_layers,
         experts,
         accepted_tp_expert_parallel: moe.then(|| accepted(&checked, 1, true)),

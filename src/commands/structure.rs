@@ -42,6 +42,16 @@ pub enum Attention {
     Mla(Mla),
 }
 
+impl Attention {
+    /// The head counts of attention with kv heads; `None` for MLA (one shared latent).
+    pub fn heads(&self) -> Option<&Heads> {
+        match self {
+            Attention::Mha(h) | Attention::Gqa(h) | Attention::Mqa(h) => Some(h),
+            Attention::Mla(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct Heads {
     pub heads: u64,

@@ -105,10 +105,7 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
     writeln!(w, "\nmodel")?;
     // What config.json leaves out, as the family fills it (the structure below): the config
     // class's default, not what the field would be in another family.
-    let heads = match &i.structure.attention {
-        Attention::Mha(h) | Attention::Gqa(h) | Attention::Mqa(h) => Some(h),
-        Attention::Mla(_) => None,
-    };
+    let heads = i.structure.attention.heads();
     let stated = |field: &str| c.raw.get(field).is_some_and(|v| !v.is_null());
     // An explicit null is filled as the config class's __post_init__ fills it, not defaulted.
     let filled = |field: &str| match c.raw.get(field) {
