@@ -261,18 +261,7 @@ pub fn shard(
     let config = config_changes.is_some().then(|| "config.json".to_string());
     let side_and_config = side.iter().cloned().chain(config).collect();
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
-    // What `vllm serve OUT` picks: OUT's config, or without a dtype there, its rank files'.
-    let written = plan
-        .ranks
-        .iter()
-        .flat_map(|r| r.tensors.iter().map(|t| t.dtype));
-    let auto_dtype =
-        crate::plan::resolve_dtype(crate::plan::DtypeChoice::Auto, &opened.config, written);
-    manifest.serve = Some(crate::manifest::ServeCommand::new(
-        &opts.out,
-        &manifest,
-        auto_dtype.as_str(),
-    ));
+    manifest.serve = Some(serve_command(&opts.out, &manifest, &plan, &opened.config));
     write_manifest(tmp, &manifest).map_err(published)?;
 
     staging.publish(&target)?;
@@ -343,6 +332,19 @@ fn resolve_tying(mut plan: Plan, root: &Path) -> Result<Plan, ShardError> {
     }
     plan.tie_word_embeddings = true;
     Ok(plan)
+}
+
+/// The `vllm serve` command for OUT. Its `--dtype` is needed when vLLM's `auto` would pick
+/// another: from OUT's config, or without a dtype there, from its rank files' dtypes.
+fn serve_command(
+    out: &Path,
+    manifest: &Manifest,
+    plan: &Plan,
+    config: &crate::config::ModelConfig,
+) -> crate::manifest::ServeCommand {
+    let written = (plan.ranks.iter()).flat_map(|r| r.tensors.iter().map(|t| t.dtype));
+    let auto_dtype = crate::plan::resolve_dtype(crate::plan::DtypeChoice::Auto, config, written);
+    crate::manifest::ServeCommand::new(out, manifest, auto_dtype.as_str())
 }
 
 fn manifest_for(

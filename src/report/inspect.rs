@@ -125,10 +125,7 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         }
         _ => c.num_key_value_heads.to_string(),
     };
-    let auto = match i.config.auto_dtype {
-        crate::dtype::Dtype::F16 => "float16",
-        _ => "bfloat16",
-    };
+    let auto = crate::manifest::vllm_dtype(i.config.auto_dtype.as_str()).unwrap_or("bfloat16");
     let dtype = match &c.dtype {
         Some(d) if d.trim_start_matches("torch.") == auto => d.clone(),
         Some(d) => format!("{d} (vLLM's --dtype auto: {auto})"),
