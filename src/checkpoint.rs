@@ -1,5 +1,5 @@
 //! Safetensors headers → the tensor table, read and validated by the `safetensors` crate over a
-//! map of each file. Only the header's pages are touched; tensor data is never read at this stage.
+//! `pread` of each header. Tensor data is never read at this stage.
 
 mod error;
 mod header;
@@ -17,13 +17,12 @@ use std::path::{Path, PathBuf};
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
-use memmap2::Mmap;
 use rayon::prelude::*;
-use safetensors::SafeTensors;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::Dtype;
+use crate::file_stamp::FileStamp;
 
 /// The hasher for maps keyed by tensor names: 128k names in a large checkpoint, and SipHash's
 /// resistance to chosen keys buys nothing for names read from local files.
@@ -63,6 +62,9 @@ pub struct WeightFile {
     pub path: PathBuf,
     pub size: u64,
     pub header_len: u64,
+    /// The file as it was when its header was read: the engine reads its data only while it
+    /// still is that file, unchanged.
+    pub stamp: FileStamp,
     pub metadata: Option<BTreeMap<String, String>>,
     /// Tensors in key order (what `safe_open().keys()` gives vLLM).
     pub tensors: Vec<TensorInfo>,

@@ -15,6 +15,7 @@ pub mod dtype;
 pub mod error;
 pub mod exec;
 pub mod exit;
+pub mod file_stamp;
 pub mod manifest;
 pub mod map;
 pub mod mapping;

@@ -177,6 +177,7 @@ mod tests {
             path: name.into(),
             size: 0,
             header_len: 0,
+            stamp: Default::default(),
             metadata: None,
             tensors: tensors
                 .iter()

@@ -76,6 +76,9 @@ pub fn plan(
         };
         let names: Vec<String> = parts.iter().map(|(_, n)| n.clone()).collect();
         let ck = Checkpoint::open(root, &names).map_err(Error::Headers)?;
+        built
+            .stamps
+            .extend(ck.files.iter().map(|f| (f.name.clone(), f.stamp)));
         let check = RankCheck {
             rank: r,
             tp: popts.tp,
@@ -410,6 +413,8 @@ fn whole_copy(
 #[derive(Default)]
 struct Built {
     sources: Vec<SourceTensor>,
+    /// Each rank file as its header was read, by name.
+    stamps: BTreeMap<String, crate::file_stamp::FileStamp>,
     ranks: Vec<RankPlan>,
 }
 
@@ -417,9 +422,13 @@ impl Built {
     fn finish(mut self, expected: Plan) -> Plan {
         // Sources of different ranks live in different files: index files by name.
         let mut file_ix: BTreeMap<String, usize> = BTreeMap::new();
+        let mut file_stamps = Vec::new();
         for s in &mut self.sources {
             let n = file_ix.len();
-            s.file_index = *file_ix.entry(s.file.to_string()).or_insert(n);
+            s.file_index = *file_ix.entry(s.file.to_string()).or_insert_with(|| {
+                file_stamps.push(self.stamps.get(&*s.file).copied().unwrap_or_default());
+                n
+            });
         }
         Plan {
             family: expected.family,
@@ -430,6 +439,7 @@ impl Built {
             expert_parallel: expected.expert_parallel,
             dtype: expected.dtype,
             sources: self.sources,
+            file_stamps,
             ranks: self.ranks,
             tie_word_embeddings: expected.tie_word_embeddings,
             retie: None,

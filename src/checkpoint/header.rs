@@ -3,36 +3,30 @@
 
 use super::*;
 
-/// Reads the header of one file with the `safetensors` crate, the reader vLLM's `safe_open` uses,
-/// so that wload accepts exactly the files vLLM can load. The file is mapped, not read: the crate
-/// wants the whole file as one buffer (it checks that the tensors cover it to the last byte), and
-/// a map gives that while faulting in only the header's pages. On top of the crate, wload refuses
-/// duplicate names and dtypes it cannot convert, and when the crate refuses a file, wload finds
-/// the problem itself to name the tensor and the fix.
+/// Reads the header of one file with the `safetensors` crate's own parser and checks (offsets
+/// packed, in bounds, matching shape × dtype, the data region ending at the file's end), so that
+/// wload accepts exactly the files vLLM's `safe_open` can load. Only the header is read, with
+/// `pread`: the file is not mapped, so a file truncated meanwhile cannot fault the process
+/// (SIGBUS), and an address-space limit (`ulimit -v`) does not stop a large file. On top of the
+/// crate, wload refuses duplicate names and dtypes it cannot convert, and when the crate refuses
+/// a file, wload finds the problem itself to name the tensor and the fix.
+///
+/// The file's [`FileStamp`] is taken before any byte is read and checked again after: a header
+/// read while the file changed is refused, and the stamp goes with the plan so that the engine
+/// reads the data of this very file, unchanged.
 pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightFile, HeaderError> {
     let p = || path.to_path_buf();
     let file = open_regular(path)?;
-    let (size, header_len) = read_prefix(&file, path)?;
-    let map = map_file(&file, path)?;
-    if map.len() as u64 != size {
-        return Err(HeaderError::Io {
-            path: p(),
-            source: std::io::Error::other(
-                "the file changed size while its header was read; read it again once nothing writes to it",
-            ),
-        });
-    }
-    let text = &map[8..8 + header_len as usize];
+    let (stamp, header_len) = read_prefix(&file, path)?;
+    let size = stamp.size;
+    let header = read_header_text(&file, path, header_len)?;
+    let text = header.as_slice();
     let data_len = size - 8 - header_len;
-    let metadata = match SafeTensors::read_metadata(&map) {
-        Ok((_, metadata)) => metadata,
-        Err(e) => {
-            return Err(
-                diagnose(path, text, data_len).unwrap_or_else(|| HeaderError::Refused {
-                    path: p(),
-                    reason: e.to_string(),
-                }),
-            );
+    let metadata = match parse_metadata(text, data_len) {
+        Ok(metadata) => metadata,
+        Err(reason) => {
+            return Err(diagnose(path, text, data_len)
+                .unwrap_or_else(|| HeaderError::Refused { path: p(), reason }));
         }
     };
     // The crate keeps the last of two equal names; vLLM would silently load one copy of two
@@ -46,11 +40,13 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
         );
     }
     let tensors = tensor_table(path, &metadata, 8 + header_len, file_index)?;
+    check_unchanged(&file, path, &stamp)?;
     Ok(WeightFile {
         name: name.to_string(),
         path: path.to_path_buf(),
         size,
         header_len,
+        stamp,
         metadata: metadata
             .metadata()
             .as_ref()
@@ -59,15 +55,12 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
     })
 }
 
-/// The file's size and header length, checked before anything is mapped. Read, not mapped: a
-/// file that is not safetensors at all is the checkpoint's fault (exit 3) even on a file system
-/// that cannot map files.
-fn read_prefix(file: &File, path: &Path) -> Result<(u64, u64), HeaderError> {
+/// The file's stamp and header length, checked before the header is read. A file that is not
+/// safetensors at all is the checkpoint's fault (exit 3).
+fn read_prefix(file: &File, path: &Path) -> Result<(FileStamp, u64), HeaderError> {
     let p = || path.to_path_buf();
-    let size = file
-        .metadata()
-        .map_err(|source| HeaderError::Io { path: p(), source })?
-        .len();
+    let stamp = FileStamp::of_file(file).map_err(|source| HeaderError::Io { path: p(), source })?;
+    let size = stamp.size;
     if size == 0 {
         return Err(HeaderError::Empty { path: p() });
     }
@@ -92,7 +85,64 @@ fn read_prefix(file: &File, path: &Path) -> Result<(u64, u64), HeaderError> {
             size,
         });
     }
-    Ok((size, header_len))
+    Ok((stamp, header_len))
+}
+
+/// The header's JSON bytes (at most [`MAX_HEADER_LEN`], checked by [`read_prefix`]). A short
+/// read means the file shrank after its size was taken.
+fn read_header_text(file: &File, path: &Path, header_len: u64) -> Result<Vec<u8>, HeaderError> {
+    let mut text = vec![0u8; header_len as usize];
+    file.read_exact_at(&mut text, 8).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            changed_error(path, "it shrank while its header was read")
+        } else {
+            HeaderError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            }
+        }
+    })?;
+    Ok(text)
+}
+
+/// The header parsed and validated as `SafeTensors::read_metadata` does it, without the whole
+/// file in memory: the crate's `Metadata` deserializer checks that the offsets are packed and
+/// match each shape × dtype; the data region must then end exactly at the file's end
+/// (`MetadataIncompleteBuffer` in the crate). The reason, in the crate's words, when refused.
+fn parse_metadata(text: &[u8], data_len: u64) -> Result<safetensors::tensor::Metadata, String> {
+    use safetensors::SafeTensorError;
+    let text = std::str::from_utf8(text).map_err(|e| SafeTensorError::InvalidHeader(e).to_string())?;
+    let metadata: safetensors::tensor::Metadata = serde_json::from_str(text)
+        .map_err(|e| SafeTensorError::InvalidHeaderDeserialization(e).to_string())?;
+    if metadata.data_len() as u64 != data_len {
+        return Err(SafeTensorError::MetadataIncompleteBuffer.to_string());
+    }
+    Ok(metadata)
+}
+
+/// Refuses a file whose stamp moved while its header was read.
+fn check_unchanged(file: &File, path: &Path, stamp: &FileStamp) -> Result<(), HeaderError> {
+    let now = FileStamp::of_file(file).map_err(|source| HeaderError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    match stamp.change_to(&now) {
+        None => Ok(()),
+        Some(change) => Err(changed_error(
+            path,
+            &format!("it changed while its header was read: {change}"),
+        )),
+    }
+}
+
+fn changed_error(path: &Path, what: &str) -> HeaderError {
+    HeaderError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(format!(
+            "{what}; something is writing the checkpoint (a download or sync?): run again once \
+             nothing writes to it"
+        )),
+    }
 }
 
 /// The crate's tensors as wload's table, sorted by name, at absolute file offsets.
@@ -130,23 +180,6 @@ fn tensor_table(
         });
     }
     Ok(tensors)
-}
-
-/// Maps the whole file read-only. Only the pages the header reader touches are read from disk.
-fn map_file(file: &File, path: &Path) -> Result<Mmap, HeaderError> {
-    // SAFETY: the map is read-only and dropped before `read_header` returns. Another process
-    // truncating the file meanwhile would make reading a vanished page fault (SIGBUS), a risk
-    // that vLLM's `safe_open`, which maps the file the same way, takes as well.
-    unsafe { Mmap::map(file) }.map_err(|e| HeaderError::Io {
-        path: path.to_path_buf(),
-        source: std::io::Error::new(
-            e.kind(),
-            format!(
-                "cannot map it into memory ({e}); safetensors maps weight files, so vLLM \
-                 could not load it here either: copy the checkpoint to a local file system"
-            ),
-        ),
-    })
 }
 
 /// How many tensor entries (keys other than `__metadata__`) the header object has, duplicates

@@ -187,6 +187,19 @@ fn tensor(name: String, dtype: Dtype, shape: Vec<u64>, pieces: Vec<Piece>) -> Ou
     }
 }
 
+/// The stamps of the files `sources` read, by file index, as the header reader takes them.
+fn stamps(root: &Path, sources: &[SourceTensor]) -> Vec<crate::file_stamp::FileStamp> {
+    let mut out = Vec::new();
+    for s in sources {
+        if out.len() <= s.file_index {
+            out.resize(s.file_index + 1, Default::default());
+        }
+        let f = fs::File::open(root.join(&*s.file)).unwrap();
+        out[s.file_index] = crate::file_stamp::FileStamp::of_file(&f).unwrap();
+    }
+    out
+}
+
 /// One random problem: a checkpoint of two files under `root` and a plan of two ranks.
 fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
     let (sources, srcs) = random_checkpoint(rng, root);
@@ -211,6 +224,7 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         stages: Vec::new(),
         expert_parallel: false,
         dtype: Dtype::Bf16,
+        file_stamps: stamps(root, &sources),
         sources,
         ranks,
         tie_word_embeddings: false,
@@ -612,6 +626,7 @@ fn empty_blocks_copy_nothing() {
         stages: Vec::new(),
         expert_parallel: false,
         dtype: Dtype::Bf16,
+        file_stamps: stamps(root.path(), std::slice::from_ref(&source)),
         sources: vec![source],
         ranks: vec![RankPlan {
             rank: 0,
@@ -692,6 +707,7 @@ fn transposed_copies_are_exact_at_every_chunk_size() {
         stages: Vec::new(),
         expert_parallel: false,
         dtype: Dtype::F32,
+        file_stamps: stamps(root.path(), std::slice::from_ref(&source)),
         sources: vec![source],
         ranks: vec![RankPlan {
             rank: 0,

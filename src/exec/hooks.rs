@@ -35,3 +35,39 @@ pub fn slot_bytes() -> Option<usize> {
 pub fn slot_bytes() -> Option<usize> {
     None
 }
+
+/// `WLOAD_TEST_AT_EXECUTE=CMD` and `WLOAD_TEST_AT_READ=CMD`: `sh -c CMD` runs once per process
+/// when the engine starts (the plan made, no source opened yet) or once its sources are open and
+/// before a byte of tensor data is read, so that tests can change a source at exactly that point
+/// (replace it, rewrite it, cut it short) instead of racing a running copy.
+#[cfg(feature = "test-hooks")]
+pub fn at(point: Point) {
+    use std::sync::Once;
+    static ONCE: [Once; 2] = [Once::new(), Once::new()];
+    let (i, var) = match point {
+        Point::Execute => (0, "WLOAD_TEST_AT_EXECUTE"),
+        Point::Read => (1, "WLOAD_TEST_AT_READ"),
+    };
+    let Ok(cmd) = std::env::var(var) else { return };
+    ONCE[i].call_once(|| {
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .status();
+        // A hook that did not run would test nothing.
+        match status {
+            Ok(s) if s.success() => {}
+            other => panic!("{var}={cmd:?}: {other:?}"),
+        }
+    });
+}
+
+#[cfg(not(feature = "test-hooks"))]
+pub fn at(_point: Point) {}
+
+/// Where [`at`] runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Point {
+    Execute,
+    Read,
+}

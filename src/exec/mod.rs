@@ -9,11 +9,11 @@ pub mod cuda;
 pub mod device;
 pub(crate) mod hooks;
 pub mod parts;
+mod sigbus;
 pub mod storage;
 pub mod verify;
 pub mod write;
 
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +23,7 @@ use rayon::prelude::*;
 
 use self::storage::{AlignedBuf, Busy, IoMode, SourceFile};
 use crate::dtype::Dtype;
+use crate::file_stamp::{Change, FileStamp};
 use crate::plan::layout::Block;
 use crate::plan::{Piece, Plan, SourceTensor};
 use crate::progress::Progress;
@@ -100,7 +101,7 @@ pub trait Sink: Sync {
         &self,
         _out: usize,
         _offset: u64,
-        _src: &File,
+        _src: &SourceFile,
         _src_offset: u64,
         _len: u64,
     ) -> Result<bool, ExecError> {
@@ -122,7 +123,7 @@ pub trait Sink: Sync {
         if src.mode() != IoMode::Buffered {
             return Ok(false);
         }
-        self.copy_from_file(out, offset, &src.file, src_offset, len)
+        self.copy_from_file(out, offset, src, src_offset, len)
     }
 }
 
@@ -175,6 +176,17 @@ pub enum ExecError {
     Verify { path: PathBuf, message: String },
     #[error(transparent)]
     Open(#[from] storage::OpenError),
+    /// A source file is no longer the file whose header the plan was made from. Whatever was
+    /// read of it is thrown away: the run stops before anything is published.
+    #[error(
+        "{path} changed since its header was read: {change}; something is writing the \
+         checkpoint (a download or sync?). Nothing was published: run again once nothing writes \
+         to it"
+    )]
+    SourceChanged {
+        path: PathBuf,
+        change: crate::file_stamp::Change,
+    },
     #[error("interrupted")]
     Cancelled,
 }
@@ -251,7 +263,9 @@ pub fn execute(
 ) -> Result<(), ExecError> {
     let (cancel, progress, stats, opts) = (ctl.cancel, ctl.progress, &ctl.stats, ctl.opts);
     let (jobs, fills) = jobs_and_fills(plan, placements, sink.starts_zeroed());
+    hooks::at(hooks::Point::Execute);
     let files = open_sources(plan, root, opts.io)?;
+    hooks::at(hooks::Point::Read);
     let (items, rest) = work_items(plan, &jobs, opts);
     let run = Run {
         sink,
@@ -283,11 +297,49 @@ pub fn execute(
             })
     };
     let threads = worker_threads(opts.io);
-    match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
-        Ok(pool) if threads != rayon::current_num_threads() => pool.install(copy)?,
-        _ => copy()?,
-    }
+    let copied = match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
+        Ok(pool) if threads != rayon::current_num_threads() => pool.install(copy),
+        _ => copy(),
+    };
+    // Checked after every read, and after a failed one too: a source that changed meanwhile is
+    // the cause to report, not the short read or the odd bytes it gave.
+    check_sources(plan, &files)?;
+    copied?;
     run.fills(fills)
+}
+
+/// The plan's stamp of the file at `file_index`.
+fn planned_stamp(plan: &Plan, file_index: usize, path: &Path) -> Result<FileStamp, ExecError> {
+    plan.file_stamps.get(file_index).copied().ok_or_else(|| {
+        ExecError::io(
+            "reading",
+            path,
+            io::Error::other("the plan has no stamp for this file (a plan built by hand?)"),
+        )
+    })
+}
+
+/// Every opened source is still the file the plan was made from, unchanged, and no page of a
+/// mapped one vanished while it was read.
+fn check_sources(plan: &Plan, files: &[Option<SourceFile>]) -> Result<(), ExecError> {
+    for (i, f) in files.iter().enumerate() {
+        let Some(f) = f else { continue };
+        let planned = planned_stamp(plan, i, &f.path)?;
+        let now = FileStamp::of_file(&f.file).map_err(|e| ExecError::io("reading", &f.path, e))?;
+        let change = planned.change_to(&now).or_else(|| {
+            f.lost_pages().then_some(Change::Resized {
+                from: planned.size,
+                to: now.size.min(planned.size.saturating_sub(1)),
+            })
+        });
+        if let Some(change) = change {
+            return Err(ExecError::SourceChanged {
+                path: f.path.clone(),
+                change,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A fill the sink must write: output, byte offset, dtype, value, element count.
@@ -349,7 +401,13 @@ fn open_sources(
         }
         if files[s.file_index].is_none() {
             let path = root.join(&*s.file);
+            let planned = planned_stamp(plan, s.file_index, &path)?;
             let f = SourceFile::open(&path, io).map_err(ExecError::Open)?;
+            let now =
+                FileStamp::of_file(&f.file).map_err(|e| ExecError::io("reading", &path, e))?;
+            if let Some(change) = planned.change_to(&now) {
+                return Err(ExecError::SourceChanged { path, change });
+            }
             files[s.file_index] = Some(f);
         }
     }

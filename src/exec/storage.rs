@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,6 +77,8 @@ pub struct SourceFile {
     pub path: PathBuf,
     pub file: File,
     direct: Option<File>,
+    /// Before `map`: unregistered before the range is unmapped.
+    watch: Option<super::sigbus::Watch>,
     map: Option<memmap2::Mmap>,
 }
 
@@ -103,6 +105,21 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "{path}: cannot map its {len} bytes into memory: the process's address space is limited \
+         (`ulimit -v`: {source}); raise the limit, or use --io buffered"
+    )]
+    AddressSpace {
+        path: PathBuf,
+        len: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "{path}: the path named another file when it was opened again for O_DIRECT (replaced \
+         meanwhile); run again once nothing writes to the checkpoint"
+    )]
+    Replaced { path: PathBuf },
 }
 
 impl SourceFile {
@@ -117,6 +134,7 @@ impl SourceFile {
             path: path.to_path_buf(),
             file,
             direct: None,
+            watch: None,
             map: None,
         };
         match mode {
@@ -132,21 +150,58 @@ impl SourceFile {
                         },
                         _ => open_err(source),
                     })?;
+                // Opened by path twice: both must be the same file, or the run would check one
+                // and read the other.
+                let id = |f: &File| f.metadata().map(|m| (m.dev(), m.ino()));
+                if id(&f).map_err(open_err)? != id(&src.file).map_err(open_err)? {
+                    return Err(OpenError::Replaced {
+                        path: path.to_path_buf(),
+                    });
+                }
                 src.direct = Some(f);
             }
-            IoMode::Mmap => {
-                let len = src.file.metadata().map_err(open_err)?.len();
-                if len > 0 {
-                    // SAFETY: a read-only private map; a file truncated under it would SIGBUS,
-                    // which is the same contract every mmap loader has (checkpoints are not
-                    // rewritten while loading).
-                    let m = unsafe { memmap2::Mmap::map(&src.file) }.map_err(open_err)?;
-                    src.map = Some(m);
-                }
-            }
+            IoMode::Mmap => src.map_whole(path)?,
             IoMode::Auto | IoMode::Buffered => {}
         }
         Ok(src)
+    }
+
+    /// Maps the file for `--io mmap`, watched for pages that vanish if it shrinks
+    /// ([`super::sigbus`]); a file the watch cannot take is read with `pread` instead.
+    fn map_whole(&mut self, path: &Path) -> Result<(), OpenError> {
+        let open_err = |source| OpenError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let len = self.file.metadata().map_err(open_err)?.len();
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: a read-only private map. A file truncated under it would raise SIGBUS on the
+        // pages past its new end; the watch turns those into zero pages and marks the file,
+        // which the engine then refuses (the stamp check after reading).
+        let m = unsafe { memmap2::Mmap::map(&self.file) }.map_err(|source| {
+            if source.raw_os_error() == Some(libc::ENOMEM) {
+                OpenError::AddressSpace {
+                    path: path.to_path_buf(),
+                    len,
+                    source,
+                }
+            } else {
+                open_err(source)
+            }
+        })?;
+        if let Some(w) = super::sigbus::Watch::new(m.as_ptr(), m.len()) {
+            self.watch = Some(w);
+            self.map = Some(m);
+        }
+        Ok(())
+    }
+
+    /// Whether pages of the mapping vanished while it was read (the file shrank): what was read
+    /// there is zeros, not the file's bytes.
+    pub fn lost_pages(&self) -> bool {
+        self.watch.as_ref().is_some_and(|w| w.lost_pages())
     }
 
     pub fn mode(&self) -> IoMode {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::parts::PartFile;
+use super::storage::SourceFile;
 use super::{Control, ExecError, Placement, Sink, execute, placements_for};
 use crate::checksum;
 use crate::plan::{Piece, Plan};
@@ -258,7 +259,7 @@ impl Sink for FileSink<'_, '_> {
         &self,
         out: usize,
         offset: u64,
-        src: &File,
+        src: &SourceFile,
         src_offset: u64,
         len: u64,
     ) -> Result<bool, ExecError> {
@@ -285,7 +286,7 @@ impl Sink for FileSink<'_, '_> {
 /// that is an error.
 fn kernel_copy(
     o: &Output,
-    src: &File,
+    src: &SourceFile,
     (src_offset, offset, len): (u64, u64, u64),
     first: bool,
 ) -> Result<bool, ExecError> {
@@ -296,7 +297,7 @@ fn kernel_copy(
         // SAFETY: valid descriptors we own, offsets passed by pointer as the syscall wants.
         let n = unsafe {
             libc::copy_file_range(
-                src.as_raw_fd(),
+                src.file.as_raw_fd(),
                 &mut off_in,
                 o.file.as_raw_fd(),
                 &mut off_out,
@@ -316,9 +317,14 @@ fn kernel_copy(
             return Err(ExecError::io("writing", &o.path, e));
         }
         if n == 0 {
+            // The source, not the part file being written: it ends before the bytes its header
+            // promised (the engine's check after reading says whether it shrank meanwhile).
             return Err(ExecError::Corrupt {
-                path: o.path.clone(),
-                message: "source ended early (truncated?)".into(),
+                path: src.path.clone(),
+                message: format!(
+                    "the file ends before byte {} that its header promises (truncated?)",
+                    off_in as u64 + left as u64
+                ),
             });
         }
         left -= n as usize;

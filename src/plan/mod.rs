@@ -121,6 +121,7 @@ pub fn plan_mapped(
         expert_parallel: opts.expert_parallel,
         dtype: planner.model_dtype,
         sources: assigned.sources,
+        file_stamps: mapped.checkpoint.files.iter().map(|f| f.stamp).collect(),
         ranks,
         tie_word_embeddings: planner.env.is_true("tie_word_embeddings") && params.retie.is_none(),
         retie: params.retie,

@@ -259,6 +259,10 @@ pub struct Plan {
     pub expert_parallel: bool,
     pub dtype: Dtype,
     pub sources: Vec<SourceTensor>,
+    /// Each source file as its header was read, by `file_index`: the engine reads a file's data
+    /// only while it is still that file, unchanged.
+    #[serde(skip)]
+    pub file_stamps: Vec<crate::file_stamp::FileStamp>,
     pub ranks: Vec<RankPlan>,
     /// Whether lm_head and the embedding are one tensor in the output (config.json must say so).
     pub tie_word_embeddings: bool,
