@@ -111,7 +111,8 @@ fn read_header_text(file: &File, path: &Path, header_len: u64) -> Result<Vec<u8>
 /// (`MetadataIncompleteBuffer` in the crate). The reason, in the crate's words, when refused.
 fn parse_metadata(text: &[u8], data_len: u64) -> Result<safetensors::tensor::Metadata, String> {
     use safetensors::SafeTensorError;
-    let text = std::str::from_utf8(text).map_err(|e| SafeTensorError::InvalidHeader(e).to_string())?;
+    let text =
+        std::str::from_utf8(text).map_err(|e| SafeTensorError::InvalidHeader(e).to_string())?;
     let metadata: safetensors::tensor::Metadata = serde_json::from_str(text)
         .map_err(|e| SafeTensorError::InvalidHeaderDeserialization(e).to_string())?;
     if metadata.data_len() as u64 != data_len {

@@ -2,7 +2,7 @@
 //! memory, with stage timings; or, with `--dry-run`, every check vLLM would fail, before any
 //! device is touched.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -711,10 +711,15 @@ fn read_all(root: &Path, plan: &Plan, kind: InputKind) -> Result<Vec<FileSum>, L
     let manifest = (kind == InputKind::PreSharded)
         .then(|| Manifest::read(root))
         .flatten();
-    let files: BTreeSet<&str> = plan.sources.iter().map(|s| &*s.file).collect();
+    crate::exec::hooks::at(crate::exec::hooks::Point::Hash);
+    let files: BTreeMap<&str, usize> = plan
+        .sources
+        .iter()
+        .map(|s| (&*s.file, s.file_index))
+        .collect();
     files
         .into_par_iter()
-        .map(|f| {
+        .map(|(f, file_index)| {
             let path = root.join(f);
             let corrupt = |e: std::io::Error| {
                 LoadError::Exec(ExecError::Corrupt {
@@ -722,8 +727,13 @@ fn read_all(root: &Path, plan: &Plan, kind: InputKind) -> Result<Vec<FileSum>, L
                     message: e.to_string(),
                 })
             };
-            let sum = checksum::of_file(&path).map_err(corrupt)?;
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            // The bytes of the file whose header was checked: the same stamp before and after.
+            let planned = crate::exec::planned_stamp(plan, file_index, &path)?;
+            let file = std::fs::File::open(&path).map_err(corrupt)?;
+            crate::exec::unchanged(&planned, &file, &path)?;
+            let sum = checksum::of_open(&file, &|| false).map_err(corrupt)?;
+            crate::exec::unchanged(&planned, &file, &path)?;
+            let bytes = planned.size;
             let matches_manifest = manifest
                 .as_ref()
                 .and_then(|m| m.files.iter().find(|x| x.name == f))

@@ -36,30 +36,35 @@ pub fn slot_bytes() -> Option<usize> {
     None
 }
 
-/// `WLOAD_TEST_AT_EXECUTE=CMD` and `WLOAD_TEST_AT_READ=CMD`: `sh -c CMD` runs once per process
-/// when the engine starts (the plan made, no source opened yet) or once its sources are open and
-/// before a byte of tensor data is read, so that tests can change a source at exactly that point
-/// (replace it, rewrite it, cut it short) instead of racing a running copy.
+/// `WLOAD_TEST_AT_EXECUTE=CMD` and `WLOAD_TEST_AT_READ=CMD`: `sh -c CMD` runs each time the
+/// engine starts (the plan made, no source opened yet), or once its sources are open and before
+/// a byte of tensor data is read, so that tests can change a source at exactly that point
+/// (replace it, rewrite it, cut it short) instead of racing a running copy. `WLOAD_TEST_RUN` in
+/// the command's environment counts the engine runs of the process from 1 (a shard's write is
+/// 1, its `--verify` 2).
 #[cfg(feature = "test-hooks")]
 pub fn at(point: Point) {
-    use std::sync::Once;
-    static ONCE: [Once; 2] = [Once::new(), Once::new()];
-    let (i, var) = match point {
-        Point::Execute => (0, "WLOAD_TEST_AT_EXECUTE"),
-        Point::Read => (1, "WLOAD_TEST_AT_READ"),
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    let (var, run) = match point {
+        Point::Execute => (
+            "WLOAD_TEST_AT_EXECUTE",
+            RUNS.fetch_add(1, Ordering::SeqCst) + 1,
+        ),
+        Point::Read => ("WLOAD_TEST_AT_READ", RUNS.load(Ordering::SeqCst)),
+        Point::Hash => ("WLOAD_TEST_AT_HASH", RUNS.load(Ordering::SeqCst)),
     };
     let Ok(cmd) = std::env::var(var) else { return };
-    ONCE[i].call_once(|| {
-        let status = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&cmd)
-            .status();
-        // A hook that did not run would test nothing.
-        match status {
-            Ok(s) if s.success() => {}
-            other => panic!("{var}={cmd:?}: {other:?}"),
-        }
-    });
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&cmd)
+        .env("WLOAD_TEST_RUN", run.to_string())
+        .status();
+    // A hook that did not run would test nothing.
+    match status {
+        Ok(s) if s.success() => {}
+        other => panic!("{var}={cmd:?}: {other:?}"),
+    }
 }
 
 #[cfg(not(feature = "test-hooks"))]
@@ -70,4 +75,7 @@ pub fn at(_point: Point) {}
 pub enum Point {
     Execute,
     Read,
+    /// `load --dry-run --read`: the headers checked, before the files are hashed
+    /// (`WLOAD_TEST_AT_HASH`).
+    Hash,
 }

@@ -14,6 +14,7 @@ pub mod storage;
 pub mod verify;
 pub mod write;
 
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -179,9 +180,9 @@ pub enum ExecError {
     /// A source file is no longer the file whose header the plan was made from. Whatever was
     /// read of it is thrown away: the run stops before anything is published.
     #[error(
-        "{path} changed since its header was read: {change}; something is writing the \
-         checkpoint (a download or sync?). Nothing was published: run again once nothing writes \
-         to it"
+        "{path} changed since its header was read: {change}. Something is writing the \
+         checkpoint (a download or a sync?); wload stops rather than use bytes it did not plan: \
+         run again once nothing writes to it"
     )]
     SourceChanged {
         path: PathBuf,
@@ -308,8 +309,20 @@ pub fn execute(
     run.fills(fills)
 }
 
+/// `f`, opened at `path`, is still the file `planned` describes, unchanged.
+pub fn unchanged(planned: &FileStamp, f: &File, path: &Path) -> Result<(), ExecError> {
+    let now = FileStamp::of_file(f).map_err(|e| ExecError::io("reading", path, e))?;
+    match planned.change_to(&now) {
+        None => Ok(()),
+        Some(change) => Err(ExecError::SourceChanged {
+            path: path.to_path_buf(),
+            change,
+        }),
+    }
+}
+
 /// The plan's stamp of the file at `file_index`.
-fn planned_stamp(plan: &Plan, file_index: usize, path: &Path) -> Result<FileStamp, ExecError> {
+pub fn planned_stamp(plan: &Plan, file_index: usize, path: &Path) -> Result<FileStamp, ExecError> {
     plan.file_stamps.get(file_index).copied().ok_or_else(|| {
         ExecError::io(
             "reading",
@@ -403,11 +416,7 @@ fn open_sources(
             let path = root.join(&*s.file);
             let planned = planned_stamp(plan, s.file_index, &path)?;
             let f = SourceFile::open(&path, io).map_err(ExecError::Open)?;
-            let now =
-                FileStamp::of_file(&f.file).map_err(|e| ExecError::io("reading", &path, e))?;
-            if let Some(change) = planned.change_to(&now) {
-                return Err(ExecError::SourceChanged { path, change });
-            }
+            unchanged(&planned, &f.file, &path)?;
             files[s.file_index] = Some(f);
         }
     }
