@@ -141,13 +141,18 @@ pub fn select(world: World, given: Option<&RankList>) -> Result<(Vec<u64>, usize
     let tp = world.size();
     let env = |k: &str| std::env::var(k).ok();
     let launcher = match (env("RANK"), env("WORLD_SIZE")) {
-        (Some(r), Some(w)) => Some(("torchrun", r, w, env("LOCAL_RANK"))),
+        (Some(r), Some(w)) => Some((("torchrun", "RANK", "WORLD_SIZE"), r, w, env("LOCAL_RANK"))),
         _ => match (env("SLURM_PROCID"), env("SLURM_NTASKS")) {
-            (Some(r), Some(w)) => Some(("srun", r, w, env("SLURM_LOCALID"))),
+            (Some(r), Some(w)) => Some((
+                ("srun", "SLURM_PROCID", "SLURM_NTASKS"),
+                r,
+                w,
+                env("SLURM_LOCALID"),
+            )),
             _ => None,
         },
     };
-    let Some((who, r, w, local)) = launcher else {
+    let Some(((who, rank_var, world_var), r, w, local)) = launcher else {
         return Ok(((0..tp).collect(), 0));
     };
     let parse = |name: &str, v: &str| {
@@ -157,7 +162,15 @@ pub fn select(world: World, given: Option<&RankList>) -> Result<(Vec<u64>, usize
     };
     let world_flags = world;
     let (rank, world) = (parse("rank", &r)?, parse("world size", &w)?);
-    if world == 0 || !tp.is_multiple_of(world) || rank >= world {
+    // The launcher contradicting itself is not a sharing problem: say which variables disagree.
+    if rank >= world {
+        return Err(RankError::Launcher(format!(
+            "{who}: {rank_var}={rank} is not below {world_var}={world} (process ranks run from 0 \
+             to {world_var} - 1): the launcher's variables disagree; check how this process was \
+             started"
+        )));
+    }
+    if world == 0 || !tp.is_multiple_of(world) {
         return Err(RankError::Launcher(format!(
             "{who}: {world} processes cannot share {flags} evenly (this is process {rank}); start \
              one process per GPU (world size {tp}), or one per node with {by} divisible by the node count",
@@ -171,13 +184,19 @@ pub fn select(world: World, given: Option<&RankList>) -> Result<(Vec<u64>, usize
     }
     let per = tp / world;
     let local = match local {
-        Some(l) => parse("local rank", &l)? as usize,
+        Some(l) => parse("local rank", &l)?,
         None => 0,
     };
-    Ok((
-        (rank * per..(rank + 1) * per).collect(),
-        local * per as usize,
-    ))
+    // rank < world and per × world = tp: the rank range cannot overflow; the local one can.
+    let first_device = local
+        .checked_mul(per)
+        .and_then(|d| usize::try_from(d).ok())
+        .ok_or_else(|| {
+            RankError::Launcher(format!(
+                "{who}: local rank {local} × {per} ranks per process is no device ordinal"
+            ))
+        })?;
+    Ok(((rank * per..(rank + 1) * per).collect(), first_device))
 }
 
 #[cfg(test)]

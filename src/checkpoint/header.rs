@@ -356,6 +356,17 @@ fn open_regular(path: &Path) -> Result<File, HeaderError> {
                 format!("cannot follow its symbolic link ({e})"),
                 "fix or remove the link",
             ),
+            // Listed, then gone: a link whose target does not exist (a broken Hugging Face
+            // cache, a folder copied without its blobs) is the checkpoint's fault, as the
+            // resolver reports such links among a checkpoint's files.
+            std::io::ErrorKind::NotFound if std::fs::symlink_metadata(path).is_ok() => unreadable(
+                format!(
+                    "is a symbolic link to {}, which does not exist",
+                    std::fs::read_link(path)
+                        .map_or_else(|_| "?".into(), |t| t.display().to_string())
+                ),
+                "fix or remove the link, or copy the file it should point to",
+            ),
             _ if e.raw_os_error() == Some(libc::ENXIO) => unreadable(
                 "is a socket or a device without a reader, not a regular file".into(),
                 "rename or remove it",

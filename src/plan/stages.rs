@@ -43,8 +43,10 @@ pub fn split_layers(layers: u64, pp: u64, partition: Option<&str>) -> Result<Vec
                     counts.len()
                 ));
             }
-            let sum: u64 = counts.iter().sum();
-            if sum != layers {
+            // Python's sum has no ceiling: added in u128 (no wrap for any count of u64s), a
+            // partition of absurd counts is told by its true sum, never taken for a fit.
+            let sum: u128 = counts.iter().map(|&c| u128::from(c)).sum();
+            if sum != u128::from(layers) {
                 return Err(format!(
                     "sum(partitions)={sum} does not match num_hidden_layers={layers}."
                 ));
@@ -311,6 +313,20 @@ mod tests {
         assert_eq!(
             split_layers(5, 2, Some("1,2")).unwrap_err(),
             "sum(partitions)=3 does not match num_hidden_layers=5."
+        );
+    }
+
+    /// Counts whose u64 sum wraps round to the layer count (3 + (2^64 - 1) = 2) are refused with
+    /// their true sum, as Python's sum gives it: they used to be accepted for 2 layers.
+    #[test]
+    fn a_partition_whose_sum_wraps_is_refused_with_its_true_sum() {
+        assert_eq!(
+            split_layers(2, 2, Some("3,18446744073709551615")).unwrap_err(),
+            "sum(partitions)=18446744073709551618 does not match num_hidden_layers=2."
+        );
+        assert_eq!(
+            split_layers(2, 3, Some("18446744073709551615,18446744073709551615,4")).unwrap_err(),
+            "sum(partitions)=36893488147419103234 does not match num_hidden_layers=2."
         );
     }
 }

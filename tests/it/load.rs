@@ -673,6 +673,31 @@ fn pre_sharded_folder_with_the_wrong_tp() {
     );
 }
 
+/// A rank file that is a dangling link (a folder copied without its link targets) is the
+/// folder's fault like every other bad entry: exit 3 naming the link and its target, not an
+/// I/O failure (exit 1).
+#[test]
+fn pre_sharded_rank_file_that_is_a_dangling_link() {
+    let (_tmp, out) = shard_fixture(GQA, 2);
+    let f = out.join("model-rank-1-part-0.safetensors");
+    fs::remove_file(&f).unwrap();
+    std::os::unix::fs::symlink(out.join("gone.safetensors"), &f).unwrap();
+    for extra in [
+        &["--dry-run"][..],
+        &["--dry-run", "--read"],
+        &["--device", "cpu"],
+    ] {
+        let mut args = vec![s(&out)];
+        args.extend_from_slice(extra);
+        let o = assert_fails(&args, &[], 3, &["model-rank-1-part-0.safetensors"]);
+        assert!(
+            stderr(&o).contains("symbolic link") && stderr(&o).contains("gone.safetensors"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
 /// vLLM's folder (no manifest to say its TP) at the wrong TP: only the shapes tell.
 #[test]
 fn vllm_folder_with_the_wrong_tp() {

@@ -474,6 +474,37 @@ fn ranks_and_launchers_pick_global_ranks() {
         .output()
         .unwrap();
     assert_refused(&o, 2, &["3 processes cannot share --tp 2 --pp 2 evenly"]);
+    // A launcher whose rank is not below its world size contradicts itself: said so, naming the
+    // variables, not taken for a sharing problem.
+    for (rank, world, says) in [
+        (
+            ("RANK", "4"),
+            ("WORLD_SIZE", "4"),
+            "RANK=4 is not below WORLD_SIZE=4",
+        ),
+        (
+            ("SLURM_PROCID", "9"),
+            ("SLURM_NTASKS", "2"),
+            "SLURM_PROCID=9 is not below SLURM_NTASKS=2",
+        ),
+    ] {
+        let o = wload()
+            .args([
+                "load",
+                s(&fixture(GQA)),
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+                "--dry-run",
+            ])
+            .env(rank.0, rank.1)
+            .env(world.0, world.1)
+            .output()
+            .unwrap();
+        let err = assert_refused(&o, 2, &[says, "the launcher's variables disagree"]);
+        assert!(!err.contains("evenly"), "{err}");
+    }
     // torchrun's second of two processes at tp 2 × pp 2 loads global ranks 2 and 3.
     let o = wload()
         .args([
