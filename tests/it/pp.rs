@@ -346,6 +346,11 @@ fn vllm_pp_layer_partition_is_honoured_and_checked() {
             "sum(partitions)=4 does not match num_hidden_layers=3.",
         ),
         ("1,1,1", "len(partitions)=3 does not match pp_size=2."),
+        // 4 + (2^64 - 1) wraps to 3 in u64: it used to be taken for a fit.
+        (
+            "4,18446744073709551615",
+            "sum(partitions)=18446744073709551619 does not match num_hidden_layers=3.",
+        ),
         ("1,x", "Invalid partition string: 1,x"),
         (
             "3,0",
