@@ -379,3 +379,44 @@ fn shard_memory_is_bounded_on_every_io_path() {
         );
     }
 }
+
+/// Headers are read, not mapped: a process whose address space is limited (`ulimit -v`) below
+/// a weight file's size still reads its headers. It used to fail mapping the file, with a
+/// message blaming the file system ("copy the checkpoint to a local file system").
+#[test]
+fn headers_are_read_under_an_address_space_limit_smaller_than_the_file() {
+    let tmp = TempDir::new().unwrap();
+    let mut config = tiny_config();
+    // 2^23 × 8 F32 = 256 MiB per tensor: 512 MiB of embedding and lm_head.
+    config["vocab_size"] = (1u64 << 23).into();
+    write_json(&tmp.path().join("config.json"), &config);
+    let big: u64 = (1 << 23) * 8 * 4;
+    let header = serde_json::json!({
+        "lm_head.weight": {"dtype": "F32", "shape": [1u64 << 23, 8], "data_offsets": [0, big]},
+        "model.embed_tokens.weight": {"dtype": "F32", "shape": [1u64 << 23, 8], "data_offsets": [big, 2 * big]},
+        "model.norm.weight": {"dtype": "F32", "shape": [8], "data_offsets": [2 * big, 2 * big + 32]},
+    });
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let path = tmp.path().join("model.safetensors");
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&text);
+    fs::write(&path, &bytes).unwrap();
+    // Sparse: the data region takes no disk.
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(bytes.len() as u64 + 2 * big + 32).unwrap();
+    let o = StdCommand::new("prlimit")
+        .arg(format!("--as={}", 384u64 << 20))
+        .arg(env!("CARGO_BIN_EXE_wload"))
+        .args(["inspect", s(tmp.path())])
+        .output()
+        .expect("prlimit runs (util-linux)");
+    assert!(
+        o.status.success(),
+        "inspect under a 384 MiB address space: {}",
+        context(&o)
+    );
+    assert!(stdout(&o).contains("lm_head.weight"), "{}", context(&o));
+}

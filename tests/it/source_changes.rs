@@ -86,6 +86,32 @@ fn assert_changed_refusal(out: &Output, file: &Path) {
         "the message names the changed file {}: {err}",
         file.display()
     );
+    // The source, never the hidden staging folder being written (a truncated source used to be
+    // reported as the part file it was copied into).
+    assert!(!err.contains(".wload-tmp"), "{err}");
+}
+
+/// A source cut short while a shard copies it file to file (copy_file_range) is named as the
+/// source that shrank, with both sizes.
+#[test]
+fn a_source_truncated_during_a_shard_is_named_with_its_sizes() {
+    let src = source();
+    let f = src.path().join(CHANGED_FILE);
+    let size = size_of(&f);
+    let out_dir = TempDir::new().unwrap();
+    let out = out_dir.path().join("out");
+    let o = wload()
+        .args(["shard", s(src.path()), "--tp", "2", "-o", s(&out)])
+        .env("WLOAD_TEST_AT_READ", command(Mutation::Truncate, &f, size))
+        .output()
+        .unwrap();
+    assert_changed_refusal(&o, &f);
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("shrank from {size} to {} bytes", size / 2)),
+        "{err}"
+    );
+    assert!(!out.exists());
 }
 
 /// A shard whose source file is replaced by rename after planning (before the engine opens it)
