@@ -397,7 +397,7 @@ fn headers_are_read_under_an_address_space_limit_smaller_than_the_file() {
         "model.norm.weight": {"dtype": "F32", "shape": [8], "data_offsets": [2 * big, 2 * big + 32]},
     });
     let mut text = serde_json::to_vec(&header).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let path = tmp.path().join("model.safetensors");
