@@ -101,6 +101,10 @@ pub struct ModelConfig {
     /// transformers' attribute aliases of the text config's class, for naming both spellings.
     #[serde(skip)]
     pub aliases: &'static [ConfigAlias],
+    /// The file's bytes as they were read and parsed: what `shard` writes to OUT, so that the
+    /// config published is the one planned from, whatever the file holds by then.
+    #[serde(skip)]
+    pub file_bytes: std::sync::Arc<[u8]>,
 }
 
 /// Reads the config the resolution picked and applies `overrides` (vLLM's `--hf-overrides` semantics:
@@ -136,7 +140,7 @@ pub fn load(
     }
     each_config(&mut map, aliases::mirror);
     let aliases = aliases::for_map(text_config(&map));
-    from_map(&path, map).map_err(|e| match e {
+    let config = from_map(&path, map).map_err(|e| match e {
         // A bad value the user supplied is a usage error about the flag, not the file.
         ConfigError::BadField {
             field,
@@ -153,6 +157,10 @@ pub fn load(
             }
         }
         e => e,
+    })?;
+    Ok(ModelConfig {
+        file_bytes: bytes.into(),
+        ..config
     })
 }
 
@@ -309,6 +317,7 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         dtype,
         raw,
         aliases,
+        file_bytes: Default::default(),
     })
 }
 

@@ -241,7 +241,7 @@ pub fn shard(
     let t = Instant::now();
     let published = |e: ShardError| e.named_in_out(tmp, &opts.out);
     let side = copy_side_files(root, tmp, &opts.out, cancel).map_err(published)?;
-    let config_changes = write_config(root, tmp, &plan).map_err(published)?;
+    let config_changes = write_config(root, &opened, tmp, &plan).map_err(published)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
 
     #[cfg(feature = "test-hooks")]
@@ -314,8 +314,7 @@ fn resolve_tying(mut plan: Plan, root: &Path) -> Result<Plan, ShardError> {
     let Some(rt) = plan.retie.take() else {
         return Ok(plan);
     };
-    let equal = tensors_equal(&plan, root, &rt.compare[0], &rt.compare[1], plan.dtype)
-        .map_err(|e| ShardError::io("reading", root, e))?;
+    let equal = tensors_equal(&plan, root, &rt.compare[0], &rt.compare[1], plan.dtype)?;
     if !equal {
         return Ok(plan);
     }
@@ -494,25 +493,36 @@ fn copy_through_memory(from: &Path, to: &Path) -> io::Result<()> {
     dst.set_permissions(src.metadata()?.permissions())
 }
 
-/// config.json as vLLM needs it: copied unchanged, except that when lm_head stays a tensor of its
-/// own, `tie_word_embeddings` must say false (the sharded loader builds the module tree from it).
+/// config.json as vLLM needs it: the bytes planned from, unchanged (not the file read again: it
+/// may have changed since), except that when lm_head stays a tensor of its own,
+/// `tie_word_embeddings` must say false (the sharded loader builds the module tree from it).
 /// Returns the changes made (none: copied), or `None` without a config.json.
-fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<Vec<String>>, ShardError> {
-    let src = root.join("config.json");
-    if !src.exists() {
-        return Ok(None); // Mistral-native source: params.json was copied with the side files.
+fn write_config(
+    root: &Path,
+    opened: &crate::open::Opened,
+    tmp: &Path,
+    plan: &Plan,
+) -> Result<Option<Vec<String>>, ShardError> {
+    let dst = tmp.join("config.json");
+    if opened.resolved.config_file != "config.json" {
+        // Mistral-native source: params.json was copied with the side files, and a config.json
+        // beside it, not planned from, is copied like one.
+        let src = root.join("config.json");
+        if !src.exists() {
+            return Ok(None);
+        }
+        copy_file(&src, &dst)?;
+        return Ok(Some(Vec::new()));
     }
-    let text =
-        crate::small_file::read_to_string(&src).map_err(|e| ShardError::io("reading", &src, e))?;
-    let mut cfg: Value = serde_json::from_str(&text).map_err(|e| {
+    let text = &opened.config.file_bytes;
+    let mut cfg: Value = serde_json::from_slice(text).map_err(|e| {
         ShardError::io(
             "parsing",
-            &src,
+            &root.join("config.json"),
             io::Error::new(io::ErrorKind::InvalidData, e),
         )
     })?;
     let says_tied = |v: &Value| v.get("tie_word_embeddings") == Some(&Value::Bool(true));
-    let dst = tmp.join("config.json");
     let needs_untie = !plan.tie_word_embeddings
         && (says_tied(&cfg) || cfg.get("text_config").is_some_and(says_tied));
     let mut changes = Vec::new();
@@ -526,7 +536,7 @@ fn write_config(root: &Path, tmp: &Path, plan: &Plan) -> Result<Option<Vec<Strin
         fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))?;
     } else {
         // The bytes already read, unchanged (and no copy_file_range: see `copy_through_memory`).
-        fs::write(&dst, &text).map_err(|e| ShardError::io("writing", &dst, e))?;
+        fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))?;
     }
     Ok(Some(changes))
 }
@@ -549,7 +559,7 @@ fn tensors_equal(
     a: &str,
     b: &str,
     dtype: crate::dtype::Dtype,
-) -> io::Result<bool> {
+) -> Result<bool, ShardError> {
     let find = |n: &str| plan.sources.iter().find(|s| &*s.name == n);
     let (Some(x), Some(y)) = (find(a), find(b)) else {
         return Ok(false);
@@ -557,17 +567,41 @@ fn tensors_equal(
     if x.shape != y.shape {
         return Ok(false);
     }
-    let (fx, fy) = (
-        File::open(root.join(&*x.file))?,
-        File::open(root.join(&*y.file))?,
-    );
+    // The files planned from, unchanged before and after: the tying decision is part of the
+    // output and must come from the same bytes as the rest of it.
+    let open_planned = |s: &crate::plan::SourceTensor| -> Result<File, ShardError> {
+        let path = root.join(&*s.file);
+        let f = File::open(&path).map_err(|e| ShardError::io("reading", &path, e))?;
+        let planned = crate::exec::planned_stamp(plan, s.file_index, &path)?;
+        crate::exec::unchanged(&planned, &f, &path)?;
+        Ok(f)
+    };
+    let (fx, fy) = (open_planned(x)?, open_planned(y)?);
+    let equal =
+        read_equal(x, &fx, y, &fy, dtype).map_err(|e| ShardError::io("reading", root, e))?;
+    for (s, f) in [(x, &fx), (y, &fy)] {
+        let path = root.join(&*s.file);
+        let planned = crate::exec::planned_stamp(plan, s.file_index, &path)?;
+        crate::exec::unchanged(&planned, f, &path)?;
+    }
+    Ok(equal)
+}
+
+/// Whether sources `x` in `fx` and `y` in `fy` hold the same values in `dtype`.
+fn read_equal(
+    x: &crate::plan::SourceTensor,
+    fx: &File,
+    y: &crate::plan::SourceTensor,
+    fy: &File,
+    dtype: crate::dtype::Dtype,
+) -> io::Result<bool> {
     let n: u64 = x.shape.iter().product();
     let step = 1 << 20;
     let (mut bx, mut by, mut cx, mut cy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut at = 0;
     while at < n {
         let k = step.min(n - at);
-        for (s, f, buf, conv) in [(x, &fx, &mut bx, &mut cx), (y, &fy, &mut by, &mut cy)] {
+        for (s, f, buf, conv) in [(x, fx, &mut bx, &mut cx), (y, fy, &mut by, &mut cy)] {
             let isz = s.dtype.bits() / 8;
             buf.resize((k * isz) as usize, 0);
             f.read_exact_at(buf, s.offset + at * isz)?;

@@ -398,3 +398,24 @@ fn mutating_a_source_between_plan_and_read_never_yields_other_bytes() {
     // Every mutation above moves the file's stamp: all are refused, none slips through.
     assert_eq!(refused, 30, "every changed source is refused");
 }
+
+/// The config.json a shard publishes is the one it planned from: rewritten after planning, the
+/// source's new config is not what OUT gets (it used to be read again when OUT was written).
+#[test]
+fn the_published_config_is_the_one_planned_from() {
+    let src = source();
+    let config = src.path().join("config.json");
+    let planned = fs::read(&config).unwrap();
+    let out_dir = TempDir::new().unwrap();
+    let out = out_dir.path().join("out");
+    let o = wload()
+        .args(["shard", s(src.path()), "--tp", "2", "-o", s(&out)])
+        .env(
+            "WLOAD_TEST_AT_EXECUTE",
+            format!("printf '{{\"num_hidden_layers\": 99}}' > '{}'", s(&config)),
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", context(&o));
+    assert_eq!(fs::read(out.join("config.json")).unwrap(), planned);
+}
