@@ -241,7 +241,7 @@ pub fn shard(
     let t = Instant::now();
     let published = |e: ShardError| e.named_in_out(tmp, &opts.out);
     let side = copy_side_files(root, tmp, &opts.out, cancel).map_err(published)?;
-    let config_changes = write_config(root, &opened, tmp, &plan).map_err(published)?;
+    let config_changes = write_config(root, opened, tmp, &plan).map_err(published)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
 
     #[cfg(feature = "test-hooks")]
