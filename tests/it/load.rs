@@ -1332,7 +1332,7 @@ fn torchrun_variables_pick_this_process_ranks() {
         &[f, "--tp", "2", "--device", "cpu"],
         &[("RANK", "2"), ("WORLD_SIZE", "2")],
         2,
-        &["process 2"],
+        &["RANK=2 is not below WORLD_SIZE=2"],
     );
 }
 
