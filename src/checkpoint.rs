@@ -31,6 +31,16 @@ type NameHasher = foldhash::fast::RandomState;
 /// safetensors refuses headers above 100 MB; so do we, before allocating.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
+/// The most tensors wload reads from one file. Real files hold up to tens of thousands
+/// (DeepSeek-V3: about 91,000 over 163 files); a 100 MB header can list over a million tiny ones,
+/// which cost a gigabyte and most of a minute in the stages after it.
+pub const MAX_TENSORS_PER_FILE: usize = 1 << 18;
+
+/// The most tensors wload reads from one checkpoint, all files together: twice the ~250,000 of
+/// the largest INT4 MoE releases. Each costs a few hundred bytes in every stage (name table,
+/// mapping, plan), so this bounds a checkpoint's planning to about half a gigabyte.
+pub const MAX_TENSORS: usize = 1 << 19;
+
 /// One tensor as a header describes it.
 #[derive(Debug, Clone, Serialize)]
 pub struct TensorInfo {
@@ -116,10 +126,24 @@ impl Checkpoint {
             }
         }
         if errors.is_empty() {
+            Checkpoint::within_limit(root, &files).map_err(|e| vec![e])?;
             Ok(Checkpoint::from_files(files))
         } else {
             Err(errors)
         }
+    }
+
+    /// The files' tensors together are within [`MAX_TENSORS`].
+    pub fn within_limit(root: &Path, files: &[WeightFile]) -> Result<(), HeaderError> {
+        let count = files.iter().map(|f| f.tensors.len()).sum();
+        if count > MAX_TENSORS {
+            return Err(HeaderError::TooManyTensorsInCheckpoint {
+                root: root.to_path_buf(),
+                count,
+                limit: MAX_TENSORS,
+            });
+        }
+        Ok(())
     }
 
     pub fn from_files(files: Vec<WeightFile>) -> Checkpoint {

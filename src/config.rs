@@ -62,6 +62,10 @@ impl ConfigError {
     pub fn exit_status(&self) -> crate::ExitStatus {
         use crate::ExitStatus;
         match self {
+            // A config past the small-file limit is the checkpoint's, as a malformed one is.
+            ConfigError::Io { source, .. } if crate::small_file::is_too_large(source) => {
+                ExitStatus::Checkpoint
+            }
             ConfigError::Io { .. } => ExitStatus::Runtime,
             ConfigError::BadOverrides { .. } => ExitStatus::Usage,
             _ => ExitStatus::Checkpoint,

@@ -78,8 +78,12 @@ impl Target {
     }
 }
 
-/// Applies `mapping`'s name rules to every tensor vLLM keeps from `checkpoint`.
-pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
+/// Applies `mapping`'s name rules to every tensor vLLM keeps from `checkpoint`; refused when a
+/// rule grows a name past the mapping's limit ([`crate::mapping::limits`]).
+pub fn map<'c>(
+    mapping: &Mapping,
+    checkpoint: &'c Checkpoint,
+) -> Result<Mapped<'c>, crate::mapping::MappingError> {
     // Listed first, so that the names (90,000 in a DeepSeek-V3 checkpoint) are mapped in
     // parallel straight into their places in load order.
     let kept: Vec<&TensorInfo> = (checkpoint.files.iter())
@@ -89,18 +93,19 @@ pub fn map<'c>(mapping: &Mapping, checkpoint: &'c Checkpoint) -> Mapped<'c> {
     let tensors = kept
         .par_iter()
         .map_init(Recent::default, |recent, &t| {
-            let outcome = mapping.rules.apply_into(&t.name, &mut recent.buffer);
-            MappedTensor {
+            let outcome = (mapping.rules.apply_into(&t.name, &mut recent.buffer))
+                .map_err(|e| crate::mapping::MappingError::NameTooLong(Box::new(e)))?;
+            Ok(MappedTensor {
                 tensor: t,
                 file: &checkpoint.files[t.file].name,
                 fate: fate(outcome, recent),
-            }
+            })
         })
-        .collect();
-    Mapped {
+        .collect::<Result<_, _>>()?;
+    Ok(Mapped {
         checkpoint,
         tensors,
-    }
+    })
 }
 
 /// Dropped in parallel: freeing 90,000 mapped tensors one by one cost the plan stage 2 ms.
@@ -219,7 +224,7 @@ mod tests {
                 "model.norm.weight",
             ],
         )]);
-        let m = map(&llama(), &ckpt);
+        let m = map(&llama(), &ckpt).expect("maps");
         let targets: Vec<_> = m
             .tensors
             .iter()
@@ -256,7 +261,7 @@ mod tests {
             "a.safetensors",
             &["model.layers.0.self_attn.rotary_emb.inv_freq"],
         )]);
-        let m = map(&llama(), &ckpt);
+        let m = map(&llama(), &ckpt).expect("maps");
         assert!(
             matches!(&m.tensors[0].fate, Fate::Dropped { rule } if rule.contains("rotary_emb")),
             "{:?}",
@@ -270,7 +275,7 @@ mod tests {
             file("a.safetensors", &["model.norm.weight"]),
             file("b.safetensors", &["model.norm.weight"]),
         ]);
-        let m = map(&llama(), &ckpt);
+        let m = map(&llama(), &ckpt).expect("maps");
         assert_eq!(m.tensors.len(), 1);
         assert_eq!(m.tensors[0].file, "b.safetensors");
     }
@@ -285,7 +290,7 @@ mod tests {
                 "layers.0.attention.wo.weight",
             ],
         )]);
-        let m = map(&mistral, &ckpt);
+        let m = map(&mistral, &ckpt).expect("maps");
         let conv: Vec<_> = m
             .tensors
             .iter()
@@ -311,7 +316,7 @@ mod tests {
             "a.safetensors",
             &["model.layers.0.self_attn.q_proj.weight"],
         )]);
-        let json = serde_json::to_value(map(&llama(), &ckpt)).expect("serialises");
+        let json = serde_json::to_value(map(&llama(), &ckpt).expect("maps")).expect("serialises");
         assert_eq!(
             json["tensors"][0],
             serde_json::json!({

@@ -42,7 +42,7 @@ pub struct CompressedFp8 {
     /// `ignore`: module names, or `re:` regexes, kept unquantized (as written, for reports).
     pub ignore: Vec<String>,
     /// The `re:` entries, compiled once (whole-name matches), for every linear layer's lookup.
-    ignore_patterns: Vec<regex::Regex>,
+    ignore_patterns: Vec<fancy_regex::Regex>,
 }
 
 /// How compressed-tensors scales FP8 weights.
@@ -138,19 +138,27 @@ impl Quantization {
     /// Whether the linear layer `module` (vLLM's name, e.g. `model.layers.0.self_attn.qkv_proj`)
     /// is quantized. `shards` are the checkpoint names of a fused layer's parts (`q_proj`, …):
     /// vLLM matches those, and all must agree (`is_layer_skipped`).
-    pub fn linear_quantized(&self, module: &str, shards: &[String]) -> Result<bool, String> {
+    /// `Err` holds the message and the fix.
+    pub fn linear_quantized(
+        &self,
+        module: &str,
+        shards: &[String],
+    ) -> Result<bool, (String, &'static str)> {
         let ignored = |name: &str| self.ignores(name);
-        if shards.is_empty() || ignored(module) {
-            return Ok(!ignored(module));
+        if shards.is_empty() || ignored(module)? {
+            return Ok(!ignored(module)?);
         }
         let proj = module.rsplit('.').next().unwrap_or(module);
         let skipped: Vec<bool> = shards
             .iter()
             .map(|s| ignored(&module.replace(proj, s)))
-            .collect();
+            .collect::<Result<_, _>>()?;
         if skipped.iter().any(|&s| s != skipped[0]) {
-            return Err(format!(
-                "Detected some but not all shards of {module} are quantized. All shards of fused layers to have the same precision."
+            return Err((
+                format!(
+                    "Detected some but not all shards of {module} are quantized. All shards of fused layers to have the same precision."
+                ),
+                "list every part of the fused layer in the quantization config's ignore list, or none",
             ));
         }
         Ok(!skipped[0])
@@ -164,16 +172,41 @@ impl Quantization {
                 .ignored
                 .iter()
                 .any(|l| l.contains("experts") && l.contains(module)),
-            Quantization::CompressedFp8(_) => !self.ignores(module),
+            // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
+            Quantization::CompressedFp8(_) => !self.ignores(module).unwrap_or(true),
         }
     }
 
-    fn ignores(&self, name: &str) -> bool {
+    /// Whether `name` is left unquantized; `Err` when an `ignore` pattern cannot decide within
+    /// [`IGNORE_BACKTRACK_LIMIT`] (then neither answer would be safe to write).
+    fn ignores(&self, name: &str) -> Result<bool, (String, &'static str)> {
         match self {
-            Quantization::Fp8(q) => q.ignored.iter().any(|l| l == name),
+            Quantization::Fp8(q) => Ok(q.ignored.iter().any(|l| l == name)),
             Quantization::CompressedFp8(q) => {
-                q.ignore.iter().any(|l| l == name)
-                    || q.ignore_patterns.iter().any(|r| r.is_match(name))
+                if q.ignore.iter().any(|l| l == name) {
+                    return Ok(true);
+                }
+                for r in &q.ignore_patterns {
+                    match r.is_match(name) {
+                        Ok(true) => return Ok(true),
+                        Ok(false) => {}
+                        Err(e) => {
+                            let p = r.as_str();
+                            let p = p.strip_prefix("^(?:").and_then(|p| p.strip_suffix(")$"));
+                            return Err((
+                                format!(
+                                    "quantization_config.ignore entry `re:{}` cannot be matched \
+                                     against {name} within {IGNORE_BACKTRACK_LIMIT} backtracking \
+                                     steps ({e})",
+                                    p.unwrap_or(r.as_str())
+                                ),
+                                "simplify the pattern (nested repetitions such as `(a+)+` \
+                                 backtrack exponentially)",
+                            ));
+                        }
+                    }
+                }
+                Ok(false)
             }
         }
     }
@@ -323,14 +356,7 @@ impl CompressedFp8 {
         let ignore_patterns = ignore
             .iter()
             .filter_map(|l| l.strip_prefix("re:"))
-            .map(|re| {
-                regex::Regex::new(&format!("^(?:{re})$")).map_err(|e| {
-                    refuse(
-                        format!("quantization_config.ignore has a bad pattern `re:{re}`: {e}"),
-                        "quantization_config is malformed",
-                    )
-                })
-            })
+            .map(python_regex)
             .collect::<Result<_, _>>()?;
         Ok(CompressedFp8 {
             weights,
@@ -496,6 +522,31 @@ fn normalized_method(qc: &Value) -> String {
         .unwrap_or("")
         .to_lowercase()
         .replace("compressed_tensors", "compressed-tensors")
+}
+
+/// How many backtracking steps one match of an `ignore` pattern may take. Module names are short:
+/// a real pattern (`.*self_attn.*`) takes hundreds; a pattern that backtracks exponentially is
+/// refused when it hits this, in milliseconds, instead of running for hours.
+pub const IGNORE_BACKTRACK_LIMIT: usize = 100_000;
+
+/// A compressed-tensors `ignore` entry's `re:` pattern, compiled for whole-name matches. vLLM
+/// matches these with Python's `re`, whose lookahead, lookbehind and backreferences the regex
+/// crate lacks: fancy-regex has them, and hands the rest of a pattern to the regex crate.
+fn python_regex(re: &str) -> Result<fancy_regex::Regex, QuantError> {
+    fancy_regex::RegexBuilder::new(&format!("^(?:{re})$"))
+        .backtrack_limit(IGNORE_BACKTRACK_LIMIT)
+        .delegate_size_limit(crate::mapping::limits::REGEX_SIZE)
+        .delegate_dfa_size_limit(crate::mapping::limits::REGEX_DFA_SIZE)
+        .build()
+        .map_err(|e| {
+            refuse(
+                format!(
+                    "quantization_config.ignore entry `re:{re}` is not a valid Python regex \
+                     (or one wload cannot run within its limits): {e}"
+                ),
+                "quantization_config is malformed: fix the pattern as Python's `re` reads it",
+            )
+        })
 }
 
 fn block_size(v: &Value, key: &str) -> Result<[u64; 2], QuantError> {
@@ -686,7 +737,63 @@ mod tests {
         let err = got
             .linear_quantized("model.layers.0.self_attn.qkv_proj", &shards)
             .unwrap_err();
-        assert!(err.contains("not all shards"), "{err}");
+        assert!(err.0.contains("not all shards"), "{err:?}");
+    }
+
+    fn compressed(ignore: Value) -> Result<Option<Quantization>, QuantError> {
+        q(json!({
+            "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ignore,
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"type": "float", "num_bits": 8, "strategy": "tensor",
+                            "symmetric": true, "dynamic": false},
+                "input_activations": {"type": "float", "num_bits": 8, "strategy": "tensor",
+                                      "symmetric": true, "dynamic": false}}}
+        }))
+    }
+
+    /// vLLM matches `ignore` patterns with Python's `re`: lookaround and backreferences are
+    /// valid there and must be here; a pattern Python refuses too is named as not a Python regex.
+    #[test]
+    fn ignore_patterns_are_python_regexes() {
+        let got = compressed(json!([
+            r"re:.*self_attn\.(?!q_proj).*",
+            r"re:.*(?<=mlp\.)down_proj",
+            r"re:model\.layers\.(\d)\.\1.*",
+        ]))
+        .expect("a valid config")
+        .expect("quantized");
+        let quantized = |m: &str| got.linear_quantized(m, &[]).expect("decided");
+        assert!(quantized("model.layers.0.self_attn.q_proj"));
+        assert!(!quantized("model.layers.0.self_attn.o_proj"));
+        assert!(!quantized("model.layers.0.mlp.down_proj"));
+        assert!(quantized("model.layers.0.mlp.up_proj"));
+        assert!(!quantized("model.layers.3.3_x"));
+        for bad in ["re:(?<x>a", "re:a)", "re:*"] {
+            let e = compressed(json!([bad])).expect_err("refused").to_string();
+            assert!(
+                e.contains("not a valid Python regex") && e.contains(bad),
+                "{e}"
+            );
+        }
+    }
+
+    /// A pattern that backtracks exponentially is stopped at the limit and reported, naming
+    /// the pattern, never run for hours or taken as "no match".
+    #[test]
+    fn a_catastrophic_ignore_pattern_is_refused_not_run_forever() {
+        let got = compressed(json!([r"re:(a|aa)+\1b"]))
+            .expect("a valid regex")
+            .expect("quantized");
+        let t = std::time::Instant::now();
+        let e = got
+            .linear_quantized(&"a".repeat(64), &[])
+            .expect_err("undecidable within the limit");
+        assert!(t.elapsed().as_secs() < 5, "{:?}", t.elapsed());
+        assert!(
+            e.0.contains("backtracking steps") && e.0.contains("(a|aa)+"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -758,7 +865,7 @@ mod tests {
         })
         .name_rules();
         rules.compile().unwrap();
-        let target = |n: &str| match rules.apply(n) {
+        let target = |n: &str| match rules.apply(n).expect("short names") {
             crate::mapping::rules::Outcome::Mapped(m) => m.target,
             crate::mapping::rules::Outcome::Dropped { .. } => "dropped".into(),
         };

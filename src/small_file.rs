@@ -35,19 +35,36 @@ pub fn check_regular(path: &Path) -> io::Result<fs::Metadata> {
     ))
 }
 
+/// A file past [`LIMIT`]: carried inside the `io::Error` [`read`] returns, so that a caller can
+/// tell the file's fault (a checkpoint's config or index that no real model has) from a failure
+/// to read it ([`is_too_large`]).
+#[derive(Debug)]
+pub struct TooLarge;
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "is larger than {} MiB, the limit for such a file (a 400B model's index is about 5 MB)",
+            LIMIT >> 20
+        )
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
+/// Whether [`read`] refused the file for its size: the file's fault, not an I/O failure.
+pub fn is_too_large(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<TooLarge>())
+}
+
 /// The whole file, if it is a regular file of at most [`LIMIT`] bytes.
 pub fn read(path: &Path) -> io::Result<Vec<u8>> {
     check_regular(path)?;
     let mut buf = Vec::new();
     File::open(path)?.take(LIMIT + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > LIMIT {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "is larger than {} MiB, far more than such a file holds",
-                LIMIT >> 20
-            ),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, TooLarge));
     }
     Ok(buf)
 }
@@ -86,7 +103,10 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let big = dir.path().join("big.json");
         File::create(&big).unwrap().set_len(LIMIT + 1).unwrap();
-        assert!(read(&big).unwrap_err().to_string().contains("larger than"));
+        let e = read(&big).unwrap_err();
+        assert!(e.to_string().contains("larger than 64 MiB"), "{e}");
+        assert!(is_too_large(&e));
+        assert!(!is_too_large(&read(Path::new("/dev/zero")).unwrap_err()));
         let ok = dir.path().join("ok.json");
         fs::write(&ok, b"{}").unwrap();
         assert_eq!(read_to_string(&ok).unwrap(), "{}");

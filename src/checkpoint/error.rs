@@ -35,6 +35,26 @@ pub enum HeaderError {
     HeaderPastEnd { path: PathBuf, len: u64, size: u64 },
     #[error("{path}: header length {len} exceeds the {MAX_HEADER_LEN}-byte limit of safetensors")]
     HeaderTooLarge { path: PathBuf, len: u64 },
+    #[error(
+        "{path}: header lists {count} tensors, more than the {limit} wload reads from one file \
+         (the largest real checkpoints have tens of thousands in a file); the header is corrupt \
+         or not a model's"
+    )]
+    TooManyTensors {
+        path: PathBuf,
+        count: usize,
+        limit: usize,
+    },
+    #[error(
+        "{root}: the checkpoint's {count} tensors are more than the {limit} wload reads from one \
+         checkpoint (the largest real ones have about 250,000); check that the folder holds one \
+         model's files"
+    )]
+    TooManyTensorsInCheckpoint {
+        root: PathBuf,
+        count: usize,
+        limit: usize,
+    },
     #[error("{path}: header is not valid UTF-8 (invalid byte at header offset {at})")]
     NotUtf8 { path: PathBuf, at: usize },
     #[error("{path}: header is not valid safetensors JSON: {message}")]

@@ -153,14 +153,27 @@ fn tensor_table(
     data_start: u64,
     file_index: usize,
 ) -> Result<Vec<TensorInfo>, HeaderError> {
+    // The names as a list, not the crate's `tensors()` map, which hashes and copies each once
+    // more.
+    let mut names = metadata.offset_keys();
+    // Refused before anything per tensor is built: each costs wload a few hundred bytes and every
+    // later stage walks them all.
+    if names.len() > MAX_TENSORS_PER_FILE {
+        return Err(HeaderError::TooManyTensors {
+            path: path.to_path_buf(),
+            count: names.len(),
+            limit: MAX_TENSORS_PER_FILE,
+        });
+    }
     // Sorted before wload's own copies are made, so that they lie in memory in the order every
     // later stage walks them: the map and plan stages touch 90,000 names and shapes of a
     // DeepSeek-V3 checkpoint once each, and in hash order each touch was a cache miss.
-    let mut named: Vec<(String, &safetensors::tensor::TensorInfo)> =
-        metadata.tensors().into_iter().collect();
-    named.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let mut tensors = Vec::with_capacity(named.len());
-    for (tname, info) in &named {
+    names.sort_unstable();
+    let mut tensors = Vec::with_capacity(names.len());
+    for tname in &names {
+        let Some(info) = metadata.info(tname) else {
+            continue;
+        };
         // A dtype that a newer `safetensors` knows and wload does not is refused, not guessed.
         let dtype = Dtype::ALL
             .into_iter()

@@ -10,7 +10,7 @@ use crate::{Error, Opened, Timings, map, mapping, plan};
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
     let mapping = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
     let mapping = plan::mapping_for(&mapping, &opened.config, opts);
-    let mapped = map::map(&mapping, &opened.checkpoint);
+    let mapped = map::map(&mapping, &opened.checkpoint)?;
     let p = plan::plan_mapped(&mapping, &opened.config, &mapped, opts)?;
     Ok(p)
 }
@@ -239,22 +239,24 @@ struct Mappings<'a> {
 
 impl Mappings<'_> {
     /// The entry for `opts`'s rules, mapped now if no earlier layout had them.
-    fn entry(&mut self, opts: &PlanOptions) -> usize {
+    fn entry(&mut self, opts: &PlanOptions) -> Result<usize, Error> {
         let m = plan::mapping_for(self.base, &self.opened.config, opts);
         let key = format!("{:?}", m.rules.stacked);
         if let Some(i) = self.entries.iter().position(|e| e.0 == key) {
-            return i;
+            return Ok(i);
         }
-        let mapped = map::map(&m, &self.opened.checkpoint);
+        let mapped = map::map(&m, &self.opened.checkpoint)?;
         self.entries.push((key, m, mapped));
-        self.entries.len() - 1
+        Ok(self.entries.len() - 1)
     }
 
     /// The layouts' verdicts, checked in parallel, in the order given; the first error that is
     /// not a refusal (an unreadable mapping) stops everything.
     fn check_all(&mut self, layouts: Vec<PlanOptions>) -> Result<Vec<Verdict>, Error> {
         use rayon::prelude::*;
-        let at: Vec<usize> = layouts.iter().map(|o| self.entry(o)).collect();
+        let at = (layouts.iter())
+            .map(|o| self.entry(o))
+            .collect::<Result<Vec<usize>, _>>()?;
         let (entries, opened) = (&self.entries, self.opened);
         layouts
             .into_par_iter()

@@ -4,6 +4,7 @@
 
 mod compose;
 pub mod expr;
+pub mod limits;
 pub mod rules;
 
 use std::path::{Path, PathBuf};
@@ -314,6 +315,9 @@ pub enum MappingError {
         "no mapping for architecture '{arch}' (known: {known}); pass one with --mapping FILE (see docs/mapping-format.md)"
     )]
     UnknownArchitecture { arch: String, known: String },
+    /// A name rule grew a checkpoint name past [`limits::MAX_NAME_GROWTH`].
+    #[error("{0}")]
+    NameTooLong(Box<limits::NameTooLong>),
     #[error(
         "config.json has no 'architectures'; add it, pass --hf-overrides '{{\"architectures\": [\"LlamaForCausalLM\"]}}', or choose a mapping with --mapping FILE"
     )]
@@ -325,7 +329,10 @@ impl MappingError {
     /// mapping that does not fit the checkpoint is the checkpoint's.
     pub fn exit_status(&self) -> crate::ExitStatus {
         match self {
-            MappingError::Io { .. } | MappingError::Invalid { .. } => crate::ExitStatus::Usage,
+            // The shipped rules never grow a name much: only a `--mapping` file's can.
+            MappingError::Io { .. }
+            | MappingError::Invalid { .. }
+            | MappingError::NameTooLong(_) => crate::ExitStatus::Usage,
             _ => crate::ExitStatus::Checkpoint,
         }
     }

@@ -9,6 +9,7 @@ use regex::{Regex, RegexSet};
 use serde::{Deserialize, Serialize};
 
 use super::Expr;
+use super::limits::{self, NameTooLong};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,18 +71,38 @@ struct Compiled {
 
 impl Compiled {
     fn new(rules: &Rules) -> Result<Compiled, String> {
-        let re = |p: &str| Regex::new(p).map_err(|e| format!("bad regex `{p}`: {e}"));
+        let re = |p: &str| {
+            regex::RegexBuilder::new(p)
+                .size_limit(limits::REGEX_SIZE)
+                .dfa_size_limit(limits::REGEX_DFA_SIZE)
+                .build()
+                .map_err(|e| match e {
+                    regex::Error::CompiledTooBig(n) => format!(
+                        "regex `{p}` compiles to more than {n} bytes, the limit for one rule; \
+                         a name rule needs a few kilobytes: simplify it"
+                    ),
+                    e => format!("bad regex `{p}`: {e}"),
+                })
+        };
         let regex = (rules.regex.iter())
             .map(|r| re(&r.pattern))
             .collect::<Result<_, _>>()?;
         let experts = (rules.experts.iter())
             .map(|r| re(&r.pattern))
             .collect::<Result<_, _>>()?;
+        // A set past the limit is only a missed shortcut: each rule is then tried in turn.
+        let set = |patterns: Vec<&String>| {
+            regex::RegexSetBuilder::new(patterns)
+                .size_limit(limits::REGEX_SIZE)
+                .dfa_size_limit(limits::REGEX_DFA_SIZE)
+                .build()
+                .ok()
+        };
         Ok(Compiled {
             regex,
             experts,
-            any_regex: RegexSet::new(rules.regex.iter().map(|r| &r.pattern)).ok(),
-            any_expert: RegexSet::new(rules.experts.iter().map(|r| &r.pattern)).ok(),
+            any_regex: set(rules.regex.iter().map(|r| &r.pattern).collect()),
+            any_expert: set(rules.experts.iter().map(|r| &r.pattern).collect()),
         })
     }
 }
@@ -260,6 +281,7 @@ impl Rules {
     /// which are compiled when first needed ([`Rules::regexes`]). A pattern that does not parse,
     /// or an expert pattern without exactly one capture group, is refused here.
     pub fn compile(&mut self) -> Result<(), String> {
+        self.check_limits()?;
         let parsed: Vec<regex_syntax::hir::Hir> = (self.regex.iter())
             .map(|r| parse_regex(&r.pattern))
             .collect::<Result<_, _>>()?;
@@ -294,6 +316,69 @@ impl Rules {
         self.expert_shards = (self.experts.iter())
             .map(|r| ShardId::named(&r.shard))
             .collect();
+        Ok(())
+    }
+
+    /// The rules' count and text within [`limits`]: each rule costs time on every checkpoint
+    /// name, and its text bounds how much one application can add to a name.
+    fn check_limits(&self) -> Result<(), String> {
+        let regexes = self.regex.len() + self.experts.len();
+        if regexes > limits::MAX_REGEX_RULES {
+            return Err(format!(
+                "{regexes} regex and expert rules; wload accepts at most {} (real mappings have a dozen)",
+                limits::MAX_REGEX_RULES
+            ));
+        }
+        let literal =
+            self.substr.len() + self.stacked.len() + self.prefix.len() + self.suffix.len();
+        if literal > limits::MAX_LITERAL_RULES {
+            return Err(format!(
+                "{literal} substr, stacked, prefix and suffix rules; wload accepts at most {} \
+                 (real mappings have a few dozen)",
+                limits::MAX_LITERAL_RULES
+            ));
+        }
+        let renames = (self.substr.iter())
+            .chain(&self.prefix)
+            .chain(&self.suffix)
+            .flat_map(|r| [Some(r.from.as_str()), r.to.as_deref()]);
+        let texts = (self.regex.iter())
+            .flat_map(|r| [Some(r.pattern.as_str()), r.replace.as_deref()])
+            .chain(renames)
+            .chain(
+                self.stacked
+                    .iter()
+                    .flat_map(|r| [Some(r.from.as_str()), Some(r.to.as_str())]),
+            )
+            .chain(
+                self.experts
+                    .iter()
+                    .flat_map(|r| [Some(r.pattern.as_str()), Some(r.replace.as_str())]),
+            )
+            .chain([Some(self.scope.as_str())])
+            .flatten();
+        let tokens = (self.mistral.iter()).flat_map(|m| m.tokens.iter().flat_map(|(k, v)| [k, v]));
+        if let Some(t) = texts
+            .chain(tokens.map(String::as_str))
+            .find(|t| t.len() > limits::MAX_RULE_TEXT)
+        {
+            return Err(format!(
+                "a rule's text `{}…` is {} bytes; wload accepts at most {} for a pattern, \
+                 replacement or name part",
+                t.chars().take(40).collect::<String>(),
+                t.len(),
+                limits::MAX_RULE_TEXT
+            ));
+        }
+        if let Some(m) = &self.mistral
+            && m.tokens.len() > limits::MAX_LITERAL_RULES
+        {
+            return Err(format!(
+                "{} mistral token renames; wload accepts at most {}",
+                m.tokens.len(),
+                limits::MAX_LITERAL_RULES
+            ));
+        }
         Ok(())
     }
 
@@ -333,10 +418,10 @@ impl Rules {
         })
     }
 
-    /// Maps one checkpoint name.
-    pub fn apply(&self, name: &str) -> Outcome {
+    /// Maps one checkpoint name; refused when the rules grow it past [`limits::MAX_NAME_GROWTH`].
+    pub fn apply(&self, name: &str) -> Result<Outcome, NameTooLong> {
         let mut target = String::new();
-        match self.apply_into(name, &mut target) {
+        Ok(match self.apply_into(name, &mut target)? {
             Outcome::Mapped(m) => Outcome::Mapped(Mapped {
                 target,
                 shard: m.shard,
@@ -345,19 +430,27 @@ impl Rules {
                 trace: m.trace,
             }),
             Outcome::Dropped { rule } => Outcome::Dropped { rule },
-        }
+        })
     }
 
     /// Maps one checkpoint name, writing the parameter name into `target` (cleared first): the
     /// map stage reuses one buffer per thread, and most of 90,000 names then allocate nothing
     /// (consecutive tensors of a fused expert parameter share its name).
-    pub fn apply_into(&self, name: &str, target: &mut String) -> Outcome<()> {
+    pub fn apply_into(&self, name: &str, target: &mut String) -> Result<Outcome<()>, NameTooLong> {
         target.clear();
+        let limit = name.len().saturating_add(limits::MAX_NAME_GROWTH);
+        let too_long = |rule: String| NameTooLong {
+            tensor: name.to_string(),
+            rule,
+            limit,
+        };
         let mut trace = Trace::new();
         let mut key = std::borrow::Cow::Borrowed(name);
         let mut permute_heads = None;
         if let Some(m) = &self.mistral {
-            let (k, p) = m.remap(&key);
+            let (k, p) = m
+                .remap(&key, limit)
+                .ok_or_else(|| too_long("mistral names".into()))?;
             if k != key {
                 trace.push(Step::Mistral(Box::new(MistralStep {
                     from: key.to_string(),
@@ -369,21 +462,24 @@ impl Rules {
         }
         let Some(rest) = key.strip_prefix(self.scope.as_str()) else {
             target.push_str(&key);
-            return Outcome::Mapped(Mapped {
+            return Ok(Outcome::Mapped(Mapped {
                 target: (),
                 shard: None,
                 expert: None,
                 permute_heads,
                 trace,
-            });
+            }));
         };
         let mut shard = None;
         let renamed: std::borrow::Cow<str> = if self.untouched(rest) {
             key
         } else {
             let mut inner = rest.to_string();
-            if let Some(dropped) = self.rename(&mut inner, &mut shard, &mut trace) {
-                return dropped;
+            let inner_limit = limit.saturating_sub(self.scope.len());
+            match self.rename(&mut inner, &mut shard, &mut trace, inner_limit) {
+                Err(step) => return Err(too_long(self.describe(&step))),
+                Ok(Some(dropped)) => return Ok(dropped),
+                Ok(None) => {}
             }
             format!("{}{inner}", self.scope).into()
         };
@@ -394,10 +490,14 @@ impl Rules {
                 target.push_str(&self.experts[m.rule].replace);
                 target.push_str(&renamed[m.whole.end..]);
                 shard = Some(self.expert_shards[m.rule].clone());
-                trace.push(Step::Expert {
+                let step = Step::Expert {
                     rule: m.rule,
                     id: m.id,
-                });
+                };
+                if target.len() > limit {
+                    return Err(too_long(self.describe(&step)));
+                }
+                trace.push(step);
                 Some(m.id)
             }
             None => {
@@ -405,13 +505,13 @@ impl Rules {
                 None
             }
         };
-        Outcome::Mapped(Mapped {
+        Ok(Outcome::Mapped(Mapped {
             target: (),
             shard,
             expert,
             permute_heads,
             trace,
-        })
+        }))
     }
 
     /// Whether no rename rule can fire on `inner` (then [`Rules::rename`] would leave it as it
@@ -475,13 +575,23 @@ impl Rules {
     }
 
     /// vLLM's rename rules in their fixed order (regex, substring, stacked, prefix, suffix) on
-    /// the name inside the scope; `Some` when a rule drops the tensor.
+    /// the name inside the scope; `Some` when a rule drops the tensor, `Err` with the step that
+    /// made the name longer than `limit` bytes (checked after every rule, and within a regex
+    /// rule after every match, so that no more than the limit is ever built).
     fn rename(
         &self,
         inner: &mut String,
         shard: &mut Option<ShardId>,
         trace: &mut Trace,
-    ) -> Option<Outcome<()>> {
+        limit: usize,
+    ) -> Result<Option<Outcome<()>>, Step> {
+        let check = |inner: &String, step: Step| {
+            if inner.len() > limit {
+                Err(step)
+            } else {
+                Ok(step)
+            }
+        };
         // A rule fires only on what the ones before it left; if none matches the name, none fires.
         let none = !self.any_regex_matches(inner);
         for (k, (r, re)) in self
@@ -493,59 +603,57 @@ impl Rules {
         {
             if re.is_match(inner) {
                 let Some(rep) = &r.replace else {
-                    return Some(Outcome::Dropped {
+                    return Ok(Some(Outcome::Dropped {
                         rule: format!("regex `{}` → null", r.pattern),
-                    });
+                    }));
                 };
-                let new = re
-                    .replace_all(inner, python_repl(rep).as_str())
-                    .into_owned();
+                *inner =
+                    replace_bounded(re, inner, &python_repl(rep), limit).ok_or(Step::Regex(k))?;
                 trace.push(Step::Regex(k));
-                *inner = new;
             }
         }
         for (k, r) in self.substr.iter().enumerate() {
             if inner.contains(&r.from) {
                 let Some(to) = &r.to else {
-                    return Some(Outcome::Dropped {
+                    return Ok(Some(Outcome::Dropped {
                         rule: format!("substring '{}' → null", r.from),
-                    });
+                    }));
                 };
                 *inner = inner.replacen(&r.from, to, 1);
-                trace.push(Step::Substr(k));
+                trace.push(check(inner, Step::Substr(k))?);
             }
         }
         for (k, r) in self.stacked.iter().enumerate() {
             if inner.contains(&r.from) {
                 *inner = inner.replacen(&r.from, &r.to, 1);
                 *shard = Some(r.shard.clone());
-                trace.push(Step::Stacked(k));
+                trace.push(check(inner, Step::Stacked(k))?);
             }
         }
         for (k, r) in self.prefix.iter().enumerate() {
             if inner.starts_with(&r.from) {
                 let Some(to) = &r.to else {
-                    return Some(Outcome::Dropped {
+                    return Ok(Some(Outcome::Dropped {
                         rule: format!("prefix '{}' → null", r.from),
-                    });
+                    }));
                 };
                 *inner = inner.replacen(&r.from, to, 1);
-                trace.push(Step::Prefix(k));
+                trace.push(check(inner, Step::Prefix(k))?);
             }
         }
         for (k, r) in self.suffix.iter().enumerate() {
             if inner.ends_with(&r.from) {
                 let Some(to) = &r.to else {
-                    return Some(Outcome::Dropped {
+                    return Ok(Some(Outcome::Dropped {
                         rule: format!("suffix '{}' → null", r.from),
-                    });
+                    }));
                 };
                 let cut = inner.len() - r.from.len();
                 *inner = format!("{}{to}", &inner[..cut]);
-                trace.push(Step::Suffix(k));
+                trace.push(check(inner, Step::Suffix(k))?);
             }
         }
-        None
+        Ok(None)
     }
 
     /// The first expert rule that matches `name`: where, its expert id and which rule.
@@ -739,6 +847,25 @@ impl LiteralExpert {
     }
 }
 
+/// `re.sub(pattern, template, hay)`, or `None` as soon as the result is longer than `limit`
+/// bytes: a rule such as `(.)` → `\1\1\1\1` must be refused before it builds a huge name, not
+/// after.
+fn replace_bounded(re: &Regex, hay: &str, template: &str, limit: usize) -> Option<String> {
+    let mut out = String::new();
+    let mut last = 0;
+    for caps in re.captures_iter(hay) {
+        let whole = caps.get(0)?;
+        out.push_str(&hay[last..whole.start()]);
+        caps.expand(template, &mut out);
+        last = whole.end();
+        if out.len() > limit {
+            return None;
+        }
+    }
+    out.push_str(&hay[last..]);
+    (out.len() <= limit).then_some(out)
+}
+
 /// `\1` / `\g<name>` (Python) → `${1}` / `${name}` (regex crate).
 fn python_repl(rep: &str) -> String {
     let mut out = String::new();
@@ -770,8 +897,10 @@ fn python_repl(rep: &str) -> String {
 
 impl MistralRemap {
     /// vLLM's `maybe_remap_mistral` (models/mistral.py): token-wise renames with `str.replace`
-    /// semantics, and which permutation (if any) the tensor needs.
-    fn remap(&self, name: &str) -> (String, Option<String>) {
+    /// semantics, and which permutation (if any) the tensor needs; `None` when the name grows
+    /// past `limit` bytes (every occurrence is replaced, once per module of the name: a token
+    /// that contains itself doubles a long name again and again).
+    fn remap(&self, name: &str, limit: usize) -> Option<(String, Option<String>)> {
         let modules: Vec<&str> = name.split('.').collect();
         let last = modules.last().copied();
         let permute = self
@@ -783,15 +912,20 @@ impl MistralRemap {
         for i in 0..modules.len() {
             let item = modules[i];
             let combined = modules.get(i + 1).map(|n| format!("{item}.{n}"));
-            if let Some(to) = combined.as_deref().and_then(|c| self.tokens.get(c)) {
-                out = out.replace(combined.as_deref().unwrap(), to);
+            if let Some(c) = combined.as_deref()
+                && let Some(to) = self.tokens.get(c)
+            {
+                out = out.replace(c, to);
             } else if let Some(to) = self.tokens.get(item)
                 && !out.contains(to.as_str())
             {
                 out = out.replace(item, to);
             }
+            if out.len() > limit {
+                return None;
+            }
         }
-        (out, permute)
+        Some((out, permute))
     }
 }
 
@@ -810,17 +944,17 @@ mod tests {
         let r = rules(
             "scope: model.\nstacked:\n  - {from: .q_proj, to: .qkv_proj, shard: q}\n  - {from: .gate_proj, to: .gate_up_proj, shard: 0}\n",
         );
-        let Outcome::Mapped(m) = r.apply("model.layers.0.self_attn.q_proj.weight") else {
+        let Ok(Outcome::Mapped(m)) = r.apply("model.layers.0.self_attn.q_proj.weight") else {
             panic!()
         };
         assert_eq!(m.target, "model.layers.0.self_attn.qkv_proj.weight");
         assert_eq!(m.shard, Some(ShardId::Name("q".into())));
-        let Outcome::Mapped(m) = r.apply("model.layers.0.mlp.gate_proj.weight") else {
+        let Ok(Outcome::Mapped(m)) = r.apply("model.layers.0.mlp.gate_proj.weight") else {
             panic!()
         };
         assert_eq!(m.shard, Some(ShardId::Index(0)));
         // Outside the scope nothing applies.
-        let Outcome::Mapped(m) = r.apply("lm_head.weight") else {
+        let Ok(Outcome::Mapped(m)) = r.apply("lm_head.weight") else {
             panic!()
         };
         assert_eq!(m.target, "lm_head.weight");
@@ -833,9 +967,9 @@ mod tests {
         );
         assert!(matches!(
             r.apply("l.rotary_emb.inv_freq"),
-            Outcome::Dropped { .. }
+            Ok(Outcome::Dropped { .. })
         ));
-        let Outcome::Mapped(m) = r.apply("a.12.b") else {
+        let Ok(Outcome::Mapped(m)) = r.apply("a.12.b") else {
             panic!()
         };
         assert_eq!(m.target, "x.12.y");
@@ -865,12 +999,12 @@ mod tests {
             ("model.norm.weight", "model.norm.weight"),
         ];
         for (from, to) in cases {
-            let Outcome::Mapped(m) = r.apply(from) else {
+            let Ok(Outcome::Mapped(m)) = r.apply(from) else {
                 panic!()
             };
             assert_eq!(m.target, to, "{from}");
         }
-        let Outcome::Mapped(m) = r.apply("layers.0.attention.wq.weight") else {
+        let Ok(Outcome::Mapped(m)) = r.apply("layers.0.attention.wq.weight") else {
             panic!()
         };
         assert_eq!(m.permute_heads.as_deref(), Some("num_attention_heads"));
@@ -881,7 +1015,7 @@ mod tests {
         let r = rules(
             "experts:\n  - {pattern: 'experts\\.(\\d+)\\.w1\\.', replace: experts.routed_experts.w13_, shard: w1}\n",
         );
-        let Outcome::Mapped(m) = r.apply("model.layers.0.block_sparse_moe.experts.3.w1.weight")
+        let Ok(Outcome::Mapped(m)) = r.apply("model.layers.0.block_sparse_moe.experts.3.w1.weight")
         else {
             panic!()
         };
@@ -997,5 +1131,78 @@ mod tests {
         ] {
             assert!(LiteralExpert::parse(p).is_none(), "{p}");
         }
+    }
+
+    /// Rules that lengthen a name on every application are refused at the limit, naming the
+    /// rule, whichever kind of rule does it; and a regex rule never builds more than the limit.
+    #[test]
+    fn rules_that_grow_names_are_stopped_at_the_limit() {
+        let doubling = (0..20)
+            .map(|_| "  - {pattern: '^(.*)$', replace: '\\1\\1'}\n")
+            .collect::<String>();
+        let cases = [
+            (format!("regex:\n{doubling}"), "regex `^(.*)$`"),
+            (
+                format!(
+                    "regex:\n  - {{pattern: '(.)', replace: '{}'}}\n",
+                    "\\1".repeat(40)
+                ),
+                "regex `(.)`",
+            ),
+            (
+                format!(
+                    "suffix:\n{}",
+                    (0..1000)
+                        .map(|k| format!(
+                            "  - {{from: 'x{k}', to: '{}x{}'}}\n",
+                            "y".repeat(900),
+                            k + 1
+                        ))
+                        .collect::<String>()
+                ),
+                "suffix 'x",
+            ),
+            (
+                "mistral:\n  tokens: {'a.a': 'a.a.a.a'}\n".into(),
+                "mistral names",
+            ),
+        ];
+        let name = ["a"; 64].join(".") + ".x0";
+        for (yaml, rule) in cases {
+            let r = rules(&yaml);
+            let t = std::time::Instant::now();
+            let e = r.apply(&name).expect_err("refused");
+            assert!(t.elapsed().as_secs() < 2, "{rule}: took {:?}", t.elapsed());
+            assert_eq!(e.limit, name.len() + limits::MAX_NAME_GROWTH);
+            assert!(e.rule.starts_with(rule), "{} is not {rule}", e.rule);
+            assert!(e.to_string().contains("longer than"), "{e}");
+        }
+        // Ordinary renames are far inside the limit.
+        let r = rules("regex:\n  - {pattern: '^(.*)$', replace: '\\1\\1'}\n");
+        assert!(matches!(r.apply("ab"), Ok(Outcome::Mapped(m)) if m.target == "abab"));
+    }
+
+    #[test]
+    fn too_many_or_too_long_rules_are_refused_naming_the_limit() {
+        let many = (0..=limits::MAX_REGEX_RULES)
+            .map(|k| format!("  - {{pattern: 'a{k}$', replace: b}}\n"))
+            .collect::<String>();
+        let mut r: Rules = serde_saphyr::from_str(&format!("regex:\n{many}")).unwrap();
+        let e = r.compile().unwrap_err();
+        assert!(e.contains("at most 256"), "{e}");
+        let long = format!("substr:\n  - {{from: a, to: '{}'}}\n", "b".repeat(2000));
+        let mut r: Rules = serde_saphyr::from_str(&long).unwrap();
+        let e = r.compile().unwrap_err();
+        assert!(
+            e.contains("2000 bytes") && e.contains("at most 1024"),
+            "{e}"
+        );
+        // A regex that compiles past the size limit is refused by name.
+        let mut r: Rules =
+            serde_saphyr::from_str("regex:\n  - {pattern: '\\w{1000}\\w{1000}', replace: b}\n")
+                .unwrap();
+        r.compile().unwrap();
+        let e = r.check_regexes().unwrap_err();
+        assert!(e.contains("the limit for one rule"), "{e}");
     }
 }

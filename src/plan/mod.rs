@@ -48,9 +48,15 @@ pub use types::{
 };
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint
-/// is compared with them (about 6 KB a layer for Llama): a billion from a typo or a hostile
-/// config must be refused, not abort on a failed allocation. Real models have a few hundred.
-pub const MAX_LAYERS: u64 = 100_000;
+/// is compared with them (about 6 KB a layer for Llama), once per layout `wload sizes` checks: a
+/// count from a typo or a hostile config must be refused at once, not cost a minute and gigabytes.
+/// The deepest real models have about 130 layers; this is thirty times that.
+pub const MAX_LAYERS: u64 = 4096;
+
+/// The most parameters a model may have, all layers together (before quantization adds its
+/// scales). DeepSeek-V3 has about 2,500 and a 4,096-layer Llama 45,000; a mapping whose `layer`
+/// list holds a thousand parameters must not multiply into millions.
+pub const MAX_PARAMETERS: u64 = 1 << 17;
 
 /// The most experts a layer may have. Each expert of each MoE layer gets its own sources and
 /// slices, so a count from a typo or a hostile config (2^31) would run for hours and exhaust
@@ -67,7 +73,7 @@ pub fn plan(
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
     let mapping = mapping_for(mapping, config, opts);
-    plan_mapped(&mapping, config, &map::map(&mapping, ckpt), opts)
+    plan_mapped(&mapping, config, &map::map(&mapping, ckpt)?, opts)
 }
 
 /// `mapping`'s name rules for this model: the stacked rules whose `when` holds for `config`, and
@@ -379,7 +385,7 @@ mod tests {
     fn the_plan_follows_the_mapped_result_and_never_renames() {
         let (config, ckpt) = llama_gqa();
         let mapping = crate::mapping::select(None, config.architecture()).expect("mapping");
-        let mut mapped = map::map(&mapping, &ckpt);
+        let mut mapped = map::map(&mapping, &ckpt).expect("maps");
         let norm = mapped
             .tensors
             .iter_mut()
@@ -407,15 +413,20 @@ mod tests {
         let (config, ckpt) = llama_gqa();
         let mapping = crate::mapping::select(None, config.architecture()).expect("mapping");
         let direct = plan(&mapping, &config, &ckpt, &options(2)).expect("plan");
-        let staged =
-            plan_mapped(&mapping, &config, &map::map(&mapping, &ckpt), &options(2)).expect("plan");
+        let staged = plan_mapped(
+            &mapping,
+            &config,
+            &map::map(&mapping, &ckpt).expect("maps"),
+            &options(2),
+        )
+        .expect("plan");
         assert_eq!(
             serde_json::to_value(&direct).expect("json"),
             serde_json::to_value(&staged).expect("json")
         );
         assert_eq!(
             direct.sources.len(),
-            mapping_targets(&map::map(&mapping, &ckpt))
+            mapping_targets(&map::map(&mapping, &ckpt).expect("maps"))
         );
     }
 

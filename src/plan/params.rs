@@ -8,7 +8,7 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
 use super::layout::Geometry;
-use super::{MAX_EXPERTS, MAX_LAYERS, PlanError, Planner, Problem, Retie};
+use super::{MAX_EXPERTS, MAX_LAYERS, MAX_PARAMETERS, PlanError, Planner, Problem, Retie};
 use crate::dtype::Dtype;
 use crate::mapping::expr::{EvalError, Scope};
 use crate::mapping::{Expr, Layout, ParamSpec, Tied};
@@ -102,6 +102,25 @@ impl<'m> Planner<'m> {
                     "the config gives {layers} layers (`{expr}`); wload plans at most {MAX_LAYERS}"
                 ),
                 fix: Some("check num_hidden_layers in config.json or --hf-overrides".into()),
+                ..Default::default()
+            });
+            return Err(self.refusal());
+        }
+        let p = &self.mapping.parameters;
+        let total = (layers.checked_mul(p.layer.len() as u64))
+            .and_then(|n| n.checked_add((p.head.len() + p.tail.len()) as u64));
+        if total.is_none_or(|n| n > MAX_PARAMETERS) {
+            self.problems.push(Problem {
+                message: format!(
+                    "{layers} layers of {} parameters each (`{expr}`) are more than the {MAX_PARAMETERS} \
+                     parameters wload plans for a model",
+                    p.layer.len()
+                ),
+                fix: Some(
+                    "check num_hidden_layers in config.json or --hf-overrides, and the mapping's \
+                     `layer` list"
+                        .into(),
+                ),
                 ..Default::default()
             });
             return Err(self.refusal());

@@ -194,7 +194,9 @@ pub fn header_problem(e: &HeaderError) -> Problem {
         | H::NotUtf8 { path, .. }
         | H::BadJson { path, .. }
         | H::Refused { path, .. }
-        | H::TrailingBytes { path, .. } => (path, None, None),
+        | H::TrailingBytes { path, .. }
+        | H::TooManyTensors { path, .. }
+        | H::TooManyTensorsInCheckpoint { root: path, .. } => (path, None, None),
         H::UnknownDtype { path, tensor, .. }
         | H::ReversedOffsets { path, tensor, .. }
         | H::Gap { path, tensor, .. }

@@ -90,10 +90,10 @@ impl<'m> Planner<'m> {
         match quantized {
             Ok(true) => {}
             Ok(false) => return None,
-            Err(message) => {
+            Err((message, fix)) => {
                 self.problems.push(Problem {
                     message: format!("{module}: {message}"),
-                    fix: Some("list every part of the fused layer in the quantization config's ignore list, or none".into()),
+                    fix: Some(fix.into()),
                     ..Default::default()
                 });
                 return None;

@@ -153,6 +153,10 @@ impl ResolveError {
         use crate::ExitStatus;
         match self {
             ResolveError::NotFound { .. } | ResolveError::NotADirectory { .. } => ExitStatus::Usage,
+            // An index past the small-file limit is the checkpoint's fault, like a malformed one.
+            ResolveError::Io { source, .. } if crate::small_file::is_too_large(source) => {
+                ExitStatus::Checkpoint
+            }
             ResolveError::Io { .. } => ExitStatus::Runtime,
             ResolveError::Hub(e) => e.exit_status(),
             _ => ExitStatus::Checkpoint,

@@ -821,7 +821,7 @@ fn a_config_claiming_a_billion_layers_is_refused_before_anything_is_built() {
         ],
     );
     r.refused(3)
-        .one_line_says(&["1000000000 layers", "num_hidden_layers", "at most 100000"])
+        .one_line_says(&["1000000000 layers", "num_hidden_layers", "at most 4096"])
         .fix_for("1000000000 layers", "--hf-overrides");
     assert_eq!(r.problem_count(), 1, "{}", r.context());
 }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use indexmap::IndexMap;
 use serde::Deserialize;
 
+use crate::mapping::limits::MAX_PARAMS_PER_LIST;
 use crate::mapping::{Expr, Layout, ParamSpec, QuantRole, Tied};
 
 /// One entry of a parameter list or block, as written; [`classify`] says which kind it is.
@@ -182,6 +183,7 @@ pub(super) fn define_block(name: &str, entries: Vec<Entry>) -> Result<Vec<ParamS
             "blocks: '{name}': a block name is letters, digits and `_` (so it never reads as a parameter name)"
         ));
     }
+    within_limit(entries.len(), &format!("blocks: {name}"))?;
     entries
         .into_iter()
         .map(|e| match classify(e)? {
@@ -219,6 +221,7 @@ pub(super) fn apply(
                 at,
             } => {
                 let items = expand(blocks, &block, &with, when.as_ref()).map_err(context)?;
+                within_limit(list.len() + items.len(), &format!("parameters.{section}"))?;
                 if let Some(dup) = items
                     .iter()
                     .find(|p| index_of(list, &p.spec.name).is_some())
@@ -247,6 +250,7 @@ pub(super) fn apply(
                         insert(list, vec![placed], &at, &mut last_after).map_err(context)?;
                     }
                     None => {
+                        within_limit(list.len() + 1, &format!("parameters.{section}"))?;
                         let placed = Placed {
                             spec: entry.into_spec().map_err(context)?,
                             block: None,
@@ -258,6 +262,18 @@ pub(super) fn apply(
         }
     }
     check_placeholders(list).map_err(|m| format!("parameters.{section}: {m}"))
+}
+
+/// A list of `len` parameters is within [`MAX_PARAMS_PER_LIST`]: each is instantiated for every
+/// layer, and `use` of a large block with many `with` values multiplies a few lines into millions.
+fn within_limit(len: usize, place: &str) -> Result<(), String> {
+    if len > MAX_PARAMS_PER_LIST {
+        return Err(format!(
+            "{place}: more than {MAX_PARAMS_PER_LIST} parameters, the most a list may \
+             hold (vLLM's largest layers have about 60)"
+        ));
+    }
+    Ok(())
 }
 
 fn index_of(list: &[Placed], name: &str) -> Option<usize> {
