@@ -37,4 +37,5 @@ mod qwen2_moe;
 mod safetensors_crate;
 mod shard;
 mod sizes;
+mod terminal;
 mod tied;
