@@ -35,6 +35,27 @@ pub enum Error {
 }
 
 impl Error {
+    /// The message as printed for people: [`Display`](std::fmt::Display)'s text with every
+    /// control character of the names, paths and strings in it escaped
+    /// ([`crate::escape::escape`]), and a line break only where the message means one (between
+    /// files' header errors, unreadable files, a plan's problems). A message is one line
+    /// otherwise, so a name with a newline in it cannot print a line of its own. `--json`
+    /// carries the `Display` text, exact.
+    pub fn for_terminal(&self) -> String {
+        use crate::escape::escape;
+        match self {
+            Error::Headers(v) => (v.iter())
+                .map(|h| escape(&h.to_string()).into_owned())
+                .collect::<Vec<_>>()
+                .join("\nerror: "),
+            Error::Resolve(e) => e.for_terminal(),
+            Error::Plan(crate::plan::PlanError::Invalid(ps)) => {
+                crate::plan::ProblemList(ps).for_terminal()
+            }
+            _ => escape(&self.to_string()).into_owned(),
+        }
+    }
+
     pub fn exit_status(&self) -> ExitStatus {
         match self {
             Error::Resolve(e) => e.exit_status(),

@@ -13,6 +13,7 @@ pub mod commands;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod escape;
 pub mod exec;
 pub mod exit;
 pub mod file_stamp;

@@ -106,10 +106,40 @@ pub struct ServeCommand {
     pub shell: String,
 }
 
+/// What the `vllm serve` command of a pre-sharded folder depends on: the layout its files were
+/// written for. Structured facts only, so that the command printed is always one wload builds.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLayout<'a> {
+    pub tp: u64,
+    pub pp: u64,
+    pub expert_parallel: bool,
+    /// The files' model dtype (`BF16`); `None` when unknown, which asks for no `--dtype`.
+    pub dtype: Option<&'a str>,
+    /// The other files in the folder (config.json, params.json, tokenizer files).
+    pub side_files: &'a [String],
+}
+
+impl<'a> ServeLayout<'a> {
+    pub fn of(m: &'a Manifest) -> ServeLayout<'a> {
+        ServeLayout {
+            tp: m.tp,
+            pp: m.pp,
+            expert_parallel: m.expert_parallel,
+            dtype: Some(&m.dtype),
+            side_files: m.side_files.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
 impl ServeCommand {
     /// The command for folder `out` (as the user named it) holding `m`'s files; `auto_dtype` is
     /// what vLLM's `--dtype auto` picks from the folder's config.
     pub fn new(out: &Path, m: &Manifest, auto_dtype: &str) -> ServeCommand {
+        ServeCommand::for_layout(out, &ServeLayout::of(m), auto_dtype)
+    }
+
+    /// The command for folder `out` holding files of layout `m` (see [`ServeCommand::new`]).
+    pub fn for_layout(out: &Path, m: &ServeLayout, auto_dtype: &str) -> ServeCommand {
         let mut argv: Vec<String> = vec!["vllm".into(), "serve".into(), model_arg(out)];
         let mut flag = |f: &str, v: Option<String>| {
             argv.push(f.into());
@@ -123,12 +153,13 @@ impl ServeCommand {
         if m.expert_parallel {
             flag("--enable-expert-parallel", None);
         }
-        if m.dtype != auto_dtype
-            && let Some(d) = vllm_dtype(&m.dtype)
+        if let Some(dtype) = m.dtype
+            && dtype != auto_dtype
+            && let Some(d) = vllm_dtype(dtype)
         {
             flag("--dtype", Some(d.into()));
         }
-        let side = m.side_files.as_deref().unwrap_or_default();
+        let side = m.side_files;
         let has = |f: &dyn Fn(&str) -> bool| side.iter().any(|s| f(s));
         // vLLM picks params.json (and Mistral's tokenizer) by itself only next to
         // consolidated*.safetensors, which a pre-sharded folder never has

@@ -470,7 +470,8 @@ pub struct Survey {
     /// every header readable.
     pub complete: bool,
     pub problems: Vec<Problem>,
-    /// The manifest's `vllm serve` command; `None` without one.
+    /// `vllm serve` for the folder as wload builds it from the manifest's layout
+    /// ([`serve_command`]); `None` without a manifest.
     pub serve: Option<ServeCommand>,
     /// `wload load` for the folder, with the flags only the file names can tell otherwise.
     pub check_with: String,
@@ -569,13 +570,72 @@ pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
                 written_for.flags()
             ),
         },
-        written_for,
         ranks,
         filter: filter.map(|r| r.as_str().to_string()),
         totals,
         complete: problems.is_empty(),
         problems,
-        serve: manifest.and_then(|m| m.serve),
+        serve: manifest
+            .as_ref()
+            .map(|m| serve_command(root, &files, &written_for, Some(m))),
+        written_for,
+    }
+}
+
+/// `vllm serve` for the pre-sharded folder `root`, built from the layout its manifest records
+/// (else its file names show), with wload's own builder ([`ServeCommand::for_layout`], the one
+/// `shard` prints). Never the command a manifest carries: a folder from elsewhere can hold a
+/// wload.json whose `serve` is any command at all (`…; curl … | sh`), and what `inspect` prints
+/// is pasted into shells.
+pub fn serve_command(
+    root: &Path,
+    files: &RankFiles,
+    w: &WrittenFor,
+    manifest: Option<&Manifest>,
+) -> ServeCommand {
+    let layout = crate::manifest::ServeLayout {
+        tp: w.tp,
+        pp: w.pp,
+        expert_parallel: w.expert_parallel == Some(true),
+        dtype: manifest.map(|m| m.dtype.as_str()),
+        side_files: manifest
+            .and_then(|m| m.side_files.as_deref())
+            .unwrap_or_default(),
+    };
+    // Only a known dtype can need `--dtype`: reading the folder's config and headers is for that.
+    let auto = match layout.dtype {
+        Some(_) => folder_auto_dtype(root, files),
+        None => crate::dtype::Dtype::Bf16,
+    };
+    ServeCommand::for_layout(root, &layout, auto.as_str())
+}
+
+/// What vLLM's `--dtype auto` loads the folder as, the way `shard` judged it for its serve line:
+/// the folder's config's dtype, else the rank files' common lossless dtype.
+fn folder_auto_dtype(root: &Path, files: &RankFiles) -> crate::dtype::Dtype {
+    use crate::config::ConfigFormat;
+    let config = crate::config::load(root, "config.json", ConfigFormat::Hf, None)
+        .or_else(|_| crate::config::load(root, "params.json", ConfigFormat::Mistral, None));
+    // File by file: one unreadable header (which the survey reports) leaves the others' dtypes.
+    let written = || {
+        let names = files
+            .values()
+            .flat_map(|parts| parts.iter().map(|(_, n)| n));
+        let opened = names.filter_map(|n| Checkpoint::open(root, std::slice::from_ref(n)).ok());
+        let dtypes: Vec<_> = opened
+            .flat_map(|c| c.all_tensors().map(|t| t.dtype).collect::<Vec<_>>())
+            .collect();
+        dtypes
+    };
+    match config {
+        Ok(c) if c.dtype.is_some() => {
+            plan::resolve_dtype(plan::DtypeChoice::Auto, &c, std::iter::empty())
+        }
+        Ok(c) => plan::resolve_dtype(plan::DtypeChoice::Auto, &c, written()),
+        Err(_) => match crate::dtype::common_lossless(written()) {
+            Some(crate::dtype::Dtype::F16) => crate::dtype::Dtype::F16,
+            _ => crate::dtype::Dtype::Bf16,
+        },
     }
 }
 

@@ -1,5 +1,6 @@
 //! A refused plan's problems for a terminal: a short list whole, a long one summarised by kind.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 
@@ -17,8 +18,30 @@ pub const PROBLEM_KINDS_SHOWN: usize = 20;
 /// first few of each kind, how many more there are, and a closing total; `--json` has them all.
 pub struct ProblemList<'a>(pub &'a [Problem]);
 
+/// How a problem's message and fix are embedded in the list's lines: as they are, or escaped.
+type Embed = for<'s> fn(&'s str) -> Cow<'s, str>;
+
 impl fmt::Display for ProblemList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.render(f, as_is)
+    }
+}
+
+fn as_is(s: &str) -> Cow<'_, str> {
+    Cow::Borrowed(s)
+}
+
+impl ProblemList<'_> {
+    /// The list for a terminal: each message and fix escaped ([`crate::escape::escape`]), so
+    /// that the list's only line breaks are its own, however the names in the messages read.
+    pub fn for_terminal(&self) -> String {
+        let mut s = String::new();
+        self.render(&mut s, crate::escape::escape)
+            .expect("writing to a String does not fail");
+        s
+    }
+
+    fn render(&self, f: &mut dyn fmt::Write, embed: Embed) -> fmt::Result {
         let ps = self.0;
         write!(
             f,
@@ -29,7 +52,7 @@ impl fmt::Display for ProblemList<'_> {
         let kinds = problem_kinds(ps);
         let elided =
             kinds.len() > PROBLEM_KINDS_SHOWN || kinds.iter().any(|k| k.count > PROBLEMS_PER_KIND);
-        let mut fixes = FixRun::default();
+        let mut fixes = FixRun { open: None, embed };
         if !elided {
             for p in ps {
                 fixes.problem(f, p)?;
@@ -74,20 +97,20 @@ fn plural(n: usize) -> &'static str {
 
 /// Consecutive problems with the same fix (a wrong --tp refuses every layer's tensor for one
 /// reason): their messages, then the fix once, for all of them.
-#[derive(Default)]
 struct FixRun<'a> {
     /// The run's fix and how many problems it covers so far.
     open: Option<(&'a str, usize)>,
+    embed: Embed,
 }
 
 impl<'a> FixRun<'a> {
-    fn problem(&mut self, f: &mut fmt::Formatter<'_>, p: &'a Problem) -> fmt::Result {
+    fn problem(&mut self, f: &mut dyn fmt::Write, p: &'a Problem) -> fmt::Result {
         let fix = p.fix.as_deref();
         if self.open.map(|(open, _)| open) != fix {
             self.end(f)?;
             self.open = fix.map(|x| (x, 0));
         }
-        write!(f, "\n  - {}", p.message)?;
+        write!(f, "\n  - {}", (self.embed)(&p.message))?;
         if let Some((_, n)) = &mut self.open {
             *n += 1;
         }
@@ -96,7 +119,7 @@ impl<'a> FixRun<'a> {
 
     /// `more` problems like the last one, not shown; the run's fix covers them when every
     /// problem of their kind has it (`same_fix`).
-    fn more(&mut self, f: &mut fmt::Formatter<'_>, more: usize, same_fix: bool) -> fmt::Result {
+    fn more(&mut self, f: &mut dyn fmt::Write, more: usize, same_fix: bool) -> fmt::Result {
         if !same_fix {
             self.end(f)?;
         }
@@ -108,10 +131,16 @@ impl<'a> FixRun<'a> {
     }
 
     /// Writes the open run's fix.
-    fn end(&mut self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn end(&mut self, f: &mut dyn fmt::Write) -> fmt::Result {
+        let embed = self.embed;
         match self.open.take() {
-            Some((fix, 1)) => write!(f, "\n    fix: {fix}"),
-            Some((fix, n)) => write!(f, "\n    fix (the {} above): {fix}", thousands(n as u64)),
+            Some((fix, 1)) => write!(f, "\n    fix: {}", embed(fix)),
+            Some((fix, n)) => write!(
+                f,
+                "\n    fix (the {} above): {}",
+                thousands(n as u64),
+                embed(fix)
+            ),
             None => Ok(()),
         }
     }

@@ -26,20 +26,30 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
 
 fn write_origin(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
     let f = &i.format;
-    writeln!(w, "source  {}", i.source)?;
+    writeln!(w, "source  {}", Esc(&i.source))?;
     if let Some(h) = &i.hub {
-        writeln!(w, "hub     revision {} at commit {}", h.revision, h.commit)?;
+        writeln!(
+            w,
+            "hub     revision {} at commit {}",
+            Esc(&h.revision),
+            Esc(&h.commit)
+        )?;
         let fetched = match (h.downloaded.len(), h.offline) {
             (0, true) => "offline, all from the cache".to_string(),
             (0, false) => "all from the cache".to_string(),
             (1, _) => "1 file downloaded".to_string(),
             (n, _) => format!("{n} files downloaded"),
         };
-        writeln!(w, "cache   {} ({fetched})", h.snapshot.display())?;
+        writeln!(
+            w,
+            "cache   {} ({fetched})",
+            Esc(&h.snapshot.to_string_lossy())
+        )?;
         if let Some(note) = &h.note {
             writeln!(
                 w,
-                "note    the hub could not be asked, so the cache answered: {note}"
+                "note    the hub could not be asked, so the cache answered: {}",
+                Esc(note)
             )?;
         }
     }
@@ -51,13 +61,14 @@ fn write_origin(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
     let index = f
         .index
         .as_ref()
-        .map_or_else(String::new, |x| format!(", filtered by {x}"));
+        .map_or_else(String::new, |x| format!(", filtered by {}", Esc(x)));
     writeln!(
         w,
         "format  {}{requested}: {}{index}",
-        f.load_format, f.pattern
+        f.load_format,
+        Esc(&f.pattern)
     )?;
-    writeln!(w, "config  {}", f.config_file)
+    writeln!(w, "config  {}", Esc(&f.config_file))
 }
 
 fn write_files(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::Result<()> {
@@ -158,7 +169,7 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         ("model_type", opt(&c.model_type)),
     ];
     for (k, v) in rows {
-        writeln!(w, "  {k:<20} {v}")?;
+        writeln!(w, "  {k:<20} {}", Esc(&v))?;
     }
     Ok(())
 }
@@ -187,7 +198,7 @@ fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()> {
         None => rows.push(("mtp", "unknown".into())),
     }
     for (k, v) in rows {
-        writeln!(w, "  {k:<20} {v}")?;
+        writeln!(w, "  {k:<20} {}", Esc(&v))?;
     }
     Ok(())
 }
@@ -369,7 +380,7 @@ fn write_quantization(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::R
     }
     rows.push(("tensors", tensors));
     for (k, v) in rows {
-        writeln!(w, "  {k:<20} {v}")?;
+        writeln!(w, "  {k:<20} {}", Esc(&v))?;
     }
     Ok(())
 }
@@ -476,7 +487,7 @@ fn write_tensors(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
     let filtered = i
         .filter
         .as_ref()
-        .map_or_else(String::new, |f| format!(" matching /{f}/"));
+        .map_or_else(String::new, |f| format!(" matching /{}/", Esc(f)));
     writeln!(w, "\ntensors ({}{filtered})", i.tensors.len())?;
     let mut t = Table::new(&[
         ("NAME", false),
@@ -501,7 +512,7 @@ fn write_tensors(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
             i.duplicates.len()
         )?;
         for d in &i.duplicates {
-            writeln!(w, "  {}: {}", d.name, d.files.join(" → "))?;
+            writeln!(w, "  {}: {}", Esc(&d.name), Esc(&d.files.join(" → ")))?;
         }
     }
     Ok(())
@@ -581,7 +592,7 @@ fn write_survey(
     verbose: bool,
 ) -> io::Result<()> {
     let wf = &s.written_for;
-    writeln!(w, "source   {}", s.source)?;
+    writeln!(w, "source   {}", Esc(&s.source))?;
     writeln!(
         w,
         "kind     pre-sharded folder (vLLM sharded_state files, {})",
@@ -592,12 +603,12 @@ fn write_survey(
         "written  for {} (per {}: {})",
         wf.flags(),
         wf.from,
-        written_for_facts(wf).join(", ")
+        Esc(&written_for_facts(wf).join(", "))
     )?;
     let filtered = s
         .filter
         .as_ref()
-        .map_or_else(String::new, |f| format!(" (tensors matching /{f}/)"));
+        .map_or_else(String::new, |f| format!(" (tensors matching /{}/)", Esc(f)));
     writeln!(w, "\nranks{filtered}")?;
     let mut t = Table::new(&[
         ("RANK", true),
@@ -636,9 +647,9 @@ fn write_survey(
         human_bytes(n.bytes)
     )?;
     write_completeness(w, s)?;
-    writeln!(w, "check    {}", s.check_with)?;
+    writeln!(w, "check    {}", EscShell(&s.check_with))?;
     if let Some(serve) = &s.serve {
-        writeln!(w, "serve    {}", serve.shell)?;
+        writeln!(w, "serve    {}", EscShell(&serve.shell))?;
     } else if verbose {
         writeln!(
             w,
@@ -688,9 +699,9 @@ fn write_completeness(w: &mut dyn Write, s: &crate::pre_sharded::Survey) -> io::
         let k = s.problems.len() as u64;
         writeln!(w, "complete no, {k} problem{}:", plural(k))?;
         for p in &s.problems {
-            writeln!(w, "  - {}", p.message)?;
+            writeln!(w, "  - {}", Esc(&p.message))?;
             if let Some(fix) = &p.fix {
-                writeln!(w, "    fix: {fix}")?;
+                writeln!(w, "    fix: {}", Esc(fix))?;
             }
         }
     }
@@ -698,18 +709,18 @@ fn write_completeness(w: &mut dyn Write, s: &crate::pre_sharded::Survey) -> io::
 }
 
 fn write_lone_file(w: &mut dyn Write, f: &crate::commands::inspect::LoneFile) -> io::Result<()> {
-    writeln!(w, "source  {}", f.source)?;
+    writeln!(w, "source  {}", Esc(&f.source))?;
     writeln!(
         w,
         "kind    a single safetensors file ({}, header {})",
         human_bytes(f.size),
         human_bytes(f.header_bytes)
     )?;
-    writeln!(w, "note    {}", f.note)?;
+    writeln!(w, "note    {}", Esc(&f.note))?;
     let filtered = f
         .filter
         .as_ref()
-        .map_or_else(String::new, |x| format!(" matching /{x}/"));
+        .map_or_else(String::new, |x| format!(" matching /{}/", Esc(x)));
     writeln!(w, "\ntensors ({}{filtered})", f.tensors.len())?;
     let mut t = Table::new(&[
         ("NAME", false),

@@ -18,7 +18,7 @@ pub fn write_load(
     }
     if !quiet {
         for warn in &r.warnings {
-            writeln!(w, "warning: {warn}")?;
+            writeln!(w, "warning: {}", Esc(warn))?;
         }
     }
     Ok(())
@@ -29,7 +29,7 @@ fn write_dry_run(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io
     writeln!(
         w,
         "ok: vLLM would load {} at tp {}{} ({} ranks checked, {}, {})",
-        r.source,
+        Esc(&r.source),
         r.tp,
         if r.pp > 1 {
             format!(" pp {}", r.pp)
@@ -52,9 +52,9 @@ fn write_dry_run(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io
         writeln!(
             w,
             "  read {} {} checksum {}{m}",
-            f.file,
+            Esc(&f.file),
             human_bytes(f.bytes),
-            f.xxh3_64k
+            Esc(&f.xxh3_64k)
         )?;
     }
     Ok(())
@@ -137,9 +137,9 @@ fn write_transfer(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> i
                 w,
                 "  rank {} {} {} {}",
                 k.rank,
-                s.name,
+                Esc(&s.name),
                 shape(&s.shape),
-                s.xxh3
+                Esc(&s.xxh3)
             )?;
         }
     }
@@ -155,7 +155,7 @@ fn write_checked(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io
         w,
         "checked: all {tensors} {} read back from {} equal byte for byte what the host computes from the source",
         if tensors == 1 { "tensor" } else { "tensors" },
-        devices.join(", ")
+        Esc(&devices.join(", "))
     )
 }
 
@@ -196,7 +196,9 @@ fn write_source(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io:
         writeln!(
             w,
             "  io {} ({}); {} threads{staging}",
-            io.choice.used, io.choice.why, io.threads
+            io.choice.used,
+            Esc(&io.choice.why),
+            io.threads
         )?;
     }
     let t = &r.timings;

@@ -1,5 +1,11 @@
 //! Human-facing output: aligned tables, sizes and problem lists, one file per subcommand. JSON
 //! output is serde's; this is the rest.
+//!
+//! Everything here is written for a terminal, through [`crate::escape::Terminal`] (see
+//! `src/bin/wload/`), which escapes control characters. What it cannot do is tell a newline in
+//! a name from one wload writes: every untrusted value (a name, a path, a string from a config,
+//! a mapping, a hub or a manifest) is formatted into a line with [`Esc`], and a [`Table`]
+//! escapes its cells itself.
 
 mod inspect;
 pub mod json;
@@ -8,16 +14,19 @@ mod plan;
 mod shard;
 mod sizes;
 
+use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
+pub use crate::escape::{Esc, EscShell, escape};
 pub use inspect::{write_inspection, write_other_source};
 pub use load::write_load;
 pub use plan::write_plan;
 pub use shard::write_shard;
 pub use sizes::write_sizes;
 
-/// A plain aligned table; columns marked numeric are right-aligned.
+/// A plain aligned table; columns marked numeric are right-aligned. Cells are escaped
+/// ([`escape`]): a name with a newline or an ESC in it stays one cell of one line.
 ///
 /// A table either stores its rows ([`Table::row`], then [`Table::write`]), every cell's text back
 /// to back in one buffer, or, for one of 100k+ rows, is written in two passes over the caller's
@@ -55,15 +64,20 @@ impl Table {
 
     /// Stores the next cell: cells fill a row from left to right, then start the next row.
     pub fn cell(&mut self, s: &str) {
-        self.text.push_str(s);
+        self.text.push_str(&escape(s));
         self.end_cell();
     }
 
     /// Stores the next cell, formatted straight into the table (`format_args!`).
     pub fn cell_fmt(&mut self, args: fmt::Arguments) {
+        let start = self.text.len();
         self.text
             .write_fmt(args)
             .expect("formatting into a String does not fail");
+        if let Cow::Owned(e) = escape(&self.text[start..]) {
+            self.text.truncate(start);
+            self.text.push_str(&e);
+        }
         self.end_cell();
     }
 
@@ -78,7 +92,7 @@ impl Table {
     pub fn fit(&mut self, cells: &[&str]) {
         debug_assert_eq!(cells.len(), self.width.len());
         for (w, c) in self.width.iter_mut().zip(cells) {
-            *w = (*w).max(width(c));
+            *w = (*w).max(width(&escape(c)));
         }
     }
 
@@ -126,12 +140,16 @@ impl Rows<'_> {
         self.line(cells.iter().copied())
     }
 
-    /// Built whole before it is written, so that trailing blanks can be trimmed.
+    /// Built whole before it is written, so that trailing blanks can be trimmed. Cells are
+    /// escaped here too, for rows that were fitted rather than stored (a stored cell is escaped
+    /// already, and escaping is idempotent).
     fn line<'c>(&mut self, cells: impl Iterator<Item = &'c str>) -> io::Result<()> {
         let (t, line) = (self.table, &mut self.line);
         line.clear();
         line.push_str(self.indent);
         for (i, c) in cells.enumerate() {
+            let c = escape(c);
+            let c = c.as_ref();
             if i > 0 {
                 line.push_str("  ");
             }

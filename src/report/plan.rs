@@ -8,8 +8,13 @@ use crate::plan::{Piece, PlanReport};
 /// The `plan` report: a summary, then per rank its tensors and where they come from.
 pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Result<()> {
     let p = &r.plan;
-    writeln!(w, "source        {}", r.source)?;
-    writeln!(w, "model         {} (mapping {})", p.architecture, p.family)?;
+    writeln!(w, "source        {}", Esc(&r.source))?;
+    writeln!(
+        w,
+        "model         {} (mapping {})",
+        Esc(&p.architecture),
+        Esc(&p.family)
+    )?;
     let ep = if p.expert_parallel {
         " + expert parallel"
     } else {
@@ -37,14 +42,15 @@ pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Resul
         writeln!(
             w,
             "note          config says tied but the checkpoint has '{}': kept as two tensors unless equal to '{}'",
-            rt.compare[1], rt.compare[0]
+            Esc(&rt.compare[1]),
+            Esc(&rt.compare[0])
         )?;
     }
     if !p.skipped.is_empty() {
         writeln!(w, "skipped       {} checkpoint tensors", p.skipped.len())?;
         if verbose {
             for s in &p.skipped {
-                writeln!(w, "  {}: {}", s.tensor, s.reason)?;
+                writeln!(w, "  {}: {}", Esc(&s.tensor), Esc(&s.reason))?;
             }
         }
     }

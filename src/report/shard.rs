@@ -21,7 +21,7 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
         },
         if m.ranks.len() == 1 { "rank" } else { "ranks" },
         m.ranks,
-        r.out
+        Esc(&r.out)
     )?;
     let unchanged_config = r.config_changes.as_ref().is_some_and(Vec::is_empty);
     let copied: Vec<&str> = unchanged_config
@@ -30,10 +30,10 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
         .chain(r.side_files.iter().map(String::as_str))
         .collect();
     if !copied.is_empty() {
-        writeln!(w, "copied {}", copied.join(", "))?;
+        writeln!(w, "copied {}", Esc(&copied.join(", ")))?;
     }
     if let Some(changes) = r.config_changes.as_ref().filter(|c| !c.is_empty()) {
-        writeln!(w, "rewrote config.json: {}", changes.join("; "))?;
+        writeln!(w, "rewrote config.json: {}", Esc(&changes.join("; ")))?;
     }
     if r.verified {
         writeln!(
@@ -73,10 +73,10 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
         writeln!(
             w,
             "serve with (once all {world} ranks' files are in one folder; `wload inspect` checks): {}",
-            serve.shell
+            EscShell(&serve.shell)
         )
     } else {
-        writeln!(w, "serve with: {}", serve.shell)
+        writeln!(w, "serve with: {}", EscShell(&serve.shell))
     }
 }
 
@@ -92,7 +92,7 @@ fn write_read(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> io:
         w,
         "read: io {} ({}); source {}, {:.0}% in the page cache at the start ({}{evicted})",
         r.io.used,
-        r.io.why,
+        Esc(&r.io.why),
         human_bytes(c.source_bytes),
         c.resident_share * 100.0,
         human_bytes(c.resident_bytes),

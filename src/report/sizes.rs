@@ -7,8 +7,13 @@ use crate::commands::plan::{SizesReport, Verdict};
 
 /// The model's shape, a table of every layout checked, and the accepted sizes summed up.
 pub fn write_sizes(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {
-    writeln!(w, "source   {}", r.source)?;
-    writeln!(w, "model    {} (mapping {})", r.architecture, r.family)?;
+    writeln!(w, "source   {}", Esc(&r.source))?;
+    writeln!(
+        w,
+        "model    {} (mapping {})",
+        Esc(&r.architecture),
+        Esc(&r.family)
+    )?;
     let experts = r
         .experts
         .map_or(String::new(), |e| format!(", {e} experts"));

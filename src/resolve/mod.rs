@@ -131,7 +131,8 @@ pub enum ResolveError {
         pattern: &'static str,
         /// Boxed: every `Result` of the library carries a `ResolveError`.
         written_for: Box<crate::rank_files::WrittenFor>,
-        /// `vllm serve` for the folder: its manifest's, else from the file names.
+        /// `vllm serve` for the folder, built by wload from its layout
+        /// ([`crate::pre_sharded::serve_command`]).
         serve: String,
     },
     /// A hub repo id that could not be resolved or fetched.
@@ -149,6 +150,21 @@ pub enum ResolveError {
 }
 
 impl ResolveError {
+    /// The message for a terminal: one line per unreadable file, else one line whole, every
+    /// control character in it escaped ([`crate::escape::escape`]).
+    pub fn for_terminal(&self) -> String {
+        use crate::escape::escape;
+        match self {
+            ResolveError::UnreadableWeights { root, why, files } => {
+                (unreadable_line_list(root, why, files).iter())
+                    .map(|l| escape(l).into_owned())
+                    .collect::<Vec<_>>()
+                    .join("\nerror: ")
+            }
+            _ => escape(&self.to_string()).into_owned(),
+        }
+    }
+
     pub fn exit_status(&self) -> crate::ExitStatus {
         use crate::ExitStatus;
         match self {
@@ -162,39 +178,6 @@ impl ResolveError {
             _ => ExitStatus::Checkpoint,
         }
     }
-}
-
-/// `vllm serve` for a pre-sharded folder: the manifest's command, else one for the layout its
-/// file names show.
-fn serve_command(
-    root: &Path,
-    w: &crate::rank_files::WrittenFor,
-    m: Option<&crate::manifest::Manifest>,
-) -> String {
-    // The manifest's command names OUT as it was given to `shard`, from wherever that ran.
-    if let Some(serve) = m.and_then(|m| m.serve.as_ref())
-        && serve.argv.len() > 2
-    {
-        let mut argv = serve.argv.clone();
-        argv[2] = root.display().to_string();
-        return argv
-            .iter()
-            .map(|a| crate::manifest::shell_quote(a))
-            .collect::<Vec<_>>()
-            .join(" ");
-    }
-    let mut s = format!(
-        "vllm serve {} --load-format sharded_state --tensor-parallel-size {}",
-        crate::manifest::shell_quote(&root.display().to_string()),
-        w.tp
-    );
-    if w.pp > 1 {
-        s += &format!(" --pipeline-parallel-size {}", w.pp);
-    }
-    if w.expert_parallel == Some(true) {
-        s += " --enable-expert-parallel";
-    }
-    s
 }
 
 /// What to do with a lone safetensors file given as SOURCE: vLLM builds the model from a folder's
@@ -233,6 +216,11 @@ fn lone_file_hint(path: &Path) -> String {
 }
 
 fn unreadable_lines(root: &Path, glob: &str, files: &[local::Unreadable]) -> String {
+    unreadable_line_list(root, glob, files).join("\nerror: ")
+}
+
+/// One line per unreadable file, each a message of its own.
+fn unreadable_line_list(root: &Path, glob: &str, files: &[local::Unreadable]) -> Vec<String> {
     files
         .iter()
         .map(|u| {
@@ -255,8 +243,7 @@ fn unreadable_lines(root: &Path, glob: &str, files: &[local::Unreadable]) -> Str
                 ),
             }
         })
-        .collect::<Vec<_>>()
-        .join("\nerror: ")
+        .collect()
 }
 
 /// Resolves a local checkpoint folder the way vLLM 0.33's DefaultModelLoader does.
@@ -292,7 +279,8 @@ fn refuse_pre_sharded(root: &Path) -> Result<(), ResolveError> {
     Err(ResolveError::PreSharded {
         root: root.to_path_buf(),
         pattern: pre_sharded_pattern(root),
-        serve: serve_command(root, &written_for, manifest.as_ref()),
+        serve: crate::pre_sharded::serve_command(root, &files, &written_for, manifest.as_ref())
+            .shell,
         written_for: Box::new(written_for),
     })
 }

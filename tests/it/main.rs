@@ -38,4 +38,5 @@ mod safetensors_crate;
 mod shard;
 mod sizes;
 mod source_changes;
+mod terminal;
 mod tied;

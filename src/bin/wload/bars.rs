@@ -53,7 +53,8 @@ pub fn download_bars(quiet: bool) -> wload::resolve::hub::DownloadProgress {
             )
             .expect("valid template"),
         );
-        pb.set_message(format!("downloading {file}"));
+        // The name is the hub's: a control character in it would reach the terminal raw.
+        pb.set_message(format!("downloading {}", wload::escape::Esc(file)));
         Box::new(Bar(pb))
     })
 }

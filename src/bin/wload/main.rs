@@ -1,5 +1,9 @@
 //! The `wload` binary: parse the command line, call the library, turn errors into messages and
 //! exit statuses. Nothing else lives here.
+//!
+//! Every text for people leaves through [`wload::escape::Terminal`]: the human reports (in
+//! [`emit`]) and everything on stderr ([`say`]), so that no control character of a name, a path
+//! or a manifest reaches the terminal raw; `--json` documents are written as serde writes them.
 
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
@@ -13,6 +17,7 @@ use clap::{CommandFactory, Parser};
 use wload::cli::{
     Cli, Command, InspectArgs, LoadArgs, ParallelArgs, PlanArgs, ShardArgs, SizesArgs, SourceArgs,
 };
+use wload::escape::{Esc, Terminal};
 use wload::{Error, ExitStatus, SourceOptions};
 
 fn main() -> ExitCode {
@@ -39,8 +44,7 @@ fn main() -> ExitCode {
             if json && !matches!(e, Error::Output(_)) {
                 print_json(&wload::report::json::failure(&e, status));
             }
-            // stderr may be closed or full too; there is nowhere left to say so.
-            let _ = writeln!(io::stderr(), "error: {e}");
+            say(format_args!("error: {}", e.for_terminal()));
             ExitCode::from(status)
         }
     }
@@ -57,8 +61,45 @@ fn refused_command_line(e: &clap::Error) -> ExitCode {
     if json_requested(std::env::args_os().skip(1)) {
         print_json(&wload::report::json::usage_failure(&e.render().to_string()));
     }
-    let _ = e.print();
+    match escaped_usage_error(std::env::args_os().skip(1)) {
+        Some(text) => say(format_args!("{}", text.trim_end())),
+        None => {
+            let _ = e.print();
+        }
+    }
     ExitCode::from(ExitStatus::Usage as u8)
+}
+
+/// clap's message for the command line with every argument escaped, when one has a control
+/// character in it (a file name passed by a script, say); `None` otherwise, for clap to print in
+/// colour. clap quotes the argument it refuses, after stripping only some controls (ESC
+/// sequences, not CR, C1 or a newline): parsing the escaped arguments again gives the same
+/// refusal, quoting the escaped text, so that nothing in it can start a line.
+fn escaped_usage_error(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    let args: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+    if !args
+        .iter()
+        .any(|a| a.chars().any(wload::escape::is_control))
+    {
+        return None;
+    }
+    let escaped = args.iter().map(|a| wload::escape::escape(a).into_owned());
+    let program = std::iter::once("wload".to_string());
+    match Cli::try_parse_from(program.chain(escaped)) {
+        Err(e) => Some(e.render().to_string()),
+        // Escaping made the line acceptable (it never should): say that it was refused.
+        Ok(_) => Some(
+            "error: the command line was refused, and one of its arguments has control characters in it"
+                .into(),
+        ),
+    }
+}
+
+/// One line on stderr for people, its control characters escaped ([`Terminal`]). stderr may be
+/// closed or full; there is nowhere left to say so.
+fn say(line: std::fmt::Arguments) {
+    let mut t = Terminal::new(io::stderr().lock());
+    let _ = writeln!(t, "{line}").and_then(|()| t.flush());
 }
 
 /// Whether `--json` is among the options (not after `--`, where everything is a value).
@@ -150,7 +191,8 @@ fn emit<T: serde::Serialize>(
         serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| Error::Output(e.into()))?;
         writeln!(out).map_err(Error::Output)
     } else if let Some(h) = human {
-        h(out).map_err(Error::Output)
+        let mut t = Terminal::new(out);
+        h(&mut t).and_then(|()| t.flush()).map_err(Error::Output)
     } else {
         Ok(())
     }
@@ -252,12 +294,11 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         bars::labelled_bar(total, g.quiet, "writing")
     })?;
     for s in &report.removed_leftovers {
-        let _ = writeln!(
-            io::stderr(),
+        say(format_args!(
             "note: removed {}, left by wload process {} (no longer running)",
-            s.path.display(),
+            Esc(&s.path.to_string_lossy()),
             s.pid
-        );
+        ));
     }
     let human: Human = &|w| wload::report::write_shard(w, &report);
     let json = json_if(args.json, Some(wload::report::json::SHARD_SCHEMA_VERSION));
@@ -293,7 +334,7 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     )?;
     // After the run: an error, when there is one, comes first on stderr.
     if let (Some(note), false) = (&settings.note, g.quiet) {
-        let _ = writeln!(io::stderr(), "note: {note}");
+        say(format_args!("note: {}", Esc(note)));
     }
     emit(
         out,
