@@ -37,6 +37,12 @@ pub struct Manifest {
     /// manifests of wload 0.1.0 before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub side_files: Option<Vec<String>>,
+    /// Everything inside the folders among `side_files`, as paths relative to OUT, folders
+    /// ending in `/` (`original/`, `original/params.json`): `--force` replaces a copied folder
+    /// only while it holds exactly these. Absent when no folder was copied, and in manifests of
+    /// wload 0.1.0 before it was added (their folders are not provably wload's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_tree: Option<Vec<String>>,
     /// The `vllm serve` command for this folder, as `shard` printed it. Absent in manifests of
     /// wload 0.1.0 before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -2,6 +2,9 @@
 //! temporary sibling folder and renamed into place only when complete (and verified).
 
 pub mod output;
+mod owned;
+mod side;
+mod space;
 
 use std::fs::{self, File};
 use std::io;
@@ -75,6 +78,48 @@ pub enum ShardError {
     },
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// OUT's file system has too little room for this run: refused before anything is written.
+    #[error(
+        "-o {}: needs {} on the file system holding {} ({} of files and {} of margin for the file system's own use), and only {} is free there{}; nothing was written: free some space or choose an output folder on another disk",
+        .out.display(),
+        crate::units::HumanBytes(.need.saturating_add(*.margin)),
+        .fs.display(),
+        crate::units::HumanBytes(*.need),
+        crate::units::HumanBytes(*.margin),
+        crate::units::HumanBytes(*.free),
+        if *.replacing { " (the earlier output in OUT is removed only once the new one is complete, so its space does not count)" } else { "" }
+    )]
+    NoSpace {
+        out: PathBuf,
+        fs: PathBuf,
+        need: u64,
+        margin: u64,
+        free: u64,
+        replacing: bool,
+    },
+    #[error(
+        "-o {}: this run creates {files} files, and the file system holding {} has room for only {free} more (out of inodes); nothing was written: free some inodes (delete small files) or choose an output folder on another disk",
+        .out.display(),
+        .fs.display()
+    )]
+    NoInodes {
+        out: PathBuf,
+        fs: PathBuf,
+        files: u64,
+        free: u64,
+    },
+    /// A write on OUT's file system failed for a reason of that file system (full, quota,
+    /// read-only, file size limit), whichever file it was writing.
+    #[error(
+        "{}: {source}: {why} (nothing was published: this run's partial files were removed)",
+        .file.display()
+    )]
+    OutDisk {
+        file: PathBuf,
+        #[source]
+        source: io::Error,
+        why: String,
+    },
     /// An I/O failure on a file of the staging folder, named as the file of OUT it was to become.
     #[error(
         "{op} {}: {source} (nothing was published: this run's partial files were removed)",
@@ -91,7 +136,9 @@ pub enum ShardError {
 impl ShardError {
     /// Names a staging file (`.OUT.wload-tmp-PID/x`) as the OUT file it stood for (`OUT/x`): the
     /// staging folder is an implementation detail, and it is gone by the time the user reads this.
-    fn named_in_out(self, tmp: &Path, out: &Path) -> ShardError {
+    /// A failure of OUT's file system itself (full, quota, read-only) says so, with what this run
+    /// needs there (`space`), whichever file it happened in.
+    fn named_in_out(self, tmp: &Path, out: &Path, space: Option<&space::Space>) -> ShardError {
         let (ShardError::Io { path, .. } | ShardError::Exec(ExecError::Io { path, .. })) = &self
         else {
             return self;
@@ -99,11 +146,22 @@ impl ShardError {
         let Ok(rel) = path.strip_prefix(tmp) else {
             return self;
         };
-        let path = out.join(rel);
+        let path = if rel.as_os_str().is_empty() {
+            out.to_path_buf()
+        } else {
+            out.join(rel)
+        };
         match self {
             ShardError::Io { op, source, .. }
             | ShardError::Exec(ExecError::Io { op, source, .. }) => {
-                ShardError::Staged { op, path, source }
+                match space::DiskProblem::of(&source) {
+                    Some(p) => ShardError::OutDisk {
+                        file: path,
+                        why: p.explain(space, &output::parent_of(out)),
+                        source,
+                    },
+                    None => ShardError::Staged { op, path, source },
+                }
             }
             other => other,
         }
@@ -132,6 +190,9 @@ impl ShardError {
                 ExitStatus::Checkpoint
             }
             ShardError::Raced(_)
+            | ShardError::NoSpace { .. }
+            | ShardError::NoInodes { .. }
+            | ShardError::OutDisk { .. }
             | ShardError::SideFile { .. }
             | ShardError::Io { .. }
             | ShardError::Staged { .. } => ExitStatus::Runtime,
@@ -146,6 +207,9 @@ pub struct ShardReport {
     pub manifest: Manifest,
     pub bytes: u64,
     pub side_files: Vec<String>,
+    /// Folders of the source left out of the side files, though vLLM's example script would copy
+    /// them: earlier wload outputs and staging folders inside the checkpoint.
+    pub skipped_side_files: Vec<String>,
     /// What wload changed in config.json (`key: before → after (why)`): empty when it was copied
     /// unchanged, `None` when the source has none (Mistral-native: params.json is a side file).
     pub config_changes: Option<Vec<String>>,
@@ -214,9 +278,12 @@ pub fn shard(
         .flat_map(|r| parts::layout(r, Some(opts.max_part_size), plan.pp > 1))
         .collect();
     let total: u64 = files.iter().map(|f| f.size).sum();
+    let side = side::list(root, &opts.out)?;
+    let space = check_space(&opts.out, &target, root, (total, files.len() as u64), &side)?;
 
     let staging = output::Staging::create(&target)?;
     let tmp = staging.path();
+    let published = |e: ShardError| e.named_in_out(tmp, &opts.out, Some(&space));
 
     let (source_cache, io) = source_io(&plan, root, opts)?;
     let t = Instant::now();
@@ -232,15 +299,14 @@ pub fn shard(
         &files,
         &Control::new(cancel, bar.as_ref()).with_options(exec),
     )
-    .map_err(|e| ShardError::from(e).named_in_out(tmp, &opts.out))?;
+    .map_err(|e| published(ShardError::from(e)))?;
     timings.write_s = t.elapsed().as_secs_f64() - written.hash_tail_s;
     timings.hash_s = written.hash_tail_s;
     timings.hash_busy_s = written.hash_busy_s;
     let hashes = written.hashes;
 
     let t = Instant::now();
-    let published = |e: ShardError| e.named_in_out(tmp, &opts.out);
-    let side = copy_side_files(root, tmp, &opts.out, cancel).map_err(published)?;
+    side.copy(root, tmp, cancel).map_err(published)?;
     let config_changes = write_config(root, opened, tmp, &plan).map_err(published)?;
     timings.side_files_s = t.elapsed().as_secs_f64();
 
@@ -251,7 +317,7 @@ pub fn shard(
     if opts.verify {
         let t = Instant::now();
         verify::verify_parts(&plan, root, tmp, &files, &Control::new(cancel, &Quiet))
-            .map_err(|e| ShardError::from(e).named_in_out(tmp, &opts.out))?;
+            .map_err(|e| published(ShardError::from(e)))?;
         timings.verify_s = t.elapsed().as_secs_f64();
     }
     if cancel.load(Ordering::Relaxed) {
@@ -259,8 +325,9 @@ pub fn shard(
     }
 
     let config = config_changes.is_some().then(|| "config.json".to_string());
-    let side_and_config = side.iter().cloned().chain(config).collect();
+    let side_and_config = side.names().into_iter().chain(config).collect();
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
+    manifest.side_tree = side.tree();
     manifest.serve = Some(serve_command(&opts.out, &manifest, &plan, &opened.config));
     write_manifest(tmp, &manifest).map_err(published)?;
 
@@ -269,7 +336,8 @@ pub fn shard(
         out: opts.out.display().to_string(),
         bytes: total,
         manifest,
-        side_files: side,
+        side_files: side.names(),
+        skipped_side_files: side.skipped,
         config_changes,
         verified: opts.verify,
         removed_leftovers,
@@ -277,6 +345,25 @@ pub fn shard(
         io,
         source_cache,
     })
+}
+
+/// Refuses a run whose files do not fit on OUT's file system, before anything is written there:
+/// the part files, the side files, config.json and the manifest (estimated generously).
+fn check_space(
+    out: &Path,
+    target: &output::Target,
+    root: &Path,
+    (parts, part_files): (u64, u64),
+    side: &side::SideFiles,
+) -> Result<space::Space, ShardError> {
+    let config = fs::metadata(root.join("config.json")).map_or(0, |m| m.len());
+    // An untied config.json grows by a few bytes; a manifest entry is under 512 bytes.
+    let small = config + 4096 + 512 * (part_files + side.count());
+    let bytes = parts.saturating_add(side.bytes).saturating_add(small);
+    // The part files, the side files and folders, config.json, wload.json, the owner record.
+    let count = part_files + side.count() + 3;
+    let fs = output::parent_of(out);
+    space::check(out, &fs, bytes, count, target.replaces_output())
 }
 
 /// `--cold` and `--io`, as `load` does them (see [`crate::exec::storage::prepare`]).
@@ -391,6 +478,7 @@ fn manifest_for(
             })
             .collect(),
         side_files: Some(side_files),
+        side_tree: None,
         serve: None,
     }
 }
@@ -399,98 +487,6 @@ fn write_manifest(tmp: &Path, manifest: &Manifest) -> Result<(), ShardError> {
     let path = tmp.join(MANIFEST);
     let text = serde_json::to_string_pretty(manifest).expect("manifest serialises") + "\n";
     fs::write(&path, text).map_err(|e| ShardError::io("writing", &path, e))
-}
-
-/// vLLM's example copies every entry of the model folder whose extension is not .bin, .pt or
-/// .safetensors (folders whole, unfiltered). config.json is written separately.
-fn copy_side_files(
-    root: &Path,
-    tmp: &Path,
-    out: &Path,
-    cancel: &AtomicBool,
-) -> Result<Vec<String>, ShardError> {
-    let skip: Vec<PathBuf> = [tmp, out]
-        .iter()
-        .filter_map(|p| p.canonicalize().ok())
-        .collect();
-    let mut copied = Vec::new();
-    let mut entries: Vec<_> = fs::read_dir(root)
-        .map_err(|e| ShardError::io("listing", root, e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| ShardError::io("listing", root, e))?;
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        if cancel.load(Ordering::Relaxed) {
-            return Err(ShardError::Exec(ExecError::Cancelled));
-        }
-        let name = e.file_name().to_string_lossy().into_owned();
-        let path = e.path();
-        let weights = crate::resolve::select::weight_kind(&name);
-        if weights == Some(crate::resolve::select::WeightKind::Vllm) || name == "config.json" {
-            continue;
-        }
-        if path.canonicalize().is_ok_and(|c| skip.contains(&c)) || name.contains(".wload-tmp-") {
-            continue;
-        }
-        let dst = tmp.join(&name);
-        if path.is_dir() {
-            copy_tree(&path, &dst)?;
-        } else {
-            copy_file(&path, &dst)?;
-        }
-        copied.push(name);
-    }
-    Ok(copied)
-}
-
-fn copy_tree(src: &Path, dst: &Path) -> Result<(), ShardError> {
-    fs::create_dir_all(dst).map_err(|e| ShardError::io("creating", dst, e))?;
-    for e in fs::read_dir(src).map_err(|e| ShardError::io("listing", src, e))? {
-        let e = e.map_err(|e| ShardError::io("listing", src, e))?;
-        let (from, to) = (e.path(), dst.join(e.file_name()));
-        if from.is_dir() {
-            copy_tree(&from, &to)?;
-        } else {
-            copy_file(&from, &to)?;
-        }
-    }
-    Ok(())
-}
-
-/// A regular file only, as Python's shutil.copy (which vLLM's example uses) refuses named pipes:
-/// opening one would wait for a writer forever.
-fn copy_file(from: &Path, to: &Path) -> Result<(), ShardError> {
-    crate::small_file::check_regular(from)
-        .and_then(|_| {
-            if write::copy_file_range_disabled() {
-                copy_through_memory(from, to)
-            } else {
-                fs::copy(from, to).map(|_| ())
-            }
-        })
-        .map_err(|source| ShardError::SideFile {
-            path: from.to_path_buf(),
-            source,
-        })
-}
-
-/// `fs::copy` and `io::copy` both use copy_file_range on Linux; with WLOAD_NO_COPY_FILE_RANGE
-/// set (a filesystem whose copy_file_range corrupts data) side files go through a buffer like the
-/// tensor data does.
-fn copy_through_memory(from: &Path, to: &Path) -> io::Result<()> {
-    let src = File::open(from)?;
-    let dst = File::create(to)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    loop {
-        let n = src.read_at(&mut buf, at)?;
-        if n == 0 {
-            break;
-        }
-        dst.write_all_at(&buf[..n], at)?;
-        at += n as u64;
-    }
-    dst.set_permissions(src.metadata()?.permissions())
 }
 
 /// config.json as vLLM needs it: the bytes planned from, unchanged (not the file read again: it
@@ -511,7 +507,7 @@ fn write_config(
         if !src.exists() {
             return Ok(None);
         }
-        copy_file(&src, &dst)?;
+        side::copy_file(&src, &dst)?;
         return Ok(Some(Vec::new()));
     }
     let text = &opened.config.file_bytes;

@@ -623,3 +623,430 @@ fn a_failed_write_names_the_out_file_not_the_staging_folder() {
     assert!(!stderr(&o).contains("wload-tmp"), "{}", context(&o));
     assert!(staging_folders(work.path()).is_empty() && !out.exists());
 }
+
+/// Rewrites OUT's `wload.json` with `edit` (to make it look older or hostile).
+fn edit_manifest(out: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let path = out.join("wload.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    edit(m.as_object_mut().unwrap());
+    fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+/// A manifest written before `side_files` existed lists only its part files: `--force` refuses
+/// a folder holding anything else, naming it, and deletes nothing (it used to delete every entry
+/// such a folder held, the user's included).
+#[test]
+fn force_on_a_legacy_output_deletes_nothing_it_does_not_list() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(&fixture(GQA), 2, &out, &[]);
+    edit_manifest(&out, |m| {
+        m.remove("side_files");
+        m.remove("side_tree");
+        m["wload_version"] = "0.1.0".into();
+    });
+    fs::write(out.join("notes.txt"), b"mine").unwrap();
+    fs::create_dir(out.join("runs")).unwrap();
+    fs::write(out.join("runs/log"), b"mine too").unwrap();
+    let before = snapshot(&out);
+    let o = shard(&fixture(GQA), 2, &out, &["--force"]);
+    let err = assert_refused(
+        &o,
+        2,
+        &[
+            s(&out),
+            "wload 0.1.0",
+            "lists only the part files",
+            "notes.txt",
+        ],
+    );
+    assert!(
+        err.contains("config.json") && err.contains("and 1 more"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&out), before, "--force deleted unlisted files");
+    assert!(staging_folders(work.path()).is_empty());
+
+    // Holding only what it lists (part files and wload.json), it is replaced.
+    for e in fs::read_dir(&out).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if p.is_dir() {
+            fs::remove_dir_all(&p).unwrap();
+        } else if !name.starts_with("model-rank-") && name != "wload.json" {
+            fs::remove_file(&p).unwrap();
+        }
+    }
+    let o = shard(&fixture(GQA), 2, &out, &["--force"]);
+    assert!(o.status.success(), "{}", context(&o));
+    assert_golden(&out);
+}
+
+/// A folder copied as a side file is replaced while it holds exactly what was copied; a file the
+/// user added inside it, or a listed file turned into a link, makes the folder not provably
+/// wload's. Hostile names in the manifest (`..`, absolute paths) never reach outside OUT.
+#[test]
+fn force_replaces_copied_folders_only_while_they_hold_what_was_copied() {
+    let src = copy_fixture(GQA);
+    fs::create_dir_all(src.path().join("original/sub")).unwrap();
+    fs::write(src.path().join("original/params.json"), b"{}").unwrap();
+    fs::write(src.path().join("original/sub/t.txt"), b"t").unwrap();
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(src.path(), 2, &out, &[]);
+    assert_eq!(fs::read(out.join("original/sub/t.txt")).unwrap(), b"t");
+    shard_ok(src.path(), 2, &out, &["--force"]);
+
+    fs::write(out.join("original/sub/mine.txt"), b"mine").unwrap();
+    let before = snapshot(&out);
+    let o = shard(src.path(), 2, &out, &["--force"]);
+    assert_refused(
+        &o,
+        2,
+        &[
+            s(&out),
+            "original/sub/mine.txt",
+            "which wload did not write",
+        ],
+    );
+    assert_eq!(snapshot(&out), before);
+    fs::remove_file(out.join("original/sub/mine.txt")).unwrap();
+
+    let victim = work.path().join("victim");
+    fs::write(&victim, b"keep").unwrap();
+    fs::remove_file(out.join("generation_config.json")).unwrap();
+    symlink(&victim, out.join("generation_config.json")).unwrap();
+    let o = shard(src.path(), 2, &out, &["--force"]);
+    assert_refused(&o, 2, &["generation_config.json"]);
+    fs::remove_file(out.join("generation_config.json")).unwrap();
+
+    let abs = s(&victim).to_string();
+    edit_manifest(&out, |m| {
+        let hostile = [
+            "..",
+            "../victim",
+            abs.as_str(),
+            "",
+            ".",
+            "original/params.json",
+        ];
+        let side = m["side_files"].as_array_mut().unwrap();
+        side.extend(hostile.map(serde_json::Value::from));
+        let tree = m["side_tree"].as_array_mut().unwrap();
+        tree.extend(["../", "../victim", "/", abs.as_str()].map(serde_json::Value::from));
+    });
+    shard_ok(src.path(), 2, &out, &["--force"]);
+    assert_golden(&out);
+    assert_eq!(fs::read(&victim).unwrap(), b"keep");
+    let left = staging_folders(work.path());
+    let inside: Vec<_> = left
+        .iter()
+        .map(|l| snapshot(&work.path().join(l)))
+        .collect();
+    assert!(left.is_empty(), "{left:?}: {inside:?}");
+}
+
+/// OUT inside SOURCE is refused: the next shard of that checkpoint would copy it as a side file.
+#[test]
+fn out_inside_the_source_is_refused() {
+    let src = copy_fixture(GQA);
+    for rel in ["out", "deeper/out"] {
+        let out = src.path().join(rel);
+        if let Some(p) = out.parent() {
+            fs::create_dir_all(p).unwrap();
+        }
+        let o = shard(src.path(), 2, &out, &[]);
+        assert_out_refused(&o, &out, "is inside the source checkpoint");
+        assert!(
+            stderr(&o).contains("choose a folder outside it"),
+            "{}",
+            context(&o)
+        );
+        assert!(!out.exists());
+        assert!(staging_folders(out.parent().unwrap()).is_empty());
+    }
+}
+
+/// An earlier output or staging folder that sits inside a checkpoint (from an older wload, or
+/// moved there) is not copied into the next output as a side file, and the run says so: outputs
+/// no longer nest into outputs.
+#[test]
+fn earlier_outputs_inside_the_source_are_not_copied_as_side_files() {
+    let src = copy_fixture(GQA);
+    let work = TempDir::new().unwrap();
+    let first = work.path().join("first");
+    shard_ok(src.path(), 2, &first, &[]);
+    fs::rename(&first, src.path().join("old-out")).unwrap();
+    let staging = src.path().join(".x.wload-tmp-1");
+    fs::create_dir(&staging).unwrap();
+    fs::write(staging.join("model-rank-0-part-0.safetensors"), b"partial").unwrap();
+
+    let out = work.path().join("out");
+    let o = wload()
+        .args(["shard", s(src.path()), "--tp", "2", "-o", s(&out), "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", context(&o));
+    assert!(
+        !out.join("old-out").exists(),
+        "an earlier output was copied"
+    );
+    assert!(!out.join(".x.wload-tmp-1").exists());
+    assert!(
+        stderr(&o).contains("note: left out old-out"),
+        "{}",
+        context(&o)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        report["skipped_side_files"],
+        serde_json::json!([".x.wload-tmp-1", "old-out"])
+    );
+    assert_golden(&out);
+}
+
+/// A file system mounted for the test, unmounted (lazily) when dropped.
+struct Mount(PathBuf);
+
+impl Mount {
+    /// A tmpfs of `size` (`1m`) at the existing folder `at`; `None` where mounting is not
+    /// allowed (no root, a sandbox).
+    fn tmpfs(at: &Path, size: &str) -> Option<Mount> {
+        let c = |t: &str| std::ffi::CString::new(t).unwrap();
+        let (target, opts) = (c(s(at)), c(&format!("size={size}")));
+        // SAFETY: valid NUL-terminated strings; mount(2) only reads them.
+        let r = unsafe {
+            libc::mount(
+                c("tmpfs").as_ptr(),
+                target.as_ptr(),
+                c("tmpfs").as_ptr(),
+                0,
+                opts.as_ptr().cast(),
+            )
+        };
+        (r == 0).then(|| Mount(at.to_path_buf()))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let c = std::ffi::CString::new(s(&self.0)).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// A mount table (`/proc/self/mountinfo` format) that lists `path`, octal-escaped as the kernel
+/// writes it, for the mount-point test hook.
+fn fake_mountinfo(dir: &Path, path: &Path) -> PathBuf {
+    let escaped = s(path).replace('\\', "\\134").replace(' ', "\\040");
+    let table = dir.join("mountinfo");
+    let line =
+        format!("1 0 8:1 / / rw - ext4 /dev/sda1 rw\n99 1 0:42 / {escaped} rw - tmpfs tmpfs rw\n");
+    fs::write(&table, line).unwrap();
+    table
+}
+
+/// An empty mount point as OUT (a fresh volume) is refused before anything is written, saying to
+/// use a folder inside it (renaming the staging folder onto it failed with "Device or resource
+/// busy" after all the writing). A real tmpfs where mounting is allowed; the mount table test
+/// hook (a bind mount: same device as its parent) always.
+#[test]
+fn an_empty_mount_point_is_refused_up_front() {
+    let work = TempDir::new().unwrap();
+    let vol = work.path().join("vol");
+    fs::create_dir(&vol).unwrap();
+    match Mount::tmpfs(&vol, "64m") {
+        Some(_mounted) => {
+            let o = shard(&fixture(GQA), 2, &vol, &[]);
+            assert_out_refused(&o, &vol, "is a mount point");
+            assert!(stderr(&o).contains("a folder inside it"), "{}", context(&o));
+            assert_eq!(fs::read_dir(&vol).unwrap().count(), 0);
+            assert!(staging_folders(work.path()).is_empty());
+            shard_ok(&fixture(GQA), 2, &vol.join("model-tp2"), &[]);
+            assert_golden(&vol.join("model-tp2"));
+        }
+        None => skipped(
+            "an_empty_mount_point_is_refused_up_front (real tmpfs part)",
+            "mount(2) is not allowed here; the mount-table hook below still runs",
+        ),
+    }
+    let bind = work.path().join("my vol");
+    fs::create_dir(&bind).unwrap();
+    let table = fake_mountinfo(work.path(), &bind.canonicalize().unwrap());
+    for extra in [&[][..], &["--force"][..]] {
+        let o = wload()
+            .args(["shard", s(&fixture(GQA)), "--tp", "2", "-o", s(&bind)])
+            .args(extra)
+            .env("WLOAD_TEST_MOUNTINFO", &table)
+            .output()
+            .unwrap();
+        assert_out_refused(&o, &bind, "is a mount point");
+        assert_eq!(fs::read_dir(&bind).unwrap().count(), 0);
+    }
+}
+
+/// Too little room on OUT's file system is refused with exit 1 before anything is written there,
+/// naming what is needed and what is free (the part files used to be preallocated until the disk
+/// had a few megabytes left). The free-space test hook always; a real 1 MiB tmpfs where mounting
+/// is allowed.
+#[test]
+fn free_space_is_checked_before_anything_is_written() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = wload()
+        .args(["shard", s(&fixture(GQA)), "--tp", "2", "-o", s(&out)])
+        .env("WLOAD_TEST_FREE_BYTES", "1000")
+        .output()
+        .unwrap();
+    assert_refused(
+        &o,
+        1,
+        &[
+            s(&out),
+            "only 1000 B is free there",
+            "nothing was written",
+            "on another disk",
+        ],
+    );
+    assert_eq!(
+        fs::read_dir(work.path()).unwrap().count(),
+        0,
+        "something was written"
+    );
+
+    // Replacing an earlier output: its space is not counted as free, and the message says why.
+    shard_ok(&fixture(GQA), 2, &out, &[]);
+    let before = snapshot(&out);
+    let o = wload()
+        .args([
+            "shard",
+            s(&fixture(GQA)),
+            "--tp",
+            "2",
+            "-o",
+            s(&out),
+            "--force",
+        ])
+        .env("WLOAD_TEST_FREE_BYTES", "1000")
+        .output()
+        .unwrap();
+    assert_refused(&o, 1, &["removed only once the new one is complete"]);
+    assert_eq!(snapshot(&out), before);
+
+    let small = work.path().join("small");
+    fs::create_dir(&small).unwrap();
+    let Some(_mounted) = Mount::tmpfs(&small, "1m") else {
+        return skipped(
+            "free_space_is_checked_before_anything_is_written (real tmpfs part)",
+            "mount(2) is not allowed here; the hook cases above ran",
+        );
+    };
+    let out = small.join("out");
+    let o = shard(&fixture(GQA), 2, &out, &[]);
+    assert_refused(&o, 1, &[s(&out), "is free there", "nothing was written"]);
+    assert_eq!(
+        fs::read_dir(&small).unwrap().count(),
+        0,
+        "something was written"
+    );
+}
+
+/// The part files' bytes of llama_gqa at TP 2, as written.
+fn gqa_part_bytes() -> u64 {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    shard_ok(&fixture(GQA), 2, &out, &[]);
+    fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| s(p).contains("model-rank-"))
+        .map(|f| fs::metadata(f).unwrap().len())
+        .sum()
+}
+
+/// A disk that fills up anyway (another writer, a file system holding less than it reports) is
+/// the output disk's failure, said with OUT and what the run needs, whichever file it hit: a
+/// side file being copied is not blamed (it used to be, with "move it out of the checkpoint
+/// folder"), nor is the preallocation of a part file. On real small tmpfs volumes, with the
+/// free-space check told there is room; where mounting is not allowed, a write failing through
+/// the test hook.
+#[test]
+fn a_disk_filling_up_is_blamed_on_the_disk_not_the_file() {
+    let src = copy_fixture(GQA);
+    fs::write(src.path().join("big-notes.txt"), zeros(2 << 20)).unwrap();
+    let work = TempDir::new().unwrap();
+    let parts = gqa_part_bytes();
+    // Room for the part files and small side files (a page each), not for the 2 MiB one; then
+    // room for nothing.
+    let cases = [
+        (parts.next_multiple_of(4096) + (128 << 10), "big-notes.txt"),
+        (64 << 10, "model-rank-0-part-0.safetensors"),
+    ];
+    for (i, (size, file)) in cases.into_iter().enumerate() {
+        let vol = work.path().join(format!("vol{i}"));
+        fs::create_dir(&vol).unwrap();
+        let Some(_mounted) = Mount::tmpfs(&vol, &size.to_string()) else {
+            skipped(
+                "a_disk_filling_up_is_blamed_on_the_disk_not_the_file (tmpfs part)",
+                "mount(2) is not allowed here; the hook case below still runs",
+            );
+            break;
+        };
+        let out = vol.join("out");
+        let o = wload()
+            .args(["shard", s(src.path()), "--tp", "2", "-o", s(&out)])
+            .env("WLOAD_TEST_FREE_BYTES", (1u64 << 40).to_string())
+            .output()
+            .unwrap();
+        let err = assert_refused(
+            &o,
+            1,
+            &[
+                s(&out.join(file)),
+                "No space left on device",
+                &format!(
+                    "the output's file system (the one holding {}) is full",
+                    s(&vol)
+                ),
+                "this run needs",
+                "nothing was published",
+            ],
+        );
+        assert!(
+            !err.contains("move it out") && !err.contains("wload-tmp"),
+            "{err}"
+        );
+        assert_eq!(fs::read_dir(&vol).unwrap().count(), 0, "left behind");
+    }
+    let out = work.path().join("out");
+    let o = wload()
+        .args(["shard", s(src.path()), "--tp", "2", "-o", s(&out)])
+        .env("WLOAD_TEST_WRITE_FAILS_AFTER", "1000")
+        .output()
+        .unwrap();
+    let err = assert_refused(
+        &o,
+        1,
+        &["the output's file system", "is full", "this run needs"],
+    );
+    assert!(!err.contains("wload-tmp"), "{err}");
+}
+
+/// An OUT name near the file system's limit works (its staging name used to pass 255 bytes and
+/// fail about the hidden folder); one over the limit is refused by name, with the limit.
+#[test]
+fn long_out_names_work_and_too_long_ones_are_refused_about_out() {
+    let work = TempDir::new().unwrap();
+    let long = work.path().join("m".repeat(250));
+    let o = shard(&fixture(GQA), 2, &long, &[]);
+    assert!(o.status.success(), "{}", context(&o));
+    assert_golden(&long);
+    assert!(staging_folders(work.path()).is_empty());
+    shard_ok(&fixture(GQA), 2, &long, &["--force"]);
+
+    let too_long = work.path().join("m".repeat(256));
+    let o = shard(&fixture(GQA), 2, &too_long, &[]);
+    let err = assert_refused(&o, 2, &["its name is 256 bytes, longer than the 255 bytes"]);
+    assert!(!err.contains("wload-tmp"), "{err}");
+}

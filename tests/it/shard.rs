@@ -611,13 +611,14 @@ impl Drop for Mounted {
     }
 }
 
-/// A full disk: exit 1 with the OS's ENOSPC message, nothing left on the small filesystem.
+/// A disk too small: exit 1, refused by the free-space check before anything is written, nothing
+/// left on the small filesystem (a disk filling up mid-run: tests/it/out_safety.rs).
 #[test]
 fn full_disk_fails_cleanly() {
     let work = TempDir::new().unwrap();
     let dir = work.path().join("small");
     fs::create_dir(&dir).unwrap();
-    // 1 MiB: the first of the two 548 KiB part files fits, the second does not.
+    // 1 MiB: the two 548 KiB part files do not both fit.
     let mounted = StdCommand::new("mount")
         .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs", s(&dir)])
         .stderr(Stdio::piped())
@@ -639,7 +640,7 @@ fn full_disk_fails_cleanly() {
     let _guard = Mounted(dir.clone());
     let out = dir.join("out");
     let o = shard(&fixture(GQA), 2, &out, &[]);
-    assert_refused(&o, 1, &["No space left"]);
+    assert_refused(&o, 1, &[s(&out), "is free there", "nothing was written"]);
     assert_nothing_left(&out, &context(&o));
     assert_eq!(
         fs::read_dir(&dir).unwrap().count(),

@@ -3,10 +3,12 @@
 //!
 //! The rules, so that nothing a user owns is ever lost:
 //! - OUT may be missing or an existing empty folder; `--force` also lets it replace an earlier wload
-//!   output (a folder holding a readable `wload.json` and nothing that manifest does not account
-//!   for). Anything else is refused, whatever the flags.
-//! - OUT is never a link, never the source or a folder holding it, never the current folder or
-//!   one of its ancestors.
+//!   output (a folder holding a readable `wload.json` and nothing that manifest does not list
+//!   exactly: see [`super::owned`]). Anything else is refused, whatever the flags, and publication
+//!   removes from the replaced folder only what the manifest lists.
+//! - OUT is never a link, never the source, a folder holding it or a folder inside it, never the
+//!   current folder or one of its ancestors, never a mount point, and its name fits the file
+//!   system.
 //! - Publication never replaces something that appeared, or changed, while this run was writing:
 //!   on Linux `renameat2(RENAME_NOREPLACE)` for a new OUT and `RENAME_EXCHANGE` (then a check of
 //!   what came out) for a replaced one; elsewhere plain `rename`, which refuses a non-empty folder.
@@ -21,12 +23,16 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::ShardError;
-use crate::manifest::{MANIFEST, Manifest};
+use super::owned::Owned;
+use super::space::DiskProblem;
+use crate::manifest::Manifest;
 
 /// Marks staging folders: `.{OUT name}.wload-tmp-{PID}`.
-const STAGING_TAG: &str = ".wload-tmp-";
+pub const STAGING_TAG: &str = ".wload-tmp-";
+/// What the fallback publication appends to the staging name for the folder it moves aside.
+const ASIDE_SUFFIX: &str = ".old";
 /// The owner record inside a staging folder; removed just before publication.
-const OWNER_FILE: &str = ".wload-owner.json";
+pub const OWNER_FILE: &str = ".wload-owner.json";
 /// How many of a refused folder's entries an error names.
 const NAMED_ENTRIES: usize = 5;
 
@@ -48,12 +54,13 @@ impl FileId {
 }
 
 /// What OUT was when it was checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Existing {
     Missing,
     Empty(FileId),
-    /// An earlier wload output, to be replaced (`--force`).
-    Output(FileId),
+    /// An earlier wload output, to be replaced (`--force`), with what its manifest listed then:
+    /// what publication may remove, whatever the folder's `wload.json` says by that time.
+    Output(FileId, Owned),
 }
 
 /// An OUT that passed [`check`]: where to publish and what may be replaced there.
@@ -61,6 +68,17 @@ enum Existing {
 pub struct Target {
     path: PathBuf,
     existing: Existing,
+}
+
+impl Target {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether publication replaces an earlier output (whose space is freed only afterwards).
+    pub fn replaces_output(&self) -> bool {
+        matches!(self.existing, Existing::Output(..))
+    }
 }
 
 /// Checks OUT against the rules above; `source` is the checkpoint folder.
@@ -79,9 +97,21 @@ pub fn check(out: &Path, force: bool, source: &Path) -> Result<Target, ShardErro
     if !parent.is_dir() {
         return Err(bad(OutProblem::NoParent(parent)));
     }
+    let max = name_max(&parent);
+    if name.len() > max {
+        return Err(bad(OutProblem::NameTooLong {
+            len: name.len(),
+            max,
+        }));
+    }
     // `out/` and `out/.` name the same folder, but rename(2) treats a trailing `/.` differently:
     // every later step uses the plain PARENT/NAME form.
     let out = &parent.join(name);
+    if let (Ok(p), Ok(src)) = (parent.canonicalize(), source.canonicalize())
+        && p.join(name).starts_with(&src)
+    {
+        return Err(bad(OutProblem::InsideSource(source.to_path_buf())));
+    }
     let meta = match fs::symlink_metadata(out) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Ok(Target {
@@ -106,6 +136,9 @@ pub fn check(out: &Path, force: bool, source: &Path) -> Result<Target, ShardErro
     }
     if std::env::current_dir().is_ok_and(|cwd| cwd.starts_with(&canon)) {
         return Err(bad(OutProblem::HoldsCurrentFolder));
+    }
+    if is_mount_point(out, &parent, &meta) {
+        return Err(bad(OutProblem::MountPoint));
     }
     let id = FileId {
         dev: meta.dev(),
@@ -136,30 +169,112 @@ fn classify_full(
     let Some(manifest) = Manifest::read(out) else {
         return Err(bad(OutProblem::NotOurs(Entries::new(entries))));
     };
-    let foreign: Vec<String> = entries
-        .into_iter()
-        .filter(|e| !manifest_accounts_for(&manifest, e))
-        .collect();
+    let owned = Owned::of(&manifest);
+    let foreign = owned
+        .foreign(out)
+        .map_err(|e| ShardError::io("listing", out, e))?;
     if !foreign.is_empty() {
-        return Err(bad(OutProblem::Foreign(Entries::new(foreign))));
+        let foreign = Entries::new(foreign);
+        return Err(bad(if owned.legacy {
+            OutProblem::ForeignLegacy {
+                entries: foreign,
+                version: manifest.wload_version,
+            }
+        } else {
+            OutProblem::Foreign(foreign)
+        }));
     }
     if !force {
         return Err(ShardError::OutExists(out.to_path_buf()));
     }
     Ok(Target {
         path: out.to_path_buf(),
-        existing: Existing::Output(id),
+        existing: Existing::Output(id, owned),
     })
 }
 
-/// Whether an entry of an earlier output is one wload wrote. Manifests older than the
-/// `side_files` list name only their part files; their other entries are taken as side files.
-fn manifest_accounts_for(m: &Manifest, entry: &str) -> bool {
-    entry == MANIFEST
-        || m.files.iter().any(|f| f.name == entry)
-        || m.side_files
-            .as_ref()
-            .is_none_or(|side| side.iter().any(|s| s == entry))
+/// Whether the existing folder `dir` (metadata `meta`) is a mount point: on another device than
+/// its parent, or listed in the mount table (a bind mount from the same device). A mount point
+/// cannot be renamed, so the output could not be published there in one step.
+fn is_mount_point(dir: &Path, parent: &Path, meta: &fs::Metadata) -> bool {
+    if fs::metadata(parent).is_ok_and(|p| p.dev() != meta.dev()) {
+        return true;
+    }
+    let Ok(canon) = dir.canonicalize() else {
+        return false;
+    };
+    use std::os::unix::ffi::OsStrExt;
+    let canon = canon.as_os_str().as_bytes();
+    mount_points().iter().any(|m| m.as_slice() == canon)
+}
+
+/// The mount points of `/proc/self/mountinfo` (the fifth field, octal escapes undone); none
+/// where it cannot be read (other systems: the device check above stands alone there).
+fn mount_points() -> Vec<Vec<u8>> {
+    #[cfg(feature = "test-hooks")]
+    let table = std::env::var_os("WLOAD_TEST_MOUNTINFO")
+        .map_or_else(|| PathBuf::from("/proc/self/mountinfo"), PathBuf::from);
+    #[cfg(not(feature = "test-hooks"))]
+    let table = PathBuf::from("/proc/self/mountinfo");
+    let Ok(text) = crate::small_file::read(&table) else {
+        return Vec::new();
+    };
+    text.split(|&b| b == b'\n')
+        .filter_map(|line| line.split(|&b| b == b' ').nth(4))
+        .map(unescape_mount_path)
+        .collect()
+}
+
+/// mountinfo writes space, tab, newline and backslash in paths as `\NNN` (octal).
+fn unescape_mount_path(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field
+            .get(i + 1..i + 4)
+            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                out.push(u8::try_from(v).unwrap_or(b'?'));
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The longest file name the file system of `dir` takes (NAME_MAX, 255 almost everywhere).
+fn name_max(dir: &Path) -> usize {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 255;
+    };
+    // SAFETY: a valid NUL-terminated path; pathconf only reads it.
+    let n = unsafe { libc::pathconf(c.as_ptr(), libc::_PC_NAME_MAX) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(255)
+}
+
+/// The staging folder's name for OUT named `name`: `.{name}.wload-tmp-{pid}`, or, where that
+/// (with the fallback's `.old`) would pass the file system's name limit `max`, the name cut
+/// short and followed by a hash of the whole of it, so that two long names sharing a prefix
+/// still get folders of their own. Both keep the tag that [`sweep`] looks for.
+fn staging_name(name: &str, pid: u32, max: usize) -> String {
+    let full = format!(".{name}{STAGING_TAG}{pid}");
+    if full.len() + ASIDE_SUFFIX.len() <= max {
+        return full;
+    }
+    let hash = format!("~{:016x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()));
+    let fixed = 1 + hash.len() + STAGING_TAG.len() + pid.to_string().len() + ASIDE_SUFFIX.len();
+    let mut keep = max.saturating_sub(fixed).min(name.len());
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!(".{}{hash}{STAGING_TAG}{pid}", &name[..keep])
 }
 
 fn entry_names(dir: &Path) -> Result<Vec<String>, ShardError> {
@@ -204,6 +319,23 @@ pub enum OutProblem {
         "is an earlier wload output, but also holds {0}, which wload did not write; move those away, or choose another folder"
     )]
     Foreign(Entries),
+    #[error(
+        "is an earlier wload output (wload {version}), but its wload.json lists only the part files, so wload cannot tell {entries} from files of yours and will not delete them; move away what is yours and delete the rest (or the whole folder) yourself, or choose another folder"
+    )]
+    ForeignLegacy { entries: Entries, version: String },
+    #[error(
+        "is inside the source checkpoint {}: the side files of a checkpoint include its folders (as vLLM's example script copies them), so this output would be copied into the next one of that checkpoint, nesting with every run; choose a folder outside it",
+        .0.display()
+    )]
+    InsideSource(PathBuf),
+    #[error(
+        "is a mount point; wload builds the output next to OUT and renames it into place in one step, so that no one ever sees a partial output, and a mount point cannot be renamed: write into a folder inside it instead, e.g. -o OUT/model-tp8"
+    )]
+    MountPoint,
+    #[error(
+        "its name is {len} bytes, longer than the {max} bytes a file name may have on this file system; choose a shorter name"
+    )]
+    NameTooLong { len: usize, max: usize },
 }
 
 /// A folder's entries for a message: the first few by name, then a count.
@@ -244,10 +376,17 @@ fn staging_error(out: &Path, e: io::Error) -> ShardError {
             },
         };
     }
+    if let Some(p) = DiskProblem::of(&e) {
+        return ShardError::OutDisk {
+            file: out.to_path_buf(),
+            why: p.explain(None, &parent),
+            source: e,
+        };
+    }
     ShardError::io("creating the output's staging folder in", &parent, e)
 }
 
-fn parent_of(out: &Path) -> PathBuf {
+pub fn parent_of(out: &Path) -> PathBuf {
     match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -263,21 +402,22 @@ pub struct Staging {
 }
 
 impl Staging {
-    /// Creates `.{OUT}.wload-tmp-{PID}` with its owner record.
+    /// Creates `.{OUT}.wload-tmp-{PID}` ([`staging_name`]) with its owner record.
     pub fn create(target: &Target) -> Result<Staging, ShardError> {
-        let name = target
-            .path
-            .file_name()
-            .expect("checked: OUT has a name")
-            .to_string_lossy();
-        let path =
-            parent_of(&target.path).join(format!(".{name}{STAGING_TAG}{}", std::process::id()));
+        let name = (target.path.file_name())
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        let parent = parent_of(&target.path);
+        let staging = staging_name(&name, std::process::id(), name_max(&parent));
+        let path = parent.join(staging);
         fs::create_dir(&path).map_err(|e| staging_error(&target.path, e))?;
         let staging = Staging {
             path,
             published: false,
         };
-        Owner::me(&target.path).write(&staging.path)?;
+        Owner::me(&target.path)
+            .write(&staging.path)
+            .map_err(|e| e.named_in_out(&staging.path, &target.path, None))?;
         Ok(staging)
     }
 
@@ -290,9 +430,9 @@ impl Staging {
     pub fn publish(mut self, target: &Target) -> Result<(), ShardError> {
         let owner = self.path.join(OWNER_FILE);
         fs::remove_file(&owner).map_err(|e| ShardError::io("removing", &owner, e))?;
-        match target.existing {
+        match &target.existing {
             Existing::Missing => rename_noreplace(&self.path, &target.path)?,
-            Existing::Empty(id) | Existing::Output(id) => self.replace(target, id)?,
+            Existing::Empty(id) | Existing::Output(id, _) => self.replace(target, *id)?,
         }
         self.published = true;
         Ok(())
@@ -306,42 +446,51 @@ impl Staging {
             return fallback_replace(&self.path, target, id);
         }
         // `self.path` now holds what was at OUT.
-        if !still_as_checked(&self.path, target.existing, id) {
+        if !still_as_checked(&self.path, &target.existing, id) {
             let _ = exchange(&self.path, out);
             return Err(ShardError::Raced(out.clone()));
         }
-        if let Existing::Empty(_) = target.existing {
-            if fs::remove_dir(&self.path).is_err() {
-                // Written into since `still_as_checked` looked.
-                let _ = exchange(&self.path, out);
-                return Err(ShardError::Raced(out.clone()));
+        match &target.existing {
+            Existing::Output(_, owned) => remove_replaced(&self.path, out, owned),
+            _ => {
+                if fs::remove_dir(&self.path).is_err() {
+                    // Written into since `still_as_checked` looked.
+                    let _ = exchange(&self.path, out);
+                    return Err(ShardError::Raced(out.clone()));
+                }
             }
-            return Ok(());
         }
-        // The old output stays recognisable as a leftover until it is gone. Best effort: the new
-        // output is already in place, and failing the run now would misreport it.
-        let _ = Owner::me(out).write(&self.path);
-        // Likewise: what cannot be removed now (a file another process holds open on a network
-        // filesystem) carries our owner record, and the next run sweeps it.
-        let _ = fs::remove_dir_all(&self.path);
         Ok(())
     }
 }
 
+/// Removes the earlier output that publication replaced, now at `dir`: only what its manifest
+/// listed when it was checked. Best effort: the new output is already in place, and failing the
+/// run now would misreport it.
+fn remove_replaced(dir: &Path, out: &Path, owned: &Owned) {
+    // While the listed files go, the folder carries our owner record, so that a run killed
+    // meanwhile leaves a leftover the next run sweeps.
+    let recorded = Owner::me(out).write(dir).is_ok();
+    let _ = owned.remove_listed(dir);
+    if recorded {
+        let _ = fs::remove_file(dir.join(OWNER_FILE));
+    }
+    // What is left was put there after the check (or could not be removed, as a file another
+    // process holds open on a network file system): it is not provably ours, so it stays, without
+    // an owner record, which the sweeper needs before it removes anything.
+    let _ = fs::remove_dir(dir);
+}
+
 /// Whether a folder that was OUT is still what [`check`] found: the same folder, still empty or
 /// still holding only what its manifest accounts for.
-fn still_as_checked(dir: &Path, existing: Existing, id: FileId) -> bool {
+fn still_as_checked(dir: &Path, existing: &Existing, id: FileId) -> bool {
     if FileId::of(dir).ok() != Some(id) {
         return false;
     }
-    let Ok(entries) = entry_names(dir) else {
-        return false;
-    };
     match existing {
         Existing::Missing => false,
-        Existing::Empty(_) => entries.is_empty(),
-        Existing::Output(_) => Manifest::read(dir)
-            .is_some_and(|m| entries.iter().all(|e| manifest_accounts_for(&m, e))),
+        Existing::Empty(_) => entry_names(dir).is_ok_and(|e| e.is_empty()),
+        Existing::Output(_, owned) => owned.foreign(dir).is_ok_and(|f| f.is_empty()),
     }
 }
 
@@ -357,9 +506,11 @@ impl Drop for Staging {
 /// rename, then remove what was moved aside.
 fn fallback_replace(staging: &Path, target: &Target, id: FileId) -> Result<(), ShardError> {
     let out = &target.path;
-    let aside = PathBuf::from(format!("{}.old", staging.display()));
-    fs::rename(out, &aside).map_err(|e| ShardError::io("moving aside", out, e))?;
-    if !still_as_checked(&aside, target.existing, id) {
+    let mut aside = staging.as_os_str().to_owned();
+    aside.push(ASIDE_SUFFIX);
+    let aside = PathBuf::from(aside);
+    fs::rename(out, &aside).map_err(|e| rename_error(out, e))?;
+    if !still_as_checked(&aside, &target.existing, id) {
         let _ = fs::rename(&aside, out);
         return Err(ShardError::Raced(out.clone()));
     }
@@ -367,9 +518,25 @@ fn fallback_replace(staging: &Path, target: &Target, id: FileId) -> Result<(), S
         let _ = fs::rename(&aside, out);
         return Err(e);
     }
-    let _ = Owner::me(out).write(&aside);
-    fs::remove_dir_all(&aside)
-        .map_err(|e| ShardError::io("removing the replaced output", &aside, e))
+    match &target.existing {
+        Existing::Output(_, owned) => remove_replaced(&aside, out, owned),
+        _ => {
+            let _ = fs::remove_dir(&aside);
+        }
+    }
+    Ok(())
+}
+
+/// A rename into OUT that failed: a mount point (which [`check`] missed, or one mounted since)
+/// is said as such; the rest names OUT.
+fn rename_error(out: &Path, e: io::Error) -> ShardError {
+    if e.raw_os_error() == Some(libc::EBUSY) {
+        return ShardError::Out {
+            path: out.to_path_buf(),
+            problem: OutProblem::MountPoint,
+        };
+    }
+    ShardError::io("renaming into", out, e)
 }
 
 /// Renames `from` to `to` unless `to` exists; a `to` that appeared is a lost race.
@@ -379,7 +546,7 @@ fn rename_noreplace(from: &Path, to: &Path) -> Result<(), ShardError> {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
             Err(ShardError::Raced(to.to_path_buf()))
         }
-        Err(e) => Err(ShardError::io("renaming into", to, e)),
+        Err(e) => Err(rename_error(to, e)),
     }
 }
 
@@ -389,7 +556,7 @@ fn exchange(a: &Path, b: &Path) -> Result<bool, ShardError> {
         Ok(()) => Ok(true),
         Err(e) if sys::unsupported(&e) => Ok(false),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ShardError::Raced(b.to_path_buf())),
-        Err(e) => Err(ShardError::io("renaming into", b, e)),
+        Err(e) => Err(rename_error(b, e)),
     }
 }
 
@@ -609,13 +776,22 @@ mod tests {
             let e = staging_error(out, io::Error::from(kind));
             assert_eq!(e.exit_status(), crate::ExitStatus::Runtime);
         }
-        let full = staging_error(out, io::Error::from(io::ErrorKind::StorageFull));
+        // A full disk is the output's file system's, said with OUT and that file system.
+        let full = staging_error(out, io::Error::from_raw_os_error(libc::ENOSPC));
         let msg = full.to_string();
         assert!(
-            msg.starts_with("creating the output's staging folder in models:"),
+            msg.starts_with("models/llama-tp8: No space left on device")
+                && msg.contains("the output's file system (the one holding models) is full"),
             "{msg}"
         );
+        assert!(!msg.contains(STAGING_TAG), "{msg}");
         assert_eq!(full.exit_status(), crate::ExitStatus::Runtime);
+        let other = staging_error(out, io::Error::from(io::ErrorKind::InvalidData));
+        assert!(
+            other
+                .to_string()
+                .starts_with("creating the output's staging folder in models:")
+        );
     }
 
     #[test]
@@ -641,6 +817,35 @@ mod tests {
             ..me
         };
         assert!(rebooted.is_gone());
+    }
+
+    /// A staging name fits the file system's limit (with the fallback's suffix), keeps the tag
+    /// the sweeper looks for, and two long names with one prefix get distinct folders.
+    #[test]
+    fn long_out_names_get_short_distinct_staging_names() {
+        assert_eq!(staging_name("out", 42, 255), ".out.wload-tmp-42");
+        let a = "é".repeat(120) + "a";
+        let b = "é".repeat(120) + "b";
+        let (sa, sb) = (
+            staging_name(&a, u32::MAX, 255),
+            staging_name(&b, u32::MAX, 255),
+        );
+        for n in [&sa, &sb] {
+            assert!(n.len() + ASIDE_SUFFIX.len() <= 255, "{} bytes", n.len());
+            assert!(n.starts_with('.') && n.contains(STAGING_TAG), "{n}");
+        }
+        assert_ne!(sa, sb);
+        assert_eq!(sa, staging_name(&a, u32::MAX, 255), "deterministic");
+    }
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(
+            unescape_mount_path(br"/mnt/my\040disk\134x"),
+            b"/mnt/my disk\\x"
+        );
+        assert_eq!(unescape_mount_path(br"/a\9"), br"/a\9");
+        assert_eq!(unescape_mount_path(b"/"), b"/");
     }
 
     #[test]
