@@ -301,10 +301,10 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         ));
     }
     for name in &report.skipped_side_files {
-        let _ = writeln!(
-            io::stderr(),
-            "note: left out {name} of the source: a wload output or staging folder, not a side file"
-        );
+        say(format_args!(
+            "note: left out {} of the source: a wload output or staging folder, not a side file",
+            Esc(name)
+        ));
     }
     let human: Human = &|w| wload::report::write_shard(w, &report);
     let json = json_if(args.json, Some(wload::report::json::SHARD_SCHEMA_VERSION));
