@@ -305,8 +305,10 @@ const MAX_NUMEL: u64 = 1 << 56;
 /// geometry is used, so that an overflowing config is a problem, never a wrap or a panic.
 fn fits(g: &Geometry) -> Result<(), String> {
     let product = |dims: &[u64]| {
-        dims.iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d).filter(|&n| n <= MAX_NUMEL && d <= MAX_NUMEL))
+        dims.iter().try_fold(1u64, |a, &d| {
+            a.checked_mul(d)
+                .filter(|&n| n <= MAX_NUMEL && d <= MAX_NUMEL)
+        })
     };
     let sum = |dims: &[u64]| dims.iter().try_fold(0u64, |a, &d| a.checked_add(d));
     let (numel, values): (Option<u64>, Vec<u64>) = match g {
@@ -316,7 +318,10 @@ fn fits(g: &Geometry) -> Result<(), String> {
         Geometry::MergedColumn { sizes, inner, .. } => {
             let rows = sum(sizes);
             let all = [sizes.as_slice(), inner].concat();
-            (rows.and_then(|r| product(&[&[r], inner.as_slice()].concat())), all)
+            (
+                rows.and_then(|r| product(&[&[r], inner.as_slice()].concat())),
+                all,
+            )
         }
         Geometry::Qkv {
             heads,
@@ -336,7 +341,10 @@ fn fits(g: &Geometry) -> Result<(), String> {
         } => {
             let padded = vocab.checked_next_multiple_of(*padding);
             let all = [&[*vocab], inner.as_slice()].concat();
-            (padded.and_then(|v| product(&[&[v], inner.as_slice()].concat())), all)
+            (
+                padded.and_then(|v| product(&[&[v], inner.as_slice()].concat())),
+                all,
+            )
         }
         Geometry::Experts {
             experts,

@@ -919,9 +919,15 @@ fn a_mapping_whose_rules_double_names_is_refused_naming_the_rule() {
     )
     .unwrap();
     let t = std::time::Instant::now();
-    let r = plan(&fixtures_dir().join("llama_gqa"), &["--tp", "1", "--mapping", s(&file)]);
-    r.refused(2)
-        .one_line_says(&["regex `^(.*)$`", "longer than", "the most the rules may add"]);
+    let r = plan(
+        &fixtures_dir().join("llama_gqa"),
+        &["--tp", "1", "--mapping", s(&file)],
+    );
+    r.refused(2).one_line_says(&[
+        "regex `^(.*)$`",
+        "longer than",
+        "the most the rules may add",
+    ]);
     assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
 }
 
@@ -949,7 +955,10 @@ fn a_mapping_that_multiplies_work_is_refused_naming_the_limit() {
     ] {
         let file = tmp.path().join("big.yaml");
         fs::write(&file, format!("{head}{body}")).unwrap();
-        let r = plan(&fixtures_dir().join("llama_gqa"), &["--tp", "1", "--mapping", s(&file)]);
+        let r = plan(
+            &fixtures_dir().join("llama_gqa"),
+            &["--tp", "1", "--mapping", s(&file)],
+        );
         r.refused(2).one_line_says(needles);
     }
 }
@@ -986,7 +995,10 @@ fn a_file_with_too_many_tensors_is_refused_naming_the_file_and_the_limit() {
     while header.len() % 8 != 0 {
         header.push(' ');
     }
-    write_raw(&dir.path().join("extra.safetensors"), &assemble(header.as_bytes(), &vec![0; n]));
+    write_raw(
+        &dir.path().join("extra.safetensors"),
+        &assemble(header.as_bytes(), &vec![0; n]),
+    );
     // Without an index every *.safetensors file is read.
     fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
     let r = plan(dir.path(), &["--tp", "1"]);

@@ -230,5 +230,11 @@ fn sizes_of_a_config_with_too_many_layers_answers_at_once() {
     assert!(checked.iter().all(|v| v["accepted"] == false), "{doc}");
     // Where the heads allow the size, the layer count is the reason.
     let tp1 = checked.iter().find(|v| v["tp"] == 1).expect("tp 1");
-    assert!(tp1["reason"].as_str().unwrap_or("").contains("at most 4096"), "{tp1}");
+    assert!(
+        tp1["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("at most 4096"),
+        "{tp1}"
+    );
 }
