@@ -166,6 +166,18 @@ impl<'m> Planner<'m> {
                 return None;
             }
         };
+        if let Err(values) = fits(&geometry) {
+            self.problems.push(Problem {
+                message: format!(
+                    "{name}: its shape ({values}) needs more than 2^56 elements, far past any \
+                     real tensor; the sizes overflow"
+                ),
+                fix: Some("check config.json's dimensions, or --hf-overrides".into()),
+                parameter: Some(name.clone()),
+                ..Default::default()
+            });
+            return None;
+        }
         let dtype = if spec.dtype == "model" {
             self.model_dtype
         } else {
@@ -282,6 +294,86 @@ fn at_layer(name: &str, i: Option<u64>) -> String {
 
 /// A layout's dimensions evaluated; the error names the expression that failed, and keeps why
 /// (for its fix).
+/// The most elements one parameter may have: 2^56, millions of times the largest real tensor
+/// (a 512-expert fused weight has about 2^35), and far enough below 2^64 that every size the
+/// layouts derive from it (bytes at 8 a value, padding, kv-head replication) stays in range. A
+/// geometry within it is what lets `layout.rs` compute with plain arithmetic.
+const MAX_NUMEL: u64 = 1 << 56;
+
+/// Whether `g`'s whole tensor, as every size `layout.rs` derives from it, is within
+/// [`MAX_NUMEL`] elements; else the values that are not, for the message. Checked before the
+/// geometry is used, so that an overflowing config is a problem, never a wrap or a panic.
+fn fits(g: &Geometry) -> Result<(), String> {
+    let product = |dims: &[u64]| {
+        dims.iter().try_fold(1u64, |a, &d| {
+            a.checked_mul(d)
+                .filter(|&n| n <= MAX_NUMEL && d <= MAX_NUMEL)
+        })
+    };
+    let sum = |dims: &[u64]| dims.iter().try_fold(0u64, |a, &d| a.checked_add(d));
+    let (numel, values): (Option<u64>, Vec<u64>) = match g {
+        Geometry::Replicated { shape } | Geometry::Column { shape } | Geometry::Row { shape } => {
+            (product(shape), shape.clone())
+        }
+        Geometry::MergedColumn { sizes, inner, .. } => {
+            let rows = sum(sizes);
+            let all = [sizes.as_slice(), inner].concat();
+            (
+                rows.and_then(|r| product(&[&[r], inner.as_slice()].concat())),
+                all,
+            )
+        }
+        Geometry::Qkv {
+            heads,
+            kv_heads,
+            head_dim,
+            inner,
+        } => {
+            let heads_all = kv_heads.checked_mul(2).and_then(|k| k.checked_add(*heads));
+            let all = [&[*heads, *kv_heads, *head_dim], inner.as_slice()].concat();
+            let n = heads_all.and_then(|h| product(&[&[h, *head_dim], inner.as_slice()].concat()));
+            (n, all)
+        }
+        Geometry::Vocab {
+            vocab,
+            inner,
+            padding,
+        } => {
+            let padded = vocab.checked_next_multiple_of(*padding);
+            let all = [&[*vocab], inner.as_slice()].concat();
+            (
+                padded.and_then(|v| product(&[&[v], inner.as_slice()].concat())),
+                all,
+            )
+        }
+        Geometry::Experts {
+            experts,
+            intermediate,
+            hidden,
+            ..
+        }
+        | Geometry::GptOssExperts {
+            experts,
+            intermediate,
+            hidden,
+            ..
+        } => {
+            let all = vec![*experts, *intermediate, *hidden];
+            (product(&[*experts, 2, *intermediate, *hidden]), all)
+        }
+        // Scales are derived from a weight's geometry that was checked here first.
+        _ => return Ok(()),
+    };
+    match numel {
+        Some(_) => Ok(()),
+        None => Err(values
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" × ")),
+    }
+}
+
 fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, Option<EvalError>)> {
     let one = |e: &Expr| {
         e.eval_u64(scope)

@@ -213,3 +213,28 @@ fn missing_fields_are_the_family_defaults() {
     assert_eq!(doc["kv_heads"], 32, "{doc}");
     assert_eq!(doc["experts"], Value::Null);
 }
+
+/// A config claiming 99,999 layers took `sizes` a minute and 1.3 GiB (every layout planned every
+/// layer): it is refused at once for every layout, naming the 4096-layer limit.
+#[test]
+fn sizes_of_a_config_with_too_many_layers_answers_at_once() {
+    let dir = copy_fixture("llama_gqa");
+    let mut c = read_config(dir.path());
+    c.insert("num_hidden_layers".into(), 99_999.into());
+    write_config(dir.path(), c);
+    let t = std::time::Instant::now();
+    let doc = sizes_json(s(dir.path()), &[]);
+    assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
+    let checked = doc["checked"].as_array().expect("checked");
+    assert!(!checked.is_empty());
+    assert!(checked.iter().all(|v| v["accepted"] == false), "{doc}");
+    // Where the heads allow the size, the layer count is the reason.
+    let tp1 = checked.iter().find(|v| v["tp"] == 1).expect("tp 1");
+    assert!(
+        tp1["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("at most 4096"),
+        "{tp1}"
+    );
+}

@@ -20,6 +20,10 @@ use serde_json::{Map, Value, json};
 use tempfile::TempDir;
 
 use crate::support::*;
+
+// Mapping files as applied (named so as not to shadow `wload::mapping`).
+#[path = "mapping.rs"]
+mod applied_mappings;
 use wload::config::{self, ConfigFormat};
 use wload::mapping::{self, Expr};
 use wload::resolve::{self, LoadFormat};
