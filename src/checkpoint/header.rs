@@ -22,6 +22,16 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
     let header = read_header_text(&file, path, header_len)?;
     let text = header.as_slice();
     let data_len = size - 8 - header_len;
+    // Counted (values skipped, nothing built) before the crate builds its tables, which cost
+    // about a kilobyte a tensor: a header of a million tiny entries is refused at that cost.
+    let keys = count_tensor_keys(text);
+    if let Some(count) = keys.filter(|&n| n > MAX_TENSORS_PER_FILE) {
+        return Err(HeaderError::TooManyTensors {
+            path: p(),
+            count,
+            limit: MAX_TENSORS_PER_FILE,
+        });
+    }
     let metadata = match parse_metadata(text, data_len) {
         Ok(metadata) => metadata,
         Err(reason) => {
@@ -31,7 +41,7 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
     };
     // The crate keeps the last of two equal names; vLLM would silently load one copy of two
     // tensors, so a file that names one twice is refused.
-    if count_tensor_keys(text) != Some(metadata.tensors().len()) {
+    if keys != Some(metadata.tensors().len()) {
         return Err(
             diagnose(path, text, data_len).unwrap_or_else(|| HeaderError::BadJson {
                 path: p(),
