@@ -24,6 +24,10 @@ pub struct SourceOptions {
     pub download_dir: Option<PathBuf>,
     /// Reports each download's progress (nothing by default).
     pub download_progress: resolve::hub::DownloadProgress,
+    /// The command copies SOURCE's side files (config, tokenizer, README, ...) beside its output,
+    /// as `shard` does: for a hub repo they are downloaded too. Otherwise only the files the
+    /// command reads are.
+    pub side_files: bool,
 }
 
 /// A resolved checkpoint: its files, their headers and the model config. No tensor data is read.
@@ -106,6 +110,7 @@ impl HubSettings {
             config_format: opts.config_format,
             env: &self.env,
             progress: &opts.download_progress,
+            side_files: opts.side_files,
         }
     }
 }

@@ -293,15 +293,7 @@ pub fn resolve_listing(
     requested: LoadFormat,
     config_format: ConfigFormat,
 ) -> Result<Resolved, ResolveError> {
-    let has_consolidated = globbed(listing).any(|p| {
-        let base = p.rsplit('/').next().unwrap_or(p);
-        glob_match("consolidated*.safetensors", base)
-    });
-    let format = match requested {
-        LoadFormat::Auto if has_consolidated => LoadFormat::Mistral,
-        LoadFormat::Auto => LoadFormat::Hf,
-        f => f,
-    };
+    let (format, has_consolidated) = effective_format(listing, requested);
     let mut sel = select(root, listing, format)?;
     sel.files.sort_by(|a, b| natural_cmp(a, b));
     explain_the_rest(listing, format, &mut sel);
@@ -330,6 +322,30 @@ pub fn resolve_listing(
     })
 }
 
+/// The load format in effect (`auto` resolved) and whether the listing has Mistral's
+/// `consolidated*.safetensors` anywhere.
+fn effective_format(listing: &local::Listing, requested: LoadFormat) -> (LoadFormat, bool) {
+    let has_consolidated = globbed(listing).any(|p| {
+        let base = p.rsplit('/').next().unwrap_or(p);
+        glob_match("consolidated*.safetensors", base)
+    });
+    let format = match requested {
+        LoadFormat::Auto if has_consolidated => LoadFormat::Mistral,
+        LoadFormat::Auto => LoadFormat::Hf,
+        f => f,
+    };
+    (format, has_consolidated)
+}
+
+/// The one file [`resolve_listing`] reads from disk, when the listing has it: the index of the
+/// format in effect (which decides the weight files). A hub source fetches it first.
+pub fn index_to_read(listing: &local::Listing, requested: LoadFormat) -> Option<&'static str> {
+    let (format, _) = effective_format(listing, requested);
+    let index = format.index_file();
+    let (pattern, _) = first_matching(listing, format)?;
+    (pattern.ends_with(".safetensors") && listing.has_top(index)).then_some(index)
+}
+
 /// Every name vLLM's `rglob`/`glob` see: names that cannot be read are listed all the same.
 fn globbed(listing: &local::Listing) -> impl Iterator<Item = &str> {
     listing
@@ -355,21 +371,7 @@ fn select(
     listing: &local::Listing,
     format: LoadFormat,
 ) -> Result<Selection, ResolveError> {
-    let patterns = format.allow_patterns();
-    let (pattern, files) = patterns
-        .iter()
-        .find_map(|pat| {
-            let m: Vec<String> = listing
-                .top
-                .iter()
-                .map(String::as_str)
-                .chain(listing.unreadable.iter().map(|u| u.name.as_str()))
-                .filter(|n| glob_match(pat, n))
-                .map(str::to_string)
-                .collect();
-            (!m.is_empty()).then_some((*pat, m))
-        })
-        .unwrap_or(("", Vec::new()));
+    let (pattern, files) = first_matching(listing, format).unwrap_or(("", Vec::new()));
     let mut sel = Selection {
         pattern,
         files,
@@ -389,6 +391,24 @@ fn select(
         return Err(no_weights(root, listing, format, &sel));
     }
     Ok(sel)
+}
+
+/// The first of the format's allow patterns that matches top-level names, and its matches.
+fn first_matching(
+    listing: &local::Listing,
+    format: LoadFormat,
+) -> Option<(&'static str, Vec<String>)> {
+    format.allow_patterns().iter().find_map(|pat| {
+        let m: Vec<String> = listing
+            .top
+            .iter()
+            .map(String::as_str)
+            .chain(listing.unreadable.iter().map(|u| u.name.as_str()))
+            .filter(|n| glob_match(pat, n))
+            .map(str::to_string)
+            .collect();
+        (!m.is_empty()).then_some((*pat, m))
+    })
 }
 
 /// Keeps only the files the index names, as vLLM does; refuses an index naming absent files.
@@ -572,7 +592,7 @@ fn pre_sharded_pattern(root: &Path) -> &'static str {
 
 /// vLLM's config-format detection (transformers_utils/config.py:889–907): Mistral's params.json
 /// only when the repo also has `consolidated*.safetensors`, otherwise config.json.
-fn pick_config(
+pub(crate) fn pick_config(
     root: &Path,
     listing: &local::Listing,
     requested: ConfigFormat,

@@ -3,11 +3,13 @@
 //! and named by `HF_ENDPOINT`. Every test has its own server and its own `HF_HOME`, so nothing
 //! touches the real cache or the network.
 //!
-//! What is checked: only the index, the shards it lists and the side files are downloaded; a
-//! second run needs no server; `HF_HUB_OFFLINE=1` opens no connection and names a missing file;
+//! What is checked: only the index, the shards it lists and the config are downloaded (and the
+//! side files by `shard`); a second run needs no server; `HF_HUB_OFFLINE=1` opens no connection and names a missing file;
 //! unknown (404) and gated (401) repos fail with exit 1; partial downloads are resumed with a
 //! Range request; a cache laid out by Python's huggingface_hub works as it is; and the cache
-//! folder follows `--download-dir` > `HF_HUB_CACHE` > `$HF_HOME/hub`.
+//! folder follows `--download-dir` > `HF_HUB_CACHE` > `$HF_HOME/hub`. Hubs that lie (more bytes
+//! than announced, wrong ranges, redirects to `file:` or another port, oversized file lists) and
+//! tampered caches (refs, links, saved lists) are refused by name; `fuzz/hub.rs` plays many more.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -26,9 +28,9 @@ use tempfile::TempDir;
 
 use crate::support::*;
 
-const REPO: &str = "acme/llama-gqa";
-const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
-const SHARDS: [&str; 6] = [
+pub(crate) const REPO: &str = "acme/llama-gqa";
+pub(crate) const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+pub(crate) const SHARDS: [&str; 6] = [
     "model-00001-of-00006.safetensors",
     "model-00002-of-00006.safetensors",
     "model-00003-of-00006.safetensors",
@@ -51,22 +53,30 @@ const SIDE: [&str; 6] = [
 
 /// One repo the server holds.
 #[derive(Clone)]
-struct HubRepo {
-    sha: String,
-    files: BTreeMap<String, Vec<u8>>,
+pub(crate) struct HubRepo {
+    pub(crate) sha: String,
+    pub(crate) files: BTreeMap<String, Vec<u8>>,
     /// Files answer 401 unless `Authorization: Bearer <token>` is sent (the listing stays public,
     /// as for gated repos on the real hub).
-    token: Option<String>,
+    pub(crate) token: Option<String>,
+    /// Branch and tag names besides `main` that point to `sha`.
+    pub(crate) aliases: BTreeSet<String>,
 }
 
 /// A request the server saw.
 #[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    range: Option<String>,
-    auth: Option<String>,
+pub(crate) struct Seen {
+    pub(crate) method: String,
+    /// As sent: percent-encoded.
+    pub(crate) path: String,
+    pub(crate) range: Option<String>,
+    pub(crate) auth: Option<String>,
 }
+
+/// Replaces the server's answer to a request: given the request and the answer the hub would
+/// give, the raw bytes to send instead (status line, headers and body), or `None` to answer
+/// as the hub does. The connection is closed after them.
+pub(crate) type Hook = Box<dyn Fn(&Seen, &Reply) -> Option<Vec<u8>> + Send + Sync>;
 
 struct Shared {
     repos: BTreeMap<String, HubRepo>,
@@ -79,16 +89,17 @@ struct Shared {
     stall: Mutex<BTreeMap<String, (u32, bool)>>,
     /// Transfers answer with the whole file, whatever Range was asked (as a CDN may).
     ignore_range: AtomicBool,
+    hook: Mutex<Option<Arc<Hook>>>,
 }
 
-struct Hub {
+pub(crate) struct Hub {
     addr: SocketAddr,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Hub {
-    fn start(repos: BTreeMap<String, HubRepo>) -> Hub {
+    pub(crate) fn start(repos: BTreeMap<String, HubRepo>) -> Hub {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a local port");
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
@@ -98,6 +109,7 @@ impl Hub {
             cut: Mutex::new(BTreeSet::new()),
             stall: Mutex::new(BTreeMap::new()),
             ignore_range: AtomicBool::new(false),
+            hook: Mutex::new(None),
         });
         let sh = shared.clone();
         let thread = std::thread::spawn(move || {
@@ -119,11 +131,16 @@ impl Hub {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    fn seen(&self) -> Vec<Seen> {
+    /// Answers with `hook` from now on (see [`Hook`]).
+    pub(crate) fn hook(&self, hook: Hook) {
+        *self.shared.hook.lock().unwrap() = Some(Arc::new(hook));
+    }
+
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.shared.seen.lock().unwrap().clone()
     }
 
@@ -154,12 +171,12 @@ impl Hub {
         self.shared.seen.lock().unwrap().clear();
     }
 
-    /// The files whose contents were asked for (`resolve`), each once.
+    /// The files whose contents were asked for (`resolve`), each once, decoded.
     fn resolved(&self) -> BTreeSet<String> {
         self.seen()
             .iter()
             .filter_map(|s| s.path.split_once("/resolve/"))
-            .map(|(_, rest)| rest.split_once('/').unwrap().1.to_string())
+            .map(|(_, rest)| unquote(rest.split_once('/').unwrap().1))
             .collect()
     }
 
@@ -179,7 +196,7 @@ impl Drop for Hub {
     }
 }
 
-fn etag(data: &[u8]) -> String {
+pub(crate) fn etag(data: &[u8]) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(data))
 }
 
@@ -207,13 +224,22 @@ fn serve(sh: &Shared, mut conn: TcpStream) -> std::io::Result<()> {
     if path.is_empty() {
         return Ok(());
     }
-    sh.seen.lock().unwrap().push(Seen {
+    let seen = Seen {
         method: method.clone(),
         path: path.clone(),
         range: headers.get("range").cloned(),
         auth: headers.get("authorization").cloned(),
-    });
-    let (status, extra, body) = route(sh, &path, &headers);
+    };
+    sh.seen.lock().unwrap().push(seen.clone());
+    let reply = route(sh, &path, &headers);
+    let hook = sh.hook.lock().unwrap().clone();
+    if let Some(bytes) = hook.and_then(|h| h(&seen, &reply)) {
+        // A client that stops reading (as it should, past a size) resets the connection.
+        let _ = conn.write_all(&bytes);
+        let _ = conn.flush();
+        return conn.shutdown(std::net::Shutdown::Both);
+    }
+    let (status, extra, body) = reply;
     let reason = match status {
         200 => "OK",
         206 => "Partial Content",
@@ -263,7 +289,46 @@ fn serve(sh: &Shared, mut conn: TcpStream) -> std::io::Result<()> {
     conn.flush()
 }
 
-type Reply = (u16, Vec<(&'static str, String)>, Vec<u8>);
+/// Status, headers (other than Content-Length) and body.
+pub(crate) type Reply = (u16, Vec<(&'static str, String)>, Vec<u8>);
+
+/// Percent-decoding, as the hub reads request paths.
+fn unquote(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A raw HTTP/1.1 answer: `head` lines as given (a Content-Length only if among them), then
+/// `body`.
+pub(crate) fn raw(status: u16, head: &[(&str, String)], body: &[u8]) -> Vec<u8> {
+    let mut out = format!("HTTP/1.1 {status} X\r\nConnection: close\r\n");
+    for (k, v) in head {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    let mut out = out.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
 
 fn route(sh: &Shared, path: &str, headers: &BTreeMap<String, String>) -> Reply {
     let not_found = |code: &str| {
@@ -280,8 +345,8 @@ fn route(sh: &Shared, path: &str, headers: &BTreeMap<String, String>) -> Reply {
         let Some(r) = sh.repos.get(repo) else {
             return not_found("RepoNotFound");
         };
-        let rev = rev.replace("%2F", "/");
-        if rev != "main" && rev != r.sha {
+        let rev = unquote(rev);
+        if rev != "main" && rev != r.sha && !r.aliases.contains(&rev) {
             return not_found("RevisionNotFound");
         }
         let body = json!({
@@ -313,10 +378,14 @@ fn route(sh: &Shared, path: &str, headers: &BTreeMap<String, String>) -> Reply {
     let Some((rev, file)) = rest.split_once('/') else {
         return not_found("EntryNotFound");
     };
-    if rev != "main" && rev != r.sha {
+    let (rev, file) = (
+        unquote(rev),
+        unquote(file.split_once('?').map_or(file, |(f, _)| f)),
+    );
+    if rev != "main" && rev != r.sha && !r.aliases.contains(&rev) {
         return not_found("RevisionNotFound");
     }
-    let Some(data) = r.files.get(file) else {
+    let Some(data) = r.files.get(&file) else {
         return not_found("EntryNotFound");
     };
     let len = data.len() as u64;
@@ -347,7 +416,7 @@ fn route(sh: &Shared, path: &str, headers: &BTreeMap<String, String>) -> Reply {
 
 /// The llama_gqa golden fixture as a hub repo, plus files a run must not download: a shard the
 /// index does not list, `.bin` weights, an `original/` folder and a dotfile.
-fn llama_repo() -> HubRepo {
+pub(crate) fn llama_repo() -> HubRepo {
     let dir = fixtures_dir().join("llama_gqa");
     let mut files = BTreeMap::new();
     for e in fs::read_dir(&dir).unwrap() {
@@ -375,10 +444,11 @@ fn llama_repo() -> HubRepo {
         sha: SHA.into(),
         files,
         token: None,
+        aliases: BTreeSet::new(),
     }
 }
 
-fn one_repo(name: &str, repo: HubRepo) -> BTreeMap<String, HubRepo> {
+pub(crate) fn one_repo(name: &str, repo: HubRepo) -> BTreeMap<String, HubRepo> {
     BTreeMap::from([(name.to_string(), repo)])
 }
 
@@ -386,7 +456,7 @@ fn one_repo(name: &str, repo: HubRepo) -> BTreeMap<String, HubRepo> {
 // Running wload
 
 /// Variables that could reach the real cache, a token or a proxy, or change the timeouts.
-const CLEARED: [&str; 16] = [
+pub(crate) const CLEARED: [&str; 16] = [
     "HF_HUB_CACHE",
     "HUGGINGFACE_HUB_CACHE",
     "HF_TOKEN",
@@ -408,7 +478,7 @@ const CLEARED: [&str; 16] = [
 /// `wload` with the hub at `hub` (a closed port when `None`) and `HF_HOME` in `home`, and every
 /// other variable that could reach the real cache, a token or a proxy removed. A run that takes
 /// over a minute fails the test rather than hanging the suite.
-fn wload_hub(hub: Option<&Hub>, home: &Path) -> Command {
+pub(crate) fn wload_hub(hub: Option<&Hub>, home: &Path) -> Command {
     let endpoint = hub.map_or_else(|| "http://127.0.0.1:9".to_string(), Hub::url);
     wload_at(&endpoint, home)
 }
@@ -461,7 +531,7 @@ fn all(origin: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn repo_dir(cache: &Path) -> PathBuf {
+pub(crate) fn repo_dir(cache: &Path) -> PathBuf {
     cache.join("models--acme--llama-gqa")
 }
 
@@ -469,6 +539,25 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
+/// What every command but `shard` reads of [`llama_repo`], so all it downloads: the index, the
+/// config and the shards the index lists.
+fn read_set() -> BTreeSet<String> {
+    SHARDS
+        .iter()
+        .chain(&["model.safetensors.index.json", "config.json"])
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// What `shard` downloads besides [`read_set`].
+fn side_only() -> BTreeSet<String> {
+    expected_downloads()
+        .difference(&read_set())
+        .cloned()
+        .collect()
+}
+
+/// What `shard` downloads of [`llama_repo`]: what it reads and the side files it copies.
 fn expected_downloads() -> BTreeSet<String> {
     SHARDS
         .iter()
@@ -521,14 +610,15 @@ fn downloads_only_what_vllm_reads() {
         dropped.contains("model-extra.safetensors") && dropped.contains("pytorch_model.bin"),
         "the repo's other weights are listed as not read: {dropped:?}"
     );
-    assert_eq!(hub.resolved(), expected_downloads());
+    // `inspect` reads no side file, so fetches none.
+    assert_eq!(hub.resolved(), read_set());
     let downloaded: BTreeSet<String> = v["hub"]["downloaded"]
         .as_array()
         .unwrap()
         .iter()
         .map(|f| f.as_str().unwrap().to_string())
         .collect();
-    assert_eq!(downloaded, expected_downloads());
+    assert_eq!(downloaded, read_set());
     let api: Vec<String> = hub
         .seen()
         .iter()
@@ -547,7 +637,7 @@ fn downloads_only_what_vllm_reads() {
         "no ref named by a commit"
     );
     let repo = llama_repo();
-    for f in expected_downloads() {
+    for f in read_set() {
         let link = rd.join("snapshots").join(SHA).join(&f);
         let target = fs::read_link(&link).unwrap_or_else(|e| panic!("{f}: {e}"));
         let tag = etag(&repo.files[&f]);
@@ -561,7 +651,7 @@ fn downloads_only_what_vllm_reads() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
-    // Second run: the hub is asked for the revision's commit only; every file is cached.
+    // `shard` copies the side files: it downloads them, and only them.
     hub.forget();
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
@@ -571,6 +661,15 @@ fn downloads_only_what_vllm_reads() {
     );
     assert!(o.status.success(), "{}", context(&o));
     assert_golden_tp2(&out);
+    assert_eq!(hub.resolved(), side_only());
+    // Another run: the hub is asked for the revision's commit only; every file is cached.
+    hub.forget();
+    let out = work.path().join("out2");
+    let o = run(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["shard", REPO, "--tp", "2", "-o", s(&out), "-q"],
+    );
+    assert!(o.status.success(), "{}", context(&o));
     assert_eq!(hub.resolved(), BTreeSet::new());
     assert_eq!(hub.seen().len(), 1, "{:?}", hub.seen());
     let v = ok_json(
@@ -598,6 +697,22 @@ fn second_run_needs_no_server() {
         &["plan", REPO, "--tp", "2", "--json"],
     );
     assert_eq!(v["tp"], 2);
+    assert_eq!(hub.resolved(), read_set());
+    // The side files come with the first `shard`.
+    let work = TempDir::new().unwrap();
+    let o = run(
+        &mut wload_hub(Some(&hub), home.path()),
+        &[
+            "shard",
+            REPO,
+            "--tp",
+            "2",
+            "-o",
+            s(&work.path().join("first")),
+            "-q",
+        ],
+    );
+    assert!(o.status.success(), "{}", context(&o));
     assert_eq!(hub.resolved(), expected_downloads());
     hub.stop();
 
@@ -618,7 +733,6 @@ fn second_run_needs_no_server() {
     assert_eq!(v["hub"]["offline"], true);
     assert!(v["hub"].get("note").is_none(), "{v:#}");
 
-    let work = TempDir::new().unwrap();
     let out = work.path().join("out");
     let o = run(
         wload_hub(Some(&hub), home.path()).env("HF_HUB_OFFLINE", "1"),
@@ -878,8 +992,8 @@ fn broken_transfer_resumes_in_the_same_run() {
     assert_eq!(fs::read(blob).unwrap(), *data);
 }
 
-/// A new commit that changes only the README links the shards' blobs it already has and
-/// downloads the README alone.
+/// A new commit that changes only the config links the shards' blobs it already has and
+/// downloads the config alone.
 #[test]
 fn new_commit_reuses_cached_blobs() {
     let home = TempDir::new().unwrap();
@@ -893,8 +1007,11 @@ fn new_commit_reuses_cached_blobs() {
     let sha2 = "fedcba9876543210fedcba9876543210fedcba98";
     let mut repo = llama_repo();
     repo.sha = sha2.into();
+    // The one change is to a file `inspect` reads.
+    let mut config: Value = serde_json::from_slice(&repo.files["config.json"]).unwrap();
+    config["_comment"] = json!("v2");
     repo.files
-        .insert("README.md".into(), b"# a tiny llama, v2\n".to_vec());
+        .insert("config.json".into(), config.to_string().into_bytes());
     let hub = Hub::start(one_repo(REPO, repo));
     let v = ok_json(
         &mut wload_hub(Some(&hub), home.path()),
@@ -902,8 +1019,8 @@ fn new_commit_reuses_cached_blobs() {
     );
     assert_eq!(v["hub"]["commit"], sha2);
     assert_eq!(origins(&v), all("cache"));
-    assert_eq!(v["hub"]["downloaded"], json!(["README.md"]));
-    // Metadata requests are HEADs; only the README's content is transferred.
+    assert_eq!(v["hub"]["downloaded"], json!(["config.json"]));
+    // Metadata requests are HEADs; only the config's content is transferred.
     let full: Vec<String> = hub
         .seen()
         .into_iter()
@@ -911,7 +1028,7 @@ fn new_commit_reuses_cached_blobs() {
         .map(|s| s.path)
         .collect();
     assert!(
-        !full.is_empty() && full.iter().all(|p| p.ends_with("/README.md")),
+        !full.is_empty() && full.iter().all(|p| p.ends_with("/config.json")),
         "{full:?}"
     );
     let rd = repo_dir(&home.path().join("hub"));
@@ -997,20 +1114,12 @@ fn python_cache_layout_is_used_as_is() {
     assert!(err.contains(SHARDS[4]), "{err}");
     assert!(hub.seen().is_empty());
 
-    // Online: only that shard and the side files vLLM had not fetched are downloaded.
+    // Online: only that shard is downloaded (`inspect` reads no side file).
     let v = ok_json(
         wload_hub(Some(&hub), home.path()).env("HF_HUB_CACHE", cache.path()),
         &["inspect", REPO, "--json"],
     );
-    assert_eq!(
-        hub.resolved(),
-        set(&[
-            SHARDS[4],
-            "README.md",
-            "fixture_info.json",
-            "tokenizer_config.json"
-        ])
-    );
+    assert_eq!(hub.resolved(), set(&[SHARDS[4]]));
     assert_eq!(origins(&v)[SHARDS[4]], "download");
     assert_eq!(origins(&v)[SHARDS[0]], "cache");
 }
@@ -1120,6 +1229,7 @@ fn load_takes_a_pre_sharded_repo() {
             sha: SHA.into(),
             files,
             token: None,
+            aliases: BTreeSet::new(),
         },
     ));
     let home = TempDir::new().unwrap();
@@ -1520,4 +1630,664 @@ fn a_download_in_another_process_is_waited_for() {
     assert_eq!(origins(&v)[SHARDS[0]], "download");
     assert_eq!(hub.transfers(SHARDS[0]), Vec::<Option<String>>::new());
     assert_eq!(fs::read(blobs.join(etag(&data))).unwrap(), data);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hubs that lie, and caches that were tampered with
+
+/// How a child ended, and the most memory it was seen to hold.
+pub(crate) struct Bounded {
+    /// The exit code, `None` when a signal ended it.
+    pub(crate) code: Option<i32>,
+    pub(crate) signal: Option<i32>,
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: String,
+    /// Peak resident memory (`VmHWM` of /proc/PID/status, read every few milliseconds until it
+    /// exits), KiB. Not `wait4`'s `ru_maxrss`: Linux keeps in it the memory of the process that
+    /// spawned the child (this test binary) from before `exec`.
+    pub(crate) max_rss_kib: u64,
+    /// Killed at the time limit.
+    pub(crate) timed_out: bool,
+}
+
+/// `wload ARGS` against `endpoint` with `HF_HOME` in `home` (the environment [`wload_at`]
+/// gives it, plus `env`), with at most `data_mib` MiB of heap and other private memory
+/// (`RLIMIT_DATA`: past it an allocation fails and the process aborts, whatever the measuring
+/// missed), watched for its peak memory, and killed after `limit`.
+pub(crate) fn run_bounded(
+    endpoint: &str,
+    home: &Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+    data_mib: u64,
+    limit: Duration,
+) -> Bounded {
+    use std::io::Read;
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let mut cmd = wload_process();
+    for k in CLEARED {
+        cmd.env_remove(k);
+    }
+    cmd.env("HF_HOME", home).env("HF_ENDPOINT", endpoint);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let bytes = data_mib << 20;
+    // SAFETY: `setrlimit` is a plain system call, safe between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("wload starts");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let status_file = format!("/proc/{}/status", child.id());
+    let hwm = || -> Option<u64> {
+        let text = fs::read_to_string(&status_file).ok()?;
+        let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    let t = std::time::Instant::now();
+    let (mut peak, mut timed_out) = (0, false);
+    let status = loop {
+        peak = peak.max(hwm().unwrap_or(0));
+        if let Some(s) = child.try_wait().expect("wait for wload") {
+            break s;
+        }
+        if t.elapsed() > limit && !timed_out {
+            timed_out = true;
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Bounded {
+        code: status.code(),
+        signal: status.signal(),
+        stdout: out.join().unwrap(),
+        stderr: String::from_utf8_lossy(&err.join().unwrap()).into_owned(),
+        max_rss_kib: peak,
+        timed_out,
+    }
+}
+
+/// Every regular file under `dir` (not following links) with its length.
+pub(crate) fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Ok(m) = e.path().symlink_metadata() else {
+            continue;
+        };
+        if m.is_dir() {
+            out.extend(files_under(&e.path()));
+        } else if m.is_file() {
+            out.push((e.path(), m.len()));
+        }
+    }
+    out
+}
+
+/// The decoded file a `resolve` request asks for.
+pub(crate) fn resolved_file(path: &str) -> Option<String> {
+    let (_, rest) = path.split_once("/resolve/")?;
+    let file = rest.split_once('/')?.1;
+    Some(unquote(file.split_once('?').map_or(file, |(f, _)| f)))
+}
+
+/// A transfer (GET) of `file` answered by `answer` instead of the hub; the rest as usual.
+fn on_transfer_of(
+    file: &'static str,
+    answer: impl Fn(&Seen, &Reply) -> Vec<u8> + Send + Sync + 'static,
+) -> Hook {
+    Box::new(move |seen, reply| {
+        (seen.method == "GET" && resolved_file(&seen.path).as_deref() == Some(file))
+            .then(|| answer(seen, reply))
+    })
+}
+
+/// The headers of a hub answer, without its body's length.
+fn head_of(reply: &Reply) -> Vec<(&str, String)> {
+    reply.1.iter().map(|(k, v)| (*k, v.clone())).collect()
+}
+
+/// A server that sends more than it announced has nothing past the announced size written,
+/// and is named for what it did; the partial file that would look complete is removed. A
+/// Content-Length or Content-Range that disagrees with what was asked is refused before a byte
+/// is written, and a transfer that ends short is resumed.
+#[test]
+fn a_hub_never_gets_more_bytes_written_than_it_announced() {
+    let data = llama_repo().files[SHARDS[0]].clone();
+    let len = data.len() as u64;
+    let blobs_of = |home: &Path| repo_dir(&home.join("hub")).join("blobs");
+    let largest = |home: &Path| {
+        files_under(&home.join("hub"))
+            .into_iter()
+            .map(|(_, n)| n)
+            .max()
+            .unwrap_or(0)
+    };
+    let biggest_true = llama_repo()
+        .files
+        .values()
+        .map(|v| v.len() as u64)
+        .max()
+        .unwrap();
+
+    // No Content-Length, and 3 MiB past the file (the connection closed after them).
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    hub.hook(on_transfer_of(SHARDS[0], |_, reply| {
+        let mut body = reply.2.clone();
+        body.extend(std::iter::repeat_n(b'x', 3 << 20));
+        raw(200, &head_of(reply), &body)
+    }));
+    let home = TempDir::new().unwrap();
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO],
+        1,
+    );
+    for want in [
+        SHARDS[0],
+        "more than",
+        &format!("past the {len} bytes"),
+        "Content-Length",
+    ] {
+        assert!(err.contains(want), "no '{want}' in: {err}");
+    }
+    assert!(!err.contains("416"), "no HTTP 416 was sent: {err}");
+    assert!(
+        largest(home.path()) <= biggest_true,
+        "{:?}",
+        files_under(home.path())
+    );
+    let part = blobs_of(home.path()).join(format!("{}.part", etag(&data)));
+    assert!(
+        !part.exists(),
+        "a partial file of the whole size would look complete"
+    );
+    assert!(!blobs_of(home.path()).join(etag(&data)).exists());
+
+    // A Content-Length over what remains: refused before anything is written.
+    hub.hook(on_transfer_of(SHARDS[0], |_, reply| {
+        let mut body = reply.2.clone();
+        body.extend_from_slice(b"0123456789");
+        let mut head = head_of(reply);
+        head.push(("Content-Length", body.len().to_string()));
+        raw(200, &head, &body)
+    }));
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO],
+        1,
+    );
+    let announced = format!("announces {} bytes (Content-Length) where {len}", len + 10);
+    assert!(err.contains(&announced) && err.contains(SHARDS[0]), "{err}");
+    assert!(
+        fs::metadata(&part).map_or(0, |m| m.len()) == 0,
+        "nothing written"
+    );
+
+    // A resumed transfer answered with another range than asked: refused, the part kept.
+    let half = data.len() / 2;
+    fs::create_dir_all(blobs_of(home.path())).unwrap();
+    fs::write(&part, &data[..half]).unwrap();
+    hub.hook(on_transfer_of(SHARDS[0], move |_, reply| {
+        let mut head = head_of(reply);
+        head.retain(|(k, _)| *k != "Content-Range");
+        head.push(("Content-Range", format!("bytes 0-{}/{}", len - 1, len)));
+        head.push(("Content-Length", len.to_string()));
+        raw(206, &head, &reply.2)
+    }));
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO],
+        1,
+    );
+    assert!(
+        err.contains(&format!("bytes {half}-{}/{len}", len - 1))
+            && err.contains(&format!("Content-Range 'bytes 0-{}/{len}'", len - 1)),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(&part).unwrap(),
+        data[..half],
+        "what was there is kept"
+    );
+
+    // A range answer longer than asked, without a length: cut at the file's end.
+    hub.hook(on_transfer_of(SHARDS[0], |_, reply| {
+        let mut body = reply.2.clone();
+        body.extend(std::iter::repeat_n(b'y', 5000));
+        raw(reply.0, &head_of(reply), &body)
+    }));
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO],
+        1,
+    );
+    assert!(err.contains("sent 5000 bytes past"), "{err}");
+    assert!(largest(home.path()) <= biggest_true);
+
+    // Fewer bytes than announced (the connection closes early): resumed, then complete.
+    let cut = Arc::new(AtomicBool::new(true));
+    let c = cut.clone();
+    hub.hook(on_transfer_of(SHARDS[0], move |_, reply| {
+        let mut head = head_of(reply);
+        if c.swap(false, Ordering::SeqCst) {
+            head.push(("Content-Length", reply.2.len().to_string()));
+            return raw(reply.0, &head, &reply.2[..reply.2.len() / 3]);
+        }
+        head.push(("Content-Length", reply.2.len().to_string()));
+        raw(reply.0, &head, &reply.2)
+    }));
+    ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(
+        fs::read(blobs_of(home.path()).join(etag(&data))).unwrap(),
+        data
+    );
+    assert!(!cut.load(Ordering::SeqCst), "the short transfer happened");
+}
+
+/// A size announced beyond the free space is refused before a byte is written, naming both.
+#[test]
+fn a_download_that_cannot_fit_is_refused_first() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    hub.hook(Box::new(|seen, reply| {
+        (seen.method == "HEAD" && resolved_file(&seen.path).as_deref() == Some(SHARDS[1])).then(
+            || {
+                let mut head = head_of(reply);
+                head.push(("X-Linked-Size", (1u64 << 60).to_string()));
+                raw(200, &head, b"")
+            },
+        )
+    }));
+    let home = TempDir::new().unwrap();
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO],
+        1,
+    );
+    assert!(
+        err.contains(SHARDS[1]) && err.contains(&(1u64 << 60).to_string()) && err.contains("free"),
+        "{err}"
+    );
+    assert!(hub.transfers(SHARDS[1]).is_empty(), "nothing asked for");
+}
+
+/// File names, and revisions, go into URLs percent-encoded as huggingface_hub encodes them
+/// (`quote(filename)`, `quote(revision, safe="")`): a space, `#`, `%` or `?` in a name, or a
+/// `/` or `#` in a revision, reach the hub as they are, and the files land under their names.
+#[test]
+fn names_and_revisions_are_percent_encoded() {
+    let odd = [
+        "LICENSE (1).txt",
+        "notes#1.md",
+        "100%.md",
+        "what?.md",
+        "ü.txt",
+        "a+b=c&d.json",
+    ];
+    let mut repo = llama_repo();
+    for (i, f) in odd.iter().enumerate() {
+        repo.files
+            .insert(f.to_string(), format!("file {i}\n").into_bytes());
+    }
+    repo.aliases = ["refs/pr/1".to_string(), "release#2".to_string()].into();
+    let hub = Hub::start(one_repo(REPO, repo.clone()));
+    let home = TempDir::new().unwrap();
+    let work = TempDir::new().unwrap();
+    for (i, rev) in ["refs/pr/1", "release#2"].iter().enumerate() {
+        let out = work.path().join(format!("out{i}"));
+        let o = run(
+            &mut wload_hub(Some(&hub), home.path()),
+            &[
+                "shard",
+                REPO,
+                "--revision",
+                rev,
+                "--tp",
+                "2",
+                "-o",
+                s(&out),
+                "-q",
+            ],
+        );
+        assert!(o.status.success(), "{rev}: {}", context(&o));
+        for f in odd {
+            assert_eq!(fs::read(out.join(f)).unwrap(), repo.files[f], "{f}");
+        }
+    }
+    let paths: BTreeSet<String> = hub.seen().into_iter().map(|s| s.path).collect();
+    for want in [
+        format!("/api/models/{REPO}/revision/refs%2Fpr%2F1"),
+        format!("/api/models/{REPO}/revision/release%232"),
+        format!("/{REPO}/resolve/{SHA}/LICENSE%20%281%29.txt"),
+        format!("/{REPO}/resolve/{SHA}/notes%231.md"),
+        format!("/{REPO}/resolve/{SHA}/100%25.md"),
+        format!("/{REPO}/resolve/{SHA}/what%3F.md"),
+        format!("/{REPO}/resolve/{SHA}/%C3%BC.txt"),
+        format!("/{REPO}/resolve/{SHA}/a%2Bb%3Dc%26d.json"),
+    ] {
+        assert!(paths.contains(&want), "{want} not among {paths:#?}");
+    }
+    // huggingface_hub's refs for such revisions: a file per path.
+    let rd = repo_dir(&home.path().join("hub"));
+    assert_eq!(fs::read_to_string(rd.join("refs/refs/pr/1")).unwrap(), SHA);
+    assert_eq!(fs::read_to_string(rd.join("refs/release#2")).unwrap(), SHA);
+}
+
+/// `HF_TOKEN` goes only where the endpoint is (same scheme, host and port), as httpx does for
+/// huggingface_hub: not to another port of the same host; the hub's own relative redirects keep
+/// it.
+#[test]
+fn the_token_stays_on_the_endpoints_origin() {
+    let mut gated = llama_repo();
+    gated.token = Some("hf_secret".into());
+    let hub = Hub::start(one_repo(REPO, gated));
+    // The "CDN": the same files, no token needed.
+    let cdn = Hub::start(one_repo(REPO, llama_repo()));
+    let cdn_port = cdn.addr.port();
+    hub.hook(Box::new(move |seen, reply| {
+        let file = resolved_file(&seen.path)?;
+        let to = match (seen.method.as_str(), file.as_str()) {
+            ("GET", f) if f == SHARDS[0] => format!("http://127.0.0.1:{cdn_port}{}", seen.path),
+            // A relative hop on the hub itself: the token must follow it, or this answers 401.
+            ("GET", f) if f == SHARDS[2] && !seen.path.contains('?') => {
+                format!("{}?hop=1", seen.path)
+            }
+            _ => return None,
+        };
+        let mut head = head_of(reply);
+        head.push(("Location", to));
+        Some(raw(302, &head, b""))
+    }));
+    let home = TempDir::new().unwrap();
+    let v = ok_json(
+        wload_hub(Some(&hub), home.path()).env("HF_TOKEN", "hf_secret"),
+        &["inspect", REPO, "--json"],
+    );
+    assert_eq!(origins(&v), all("download"));
+    let to_cdn = cdn.seen();
+    assert!(!to_cdn.is_empty(), "the redirect was followed");
+    assert!(
+        to_cdn.iter().all(|s| s.auth.is_none()),
+        "the token left the endpoint: {to_cdn:?}"
+    );
+    let hop = hub
+        .seen()
+        .into_iter()
+        .find(|s| s.path.ends_with("?hop=1"))
+        .unwrap();
+    assert_eq!(hop.auth.as_deref(), Some("Bearer hf_secret"));
+}
+
+/// A redirect to anything but http(s) (`file:`, `ftp:`), or a redirect loop, is named as such
+/// with the URL, exit 1: not "not found", not a network failure.
+#[test]
+fn redirects_to_other_schemes_and_loops_are_named() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    let redirect = |to: &'static str| -> Hook {
+        Box::new(move |seen, _| {
+            seen.path
+                .starts_with("/api/")
+                .then(|| raw(302, &[("Location", to.to_string())], b""))
+        })
+    };
+    hub.hook(redirect("file:///etc/passwd"));
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO],
+        1,
+    );
+    for want in ["redirected", "file:///etc/passwd", "only http and https"] {
+        assert!(err.contains(want), "no '{want}' in: {err}");
+    }
+    assert!(!err.contains("not found"), "{err}");
+    hub.hook(redirect("/api/again"));
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO],
+        1,
+    );
+    assert!(err.contains("more than 10 redirects"), "{err}");
+    // A file's transfer sent to ftp:.
+    hub.hook(on_transfer_of(SHARDS[3], |_, _| {
+        raw(307, &[("Location", "ftp://127.0.0.1/x".into())], b"")
+    }));
+    let err = fails_with(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO],
+        1,
+    );
+    assert!(
+        err.contains(SHARDS[3]) && err.contains("ftp://127.0.0.1/x") && err.contains("ftp:"),
+        "{err}"
+    );
+}
+
+/// A ref that is not a commit hash (`../../x`) is not followed outside the cache, offline or
+/// with the hub gone; nor is a snapshot link that leads outside the repo's blobs.
+#[test]
+fn tampered_cache_refs_and_links_are_refused() {
+    let mut hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    hub.stop();
+    let cache = home.path().join("hub");
+    let rd = repo_dir(&cache);
+    // What `../../x` names from snapshots/: a complete checkpoint, so following it would work.
+    let outside = cache.join("x");
+    fs::create_dir_all(&outside).unwrap();
+    for e in fs::read_dir(fixtures_dir().join("llama_gqa")).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), outside.join(e.file_name())).unwrap();
+    }
+    fs::write(rd.join("refs/main"), "../../x").unwrap();
+    for env in [&[("HF_HUB_OFFLINE", "1")][..], &[]] {
+        let mut cmd = wload_hub(Some(&hub), home.path());
+        cmd.envs(env.iter().copied());
+        let err = fails_with(&mut cmd, &["inspect", REPO], 1);
+        let at = rd.join("refs/main");
+        for want in [at.to_str().unwrap(), "../../x", "not a commit hash"] {
+            assert!(err.contains(want), "{env:?}: no '{want}' in: {err}");
+        }
+    }
+    fs::write(rd.join("refs/main"), SHA).unwrap();
+    // A snapshot link to a file outside the blobs (a copy of the real config).
+    let link = rd.join("snapshots").join(SHA).join("config.json");
+    fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(outside.join("config.json"), &link).unwrap();
+    let err = fails_with(
+        wload_hub(Some(&hub), home.path()).env("HF_HUB_OFFLINE", "1"),
+        &["inspect", REPO],
+        1,
+    );
+    assert!(
+        err.contains(link.to_str().unwrap()) && err.contains("outside the repo's blobs"),
+        "{err}"
+    );
+}
+
+/// The cache's saved file list, when it cannot be used (over the limit, or not wload's JSON),
+/// is named offline with the limit, exit 1, rather than silently replaced by the snapshot's
+/// files; online, the hub's answer replaces it.
+#[test]
+fn an_unusable_saved_file_list_is_named() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--json"],
+    );
+    let saved = repo_dir(&home.path().join("hub"))
+        .join(".wload")
+        .join(format!("{SHA}.json"));
+    let good = fs::read(&saved).unwrap();
+    let offline = || {
+        let mut c = wload_hub(Some(&hub), home.path());
+        c.env("HF_HUB_OFFLINE", "1");
+        c
+    };
+    // Sparse: 65 MiB on paper, nothing on disk.
+    fs::File::create(&saved).unwrap().set_len(65 << 20).unwrap();
+    let err = fails_with(&mut offline(), &["inspect", REPO], 1);
+    assert!(
+        err.contains(saved.to_str().unwrap())
+            && err.contains("64.0 MiB")
+            && err.contains("HF_HUB_OFFLINE"),
+        "{err}"
+    );
+    fs::write(&saved, b"{\"repo\": ").unwrap();
+    let err = fails_with(&mut offline(), &["inspect", REPO], 1);
+    assert!(
+        err.contains(saved.to_str().unwrap()) && err.contains("JSON"),
+        "{err}"
+    );
+    // Online, by commit (where the saved list would spare the request): asked again, saved again.
+    hub.forget();
+    ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", REPO, "--revision", SHA, "--json"],
+    );
+    assert_eq!(hub.seen().len(), 1, "{:?}", hub.seen());
+    assert_eq!(fs::read(&saved).unwrap(), good);
+}
+
+/// Heap a run that reads an oversized file list may use before its allocations fail: the
+/// 64 MiB it may read, and room for the rest.
+const LIST_DATA_MIB: u64 = 256;
+
+/// The hub's file list is read with a cap on its bytes (64 MiB) and entries (100,000), each
+/// named when exceeded, in bounded memory: a 235 MB list used to cost 0.8 GiB.
+#[test]
+fn the_file_list_is_bounded_in_bytes_entries_and_memory() {
+    let hub = Hub::start(one_repo(REPO, llama_repo()));
+    let home = TempDir::new().unwrap();
+    let big: Arc<Vec<u8>> = {
+        // Valid JSON all through: siblings with long names, to past 64 MiB.
+        let mut v = format!("{{\"sha\":\"{SHA}\",\"siblings\":[").into_bytes();
+        let name = "n".repeat(4000);
+        let mut i = 0;
+        while v.len() < 70 << 20 {
+            v.extend_from_slice(format!("{{\"rfilename\":\"{i}{name}\"}},").as_bytes());
+            i += 1;
+        }
+        v.extend_from_slice(b"{\"rfilename\":\"last\"}]}");
+        Arc::new(v)
+    };
+    let body = big.clone();
+    hub.hook(Box::new(move |seen, _| {
+        seen.path
+            .starts_with("/api/")
+            .then(|| raw(200, &[("Content-Length", body.len().to_string())], &body))
+    }));
+    let b = run_bounded(
+        &hub.url(),
+        home.path(),
+        &[],
+        &["inspect", REPO],
+        LIST_DATA_MIB,
+        Duration::from_secs(60),
+    );
+    assert_eq!(b.code, Some(1), "{}", b.stderr);
+    assert!(
+        b.stderr.contains("larger than 64 MiB") && b.stderr.contains(REPO),
+        "{}",
+        b.stderr
+    );
+    assert!(
+        b.max_rss_kib < 128 << 10,
+        "peak memory {} KiB",
+        b.max_rss_kib
+    );
+
+    let many = {
+        let mut v = format!("{{\"sha\":\"{SHA}\",\"siblings\":[").into_bytes();
+        for i in 0..100_001 {
+            v.extend_from_slice(format!("{{\"rfilename\":\"f{i}\"}},").as_bytes());
+        }
+        v.pop();
+        v.extend_from_slice(b"]}");
+        Arc::new(v)
+    };
+    hub.hook(Box::new(move |seen, _| {
+        seen.path
+            .starts_with("/api/")
+            .then(|| raw(200, &[("Content-Length", many.len().to_string())], &many))
+    }));
+    let b = run_bounded(
+        &hub.url(),
+        home.path(),
+        &[],
+        &["inspect", REPO],
+        LIST_DATA_MIB,
+        Duration::from_secs(60),
+    );
+    assert_eq!(b.code, Some(1), "{}", b.stderr);
+    assert!(b.stderr.contains("more than 100000 files"), "{}", b.stderr);
+}
+
+/// `inspect`, `plan`, `sizes` and `load` download only what they read (config, index, the
+/// shards), not a 1 MiB video beside them; `shard`, which copies the side files, downloads them.
+#[test]
+fn only_shard_downloads_side_files() {
+    let mut repo = llama_repo();
+    repo.files.insert("demo.mp4".into(), vec![7; 1 << 20]);
+    let hub = Hub::start(one_repo(REPO, repo));
+    let work = TempDir::new().unwrap();
+    let commands: [&[&str]; 4] = [
+        &["inspect", REPO],
+        &["plan", REPO, "--tp", "2"],
+        &["sizes", REPO],
+        &["load", REPO, "--tp", "1", "--dry-run", "--device", "cpu"],
+    ];
+    for (i, args) in commands.into_iter().enumerate() {
+        let home = work.path().join(format!("h{i}"));
+        hub.forget();
+        let o = run(&mut wload_hub(Some(&hub), &home), args);
+        assert!(o.status.success(), "{args:?}: {}", context(&o));
+        assert_eq!(hub.resolved(), read_set(), "{args:?}");
+    }
+    let home = work.path().join("h0");
+    hub.forget();
+    let out = work.path().join("out");
+    let o = run(
+        &mut wload_hub(Some(&hub), &home),
+        &["shard", REPO, "--tp", "2", "-o", s(&out), "-q"],
+    );
+    assert!(o.status.success(), "{}", context(&o));
+    let mut side = side_only();
+    side.insert("demo.mp4".into());
+    assert_eq!(hub.resolved(), side);
+    assert!(out.join("demo.mp4").is_file());
 }

@@ -127,6 +127,7 @@ fn open_dir(dir: &std::path::Path, layers_override: Option<u64>) -> wload::Opene
         revision: None,
         download_dir: None,
         download_progress: Default::default(),
+        side_files: false,
     })
     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }

@@ -266,7 +266,10 @@ fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
 }
 
 fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
-    let mut opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let mut sopts = source_options(&args.source, g.quiet)?;
+    // The one command that copies the side files, so the one that downloads them.
+    sopts.side_files = true;
+    let mut opened = wload::open(&sopts)?;
     let opts = wload::shard::ShardOptions {
         out: args.out.clone(),
         max_part_size: args.max_part_size,
@@ -363,6 +366,7 @@ fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {
         revision: Some(a.revision.clone()),
         download_dir: a.download_dir.clone(),
         download_progress: bars::download_bars(quiet),
+        side_files: false,
     })
 }
 

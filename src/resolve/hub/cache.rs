@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::http::MAX_LISTING_BYTES;
 use super::{HubError, HubRequest, Why};
 use crate::resolve::LoadFormat;
 use crate::resolve::local::{self, Listing};
@@ -70,6 +71,7 @@ impl State {
 struct SavedListing {
     repo: String,
     commit: String,
+    #[serde(deserialize_with = "super::http::capped_strings")]
     files: Vec<String>,
 }
 
@@ -77,11 +79,33 @@ fn listing_path(repo_dir: &Path, commit: &str) -> PathBuf {
     repo_dir.join(".wload").join(format!("{commit}.json"))
 }
 
-/// The file list an earlier run saved for `commit`.
-pub(super) fn saved_listing(repo_dir: &Path, commit: &str) -> Option<Vec<String>> {
-    let text = crate::small_file::read(&listing_path(repo_dir, commit)).ok()?;
-    let saved: SavedListing = serde_json::from_slice(&text).ok()?;
-    (saved.commit == commit).then_some(saved.files)
+/// The file list an earlier run saved for `commit`: `None` when there is none, an error naming
+/// the file and the limit when one is there and cannot be used (acting as if it were absent
+/// would select from the snapshot's files instead, silently).
+pub(super) fn saved_listing(
+    repo_dir: &Path,
+    commit: &str,
+    why: &Why,
+) -> Result<Option<Vec<String>>, HubError> {
+    let path = listing_path(repo_dir, commit);
+    if path.symlink_metadata().is_err() {
+        return Ok(None);
+    }
+    let bad = |message: String| HubError::BadSavedListing {
+        path: path.clone(),
+        message,
+        why: why.clone(),
+    };
+    let text = read_capped(&path, MAX_LISTING_BYTES).map_err(|e| bad(e.to_string()))?;
+    let saved: SavedListing =
+        serde_json::from_slice(&text).map_err(|e| bad(format!("not wload's JSON: {e}")))?;
+    if saved.commit != commit {
+        return Err(bad(format!(
+            "it is the list of commit '{}'",
+            super::http::shown(&saved.commit)
+        )));
+    }
+    Ok(Some(saved.files))
 }
 
 /// Records what the hub said about `revision`: its ref (as huggingface_hub does, for a branch or
@@ -119,16 +143,31 @@ pub(super) fn cached_state(req: &HubRequest, repo_dir: &Path, why: Why) -> Resul
     let commit = if is_commit(req.revision) {
         req.revision.to_string()
     } else {
-        crate::small_file::read_to_string(&repo_dir.join("refs").join(req.revision))
-            .map_err(|_| not_cached())?
-            .trim()
-            .to_string()
+        let path = repo_dir.join("refs").join(req.revision);
+        // A ref is 40 bytes; a longer one is shown cut, and refused all the same.
+        let text = match read_capped(&path, 4096) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_cached()),
+            Err(e) if e.kind() == io::ErrorKind::FileTooLarge => b"(more than 4096 bytes)".to_vec(),
+            Err(e) => return Err(HubError::Io { path, source: e }),
+            Ok(t) => t,
+        };
+        let text = String::from_utf8_lossy(&text);
+        let commit = text.trim();
+        // Anything but a commit hash would name a folder elsewhere (`../../x`) as the snapshot.
+        if !is_commit(commit) {
+            return Err(HubError::BadRef {
+                content: commit.to_string(),
+                path,
+                why,
+            });
+        }
+        commit.to_string()
     };
     let snapshot = snapshot_dir(repo_dir, &commit);
     if !snapshot.is_dir() {
         return Err(not_cached());
     }
-    if let Some(files) = saved_listing(repo_dir, &commit) {
+    if let Some(files) = saved_listing(repo_dir, &commit, &why)? {
         return Ok(State {
             commit,
             files,
@@ -162,6 +201,27 @@ fn snapshot_files(snapshot: &Path) -> Result<Vec<String>, HubError> {
     Ok(files)
 }
 
+/// Refuses a cached file whose real path is outside the repo's `blobs/` and `snapshots/`: a
+/// link there is huggingface_hub's (or wload's) only when it leads to a blob, or it is a plain
+/// file of a cache written without links. Either folder may itself be a link (to another disk).
+pub(super) fn check_inside(repo_dir: &Path, path: &Path) -> Result<(), HubError> {
+    let real = fs::canonicalize(path).map_err(|source| HubError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let inside = ["blobs", "snapshots"]
+        .iter()
+        .any(|d| fs::canonicalize(repo_dir.join(d)).is_ok_and(|root| real.starts_with(root)));
+    if inside {
+        Ok(())
+    } else {
+        Err(HubError::LinkEscapes {
+            path: path.to_path_buf(),
+            target: real,
+        })
+    }
+}
+
 /// `snapshots/<commit>/<file>` → `../../blobs/<etag>` (one more `..` per folder in `file`).
 pub(super) fn link(snapshot: &Path, file: &str, etag: &str) -> Result<(), HubError> {
     let link = snapshot.join(file);
@@ -181,6 +241,26 @@ pub(super) fn link(snapshot: &Path, file: &str, etag: &str) -> Result<(), HubErr
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists && link.is_file() => Ok(()),
         other => other.map_err(io),
     }
+}
+
+/// The whole file, if it is a regular file of at most `limit` bytes.
+fn read_capped(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    crate::small_file::check_regular(path)?;
+    let mut buf = Vec::new();
+    fs::File::open(path)?
+        .take(limit + 1)
+        .read_to_end(&mut buf)?;
+    if buf.len() as u64 > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!(
+                "it is larger than {}, wload's limit",
+                crate::units::human_bytes(limit)
+            ),
+        ));
+    }
+    Ok(buf)
 }
 
 /// Writes a small file whole or not at all.

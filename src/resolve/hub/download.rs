@@ -9,8 +9,6 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use hf_hub::{Repo, RepoType};
-
 use super::cache;
 use super::error::http_error;
 use super::http::{Client, HttpError, Meta};
@@ -73,6 +71,7 @@ impl<'a> Fetcher<'a> {
             // `is_file` follows the symlink: a link whose blob is gone is not cached.
             let path = self.snapshot.join(f);
             if path.is_file() {
+                cache::check_inside(self.repo_dir, &path)?;
                 self.origins.insert(f.clone(), Origin::Cache);
             } else {
                 missing.push(f.clone());
@@ -148,12 +147,7 @@ impl<'a> Fetcher<'a> {
     fn download_one(&self, client: &Client, file: &str) -> Result<Origin, HubError> {
         // Pinned to the commit, so that every file comes from the same one even if the branch
         // moves meanwhile.
-        let repo = Repo::with_revision(
-            self.req.repo.to_string(),
-            RepoType::Model,
-            self.commit.to_string(),
-        );
-        let url = client.file_url(&repo, file);
+        let url = client.file_url(self.req.repo, self.commit, file);
         let fail = |e| http_error(self.req, Some(file), self.commit, e);
         let meta = retried(|| client.metadata(&url)).map_err(fail)?;
         if meta.commit != self.commit {
@@ -187,6 +181,7 @@ impl<'a> Fetcher<'a> {
             return Ok(Origin::Cache);
         }
         let part = blobs.join(format!("{}.part", meta.etag));
+        self.check_space(&blobs, &part, file, &meta)?;
         self.transfer(client, &url, file, &meta, &part)?;
         fs::rename(&part, &blob).map_err(io(&part))?;
         cache::link(self.snapshot, file, &meta.etag)?;
@@ -208,7 +203,7 @@ impl<'a> Fetcher<'a> {
         let mut tries = 0;
         loop {
             let before = len();
-            let got = client.fetch(url, part, meta.size, &mut |have| bar.show(meta.size, have));
+            let got = client.fetch(url, part, meta, &mut |have| bar.show(meta.size, have));
             let Err(e) = got else {
                 return Ok(());
             };
@@ -235,6 +230,29 @@ impl<'a> Fetcher<'a> {
                 });
             }
             backoff(&e, tries);
+        }
+    }
+
+    /// Refuses a download that cannot fit, before writing a byte: a size announced far beyond
+    /// the free space (honestly or not) would otherwise fill the disk before failing.
+    fn check_space(
+        &self,
+        blobs: &Path,
+        part: &Path,
+        file: &str,
+        meta: &Meta,
+    ) -> Result<(), HubError> {
+        let have = fs::metadata(part).map_or(0, |m| m.len());
+        let need = meta.size.saturating_sub(have);
+        match free_bytes(blobs) {
+            Some(free) if free < need => Err(HubError::NoSpace {
+                repo: self.req.repo.to_string(),
+                file: file.to_string(),
+                size: need,
+                dir: blobs.to_path_buf(),
+                free,
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -277,6 +295,18 @@ impl<'a> Fetcher<'a> {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// Bytes an unprivileged process may still write on the file system of `dir`, when it says.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs only writes the struct it is given, from a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    st.f_bavail.checked_mul(st.f_frsize)
 }
 
 /// huggingface_hub leaves an interrupted download in `blobs/<etag>.incomplete`; hf-hub resumes

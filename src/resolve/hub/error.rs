@@ -93,6 +93,48 @@ pub enum HubError {
         files: Vec<String>,
         why: Why,
     },
+    /// Boxed, as `DownloadStalled`.
+    #[error(transparent)]
+    Redirect(Box<Redirected>),
+    #[error(
+        "{repo}: {endpoint}'s answer to the request for the repo's file list cannot be used: {message}"
+    )]
+    BadListing {
+        repo: String,
+        endpoint: String,
+        message: String,
+    },
+    #[error(
+        "{path}: holds '{content}', not a commit hash (40 hexadecimal digits, what huggingface_hub writes there); refusing to follow it: remove the file (the next online run writes it again){why}",
+        content = super::http::shown(content)
+    )]
+    BadRef {
+        path: PathBuf,
+        content: String,
+        why: Why,
+    },
+    #[error(
+        "{path}: wload's saved file list of this commit cannot be read ({message}); remove it (an online run saves it again){why}"
+    )]
+    BadSavedListing {
+        path: PathBuf,
+        message: String,
+        why: Why,
+    },
+    #[error(
+        "{path}: a link in the Hugging Face cache that leads to {target}, outside the repo's blobs and snapshots; refusing to read it: remove the link (an online run downloads the file again)"
+    )]
+    LinkEscapes { path: PathBuf, target: PathBuf },
+    #[error(
+        "{repo}: downloading {file} needs {size} bytes, and {dir} has {free} free; free some space or point HF_HUB_CACHE (or --download-dir) elsewhere"
+    )]
+    NoSpace {
+        repo: String,
+        file: String,
+        size: u64,
+        dir: PathBuf,
+        free: u64,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -125,6 +167,21 @@ pub struct Stalled {
     pub(super) have: u64,
     pub(super) size: u64,
     pub(super) part: PathBuf,
+}
+
+/// A redirect wload does not follow.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{repo}: {endpoint} redirected {what} to '{location}', which wload does not follow: {why}",
+    location = super::http::shown(location)
+)]
+pub struct Redirected {
+    pub(super) repo: String,
+    pub(super) endpoint: String,
+    /// "the request for the repo's file list", "the request for `file`".
+    pub(super) what: String,
+    pub(super) location: String,
+    pub(super) why: String,
 }
 
 /// Why the cache alone had to answer: the suffix of a not-cached error.
@@ -193,6 +250,21 @@ pub(super) fn http_error(
                 None => "the repo's file list".into(),
             },
             limit,
+        },
+        HttpError::Redirect { location, why } => HubError::Redirect(Box::new(Redirected {
+            repo,
+            endpoint,
+            what: match file {
+                Some(f) => format!("the request for {f}"),
+                None => "the request for the repo's file list".into(),
+            },
+            location,
+            why,
+        })),
+        HttpError::Invalid(message) if file.is_none() => HubError::BadListing {
+            repo,
+            endpoint,
+            message,
         },
         // Not an HTTP status: the file's download, or reaching the hub at all.
         HttpError::Transport(message) | HttpError::Invalid(message) => match file {

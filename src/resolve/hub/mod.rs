@@ -1,6 +1,7 @@
 //! Hugging Face Hub sources: a repo id (`org/name`, as vLLM takes it) becomes a snapshot folder of
-//! the local Hugging Face cache that holds exactly the files the selected load format reads, plus
-//! the side files (config, tokenizer, ...) that `shard` copies.
+//! the local Hugging Face cache that holds exactly the files the command reads (the config, the
+//! index, the weights the load format selects), plus, for `shard` ([`HubRequest::side_files`]),
+//! the side files (tokenizer, README, ...) it copies.
 //!
 //! The cache is the one Python's `huggingface_hub` keeps and vLLM, transformers and hf-hub share:
 //! `<cache>/models--{org}--{name}/refs/<revision>` holds a commit hash, and
@@ -19,8 +20,8 @@
 //! than `.locks/`, and the file list of each commit is kept in `.wload/<commit>.json`.
 //!
 //! Which files to fetch follows vLLM's selection exactly: [`super::resolve_listing`] runs over the
-//! repo's file list, with the index (a side file, fetched first) dropping the shards it does not
-//! name; only then are the kept weight files fetched.
+//! repo's file list, with the index ([`super::index_to_read`], fetched first) dropping the shards
+//! it does not name; only then are the kept weight files and the config fetched.
 //!
 //! Here: which commit and file list a revision stands for, and in what order files are fetched.
 //! `env` reads the HF_* variables; `cache` knows the cache's layout and wload's file-list
@@ -36,7 +37,6 @@ mod progress;
 
 use std::path::{Path, PathBuf};
 
-use hf_hub::{Repo, RepoType};
 use serde::Serialize;
 
 use super::local::Listing;
@@ -46,7 +46,7 @@ pub use cache::folder_name;
 use cache::{State, StateSource};
 use download::Fetcher;
 pub use env::{BadTimeout, HubEnv};
-pub use error::{HubError, Stalled, Why};
+pub use error::{HubError, Redirected, Stalled, Why};
 use http::Client;
 pub use progress::DownloadProgress;
 
@@ -127,6 +127,10 @@ pub struct HubRequest<'a> {
     pub config_format: ConfigFormat,
     pub env: &'a HubEnv,
     pub progress: &'a DownloadProgress,
+    /// The command copies the side files (`shard`): download every top-level file that is not
+    /// weights too. Otherwise only what the command reads is fetched: the config, the index and
+    /// the selected weights (a pre-sharded repo's rank files, config and manifest).
+    pub side_files: bool,
 }
 
 /// Resolves a repo id to a cache snapshot holding what is needed, downloading what is missing
@@ -169,8 +173,9 @@ pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), Resolve
     Ok((resolved, pre_sharded))
 }
 
-/// Fetches the side files, then selects as vLLM would (the index among the side files decides
-/// which weight files are needed) and fetches what was selected.
+/// Selects as vLLM would, fetching first what selection reads (the index decides which weight
+/// files are needed), then the config and the selected files, and the side files when the
+/// command copies them.
 fn select_and_fetch(
     req: &HubRequest,
     want: Want,
@@ -181,17 +186,35 @@ fn select_and_fetch(
     let top = |keep: fn(&str) -> bool| -> Vec<String> {
         listing.top.iter().filter(|f| keep(f)).cloned().collect()
     };
-    fetcher.ensure(&top(is_side_file))?;
+    let side = if req.side_files {
+        top(is_side_file)
+    } else {
+        Vec::new()
+    };
     let rank_files = top(is_rank_file);
     if want == Want::Detect && !rank_files.is_empty() {
-        fetcher.ensure(&rank_files)?;
+        // What the loader of a pre-sharded folder reads besides the rank files.
+        let (_, config) = super::pick_config(snapshot, listing, req.config_format, false)?;
+        let mut needed = rank_files;
+        needed.push(config);
+        if listing.has_top(crate::manifest::MANIFEST) {
+            needed.push(crate::manifest::MANIFEST.to_string());
+        }
+        needed.extend(side);
+        fetcher.ensure(&needed)?;
         return Ok((
             super::resolve_pre_sharded(snapshot, req.config_format)?,
             true,
         ));
     }
+    if let Some(index) = super::index_to_read(listing, req.load_format) {
+        fetcher.ensure(&[index.to_string()])?;
+    }
     let r = super::resolve_listing(snapshot, listing, req.load_format, req.config_format)?;
-    fetcher.ensure(&r.file_names())?;
+    let mut needed = r.file_names();
+    needed.push(r.config_file.clone());
+    needed.extend(side);
+    fetcher.ensure(&needed)?;
     Ok((r, false))
 }
 
@@ -219,8 +242,10 @@ fn find_state(req: &HubRequest, repo_dir: &Path) -> Result<(State, Option<String
     if env.offline {
         return Ok((cache::cached_state(req, repo_dir, Why::Offline)?, None));
     }
+    // A saved list that cannot be read is only a missed shortcut online: the hub's answer
+    // replaces it.
     if cache::is_commit(req.revision)
-        && let Some(files) = cache::saved_listing(repo_dir, req.revision)
+        && let Ok(Some(files)) = cache::saved_listing(repo_dir, req.revision, &Why::Offline)
     {
         return Ok((
             State {
@@ -238,7 +263,9 @@ fn find_state(req: &HubRequest, repo_dir: &Path) -> Result<(State, Option<String
             match cache::cached_state(req, repo_dir, why) {
                 Ok(state) => Ok((state, Some(e.to_string()))),
                 // Nothing cached: the hub's own error says best what is wrong.
-                Err(_) => Err(e.into()),
+                Err(HubError::NotCached { .. }) => Err(e.into()),
+                // A damaged cache: that is what to fix (its message carries the hub's error).
+                Err(damaged) => Err(damaged.into()),
             }
         }
     }
@@ -247,31 +274,24 @@ fn find_state(req: &HubRequest, repo_dir: &Path) -> Result<(State, Option<String
 /// The hub's commit and file list for the revision.
 fn repo_info(req: &HubRequest) -> Result<State, HubError> {
     let info = Client::new(req.env)
-        .repo_info(&Repo::with_revision(
-            req.repo.to_string(),
-            RepoType::Model,
-            req.revision.to_string(),
-        ))
+        .repo_info(req.repo, req.revision)
         .map_err(|e| error::http_error(req, None, req.revision, e))?;
     if !cache::is_commit(&info.sha) {
-        return Err(HubError::Network {
+        return Err(HubError::BadListing {
             repo: req.repo.to_string(),
             endpoint: req.env.endpoint.clone(),
-            message: format!("the answer names no commit (sha '{}')", info.sha),
+            message: format!("it names no commit (sha '{}')", http::shown(&info.sha)),
         });
     }
     // Names become paths under the snapshot: anything that could lead out of it is ignored.
     let safe = |f: &str| {
-        !f.starts_with('/') && f.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+        !f.starts_with('/')
+            && !f.contains('\0')
+            && f.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
     };
     Ok(State {
         commit: info.sha,
-        files: info
-            .siblings
-            .into_iter()
-            .map(|s| s.rfilename)
-            .filter(|f| safe(f))
-            .collect(),
+        files: info.siblings.into_iter().filter(|f| safe(f)).collect(),
         source: StateSource::Hub,
     })
 }

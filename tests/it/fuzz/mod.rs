@@ -29,6 +29,8 @@ use wload::mapping::{self, Expr};
 use wload::resolve::{self, LoadFormat};
 use wload::{checkpoint, error::Error};
 
+mod hub;
+
 /// No single input may take longer than this (the bound), in CPU time of the thread that
 /// checks it: the suite is one process whose other tests share the cores, and wall time would
 /// count their work too.
