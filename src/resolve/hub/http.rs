@@ -582,16 +582,10 @@ fn capped<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result
 
 /// An untrusted string for a message: control characters escaped, at most 200 characters.
 pub fn shown(s: &str) -> String {
-    let mut out = String::new();
-    for c in s.chars().take(200) {
-        // Bidirectional overrides reorder what a terminal shows as much as control characters.
-        let hidden = matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || hidden {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
+    // The terminal's escaping (one rule for every untrusted string), and a bound on how much of
+    // a server's text an error quotes.
+    let head: String = s.chars().take(200).collect();
+    let mut out = crate::escape::escape(&head).into_owned();
     if s.chars().nth(200).is_some() {
         out.push('…');
     }
