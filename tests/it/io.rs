@@ -257,7 +257,40 @@ fn truncated_source_is_named_on_every_io_path() {
 }
 
 /// Peak resident memory of one child process (its own, not its siblings': wait4).
-fn peak_rss_bytes(mut cmd: StdCommand) -> (std::process::ExitStatus, u64, String) {
+fn peak_rss_bytes(cmd: StdCommand) -> (std::process::ExitStatus, u64, String) {
+    // wait4's ru_maxrss counts the child's memory before exec too, which is this test process's
+    // (hundreds of MB while other tests run): GNU time forks the measured process from itself.
+    let time = Path::new("/usr/bin/time");
+    if !time.exists() {
+        return peak_rss_bytes_wait4(cmd);
+    }
+    let report = tempfile::NamedTempFile::new().unwrap();
+    let mut timed = StdCommand::new(time);
+    timed.args(["-f", "%M", "-o"]).arg(report.path());
+    timed.arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => timed.env(k, v),
+            None => timed.env_remove(k),
+        };
+    }
+    let o = timed.output().unwrap();
+    let kib: u64 = fs::read_to_string(report.path())
+        .unwrap()
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("GNU time's report: {}", context(&o)));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status, kib * 1024, text)
+}
+
+/// The peak RSS as wait4 reports it (counting the child's memory before exec).
+fn peak_rss_bytes_wait4(mut cmd: StdCommand) -> (std::process::ExitStatus, u64, String) {
     let child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
