@@ -728,12 +728,11 @@ fn read_all(root: &Path, plan: &Plan, kind: InputKind) -> Result<Vec<FileSum>, L
                 })
             };
             // The bytes of the file whose header was checked: the same stamp before and after.
-            let planned = crate::exec::planned_stamp(plan, file_index, &path)?;
             let file = std::fs::File::open(&path).map_err(corrupt)?;
-            crate::exec::unchanged(&planned, &file, &path)?;
+            crate::exec::still_planned(plan, file_index, &file, &path)?;
             let sum = checksum::of_open(&file, &|| false).map_err(corrupt)?;
-            crate::exec::unchanged(&planned, &file, &path)?;
-            let bytes = planned.size;
+            crate::exec::still_planned(plan, file_index, &file, &path)?;
+            let bytes = crate::exec::planned_stamp(plan, file_index, &path)?.size;
             let matches_manifest = manifest
                 .as_ref()
                 .and_then(|m| m.files.iter().find(|x| x.name == f))

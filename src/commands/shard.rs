@@ -568,17 +568,14 @@ fn tensors_equal(
     let open_planned = |s: &crate::plan::SourceTensor| -> Result<File, ShardError> {
         let path = root.join(&*s.file);
         let f = File::open(&path).map_err(|e| ShardError::io("reading", &path, e))?;
-        let planned = crate::exec::planned_stamp(plan, s.file_index, &path)?;
-        crate::exec::unchanged(&planned, &f, &path)?;
+        crate::exec::still_planned(plan, s.file_index, &f, &path)?;
         Ok(f)
     };
     let (fx, fy) = (open_planned(x)?, open_planned(y)?);
     let equal =
         read_equal(x, &fx, y, &fy, dtype).map_err(|e| ShardError::io("reading", root, e))?;
     for (s, f) in [(x, &fx), (y, &fy)] {
-        let path = root.join(&*s.file);
-        let planned = crate::exec::planned_stamp(plan, s.file_index, &path)?;
-        crate::exec::unchanged(&planned, f, &path)?;
+        crate::exec::still_planned(plan, s.file_index, f, &root.join(&*s.file))?;
     }
     Ok(equal)
 }

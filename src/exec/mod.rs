@@ -321,6 +321,17 @@ pub fn unchanged(planned: &FileStamp, f: &File, path: &Path) -> Result<(), ExecE
     }
 }
 
+/// `f`, opened at `path`, is still the file the plan read as `file_index`, unchanged: for readers
+/// of source bytes outside the engine (tying checks, `--dry-run --read`).
+pub fn still_planned(
+    plan: &Plan,
+    file_index: usize,
+    f: &File,
+    path: &Path,
+) -> Result<(), ExecError> {
+    unchanged(&planned_stamp(plan, file_index, path)?, f, path)
+}
+
 /// The plan's stamp of the file at `file_index`.
 pub fn planned_stamp(plan: &Plan, file_index: usize, path: &Path) -> Result<FileStamp, ExecError> {
     plan.file_stamps.get(file_index).copied().ok_or_else(|| {

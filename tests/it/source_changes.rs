@@ -91,27 +91,53 @@ fn assert_changed_refusal(out: &Output, file: &Path) {
     assert!(!err.contains(".wload-tmp"), "{err}");
 }
 
+/// A `shard --tp 2` of a fresh copy of the fixture into a new OUT, with `hook(changed file)`
+/// run at `point` (one of the engine's test hooks): the run's output, the source (kept alive),
+/// the changed file, OUT's parent (kept alive) and OUT.
+struct HookedShard {
+    out: Output,
+    _src: TempDir,
+    file: PathBuf,
+    out_dir: TempDir,
+    dir: PathBuf,
+}
+
+fn shard_with_hook(point: &str, extra: &[&str], hook: impl FnOnce(&Path) -> String) -> HookedShard {
+    let src = source();
+    let file = src.path().join(CHANGED_FILE);
+    let out_dir = TempDir::new().unwrap();
+    let dir = out_dir.path().join("out");
+    let out = wload()
+        .args(["shard", s(src.path()), "--tp", "2", "-o", s(&dir)])
+        .args(extra)
+        .env(point, hook(&file))
+        .output()
+        .unwrap();
+    HookedShard {
+        out,
+        _src: src,
+        file,
+        out_dir,
+        dir,
+    }
+}
+
 /// A source cut short while a shard copies it file to file (copy_file_range) is named as the
 /// source that shrank, with both sizes.
 #[test]
 fn a_source_truncated_during_a_shard_is_named_with_its_sizes() {
-    let src = source();
-    let f = src.path().join(CHANGED_FILE);
-    let size = size_of(&f);
-    let out_dir = TempDir::new().unwrap();
-    let out = out_dir.path().join("out");
-    let o = wload()
-        .args(["shard", s(src.path()), "--tp", "2", "-o", s(&out)])
-        .env("WLOAD_TEST_AT_READ", command(Mutation::Truncate, &f, size))
-        .output()
-        .unwrap();
-    assert_changed_refusal(&o, &f);
-    let err = stderr(&o);
+    let mut size = 0;
+    let r = shard_with_hook("WLOAD_TEST_AT_READ", &[], |f| {
+        size = size_of(f);
+        command(Mutation::Truncate, f, size)
+    });
+    assert_changed_refusal(&r.out, &r.file);
+    let err = stderr(&r.out);
     assert!(
         err.contains(&format!("shrank from {size} to {} bytes", size / 2)),
         "{err}"
     );
-    assert!(!out.exists());
+    assert!(!r.dir.exists());
 }
 
 /// A shard whose source file is replaced by rename after planning (before the engine opens it)
@@ -119,21 +145,12 @@ fn a_source_truncated_during_a_shard_is_named_with_its_sizes() {
 /// the new file at the old offsets, exiting 0 with bytes of neither version.
 #[test]
 fn a_source_replaced_after_planning_stops_the_shard() {
-    let src = source();
-    let f = src.path().join(CHANGED_FILE);
-    let out_dir = TempDir::new().unwrap();
-    let out = out_dir.path().join("out");
-    let o = wload()
-        .args(["shard", s(src.path()), "--tp", "2", "-o", s(&out)])
-        .env(
-            "WLOAD_TEST_AT_EXECUTE",
-            command(Mutation::Replace, &f, size_of(&f)),
-        )
-        .output()
-        .unwrap();
-    assert_changed_refusal(&o, &f);
-    assert!(!out.exists(), "nothing is published");
-    let left: Vec<_> = fs::read_dir(out_dir.path()).unwrap().collect();
+    let r = shard_with_hook("WLOAD_TEST_AT_EXECUTE", &[], |f| {
+        command(Mutation::Replace, f, size_of(f))
+    });
+    assert_changed_refusal(&r.out, &r.file);
+    assert!(!r.dir.exists(), "nothing is published");
+    let left: Vec<_> = fs::read_dir(r.out_dir.path()).unwrap().collect();
     assert!(left.is_empty(), "no staging folder is left: {left:?}");
 }
 
@@ -141,51 +158,25 @@ fn a_source_replaced_after_planning_stops_the_shard() {
 /// by the check after reading: exit 1, nothing published.
 #[test]
 fn a_source_rewritten_in_place_while_read_stops_the_shard() {
-    let src = source();
-    let f = src.path().join(CHANGED_FILE);
-    let out_dir = TempDir::new().unwrap();
-    let out = out_dir.path().join("out");
-    let o = wload()
-        .args(["shard", s(src.path()), "--tp", "2", "-o", s(&out)])
-        .env(
-            "WLOAD_TEST_AT_READ",
-            command(Mutation::Rewrite, &f, size_of(&f)),
-        )
-        .output()
-        .unwrap();
-    assert_changed_refusal(&o, &f);
-    assert!(!out.exists(), "nothing is published");
+    let r = shard_with_hook("WLOAD_TEST_AT_READ", &[], |f| {
+        command(Mutation::Rewrite, f, size_of(f))
+    });
+    assert_changed_refusal(&r.out, &r.file);
+    assert!(!r.dir.exists(), "nothing is published");
 }
 
 /// `--verify` compares the output with the source as planned: a source rewritten between the
 /// write and the read-back is refused, not "verified byte for byte" against the new bytes.
 #[test]
 fn verify_refuses_a_source_changed_after_the_write() {
-    let src = source();
-    let f = src.path().join(CHANGED_FILE);
-    let out_dir = TempDir::new().unwrap();
-    let out = out_dir.path().join("out");
-    let poke = command(Mutation::Rewrite, &f, size_of(&f));
-    let o = wload()
-        .args([
-            "shard",
-            s(src.path()),
-            "--tp",
-            "2",
-            "-o",
-            s(&out),
-            "--verify",
-        ])
-        // The second engine run of the process is the read-back.
-        .env(
-            "WLOAD_TEST_AT_EXECUTE",
-            format!("if [ \"$WLOAD_TEST_RUN\" = 2 ]; then {poke}; fi"),
-        )
-        .output()
-        .unwrap();
-    assert_changed_refusal(&o, &f);
-    assert!(!stdout(&o).contains("verified"), "{}", context(&o));
-    assert!(!out.exists(), "nothing is published");
+    // The second engine run of the process is the read-back.
+    let r = shard_with_hook("WLOAD_TEST_AT_EXECUTE", &["--verify"], |f| {
+        let poke = command(Mutation::Rewrite, f, size_of(f));
+        format!("if [ \"$WLOAD_TEST_RUN\" = 2 ]; then {poke}; fi")
+    });
+    assert_changed_refusal(&r.out, &r.file);
+    assert!(!stdout(&r.out).contains("verified"), "{}", context(&r.out));
+    assert!(!r.dir.exists(), "nothing is published");
 }
 
 /// `load --io mmap` of a source truncated under its map used to die of SIGBUS (exit 135, no
