@@ -6,8 +6,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::commands::load::DeviceKind;
 use crate::config::ConfigFormat;
+use crate::dtype::DtypeChoice;
 use crate::exec::storage::IoMode;
-use crate::plan::DtypeChoice;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
 

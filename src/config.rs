@@ -59,8 +59,8 @@ pub fn or_spelling(also: Option<&str>) -> String {
 
 impl ConfigError {
     /// Errors in the user's `--hf-overrides` are usage errors; the rest are the checkpoint's.
-    pub fn exit_status(&self) -> crate::ExitStatus {
-        use crate::ExitStatus;
+    pub fn exit_status(&self) -> crate::exit::ExitStatus {
+        use crate::exit::ExitStatus;
         match self {
             // A config past the small-file limit is the checkpoint's, as a malformed one is.
             ConfigError::Io { source, .. } if crate::small_file::is_too_large(source) => {

@@ -252,6 +252,65 @@ pub fn known_names() -> String {
     Dtype::ALL.map(Dtype::as_str).join(", ")
 }
 
+/// `--dtype`, as vLLM spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DtypeChoice {
+    /// The config's dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it).
+    Auto,
+    Bfloat16,
+    Float16,
+    Float32,
+}
+
+impl DtypeChoice {
+    /// vLLM's spelling (`bfloat16`), as `--dtype` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DtypeChoice::Auto => "auto",
+            DtypeChoice::Bfloat16 => "bfloat16",
+            DtypeChoice::Float16 => "float16",
+            DtypeChoice::Float32 => "float32",
+        }
+    }
+
+    /// The `--dtype` that produces files of the safetensors dtype `name` (`BF16`), as a manifest
+    /// records it; `None` for one no `--dtype` gives.
+    pub fn recorded(name: &str) -> Option<DtypeChoice> {
+        match name.parse().ok()? {
+            Dtype::Bf16 => Some(DtypeChoice::Bfloat16),
+            Dtype::F16 => Some(DtypeChoice::Float16),
+            Dtype::F32 => Some(DtypeChoice::Float32),
+            _ => None,
+        }
+    }
+}
+
+/// vLLM's dtype for `--dtype` and the config's dtype field (config/model.py:2423–2465). A config that states
+/// none takes the dtype all of `tensors` (the checkpoint's) cast to without loss, as vLLM reads
+/// it from the safetensors headers (model_arch_config_convertor.py:221–234): an all-float16
+/// checkpoint without `torch_dtype` loads as float16.
+pub fn resolve_dtype(
+    choice: DtypeChoice,
+    config_dtype: Option<&str>,
+    tensors: impl IntoIterator<Item = Dtype>,
+) -> Dtype {
+    match choice {
+        DtypeChoice::Bfloat16 => Dtype::Bf16,
+        DtypeChoice::Float16 => Dtype::F16,
+        DtypeChoice::Float32 => Dtype::F32,
+        DtypeChoice::Auto => {
+            let half = match config_dtype {
+                Some(d) => matches!(d, "float16" | "half" | "torch.float16"),
+                None => common_lossless(tensors) == Some(Dtype::F16),
+            };
+            // bfloat16 stays; float32 (the default when nothing says) and any other dtype
+            // become the platform's preferred bfloat16.
+            if half { Dtype::F16 } else { Dtype::Bf16 }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

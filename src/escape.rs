@@ -109,7 +109,7 @@ impl fmt::Display for Esc<'_> {
     }
 }
 
-/// A shell command line for people to copy ([`crate::manifest::shell_quote`]'s words): every
+/// A shell command line for people to copy ([`crate::sharded::serve::shell_quote`]'s words): every
 /// control escaped but `\t`, which inside a quoted word is what the shell is to get, and which a
 /// terminal only moves to a tab stop. A newline would make a pasted line two commands: it is
 /// escaped, and `--json` has the exact line.

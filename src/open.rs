@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
-use crate::rank_files::{self, RankFiles};
+use crate::sharded::names::{self, RankFiles};
 use crate::{Error, checkpoint, config, resolve};
 
 /// What every subcommand needs to find and read a checkpoint.
@@ -78,7 +78,7 @@ pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, RankFiles), Error> {
             let (resolved, pre_sharded) =
                 resolve::hub::resolve(&req.request(opts), resolve::hub::Want::Detect)?;
             let files = if pre_sharded {
-                rank_files::in_folder(&resolved.root)
+                names::in_folder(&resolved.root)
             } else {
                 RankFiles::new()
             };
@@ -88,7 +88,7 @@ pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, RankFiles), Error> {
             ))
         }
         None => {
-            let files = rank_files::in_folder(&opts.source);
+            let files = names::in_folder(&opts.source);
             Ok((open_with(opts, !files.is_empty())?, files))
         }
     }

@@ -1,5 +1,6 @@
 //! What can be wrong with a safetensors file, in words that name the file, the tensor and the fix.
 
+use crate::problem::Problem;
 use std::path::PathBuf;
 
 use super::MAX_HEADER_LEN;
@@ -132,10 +133,52 @@ pub enum HeaderError {
 impl HeaderError {
     /// A file that cannot be read is a runtime failure; one that reads but is malformed is the
     /// checkpoint's.
-    pub fn exit_status(&self) -> crate::ExitStatus {
+    pub fn exit_status(&self) -> crate::exit::ExitStatus {
         match self {
-            HeaderError::Io { .. } => crate::ExitStatus::Runtime,
-            _ => crate::ExitStatus::Checkpoint,
+            HeaderError::Io { .. } => crate::exit::ExitStatus::Runtime,
+            _ => crate::exit::ExitStatus::Checkpoint,
+        }
+    }
+}
+
+/// A malformed weight file as a problem: its file, and the tensor and shape it names. A header
+/// error carries no fix of its own: its message says what is wrong, and the caller knows what to
+/// do about it (re-download, copy again), if anything.
+impl From<&HeaderError> for Problem {
+    fn from(e: &HeaderError) -> Problem {
+        use HeaderError as H;
+        let (path, tensor, shape) = match e {
+            H::Io { path, .. }
+            | H::Unreadable { path, .. }
+            | H::Empty { path }
+            | H::TooShort { path, .. }
+            | H::HeaderPastEnd { path, .. }
+            | H::HeaderTooLarge { path, .. }
+            | H::NotUtf8 { path, .. }
+            | H::BadJson { path, .. }
+            | H::Refused { path, .. }
+            | H::TrailingBytes { path, .. }
+            | H::TooManyTensors { path, .. }
+            | H::TooManyTensorsInCheckpoint { root: path, .. } => (path, None, None),
+            H::UnknownDtype { path, tensor, .. }
+            | H::ReversedOffsets { path, tensor, .. }
+            | H::Gap { path, tensor, .. }
+            | H::PastEnd { path, tensor, .. } => (path, Some(tensor), None),
+            // Of two overlapping tensors, the one placed first; the message names both.
+            H::Overlap { path, first, .. } => (path, Some(first), None),
+            H::SizeMismatch {
+                path,
+                tensor,
+                shape,
+                ..
+            } => (path, Some(tensor), Some(shape)),
+        };
+        Problem {
+            message: e.to_string(),
+            file: Some(path.display().to_string()),
+            tensor: tensor.cloned(),
+            shape: shape.cloned(),
+            ..Problem::default()
         }
     }
 }

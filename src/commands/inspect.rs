@@ -4,13 +4,16 @@ use std::collections::BTreeMap;
 
 use regex::Regex;
 use serde::Serialize;
+
+pub mod survey;
 use serde_json::Value;
 
+use crate::commands::error::Error;
 use crate::config::ModelConfig;
 use crate::dtype::Dtype;
+use crate::open::Opened;
 use crate::quant::{Quantization, TensorRole, WeightStrategy, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
-use crate::{Error, Opened};
 
 use super::structure;
 pub use super::structure::{Attention, Moe, QLora, Structure};
@@ -209,9 +212,9 @@ pub fn inspect_mapped<'a>(
         config: ConfigSummary {
             architecture: config.architecture().map(str::to_string),
             head_dim_default: config.hidden_size.checked_div(config.num_attention_heads),
-            auto_dtype: crate::plan::resolve_dtype(
-                crate::plan::DtypeChoice::Auto,
-                config,
+            auto_dtype: crate::dtype::resolve_dtype(
+                crate::dtype::DtypeChoice::Auto,
+                config.dtype.as_deref(),
                 checkpoint.all_tensors().map(|t| t.dtype),
             ),
             config: config.clone(),
@@ -389,7 +392,7 @@ fn refused(qc: &Value, e: crate::quant::QuantError) -> QuantInfo {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum OtherSource {
-    PreSharded(crate::pre_sharded::Survey),
+    PreSharded(crate::commands::inspect::survey::Survey),
     File(LoneFile),
 }
 
@@ -428,8 +431,8 @@ pub fn other_source(
     filter: Option<&str>,
 ) -> Result<Option<OtherSource>, Error> {
     let re = filter.map(Regex::new).transpose()?;
-    if crate::pre_sharded::is_pre_sharded(source) {
-        let survey = crate::pre_sharded::survey(source, re.as_ref());
+    if crate::sharded::names::is_pre_sharded(source) {
+        let survey = crate::commands::inspect::survey::survey(source, re.as_ref());
         return Ok(Some(OtherSource::PreSharded(survey)));
     }
     let lone = source.is_file()
@@ -490,7 +493,7 @@ fn lone_file(
 
 /// What plan, shard and load need besides a lone file, pointing at its folder when that helps.
 fn lone_file_note(parent: &std::path::Path, name: &str) -> String {
-    if crate::rank_files::RankFile::parse(name).is_some() {
+    if crate::sharded::names::RankFile::parse(name).is_some() {
         return format!(
             "one part of a pre-sharded folder's rank files: inspect or load the folder, {}",
             parent.display()

@@ -9,15 +9,21 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+pub mod settings;
+
 use crate::checksum;
+use crate::commands::error::Error;
 use crate::exec::device::{CpuDevice, Device, DeviceError};
 use crate::exec::storage::{self, IoMode, SourceFile};
 use crate::exec::{Control, ExecError, ExecOptions, Placement, Sink, Stats};
-use crate::manifest::Manifest;
-use crate::plan::{self, Plan, Problem};
+use crate::open::{Opened, SourceOptions, Timings};
+use crate::plan::PlanOptions;
+use crate::plan::pre_sharded;
+use crate::plan::{self, Plan};
+use crate::problem::Problem;
 use crate::progress::{Progress, Quiet};
-use crate::{Error, Opened, PlanOptions, SourceOptions, Timings};
-use crate::{pre_sharded, ranks};
+use crate::ranks;
+use crate::sharded::manifest::Manifest;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -59,8 +65,8 @@ pub enum LoadError {
 }
 
 impl LoadError {
-    pub fn exit_status(&self) -> crate::ExitStatus {
-        use crate::ExitStatus;
+    pub fn exit_status(&self) -> crate::exit::ExitStatus {
+        use crate::exit::ExitStatus;
         match self {
             LoadError::Ranks(_) => ExitStatus::Usage,
             LoadError::Exec(e) => e.exit_status(),
@@ -228,16 +234,19 @@ impl LoadTimings {
 
 /// What each rank must hold: the plan for a checkpoint or, when `files` (the rank files
 /// `open_detect` found) is not empty, a plan that copies their tensors whole (see
-/// [`crate::pre_sharded`]).
+/// [`crate::plan::pre_sharded`]).
 pub fn prepare(
     opened: &Opened,
-    files: &crate::rank_files::RankFiles,
+    files: &crate::sharded::names::RankFiles,
     popts: &PlanOptions,
     given_ranks: Option<&crate::ranks::RankList>,
     warnings: &mut Vec<String>,
 ) -> Result<(Plan, InputKind), Error> {
     if files.is_empty() {
-        return Ok((crate::make_plan(opened, popts)?, InputKind::Checkpoint));
+        return Ok((
+            crate::commands::plan::make_plan(opened, popts)?,
+            InputKind::Checkpoint,
+        ));
     }
     let plan = pre_sharded::plan(opened, popts, files, given_ranks, warnings)?;
     Ok((plan, InputKind::PreSharded))
@@ -458,7 +467,7 @@ fn plan_ranks(
     popts: &PlanOptions,
     lopts: &LoadOptions,
 ) -> Result<Planned, Error> {
-    let (mut opened, files) = crate::open_detect(sopts)?;
+    let (mut opened, files) = crate::open::open_detect(sopts)?;
     let mut warnings = Vec::new();
     let t = Instant::now();
     let (mut plan, kind) = prepare(&opened, &files, popts, lopts.ranks.as_ref(), &mut warnings)?;

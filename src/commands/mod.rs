@@ -2,6 +2,7 @@
 //! (resolve → map → plan → execute) and returns a report for [`crate::report`] or `--json`.
 //! Imports point down from here to the stages, never back.
 
+pub mod error;
 pub mod inspect;
 pub mod load;
 pub mod plan;

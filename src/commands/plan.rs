@@ -2,9 +2,11 @@
 
 use std::time::Instant;
 
+use crate::commands::error::Error;
 use crate::commands::structure;
+use crate::open::{Opened, Timings};
 use crate::plan::PlanOptions;
-use crate::{Error, Opened, Timings, map, mapping, plan};
+use crate::{map, mapping, plan};
 
 /// Picks the mapping, maps the checkpoint's names and plans every rank.
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
@@ -70,7 +72,7 @@ pub struct SizesOptions {
     pub max_tp: u64,
     /// The largest PP size checked (and never more than the config's layers).
     pub max_pp: u64,
-    pub dtype: plan::DtypeChoice,
+    pub dtype: crate::dtype::DtypeChoice,
     pub mapping: Option<std::path::PathBuf>,
     /// `VLLM_PP_LAYER_PARTITION`, as `plan` reads it.
     pub pp_partition: Option<String>,

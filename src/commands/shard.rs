@@ -16,12 +16,14 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::commands::error::Error;
 use crate::exec::parts::{self, PartFile};
 use crate::exec::{Control, ExecError, convert, verify, write};
-use crate::manifest::{MANIFEST, Manifest, ManifestFile};
+use crate::exit::ExitStatus;
+use crate::open::Opened;
 use crate::plan::Plan;
 use crate::progress::{Progress, Quiet};
-use crate::{Error, ExitStatus, Opened};
+use crate::sharded::manifest::{MANIFEST, Manifest, ManifestFile};
 
 /// vLLM's example script default (`--max-file-size 5*1024**3`).
 pub const DEFAULT_MAX_PART_SIZE: u64 = 5 << 30;
@@ -225,7 +227,7 @@ pub struct ShardReport {
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct ShardTimings {
     #[serde(flatten)]
-    pub open: crate::Timings,
+    pub open: crate::open::Timings,
     pub write_s: f64,
     pub side_files_s: f64,
     /// Checksums for the manifest: the seconds they added after the last write (blocks are
@@ -427,10 +429,14 @@ fn serve_command(
     manifest: &Manifest,
     plan: &Plan,
     config: &crate::config::ModelConfig,
-) -> crate::manifest::ServeCommand {
+) -> crate::sharded::serve::ServeCommand {
     let written = (plan.ranks.iter()).flat_map(|r| r.tensors.iter().map(|t| t.dtype));
-    let auto_dtype = crate::plan::resolve_dtype(crate::plan::DtypeChoice::Auto, config, written);
-    crate::manifest::ServeCommand::new(out, manifest, auto_dtype.as_str())
+    let auto_dtype = crate::dtype::resolve_dtype(
+        crate::dtype::DtypeChoice::Auto,
+        config.dtype.as_deref(),
+        written,
+    );
+    crate::sharded::serve::ServeCommand::new(out, manifest, auto_dtype.as_str())
 }
 
 fn manifest_for(

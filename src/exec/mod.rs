@@ -193,8 +193,8 @@ pub enum ExecError {
 }
 
 impl ExecError {
-    pub fn exit_status(&self) -> crate::ExitStatus {
-        use crate::ExitStatus;
+    pub fn exit_status(&self) -> crate::exit::ExitStatus {
+        use crate::exit::ExitStatus;
         match self {
             ExecError::Corrupt { .. } => ExitStatus::Checkpoint,
             ExecError::Cancelled => ExitStatus::Interrupted,

@@ -2,7 +2,7 @@
 //! byte for byte as `safetensors.torch.save_file` writes it (vLLM 0.33 `model_executor/model_loader/sharded_state_loader.py`, `save_model`).
 
 use crate::plan::RankPlan;
-use crate::rank_files::{RankFile, file_name};
+use crate::sharded::names::{RankFile, file_name};
 
 /// One output file: its name, header bytes, and where each tensor's data lands.
 #[derive(Debug, Clone)]

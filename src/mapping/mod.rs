@@ -327,13 +327,13 @@ pub enum MappingError {
 impl MappingError {
     /// A `--mapping` file that cannot be read or is invalid is the command line's fault; a valid
     /// mapping that does not fit the checkpoint is the checkpoint's.
-    pub fn exit_status(&self) -> crate::ExitStatus {
+    pub fn exit_status(&self) -> crate::exit::ExitStatus {
         match self {
             // The shipped rules never grow a name much: only a `--mapping` file's can.
             MappingError::Io { .. }
             | MappingError::Invalid { .. }
-            | MappingError::NameTooLong(_) => crate::ExitStatus::Usage,
-            _ => crate::ExitStatus::Checkpoint,
+            | MappingError::NameTooLong(_) => crate::exit::ExitStatus::Usage,
+            _ => crate::exit::ExitStatus::Checkpoint,
         }
     }
 }

@@ -8,10 +8,11 @@ use rayon::prelude::*;
 
 use super::layout::SlotKey;
 use super::params::Param;
-use super::{Planner, Problem, Skipped, SourceTensor, convertible};
+use super::{Planner, Skipped, SourceTensor, convertible};
 use crate::checkpoint::TensorInfo;
 use crate::map::{Conversion, Fate, Mapped, MappedTensor, Target};
 use crate::mapping::Expr;
+use crate::problem::Problem;
 
 /// A fast, fixed hasher: slot lookups run once per piece, millions of times for a large MoE.
 type Hasher = foldhash::fast::FixedState;

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::{PlanOptions, Problem, Problems};
+use super::PlanOptions;
 use crate::config::{ConfigAlias, ModelConfig};
 use crate::mapping::Mapping;
 use crate::mapping::expr::{self, EvalError, Scope};
+use crate::problem::{Problem, Problems};
 
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
 
@@ -200,7 +201,7 @@ impl Variables {
             pp: 1,
             pp_partition: None,
             expert_parallel: false,
-            dtype: super::DtypeChoice::Auto,
+            dtype: crate::dtype::DtypeChoice::Auto,
             mapping: mapping_file.map(std::path::Path::to_path_buf),
             shapes_only: true,
         };

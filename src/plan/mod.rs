@@ -19,32 +19,27 @@ pub mod layout;
 mod params;
 mod piece_list;
 mod pieces;
-mod problems;
+pub mod pre_sharded;
 mod quant;
 mod scales;
 mod stages;
 mod types;
 mod validate;
 
-use std::hash::BuildHasher;
-
-use hashbrown::HashTable;
-use hashbrown::hash_table::Entry;
-
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
-use crate::dtype::Dtype;
+use crate::dtype::{Dtype, resolve_dtype};
 use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
+use crate::problem::{Problem, Problems};
 use crate::quant::Quantization;
 use env::Env;
 pub use env::Variables;
 pub use piece_list::Pieces;
-pub use problems::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList, header_problem};
 pub use stages::{Stage, split_layers};
 pub use types::{
-    DtypeChoice, OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, Problem, RankPlan,
-    Region, Retie, SCHEMA_VERSION, Skipped, SourceTensor,
+    OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, RankPlan, Region, Retie,
+    SCHEMA_VERSION, Skipped, SourceTensor,
 };
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint
@@ -237,7 +232,7 @@ impl<'m> Planner<'m> {
         };
         let model_dtype = resolve_dtype(
             opts.dtype,
-            config,
+            config.dtype.as_deref(),
             checkpoint.all_tensors().map(|t| t.dtype),
         );
         if let Some(Quantization::Fp8(_)) = &quant
@@ -269,59 +264,6 @@ impl<'m> Planner<'m> {
     /// The problems found so far, as the error that refuses the plan.
     fn refusal(&mut self) -> PlanError {
         PlanError::Invalid(std::mem::take(&mut self.problems).list)
-    }
-}
-
-/// Problems in the order found, each once. A checkpoint with tens of thousands of layers can
-/// yield hundreds of thousands of problems, so "seen before?" is a hash lookup, not a scan: the
-/// table holds indices into the list rather than a second copy of every message.
-#[derive(Default)]
-struct Problems {
-    list: Vec<Problem>,
-    seen: HashTable<usize>,
-    hasher: foldhash::fast::FixedState,
-}
-
-impl Problems {
-    fn push(&mut self, p: Problem) {
-        let Problems { list, seen, hasher } = self;
-        let hash = hasher.hash_one(&p);
-        match seen.entry(hash, |&i| list[i] == p, |&i| hasher.hash_one(&list[i])) {
-            Entry::Occupied(_) => {}
-            Entry::Vacant(v) => {
-                v.insert(list.len());
-                list.push(p);
-            }
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
-}
-
-/// vLLM's dtype for `--dtype` and the config (config/model.py:2423–2465). A config that states
-/// none takes the dtype all of `tensors` (the checkpoint's) cast to without loss, as vLLM reads
-/// it from the safetensors headers (model_arch_config_convertor.py:221–234): an all-float16
-/// checkpoint without `torch_dtype` loads as float16.
-pub fn resolve_dtype(
-    choice: DtypeChoice,
-    config: &ModelConfig,
-    tensors: impl IntoIterator<Item = Dtype>,
-) -> Dtype {
-    match choice {
-        DtypeChoice::Bfloat16 => Dtype::Bf16,
-        DtypeChoice::Float16 => Dtype::F16,
-        DtypeChoice::Float32 => Dtype::F32,
-        DtypeChoice::Auto => {
-            let half = match config.dtype.as_deref() {
-                Some(d) => matches!(d, "float16" | "half" | "torch.float16"),
-                None => crate::dtype::common_lossless(tensors) == Some(Dtype::F16),
-            };
-            // bfloat16 stays; float32 (the default when nothing says) and any other dtype
-            // become the platform's preferred bfloat16.
-            if half { Dtype::F16 } else { Dtype::Bf16 }
-        }
     }
 }
 
@@ -375,7 +317,7 @@ mod tests {
             pp: 1,
             pp_partition: None,
             expert_parallel: false,
-            dtype: DtypeChoice::Auto,
+            dtype: crate::dtype::DtypeChoice::Auto,
             mapping: None,
             shapes_only: false,
         }

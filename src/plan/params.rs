@@ -8,10 +8,11 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
 use super::layout::Geometry;
-use super::{MAX_EXPERTS, MAX_LAYERS, MAX_PARAMETERS, PlanError, Planner, Problem, Retie};
+use super::{MAX_EXPERTS, MAX_LAYERS, MAX_PARAMETERS, PlanError, Planner, Retie};
 use crate::dtype::Dtype;
 use crate::mapping::expr::{EvalError, Scope};
 use crate::mapping::{Expr, Layout, ParamSpec, Tied};
+use crate::problem::Problem;
 
 /// A parameter instance: one spec at one layer index, with its geometry evaluated.
 pub(super) struct Param<'m> {

@@ -4,11 +4,12 @@
 //! `Fp8LinearMethod`, `Fp8MoEMethod`, `CompressedTensorsW8A8Fp8`, the kv-cache methods), with
 //! vLLM's initial values for whatever the checkpoint leaves out.
 
+use super::Planner;
 use super::layout::Geometry;
 use super::params::{Param, Params};
-use super::{Planner, Problem};
 use crate::dtype::Dtype;
 use crate::mapping::{ExpertPart, QuantRole};
+use crate::problem::Problem;
 use crate::quant::{Quantization, WeightStrategy};
 
 /// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its

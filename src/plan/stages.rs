@@ -6,9 +6,10 @@ use std::ops::Range;
 
 use serde::Serialize;
 
+use super::Planner;
 use super::params::Param;
-use super::{Planner, Problem};
 use crate::mapping::expr::Scope;
+use crate::problem::Problem;
 
 /// One pipeline stage: its index and the layers it holds (global numbers, as in the keys).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

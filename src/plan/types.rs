@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::layout::Block;
 use crate::dtype::Dtype;
+use crate::problem::Problem;
 
 /// Bumped when a field of the plan JSON changes meaning or disappears.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -15,20 +16,9 @@ pub struct PlanReport {
     pub schema_version: u32,
     pub wload_version: &'static str,
     pub source: String,
-    pub timings: crate::Timings,
+    pub timings: crate::open::Timings,
     #[serde(flatten)]
     pub plan: Plan,
-}
-
-/// `--dtype`, as vLLM spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum DtypeChoice {
-    /// The config's dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it).
-    Auto,
-    Bfloat16,
-    Float16,
-    Float32,
 }
 
 #[derive(Debug, Clone)]
@@ -39,7 +29,7 @@ pub struct PlanOptions {
     /// `VLLM_PP_LAYER_PARTITION`: layer counts per stage instead of vLLM's even split.
     pub pp_partition: Option<String>,
     pub expert_parallel: bool,
-    pub dtype: DtypeChoice,
+    pub dtype: crate::dtype::DtypeChoice,
     /// `--mapping FILE` instead of the embedded mapping for the architecture.
     pub mapping: Option<std::path::PathBuf>,
     /// Only the per-rank names, dtypes and shapes matter (checking a pre-sharded folder): a
@@ -47,40 +37,11 @@ pub struct PlanOptions {
     pub shapes_only: bool,
 }
 
-/// One thing wrong with the checkpoint for this model and TP size, with the likely fix, and what
-/// it is about as fields, which `--json` prints (docs/json.md). They are set where the problem is
-/// found, so that no reader has to parse `message`; each is `None` (and left out of the JSON)
-/// when the problem is not about one, as `..Problem::default()` leaves them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
-pub struct Problem {
-    pub message: String,
-    /// `null` when there is no likely fix to suggest.
-    pub fix: Option<String>,
-    /// The weight file (as the checkpoint names it) holding `tensor`, or the file at fault.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub file: Option<String>,
-    /// The checkpoint tensor.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tensor: Option<String>,
-    /// The vLLM parameter.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parameter: Option<String>,
-    /// The checkpoint tensor's shape, when the problem is that it does not fit (or its size).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shape: Option<Vec<u64>>,
-    /// The shape the parameter needs instead.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expected_shape: Option<Vec<u64>>,
-    /// The mapping rules that renamed `tensor` to `parameter`, as messages describe them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error(transparent)]
     Mapping(#[from] crate::mapping::MappingError),
-    #[error("{}", super::problems::ProblemList(.0))]
+    #[error("{}", crate::problem::ProblemList(.0))]
     Invalid(Vec<Problem>),
     #[error("--tp must be at least 1")]
     BadTp,
@@ -89,11 +50,11 @@ pub enum PlanError {
 }
 
 impl PlanError {
-    pub fn exit_status(&self) -> crate::ExitStatus {
+    pub fn exit_status(&self) -> crate::exit::ExitStatus {
         match self {
             PlanError::Mapping(e) => e.exit_status(),
-            PlanError::BadTp | PlanError::BadPp => crate::ExitStatus::Usage,
-            PlanError::Invalid(_) => crate::ExitStatus::Checkpoint,
+            PlanError::BadTp | PlanError::BadPp => crate::exit::ExitStatus::Usage,
+            PlanError::Invalid(_) => crate::exit::ExitStatus::Checkpoint,
         }
     }
 }
@@ -230,8 +191,8 @@ impl Plan {
 
     /// The rank file of global rank `rank`'s part `part`: TP-only names without pipeline
     /// parallelism (as vLLM), `model-pp-{p}-tp-{t}-part-{k}` with it.
-    pub fn rank_file(&self, rank: u64, part: u64) -> crate::rank_files::RankFile {
-        crate::rank_files::RankFile {
+    pub fn rank_file(&self, rank: u64, part: u64) -> crate::sharded::names::RankFile {
+        crate::sharded::names::RankFile {
             pp: (self.pp > 1).then_some(rank / self.tp),
             tp: rank % self.tp,
             part,

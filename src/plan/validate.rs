@@ -3,11 +3,12 @@
 
 use rayon::prelude::*;
 
+use super::Planner;
 use super::assign::Assigned;
 use super::layout::Rank;
 use super::params::Param;
-use super::{Planner, Problem};
 use crate::mapping::rules::ShardId;
+use crate::problem::Problem;
 
 /// How the checkpoint fills one parameter.
 enum Filling {

@@ -136,7 +136,8 @@ fn write_model(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         }
         _ => c.num_key_value_heads.to_string(),
     };
-    let auto = crate::manifest::vllm_dtype(i.config.auto_dtype.as_str()).unwrap_or("bfloat16");
+    let auto =
+        crate::sharded::serve::vllm_dtype(i.config.auto_dtype.as_str()).unwrap_or("bfloat16");
     let dtype = match &c.dtype {
         Some(d) if d.trim_start_matches("torch.") == auto => d.clone(),
         Some(d) => format!("{d} (vLLM's --dtype auto: {auto})"),
@@ -588,7 +589,7 @@ pub fn write_other_source(
 
 fn write_survey(
     w: &mut dyn Write,
-    s: &crate::pre_sharded::Survey,
+    s: &crate::commands::inspect::survey::Survey,
     verbose: bool,
 ) -> io::Result<()> {
     let wf = &s.written_for;
@@ -660,7 +661,7 @@ fn write_survey(
 }
 
 /// What wload.json (or the file names) say the folder was written from and with.
-fn written_for_facts(wf: &crate::rank_files::WrittenFor) -> Vec<String> {
+fn written_for_facts(wf: &crate::sharded::names::WrittenFor) -> Vec<String> {
     let mut facts = Vec::new();
     if let Some(a) = &wf.architecture {
         facts.push(a.clone());
@@ -680,7 +681,10 @@ fn written_for_facts(wf: &crate::rank_files::WrittenFor) -> Vec<String> {
 }
 
 /// Whether every rank has its files, or each problem with its fix.
-fn write_completeness(w: &mut dyn Write, s: &crate::pre_sharded::Survey) -> io::Result<()> {
+fn write_completeness(
+    w: &mut dyn Write,
+    s: &crate::commands::inspect::survey::Survey,
+) -> io::Result<()> {
     let wf = &s.written_for;
     if s.complete {
         writeln!(

@@ -4,8 +4,9 @@
 
 use serde::Serialize;
 
-use crate::Error;
-use crate::plan::{self, PlanError, Problem};
+use crate::commands::error::Error;
+use crate::plan::PlanError;
+use crate::problem::Problem;
 
 /// `wload shard --json`: bumped when a field changes meaning or disappears (docs/shard-json.md).
 pub const SHARD_SCHEMA_VERSION: u32 = 1;
@@ -54,7 +55,7 @@ pub struct Failure {
 
 #[derive(Debug, Serialize)]
 pub struct ErrorInfo {
-    /// usage, checkpoint, runtime or interrupted: [`crate::ExitStatus::kind`].
+    /// usage, checkpoint, runtime or interrupted: [`crate::exit::ExitStatus::kind`].
     pub kind: &'static str,
     /// What stderr says, minus the `error: ` prefix; for a list of problems, its headline.
     pub message: String,
@@ -66,7 +67,7 @@ pub fn failure(e: &Error, exit_status: u8) -> Failure {
         Error::Plan(PlanError::Invalid(ps)) => (headline(&e.to_string()), ps.clone()),
         Error::Headers(hs) => (
             e.to_string().replace("\nerror: ", "\n"),
-            hs.iter().map(plan::header_problem).collect(),
+            hs.iter().map(Problem::from).collect(),
         ),
         _ => (e.to_string(), Vec::new()),
     };
@@ -83,7 +84,7 @@ pub fn usage_failure(clap_message: &str) -> Failure {
         .min()
         .unwrap_or(text.len());
     let message = text[..end].trim_end();
-    let status = crate::ExitStatus::Usage;
+    let status = crate::exit::ExitStatus::Usage;
     document(status.kind(), status as u8, message.to_string(), Vec::new())
 }
 

@@ -123,16 +123,16 @@ pub enum ResolveError {
         "{root}: a pre-sharded folder (vLLM sharded_state files {pattern}, written for {written_for} per its {from}), not a checkpoint; plan and shard read checkpoints. Check it with `wload load {quoted} --dry-run`, serve it with `{serve}`; to shard for another TP or PP, run `wload shard` on the original checkpoint{original} (re-sharding rank files is not supported)",
         from = written_for.from,
         written_for = written_for.flags(),
-        quoted = crate::manifest::shell_quote(&root.display().to_string()),
+        quoted = crate::sharded::serve::shell_quote(&root.display().to_string()),
         original = written_for.source_checkpoint.as_ref().map_or_else(String::new, |s| format!(" ({s}, per wload.json)"))
     )]
     PreSharded {
         root: PathBuf,
         pattern: &'static str,
         /// Boxed: every `Result` of the library carries a `ResolveError`.
-        written_for: Box<crate::rank_files::WrittenFor>,
+        written_for: Box<crate::sharded::names::WrittenFor>,
         /// `vllm serve` for the folder, built by wload from its layout
-        /// ([`crate::pre_sharded::serve_command`]).
+        /// ([`crate::sharded::serve::serve_command`]).
         serve: String,
     },
     /// A hub repo id that could not be resolved or fetched.
@@ -165,8 +165,8 @@ impl ResolveError {
         }
     }
 
-    pub fn exit_status(&self) -> crate::ExitStatus {
-        use crate::ExitStatus;
+    pub fn exit_status(&self) -> crate::exit::ExitStatus {
+        use crate::exit::ExitStatus;
         match self {
             ResolveError::NotFound { .. } | ResolveError::NotADirectory { .. } => ExitStatus::Usage,
             // An index past the small-file limit is the checkpoint's fault, like a malformed one.
@@ -193,7 +193,7 @@ fn lone_file_hint(path: &Path) -> String {
     let is_rank_file = path
         .file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| crate::rank_files::RankFile::parse(n).is_some());
+        .is_some_and(|n| crate::sharded::names::RankFile::parse(n).is_some());
     if is_rank_file {
         return format!(
             ", and this is one part of a pre-sharded folder: inspect or load the folder, {}",
@@ -211,7 +211,7 @@ fn lone_file_hint(path: &Path) -> String {
     };
     format!(
         ", and a single .safetensors file has no config: {with_config}; `wload inspect {}` lists the file's tensors alone",
-        crate::manifest::shell_quote(&path.display().to_string())
+        crate::sharded::serve::shell_quote(&path.display().to_string())
     )
 }
 
@@ -270,16 +270,16 @@ pub fn resolve_local(
 /// A folder of rank files (`wload shard`'s or vLLM's output) is no checkpoint: vLLM's hf format
 /// would read its rank files as one checkpoint's shards and fail on their names or shapes.
 fn refuse_pre_sharded(root: &Path) -> Result<(), ResolveError> {
-    let files = crate::rank_files::in_folder(root);
+    let files = crate::sharded::names::in_folder(root);
     if files.is_empty() {
         return Ok(());
     }
-    let manifest = crate::manifest::Manifest::read(root);
-    let written_for = crate::rank_files::WrittenFor::of(&files, manifest.as_ref());
+    let manifest = crate::sharded::manifest::Manifest::read(root);
+    let written_for = crate::sharded::names::WrittenFor::of(&files, manifest.as_ref());
     Err(ResolveError::PreSharded {
         root: root.to_path_buf(),
         pattern: pre_sharded_pattern(root),
-        serve: crate::pre_sharded::serve_command(root, &files, &written_for, manifest.as_ref())
+        serve: crate::sharded::serve::serve_command(root, &files, &written_for, manifest.as_ref())
             .shell,
         written_for: Box::new(written_for),
     })
@@ -582,11 +582,11 @@ pub fn resolve_pre_sharded(
 /// The pattern of a pre-sharded folder's files: the pipeline-parallel one only when every rank
 /// file there has it.
 fn pre_sharded_pattern(root: &Path) -> &'static str {
-    let files = crate::rank_files::in_folder(root);
+    let files = crate::sharded::names::in_folder(root);
     if !files.is_empty() && files.keys().all(|(pp, _)| pp.is_some()) {
-        crate::rank_files::PP_GLOB
+        crate::sharded::names::PP_GLOB
     } else {
-        crate::rank_files::TP_ONLY_GLOB
+        crate::sharded::names::TP_ONLY_GLOB
     }
 }
 

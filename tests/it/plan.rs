@@ -145,7 +145,7 @@ fn time_plan(
         pp: 1,
         pp_partition: None,
         expert_parallel: false,
-        dtype: wload::plan::DtypeChoice::Auto,
+        dtype: wload::dtype::DtypeChoice::Auto,
         mapping: None,
         shapes_only: false,
     };

@@ -383,10 +383,10 @@ fn plan_options(a: &ParallelArgs) -> wload::PlanOptions {
     }
 }
 
-/// `load`'s flags, completed from SOURCE's wload.json (see `wload::manifest::load_settings`).
-fn load_settings(args: &LoadArgs) -> Result<wload::manifest::LoadSettings, Error> {
+/// `load`'s flags, completed from SOURCE's wload.json (see `wload::commands::load::settings::load_settings`).
+fn load_settings(args: &LoadArgs) -> Result<wload::commands::load::settings::LoadSettings, Error> {
     let p = &args.parallel;
-    let flags = wload::manifest::LoadFlags {
+    let flags = wload::commands::load::settings::LoadFlags {
         tp: p.tp,
         pp: p.pp,
         expert_parallel: p.enable_expert_parallel,
@@ -395,7 +395,7 @@ fn load_settings(args: &LoadArgs) -> Result<wload::manifest::LoadSettings, Error
         pp_partition: std::env::var("VLLM_PP_LAYER_PARTITION").ok(),
         mapping: p.mapping.clone(),
     };
-    wload::manifest::load_settings(&args.source.source, &flags)
+    wload::commands::load::settings::load_settings(&args.source.source, &flags)
 }
 
 /// Lets glibc reuse freed memory instead of returning it to the kernel. By default it maps each

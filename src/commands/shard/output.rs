@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::ShardError;
 use super::owned::Owned;
 use super::space::DiskProblem;
-use crate::manifest::Manifest;
+use crate::sharded::manifest::Manifest;
 
 /// Marks staging folders: `.{OUT name}.wload-tmp-{PID}`.
 pub const STAGING_TAG: &str = ".wload-tmp-";
@@ -774,7 +774,7 @@ mod tests {
             );
             assert!(!msg.contains(STAGING_TAG), "{msg}");
             let e = staging_error(out, io::Error::from(kind));
-            assert_eq!(e.exit_status(), crate::ExitStatus::Runtime);
+            assert_eq!(e.exit_status(), crate::exit::ExitStatus::Runtime);
         }
         // A full disk is the output's file system's, said with OUT and that file system.
         let full = staging_error(out, io::Error::from_raw_os_error(libc::ENOSPC));
@@ -785,7 +785,7 @@ mod tests {
             "{msg}"
         );
         assert!(!msg.contains(STAGING_TAG), "{msg}");
-        assert_eq!(full.exit_status(), crate::ExitStatus::Runtime);
+        assert_eq!(full.exit_status(), crate::exit::ExitStatus::Runtime);
         let other = staging_error(out, io::Error::from(io::ErrorKind::InvalidData));
         assert!(
             other

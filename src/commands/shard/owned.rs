@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use crate::manifest::{MANIFEST, Manifest};
+use crate::sharded::manifest::{MANIFEST, Manifest};
 
 /// The entries of an earlier output that wload wrote, by its manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,7 +204,7 @@ mod tests {
         .unwrap();
         m.files = s(files)
             .into_iter()
-            .map(|name| crate::manifest::ManifestFile {
+            .map(|name| crate::sharded::manifest::ManifestFile {
                 name,
                 rank: 0,
                 pp_rank: None,

@@ -19,7 +19,7 @@ use super::ShardError;
 use super::output::{OWNER_FILE, STAGING_TAG};
 use super::space::DiskProblem;
 use crate::exec::{ExecError, write};
-use crate::manifest::{MANIFEST, Manifest};
+use crate::sharded::manifest::{MANIFEST, Manifest};
 
 /// One entry to copy, relative to the checkpoint folder.
 #[derive(Debug, Clone)]

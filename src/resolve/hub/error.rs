@@ -146,8 +146,8 @@ pub enum HubError {
 impl HubError {
     /// Everything the hub answers, or fails to, is a runtime failure (exit 1): the command line
     /// was fine, the network or the repo's access was not.
-    pub fn exit_status(&self) -> crate::ExitStatus {
-        crate::ExitStatus::Runtime
+    pub fn exit_status(&self) -> crate::exit::ExitStatus {
+        crate::exit::ExitStatus::Runtime
     }
 }
 

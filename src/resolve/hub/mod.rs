@@ -197,8 +197,8 @@ fn select_and_fetch(
         let (_, config) = super::pick_config(snapshot, listing, req.config_format, false)?;
         let mut needed = rank_files;
         needed.push(config);
-        if listing.has_top(crate::manifest::MANIFEST) {
-            needed.push(crate::manifest::MANIFEST.to_string());
+        if listing.has_top(crate::sharded::manifest::MANIFEST) {
+            needed.push(crate::sharded::manifest::MANIFEST.to_string());
         }
         needed.extend(side);
         fetcher.ensure(&needed)?;
@@ -232,7 +232,7 @@ fn is_side_file(name: &str) -> bool {
 /// A part file `load` reads from a pre-sharded folder, of either pattern (`--pp` says which one
 /// it expects, and the folder is checked against it).
 fn is_rank_file(name: &str) -> bool {
-    crate::rank_files::RankFile::parse(name).is_some()
+    crate::sharded::names::RankFile::parse(name).is_some()
 }
 
 /// Asks the hub unless offline (or unless a commit is asked for whose file list is saved);

@@ -27,7 +27,7 @@ mod applied_mappings;
 use wload::config::{self, ConfigFormat};
 use wload::mapping::{self, Expr};
 use wload::resolve::{self, LoadFormat};
-use wload::{checkpoint, error::Error};
+use wload::{Error, checkpoint};
 
 mod hub;
 

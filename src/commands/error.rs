@@ -50,7 +50,7 @@ impl Error {
                 .join("\nerror: "),
             Error::Resolve(e) => e.for_terminal(),
             Error::Plan(crate::plan::PlanError::Invalid(ps)) => {
-                crate::plan::ProblemList(ps).for_terminal()
+                crate::problem::ProblemList(ps).for_terminal()
             }
             _ => escape(&self.to_string()).into_owned(),
         }

@@ -124,6 +124,21 @@ pub fn in_folder(root: &Path) -> RankFiles {
     out
 }
 
+/// Whether `root` is a folder holding rank files.
+pub fn is_pre_sharded(root: &Path) -> bool {
+    root.is_dir() && !in_folder(root).is_empty()
+}
+
+/// The glob vLLM's sharded_state loader reads `files` with: the pipeline-parallel one only when
+/// every rank file has it.
+pub fn pattern(files: &RankFiles) -> &'static str {
+    if !files.is_empty() && files.keys().all(|(pp, _)| pp.is_some()) {
+        PP_GLOB
+    } else {
+        TP_ONLY_GLOB
+    }
+}
+
 /// What TP and PP size a folder's rank files were written for: from its `wload.json` when it has
 /// a readable one, else inferred from the file names.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -143,7 +158,7 @@ pub struct WrittenFor {
 
 impl WrittenFor {
     /// `files` must not be empty.
-    pub fn of(files: &RankFiles, manifest: Option<&crate::manifest::Manifest>) -> WrittenFor {
+    pub fn of(files: &RankFiles, manifest: Option<&super::manifest::Manifest>) -> WrittenFor {
         if let Some(m) = manifest {
             // A hand-edited manifest may say 0; the layout checks divide by these.
             return WrittenFor {
@@ -153,7 +168,7 @@ impl WrittenFor {
                 dtype: Some(m.dtype.clone()),
                 architecture: Some(m.architecture.clone()),
                 source_checkpoint: Some(m.source.clone()),
-                from: crate::manifest::MANIFEST,
+                from: super::manifest::MANIFEST,
             };
         }
         let staged = files.keys().all(|(pp, _)| pp.is_some());

@@ -8,15 +8,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, TensorInfo, WeightFile};
-use serde::Serialize;
 
-use crate::manifest::{MANIFEST, Manifest, ServeCommand};
+use crate::dtype::{DtypeChoice, resolve_dtype};
 use crate::plan::PlanOptions;
-use crate::plan::{self, OutTensor, Piece, Plan, Problem, RankPlan, SourceTensor};
+use crate::plan::{self, OutTensor, Piece, Plan, RankPlan, SourceTensor};
+use crate::problem::Problem;
 use crate::ranks::{self, RankList};
+use crate::sharded::manifest::{MANIFEST, Manifest};
 use crate::{Error, Opened};
 
-use crate::rank_files::{RankFiles, WrittenFor};
+use crate::sharded::names::{RankFiles, WrittenFor};
 
 /// The plan for a pre-sharded folder's `files`, for the ranks this process loads; every problem
 /// vLLM would hit (or silently accept) at once.
@@ -49,8 +50,8 @@ pub fn plan(
     let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
     if let Some(m) = &manifest {
         let tensors = opened.checkpoint.all_tensors().map(|t| t.dtype);
-        let model_dtype = plan::resolve_dtype(popts.dtype, &opened.config, tensors);
-        problems.extend(crate::manifest::disagreements(
+        let model_dtype = resolve_dtype(popts.dtype, opened.config.dtype.as_deref(), tensors);
+        problems.extend(disagreements(
             &root.join(MANIFEST),
             m,
             popts,
@@ -67,7 +68,7 @@ pub fn plan(
                 message: format!(
                     "{}: no files for rank {r} ({})",
                     root.display(),
-                    crate::rank_files::rank_glob(key.0, key.1)
+                    crate::sharded::names::rank_glob(key.0, key.1)
                 ),
                 fix: Some("copy the missing rank files, or check --tp and --pp".into()),
                 ..Default::default()
@@ -448,273 +449,21 @@ impl Built {
     }
 }
 
-/// `inspect` of a pre-sharded folder: per rank and part, the files, their tensors and bytes; what
-/// TP, PP and EP they were written for; and whether every file of every rank is there, as the
-/// manifest (else the file names) says it should be. Only headers are read.
-#[derive(Debug, Serialize)]
-pub struct Survey {
-    pub schema_version: u32,
-    pub wload_version: &'static str,
-    /// Always "pre-sharded": tells this report from a checkpoint's.
-    pub kind: &'static str,
-    pub source: String,
-    /// The rank files' name pattern.
-    pub pattern: &'static str,
-    pub written_for: WrittenFor,
-    /// tp × pp: how many ranks a complete folder has files for.
-    pub world_size: u64,
-    pub ranks: Vec<SurveyRank>,
-    pub filter: Option<String>,
-    pub totals: SurveyTotals,
-    /// Every rank's parts present (and, with a manifest, every file it lists at its size), and
-    /// every header readable.
-    pub complete: bool,
-    pub problems: Vec<Problem>,
-    /// `vllm serve` for the folder as wload builds it from the manifest's layout
-    /// ([`serve_command`]); `None` without a manifest.
-    pub serve: Option<ServeCommand>,
-    /// `wload load` for the folder, with the flags only the file names can tell otherwise.
-    pub check_with: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct SurveyRank {
-    /// The global rank, `pp_rank * tp + tp_rank`.
-    pub rank: u64,
-    /// The pipeline stage; `None` for TP-only file names.
-    pub pp_rank: Option<u64>,
-    pub tp_rank: u64,
-    pub files: Vec<SurveyFile>,
-    pub tensors: usize,
-    pub bytes: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct SurveyFile {
-    pub file: String,
-    pub part: u64,
-    pub size: u64,
-    /// Tensors in the file (matching the filter, with one); `None` when its header cannot be read.
-    pub tensors: Option<usize>,
-    /// Their data bytes.
-    pub bytes: u64,
-    /// Whether the size is the manifest's; `None` when no manifest lists the file.
-    pub size_matches_manifest: Option<bool>,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct SurveyTotals {
-    pub files: usize,
-    pub tensors: usize,
-    pub bytes: u64,
-    pub parameters: u64,
-}
-
-/// Whether `root` is a local folder of rank files (what [`survey`] reports on).
-pub fn is_pre_sharded(root: &Path) -> bool {
-    root.is_dir() && !crate::rank_files::in_folder(root).is_empty()
-}
-
-/// Surveys the pre-sharded folder `root`; `filter` keeps the tensors whose name matches.
-pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
-    let files = crate::rank_files::in_folder(root);
-    let manifest = Manifest::read(root);
-    let written_for = WrittenFor::of(&files, manifest.as_ref());
-    let mut problems = layout_problems(&files, &written_for, manifest.as_ref());
-    let mut totals = SurveyTotals::default();
-    let mut ranks = Vec::new();
-    for (&(pp_rank, tp_rank), parts) in &files {
-        let mut rank = SurveyRank {
-            // Saturating: hostile names may claim ranks near u64::MAX.
-            rank: pp_rank
-                .unwrap_or(0)
-                .saturating_mul(written_for.tp)
-                .saturating_add(tp_rank),
-            pp_rank,
-            tp_rank,
-            files: Vec::new(),
-            tensors: 0,
-            bytes: 0,
-        };
-        for (part, name) in parts {
-            let f = survey_file(root, *part, name, filter, manifest.as_ref(), &mut problems);
-            totals.files += 1;
-            if let Some((n, bytes, params)) = f.1 {
-                rank.tensors += n;
-                rank.bytes += bytes;
-                totals.tensors += n;
-                totals.bytes += bytes;
-                totals.parameters += params;
-            }
-            rank.files.push(f.0);
-        }
-        ranks.push(rank);
-    }
-    ranks.sort_by_key(|r| (r.rank, r.pp_rank, r.tp_rank));
-    let quoted = crate::manifest::shell_quote(&root.display().to_string());
-    Survey {
-        schema_version: crate::commands::inspect::SCHEMA_VERSION,
-        wload_version: env!("CARGO_PKG_VERSION"),
-        kind: "pre-sharded",
-        source: root.display().to_string(),
-        pattern: if files.keys().all(|k| k.0.is_some()) {
-            crate::rank_files::PP_GLOB
-        } else {
-            crate::rank_files::TP_ONLY_GLOB
-        },
-        world_size: written_for.tp.saturating_mul(written_for.pp),
-        check_with: match manifest {
-            Some(_) => format!("wload load {quoted} --dry-run --read"),
-            None => format!(
-                "wload load {quoted} {} --dry-run --read",
-                written_for.flags()
-            ),
-        },
-        ranks,
-        filter: filter.map(|r| r.as_str().to_string()),
-        totals,
-        complete: problems.is_empty(),
-        problems,
-        serve: manifest
-            .as_ref()
-            .map(|m| serve_command(root, &files, &written_for, Some(m))),
-        written_for,
-    }
-}
-
-/// `vllm serve` for the pre-sharded folder `root`, built from the layout its manifest records
-/// (else its file names show), with wload's own builder ([`ServeCommand::for_layout`], the one
-/// `shard` prints). Never the command a manifest carries: a folder from elsewhere can hold a
-/// wload.json whose `serve` is any command at all (`…; curl … | sh`), and what `inspect` prints
-/// is pasted into shells.
-pub fn serve_command(
-    root: &Path,
+/// What a complete folder of this layout lacks: ranks without files, gaps in a rank's part
+/// numbers, files the manifest lists that are gone, and a mix of both name patterns.
+pub fn layout_problems(
     files: &RankFiles,
     w: &WrittenFor,
     manifest: Option<&Manifest>,
-) -> ServeCommand {
-    let layout = crate::manifest::ServeLayout {
-        tp: w.tp,
-        pp: w.pp,
-        expert_parallel: w.expert_parallel == Some(true),
-        dtype: manifest.map(|m| m.dtype.as_str()),
-        side_files: manifest
-            .and_then(|m| m.side_files.as_deref())
-            .unwrap_or_default(),
-    };
-    // Only a known dtype can need `--dtype`: reading the folder's config and headers is for that.
-    let auto = match layout.dtype {
-        Some(_) => folder_auto_dtype(root, files),
-        None => crate::dtype::Dtype::Bf16,
-    };
-    ServeCommand::for_layout(root, &layout, auto.as_str())
-}
-
-/// What vLLM's `--dtype auto` loads the folder as, the way `shard` judged it for its serve line:
-/// the folder's config's dtype, else the rank files' common lossless dtype.
-fn folder_auto_dtype(root: &Path, files: &RankFiles) -> crate::dtype::Dtype {
-    use crate::config::ConfigFormat;
-    let config = crate::config::load(root, "config.json", ConfigFormat::Hf, None)
-        .or_else(|_| crate::config::load(root, "params.json", ConfigFormat::Mistral, None));
-    // File by file: one unreadable header (which the survey reports) leaves the others' dtypes.
-    let written = || {
-        let names = files
-            .values()
-            .flat_map(|parts| parts.iter().map(|(_, n)| n));
-        let opened = names.filter_map(|n| Checkpoint::open(root, std::slice::from_ref(n)).ok());
-        let dtypes: Vec<_> = opened
-            .flat_map(|c| c.all_tensors().map(|t| t.dtype).collect::<Vec<_>>())
-            .collect();
-        dtypes
-    };
-    match config {
-        Ok(c) if c.dtype.is_some() => {
-            plan::resolve_dtype(plan::DtypeChoice::Auto, &c, std::iter::empty())
-        }
-        Ok(c) => plan::resolve_dtype(plan::DtypeChoice::Auto, &c, written()),
-        Err(_) => match crate::dtype::common_lossless(written()) {
-            Some(crate::dtype::Dtype::F16) => crate::dtype::Dtype::F16,
-            _ => crate::dtype::Dtype::Bf16,
-        },
-    }
-}
-
-/// One part file: its row, and (tensors, bytes, parameters) when its header could be read.
-fn survey_file(
-    root: &Path,
-    part: u64,
-    name: &str,
-    filter: Option<&regex::Regex>,
-    manifest: Option<&Manifest>,
-    problems: &mut Vec<Problem>,
-) -> (SurveyFile, Option<(usize, u64, u64)>) {
-    let size = std::fs::metadata(root.join(name)).map_or(0, |m| m.len());
-    let listed = manifest.and_then(|m| m.files.iter().find(|f| f.name == name));
-    if let Some(l) = listed
-        && l.size != size
-    {
-        problems.push(Problem {
-            message: format!(
-                "{name}: {size} bytes, but {MANIFEST} records {}: the file is truncated or was replaced",
-                l.size
-            ),
-            fix: Some("copy the file again, or re-shard".into()),
-            file: Some(name.to_string()),
-            ..Default::default()
-        });
-    }
-    if manifest.is_some() && listed.is_none() {
-        problems.push(Problem {
-            message: format!("{name}: not listed in {MANIFEST} (left from another run?)"),
-            fix: Some("remove it, or re-shard into an empty folder".into()),
-            file: Some(name.to_string()),
-            ..Default::default()
-        });
-    }
-    let counted = match Checkpoint::open(root, &[name.to_string()]) {
-        Ok(ck) => {
-            let kept = ck.files[0]
-                .tensors
-                .iter()
-                .filter(|t| filter.is_none_or(|re| re.is_match(&t.name)));
-            let (mut n, mut bytes, mut params) = (0, 0, 0);
-            for t in kept {
-                n += 1;
-                bytes += t.len;
-                params += t.numel();
-            }
-            Some((n, bytes, params))
-        }
-        Err(errors) => {
-            problems.extend(errors.iter().map(|e| Problem {
-                fix: Some("copy the file again, or re-shard".into()),
-                ..plan::header_problem(e)
-            }));
-            None
-        }
-    };
-    let row = SurveyFile {
-        file: name.to_string(),
-        part,
-        size,
-        tensors: counted.map(|c| c.0),
-        bytes: counted.map_or(0, |c| c.1),
-        size_matches_manifest: listed.map(|l| l.size == size),
-    };
-    (row, counted)
-}
-
-/// What a complete folder of this layout lacks: ranks without files, gaps in a rank's part
-/// numbers, files the manifest lists that are gone, and a mix of both name patterns.
-fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest>) -> Vec<Problem> {
+) -> Vec<Problem> {
     let mut problems = Vec::new();
     let staged = w.pp > 1 || files.keys().all(|k| k.0.is_some());
     if files.keys().any(|k| k.0.is_some()) && files.keys().any(|k| k.0.is_none()) {
         problems.push(Problem {
             message: format!(
                 "the folder mixes {} and {} files: vLLM reads only one pattern, by --pipeline-parallel-size",
-                crate::rank_files::TP_ONLY_GLOB,
-                crate::rank_files::PP_GLOB
+                crate::sharded::names::TP_ONLY_GLOB,
+                crate::sharded::names::PP_GLOB
             ),
             fix: Some("remove the files of the other run".into()),
             ..Default::default()
@@ -723,7 +472,7 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
     let beyond: Vec<String> = files
         .keys()
         .filter(|(p, t)| *t >= w.tp || p.is_some_and(|p| p >= w.pp))
-        .map(|&(p, t)| crate::rank_files::rank_glob(p, t))
+        .map(|&(p, t)| crate::sharded::names::rank_glob(p, t))
         .collect();
     if !beyond.is_empty() {
         problems.push(Problem {
@@ -748,7 +497,7 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
                     problems.push(Problem {
                         message: format!(
                             "rank {rank}: part numbers {have:?} have gaps ({})",
-                            crate::rank_files::rank_glob(key.0, key.1)
+                            crate::sharded::names::rank_glob(key.0, key.1)
                         ),
                         fix: Some("copy the missing part files".into()),
                         ..Default::default()
@@ -796,6 +545,51 @@ fn layout_problems(files: &RankFiles, w: &WrittenFor, manifest: Option<&Manifest
         }
     }
     problems
+}
+
+/// Where `--enable-expert-parallel` and an explicit `--dtype` disagree with the manifest at
+/// `at`: `model_dtype` is what the options make of the config. TP and PP are checked with the
+/// folder's files (`pre_sharded`), which name both values too.
+pub fn disagreements(
+    at: &Path,
+    m: &Manifest,
+    opts: &PlanOptions,
+    model_dtype: &str,
+) -> Vec<crate::problem::Problem> {
+    let mut problems = Vec::new();
+    if opts.expert_parallel && !m.expert_parallel {
+        problems.push(disagreement(
+            at,
+            "--enable-expert-parallel",
+            "no expert parallelism (each expert split over the ranks)",
+        ));
+    }
+    // `--dtype auto` is vLLM's own choice, converting as it does: not a disagreement.
+    if opts.dtype != DtypeChoice::Auto
+        && model_dtype != m.dtype
+        && let Some(r) = DtypeChoice::recorded(&m.dtype)
+    {
+        problems.push(disagreement(
+            at,
+            &format!("--dtype {}", opts.dtype.as_str()),
+            &format!("--dtype {}", r.as_str()),
+        ));
+    }
+    problems
+}
+
+fn disagreement(at: &Path, given: &str, recorded: &str) -> crate::problem::Problem {
+    crate::problem::Problem {
+        message: format!(
+            "{given} was given, but {} records {recorded}: the files were written for that",
+            at.display()
+        ),
+        fix: Some(format!(
+            "drop the flag (load takes it from {MANIFEST}), or re-shard the original checkpoint with {given}"
+        )),
+        file: Some(at.display().to_string()),
+        ..Default::default()
+    }
 }
 
 /// A folder whose names claim more ranks than this is not walked rank by rank (a file called

@@ -1,11 +1,10 @@
-//! A refused plan's problems for a terminal: a short list whole, a long one summarised by kind.
+//! A list of problems for a terminal: a short list whole, a long one summarised by kind.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 
 use super::Problem;
-use crate::checkpoint::HeaderError;
 use crate::units::thousands;
 
 /// At most this many problems of one kind are printed; the rest are counted.
@@ -206,46 +205,6 @@ fn problem_kind(message: &str) -> String {
         prev = c;
     }
     kind
-}
-
-/// A malformed weight file as a problem: its file, and the tensor and shape it names. A header
-/// error carries no fix of its own: its message says what is wrong, and the caller knows what to
-/// do about it (re-download, copy again), if anything.
-pub fn header_problem(e: &HeaderError) -> Problem {
-    use HeaderError as H;
-    let (path, tensor, shape) = match e {
-        H::Io { path, .. }
-        | H::Unreadable { path, .. }
-        | H::Empty { path }
-        | H::TooShort { path, .. }
-        | H::HeaderPastEnd { path, .. }
-        | H::HeaderTooLarge { path, .. }
-        | H::NotUtf8 { path, .. }
-        | H::BadJson { path, .. }
-        | H::Refused { path, .. }
-        | H::TrailingBytes { path, .. }
-        | H::TooManyTensors { path, .. }
-        | H::TooManyTensorsInCheckpoint { root: path, .. } => (path, None, None),
-        H::UnknownDtype { path, tensor, .. }
-        | H::ReversedOffsets { path, tensor, .. }
-        | H::Gap { path, tensor, .. }
-        | H::PastEnd { path, tensor, .. } => (path, Some(tensor), None),
-        // Of two overlapping tensors, the one placed first; the message names both.
-        H::Overlap { path, first, .. } => (path, Some(first), None),
-        H::SizeMismatch {
-            path,
-            tensor,
-            shape,
-            ..
-        } => (path, Some(tensor), Some(shape)),
-    };
-    Problem {
-        message: e.to_string(),
-        file: Some(path.display().to_string()),
-        tensor: tensor.cloned(),
-        shape: shape.cloned(),
-        ..Problem::default()
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,122 @@
+//! What `load` runs with: its flags, completed from a pre-sharded SOURCE's `wload.json` (a flag
+//! left out takes the recorded value).
+
+use std::path::Path;
+
+use crate::commands::error::Error;
+use crate::config::ConfigFormat;
+use crate::dtype::DtypeChoice;
+use crate::plan::PlanOptions;
+use crate::sharded::manifest::{MANIFEST, Manifest};
+
+/// `load`'s parallel and format flags as given (`None`: absent), before a manifest fills them in.
+#[derive(Debug, Clone)]
+pub struct LoadFlags {
+    pub tp: Option<u64>,
+    pub pp: Option<u64>,
+    pub expert_parallel: bool,
+    pub dtype: Option<DtypeChoice>,
+    pub config_format: ConfigFormat,
+    pub pp_partition: Option<String>,
+    pub mapping: Option<std::path::PathBuf>,
+}
+
+/// What `load` runs with: the flags, completed from SOURCE's `wload.json`.
+#[derive(Debug, Clone)]
+pub struct LoadSettings {
+    pub plan: PlanOptions,
+    pub config_format: ConfigFormat,
+    /// What was taken from the manifest, one line for the user.
+    pub note: Option<String>,
+}
+
+/// Completes `flags` from the manifest of `source` (a local folder written by `wload shard`): a
+/// flag left out takes the recorded value. A flag given that disagrees is kept, for the
+/// pre-sharded check to refuse with everything else wrong (see [`disagreements`]). Exit 3 for a
+/// manifest recording a size of 0, 2 when neither flag nor manifest gives a TP size.
+pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, Error> {
+    let manifest = source.is_dir().then(|| Manifest::read(source)).flatten();
+    let at = source.join(MANIFEST);
+    let mut taken: Vec<String> = Vec::new();
+    let mut fill = |flag: &str, given: Option<u64>, recorded: Option<u64>| {
+        given.or_else(|| {
+            let r = recorded?;
+            taken.push(format!("{flag} {r}"));
+            Some(r)
+        })
+    };
+    let tp = fill("--tp", flags.tp, manifest.as_ref().map(|m| m.tp));
+    // A recorded PP of 1 is the default anyway: not worth a word in the note.
+    let recorded_pp = manifest.as_ref().map(|m| m.pp).filter(|&p| p > 1);
+    let pp = fill("--pp", flags.pp, recorded_pp).unwrap_or(1);
+    let mut expert_parallel = flags.expert_parallel;
+    let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
+    let mut config_format = flags.config_format;
+    if let Some(m) = &manifest {
+        if m.tp == 0 || m.pp == 0 {
+            return Err(crate::plan::PlanError::Invalid(vec![crate::problem::Problem {
+                message: format!(
+                    "{} records tp {} and pp {}, and no folder is written for a size of 0: the manifest is damaged",
+                    at.display(),
+                    m.tp,
+                    m.pp
+                ),
+                fix: Some("re-shard, or remove wload.json and pass --tp (and --pp)".into()),
+                file: Some(at.display().to_string()),
+                ..Default::default()
+            }])
+            .into());
+        }
+        if m.expert_parallel && !flags.expert_parallel {
+            expert_parallel = true;
+            taken.push("--enable-expert-parallel".into());
+        }
+        if let (None, Some(r)) = (flags.dtype, DtypeChoice::recorded(&m.dtype)) {
+            dtype = r;
+            taken.push(format!("--dtype {}", r.as_str()));
+        }
+        // vLLM reads params.json only when told to, next to rank files: so must the load.
+        if config_format == ConfigFormat::Auto
+            && source.join("params.json").is_file()
+            && !source.join("config.json").exists()
+        {
+            config_format = ConfigFormat::Mistral;
+            taken.push("--config-format mistral".into());
+        }
+    }
+    let Some(tp) = tp else {
+        let why = if source.is_dir() {
+            format!(
+                "{} has no {MANIFEST} recording the tensor-parallel size (only `wload shard` outputs have one)",
+                source.display()
+            )
+        } else {
+            // A typo'd folder must not read as "this folder lacks a manifest".
+            format!(
+                "{} is not a local folder (a hub repo id, or a path that does not exist), so no {MANIFEST} records the tensor-parallel size",
+                source.display()
+            )
+        };
+        return Err(Error::Usage(format!("--tp is needed: {why}; pass --tp N")));
+    };
+    let note = (!taken.is_empty()).then(|| {
+        format!(
+            "{} taken from {} (written by wload shard)",
+            taken.join(" "),
+            at.display()
+        )
+    });
+    Ok(LoadSettings {
+        plan: PlanOptions {
+            tp,
+            pp,
+            pp_partition: flags.pp_partition.clone(),
+            expert_parallel,
+            dtype,
+            mapping: flags.mapping.clone(),
+            shapes_only: false,
+        },
+        config_format,
+        note,
+    })
+}

@@ -1,0 +1,102 @@
+//! `wload.json`: what `wload shard` wrote (source, TP, flags, every part file with its size and
+//! checksum), read back by `load` (to check a pre-sharded folder) and by `shard --force` (to tell an
+//! earlier output from a folder of the user's).
+
+use std::io;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::serve::ServeCommand;
+
+/// The manifest's file name, next to the part files.
+pub const MANIFEST: &str = "wload.json";
+
+/// What `wload shard` wrote into OUT, as `wload.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub wload_version: String,
+    /// vLLM's format and version these files are for.
+    pub format: String,
+    pub source: String,
+    pub architecture: String,
+    pub family: String,
+    pub tp: u64,
+    /// Pipeline stages; absent (written only when above 1) means 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub pp: u64,
+    pub ranks: Vec<u64>,
+    pub expert_parallel: bool,
+    pub dtype: String,
+    pub max_part_size: u64,
+    pub tie_word_embeddings: bool,
+    pub files: Vec<ManifestFile>,
+    /// Everything else wload put in OUT (config.json, copied side files), so that `--force`
+    /// can tell an earlier output from a folder with the user's own files in it. Absent in
+    /// manifests of wload 0.1.0 before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_files: Option<Vec<String>>,
+    /// Everything inside the folders among `side_files`, as paths relative to OUT, folders
+    /// ending in `/` (`original/`, `original/params.json`): `--force` replaces a copied folder
+    /// only while it holds exactly these. Absent when no folder was copied, and in manifests of
+    /// wload 0.1.0 before it was added (their folders are not provably wload's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_tree: Option<Vec<String>>,
+    /// The `vllm serve` command for this folder, as `shard` printed it. Absent in manifests of
+    /// wload 0.1.0 before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeCommand>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestFile {
+    pub name: String,
+    /// The global rank (`pp_rank * tp + tp_rank`).
+    pub rank: u64,
+    /// With pipeline parallelism, the file's stage and TP rank (absent without: `rank` is the TP
+    /// rank, and TP-only manifests stay as they were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_rank: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_rank: Option<u64>,
+    pub part: u64,
+    pub size: u64,
+    /// The file's checksum ([`crate::checksum`]: XXH3-64 of its 64 KiB blocks, summed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3_64k: Option<String>,
+    /// XXH3-64 of the whole file, hex: what manifests of wload 0.1.0 before block checksums
+    /// hold instead; read, never written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3: Option<String>,
+}
+
+impl ManifestFile {
+    /// Whether the file at `path`, whose block checksum is `sum` ([`crate::checksum`]) and size
+    /// `size`, is the one recorded here. A manifest from before block checksums is checked
+    /// against the whole file's XXH3, read again.
+    pub fn matches(&self, path: &Path, sum: &str, size: u64) -> io::Result<bool> {
+        if size != self.size {
+            return Ok(false);
+        }
+        match (&self.xxh3_64k, &self.xxh3) {
+            (Some(k), _) => Ok(k == sum),
+            (None, Some(whole)) => Ok(*whole == crate::checksum::whole_file_xxh3(path)?),
+            (None, None) => Ok(false),
+        }
+    }
+}
+
+impl Manifest {
+    /// The manifest of folder `dir`, if it has a readable one.
+    pub fn read(dir: &Path) -> Option<Manifest> {
+        serde_json::from_slice(&crate::small_file::read(&dir.join(MANIFEST)).ok()?).ok()
+    }
+}

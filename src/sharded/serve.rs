@@ -1,0 +1,180 @@
+//! The one `vllm serve` line for a pre-sharded folder: built from the layout its files were
+//! written for (what `shard` prints, what `inspect` and `load` show for a folder), never taken from
+//! a manifest, whose `serve` a folder from elsewhere may fill with any command at all.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::manifest::Manifest;
+use super::names::{RankFiles, WrittenFor};
+use crate::checkpoint::Checkpoint;
+use crate::dtype::{DtypeChoice, resolve_dtype};
+
+/// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM
+/// would infer the same way by itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServeCommand {
+    /// The words, unquoted, for a program to run.
+    pub argv: Vec<String>,
+    /// The same words quoted for a POSIX shell, to copy and paste.
+    pub shell: String,
+}
+
+/// What the `vllm serve` command of a pre-sharded folder depends on: the layout its files were
+/// written for. Structured facts only, so that the command printed is always one wload builds.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLayout<'a> {
+    pub tp: u64,
+    pub pp: u64,
+    pub expert_parallel: bool,
+    /// The files' model dtype (`BF16`); `None` when unknown, which asks for no `--dtype`.
+    pub dtype: Option<&'a str>,
+    /// The other files in the folder (config.json, params.json, tokenizer files).
+    pub side_files: &'a [String],
+}
+
+impl<'a> ServeLayout<'a> {
+    pub fn of(m: &'a Manifest) -> ServeLayout<'a> {
+        ServeLayout {
+            tp: m.tp,
+            pp: m.pp,
+            expert_parallel: m.expert_parallel,
+            dtype: Some(&m.dtype),
+            side_files: m.side_files.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+impl ServeCommand {
+    /// The command for folder `out` (as the user named it) holding `m`'s files; `auto_dtype` is
+    /// what vLLM's `--dtype auto` picks from the folder's config.
+    pub fn new(out: &Path, m: &Manifest, auto_dtype: &str) -> ServeCommand {
+        ServeCommand::for_layout(out, &ServeLayout::of(m), auto_dtype)
+    }
+
+    /// The command for folder `out` holding files of layout `m` (see [`ServeCommand::new`]).
+    pub fn for_layout(out: &Path, m: &ServeLayout, auto_dtype: &str) -> ServeCommand {
+        let mut argv: Vec<String> = vec!["vllm".into(), "serve".into(), model_arg(out)];
+        let mut flag = |f: &str, v: Option<String>| {
+            argv.push(f.into());
+            argv.extend(v);
+        };
+        flag("--load-format", Some("sharded_state".into()));
+        flag("--tensor-parallel-size", Some(m.tp.to_string()));
+        if m.pp > 1 {
+            flag("--pipeline-parallel-size", Some(m.pp.to_string()));
+        }
+        if m.expert_parallel {
+            flag("--enable-expert-parallel", None);
+        }
+        if let Some(dtype) = m.dtype
+            && dtype != auto_dtype
+            && let Some(d) = vllm_dtype(dtype)
+        {
+            flag("--dtype", Some(d.into()));
+        }
+        let side = m.side_files;
+        let has = |f: &dyn Fn(&str) -> bool| side.iter().any(|s| f(s));
+        // vLLM picks params.json (and Mistral's tokenizer) by itself only next to
+        // consolidated*.safetensors, which a pre-sharded folder never has
+        // (transformers_utils/config.py:889, tokenizers/registry.py:146).
+        if has(&|s| s == "params.json") && !has(&|s| s == "config.json") {
+            flag("--config-format", Some("mistral".into()));
+            if has(&|s| s == "tekken.json" || s.starts_with("tokenizer.model.v")) {
+                flag("--tokenizer-mode", Some("mistral".into()));
+            }
+        }
+        let shell = argv
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ");
+        ServeCommand { argv, shell }
+    }
+}
+
+/// The folder as vLLM's positional model argument: a relative path that starts with `-` would be
+/// read as a flag.
+fn model_arg(out: &Path) -> String {
+    let s = out.to_string_lossy().into_owned();
+    if s.starts_with('-') {
+        format!("./{s}")
+    } else {
+        s
+    }
+}
+
+/// vLLM's `--dtype` spelling of a manifest dtype (`BF16`); `None` for one it has no flag for.
+pub fn vllm_dtype(manifest_dtype: &str) -> Option<&'static str> {
+    DtypeChoice::recorded(manifest_dtype).map(DtypeChoice::as_str)
+}
+
+/// One word for a POSIX shell: unchanged when it has nothing the shell would interpret, else in
+/// single quotes (a quote inside written `'\''`). Not `shlex::try_quote`: shlex 2 switches to
+/// double quotes for some words and refuses others, and the terminal layer
+/// ([`crate::escape::EscShell`]) relies on this one single-quoted form.
+pub fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        return word.to_string();
+    }
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// `vllm serve` for the pre-sharded folder `root`, built from the layout its manifest records
+/// (else its file names show), with wload's own builder ([`ServeCommand::for_layout`], the one
+/// `shard` prints). Never the command a manifest carries: a folder from elsewhere can hold a
+/// wload.json whose `serve` is any command at all (`…; curl … | sh`), and what `inspect` prints
+/// is pasted into shells.
+pub fn serve_command(
+    root: &Path,
+    files: &RankFiles,
+    w: &WrittenFor,
+    manifest: Option<&Manifest>,
+) -> ServeCommand {
+    let layout = ServeLayout {
+        tp: w.tp,
+        pp: w.pp,
+        expert_parallel: w.expert_parallel == Some(true),
+        dtype: manifest.map(|m| m.dtype.as_str()),
+        side_files: manifest
+            .and_then(|m| m.side_files.as_deref())
+            .unwrap_or_default(),
+    };
+    // Only a known dtype can need `--dtype`: reading the folder's config and headers is for that.
+    let auto = match layout.dtype {
+        Some(_) => folder_auto_dtype(root, files),
+        None => crate::dtype::Dtype::Bf16,
+    };
+    ServeCommand::for_layout(root, &layout, auto.as_str())
+}
+
+/// What vLLM's `--dtype auto` loads the folder as, the way `shard` judged it for its serve line:
+/// the folder's config's dtype, else the rank files' common lossless dtype.
+fn folder_auto_dtype(root: &Path, files: &RankFiles) -> crate::dtype::Dtype {
+    use crate::config::ConfigFormat;
+    let config = crate::config::load(root, "config.json", ConfigFormat::Hf, None)
+        .or_else(|_| crate::config::load(root, "params.json", ConfigFormat::Mistral, None));
+    // File by file: one unreadable header (which the survey reports) leaves the others' dtypes.
+    let written = || {
+        let names = files
+            .values()
+            .flat_map(|parts| parts.iter().map(|(_, n)| n));
+        let opened = names.filter_map(|n| Checkpoint::open(root, std::slice::from_ref(n)).ok());
+        let dtypes: Vec<_> = opened
+            .flat_map(|c| c.all_tensors().map(|t| t.dtype).collect::<Vec<_>>())
+            .collect();
+        dtypes
+    };
+    match config {
+        Ok(c) if c.dtype.is_some() => {
+            resolve_dtype(DtypeChoice::Auto, c.dtype.as_deref(), std::iter::empty())
+        }
+        Ok(c) => resolve_dtype(DtypeChoice::Auto, c.dtype.as_deref(), written()),
+        Err(_) => match crate::dtype::common_lossless(written()) {
+            Some(crate::dtype::Dtype::F16) => crate::dtype::Dtype::F16,
+            _ => crate::dtype::Dtype::Bf16,
+        },
+    }
+}
