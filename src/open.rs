@@ -6,8 +6,26 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
+use crate::checkpoint::HeaderError;
+use crate::config::ConfigError;
+use crate::resolve::ResolveError;
 use crate::sharded::names::{self, RankFiles};
-use crate::{Error, checkpoint, config, resolve};
+use crate::{checkpoint, config, resolve};
+
+/// Why a source could not be opened; the commands' error keeps each kind's message and exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// Every weight file whose header is malformed, not only the first.
+    #[error("{} weight files could not be read", .0.len())]
+    Headers(Vec<HeaderError>),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A flag that names no usable revision or download folder.
+    #[error("{0}")]
+    Usage(String),
+}
 
 /// What every subcommand needs to find and read a checkpoint.
 #[derive(Debug, Clone)]
@@ -53,13 +71,13 @@ pub struct Timings {
 }
 
 /// Resolves `opts.source`, reads the config and every selected file's header.
-pub fn open(opts: &SourceOptions) -> Result<Opened, Error> {
+pub fn open(opts: &SourceOptions) -> Result<Opened, OpenError> {
     open_with(opts, false)
 }
 
 /// [`open`], or for a pre-sharded folder (`pre_sharded`) only its config: the loader reads the
 /// rank files itself.
-pub fn open_with(opts: &SourceOptions, pre_sharded: bool) -> Result<Opened, Error> {
+pub fn open_with(opts: &SourceOptions, pre_sharded: bool) -> Result<Opened, OpenError> {
     let t = Instant::now();
     let resolved = match hub_request(opts)? {
         Some(req) => resolve::hub::resolve(&req.request(opts), resolve::hub::Want::Checkpoint)?.0,
@@ -71,7 +89,7 @@ pub fn open_with(opts: &SourceOptions, pre_sharded: bool) -> Result<Opened, Erro
 
 /// [`open_with`] for `load`: a folder or hub repo of `model-rank-*-part-*.safetensors` files is
 /// opened as pre-sharded (the `bool`), anything else as a checkpoint.
-pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, RankFiles), Error> {
+pub fn open_detect(opts: &SourceOptions) -> Result<(Opened, RankFiles), OpenError> {
     match hub_request(opts)? {
         Some(req) => {
             let t = Instant::now();
@@ -115,7 +133,7 @@ impl HubSettings {
     }
 }
 
-fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, Error> {
+fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, OpenError> {
     let Some(repo) = resolve::hub::repo_id(&opts.source) else {
         return Ok(None);
     };
@@ -127,7 +145,7 @@ fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, Error> {
             .split('/')
             .any(|c| c.is_empty() || c == "." || c == "..")
     {
-        return Err(Error::Usage(format!(
+        return Err(OpenError::Usage(format!(
             "--revision '{revision}' is not a branch, tag or commit name"
         )));
     }
@@ -135,7 +153,7 @@ fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, Error> {
         repo,
         revision,
         env: resolve::hub::HubEnv::from_env(opts.download_dir.as_deref())
-            .map_err(|e| Error::Usage(e.to_string()))?,
+            .map_err(|e| OpenError::Usage(e.to_string()))?,
     }))
 }
 
@@ -144,7 +162,7 @@ fn finish_open(
     opts: &SourceOptions,
     resolved: resolve::Resolved,
     resolve_s: f64,
-) -> Result<Opened, Error> {
+) -> Result<Opened, OpenError> {
     let t = Instant::now();
     let config = config::load(
         &resolved.root,
@@ -155,7 +173,7 @@ fn finish_open(
     let config_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let checkpoint = checkpoint::Checkpoint::open(&resolved.root, &resolved.file_names())
-        .map_err(Error::Headers)?;
+        .map_err(OpenError::Headers)?;
     let headers_s = t.elapsed().as_secs_f64();
     Ok(Opened {
         resolved,

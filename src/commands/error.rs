@@ -34,6 +34,30 @@ pub enum Error {
     Output(#[source] std::io::Error),
 }
 
+impl From<crate::open::OpenError> for Error {
+    fn from(e: crate::open::OpenError) -> Error {
+        use crate::open::OpenError as O;
+        match e {
+            O::Resolve(e) => Error::Resolve(e),
+            O::Headers(v) => Error::Headers(v),
+            O::Config(e) => Error::Config(e),
+            O::Usage(m) => Error::Usage(m),
+        }
+    }
+}
+
+impl From<crate::plan::pre_sharded::PreShardedError> for Error {
+    fn from(e: crate::plan::pre_sharded::PreShardedError) -> Error {
+        use crate::plan::pre_sharded::PreShardedError as P;
+        match e {
+            P::Plan(e) => Error::Plan(e),
+            P::Headers(v) => Error::Headers(v),
+            P::Ranks(e) => Error::Ranks(e),
+            P::Mapping(e) => Error::Mapping(e),
+        }
+    }
+}
+
 impl Error {
     /// The message as printed for people: [`Display`](std::fmt::Display)'s text with every
     /// control character of the names, paths and strings in it escaped

@@ -9,13 +9,28 @@ use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, TensorInfo, WeightFile};
 
+use crate::checkpoint::HeaderError;
 use crate::dtype::{DtypeChoice, resolve_dtype};
+use crate::open::Opened;
 use crate::plan::PlanOptions;
 use crate::plan::{self, OutTensor, Piece, Plan, RankPlan, SourceTensor};
 use crate::problem::Problem;
+use crate::ranks::RankError;
 use crate::ranks::{self, RankList};
 use crate::sharded::manifest::{MANIFEST, Manifest};
-use crate::{Error, Opened};
+
+/// Why a pre-sharded folder cannot be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PreShardedError {
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    #[error("{} rank files could not be read", .0.len())]
+    Headers(Vec<HeaderError>),
+    #[error(transparent)]
+    Ranks(#[from] RankError),
+    #[error(transparent)]
+    Mapping(#[from] crate::mapping::MappingError),
+}
 
 use crate::sharded::names::{RankFiles, WrittenFor};
 
@@ -27,14 +42,14 @@ pub fn plan(
     files: &RankFiles,
     given_ranks: Option<&RankList>,
     warnings: &mut Vec<String>,
-) -> Result<Plan, Error> {
+) -> Result<Plan, PreShardedError> {
     let root = &opened.resolved.root;
     let manifest = Manifest::read(root);
     let expected = match expected_plan(opened, popts, manifest.as_ref()) {
         Ok(p) => p,
         // A --tp the model refuses may still be only a typo of the one the folder records: say
         // that first.
-        Err(Error::Plan(plan::PlanError::Invalid(refused))) => {
+        Err(PreShardedError::Plan(plan::PlanError::Invalid(refused))) => {
             let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
             problems.extend(refused);
             return Err(plan::PlanError::Invalid(problems).into());
@@ -76,7 +91,7 @@ pub fn plan(
             continue;
         };
         let names: Vec<String> = parts.iter().map(|(_, n)| n.clone()).collect();
-        let ck = Checkpoint::open(root, &names).map_err(Error::Headers)?;
+        let ck = Checkpoint::open(root, &names).map_err(PreShardedError::Headers)?;
         built
             .stamps
             .extend(ck.files.iter().map(|f| (f.name.clone(), f.stamp)));
@@ -184,7 +199,7 @@ fn expected_plan(
     opened: &Opened,
     popts: &PlanOptions,
     manifest: Option<&Manifest>,
-) -> Result<Plan, Error> {
+) -> Result<Plan, PreShardedError> {
     let mapping = crate::mapping::select(popts.mapping.as_deref(), opened.config.architecture())?;
     let empty = Checkpoint::from_files(Vec::new());
     Ok(plan::plan(
