@@ -22,6 +22,7 @@ mod fp8;
 mod fuzz;
 mod glm4_moe;
 mod gpt_oss;
+mod house;
 mod hub;
 mod inspect;
 mod io;
