@@ -80,6 +80,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// serde's default for a count that is 1 unless written (pipeline stages, repeats).
+pub fn one() -> u64 {
+    1
+}
+
+/// serde's `skip_serializing_if` for such a count: 1 is left out of the JSON.
+pub fn is_one(n: &u64) -> bool {
+    *n == 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

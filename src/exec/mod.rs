@@ -8,6 +8,7 @@ pub mod convert;
 pub mod cuda;
 pub mod device;
 pub(crate) mod hooks;
+pub mod load;
 pub mod parts;
 mod sigbus;
 pub mod storage;

@@ -145,7 +145,7 @@ pub enum Piece {
         dst_stride: u64,
         /// Source elements between consecutive elements of a row: 1 (left out of the JSON) but
         /// for a transposing copy ([`Block::src_elem_stride`]).
-        #[serde(skip_serializing_if = "is_one")]
+        #[serde(skip_serializing_if = "crate::units::is_one")]
         src_elem_stride: u64,
     },
     /// `count` elements from `dst_start` set to `value`.
@@ -263,8 +263,4 @@ impl Piece {
             Piece::Fill { .. } => None,
         }
     }
-}
-
-fn is_one(v: &u64) -> bool {
-    *v == 1
 }

@@ -23,7 +23,10 @@ pub struct Manifest {
     pub family: String,
     pub tp: u64,
     /// Pipeline stages; absent (written only when above 1) means 1.
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(
+        default = "crate::units::one",
+        skip_serializing_if = "crate::units::is_one"
+    )]
     pub pp: u64,
     pub ranks: Vec<u64>,
     pub expert_parallel: bool,
@@ -46,14 +49,6 @@ pub struct Manifest {
     /// wload 0.1.0 before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve: Option<ServeCommand>,
-}
-
-fn one() -> u64 {
-    1
-}
-
-fn is_one(n: &u64) -> bool {
-    *n == 1
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -76,7 +76,7 @@ fn blank(src: &str) -> String {
     let b = src.as_bytes();
     let mut out = b.to_vec();
     let mut i = 0;
-    let mut clear = |out: &mut Vec<u8>, from: usize, to: usize| {
+    let clear = |out: &mut Vec<u8>, from: usize, to: usize| {
         for c in &mut out[from..to.min(b.len())] {
             if *c != b'\n' {
                 *c = b' ';
