@@ -10,14 +10,18 @@ use std::path::Path;
 use crate::checkpoint::{Checkpoint, TensorInfo, WeightFile};
 
 use crate::checkpoint::HeaderError;
-use crate::dtype::{DtypeChoice, resolve_dtype};
+use crate::dtype::resolve_dtype;
 use crate::open::Opened;
 use crate::plan::PlanOptions;
 use crate::plan::{self, OutTensor, Piece, Plan, RankPlan, SourceTensor};
 use crate::problem::Problem;
 use crate::ranks::RankError;
+
+mod folder;
 use crate::ranks::{self, RankList};
 use crate::sharded::manifest::{MANIFEST, Manifest};
+use folder::disagreements;
+pub use folder::layout_problems;
 
 /// Why a pre-sharded folder cannot be planned.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +36,7 @@ pub enum PreShardedError {
     Mapping(#[from] crate::mapping::MappingError),
 }
 
-use crate::sharded::names::{RankFiles, WrittenFor};
+use crate::sharded::names::RankFiles;
 
 /// The plan for a pre-sharded folder's `files`, for the ranks this process loads; every problem
 /// vLLM would hit (or silently accept) at once.
@@ -462,172 +466,4 @@ impl Built {
             skipped: Vec::new(),
         }
     }
-}
-
-/// What a complete folder of this layout lacks: ranks without files, gaps in a rank's part
-/// numbers, files the manifest lists that are gone, and a mix of both name patterns.
-pub fn layout_problems(
-    files: &RankFiles,
-    w: &WrittenFor,
-    manifest: Option<&Manifest>,
-) -> Vec<Problem> {
-    let mut problems = Vec::new();
-    let staged = w.pp > 1 || files.keys().all(|k| k.0.is_some());
-    if files.keys().any(|k| k.0.is_some()) && files.keys().any(|k| k.0.is_none()) {
-        problems.push(Problem {
-            message: format!(
-                "the folder mixes {} and {} files: vLLM reads only one pattern, by --pipeline-parallel-size",
-                crate::sharded::names::TP_ONLY_GLOB,
-                crate::sharded::names::PP_GLOB
-            ),
-            fix: Some("remove the files of the other run".into()),
-            ..Default::default()
-        });
-    }
-    let beyond: Vec<String> = files
-        .keys()
-        .filter(|(p, t)| *t >= w.tp || p.is_some_and(|p| p >= w.pp))
-        .map(|&(p, t)| crate::sharded::names::rank_glob(p, t))
-        .collect();
-    if !beyond.is_empty() {
-        problems.push(Problem {
-            message: format!(
-                "files beyond {} (per its {}): {}",
-                w.flags(),
-                w.from,
-                beyond.join(", ")
-            ),
-            fix: Some("remove the files of the other run, or re-shard into an empty folder".into()),
-            ..Default::default()
-        });
-    }
-    let mut missing = Vec::new();
-    for rank in 0..w.tp.saturating_mul(w.pp).min(MAX_RANKS_CHECKED) {
-        let key = (staged.then_some(rank / w.tp), rank % w.tp);
-        match files.get(&key) {
-            None => missing.push(rank),
-            Some(parts) => {
-                let have: Vec<u64> = parts.iter().map(|p| p.0).collect();
-                if have.iter().enumerate().any(|(i, p)| *p != i as u64) {
-                    problems.push(Problem {
-                        message: format!(
-                            "rank {rank}: part numbers {have:?} have gaps ({})",
-                            crate::sharded::names::rank_glob(key.0, key.1)
-                        ),
-                        fix: Some("copy the missing part files".into()),
-                        ..Default::default()
-                    });
-                }
-            }
-        }
-    }
-    if !missing.is_empty() {
-        let hint = match manifest {
-            Some(m) if m.ranks.len() as u64 != w.tp.saturating_mul(w.pp) => format!(
-                " (shard wrote only ranks {:?} here, with --ranks: copy the others' files in)",
-                m.ranks
-            ),
-            _ => String::new(),
-        };
-        problems.push(Problem {
-            message: format!(
-                "no files for rank{} {} of {}{hint}",
-                if missing.len() == 1 { "" } else { "s" },
-                ranges(&missing),
-                w.flags()
-            ),
-            fix: Some("copy the missing rank files into the folder".into()),
-            ..Default::default()
-        });
-    }
-    if let Some(m) = manifest {
-        let present: BTreeSet<&str> = files
-            .values()
-            .flat_map(|v| v.iter().map(|(_, n)| n.as_str()))
-            .collect();
-        let gone: Vec<&str> = m
-            .files
-            .iter()
-            .map(|f| f.name.as_str())
-            .filter(|n| !present.contains(n))
-            .collect();
-        if !gone.is_empty() {
-            problems.push(Problem {
-                message: format!("{MANIFEST} lists files that are gone: {}", gone.join(", ")),
-                fix: Some("copy them again, or re-shard".into()),
-                ..Default::default()
-            });
-        }
-    }
-    problems
-}
-
-/// Where `--enable-expert-parallel` and an explicit `--dtype` disagree with the manifest at
-/// `at`: `model_dtype` is what the options make of the config. TP and PP are checked with the
-/// folder's files (`pre_sharded`), which name both values too.
-pub fn disagreements(
-    at: &Path,
-    m: &Manifest,
-    opts: &PlanOptions,
-    model_dtype: &str,
-) -> Vec<crate::problem::Problem> {
-    let mut problems = Vec::new();
-    if opts.expert_parallel && !m.expert_parallel {
-        problems.push(disagreement(
-            at,
-            "--enable-expert-parallel",
-            "no expert parallelism (each expert split over the ranks)",
-        ));
-    }
-    // `--dtype auto` is vLLM's own choice, converting as it does: not a disagreement.
-    if opts.dtype != DtypeChoice::Auto
-        && model_dtype != m.dtype
-        && let Some(r) = DtypeChoice::recorded(&m.dtype)
-    {
-        problems.push(disagreement(
-            at,
-            &format!("--dtype {}", opts.dtype.as_str()),
-            &format!("--dtype {}", r.as_str()),
-        ));
-    }
-    problems
-}
-
-fn disagreement(at: &Path, given: &str, recorded: &str) -> crate::problem::Problem {
-    crate::problem::Problem {
-        message: format!(
-            "{given} was given, but {} records {recorded}: the files were written for that",
-            at.display()
-        ),
-        fix: Some(format!(
-            "drop the flag (load takes it from {MANIFEST}), or re-shard the original checkpoint with {given}"
-        )),
-        file: Some(at.display().to_string()),
-        ..Default::default()
-    }
-}
-
-/// A folder whose names claim more ranks than this is not walked rank by rank (a file called
-/// `model-rank-18446744073709551615-part-0.safetensors` must not make inspect loop forever).
-const MAX_RANKS_CHECKED: u64 = 1 << 16;
-
-/// Ranks as runs: `0-3, 6, 8-9`.
-fn ranges(ids: &[u64]) -> String {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &i in ids {
-        match runs.last_mut() {
-            Some((_, end)) if end.checked_add(1) == Some(i) => *end = i,
-            _ => runs.push((i, i)),
-        }
-    }
-    runs.iter()
-        .map(|&(a, b)| {
-            if a == b {
-                a.to_string()
-            } else {
-                format!("{a}-{b}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
