@@ -90,6 +90,11 @@ pub fn is_one(n: &u64) -> bool {
     *n == 1
 }
 
+/// The plural ending for a count: `1 file`, `2 files`.
+pub fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

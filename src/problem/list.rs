@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::Problem;
-use crate::units::thousands;
+use crate::units::{plural, thousands};
 
 /// At most this many problems of one kind are printed; the rest are counted.
 pub const PROBLEMS_PER_KIND: usize = 5;
@@ -46,7 +46,7 @@ impl ProblemList<'_> {
             f,
             "{} problem{} found; vLLM would refuse this checkpoint or load it wrongly:",
             thousands(ps.len() as u64),
-            plural(ps.len())
+            plural(ps.len() as u64)
         )?;
         let kinds = problem_kinds(ps);
         let elided =
@@ -76,9 +76,9 @@ impl ProblemList<'_> {
                 f,
                 "\n  … and {} more problem{} of {} other kind{}",
                 thousands(n as u64),
-                plural(n),
+                plural(n as u64),
                 rest.len(),
-                plural(rest.len())
+                plural(rest.len() as u64)
             )?;
         }
         write!(
@@ -88,10 +88,6 @@ impl ProblemList<'_> {
             thousands(shown as u64)
         )
     }
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }
 
 /// Consecutive problems with the same fix (a wrong --tp refuses every layer's tensor for one

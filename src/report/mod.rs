@@ -13,17 +13,19 @@ mod load;
 mod plan;
 mod shard;
 mod sizes;
+mod survey;
 
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
 pub use crate::escape::{Esc, EscShell, escape};
-pub use inspect::{write_inspection, write_other_source};
+pub use inspect::write_inspection;
 pub use load::write_load;
 pub use plan::write_plan;
 pub use shard::write_shard;
 pub use sizes::write_sizes;
+pub use survey::write_other_source;
 
 /// A plain aligned table; columns marked numeric are right-aligned. Cells are escaped
 /// ([`escape`]): a name with a newline or an ESC in it stays one cell of one line.
