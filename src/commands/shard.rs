@@ -6,6 +6,7 @@ pub mod output;
 mod owned;
 mod side;
 mod space;
+mod sweep;
 
 use std::fs::{self, File};
 use std::io;
