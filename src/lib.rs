@@ -20,6 +20,7 @@ pub mod file_stamp;
 pub mod manifest;
 pub mod map;
 pub mod mapping;
+pub mod model;
 pub mod open;
 pub mod plan;
 pub mod pre_sharded;

@@ -8,12 +8,12 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::dtype::Dtype;
-use crate::quant::{Quantization, TensorRole, WeightStrategy, tensor_role};
+use crate::model::structure::{self, Structure};
+use crate::quant::Quantization;
+use crate::quant::compressed::WeightStrategy;
+use crate::quant::names::{TensorRole, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
 use crate::{Error, Opened};
-
-use super::structure;
-pub use super::structure::{Attention, Moe, QLora, Structure};
 
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -9,7 +9,8 @@ use super::params::{Param, Params};
 use super::{Planner, Problem};
 use crate::dtype::Dtype;
 use crate::mapping::{ExpertPart, QuantRole};
-use crate::quant::{Quantization, WeightStrategy};
+use crate::quant::Quantization;
+use crate::quant::compressed::WeightStrategy;
 
 /// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its
 /// post-processing reads as "not loaded".
