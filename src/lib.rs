@@ -18,6 +18,7 @@ pub mod exit;
 pub mod file_stamp;
 pub mod map;
 pub mod mapping;
+pub mod model;
 pub mod open;
 pub mod plan;
 pub mod problem;

@@ -11,12 +11,12 @@ use serde_json::Value;
 use crate::commands::error::Error;
 use crate::config::ModelConfig;
 use crate::dtype::Dtype;
+use crate::model::structure::{self, Structure};
 use crate::open::Opened;
-use crate::quant::{Quantization, TensorRole, WeightStrategy, tensor_role};
+use crate::quant::Quantization;
+use crate::quant::compressed::WeightStrategy;
+use crate::quant::names::{TensorRole, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
-
-use super::structure;
-pub use super::structure::{Attention, Moe, QLora, Structure};
 
 /// Bumped when a field changes meaning or disappears; adding fields does not bump it.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -7,4 +7,3 @@ pub mod inspect;
 pub mod load;
 pub mod plan;
 pub mod shard;
-pub mod structure;

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use crate::commands::error::Error;
-use crate::commands::structure;
+use crate::model::{rules_for, structure};
 use crate::open::{Opened, Timings};
 use crate::plan::PlanOptions;
 use crate::{map, mapping, plan};
@@ -11,7 +11,7 @@ use crate::{map, mapping, plan};
 /// Picks the mapping, maps the checkpoint's names and plans every rank.
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
     let mapping = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
-    let mapping = plan::mapping_for(&mapping, &opened.config, opts);
+    let mapping = rules_for(&mapping, &opened.config, opts.parallel());
     let mapped = map::map(&mapping, &opened.checkpoint)?;
     let p = plan::plan_mapped(&mapping, &opened.config, &mapped, opts)?;
     Ok(p)
@@ -242,7 +242,7 @@ struct Mappings<'a> {
 impl Mappings<'_> {
     /// The entry for `opts`'s rules, mapped now if no earlier layout had them.
     fn entry(&mut self, opts: &PlanOptions) -> Result<usize, Error> {
-        let m = plan::mapping_for(self.base, &self.opened.config, opts);
+        let m = rules_for(self.base, &self.opened.config, opts.parallel());
         let key = format!("{:?}", m.rules.stacked);
         if let Some(i) = self.entries.iter().position(|e| e.0 == key) {
             return Ok(i);
@@ -277,7 +277,7 @@ fn accepted(checked: &[Verdict], pp: u64, expert_parallel: bool) -> Vec<u64> {
 }
 
 /// The planner's verdict on one layout, exactly as [`make_plan`] would reach it (`mapping` is
-/// [`plan::mapping_for`] the layout, `mapped` the checkpoint mapped with it).
+/// [`rules_for`] the layout, `mapped` the checkpoint mapped with it).
 fn verdict(
     mapping: &mapping::Mapping,
     mapped: &map::Mapped,

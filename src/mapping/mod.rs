@@ -130,25 +130,6 @@ pub enum QuantRole {
     None,
 }
 
-impl Mapping {
-    /// This mapping with the name rules a quantization config adds to every model's mapper
-    /// (merged after the family's, as vLLM's `mapper |= quant_config.get_cache_scale_mapper()`)
-    /// and the suffixes it lets go unmatched.
-    pub fn with_quant_rules(&self, q: Option<&crate::quant::Quantization>) -> Mapping {
-        let mut m = self.clone();
-        if let Some(q) = q {
-            let (rules, suffixes) = q.name_rules();
-            m.rules.merge_common(rules);
-            m.rules
-                .compile()
-                .expect("the quantization rules are valid regexes (unit-tested)");
-            m.ignore_unexpected_suffixes
-                .extend(suffixes.iter().map(|s| s.to_string()));
-        }
-        m
-    }
-}
-
 impl ParamSpec {
     /// The stated role, else the default for the layout: a `.weight` of a parallel linear layout
     /// (column, row, merged_column, qkv) is a linear layer's, `experts` layouts are experts';

@@ -13,7 +13,6 @@
 //! copy understand); a *piece* is how part of a rank's tensor is filled, a copied block or a fill.
 
 mod assign;
-mod env;
 mod fed;
 pub mod layout;
 mod params;
@@ -31,10 +30,11 @@ use crate::config::ModelConfig;
 use crate::dtype::{Dtype, resolve_dtype};
 use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
+use crate::model::env::{Env, EnvProblem, Parallel};
+use crate::model::rules_for;
 use crate::problem::{Problem, Problems};
 use crate::quant::Quantization;
-use env::Env;
-pub use env::Variables;
+use crate::ranks::World;
 pub use piece_list::Pieces;
 pub use stages::{Stage, split_layers};
 pub use types::{
@@ -59,36 +59,41 @@ pub const MAX_PARAMETERS: u64 = 1 << 17;
 /// 256, Qwen3-Next 512); 65,536 plans in well under a second a layer.
 pub const MAX_EXPERTS: u64 = 1 << 16;
 
-/// Maps `ckpt`'s names with `mapping` and plans `opts.tp` ranks: [`map::map`] then
-/// [`plan_mapped`].
+/// Maps `ckpt`'s names with `mapping` and plans `opts.tp` ranks: [`rules_for`], [`map::map`],
+/// then [`plan_mapped`].
 pub fn plan(
     mapping: &Mapping,
     config: &ModelConfig,
     ckpt: &Checkpoint,
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
-    let mapping = mapping_for(mapping, config, opts);
+    let mapping = rules_for(mapping, config, opts.parallel());
     plan_mapped(&mapping, config, &map::map(&mapping, ckpt)?, opts)
 }
 
-/// `mapping`'s name rules for this model: the stacked rules whose `when` holds for `config`, and
-/// the rules its quantization adds (kv-cache scale renames). What [`map::map`] must apply before
-/// [`plan_mapped`]. A condition that cannot be evaluated keeps its rule and a scheme that does
-/// not parse adds none: the planner then reports why.
-pub fn mapping_for(mapping: &Mapping, config: &ModelConfig, opts: &PlanOptions) -> Mapping {
-    let quant = Quantization::from_config(config.quantization_config.as_ref())
-        .ok()
-        .flatten();
-    let mut m = mapping.with_quant_rules(quant.as_ref());
-    if m.rules.stacked.iter().any(|r| r.when.is_some()) {
-        let env = Env::new(mapping, config, opts, &mut Problems::default());
-        m.rules.stacked.retain(|r| {
-            r.when
-                .as_ref()
-                .is_none_or(|w| w.eval_bool(&env.scope(None)).unwrap_or(true))
-        });
+impl PlanOptions {
+    /// The layout the mapping's expressions see (`tp`, `pp`, `ep`), for [`rules_for`] and the
+    /// environment.
+    pub fn parallel(&self) -> Parallel {
+        Parallel {
+            world: World {
+                tp: self.tp,
+                pp: self.pp,
+            },
+            expert_parallel: self.expert_parallel,
+        }
     }
-    m
+}
+
+/// What the environment found (a value it cannot derive, a check that fails), as a problem.
+impl From<EnvProblem> for Problem {
+    fn from(p: EnvProblem) -> Problem {
+        Problem {
+            message: p.message,
+            fix: p.fix,
+            ..Default::default()
+        }
+    }
 }
 
 /// Builds the plan for `opts.tp` ranks from the mapped checkpoint, or every problem found.
@@ -245,9 +250,12 @@ impl<'m> Planner<'m> {
                 ..Default::default()
             });
         }
-        let env = Env::new(mapping, config, opts, &mut problems);
+        let (env, unset) = Env::new(mapping, config, opts.parallel(), opts.mapping.as_deref());
+        unset.into_iter().for_each(|p| problems.push(p.into()));
         let derived = problems.is_empty();
-        let geometry_ok = env.check(mapping, &mut problems) && derived;
+        let failed = env.check(mapping);
+        let geometry_ok = failed.is_empty() && derived;
+        failed.into_iter().for_each(|p| problems.push(p.into()));
         Ok(Planner {
             mapping,
             checkpoint,

@@ -10,7 +10,8 @@ use super::params::{Param, Params};
 use crate::dtype::Dtype;
 use crate::mapping::{ExpertPart, QuantRole};
 use crate::problem::Problem;
-use crate::quant::{Quantization, WeightStrategy};
+use crate::quant::Quantization;
+use crate::quant::compressed::WeightStrategy;
 
 /// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its
 /// post-processing reads as "not loaded".
@@ -109,19 +110,20 @@ impl<'m> Planner<'m> {
             fill: F32_MIN,
             optional: false,
         };
+        let block_scale = |name: &str, block: [u64; 2]| Extra {
+            name: format!("{module}.{name}"),
+            geometry: Geometry::BlockScale {
+                of: of.clone(),
+                block,
+            },
+            dtype: Dtype::F32,
+            fill: F32_MIN,
+            optional: false,
+        };
         let (weight_scale, static_input) = match q {
             Quantization::Fp8(f) => (
                 match f.block {
-                    Some(block) => Extra {
-                        name: format!("{module}.weight_scale_inv"),
-                        geometry: Geometry::BlockScale {
-                            of: of.clone(),
-                            block,
-                        },
-                        dtype: Dtype::F32,
-                        fill: F32_MIN,
-                        optional: false,
-                    },
+                    Some(block) => block_scale("weight_scale_inv", block),
                     None => per_tensor("weight_scale"),
                 },
                 f.static_activations,
@@ -136,16 +138,7 @@ impl<'m> Planner<'m> {
                         fill: F32_MIN,
                         optional: false,
                     },
-                    WeightStrategy::Block(block) => Extra {
-                        name: format!("{module}.weight_scale"),
-                        geometry: Geometry::BlockScale {
-                            of: of.clone(),
-                            block,
-                        },
-                        dtype: Dtype::F32,
-                        fill: F32_MIN,
-                        optional: false,
-                    },
+                    WeightStrategy::Block(block) => block_scale("weight_scale", block),
                 },
                 c.static_activations,
             ),

@@ -254,7 +254,7 @@ pub(super) fn holds(p: &Param, on: &OnStage, stage: &Stage, stages: usize) -> bo
 
 /// The environment plus `first_stage` and `last_stage`, for `pp_stage`.
 struct StageScope<'a> {
-    inner: super::env::EnvScope<'a>,
+    inner: crate::model::env::EnvScope<'a>,
     first: bool,
     last: bool,
 }

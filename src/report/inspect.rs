@@ -3,10 +3,9 @@
 use std::io::{self, Write};
 
 use super::*;
-use crate::commands::inspect::{
-    Attention, Inspection, Moe, QLora, QuantInfo, RoleTotal, Structure, TensorRow,
-};
-use crate::quant::TensorRole;
+use crate::commands::inspect::{Inspection, QuantInfo, RoleTotal, TensorRow};
+use crate::model::structure::{Attention, Moe, QLora, Structure};
+use crate::quant::names::TensorRole;
 use crate::units::plural;
 
 /// Ignored modules listed before "and N more" (all with `-v`): a real MoE checkpoint leaves

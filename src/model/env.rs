@@ -1,22 +1,38 @@
-//! Environment phase: the variables mapping expressions see — the config, the mapping's defaults
-//! where the config is silent, `tp`, `ep`, then the derived values — and the mapping's checks on
-//! them.
+//! The model's variables: what mapping expressions see — the config, the mapping's defaults
+//! where the config is silent, `tp`, `pp`, `ep`, then the derived values — and the mapping's
+//! checks on them. The planner's environment phase, and what `inspect` and `sizes` read of a
+//! model without planning it: it sits below both, and knows nothing of plans.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use serde_json::Value;
 
-use super::PlanOptions;
 use crate::config::{ConfigAlias, ModelConfig};
 use crate::mapping::Mapping;
 use crate::mapping::expr::{self, EvalError, Scope};
-use crate::problem::{Problem, Problems};
+use crate::ranks::World;
 
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
 
+/// What the expressions see of the run's layout: `tp` and `pp` (the world) and `ep`.
+#[derive(Debug, Clone, Copy)]
+pub struct Parallel {
+    pub world: World,
+    pub expert_parallel: bool,
+}
+
+/// Something wrong with the variables or the config: a derived value that cannot be computed, a
+/// mapping check that fails. The planner reports it as a problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvProblem {
+    pub message: String,
+    pub fix: Option<String>,
+}
+
 /// Variables visible to mapping expressions: derived values, then defaults-filled config, then
 /// `tp`, `ep` and (inside layers) `i`.
-pub(super) struct Env {
+pub struct Env {
     vars: HashMap<String, Value>,
     /// The config class's attribute aliases: a missing field's error names both spellings.
     aliases: &'static [ConfigAlias],
@@ -27,13 +43,16 @@ pub(super) struct Env {
 }
 
 impl Env {
-    /// Fills the variables; a derived value that cannot be computed is a problem (and stays unset).
-    pub(super) fn new(
+    /// Fills the variables; a derived value that cannot be computed is a problem (and stays
+    /// unset). `mapping_file` is the `--mapping FILE` (none: the built-in mapping), named by the
+    /// fixes of expressions that fail.
+    pub fn new(
         mapping: &Mapping,
         config: &ModelConfig,
-        opts: &PlanOptions,
-        problems: &mut Problems,
-    ) -> Env {
+        parallel: Parallel,
+        mapping_file: Option<&Path>,
+    ) -> (Env, Vec<EnvProblem>) {
+        let mut problems = Vec::new();
         let mut vars: HashMap<String, Value> = config.raw.clone().into_iter().collect();
         let given = vars.keys().cloned().collect();
         // A default stands in for a field config.json leaves out; an explicit `null` stays, as
@@ -41,10 +60,10 @@ impl Env {
         for (k, v) in &mapping.defaults {
             vars.entry(k.clone()).or_insert_with(|| v.clone());
         }
-        vars.insert("tp".into(), Value::from(opts.tp));
-        vars.insert("ep".into(), Value::Bool(opts.expert_parallel));
-        vars.insert("pp".into(), Value::from(opts.pp));
-        let mapping_file = match &opts.mapping {
+        vars.insert("tp".into(), Value::from(parallel.world.tp));
+        vars.insert("ep".into(), Value::Bool(parallel.expert_parallel));
+        vars.insert("pp".into(), Value::from(parallel.world.pp));
+        let mapping_file = match mapping_file {
             Some(path) => path.display().to_string(),
             None => format!(
                 "the built-in mapping mappings/{}.yaml (with a copy passed as --mapping FILE)",
@@ -63,47 +82,38 @@ impl Env {
                 Ok(v) => {
                     env.vars.insert(k.clone(), v);
                 }
-                Err(err) => problems.push(Problem {
+                Err(err) => problems.push(EnvProblem {
                     message: format!("cannot compute {k} = `{e}`: {err}"),
                     fix: Some(env.fix_for(&err, ADD_FIELD)),
-                    ..Default::default()
                 }),
             }
         }
-        env
+        (env, problems)
     }
 
-    /// The mapping's checks (vLLM's asserts on the config and TP size); false when one fails or
-    /// cannot be evaluated, and the geometry is then not worth checking per rank.
-    pub(super) fn check(&self, mapping: &Mapping, problems: &mut Problems) -> bool {
-        let mut ok = true;
+    /// The mapping's checks (vLLM's asserts on the config and TP size): those that fail or
+    /// cannot be evaluated. When there are any, the geometry is not worth checking per rank.
+    pub fn check(&self, mapping: &Mapping) -> Vec<EnvProblem> {
+        let mut problems = Vec::new();
         for c in &mapping.checks {
             match c.rule.eval_bool(&self.scope(None)) {
                 Ok(true) => {}
-                Ok(false) => {
-                    ok = false;
-                    problems.push(Problem {
-                        message: format!("{} (vLLM requires `{}`)", self.fill(&c.message), c.rule),
-                        fix: c.fix.as_ref().map(|f| self.fill(f)),
-                        ..Default::default()
-                    });
-                }
-                Err(err) => {
-                    ok = false;
-                    problems.push(Problem {
-                        message: format!("cannot check `{}`: {err}", c.rule),
-                        fix: Some(self.fix_for(&err, ADD_FIELD)),
-                        ..Default::default()
-                    });
-                }
+                Ok(false) => problems.push(EnvProblem {
+                    message: format!("{} (vLLM requires `{}`)", self.fill(&c.message), c.rule),
+                    fix: c.fix.as_ref().map(|f| self.fill(f)),
+                }),
+                Err(err) => problems.push(EnvProblem {
+                    message: format!("cannot check `{}`: {err}", c.rule),
+                    fix: Some(self.fix_for(&err, ADD_FIELD)),
+                }),
             }
         }
-        ok
+        problems
     }
 
     /// The fix for an expression that failed with `err`: for a variable nothing defines, whether
     /// it looks like a typo in the mapping file; else `otherwise`.
-    pub(super) fn fix_for(&self, err: &EvalError, otherwise: &str) -> String {
+    pub fn fix_for(&self, err: &EvalError, otherwise: &str) -> String {
         match err.missing_variable() {
             Some(name) => {
                 let known = self.vars.keys().map(String::as_str).chain(["i"]);
@@ -114,12 +124,12 @@ impl Env {
     }
 
     /// The variables, plus `i` inside layer `i`.
-    pub(super) fn scope(&self, i: Option<u64>) -> EnvScope<'_> {
+    pub fn scope(&self, i: Option<u64>) -> EnvScope<'_> {
         EnvScope { env: self, i }
     }
 
     /// Whether `name` is the boolean `true`.
-    pub(super) fn is_true(&self, name: &str) -> bool {
+    pub fn is_true(&self, name: &str) -> bool {
         self.vars.get(name) == Some(&Value::Bool(true))
     }
 
@@ -146,7 +156,7 @@ impl Env {
 }
 
 /// What an expression sees: the environment, and `i` inside layer `i`.
-pub(super) struct EnvScope<'a> {
+pub struct EnvScope<'a> {
     env: &'a Env,
     i: Option<u64>,
 }
@@ -182,7 +192,7 @@ impl Variables {
     pub fn new(
         mapping: Option<&Mapping>,
         config: &ModelConfig,
-        mapping_file: Option<&std::path::Path>,
+        mapping_file: Option<&Path>,
     ) -> Variables {
         let Some(mapping) = mapping else {
             let vars: HashMap<String, Value> = config.raw.clone().into_iter().collect();
@@ -196,17 +206,12 @@ impl Variables {
                 derived: Default::default(),
             };
         };
-        let opts = PlanOptions {
-            tp: 1,
-            pp: 1,
-            pp_partition: None,
+        let parallel = Parallel {
+            world: World::tp(1),
             expert_parallel: false,
-            dtype: crate::dtype::DtypeChoice::Auto,
-            mapping: mapping_file.map(std::path::Path::to_path_buf),
-            shapes_only: true,
         };
         Variables {
-            env: Env::new(mapping, config, &opts, &mut Problems::default()),
+            env: Env::new(mapping, config, parallel, mapping_file).0,
             derived: mapping.derive.keys().cloned().collect(),
         }
     }

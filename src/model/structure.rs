@@ -2,7 +2,7 @@
 //! attention (and MLA's ranks), the experts, which layers are dense, the router, the MTP layers.
 //!
 //! Derived from the mapping `plan` would use (mappings/*.yaml, or `--mapping FILE`), evaluated
-//! over the config as the planner evaluates it (`plan::Variables`: defaults, derived values), so
+//! over the config as the planner evaluates it (`model::env::Variables`: defaults, derived values), so
 //! that a family's facts live in its YAML only and what `inspect` says is what `plan` builds:
 //! the MoE layers are those where the mapping builds a fused-experts parameter, the expert count
 //! and width are that layout's, shared experts, the router's correction bias and bias are the
@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::mapping::{Expr, Layout, Mapping, ParamSpec};
-use crate::plan::Variables;
+use crate::model::env::Variables;
 
 #[derive(Debug, Serialize)]
 pub struct Structure {

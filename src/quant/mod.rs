@@ -1,0 +1,276 @@
+//! Quantized checkpoints: what `quantization_config` says, in the terms vLLM 0.33 acts on
+//! (`layers/quantization/fp8.py` `Fp8Config`, `compressed_tensors/compressed_tensors.py`), which
+//! modules it leaves unquantized, and the checkpoint-name rules its config adds to every model's
+//! mapper. The parameters each scheme creates are the planner's (`plan/quant.rs`).
+//!
+//! Supported: `quant_method: fp8` (per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8 style) and
+//! `compressed-tensors` with 8-bit float weights (per-tensor, per-channel, block). Everything else
+//! is refused with its name before anything is planned: writing it as unquantized would be wrong.
+//!
+//! One file per method: its config read as vLLM reads it, and its ignore list (`fp8.rs`,
+//! `compressed.rs`); the name rules every method adds to the mapping, and what a tensor is for
+//! (`names.rs`). This file dispatches on the method and holds the config helpers they share.
+
+pub mod compressed;
+pub mod fp8;
+pub mod names;
+
+use serde_json::Value;
+
+use compressed::{CompressedFp8, WeightStrategy};
+use fp8::Fp8;
+
+/// A quantization scheme wload writes the pre-processing state of.
+#[derive(Debug, Clone)]
+pub enum Quantization {
+    /// `quant_method: fp8` (`Fp8Config`).
+    Fp8(Fp8),
+    /// `quant_method: compressed-tensors`, `format: float-quantized`, FP8 weights
+    /// (`CompressedTensorsW8A8Fp8`).
+    CompressedFp8(CompressedFp8),
+}
+
+/// Why a `quantization_config` is refused, and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct QuantError {
+    pub message: String,
+    pub fix: String,
+}
+
+fn refuse(message: String, fix: &str) -> QuantError {
+    QuantError {
+        message,
+        fix: fix.to_string(),
+    }
+}
+
+const USE_UNQUANTIZED: &str = "use the unquantized (bf16) checkpoint, or an FP8 one (`quant_method: fp8` or compressed-tensors float-quantized)";
+
+impl Quantization {
+    /// The scheme `quantization_config` describes; `None` for an unquantized checkpoint.
+    pub fn from_config(qc: Option<&Value>) -> Result<Option<Quantization>, QuantError> {
+        let Some(qc) = qc else { return Ok(None) };
+        match normalized_method(qc).as_str() {
+            "fp8" => Fp8::parse(qc).map(|q| Some(Quantization::Fp8(q))),
+            "compressed-tensors" => {
+                CompressedFp8::parse(qc).map(|q| Some(Quantization::CompressedFp8(q)))
+            }
+            "" => Err(refuse(
+                "config.json has a quantization_config without a quant_method".into(),
+                "add quant_method to quantization_config, or remove it for an unquantized checkpoint",
+            )),
+            other => Err(refuse(
+                format!(
+                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes unquantized, fp8 and compressed-tensors FP8 checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong"
+                ),
+                USE_UNQUANTIZED,
+            )),
+        }
+    }
+
+    /// `fp8` or `compressed-tensors`, as `quant_method` says.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Quantization::Fp8(_) => "fp8",
+            Quantization::CompressedFp8(_) => "compressed-tensors",
+        }
+    }
+
+    /// One line for reports: method, scheme, block, activations, ignored modules.
+    pub fn describe(&self) -> String {
+        let (scheme, act, ignored) = match self {
+            Quantization::Fp8(q) => (
+                match q.block {
+                    Some([n, k]) => format!("FP8 block {n}×{k} (weight_scale_inv)"),
+                    None => "FP8 per-tensor (weight_scale)".to_string(),
+                },
+                q.static_activations,
+                q.ignored.len(),
+            ),
+            Quantization::CompressedFp8(q) => (
+                match q.weights {
+                    WeightStrategy::Tensor => "FP8 per-tensor weights".to_string(),
+                    WeightStrategy::Channel => "FP8 per-channel weights".to_string(),
+                    WeightStrategy::Block([n, k]) => format!("FP8 block {n}×{k} weights"),
+                },
+                q.static_activations,
+                q.ignore.len(),
+            ),
+        };
+        let act = if act {
+            "static activation scales"
+        } else {
+            "dynamic activations"
+        };
+        format!(
+            "{}: {scheme}, {act}, {ignored} module pattern(s) left unquantized",
+            self.method()
+        )
+    }
+
+    /// Whether the linear layer `module` (vLLM's name, e.g. `model.layers.0.self_attn.qkv_proj`)
+    /// is quantized. `shards` are the checkpoint names of a fused layer's parts (`q_proj`, …):
+    /// vLLM matches those, and all must agree (`is_layer_skipped`).
+    /// `Err` holds the message and the fix.
+    pub fn linear_quantized(
+        &self,
+        module: &str,
+        shards: &[String],
+    ) -> Result<bool, (String, &'static str)> {
+        let ignored = |name: &str| self.ignores(name);
+        if shards.is_empty() || ignored(module)? {
+            return Ok(!ignored(module)?);
+        }
+        let proj = module.rsplit('.').next().unwrap_or(module);
+        let skipped: Vec<bool> = shards
+            .iter()
+            .map(|s| ignored(&module.replace(proj, s)))
+            .collect::<Result<_, _>>()?;
+        if skipped.iter().any(|&s| s != skipped[0]) {
+            return Err((
+                format!(
+                    "Detected some but not all shards of {module} are quantized. All shards of fused layers to have the same precision."
+                ),
+                "list every part of the fused layer in the quantization config's ignore list, or none",
+            ));
+        }
+        Ok(!skipped[0])
+    }
+
+    /// Whether the experts module `module` (`model.layers.1.mlp.experts`) is quantized: vLLM
+    /// skips it when an ignored name containing "experts" contains it.
+    pub fn experts_quantized(&self, module: &str) -> bool {
+        match self {
+            Quantization::Fp8(q) => !q
+                .ignored
+                .iter()
+                .any(|l| l.contains("experts") && l.contains(module)),
+            // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
+            Quantization::CompressedFp8(_) => !self.ignores(module).unwrap_or(true),
+        }
+    }
+
+    /// Whether `name` is left unquantized; `Err` when an `ignore` pattern cannot decide within
+    /// [`compressed::IGNORE_BACKTRACK_LIMIT`] (then neither answer would be safe to write).
+    fn ignores(&self, name: &str) -> Result<bool, (String, &'static str)> {
+        match self {
+            Quantization::Fp8(q) => Ok(q.ignores(name)),
+            Quantization::CompressedFp8(q) => q.ignores(name),
+        }
+    }
+}
+
+/// `v[k]`, or `null`.
+fn field(v: &Value, k: &str) -> Value {
+    v.get(k).cloned().unwrap_or(Value::Null)
+}
+
+/// `quant_method` as vLLM normalises it (`_normalize_quantization_config`,
+/// model_arch_config_convertor.py:241–283): ModelOpt configs named by their producer, lower
+/// case, `compressed_tensors` spelled `compressed-tensors`.
+fn normalized_method(qc: &Value) -> String {
+    let modelopt = qc.pointer("/producer/name").and_then(Value::as_str) == Some("modelopt")
+        || qc.pointer("/quantization/modelopt_quant_config").is_some();
+    if modelopt {
+        return "modelopt".into();
+    }
+    qc.get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_lowercase()
+        .replace("compressed_tensors", "compressed-tensors")
+}
+
+fn block_size(v: &Value, key: &str) -> Result<[u64; 2], QuantError> {
+    let dims: Option<Vec<u64>> = v
+        .as_array()
+        .map(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>())
+        .unwrap_or(None);
+    match dims.as_deref() {
+        Some(&[n, k]) if n > 0 && k > 0 => Ok([n, k]),
+        Some(d) if d.len() != 2 => Err(refuse(
+            format!(
+                "The quantization block size of weight must have 2 dimensions, but got {} dimensions ({key})",
+                d.len()
+            ),
+            "quantization_config is malformed",
+        )),
+        _ => Err(refuse(
+            format!("quantization_config.{key} must be two positive integers, got {v}"),
+            "quantization_config is malformed",
+        )),
+    }
+}
+
+fn string_list(v: &Value, key: &str) -> Result<Vec<String>, QuantError> {
+    v.as_array()
+        .and_then(|a| {
+            a.iter()
+                .map(|s| s.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+        })
+        .ok_or_else(|| {
+            refuse(
+                format!("quantization_config.{key} must be a list of strings, got {v}"),
+                "quantization_config is malformed",
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn q(v: Value) -> Result<Option<Quantization>, QuantError> {
+        Quantization::from_config(Some(&v))
+    }
+
+    #[test]
+    fn a_fused_layer_with_some_shards_ignored_is_refused_as_vllm_does() {
+        let got = q(
+            json!({"quant_method": "fp8", "activation_scheme": "dynamic",
+            "ignored_layers": ["model.layers.0.self_attn.q_proj"]}),
+        )
+        .unwrap()
+        .unwrap();
+        let shards = ["q_proj", "k_proj", "v_proj"].map(String::from);
+        let err = got
+            .linear_quantized("model.layers.0.self_attn.qkv_proj", &shards)
+            .unwrap_err();
+        assert!(err.0.contains("not all shards"), "{err:?}");
+    }
+    #[test]
+    fn unsupported_methods_and_schemes_are_named() {
+        for (cfg, needle) in [
+            (
+                json!({"quant_method": "gptq", "bits": 4}),
+                "\"gptq\" is not supported",
+            ),
+            (json!({"quant_method": "awq"}), "\"awq\" is not supported"),
+            (
+                json!({"quant_method": "mxfp4"}),
+                "\"mxfp4\" is not supported",
+            ),
+            (json!({"quant_method": "fp8"}), "no activation_scheme"),
+            (
+                json!({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}),
+                "only supports dynamic activation scheme",
+            ),
+            (
+                json!({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}),
+                "\"pack-quantized\" is not supported",
+            ),
+            (
+                json!({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {
+                    "targets": ["Linear"], "weights": {"type": "float", "num_bits": 4, "strategy": "tensor_group"},
+                    "input_activations": {"type": "float", "num_bits": 4, "dynamic": "local"}}}}),
+                "with 4 bits are not supported",
+            ),
+        ] {
+            let err = q(cfg).unwrap_err();
+            assert!(err.message.contains(needle), "{}", err.message);
+        }
+    }
+}
