@@ -2,6 +2,7 @@
 //! temporary sibling folder and renamed into place only when complete (and verified).
 
 mod error;
+mod mounts;
 pub mod output;
 mod owned;
 mod side;
