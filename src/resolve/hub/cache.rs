@@ -102,7 +102,7 @@ pub(super) fn saved_listing(
     if saved.commit != commit {
         return Err(bad(format!(
             "it is the list of commit '{}'",
-            super::http::shown(&saved.commit)
+            super::url::shown(&saved.commit)
         )));
     }
     Ok(Some(saved.files))

@@ -106,7 +106,7 @@ pub enum HubError {
     },
     #[error(
         "{path}: holds '{content}', not a commit hash (40 hexadecimal digits, what huggingface_hub writes there); refusing to follow it: remove the file (the next online run writes it again){why}",
-        content = super::http::shown(content)
+        content = super::url::shown(content)
     )]
     BadRef {
         path: PathBuf,
@@ -173,7 +173,7 @@ pub struct Stalled {
 #[derive(Debug, thiserror::Error)]
 #[error(
     "{repo}: {endpoint} redirected {what} to '{location}', which wload does not follow: {why}",
-    location = super::http::shown(location)
+    location = super::url::shown(location)
 )]
 pub struct Redirected {
     pub(super) repo: String,

@@ -34,6 +34,7 @@ mod env;
 mod error;
 mod http;
 mod progress;
+mod url;
 
 use std::path::{Path, PathBuf};
 
@@ -280,7 +281,7 @@ fn repo_info(req: &HubRequest) -> Result<State, HubError> {
         return Err(HubError::BadListing {
             repo: req.repo.to_string(),
             endpoint: req.env.endpoint.clone(),
-            message: format!("it names no commit (sha '{}')", http::shown(&info.sha)),
+            message: format!("it names no commit (sha '{}')", url::shown(&info.sha)),
         });
     }
     // Names become paths under the snapshot: anything that could lead out of it is ignored.
