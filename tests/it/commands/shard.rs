@@ -522,7 +522,7 @@ fn permissions_are_bypassed(dir: &Path) -> bool {
 fn unwritable_target_fails_cleanly() {
     let work = TempDir::new().unwrap();
 
-    // A regular file where a parent folder should be (tests/it/out_safety.rs has more): a usage
+    // A regular file where a parent folder should be (tests/it/safety/out_safety.rs has more): a usage
     // error, found before any work.
     let file = work.path().join("a-file");
     fs::write(&file, b"not a folder").unwrap();
@@ -612,7 +612,7 @@ impl Drop for Mounted {
 }
 
 /// A disk too small: exit 1, refused by the free-space check before anything is written, nothing
-/// left on the small filesystem (a disk filling up mid-run: tests/it/out_safety.rs).
+/// left on the small filesystem (a disk filling up mid-run: tests/it/safety/out_safety.rs).
 #[test]
 fn full_disk_fails_cleanly() {
     let work = TempDir::new().unwrap();

@@ -1,5 +1,5 @@
 //! Hostile hub answers, seeded: each input is one `wload inspect` of the llama_gqa repo against
-//! the fake hub of `tests/it/hub.rs`, with some of its answers replaced: the file list (status,
+//! the fake hub of `tests/it/formats/hub.rs`, with some of its answers replaced: the file list (status,
 //! mutated JSON, hostile commits and names, too many entries, cut short), one file's metadata
 //! (missing or hostile ETag, X-Repo-Commit, X-Linked-Size, X-Linked-Etag, redirects) and one
 //! file's transfer (status, Content-Range, Content-Length, Content-Encoding, bodies cut short or
@@ -19,7 +19,7 @@ use fastrand::Rng;
 use tempfile::TempDir;
 
 use super::{TOKENS, fuzz, mutate_bytes};
-use crate::hub::{
+use crate::formats::hub::{
     Hook, Hub, REPO, Reply, SHA, Seen, files_under, llama_repo, one_repo, raw, repo_dir,
     resolved_file, run_bounded,
 };

@@ -240,7 +240,7 @@ fn missing_source_is_a_usage_error() {
 }
 
 /// The test hooks (WLOAD_TEST_* variables) reach the binary these tests run (the crate's
-/// dev-dependency on itself enables `test-hooks`; tests/it/shard.rs proves the flip hook works) but
+/// dev-dependency on itself enables `test-hooks`; tests/it/commands/shard.rs proves the flip hook works) but
 /// no normal build: `cargo build`, `cargo build --release` and `cargo install` resolve the crate
 /// without the feature.
 #[test]
