@@ -11,14 +11,17 @@
 //! The modules are grouped by what they test: `commands` (one module per subcommand, the CLI and
 //! the JSON documents), `families` (model families and their mappings), `formats` (quantized
 //! tensors, pipeline parallelism, hub sources, safetensors, I/O) and `safety` (refusals, writes
-//! outside OUT, changing sources, terminal escaping, fuzzing).
+//! outside OUT, changing sources, terminal escaping, fuzzing); `golden` has one module per golden
+//! case, its checks' bodies living with their subcommand.
 //!
 //! Run one area with `cargo test --test it -- <area>::` (for example `cargo test --test it --
-//! safety::` or `cargo test --test it -- commands::shard::`).
+//! safety::` or `cargo test --test it -- commands::shard::`), one golden
+//! case with `cargo test --test it -- golden::llama_gqa_tp2`.
 
 mod support;
 
 mod commands;
 mod families;
 mod formats;
+mod golden;
 mod safety;

@@ -7,8 +7,6 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Output, Stdio};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -215,64 +213,39 @@ fn golden_failures(
     fails
 }
 
-/// Runs `each` over every golden case on a few threads and collects the differences from vLLM.
-fn golden_failures_all(
-    each: impl Fn(usize, &GoldenCase, &Path) -> Vec<String> + Sync,
-) -> (usize, Vec<String>) {
-    let cases = golden_cases();
-    assert!(cases.len() >= 10, "golden cases found: {}", cases.len());
+/// Golden case `case`: the same part files as vLLM, each byte-identical, plus the side files
+/// (run as `golden::<case>::shard`).
+pub(crate) fn golden_case_is_byte_identical(case: &GoldenCase) {
     let work = TempDir::new().unwrap();
-    let next = AtomicUsize::new(0);
-    let failures = Mutex::new(Vec::new());
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
-    std::thread::scope(|sc| {
-        for _ in 0..workers {
-            sc.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(case) = cases.get(i) else { break };
-                    let f = each(i, case, work.path());
-                    failures.lock().unwrap().extend(f);
-                }
-            });
-        }
-    });
-    (cases.len(), failures.into_inner().unwrap())
-}
-
-/// Every golden case: the same part files as vLLM, each byte-identical, plus the side files.
-#[test]
-fn golden_cases_are_byte_identical_to_vllm() {
-    let (n, failures) = golden_failures_all(|_, case, work| golden_failures(case, work, &[], &[]));
+    let failures = golden_failures(case, work.path(), &[], &[]);
     assert!(
         failures.is_empty(),
-        "{} differences from vLLM over {n} golden cases:\n{}",
+        "{} differences from vLLM:\n{}",
         failures.len(),
         failures.join("\n")
     );
 }
 
-/// The golden cases again with the engine reading a few bytes at a time (test builds only:
-/// `WLOAD_TEST_CHUNK_BYTES`), so that every tensor, slice and conversion of the fixtures crosses
-/// chunk boundaries; every other case copies through memory instead of `copy_file_range`, and
-/// `--verify` reads it all back in the same small chunks.
-#[test]
-fn golden_cases_are_byte_identical_with_tiny_chunks() {
+/// Golden case `case` (the `i`-th of the list) again with the engine reading a few bytes at a
+/// time (test builds only: `WLOAD_TEST_CHUNK_BYTES`), so that every tensor, slice and conversion
+/// of the fixtures crosses chunk boundaries; every other case copies through memory instead of
+/// `copy_file_range`, and `--verify` reads it all back in the same small chunks (run as
+/// `golden::<case>::shard_tiny_chunks`).
+pub(crate) fn golden_case_is_byte_identical_with_tiny_chunks(i: usize, case: &GoldenCase) {
     // Not multiples of each other or of the fixtures' row sizes; 6 bytes splits f32 elements.
     const CHUNKS: [u64; 4] = [6, 100, 1000, 4100];
-    let (n, failures) = golden_failures_all(|i, case, work| {
-        let mut env = vec![(
-            "WLOAD_TEST_CHUNK_BYTES",
-            CHUNKS[i % CHUNKS.len()].to_string(),
-        )];
-        if i % 2 == 1 {
-            env.push(("WLOAD_NO_COPY_FILE_RANGE", "1".to_string()));
-        }
-        golden_failures(case, work, &["--verify"], &env)
-    });
+    let mut env = vec![(
+        "WLOAD_TEST_CHUNK_BYTES",
+        CHUNKS[i % CHUNKS.len()].to_string(),
+    )];
+    if i % 2 == 1 {
+        env.push(("WLOAD_NO_COPY_FILE_RANGE", "1".to_string()));
+    }
+    let work = TempDir::new().unwrap();
+    let failures = golden_failures(case, work.path(), &["--verify"], &env);
     assert!(
         failures.is_empty(),
-        "{} differences from vLLM over {n} golden cases with tiny chunks:\n{}",
+        "{} differences from vLLM with tiny chunks:\n{}",
         failures.len(),
         failures.join("\n")
     );

@@ -1,56 +1,34 @@
-//! Golden cases load exactly what vLLM held (planned, pre-sharded, tiny chunks, stub GPU); dry runs pass.
+//! Golden cases load exactly what vLLM held (planned, pre-sharded, tiny chunks, stub GPU), dry
+//! runs pass (one test per case: tests/it/golden.rs), and vLLM's folders with a different dtype or EP.
 
 use super::*;
 
-// ---------------------------------------------------------------------------------------------
-// 1–3. Golden cases
-// ---------------------------------------------------------------------------------------------
-
-/// The golden cases grouped by the fixture command they share: a `__maxsize_` case differs from its
-/// base case only in part boundaries, which `load` does not see.
-fn fixture_groups() -> Vec<Vec<GoldenCase>> {
-    let mut groups: BTreeMap<(PathBuf, u64, Vec<String>), Vec<GoldenCase>> = BTreeMap::new();
-    for c in golden_cases() {
-        groups
-            .entry((c.fixture.clone(), c.tp, c.flags.clone()))
-            .or_default()
-            .push(c);
-    }
-    groups.into_values().collect()
-}
-
-/// Planned on the fly from the fixture: per rank, the tensors and their bytes are vLLM's.
-#[test]
-fn fixtures_load_exactly_what_vllm_held() {
-    load_fixtures(|_| (cpu(), Vec::new()));
+/// Golden case `case` planned on the fly from its fixture: per rank, the tensors and their bytes
+/// are vLLM's (`golden::<case>::load`).
+pub(crate) fn fixture_loads_exactly_what_vllm_held(case: &GoldenCase) {
+    load_fixture(case, &cpu(), &[]);
 }
 
 /// The same with the engine reading a few bytes at a time (test builds only:
 /// `WLOAD_TEST_CHUNK_BYTES`), so that every slice and conversion crosses chunk boundaries on its
-/// way into host memory.
-#[test]
-fn fixtures_load_exactly_what_vllm_held_with_tiny_chunks() {
+/// way into host memory; `i` is the case's place in the list (`golden::<case>::load_tiny_chunks`).
+pub(crate) fn fixture_loads_exactly_what_vllm_held_with_tiny_chunks(i: usize, case: &GoldenCase) {
     // Not multiples of each other or of the fixtures' row sizes; 6 bytes splits f32 elements.
     const CHUNKS: [u64; 4] = [6, 100, 1000, 4100];
-    load_fixtures(|i| {
-        (
-            cpu(),
-            vec![(
-                "WLOAD_TEST_CHUNK_BYTES",
-                CHUNKS[i % CHUNKS.len()].to_string(),
-            )],
-        )
-    });
+    let chunk = CHUNKS[i % CHUNKS.len()].to_string();
+    load_fixture(case, &cpu(), &[("WLOAD_TEST_CHUNK_BYTES", chunk)]);
 }
 
-/// Every golden fixture group through the CUDA path, on the stub GPU (see [`STUB_C`]): staged
-/// through small pinned slots reused many times, with copies that land only when waited for,
-/// read buffered, direct and mapped; `--check` copies every tensor back, and each rank must be
-/// vLLM's.
-#[test]
-fn fixtures_load_exactly_what_vllm_held_through_the_stub_gpu() {
-    let Some((_dir, lp)) = stub_driver("fixtures_load_exactly_what_vllm_held_through_the_stub_gpu")
-    else {
+/// Golden case `case` (the `i`-th of the list) through the CUDA path, on the stub GPU (see
+/// [`STUB_C`](super::cuda)): staged through small pinned slots reused many times, with copies
+/// that land only when waited for, read buffered, direct and mapped; `--check` copies every
+/// tensor back, and each rank must be vLLM's (`golden::<case>::load_stub_gpu`).
+pub(crate) fn fixture_loads_exactly_what_vllm_held_through_the_stub_gpu(
+    i: usize,
+    case: &GoldenCase,
+) {
+    let test = format!("golden::{}::load_stub_gpu", case.name.replace('/', "_"));
+    let Some((_dir, lp)) = stub_driver(&test) else {
         return;
     };
     // (io, engine chunk, slot): chunks and slots not multiples of each other or of rows.
@@ -60,99 +38,69 @@ fn fixtures_load_exactly_what_vllm_held_through_the_stub_gpu() {
         ("mmap", 4100, 1000),
         ("auto", 100, 300),
     ];
-    load_fixtures(|i| {
-        let (io, chunk, slot) = WAYS[i % WAYS.len()];
-        (
-            ["--device", "cuda", "--check", "--io", io]
-                .map(String::from)
-                .to_vec(),
-            vec![
-                ("LD_LIBRARY_PATH", lp.clone()),
-                ("STUB_CU_INIT", "0".into()),
-                ("STUB_GPUS", "16".into()),
-                ("STUB_CTX", "ok".into()),
-                ("WLOAD_TEST_CHUNK_BYTES", chunk.to_string()),
-                ("WLOAD_TEST_SLOT_BYTES", slot.to_string()),
-            ],
-        )
-    });
-}
-
-/// Loads every golden fixture group with the arguments and variables `way(group index)` gives
-/// (the device among them) and compares each rank with vLLM's.
-#[allow(clippy::type_complexity)]
-fn load_fixtures(way: impl Fn(usize) -> (Vec<String>, Vec<(&'static str, String)>) + Sync) {
-    let groups: Vec<(usize, Vec<GoldenCase>)> = fixture_groups().into_iter().enumerate().collect();
-    assert!(
-        groups.len() >= 10,
-        "golden case groups found: {}",
-        groups.len()
+    let (io, chunk, slot) = WAYS[i % WAYS.len()];
+    load_fixture(
+        case,
+        &["--device", "cuda", "--check", "--io", io].map(String::from),
+        &[
+            ("LD_LIBRARY_PATH", lp.clone()),
+            ("STUB_CU_INIT", "0".into()),
+            ("STUB_GPUS", "16".into()),
+            ("STUB_CTX", "ok".into()),
+            ("WLOAD_TEST_CHUNK_BYTES", chunk.to_string()),
+            ("WLOAD_TEST_SLOT_BYTES", slot.to_string()),
+        ],
     );
-    let failures = par_flat_map(&groups, |(i, group)| {
-        let case = &group[0];
-        let tp = case.tp.to_string();
-        let (extra, env) = way(*i);
-        let mut args = vec![s(&case.fixture), "--tp", &tp, "--checksums", "--json"];
-        args.extend(extra.iter().map(String::as_str));
-        args.extend(flags(case));
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        match try_json(&args, &env) {
-            Err(e) => vec![format!("{}: {e}", case.name)],
-            Ok(report) => {
-                let mut f: Vec<String> = group
-                    .iter()
-                    .flat_map(|c| compare(&c.name, c, &report, &tp_ranks(c)))
-                    .collect();
-                if report["kind"] != "checkpoint" {
-                    f.push(format!(
-                        "{}: kind {} (expected checkpoint)",
-                        case.name, report["kind"]
-                    ));
-                }
-                if report["dry_run"] != false {
-                    f.push(format!("{}: dry_run {}", case.name, report["dry_run"]));
-                }
-                f
-            }
-        }
-    });
-    assert_none("loading the fixtures", &failures);
 }
 
-/// vLLM's own output folders (config.json, no wload.json) load as pre-sharded sources, unchanged.
-#[test]
-fn vllm_folders_load_as_pre_sharded() {
-    let cases = golden_cases();
-    let failures = par_flat_map(&cases, |case| {
-        let tp = case.tp.to_string();
-        let mut args = vec![
-            s(&case.dir),
-            "--tp",
-            &tp,
-            "--device",
-            "cpu",
-            "--checksums",
-            "--json",
-        ];
-        args.extend(flags(case));
-        match try_json(&args, &[]) {
-            Err(e) => vec![format!("{}: {e}", case.name)],
-            Ok(report) => {
-                let mut f = compare(&case.name, case, &report, &tp_ranks(case));
-                if report["kind"] != "pre-sharded" {
-                    f.push(format!(
-                        "{}: kind {} (expected pre-sharded)",
-                        case.name, report["kind"]
-                    ));
-                }
-                if report["warnings"].as_array().is_none_or(|w| !w.is_empty()) {
-                    f.push(format!("{}: warnings {}", case.name, report["warnings"]));
-                }
-                f
-            }
-        }
-    });
-    assert_none("loading vLLM's folders", &failures);
+/// Loads the fixture of `case` with `extra` arguments (the device among them) and `env`, and
+/// compares each rank with vLLM's.
+fn load_fixture(case: &GoldenCase, extra: &[String], env: &[(&str, String)]) {
+    let tp = case.tp.to_string();
+    let mut args = vec![s(&case.fixture), "--tp", &tp, "--checksums", "--json"];
+    args.extend(extra.iter().map(String::as_str));
+    args.extend(flags(case));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let report = json_ok(&args, &env);
+    let mut f = compare(&case.name, case, &report, &tp_ranks(case));
+    if report["kind"] != "checkpoint" {
+        f.push(format!(
+            "{}: kind {} (expected checkpoint)",
+            case.name, report["kind"]
+        ));
+    }
+    if report["dry_run"] != false {
+        f.push(format!("{}: dry_run {}", case.name, report["dry_run"]));
+    }
+    assert_none("loading the fixture", &f);
+}
+
+/// vLLM's own output folder of `case` (config.json, no wload.json) loads as a pre-sharded source,
+/// unchanged (`golden::<case>::load_pre_sharded`).
+pub(crate) fn vllm_folder_loads_as_pre_sharded(case: &GoldenCase) {
+    let tp = case.tp.to_string();
+    let mut args = vec![
+        s(&case.dir),
+        "--tp",
+        &tp,
+        "--device",
+        "cpu",
+        "--checksums",
+        "--json",
+    ];
+    args.extend(flags(case));
+    let report = json_ok(&args, &[]);
+    let mut f = compare(&case.name, case, &report, &tp_ranks(case));
+    if report["kind"] != "pre-sharded" {
+        f.push(format!(
+            "{}: kind {} (expected pre-sharded)",
+            case.name, report["kind"]
+        ));
+    }
+    if report["warnings"].as_array().is_none_or(|w| !w.is_empty()) {
+        f.push(format!("{}: warnings {}", case.name, report["warnings"]));
+    }
+    assert_none("loading vLLM's folder", &f);
 }
 
 /// `llama_gqa__dtype_float16` loaded without `--dtype float16`: the files are F16 where vLLM's
@@ -258,47 +206,23 @@ fn expert_parallel_folder_without_the_flag_is_refused() {
     );
 }
 
-/// `--dry-run` passes for every good case, from the fixture and from vLLM's folder, and so does
-/// `--dry-run --read`, whose hashes are the files' own. `--read` hashes the files the plan reads,
-/// which for a fixture are all of them whatever the TP: it runs once per fixture folder.
-#[test]
-fn dry_runs_pass_for_every_good_case() {
-    // (label, source, (tp, world size), flags, with --read too)
-    type Job = (String, PathBuf, (u64, u64), Vec<String>, bool);
-    let mut jobs: Vec<Job> = Vec::new();
-    let mut fixtures_read = BTreeSet::new();
-    for g in fixture_groups() {
-        let c = &g[0];
-        let read = fixtures_read.insert(c.fixture.clone());
-        jobs.push((
-            format!("{} (fixture)", c.name),
-            c.fixture.clone(),
-            (c.tp, c.world_size()),
-            c.flags.clone(),
-            read,
-        ));
-    }
-    for c in golden_cases() {
-        jobs.push((
-            format!("{} (vllm)", c.name),
-            c.dir.clone(),
-            (c.tp, c.world_size()),
-            c.flags.clone(),
-            true,
-        ));
-    }
-    let failures = par_flat_map(&jobs, |(label, dir, (tp, world), flags, with_read)| {
-        let tp_s = tp.to_string();
-        let mut f = Vec::new();
+/// `--dry-run` passes for golden case `case`, from the fixture and from vLLM's folder, and so
+/// does `--dry-run --read`, whose hashes are the files' own (`golden::<case>::dry_run`).
+pub(crate) fn dry_runs_pass(case: &GoldenCase) {
+    let world = case.world_size();
+    let tp = case.tp.to_string();
+    let mut f = Vec::new();
+    for (label, dir) in [("fixture", &case.fixture), ("vllm", &case.dir)] {
         for read in [false, true] {
-            if read && !with_read {
-                continue;
-            }
-            let label = format!("{label}{}", if read { " --read" } else { "" });
+            let label = format!(
+                "{} ({label}){}",
+                case.name,
+                if read { " --read" } else { "" }
+            );
             let mut args = vec![
                 s(dir),
                 "--tp",
-                &tp_s,
+                &tp,
                 "--device",
                 "cpu",
                 "--dry-run",
@@ -307,11 +231,11 @@ fn dry_runs_pass_for_every_good_case() {
             if read {
                 args.push("--read");
             }
-            args.extend(flags.iter().map(String::as_str));
+            args.extend(flags(case));
             match try_json(&args, &[]) {
                 Err(e) => f.push(format!("{label}: {e}")),
                 Ok(r) => {
-                    if r["dry_run"] != true || reported_ranks(&r) != (0..*world).collect::<Vec<_>>()
+                    if r["dry_run"] != true || reported_ranks(&r) != (0..world).collect::<Vec<_>>()
                     {
                         f.push(format!(
                             "{label}: dry_run {} ranks {:?}",
@@ -325,7 +249,6 @@ fn dry_runs_pass_for_every_good_case() {
                 }
             }
         }
-        f
-    });
-    assert_none("dry runs", &failures);
+    }
+    assert_none("dry runs", &f);
 }

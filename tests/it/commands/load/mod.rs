@@ -8,8 +8,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Output};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use assert_cmd::Command;
 use serde_json::Value;
@@ -20,7 +18,7 @@ use crate::support::*;
 
 mod cuda;
 mod faults;
-mod golden;
+pub(crate) mod golden;
 mod human;
 
 use cuda::stub_driver;
@@ -85,31 +83,6 @@ fn assert_fails(args: &[&str], env: &[(&str, &str)], code: i32, says: &[&str]) -
     let out = load_env(args, env);
     assert_refused(&out, code, says);
     out
-}
-
-/// Runs `f` over `items` on a few threads (each item spawns processes) and concatenates the
-/// results in item order.
-fn par_flat_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> Vec<R> + Sync) -> Vec<R> {
-    let next = AtomicUsize::new(0);
-    let done = Mutex::new(Vec::new());
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(2, 8);
-    std::thread::scope(|sc| {
-        for _ in 0..threads {
-            sc.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(item) = items.get(i) else { break };
-                    let r = f(item);
-                    done.lock().unwrap().push((i, r));
-                }
-            });
-        }
-    });
-    let mut v = done.into_inner().unwrap();
-    v.sort_by_key(|(i, _)| *i);
-    v.into_iter().flat_map(|(_, r)| r).collect()
 }
 
 /// Fails once, listing every failure.
