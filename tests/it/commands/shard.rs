@@ -329,8 +329,8 @@ fn output_is_deterministic() {
 fn ranks_subset_writes_only_those_ranks() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
-    shard_ok(&fixture(GQA), 4, &out, &["--ranks", "0-1"]);
-    let golden = expected(GQA, 4);
+    shard_ok(&fixture(GQA), 8, &out, &["--ranks", "0-1"]);
+    let golden = expected(GQA, 8);
     let want: BTreeSet<String> = [0, 1]
         .iter()
         .flat_map(|&r| {
@@ -338,7 +338,7 @@ fn ranks_subset_writes_only_those_ranks() {
                 name: String::new(),
                 dir: golden.clone(),
                 fixture: PathBuf::new(),
-                tp: 4,
+                tp: 8,
                 pp: 1,
                 flags: vec![],
                 max_size: None,
@@ -353,7 +353,7 @@ fn ranks_subset_writes_only_those_ranks() {
     }
     let m = check_manifest(&out);
     assert_eq!(m["ranks"], serde_json::json!([0, 1]), "{m:#}");
-    assert_eq!(m["tp"], 4, "{m:#}");
+    assert_eq!(m["tp"], 8, "{m:#}");
 }
 
 /// A rank outside 0..tp is a usage error, found before anything is written.

@@ -108,7 +108,7 @@ fn native_mistral_checkpoint_shards_like_its_hf_twin() {
     assert_eq!(inspect["format"]["load_format"], "mistral");
     assert_eq!(inspect["config"]["architecture"], "MistralForCausalLM");
 
-    for tp in [1u64, 2, 4] {
+    for tp in [2u64, 8] {
         let out = TempDir::new().unwrap();
         let dst = out.path().join("out");
         shard_ok(src.path(), tp, &dst, &["-q"]);

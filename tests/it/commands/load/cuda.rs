@@ -373,7 +373,7 @@ fn cuda_loads_golden_cases_when_a_gpu_is_present() {
     let cases = golden_cases();
     let mut failures = Vec::new();
     for case in &cases {
-        let ranks: Vec<u64> = if case.name == "llama_gqa/tp4" {
+        let ranks: Vec<u64> = if case.name == "llama_gqa/tp8" {
             tp_ranks(case)
         } else {
             vec![0]

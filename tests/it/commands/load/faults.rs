@@ -111,7 +111,7 @@ fn pre_sharded_rank_file_that_is_a_dangling_link() {
 /// vLLM's folder (no manifest to say its TP) at the wrong TP: only the shapes tell.
 #[test]
 fn vllm_folder_with_the_wrong_tp() {
-    let dir = expected("llama_gqa", 4);
+    let dir = expected("qwen2", 4);
     assert_fails(
         &[s(&dir), "--tp", "2", "--device", "cpu", "--dry-run"],
         &[],
