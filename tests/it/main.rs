@@ -25,3 +25,4 @@ mod families;
 mod formats;
 mod golden;
 mod safety;
+mod snapshots;
