@@ -8,36 +8,22 @@
 //! `set_current_dir`; a test that waits for something bounds the wait and fails rather than exit
 //! the process (see the fuzz harness's hang check).
 //!
-//! Run one area with `cargo test --test it <module>::` (for example `cargo test --test it shard::`).
+//! The modules are grouped by what they test: `commands` (one module per subcommand, the CLI and
+//! the JSON documents), `families` (model families and their mappings), `formats` (quantized
+//! tensors, pipeline parallelism, hub sources, safetensors, I/O) and `safety` (refusals, writes
+//! outside OUT, changing sources, terminal escaping, fuzzing); `golden` has one module per golden
+//! case, its checks' bodies living with their subcommand.
+//!
+//! Run one area with `cargo test --test it -- <area>::` (for example `cargo test --test it --
+//! safety::` or `cargo test --test it -- commands::shard::`), one golden
+//! case with `cargo test --test it -- golden::llama_gqa_tp2`.
 
 mod support;
 
-mod cli;
-mod config_aliases;
-mod config_defaults;
-mod deepseek;
-mod deploy;
-mod errors;
-mod fp8;
-mod fuzz;
-mod glm4_moe;
-mod gpt_oss;
+mod commands;
+mod families;
+mod formats;
+mod golden;
 mod house;
-mod hub;
-mod inspect;
-mod io;
-mod json;
-mod load;
-mod mappings;
-mod mistral;
-mod out_safety;
-mod plan;
-mod plan_errors;
-mod pp;
-mod qwen2_moe;
-mod safetensors_crate;
-mod shard;
-mod sizes;
-mod source_changes;
-mod terminal;
-mod tied;
+mod safety;
+mod snapshots;

@@ -1,0 +1,10 @@
+//! One module per subcommand (inspect, plan, sizes, shard, load, deploy), the CLI and JSON.
+
+mod cli;
+mod deploy;
+mod inspect;
+mod json;
+pub(crate) mod load;
+mod plan;
+pub(crate) mod shard;
+mod sizes;

@@ -1,0 +1,11 @@
+//! Model families on small generated checkpoints, config aliases and defaults, bundled mappings.
+
+mod config_aliases;
+mod config_defaults;
+mod deepseek;
+mod glm4_moe;
+mod gpt_oss;
+mod mappings;
+mod mistral;
+mod qwen2_moe;
+mod tied;
