@@ -1,7 +1,8 @@
 //! The geometry of each parallel layout: per-rank shapes, the checkpoint shapes each shard expects,
 //! and the block moves that fill a rank's tensor (vLLM 0.33 `layers/linear.py`, `layers/vocab_parallel_embedding.py`, `layers/fused_moe/`).
 
-use super::scales;
+mod scales;
+
 use crate::mapping::rules::ShardId;
 use crate::mapping::{ExpertPart, GptOssPart};
 

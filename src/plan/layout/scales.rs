@@ -3,10 +3,10 @@
 //! per rank, which elements of which checkpoint scale fill which part of the scale parameter.
 //! Per-channel scales need no kind of their own: they are sliced like their weight's rows.
 
-use super::layout::{Block, Geometry, Rank, RankLayout, Slice, SlotKey, local_experts};
-use super::types::Region;
+use super::{Block, Geometry, Rank, RankLayout, Slice, SlotKey, local_experts};
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
+use crate::plan::types::Region;
 
 /// One output partition of a linear weight on one rank, in rows: where it sits in the rank's
 /// tensor, where the checkpoint holds it, and which chunk of the checkpoint shard it takes.
