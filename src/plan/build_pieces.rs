@@ -7,7 +7,8 @@ use std::sync::{Arc, OnceLock};
 use rayon::prelude::*;
 
 use super::assign::Assigned;
-use super::layout::{Block, Geometry, PerExpert, Rank, Slice};
+use super::layout::Geometry;
+use super::layout::types::{Block, PerExpert, Rank, Slice};
 use super::params::Param;
 use super::pieces::{Pieces, copy};
 use super::slots::{Fed, Feed};
@@ -216,7 +217,7 @@ fn plain_sources(slices: &[Slice], experts: std::ops::Range<u64>, fed: &Fed) -> 
 }
 
 /// Copies for every expert of a fused expert tensor: `slices` (the first expert's) repeated
-/// expert by expert, as [`super::layout::RankLayout::all_slices`] would list them, each block
+/// expert by expert, as [`super::layout::types::RankLayout::all_slices`] would list them, each block
 /// and region worked out once. `all` holds the sources for all the parameter's experts when
 /// every one is a plain copy: the copies are then kept compact.
 fn push_experts(

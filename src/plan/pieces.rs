@@ -5,7 +5,7 @@
 
 use serde::{Serialize, Serializer};
 
-use super::layout::Block;
+use super::layout::types::Block;
 use super::{Piece, Region};
 
 #[derive(Debug, Clone, Default)]
