@@ -17,7 +17,7 @@ use crate::problem::Problem;
 /// A fast, fixed hasher: slot lookups run once per piece, millions of times for a large MoE.
 type Hasher = foldhash::fast::FixedState;
 
-pub(super) use super::fed::{Fed, Feed};
+pub(super) use super::slots::{Fed, Feed};
 
 /// What the checkpoint fills.
 pub(super) struct Assigned {

@@ -5,22 +5,22 @@
 //! It consumes the map stage's result ([`crate::map::Mapped`]) and runs in phases over a
 //! `Planner`: environment (`env.rs`: config, defaults, derived values, checks), parameters
 //! (`params.rs`: specs instantiated per layer), assign (`assign.rs`: mapped tensors into parameter
-//! slots), validate (`validate.rs`: everything filled, divisibility), pieces (`pieces.rs`: per-rank
-//! tensors). The geometry of each layout kind is `layout.rs`.
+//! slots), validate (`validate.rs`: everything filled, divisibility), pieces (`build_pieces.rs`:
+//! per-rank tensors, each a `Pieces` list from `pieces.rs`). The geometry of each layout kind is
+//! `layout/`.
 //!
 //! Vocabulary: a *slice* is which region of a checkpoint tensor feeds which region of a parameter;
 //! flattened, it is a *block* (rows × row with strides: what a pwrite, a memcpy and a 2-D device
 //! copy understand); a *piece* is how part of a rank's tensor is filled, a copied block or a fill.
 
 mod assign;
-mod fed;
+mod build_pieces;
 pub mod layout;
 mod params;
-mod piece_list;
 mod pieces;
 pub mod pre_sharded;
 mod quant;
-mod scales;
+mod slots;
 mod stages;
 mod types;
 mod validate;
@@ -35,7 +35,7 @@ use crate::model::rules_for;
 use crate::problem::{Problem, Problems};
 use crate::quant::Quantization;
 use crate::ranks::World;
-pub use piece_list::Pieces;
+use pieces::Pieces;
 pub use stages::{Stage, split_layers};
 pub use types::{
     OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, RankPlan, Region, Retie,

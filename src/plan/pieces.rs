@@ -1,322 +1,184 @@
-//! Pieces phase: per rank, the tensors vLLM holds in state_dict order, each with the pieces that
-//! fill it — a copy of a block of a source tensor per slice of its layout, or a fill.
+//! A rank tensor's pieces, in order. A fused expert tensor's copies repeat one expert's blocks
+//! for every expert with only the source and the destination offset changing, so such a run is
+//! kept as that template and its sources (a DeepSeek-V3 plan at TP 8 has 712,000 pieces, nearly
+//! all of them in such runs); readers see the expanded pieces.
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use serde::{Serialize, Serializer};
 
-use rayon::prelude::*;
+use super::layout::types::Block;
+use super::{Piece, Region};
 
-use super::assign::{Assigned, Fed, Feed};
-use super::layout::{Block, Geometry, PerExpert, Rank, Slice};
-use super::params::Param;
-use super::piece_list::{Pieces, copy};
-use super::stages::{OnStage, Stage, holds};
-use super::{OutTensor, Piece, Planner, RankPlan, Region};
-use crate::mapping::rules::ShardId;
+#[derive(Debug, Clone, Default)]
+pub struct Pieces(Vec<Item>);
 
-impl Planner<'_> {
-    /// Every rank's tensors, stage by stage (global rank `pp_rank * tp + tp_rank`). A stage holds
-    /// its layers' parameters and the head and tail parameters built on it; each tensor is what
-    /// the same TP rank holds without pipeline parallelism. Tied pairs present on a stage become
-    /// one key, the smaller name, at the first one's place (ShardedStateLoader._filter_subtensors);
-    /// a tied parameter alone on its stage keeps its own name.
-    pub(super) fn ranks(
-        &self,
-        params: &[Param],
-        a: &Assigned,
-        fused: &[bool],
-        stages: &[Stage],
-        on: &[OnStage],
-    ) -> Vec<RankPlan> {
-        let mut out = Vec::new();
-        let shared: Vec<SharedSources> = params.iter().map(|_| OnceLock::new()).collect();
-        for stage in stages {
-            let here: Vec<bool> = params
-                .iter()
-                .zip(on)
-                .map(|(p, on)| holds(p, on, stage, stages.len()))
-                .collect();
-            let alias_name: HashMap<usize, String> = params
-                .iter()
-                .enumerate()
-                .filter(|&(pi, _)| here[pi])
-                .filter_map(|(_, p)| {
-                    let a = p.alias_of?;
-                    here[a].then(|| (a, params[a].name.clone().min(p.name.clone())))
-                })
-                .collect();
-            // Ranks are independent: a large MoE has hundreds of thousands of pieces per stage.
-            let plans: Vec<RankPlan> = (0..self.opts.tp)
-                .into_par_iter()
-                .map(|tp_rank| {
-                    let r = Rank {
-                        tp: self.opts.tp,
-                        rank: tp_rank,
-                        ep: self.opts.expert_parallel,
-                    };
-                    let tensors: Vec<OutTensor> = params
-                        .iter()
-                        .enumerate()
-                        .filter(|&(pi, p)| here[pi] && p.alias_of.is_none_or(|a| !here[a]))
-                        .filter_map(|(pi, p)| {
-                            // A tied parameter without its partner on this stage is filled as the
-                            // partner would be: they are one tensor.
-                            let src = p.alias_of.unwrap_or(pi);
-                            let name = alias_name.get(&pi).unwrap_or(&p.name);
-                            let fed = (&a.fed[src], &shared[src]);
-                            rank_tensor(&params[src], name, r, fed, fused[src])
-                        })
-                        .collect();
-                    RankPlan {
-                        rank: stage.pp_rank * self.opts.tp + tp_rank,
-                        pp_rank: stage.pp_rank,
-                        tp_rank,
-                        bytes: tensors.iter().map(|t| t.bytes).sum(),
-                        tensors,
-                    }
-                })
-                .collect();
-            out.extend(plans);
-        }
-        out
+#[derive(Debug, Clone)]
+enum Item {
+    One(Piece),
+    Experts(ExpertCopies),
+}
+
+/// One expert's copies (`each`) repeated expert by expert, the `j`-th expert's destination
+/// shifted by `j * dst_step` and its `k`-th block read from `sources[j * each.len() + k]`.
+#[derive(Debug, Clone)]
+struct ExpertCopies {
+    each: Vec<(Block, Region)>,
+    dst_step: u64,
+    /// Half the memory of `usize` indices (a plan has millions of expert copies); a plan with
+    /// more sources than fit keeps its copies one by one. Shared by the ranks that read the
+    /// same experts.
+    sources: std::sync::Arc<[u32]>,
+}
+
+impl ExpertCopies {
+    fn iter(&self) -> impl Iterator<Item = Piece> + '_ {
+        let n = self.each.len().max(1);
+        self.sources
+            .chunks(n)
+            .zip(0u64..)
+            .flat_map(move |(srcs, j)| {
+                let shift = j * self.dst_step;
+                srcs.iter()
+                    .zip(&self.each)
+                    .map(move |(&source, &(b, region))| {
+                        copy(
+                            source as usize,
+                            region,
+                            Block {
+                                dst_start: b.dst_start + shift,
+                                ..b
+                            },
+                        )
+                    })
+            })
     }
 }
 
-/// A fused expert parameter's copy sources for all its experts, in [`Pieces::push_experts`]'
-/// order, worked out by the first rank that needs them and shared by the others: at TP every
-/// rank reads every expert (a DeepSeek-V3 plan looked the same 90,000 slots up on each of 8
-/// ranks). Kept with the shard ids they were worked out for.
-type SharedSources = OnceLock<(Vec<Option<ShardId>>, Option<Arc<[u32]>>)>;
-
-/// Rank `r`'s tensor of `p`, named `name`; `None` when it is empty (vLLM drops those: an EP rank
-/// without experts).
-fn rank_tensor(
-    p: &Param,
-    name: &str,
-    r: Rank,
-    (fed, shared): (&Fed, &SharedSources),
-    fused: bool,
-) -> Option<OutTensor> {
-    let l = p.geometry.rank_layout(r, fused);
-    let numel: u64 = l.shape.iter().product();
-    if numel == 0 {
-        return None;
+impl Pieces {
+    pub fn push(&mut self, p: Piece) {
+        self.0.push(Item::One(p));
     }
-    let fill = p.fill;
-    let mut pieces = Pieces::default();
-    if p.buffer {
-        pieces.push(Piece::Fill {
-            dst_start: 0,
-            count: numel,
-            value: fill,
-        });
-    } else {
-        match l.per_expert {
-            None => {
-                for slice in &l.slices {
-                    match fed.get(&slice.slot) {
-                        Some(feed) => push_copies(&mut pieces, feed, slice),
-                        // An optional parameter the checkpoint leaves out keeps its fill value.
-                        None => pieces.extend(unfilled(&slice.block(), fill)),
-                    }
-                }
-            }
-            Some(pe) => {
-                let experts = p.geometry.expert_count().unwrap_or(pe.first + pe.count);
-                let all = shared_sources(shared, &l.slices, experts, fed);
-                push_experts(&mut pieces, &l.slices, pe, (fed, all), fill)
-            }
-        }
-        for (slot, b, region) in p.geometry.strided(r) {
-            match fed.get(&slot) {
-                Some(feed) => pieces.push(copy(feed.source, region, b)),
-                None => pieces.extend(unfilled(&b, fill)),
-            }
-        }
-        pieces.extend(l.zeros.iter().map(|&(at, count)| Piece::Fill {
-            dst_start: at,
-            count,
-            value: 0.0,
-        }));
-        if matches!(p.geometry, Geometry::ExpertTensorScale { input: true, .. }) {
-            let mut list: Vec<Piece> = pieces.iter().collect();
-            keep_last_loaded(&mut list);
-            pieces = list.into();
+
+    /// Copies of `each` for every expert, as [`ExpertCopies`] describes; `sources` holds
+    /// `each.len()` sources per expert.
+    pub(super) fn push_experts(
+        &mut self,
+        each: Vec<(Block, Region)>,
+        dst_step: u64,
+        sources: std::sync::Arc<[u32]>,
+    ) {
+        debug_assert!(each.is_empty() || sources.len().is_multiple_of(each.len()));
+        if !sources.is_empty() {
+            self.0.push(Item::Experts(ExpertCopies {
+                each,
+                dst_step,
+                sources,
+            }));
         }
     }
-    Some(OutTensor {
-        name: name.to_string(),
-        dtype: p.dtype,
-        shape: l.shape,
-        bytes: p.dtype.byte_size(numel).unwrap_or(0),
-        pieces,
-    })
-}
 
-/// An expert's w1 and w3 input scales write one slot: vLLM keeps the one it loads last
-/// (`_load_single_value`, routed_experts.py:827–861), and sources are numbered in load order.
-/// A copy beats a fill for the same slot.
-fn keep_last_loaded(pieces: &mut Vec<Piece>) {
-    let rank = |p: &Piece| match p {
-        Piece::Copy { source, .. } => Some(*source),
-        Piece::Fill { .. } => None,
-    };
-    let dst = |p: &Piece| match p {
-        Piece::Copy { dst_start, .. } | Piece::Fill { dst_start, .. } => *dst_start,
-    };
-    let mut best: HashMap<u64, usize> = HashMap::new();
-    for (k, p) in pieces.iter().enumerate() {
-        let e = best.entry(dst(p)).or_insert(k);
-        if rank(p) > rank(&pieces[*e]) {
-            *e = k;
-        }
-    }
-    let keep: std::collections::HashSet<usize> = best.into_values().collect();
-    let mut k = 0;
-    pieces.retain(|_| {
-        k += 1;
-        keep.contains(&(k - 1))
-    });
-}
-
-/// The sources of `slices`' slots for experts `0..experts`, shared with the ranks before when
-/// they were worked out for the same slots (`None` otherwise, or when some slot is not a plain
-/// copy: the rank then works out its own).
-fn shared_sources(
-    shared: &SharedSources,
-    slices: &[Slice],
-    experts: u64,
-    fed: &Fed,
-) -> Option<Arc<[u32]>> {
-    let (for_shards, sources) = shared.get_or_init(|| {
-        (
-            slices.iter().map(|s| s.slot.0.clone()).collect(),
-            plain_sources(slices, 0..experts, fed).map(Arc::from),
-        )
-    });
-    let same = for_shards.len() == slices.len()
-        && for_shards.iter().zip(slices).all(|(a, s)| *a == s.slot.0);
-    sources.clone().filter(|_| same)
-}
-
-/// For each expert of `experts` in turn, the source of each slice's slot, when every one is a
-/// plain copy (no rotary rows, nothing missing); `None` otherwise.
-fn plain_sources(slices: &[Slice], experts: std::ops::Range<u64>, fed: &Fed) -> Option<Vec<u32>> {
-    let tables: Vec<_> = slices.iter().map(|s| fed.experts_of(&s.slot.0)).collect();
-    let plain = |e: u64, k: usize| {
-        (tables[k].as_ref()?.get(e))
-            .filter(|f| f.rotary_heads.is_none())
-            .and_then(|f| u32::try_from(f.source).ok())
-    };
-    experts
-        .flat_map(|e| (0..slices.len()).map(move |k| (e, k)))
-        .map(|(e, k)| plain(e, k))
-        .collect()
-}
-
-/// Copies for every expert of a fused expert tensor: `slices` (the first expert's) repeated
-/// expert by expert, as [`super::layout::RankLayout::all_slices`] would list them, each block
-/// and region worked out once. `all` holds the sources for all the parameter's experts when
-/// every one is a plain copy: the copies are then kept compact.
-fn push_experts(
-    out: &mut Pieces,
-    slices: &[Slice],
-    pe: PerExpert,
-    (fed, all): (&Fed, Option<Arc<[u32]>>),
-    fill: f64,
-) {
-    let each: Vec<(Block, Region)> = slices.iter().map(|s| (s.block(), s.region())).collect();
-    let n = slices.len() as u64;
-    let range = usize::try_from(pe.first * n)
-        .ok()
-        .zip(usize::try_from((pe.first + pe.count) * n).ok());
-    if let Some(all) = all
-        && let Some((from, to)) = range
-        && let Some(part) = all.get(from..to)
-    {
-        // At TP every rank holds every expert: one list for all of them.
-        let sources = if part.len() == all.len() {
-            all.clone()
-        } else {
-            Arc::from(part)
-        };
-        out.push_experts(each, pe.dst_step, sources);
-        return;
-    }
-    let experts = pe.first..pe.first + pe.count;
-    if let Some(sources) = plain_sources(slices, experts.clone(), fed) {
-        out.push_experts(each, pe.dst_step, sources.into());
-        return;
-    }
-    for (j, e) in (0..pe.count).zip(experts) {
-        let shift = j * pe.dst_step;
-        for (slice, &(b, region)) in slices.iter().zip(&each) {
-            let b = Block {
-                dst_start: b.dst_start + shift,
-                ..b
+    /// Every piece, in order. Plain pieces are yielded as they are; an expert run's pieces are
+    /// made as they are read (no allocation per item: the engine walks every piece).
+    pub fn iter(&self) -> impl Iterator<Item = Piece> + '_ {
+        self.0.iter().flat_map(|item| {
+            let (one, run) = match item {
+                Item::One(p) => (Some(p.clone()), None),
+                Item::Experts(run) => (None, Some(run.iter())),
             };
-            match fed.expert(&slice.slot.0, e) {
-                Some(feed) if feed.rotary_heads.is_none() => out.push(copy(feed.source, region, b)),
-                Some(feed) => {
-                    let slice = Slice {
-                        slot: (slice.slot.0.clone(), Some(e)),
-                        dst_base: slice.dst_base + shift,
-                        ..slice.clone()
-                    };
-                    push_copies(out, feed, &slice);
-                }
-                None => out.extend(unfilled(&b, fill)),
-            }
-        }
+            one.into_iter().chain(run.into_iter().flatten())
+        })
     }
 }
 
-/// Copies for one slice; with a rotary permutation (Mistral-native q/k) each head's even rows go
-/// to its first half and odd rows to its second half.
-fn push_copies(out: &mut Pieces, feed: &Feed, slice: &Slice) {
-    let b = slice.block();
-    let region = slice.region();
-    let source = feed.source;
-    // The checkpoint tensor's shape, as the assign phase checked it (a 0-d tensor is viewed as
-    // one element, so there is always a dim 0).
-    let src_shape = &slice.src_shape;
-    match feed.rotary_heads {
-        Some(h) if slice.dim == 0 && h > 0 && src_shape[0].is_multiple_of(h) => {
-            let hd = src_shape[0] / h;
-            let inner: u64 = src_shape[1..].iter().product();
-            let mut dst = b.dst_start;
-            let mut row = slice.from;
-            while row < slice.to {
-                let head_start = row / hd * hd;
-                for half in 0..2 {
-                    out.push(Piece::Copy {
-                        source,
-                        region: Region {
-                            rotary: true,
-                            ..region
-                        },
-                        rows: hd / 2,
-                        row: inner,
-                        src_start: (head_start + half) * inner,
-                        src_stride: 2 * inner,
-                        dst_start: dst + half * (hd / 2) * inner,
-                        dst_stride: inner,
-                        src_elem_stride: 1,
-                    });
-                }
-                dst += hd * inner;
-                row = head_start + hd;
-            }
-        }
-        _ => out.push(copy(source, region, b)),
+impl Extend<Piece> for Pieces {
+    fn extend<I: IntoIterator<Item = Piece>>(&mut self, iter: I) {
+        self.0.extend(iter.into_iter().map(Item::One));
     }
 }
 
-/// Fills for the destination rows of `b`, which no checkpoint tensor fills.
-fn unfilled(b: &Block, value: f64) -> impl Iterator<Item = Piece> + '_ {
-    (0..b.rows).map(move |k| Piece::Fill {
-        dst_start: b.dst_start + k * b.dst_stride,
-        count: b.row,
-        value,
-    })
+impl From<Vec<Piece>> for Pieces {
+    fn from(v: Vec<Piece>) -> Pieces {
+        Pieces(v.into_iter().map(Item::One).collect())
+    }
+}
+
+/// The plan JSON lists every piece, as it always has.
+impl Serialize for Pieces {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+/// A copy of block `b` of source `source`.
+pub(super) fn copy(source: usize, region: Region, b: Block) -> Piece {
+    Piece::Copy {
+        source,
+        region,
+        rows: b.rows,
+        row: b.row,
+        src_start: b.src_start,
+        src_stride: b.src_stride,
+        dst_start: b.dst_start,
+        dst_stride: b.dst_stride,
+        src_elem_stride: b.src_elem_stride,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(dst_start: u64) -> Block {
+        Block {
+            rows: 2,
+            row: 3,
+            src_start: 1,
+            src_stride: 4,
+            dst_start,
+            dst_stride: 3,
+            src_elem_stride: 1,
+        }
+    }
+
+    #[test]
+    fn an_expert_run_expands_expert_by_expert_between_the_pieces_around_it() {
+        let mut p = Pieces::default();
+        p.push(Piece::Fill {
+            dst_start: 0,
+            count: 1,
+            value: 0.0,
+        });
+        let each = vec![(block(10), Region::ALL), (block(16), Region::ALL)];
+        p.push_experts(each, 100, vec![7, 8, 9, 10, 11, 12].into());
+        p.extend([copy(3, Region::ALL, block(400))]);
+        let got: Vec<(Option<usize>, u64)> = p
+            .iter()
+            .map(|x| match x {
+                Piece::Copy {
+                    source, dst_start, ..
+                } => (Some(source), dst_start),
+                Piece::Fill { dst_start, .. } => (None, dst_start),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (None, 0),
+                (Some(7), 10),
+                (Some(8), 16),
+                (Some(9), 110),
+                (Some(10), 116),
+                (Some(11), 210),
+                (Some(12), 216),
+                (Some(3), 400),
+            ]
+        );
+        assert_eq!(p.iter().count(), 8);
+        assert_eq!(
+            serde_json::to_value(&p)
+                .expect("json")
+                .as_array()
+                .map(Vec::len),
+            Some(8)
+        );
+    }
 }

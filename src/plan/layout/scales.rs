@@ -3,10 +3,12 @@
 //! per rank, which elements of which checkpoint scale fill which part of the scale parameter.
 //! Per-channel scales need no kind of their own: they are sliced like their weight's rows.
 
-use super::layout::{Block, Geometry, Rank, RankLayout, Slice, SlotKey, local_experts};
-use super::types::Region;
+use super::Geometry;
+use super::experts::local_experts;
+use super::types::{Block, Rank, RankLayout, Slice, SlotKey, name};
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
+use crate::plan::types::Region;
 
 /// One output partition of a linear weight on one rank, in rows: where it sits in the rank's
 /// tensor, where the checkpoint holds it, and which chunk of the checkpoint shard it takes.
@@ -20,14 +22,10 @@ struct Part {
     chunk: u64,
 }
 
-fn shard(s: &'static str) -> Option<ShardId> {
-    Some(ShardId::Name(std::borrow::Cow::Borrowed(s)))
-}
-
 /// The logical shards of a linear weight, as slot keys (qkv: q, k, v; merged: 0, 1, …; else one).
 pub(super) fn logical_shards(of: &Geometry) -> Vec<SlotKey> {
     match of {
-        Geometry::Qkv { .. } => ["q", "k", "v"].iter().map(|s| (shard(s), None)).collect(),
+        Geometry::Qkv { .. } => ["q", "k", "v"].iter().map(|s| (name(s), None)).collect(),
         Geometry::MergedColumn { sizes, .. } => (0..sizes.len() as u64)
             .map(|k| (Some(ShardId::Index(k)), None))
             .collect(),
@@ -97,7 +95,7 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
             let kv = kv_local * head_dim;
             let part =
                 |s: &'static str, local_off, local_size, global_off, global_size, chunk| Part {
-                    slot: (shard(s), None),
+                    slot: (name(s), None),
                     local_off,
                     local_size,
                     global_off,
@@ -284,7 +282,7 @@ pub(super) fn expert_tensor_scale(
         .iter()
         .enumerate()
         .map(|(h, s)| Slice {
-            slot: (shard(s), first),
+            slot: (name(s), first),
             src_shape: vec![1],
             dim: 0,
             from: 0,
@@ -331,7 +329,7 @@ pub(super) fn expert_block_scale(
                 .iter()
                 .enumerate()
                 .map(|(h, s)| Slice {
-                    slot: (shard(s), first),
+                    slot: (name(s), first),
                     src_shape: vec![intermediate.div_ceil(bn), cols],
                     dim: 0,
                     from: moe_rank * rows_b,
@@ -347,7 +345,7 @@ pub(super) fn expert_block_scale(
         ExpertPart::W2 => {
             let (rows, cols_b) = (hidden.div_ceil(bn), ip.div_ceil(bk));
             let slice = Slice {
-                slot: (shard("w2"), first),
+                slot: (name("w2"), first),
                 src_shape: vec![rows, intermediate.div_ceil(bk)],
                 dim: 1,
                 from: moe_rank * cols_b,
@@ -459,7 +457,7 @@ pub(super) fn expert_block_refined(
                         let src_row = (moe_rank * rows + i) / fn_;
                         let dst = (j as u64 * 2 * rows + h as u64 * rows + i) * cols;
                         out.push((
-                            (shard(s), Some(e)),
+                            (name(s), Some(e)),
                             repeat(src_row * src_cols, src_cols, fk, dst),
                             region(src_row, 1),
                         ));
@@ -485,7 +483,7 @@ pub(super) fn expert_block_refined(
                         let src_col = global / fk;
                         let len = (fk - global % fk).min(cols - c);
                         out.push((
-                            (shard("w2"), Some(e)),
+                            (name("w2"), Some(e)),
                             repeat(src_row * src_cols + src_col, 1, len, dst_row + c),
                             region(src_row, 1),
                         ));

@@ -1,0 +1,496 @@
+//! The geometry of each parallel layout: per-rank shapes, the checkpoint shapes each shard expects,
+//! and the block moves that fill a rank's tensor (vLLM 0.33 `layers/linear.py`, `layers/vocab_parallel_embedding.py`, `layers/fused_moe/`).
+//!
+//! [`Geometry`] and its dispatch are here; the types its answers are made of are in `types.rs`,
+//! the dense layouts' geometry in `dense.rs`, the fused experts' in `experts.rs` and the
+//! quantization scales' in `scales.rs`.
+
+mod dense;
+mod experts;
+mod scales;
+pub(super) mod types;
+
+// Named through this path by `exec/mod.rs` (Block) and by plan's `types.rs`, `assign.rs` and
+// `validate.rs`.
+pub use types::Block;
+pub(super) use types::{Rank, Shape, SlotKey};
+
+use crate::mapping::rules::ShardId;
+use crate::mapping::{ExpertPart, GptOssPart};
+use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
+use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
+use types::{RankLayout, name};
+
+/// A layout with its dimensions evaluated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Geometry {
+    Replicated {
+        shape: Vec<u64>,
+    },
+    Column {
+        shape: Vec<u64>,
+    },
+    Row {
+        shape: Vec<u64>,
+    },
+    MergedColumn {
+        sizes: Vec<u64>,
+        inner: Vec<u64>,
+        /// Whole on every rank (vLLM's `disable_tp=True`).
+        disable_tp: bool,
+    },
+    Qkv {
+        heads: u64,
+        kv_heads: u64,
+        head_dim: u64,
+        inner: Vec<u64>,
+    },
+    Vocab {
+        vocab: u64,
+        inner: Vec<u64>,
+        padding: u64,
+    },
+    Experts {
+        part: ExpertPart,
+        experts: u64,
+        intermediate: u64,
+        hidden: u64,
+    },
+    /// A linear layer's per-tensor scales: one F32 per logical shard of the weight `of`, the
+    /// same on every rank (`PerTensorScaleParameter`).
+    TensorScale {
+        of: Box<Geometry>,
+    },
+    /// Block scales of the linear weight `of`, `[block_n, block_k]` (`BlockQuantScaleParameter`).
+    BlockScale {
+        of: Box<Geometry>,
+        block: [u64; 2],
+    },
+    /// Per-tensor scales of fused experts (`w13` `[E_loc, 2]`, or `[E_loc]` for `input`; `w2`
+    /// `[E_loc]`).
+    ExpertTensorScale {
+        part: ExpertPart,
+        experts: u64,
+        input: bool,
+    },
+    /// Block scales of fused experts.
+    ExpertBlockScale {
+        part: ExpertPart,
+        experts: u64,
+        /// `[intermediate, hidden]` of the experts.
+        dims: [u64; 2],
+        block: [u64; 2],
+    },
+    /// gpt-oss's fused experts, from the stacked tensors of its HF checkpoint (`gate_up_proj`
+    /// `[E, H, 2I]` with gate and up interleaved, `down_proj` `[E, I, H]`, and their biases).
+    GptOssExperts {
+        part: GptOssPart,
+        experts: u64,
+        intermediate: u64,
+        hidden: u64,
+    },
+}
+
+impl Geometry {
+    /// Divisibility rules vLLM asserts for this TP size, as messages.
+    pub fn check(&self, r: Rank) -> Vec<String> {
+        let tp = r.tp;
+        let div = |what: &str, v: u64| {
+            (!v.is_multiple_of(tp)).then(|| format!("{what} ({v}) is not divisible by tp ({tp})"))
+        };
+        match self {
+            Geometry::Replicated { .. } => vec![],
+            Geometry::Column { shape } => div("output size", shape[0]).into_iter().collect(),
+            Geometry::Row { shape } => div("input size", shape[1]).into_iter().collect(),
+            Geometry::MergedColumn {
+                disable_tp: true, ..
+            } => vec![],
+            Geometry::MergedColumn { sizes, .. } => sizes
+                .iter()
+                .filter_map(|s| div("merged output size", *s))
+                .collect(),
+            Geometry::Qkv {
+                heads, kv_heads, ..
+            } => {
+                let mut v: Vec<String> = div("attention heads", *heads).into_iter().collect();
+                if *kv_heads == 0 || (!kv_heads.is_multiple_of(tp) && !tp.is_multiple_of(*kv_heads))
+                {
+                    v.push(format!(
+                        "kv heads ({kv_heads}) and tp ({tp}) must divide one another"
+                    ));
+                }
+                v
+            }
+            Geometry::Vocab { vocab, padding, .. } => {
+                let padded = vocab.div_ceil(*padding) * padding;
+                div(
+                    &format!("padded vocab (vocab {vocab} padded to {padded})"),
+                    padded,
+                )
+                .into_iter()
+                .collect()
+            }
+            Geometry::Experts { intermediate, .. } if !r.ep => {
+                div("expert intermediate size", *intermediate)
+                    .into_iter()
+                    .collect()
+            }
+            Geometry::Experts { .. } => vec![],
+            Geometry::GptOssExperts {
+                experts,
+                intermediate,
+                ..
+            } => {
+                // MLPBlock asserts the first whatever the parallelism; with expert parallelism
+                // the loader hands every rank E / tp experts (gpt_oss.py load_weights).
+                let mut v: Vec<String> = div("expert intermediate size", *intermediate)
+                    .into_iter()
+                    .collect();
+                if r.ep {
+                    v.extend(div("number of experts", *experts));
+                }
+                v
+            }
+            Geometry::TensorScale { .. } | Geometry::ExpertTensorScale { .. } => vec![],
+            Geometry::BlockScale { of, block } => scales::block_scale_check(of, *block, r),
+            Geometry::ExpertBlockScale {
+                experts,
+                dims,
+                block,
+                ..
+            } => scales::expert_block_check(*experts, *dims, *block, r),
+        }
+    }
+
+    /// The shard ids this layout accepts, and the checkpoint shape each must have (checked
+    /// once per checkpoint tensor: kept inline).
+    pub fn expected_source(&self, shard: Option<&ShardId>) -> Result<Shape, String> {
+        let none = |shape: &[u64]| match shard {
+            None => Ok(Shape::from_slice(shape)),
+            Some(s) => Err(format!(
+                "shard id {s} given to a parameter that is not stacked"
+            )),
+        };
+        match self {
+            Geometry::Replicated { shape }
+            | Geometry::Column { shape }
+            | Geometry::Row { shape } => none(shape),
+            Geometry::Vocab { vocab, inner, .. } => none(&cat(*vocab, inner)),
+            Geometry::MergedColumn { sizes, inner, .. } => match shard {
+                None => Ok(cat(sizes.iter().sum(), inner).into()),
+                Some(ShardId::Index(k)) if (*k as usize) < sizes.len() => {
+                    Ok(cat(sizes[*k as usize], inner).into())
+                }
+                Some(s) => Err(format!(
+                    "shard id should be between 0 and {}, got {s}",
+                    sizes.len() - 1
+                )),
+            },
+            Geometry::Qkv {
+                heads,
+                kv_heads,
+                head_dim,
+                inner,
+            } => match shard.map(ShardId::text).as_deref() {
+                None => Ok(cat((heads + 2 * kv_heads) * head_dim, inner).into()),
+                Some("q") => Ok(cat(heads * head_dim, inner).into()),
+                Some("k") | Some("v") => Ok(cat(kv_heads * head_dim, inner).into()),
+                Some(s) => Err(format!(
+                    "shard id for QKVParallelLinear should be 'q', 'k', or 'v', got shard id {s}"
+                )),
+            },
+            Geometry::Experts {
+                part,
+                intermediate,
+                hidden,
+                ..
+            } => match (part, shard.map(ShardId::text).as_deref()) {
+                (ExpertPart::W13, Some("w1" | "w3")) => {
+                    Ok(smallvec::smallvec![*intermediate, *hidden])
+                }
+                (ExpertPart::W2, Some("w2")) => Ok(smallvec::smallvec![*hidden, *intermediate]),
+                (_, s) => Err(format!(
+                    "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
+                    s.unwrap_or("none")
+                )),
+            },
+            Geometry::GptOssExperts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => none(&match part {
+                GptOssPart::W13Weight => Shape::from_slice(&[*experts, *hidden, 2 * intermediate]),
+                GptOssPart::W13Bias => Shape::from_slice(&[*experts, 2 * intermediate]),
+                GptOssPart::W2Weight => Shape::from_slice(&[*experts, *intermediate, *hidden]),
+                GptOssPart::W2Bias => Shape::from_slice(&[*experts, *hidden]),
+            }),
+            // A scalar per slot; the shard id must be one the weight takes.
+            Geometry::TensorScale { of } => of.expected_source(shard).map(|_| Shape::new()),
+            Geometry::BlockScale { of, block } => of
+                .expected_source(shard)
+                .map(|s| scales::blocks_of(&s, *block).into()),
+            Geometry::ExpertTensorScale { part, .. } => Geometry::Experts {
+                part: *part,
+                experts: 0,
+                intermediate: 0,
+                hidden: 0,
+            }
+            .expected_source(shard)
+            .map(|_| Shape::new()),
+            Geometry::ExpertBlockScale {
+                part, dims, block, ..
+            } => Geometry::Experts {
+                part: *part,
+                experts: 0,
+                intermediate: dims[0],
+                hidden: dims[1],
+            }
+            .expected_source(shard)
+            .map(|_| scales::expert_block_source(*part, *dims, *block).into()),
+        }
+    }
+
+    /// The sources a complete parameter needs, as alternatives: either every slot of `split`, or
+    /// the single `fused` slot (a tensor already stacked on disk).
+    pub fn required(&self) -> (Vec<SlotKey>, Option<SlotKey>) {
+        match self {
+            Geometry::TensorScale { of } | Geometry::BlockScale { of, .. } => of.required(),
+            Geometry::ExpertTensorScale { part, experts, .. }
+            | Geometry::ExpertBlockScale { part, experts, .. } => Geometry::Experts {
+                part: *part,
+                experts: *experts,
+                intermediate: 0,
+                hidden: 0,
+            }
+            .required(),
+            Geometry::MergedColumn { sizes, .. } => (
+                (0..sizes.len() as u64)
+                    .map(|k| (Some(ShardId::Index(k)), None))
+                    .collect(),
+                Some((None, None)),
+            ),
+            Geometry::Qkv { .. } => (
+                ["q", "k", "v"].iter().map(|s| (name(s), None)).collect(),
+                Some((None, None)),
+            ),
+            Geometry::Experts { part, experts, .. } => {
+                let shards: &[&str] = match part {
+                    ExpertPart::W13 => &["w1", "w3"],
+                    ExpertPart::W2 => &["w2"],
+                };
+                (
+                    (0..*experts)
+                        .flat_map(|e| shards.iter().map(move |s| (name(s), Some(e))))
+                        .collect(),
+                    None,
+                )
+            }
+            _ => (vec![(None, None)], None),
+        }
+    }
+
+    /// The experts of a fused expert layout whose rank layouts repeat per expert
+    /// ([`RankLayout::per_expert`]); `None` for the others.
+    pub fn expert_count(&self) -> Option<u64> {
+        match self {
+            Geometry::Experts { experts, .. }
+            | Geometry::ExpertTensorScale { experts, .. }
+            | Geometry::ExpertBlockScale { experts, .. } => Some(*experts),
+            _ => None,
+        }
+    }
+
+    /// Rank `r`'s tensor and how to fill it. `fused` says the parameter is fed by one stacked
+    /// tensor (shard id none) rather than by its shards.
+    pub fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {
+        match self {
+            Geometry::Replicated { shape } => replicated(shape),
+            Geometry::Column { shape } => split(shape, 0, r),
+            Geometry::Row { shape } => split(shape, 1, r),
+            Geometry::MergedColumn {
+                sizes,
+                inner,
+                disable_tp,
+            } => merged_column(sizes, inner, r.without_tp_if(*disable_tp), fused),
+            Geometry::Qkv {
+                heads,
+                kv_heads,
+                head_dim,
+                inner,
+            } => qkv([*heads, *kv_heads, *head_dim], inner, r, fused),
+            Geometry::Vocab {
+                vocab,
+                inner,
+                padding,
+            } => vocab_rows(*vocab, inner, *padding, r),
+            Geometry::Experts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => expert_blocks(*part, *experts, *intermediate, *hidden, r),
+            Geometry::TensorScale { of } => scales::tensor_scale(of, fused),
+            Geometry::BlockScale { of, block } => scales::block_scale(of, *block, r, fused),
+            Geometry::ExpertTensorScale {
+                part,
+                experts,
+                input,
+            } => scales::expert_tensor_scale(*part, *experts, *input, r),
+            Geometry::ExpertBlockScale {
+                part,
+                experts,
+                dims,
+                block,
+            } => scales::expert_block_scale(*part, *experts, *dims, *block, r),
+            Geometry::GptOssExperts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => gpt_oss_experts(*part, *experts, *intermediate, *hidden, r),
+        }
+    }
+
+    /// Copies with a source element stride other than 1 that fill rank `r`'s tensor besides
+    /// [`RankLayout::slices`], each with its slot and a description of the region it reads:
+    /// gpt-oss's expert weights (transposed, from the whole checkpoint tensor) and expert block
+    /// scales on vLLM's refined grid (each checkpoint scale repeated).
+    pub fn strided(&self, r: Rank) -> Vec<(SlotKey, Block, crate::plan::types::Region)> {
+        match self {
+            Geometry::GptOssExperts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => gpt_oss_transposed(*part, *experts, *intermediate, *hidden, r)
+                .into_iter()
+                .map(|(b, region)| ((None, None), b, region))
+                .collect(),
+            Geometry::ExpertBlockScale {
+                part,
+                experts,
+                dims,
+                block,
+            } => scales::expert_block_refined(*part, *experts, *dims, *block, r),
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One geometry of each layout kind the tiling test covers.
+    fn tiling_layouts() -> Vec<Geometry> {
+        [
+            Geometry::Column { shape: vec![64, 8] },
+            Geometry::Row { shape: vec![8, 64] },
+            Geometry::Replicated { shape: vec![5] },
+            Geometry::MergedColumn {
+                sizes: vec![32, 32],
+                inner: vec![4],
+                disable_tp: false,
+            },
+            Geometry::MergedColumn {
+                sizes: vec![24, 40],
+                inner: vec![4],
+                disable_tp: true,
+            },
+            Geometry::Qkv {
+                heads: 8,
+                kv_heads: 2,
+                head_dim: 4,
+                inner: vec![3],
+            },
+            Geometry::Vocab {
+                vocab: 1003,
+                inner: vec![2],
+                padding: 64,
+            },
+            Geometry::Experts {
+                part: ExpertPart::W13,
+                experts: 4,
+                intermediate: 16,
+                hidden: 4,
+            },
+            Geometry::Experts {
+                part: ExpertPart::W2,
+                experts: 5,
+                intermediate: 16,
+                hidden: 4,
+            },
+        ]
+        .into_iter()
+        .chain(
+            [
+                GptOssPart::W13Weight,
+                GptOssPart::W13Bias,
+                GptOssPart::W2Weight,
+                GptOssPart::W2Bias,
+            ]
+            .map(|part| Geometry::GptOssExperts {
+                part,
+                experts: 8,
+                intermediate: 16,
+                hidden: 6,
+            }),
+        )
+        .collect::<Vec<_>>()
+    }
+
+    /// Every element of every rank's tensor is written exactly once, and the slices stay inside
+    /// their sources — for each layout and a range of TP sizes.
+    #[test]
+    fn pieces_tile_every_rank_exactly() {
+        let layouts = tiling_layouts();
+        for g in &layouts {
+            for tp in [1, 2, 4, 8] {
+                for ep in [false, true] {
+                    for rank in 0..tp {
+                        let r = Rank { tp, rank, ep };
+                        if !g.check(r).is_empty() {
+                            continue;
+                        }
+                        for fused in [false, true] {
+                            let l = g.rank_layout(r, fused);
+                            let n: u64 = l.shape.iter().product();
+                            let mut hits = vec![0u8; n as usize];
+                            for t in &l.all_slices() {
+                                let b = t.block();
+                                let src_n: u64 = t.src_shape.iter().product();
+                                for k in 0..b.rows {
+                                    let s = b.src_start + k * b.src_stride;
+                                    assert!(s + b.row <= src_n, "{g:?} tp{tp} r{rank}");
+                                    let d = b.dst_start + k * b.dst_stride;
+                                    for x in d..d + b.row {
+                                        hits[x as usize] += 1;
+                                    }
+                                }
+                            }
+                            let src_n: u64 =
+                                g.expected_source(None).map_or(0, |s| s.iter().product());
+                            for (_, b, _) in g.strided(r) {
+                                for k in 0..b.rows {
+                                    let s = b.src_start + k * b.src_stride;
+                                    assert!(s + b.src_row_span() <= src_n, "{g:?} tp{tp} r{rank}");
+                                    let d = b.dst_start + k * b.dst_stride;
+                                    for x in d..d + b.row {
+                                        hits[x as usize] += 1;
+                                    }
+                                }
+                            }
+                            for (at, count) in &l.zeros {
+                                for x in *at..at + count {
+                                    hits[x as usize] += 1;
+                                }
+                            }
+                            assert!(hits.iter().all(|&h| h == 1), "{g:?} tp{tp} r{rank} ep{ep}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

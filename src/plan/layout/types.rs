@@ -1,0 +1,189 @@
+//! What a layout's geometry is made of: a rank's placement ([`Rank`]), slot keys, shapes, the
+//! slices of checkpoint tensors that fill a rank's tensor and the strided [`Block`] moves they
+//! flatten into.
+
+use crate::mapping::rules::ShardId;
+
+/// Tensor-parallel placement of one rank.
+#[derive(Debug, Clone, Copy)]
+pub struct Rank {
+    pub tp: u64,
+    pub rank: u64,
+    /// Expert parallelism: experts spread over the `tp` ranks instead of split.
+    pub ep: bool,
+}
+
+impl Rank {
+    /// Rank 0 of 1 when `whole`: a layer vLLM builds with `disable_tp=True`.
+    pub fn without_tp_if(self, whole: bool) -> Rank {
+        if whole {
+            Rank {
+                tp: 1,
+                rank: 0,
+                ..self
+            }
+        } else {
+            self
+        }
+    }
+}
+
+/// Key of one source of a parameter: the shard id and expert id it was mapped with.
+pub type SlotKey = (Option<ShardId>, Option<u64>);
+
+/// A tensor shape that rarely has more than 4 dims.
+pub type Shape = smallvec::SmallVec<[u64; 4]>;
+
+/// A strided block move in elements: `rows` rows of `row` contiguous elements, from
+/// `src_start + k·src_stride` to `dst_start + k·dst_stride`. The same description serves a file
+/// write, a memcpy and a 2-D device copy.
+///
+/// With `src_elem_stride` other than 1 the move is a transposition: element `x` of destination
+/// row `k` comes from `src_start + k·src_stride + x·src_elem_stride` (gpt-oss's fused experts are
+/// stored `[E, in, out]` and vLLM holds them `[E, out, in]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub rows: u64,
+    pub row: u64,
+    pub src_start: u64,
+    pub src_stride: u64,
+    pub dst_start: u64,
+    pub dst_stride: u64,
+    pub src_elem_stride: u64,
+}
+
+impl Block {
+    /// Whether a destination row's elements are apart in the source.
+    pub fn transposed(&self) -> bool {
+        self.src_elem_stride != 1
+    }
+
+    /// Source elements one destination row spans, first to last.
+    pub fn src_row_span(&self) -> u64 {
+        if self.row == 0 {
+            0
+        } else {
+            (self.row - 1) * self.src_elem_stride + 1
+        }
+    }
+}
+
+/// Which region of a checkpoint tensor feeds which region of a rank's tensor, before it is
+/// flattened into a [`Block`] (and before any permutation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slice {
+    pub slot: SlotKey,
+    /// Source shape.
+    pub src_shape: Vec<u64>,
+    /// Dimension narrowed, and the range taken.
+    pub dim: usize,
+    pub from: u64,
+    pub to: u64,
+    /// Destination: shape of the sub-tensor written into (same rank as the source), the offset
+    /// along `dim` there, and the element offset of that sub-tensor in the rank's tensor.
+    pub dst_shape: Vec<u64>,
+    pub dst_at: u64,
+    pub dst_base: u64,
+}
+
+impl Slice {
+    pub fn block(&self) -> Block {
+        let inner: u64 = self.src_shape[self.dim + 1..].iter().product();
+        let outer: u64 = self.src_shape[..self.dim].iter().product();
+        Block {
+            rows: outer,
+            row: (self.to - self.from) * inner,
+            src_start: self.from * inner,
+            src_stride: self.src_shape[self.dim] * inner,
+            dst_start: self.dst_base + self.dst_at * inner,
+            dst_stride: self.dst_shape[self.dim] * inner,
+            src_elem_stride: 1,
+        }
+    }
+
+    pub fn region(&self) -> crate::plan::types::Region {
+        let full = self.from == 0 && self.to == self.src_shape.get(self.dim).copied().unwrap_or(1);
+        crate::plan::types::Region {
+            range: (!full).then_some((usize::from(self.dim != 0), self.from, self.to)),
+            ..crate::plan::types::Region::ALL
+        }
+    }
+}
+
+/// A rank's tensor: its shape, the slices of checkpoint tensors that fill it, and zero-filled
+/// ranges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankLayout {
+    pub shape: Vec<u64>,
+    /// With [`RankLayout::per_expert`], the slices of the rank's first expert only.
+    pub slices: Vec<Slice>,
+    /// (element offset, count) filled with zeros (vocab padding).
+    pub zeros: Vec<(u64, u64)>,
+    /// Fused expert tensors repeat one expert's slices for every local expert: a DeepSeek-V3
+    /// rank holds 256 experts in each of 58 layers, and one expert's slices, built once, stand
+    /// for them all.
+    pub per_expert: Option<PerExpert>,
+}
+
+/// How [`RankLayout::slices`] repeat over a rank's experts: expert `first + j` is filled by the
+/// same slices with that expert id, `j · dst_step` elements further into the rank's tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerExpert {
+    /// The global id of the rank's first expert (the one the slices name).
+    pub first: u64,
+    pub count: u64,
+    pub dst_step: u64,
+}
+
+impl RankLayout {
+    /// A layout whose slices are all there is.
+    pub fn new(shape: Vec<u64>, slices: Vec<Slice>, zeros: Vec<(u64, u64)>) -> RankLayout {
+        RankLayout {
+            shape,
+            slices,
+            zeros,
+            per_expert: None,
+        }
+    }
+
+    /// One expert's `slices` (naming expert `local.start`) repeated over the rank's `local`
+    /// experts, `dst_step` elements apart.
+    pub fn per_expert(
+        shape: Vec<u64>,
+        local: std::ops::Range<u64>,
+        dst_step: u64,
+        slices: Vec<Slice>,
+    ) -> RankLayout {
+        RankLayout {
+            shape,
+            slices: if local.is_empty() { vec![] } else { slices },
+            zeros: vec![],
+            per_expert: Some(PerExpert {
+                first: local.start,
+                count: local.end - local.start,
+                dst_step,
+            }),
+        }
+    }
+
+    /// Every slice, a fused expert tensor's expanded for each of its experts in order.
+    pub fn all_slices(&self) -> Vec<Slice> {
+        let Some(pe) = self.per_expert else {
+            return self.slices.clone();
+        };
+        (0..pe.count)
+            .flat_map(|j| {
+                self.slices.iter().map(move |s| Slice {
+                    slot: (s.slot.0.clone(), Some(pe.first + j)),
+                    dst_base: s.dst_base + j * pe.dst_step,
+                    ..s.clone()
+                })
+            })
+            .collect()
+    }
+}
+
+/// The slot key's shard id of a shard named `s`.
+pub(super) fn name(s: &'static str) -> Option<ShardId> {
+    Some(ShardId::Name(std::borrow::Cow::Borrowed(s)))
+}
