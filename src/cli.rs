@@ -1,8 +1,9 @@
 //! The command line, as clap definitions. Also the source of the completions and the man page.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::commands::load::DeviceKind;
 use crate::config::ConfigFormat;
@@ -224,6 +225,7 @@ pub struct ParallelArgs {
         long,
         short = 't',
         value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..),
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: u64,
@@ -242,13 +244,106 @@ pub struct ParallelArgs {
     #[arg(long)]
     pub enable_expert_parallel: bool,
 
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub pp_partition: PpPartitionArg,
+}
+
+/// The model's dtype and mapping file: shared by plan, shard and sizes (`load`, whose dtype
+/// defaults to its folder's wload.json, has [`LoadParallelArgs`]).
+#[derive(Debug, Args)]
+pub struct ModelArgs {
     /// Model dtype, as vLLM's --dtype (auto: the config's, else the weights' common dtype; float32 becomes bfloat16)
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
 
-    /// Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)
-    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath, help = MAPPING_HELP)]
     pub mapping: Option<PathBuf>,
+}
+
+/// The help of every `--mapping` that picks the mapping to plan with (plan, shard, sizes, load).
+const MAPPING_HELP: &str =
+    "Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)";
+
+/// `VLLM_PP_LAYER_PARTITION`, which vLLM reads from its environment (vllm/envs.py) and so does
+/// wload: clap reads it with the rest of the command line, as the hidden argument
+/// [`PpPartitionArg::arg`] of the subcommands in [`PpPartitionArg::SUBCOMMANDS`].
+///
+/// The argument is added by [`Cli::parse_args`] only, not by `Cli::command()`: clap_complete
+/// lists hidden flags too, and the completions and man pages describe the command line people
+/// type. Empty counts as set, as in vLLM's `os.getenv`; a value that is not UTF-8 as unset.
+#[derive(Debug, Clone, Default)]
+pub struct PpPartitionArg(Option<OsString>);
+
+impl PpPartitionArg {
+    const ID: &str = "vllm_pp_layer_partition";
+
+    /// The subcommands that plan, so the ones that read the variable.
+    pub const SUBCOMMANDS: [&str; 4] = ["plan", "shard", "sizes", "load"];
+
+    /// The partition as the planner takes it: `None` when unset or not UTF-8.
+    pub fn get(&self) -> Option<String> {
+        self.0.clone()?.into_string().ok()
+    }
+
+    /// The hidden argument, set from the environment (or as `--vllm-pp-layer-partition`).
+    pub fn arg() -> clap::Arg {
+        clap::Arg::new(Self::ID)
+            .long("vllm-pp-layer-partition")
+            .env("VLLM_PP_LAYER_PARTITION")
+            .hide(true)
+            .value_parser(clap::value_parser!(OsString))
+    }
+}
+
+/// Nothing to add to `Cli::command()` (see [`PpPartitionArg`]); the value is read from the
+/// matches when [`Cli::parse_args`] added the argument.
+impl Args for PpPartitionArg {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        cmd
+    }
+}
+
+impl clap::FromArgMatches for PpPartitionArg {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let value = m.try_get_one::<OsString>(Self::ID).ok().flatten();
+        Ok(PpPartitionArg(value.cloned()))
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Cli {
+    /// The command that parses: `Cli::command()` plus the arguments read from the environment
+    /// ([`PpPartitionArg`]).
+    fn parsing_command() -> clap::Command {
+        Cli::command().mut_subcommands(|c| {
+            if PpPartitionArg::SUBCOMMANDS.contains(&c.get_name()) {
+                c.arg(PpPartitionArg::arg())
+            } else {
+                c
+            }
+        })
+    }
+
+    /// Parses `args` (the program's name first), as `Cli::try_parse_from` but with the
+    /// environment's arguments.
+    pub fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let mut cmd = Cli::parsing_command();
+        let matches = cmd.try_get_matches_from_mut(args)?;
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -281,13 +376,11 @@ pub struct SizesArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub max_pp: u64,
 
-    /// Model dtype, as vLLM's --dtype (auto: the config's, else the weights' common dtype; float32 becomes bfloat16)
-    #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
-    pub dtype: DtypeChoice,
+    #[command(flatten)]
+    pub model: ModelArgs,
 
-    /// Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)
-    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
-    pub mapping: Option<PathBuf>,
+    #[command(flatten)]
+    pub pp_partition: PpPartitionArg,
 
     /// Print one JSON document instead of a table (schema: docs/sizes-json.md)
     #[arg(long)]
@@ -386,6 +479,7 @@ pub struct LoadParallelArgs {
         long,
         short = 't',
         value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..),
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: Option<u64>,
@@ -407,9 +501,11 @@ pub struct LoadParallelArgs {
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeChoice>,
 
-    /// Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)
-    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+    #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath, help = MAPPING_HELP)]
     pub mapping: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub pp_partition: PpPartitionArg,
 }
 
 /// How source files are read; shared by `load` and `shard`, so that both measure the same way.
@@ -428,10 +524,41 @@ pub struct IoArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+        Cli::parsing_command().debug_assert();
+    }
+
+    /// The variable reaches every subcommand that plans, and only through the parsing command.
+    #[test]
+    fn pp_partition_is_read_by_the_planning_subcommands() {
+        let parse = |line: &str| Cli::parse_args(line.split(' ')).unwrap().command;
+        let given = "1,1";
+        let lines = [
+            "wload plan S --tp 1 --vllm-pp-layer-partition 1,1",
+            "wload shard S --tp 1 -o O --vllm-pp-layer-partition 1,1",
+            "wload sizes S --vllm-pp-layer-partition 1,1",
+            "wload load S --vllm-pp-layer-partition 1,1",
+        ];
+        for line in lines {
+            let got = match parse(line) {
+                Command::Plan(a) => a.parallel.pp_partition,
+                Command::Shard(a) => a.parallel.pp_partition,
+                Command::Sizes(a) => a.pp_partition,
+                Command::Load(a) => a.parallel.pp_partition,
+                _ => unreachable!("{line}"),
+            };
+            assert_eq!(got.get().as_deref(), Some(given), "{line}");
+        }
+        assert_eq!(lines.len(), PpPartitionArg::SUBCOMMANDS.len());
+        let documented = Cli::command();
+        for sub in documented.get_subcommands() {
+            assert!(
+                sub.get_arguments()
+                    .all(|a| a.get_id() != PpPartitionArg::ID)
+            );
+        }
     }
 }

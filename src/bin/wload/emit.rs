@@ -1,0 +1,171 @@
+//! Everything the binary writes: reports as one `--json` document or as text for people,
+//! failures and notes on stderr, completions and man pages. Kept apart from `main.rs` so that
+//! one file holds the rule of the output streams.
+//!
+//! Every text for people leaves through [`wload::escape::Terminal`]: the human reports (in
+//! [`emit`]) and everything on stderr ([`say`]), so that no control character of a name, a path
+//! or a manifest reaches the terminal raw; `--json` documents are written as serde writes them.
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+
+use clap::CommandFactory;
+
+use wload::Error;
+use wload::cli::Cli;
+use wload::escape::{Esc, Terminal};
+
+/// Writes a report for people (a table, a summary).
+pub type Human<'a> = &'a dyn Fn(&mut dyn Write) -> io::Result<()>;
+
+/// `--json` was given; the schema version to add to a report that has none of its own.
+#[derive(Clone, Copy)]
+pub struct Json(Option<u32>);
+
+/// `--json` for a report that carries its own `schema_version`, or for one that needs `version`.
+pub fn json_if(flag: bool, version: Option<u32>) -> Option<Json> {
+    flag.then_some(Json(version))
+}
+
+/// One JSON document with `--json` (with `"ok": true`, and `schema_version` for a report without
+/// its own), else the human table (`human`, unless it is `None`).
+pub fn emit<T: serde::Serialize>(
+    out: &mut dyn Write,
+    json: Option<Json>,
+    report: &T,
+    human: Option<Human>,
+) -> Result<(), Error> {
+    if let Some(Json(schema_version)) = json {
+        let doc = wload::report::json::success(report, schema_version);
+        serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| Error::Output(e.into()))?;
+        writeln!(out).map_err(Error::Output)
+    } else if let Some(h) = human {
+        let mut t = Terminal::new(out);
+        h(&mut t).and_then(|()| t.flush()).map_err(Error::Output)
+    } else {
+        Ok(())
+    }
+}
+
+/// A failed command: its JSON document with `--json` (unless stdout itself failed), then the
+/// message on stderr.
+pub fn failure(e: &Error, status: u8, json: bool) {
+    // A failed write to stdout leaves nowhere to put a document.
+    if json && !matches!(e, Error::Output(_)) {
+        print_json(&wload::report::json::failure(e, status));
+    }
+    say(format_args!("error: {}", e.for_terminal()));
+}
+
+/// A usage error from clap: on stderr, and then with `--json` anywhere on the line also its
+/// JSON document, since the pipeline that passed the flag reads stdout.
+pub fn usage_error(e: &clap::Error) {
+    if json_requested(std::env::args_os().skip(1)) {
+        print_json(&wload::report::json::usage_failure(&e.render().to_string()));
+    }
+    match escaped_usage_error(std::env::args_os().skip(1)) {
+        Some(text) => say(format_args!("{}", text.trim_end())),
+        None => {
+            let _ = e.print();
+        }
+    }
+}
+
+/// clap's message for the command line with every argument escaped, when one has a control
+/// character in it (a file name passed by a script, say); `None` otherwise, for clap to print in
+/// colour. clap quotes the argument it refuses, after stripping only some controls (ESC
+/// sequences, not CR, C1 or a newline): parsing the escaped arguments again gives the same
+/// refusal, quoting the escaped text, so that nothing in it can start a line.
+fn escaped_usage_error(args: impl Iterator<Item = OsString>) -> Option<String> {
+    let args: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+    if !args
+        .iter()
+        .any(|a| a.chars().any(wload::escape::is_control))
+    {
+        return None;
+    }
+    let escaped = args.iter().map(|a| wload::escape::escape(a).into_owned());
+    let program = std::iter::once("wload".to_string());
+    match Cli::parse_args(program.chain(escaped)) {
+        Err(e) => Some(e.render().to_string()),
+        // Escaping made the line acceptable (it never should): say that it was refused.
+        Ok(_) => Some(
+            "error: the command line was refused, and one of its arguments has control characters in it"
+                .into(),
+        ),
+    }
+}
+
+/// Whether `--json` is among the options (not after `--`, where everything is a value).
+fn json_requested(args: impl Iterator<Item = OsString>) -> bool {
+    args.take_while(|a| a != "--").any(|a| a == "--json")
+}
+
+/// `shard`'s notes on stderr: the leftovers of killed runs it removed, the source entries it did
+/// not copy.
+pub fn shard_notes(report: &wload::shard::ShardReport) {
+    for s in &report.removed_leftovers {
+        let (path, pid) = (Esc(&s.path.to_string_lossy()), s.pid);
+        say(format_args!(
+            "note: removed {path}, left by wload process {pid} (no longer running)"
+        ));
+    }
+    for name in &report.skipped_side_files {
+        say(format_args!(
+            "note: left out {} of the source: a wload output or staging folder, not a side file",
+            Esc(name)
+        ));
+    }
+}
+
+/// One line on stderr for people, its control characters escaped ([`Terminal`]). stderr may be
+/// closed or full; there is nowhere left to say so.
+pub fn say(line: std::fmt::Arguments) {
+    let mut t = Terminal::new(io::stderr().lock());
+    let _ = writeln!(t, "{line}").and_then(|()| t.flush());
+}
+
+/// One document on stdout, if stdout takes it: the exit status says the rest.
+fn print_json<T: serde::Serialize>(doc: &T) {
+    let mut out = io::stdout().lock();
+    let _ = serde_json::to_writer_pretty(&mut out, doc)
+        .map_err(io::Error::from)
+        .and_then(|()| writeln!(out))
+        .and_then(|()| out.flush());
+}
+
+/// The completion script for `shell`.
+pub fn completions(shell: clap_complete::Shell, out: &mut dyn Write) -> Result<(), Error> {
+    // `generate` panics on a write error: render to memory, then write and check.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "wload", &mut script);
+    out.write_all(&script).map_err(Error::Output)
+}
+
+/// wload(1), or a subcommand's page: wload-inspect(1) and so on, the names wload(1) refers to.
+pub fn man_page(name: Option<&str>, out: &mut dyn Write) -> Result<(), Error> {
+    let mut cli = Cli::command();
+    // Builds the subcommands' names (wload-inspect, "wload inspect") and global flags.
+    cli.build();
+    let page = match name {
+        None => cli,
+        Some(name) => {
+            let pages = || {
+                let visible = cli.get_subcommands().filter(|c| !c.is_hide_set());
+                visible.map(|c| c.get_name()).collect::<Vec<_>>().join(", ")
+            };
+            let sub = cli.find_subcommand(name).filter(|c| !c.is_hide_set());
+            sub.cloned().ok_or_else(|| {
+                Error::Usage(format!(
+                    "man: no page for '{name}'; there are pages for {}",
+                    pages()
+                ))
+            })?
+        }
+    };
+    // The footer names the program and version on every page, not the subcommand's name.
+    clap_mangen::Man::new(page)
+        .source(format!("wload {}", env!("CARGO_PKG_VERSION")))
+        .render(out)
+        .map_err(Error::Output)
+}

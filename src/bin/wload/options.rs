@@ -1,0 +1,117 @@
+//! From clap's arguments to the library's options: every options struct the binary passes
+//! (`SourceOptions`, `PlanOptions`, `SizesOptions`, `ShardOptions`, `LoadOptions`, `LoadFlags`) is
+//! built here, field by field, so that `main.rs` only runs commands and a new flag is wired in
+//! one place.
+
+use wload::cli::{Cli, LoadArgs, ParallelArgs, ShardArgs, SizesArgs, SourceArgs};
+use wload::commands::load::settings::LoadFlags;
+use wload::commands::plan::SizesOptions;
+use wload::load::LoadOptions;
+use wload::ranks::World;
+use wload::shard::ShardOptions;
+use wload::{Error, PlanOptions, SourceOptions};
+
+use crate::bars;
+
+/// The flags every subcommand takes.
+#[derive(Clone, Copy)]
+pub struct Globals {
+    pub verbose: bool,
+    pub quiet: bool,
+}
+
+impl From<&Cli> for Globals {
+    fn from(cli: &Cli) -> Globals {
+        Globals {
+            verbose: cli.verbose > 0,
+            quiet: cli.quiet,
+        }
+    }
+}
+
+/// How to find and read SOURCE; `--quiet` leaves out the download bars. Fails on a
+/// `--hf-overrides` that is not a JSON object.
+pub fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {
+    Ok(SourceOptions {
+        source: a.source.clone(),
+        load_format: a.load_format,
+        config_format: a.config_format,
+        hf_overrides: a
+            .hf_overrides
+            .as_deref()
+            .map(wload::config::parse_overrides)
+            .transpose()?,
+        revision: Some(a.revision.clone()),
+        download_dir: a.download_dir.clone(),
+        download_progress: bars::download_bars(quiet),
+        side_files: false,
+    })
+}
+
+pub fn plan_options(a: &ParallelArgs) -> PlanOptions {
+    PlanOptions {
+        tp: a.tp,
+        pp: a.pp,
+        pp_partition: a.pp_partition.get(),
+        expert_parallel: a.enable_expert_parallel,
+        dtype: a.model.dtype,
+        mapping: a.model.mapping.clone(),
+        shapes_only: false,
+    }
+}
+
+pub fn sizes_options(a: &SizesArgs) -> SizesOptions {
+    SizesOptions {
+        max_tp: a.max_tp,
+        max_pp: a.max_pp,
+        dtype: a.model.dtype,
+        mapping: a.model.mapping.clone(),
+        pp_partition: a.pp_partition.get(),
+    }
+}
+
+pub fn shard_options(a: &ShardArgs) -> ShardOptions {
+    ShardOptions {
+        out: a.out.clone(),
+        max_part_size: a.max_part_size,
+        ranks: a.ranks.clone(),
+        force: a.force,
+        verify: a.verify,
+        io: a.io.io,
+        cold: a.io.cold,
+    }
+}
+
+/// The ranks a `--tp`/`--pp` layout has, for the checks made before planning.
+pub fn world(a: &ParallelArgs) -> World {
+    World { tp: a.tp, pp: a.pp }
+}
+
+pub fn load_options(a: &LoadArgs) -> LoadOptions {
+    LoadOptions {
+        device: a.device,
+        dry_run: a.dry_run,
+        read: a.read,
+        ranks: a.ranks.clone(),
+        check: a.check,
+        checksums: a.checksums,
+        io: a.io.io,
+        cold: a.io.cold,
+        repeat: a.repeat,
+    }
+}
+
+/// `load`'s parallel flags as given, for `wload::commands::load::settings::load_settings` to complete from
+/// SOURCE's wload.json.
+pub fn load_flags(a: &LoadArgs) -> LoadFlags {
+    let p = &a.parallel;
+    LoadFlags {
+        tp: p.tp,
+        pp: p.pp,
+        expert_parallel: p.enable_expert_parallel,
+        dtype: p.dtype,
+        config_format: a.source.config_format,
+        pp_partition: p.pp_partition.get(),
+        mapping: p.mapping.clone(),
+    }
+}
