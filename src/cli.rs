@@ -225,7 +225,6 @@ pub struct ParallelArgs {
         long,
         short = 't',
         value_name = "N",
-        value_parser = clap::value_parser!(u64).range(1..),
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: u64,
@@ -479,7 +478,6 @@ pub struct LoadParallelArgs {
         long,
         short = 't',
         value_name = "N",
-        value_parser = clap::value_parser!(u64).range(1..),
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: Option<u64>,
