@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 
 use super::device::{CpuDevice, Device};
 use super::parts::{self, PartFile};
-use super::storage::{IoMode, SourceFile};
+use super::source::{IoMode, SourceFile};
 use super::{
     CHUNK_BYTES, Control, ExecError, ExecOptions, Placement, Sink, convert, execute, verify, write,
 };
