@@ -8,7 +8,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use crate::commands::load::DeviceKind;
 use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
-use crate::exec::storage::IoMode;
+use crate::exec::source::IoMode;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
 

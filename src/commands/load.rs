@@ -20,8 +20,10 @@ pub use report::{
 use crate::checksum;
 use crate::commands::error::Error;
 use crate::exec::device::{CpuDevice, Device, DeviceError};
+use crate::exec::io_choice;
 use crate::exec::load::LoadSink;
-use crate::exec::storage::{self, IoMode};
+use crate::exec::source::IoMode;
+use crate::exec::timing;
 use crate::exec::{Control, ExecError, ExecOptions, Placement, Stats};
 use crate::open::{Opened, SourceOptions};
 use crate::plan::PlanOptions;
@@ -175,7 +177,7 @@ fn prepare_source(
     timings: &mut LoadTimings,
 ) -> Result<(CacheReport, IoReport), Error> {
     let t = Instant::now();
-    let (cache, choice) = storage::prepare(
+    let (cache, choice) = io_choice::prepare(
         &crate::exec::source_files(&planned.plan, planned.root()),
         lopts.io,
         lopts.cold,
@@ -405,8 +407,8 @@ fn transfer(
     timings.copy_s = Stats::secs(&stats.put_ns);
     timings.bytes_read = stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed);
     let wall = timings.transfer_s + timings.sync_s;
-    timings.read_gbps = storage::gbps(timings.bytes_read, wall);
-    timings.h2d_gbps = storage::gbps(planned.bytes(), wall);
+    timings.read_gbps = timing::gbps(timings.bytes_read, wall);
+    timings.h2d_gbps = timing::gbps(planned.bytes(), wall);
     Ok(sink.copy_ns.iter().map(Stats::secs).collect())
 }
 
@@ -471,11 +473,11 @@ fn rank_stages(d: &dyn Device, wall_s: f64) -> RankStages {
     RankStages {
         read_bytes: st.read.bytes(),
         read_busy_s,
-        read_gbps: storage::gbps(st.read.bytes(), read_busy_s),
+        read_gbps: timing::gbps(st.read.bytes(), read_busy_s),
         h2d_bytes,
         h2d_s,
-        h2d_gbps: storage::gbps(h2d_bytes, h2d_s),
-        overlap: storage::overlap(read_busy_s, h2d_s, wall_s),
+        h2d_gbps: timing::gbps(h2d_bytes, h2d_s),
+        overlap: timing::overlap(read_busy_s, h2d_s, wall_s),
         staging_wait_s: st.wait_s(),
     }
 }

@@ -41,7 +41,7 @@ pub struct ShardOptions {
     pub force: bool,
     pub verify: bool,
     /// How to read the source, and whether to evict it from the page cache first (as `load`).
-    pub io: crate::exec::storage::IoMode,
+    pub io: crate::exec::source::IoMode,
     pub cold: bool,
 }
 
@@ -62,8 +62,8 @@ pub struct ShardReport {
     pub removed_leftovers: Vec<output::Swept>,
     pub timings: ShardTimings,
     /// How the source was read (`--io`), and its page-cache residency as writing started.
-    pub io: crate::exec::storage::IoChoice,
-    pub source_cache: crate::exec::storage::SourceCache,
+    pub io: crate::exec::io_choice::IoChoice,
+    pub source_cache: crate::exec::io_choice::SourceCache,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -210,21 +210,21 @@ fn check_space(
     space::check(out, &fs, bytes, count, target.replaces_output())
 }
 
-/// `--cold` and `--io`, as `load` does them (see [`crate::exec::storage::prepare`]).
+/// `--cold` and `--io`, as `load` does them (see [`crate::exec::io_choice::prepare`]).
 fn source_io(
     plan: &Plan,
     root: &Path,
     opts: &ShardOptions,
 ) -> Result<
     (
-        crate::exec::storage::SourceCache,
-        crate::exec::storage::IoChoice,
+        crate::exec::io_choice::SourceCache,
+        crate::exec::io_choice::IoChoice,
     ),
     ShardError,
 > {
-    use crate::exec::storage::IoMode;
+    use crate::exec::source::IoMode;
     let paths = crate::exec::source_files(plan, root);
-    let (cache, mut io) = crate::exec::storage::prepare(&paths, opts.io, opts.cold)
+    let (cache, mut io) = crate::exec::io_choice::prepare(&paths, opts.io, opts.cold)
         .map_err(|e| ShardError::Exec(ExecError::from(e)))?;
     // Measured cold on the 3.85 GB checkpoint at --tp 8: buffered (file-to-file copies) wrote in
     // 7.7 s with a 45 MiB peak, direct in 9.7 s with 226 MiB; so `auto` stays buffered here.

@@ -18,7 +18,7 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 
 use super::device::{Device, DeviceError, Stages};
-use super::storage::{self, SourceFile};
+use super::source::{SourceFile, staging_len};
 
 /// Bytes one slot carries per copy (plus O_DIRECT's alignment slack): large enough for the copy
 /// engine to run at full speed, small enough that a pool per thread stays modest.
@@ -133,7 +133,7 @@ impl CudaDevice {
     fn new_slot(&self) -> Result<Slot, DeviceError> {
         let e = |op| move |e: DriverError| err(self.ordinal, op, e);
         // SAFETY: pinned allocation in the bound context; page-aligned, as O_DIRECT needs.
-        let host = unsafe { result::malloc_host(storage::staging_len(self.slot_bytes), 0) }
+        let host = unsafe { result::malloc_host(staging_len(self.slot_bytes), 0) }
             .map_err(e("allocating pinned memory"))? as *mut u8;
         let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let done = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -326,7 +326,7 @@ impl Device for CudaDevice {
                 // SAFETY: the slot's buffer holds staging_len(slot_bytes) bytes, is ours, and no
                 // copy from it is in flight (with_slot).
                 let room = unsafe {
-                    std::slice::from_raw_parts_mut(slot.host, storage::staging_len(self.slot_bytes))
+                    std::slice::from_raw_parts_mut(slot.host, staging_len(self.slot_bytes))
                 };
                 let at = self
                     .stages
@@ -374,7 +374,7 @@ impl Device for CudaDevice {
     }
 
     fn staging_bytes(&self) -> u64 {
-        (self.slots * storage::staging_len(self.slot_bytes)) as u64
+        (self.slots * staging_len(self.slot_bytes)) as u64
     }
 }
 

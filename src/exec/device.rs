@@ -5,7 +5,8 @@ use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
-use super::storage::{ALIGN, AlignedBuf, Busy, SourceFile};
+use super::source::{ALIGN, AlignedBuf, SourceFile};
+use super::timing::Busy;
 
 /// One rank's memory.
 pub trait Device: Send + Sync {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::device::{Device, DeviceError};
-use super::storage::SourceFile;
+use super::source::SourceFile;
 use super::{ExecError, Sink};
 
 pub struct LoadSink<'a> {

@@ -5,8 +5,9 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::jobs::placements_for;
 use super::parts::PartFile;
-use super::{Control, ExecError, Sink, execute, placements_for};
+use super::{Control, ExecError, Sink, execute};
 use crate::plan::Plan;
 
 struct VerifySink<'a> {

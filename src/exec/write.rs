@@ -9,9 +9,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
+use super::jobs::placements_for;
 use super::parts::PartFile;
-use super::storage::SourceFile;
-use super::{Control, ExecError, Placement, Sink, execute, placements_for};
+use super::source::SourceFile;
+use super::{Control, ExecError, Placement, Sink, execute};
 use crate::checksum;
 use crate::plan::{Piece, Plan};
 

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::DeviceKind;
-use crate::exec::storage;
+use crate::exec::io_choice;
 use crate::open::Timings;
 
 /// Where the tensors came from.
@@ -51,7 +51,7 @@ pub struct LoadReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct IoReport {
     #[serde(flatten)]
-    pub choice: storage::IoChoice,
+    pub choice: io_choice::IoChoice,
     /// Pinned (GPU) host bytes held for staging, per rank: the bound on host memory.
     pub staging_bytes_per_rank: u64,
     /// Worker threads reading and copying (more than the cores for direct reads).
@@ -59,7 +59,7 @@ pub struct IoReport {
 }
 
 /// The source's page-cache residency as the load started.
-pub type CacheReport = storage::SourceCache;
+pub type CacheReport = io_choice::SourceCache;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Repeats {
@@ -160,6 +160,6 @@ pub struct LoadTimings {
 
 impl LoadTimings {
     pub fn gbps(&self, bytes: u64) -> f64 {
-        crate::exec::storage::gbps(bytes, self.transfer_s + self.sync_s)
+        crate::exec::timing::gbps(bytes, self.transfer_s + self.sync_s)
     }
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 
 use super::device::{CpuDevice, Device};
 use super::parts::{self, PartFile};
-use super::storage::{IoMode, SourceFile};
+use super::source::{IoMode, SourceFile};
 use super::{
     CHUNK_BYTES, Control, ExecError, ExecOptions, Placement, Sink, convert, execute, verify, write,
 };
@@ -232,6 +232,31 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         skipped: Vec::new(),
     };
     (plan, srcs)
+}
+
+/// A plan of one rank at TP1 reading one source tensor under `root`.
+fn one_rank_plan(root: &Path, source: SourceTensor, dtype: Dtype, tensors: Vec<OutTensor>) -> Plan {
+    Plan {
+        family: "test".into(),
+        architecture: "Test".into(),
+        tp: 1,
+        pp: 1,
+        stages: Vec::new(),
+        expert_parallel: false,
+        dtype,
+        file_stamps: stamps(root, std::slice::from_ref(&source)),
+        sources: vec![source],
+        ranks: vec![RankPlan {
+            rank: 0,
+            pp_rank: 0,
+            tp_rank: 0,
+            bytes: tensors.iter().map(|t| t.bytes).sum(),
+            tensors,
+        }],
+        tie_word_embeddings: false,
+        retie: None,
+        skipped: Vec::new(),
+    }
 }
 
 /// Random 2-D source tensors of random dtypes in two files under `root`, each after some junk.
@@ -618,27 +643,7 @@ fn empty_blocks_copy_nothing() {
         vec![4],
         vec![copy(0, 0, 4, (0, 4), (0, 4)), copy(0, 3, 0, (0, 4), (0, 4))],
     );
-    let plan = Plan {
-        family: "test".into(),
-        architecture: "Test".into(),
-        tp: 1,
-        pp: 1,
-        stages: Vec::new(),
-        expert_parallel: false,
-        dtype: Dtype::Bf16,
-        file_stamps: stamps(root.path(), std::slice::from_ref(&source)),
-        sources: vec![source],
-        ranks: vec![RankPlan {
-            rank: 0,
-            pp_rank: 0,
-            tp_rank: 0,
-            bytes: t.bytes,
-            tensors: vec![t],
-        }],
-        tie_word_embeddings: false,
-        retie: None,
-        skipped: Vec::new(),
-    };
+    let plan = one_rank_plan(root.path(), source, Dtype::Bf16, vec![t]);
     for chunk_bytes in CHUNKS {
         let mut dev = CpuDevice::default();
         dev.alloc(&[8]).unwrap();
@@ -699,27 +704,7 @@ fn transposed_copies_are_exact_at_every_chunk_size() {
         .iter()
         .map(|&d| tensor(format!("w13.{d}"), d, vec![e, w, h], pieces()))
         .collect();
-    let plan = Plan {
-        family: "test".into(),
-        architecture: "Test".into(),
-        tp: 1,
-        pp: 1,
-        stages: Vec::new(),
-        expert_parallel: false,
-        dtype: Dtype::F32,
-        file_stamps: stamps(root.path(), std::slice::from_ref(&source)),
-        sources: vec![source],
-        ranks: vec![RankPlan {
-            rank: 0,
-            pp_rank: 0,
-            tp_rank: 0,
-            bytes: tensors.iter().map(|t| t.bytes).sum(),
-            tensors,
-        }],
-        tie_word_embeddings: false,
-        retie: None,
-        skipped: Vec::new(),
-    };
+    let plan = one_rank_plan(root.path(), source, Dtype::F32, tensors);
     // want[x][c][k] = gate_up_proj[x][k][cols.0 + c]; small integers are exact in BF16 too.
     let want: Vec<f32> = (0..e)
         .flat_map(|x| {
