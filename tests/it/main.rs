@@ -18,6 +18,9 @@
 //! safety::` or `cargo test --test it -- commands::shard::`), one golden
 //! case with `cargo test --test it -- golden::llama_gqa_tp2`.
 
+// Tests may print what they measured; the rule is for the library.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
 mod support;
 
 mod commands;
