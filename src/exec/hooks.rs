@@ -6,7 +6,7 @@
 /// `WLOAD_TEST_CHUNK_BYTES=N`: the engine reads sources `N` bytes at a time instead of
 /// [`super::CHUNK_BYTES`], so that the tiny golden fixtures cross chunk boundaries everywhere.
 #[cfg(feature = "test-hooks")]
-pub fn chunk_bytes() -> Option<u64> {
+pub(crate) fn chunk_bytes() -> Option<u64> {
     let v = std::env::var("WLOAD_TEST_CHUNK_BYTES").ok()?;
     // A typo must not quietly test the default chunk size instead.
     match v.trim().parse::<u64>() {
@@ -23,7 +23,7 @@ pub fn chunk_bytes() -> Option<u64> {
 /// `WLOAD_TEST_SLOT_BYTES=N`: CUDA staging slots of `N` bytes instead of 16 MiB, so that the stub
 /// driver's tests send every tensor through several slots and reuse each many times.
 #[cfg(feature = "test-hooks")]
-pub fn slot_bytes() -> Option<usize> {
+pub(crate) fn slot_bytes() -> Option<usize> {
     let v = std::env::var("WLOAD_TEST_SLOT_BYTES").ok()?;
     match v.trim().parse::<usize>() {
         Ok(n) if n > 0 => Some(n),
@@ -43,7 +43,7 @@ pub fn slot_bytes() -> Option<usize> {
 /// the command's environment counts the engine runs of the process from 1 (a shard's write is
 /// 1, its `--verify` 2).
 #[cfg(feature = "test-hooks")]
-pub fn at(point: Point) {
+pub(crate) fn at(point: Point) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static RUNS: AtomicUsize = AtomicUsize::new(0);
     let (var, run) = match point {
@@ -72,7 +72,7 @@ pub fn at(_point: Point) {}
 
 /// Where [`at`] runs.
 #[derive(Debug, Clone, Copy)]
-pub enum Point {
+pub(crate) enum Point {
     Execute,
     Read,
     /// `load --dry-run --read`: the headers checked, before the files are hashed

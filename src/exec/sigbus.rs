@@ -39,14 +39,14 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// A mapping watched for vanished pages while it lives.
 #[derive(Debug)]
-pub struct Watch {
+pub(super) struct Watch {
     slot: usize,
 }
 
 impl Watch {
     /// Watches `[start, start + len)`; `None` when the handler could not be installed or the
     /// table is full (the caller then does not map the file).
-    pub fn new(start: *const u8, len: usize) -> Option<Watch> {
+    pub(super) fn new(start: *const u8, len: usize) -> Option<Watch> {
         INSTALL.call_once(install);
         if !INSTALLED.load(Ordering::Acquire) || len == 0 {
             return None;
@@ -70,7 +70,7 @@ impl Watch {
     }
 
     /// Whether a page of the mapping vanished (the file shrank under it) and reads gave zeros.
-    pub fn lost_pages(&self) -> bool {
+    pub(super) fn lost_pages(&self) -> bool {
         TABLE[self.slot].lost.load(Ordering::Acquire)
     }
 }

@@ -57,7 +57,7 @@ impl Shard {
 
 impl Fed {
     /// The slots of a parameter with `experts` experts (`None`: not a fused expert parameter).
-    pub fn new(experts: Option<u64>) -> Fed {
+    pub(super) fn new(experts: Option<u64>) -> Fed {
         Fed {
             // Bounded as well by what a table may cost: a config can claim any count.
             table_experts: experts.unwrap_or(0),
@@ -65,7 +65,7 @@ impl Fed {
         }
     }
 
-    pub fn get(&self, (shard, expert): &SlotKey) -> Option<&Feed> {
+    pub(super) fn get(&self, (shard, expert): &SlotKey) -> Option<&Feed> {
         let s = self.shard(shard)?;
         match *expert {
             None => s.plain.as_ref(),
@@ -74,22 +74,22 @@ impl Fed {
     }
 
     /// The slot of `shard` for expert `e`.
-    pub fn expert(&self, shard: &Option<ShardId>, e: u64) -> Option<&Feed> {
+    pub(super) fn expert(&self, shard: &Option<ShardId>, e: u64) -> Option<&Feed> {
         self.shard(shard)?.expert(e)
     }
 
     /// The slots of `shard` by expert, found once for a walk over many experts.
-    pub fn experts_of(&self, shard: &Option<ShardId>) -> Option<ExpertSlots<'_>> {
+    pub(super) fn experts_of(&self, shard: &Option<ShardId>) -> Option<ExpertSlots<'_>> {
         Some(ExpertSlots {
             shard: self.shard(shard)?,
         })
     }
 
-    pub fn contains_key(&self, key: &SlotKey) -> bool {
+    pub(super) fn contains_key(&self, key: &SlotKey) -> bool {
         self.get(key).is_some()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.shards.iter().all(|s| {
             s.plain.is_none() && s.other.is_empty() && s.experts.iter().all(Option::is_none)
         })
@@ -97,7 +97,7 @@ impl Fed {
 
     /// Fills `key` unless it is filled already; then says by what. One lookup of the shard id
     /// for both (the assign phase fills 90,000 slots of a DeepSeek-V3 checkpoint in turn).
-    pub fn fill(&mut self, (shard, expert): SlotKey, feed: Feed) -> Result<(), Feed> {
+    pub(super) fn fill(&mut self, (shard, expert): SlotKey, feed: Feed) -> Result<(), Feed> {
         let k = self.shard_index(shard);
         let s = &self.shards[k];
         let filled = match expert {
@@ -166,7 +166,7 @@ pub(super) struct ExpertSlots<'f> {
 
 impl ExpertSlots<'_> {
     /// The slot of expert `e`, as [`Fed::expert`].
-    pub fn get(&self, e: u64) -> Option<&Feed> {
+    pub(super) fn get(&self, e: u64) -> Option<&Feed> {
         self.shard.expert(e)
     }
 }

@@ -9,7 +9,7 @@
 /// a fifth fewer faults. Only for the commands that read headers and plan: under `shard` it
 /// raised peak RSS from 49 to 61 MiB in one run of three (buffers kept by one thread's arena
 /// while another's grew), and `shard` and `load` promise bounded memory.
-pub fn keep_freed_memory() {
+pub(crate) fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets the allocator's parameters; it runs before any other thread.
     unsafe {

@@ -21,7 +21,7 @@ impl Drop for Bar {
 
 /// A byte-count bar with rate and ETA when stderr is a terminal and not `--quiet`, behind a word
 /// saying what it counts ("writing", "loading").
-pub fn labelled_bar(total: u64, quiet: bool, label: &str) -> Box<dyn Progress> {
+pub(crate) fn labelled_bar(total: u64, quiet: bool, label: &str) -> Box<dyn Progress> {
     if quiet || !std::io::stderr().is_terminal() {
         return Box::new(Quiet);
     }
@@ -40,7 +40,7 @@ pub fn labelled_bar(total: u64, quiet: bool, label: &str) -> Box<dyn Progress> {
 
 /// One bar per file download, stacked while several run at once, when stderr is a terminal and
 /// not `--quiet`.
-pub fn download_bars(quiet: bool) -> wload::resolve::hub::DownloadProgress {
+pub(crate) fn download_bars(quiet: bool) -> wload::resolve::hub::DownloadProgress {
     if quiet || !std::io::stderr().is_terminal() {
         return Default::default();
     }

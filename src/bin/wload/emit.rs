@@ -16,20 +16,20 @@ use wload::cli::Cli;
 use wload::escape::{Esc, Terminal};
 
 /// Writes a report for people (a table, a summary).
-pub type Human<'a> = &'a dyn Fn(&mut dyn Write) -> io::Result<()>;
+pub(crate) type Human<'a> = &'a dyn Fn(&mut dyn Write) -> io::Result<()>;
 
 /// `--json` was given; the schema version to add to a report that has none of its own.
 #[derive(Clone, Copy)]
-pub struct Json(Option<u32>);
+pub(crate) struct Json(Option<u32>);
 
 /// `--json` for a report that carries its own `schema_version`, or for one that needs `version`.
-pub fn json_if(flag: bool, version: Option<u32>) -> Option<Json> {
+pub(crate) fn json_if(flag: bool, version: Option<u32>) -> Option<Json> {
     flag.then_some(Json(version))
 }
 
 /// One JSON document with `--json` (with `"ok": true`, and `schema_version` for a report without
 /// its own), else the human table (`human`, unless it is `None`).
-pub fn emit<T: serde::Serialize>(
+pub(crate) fn emit<T: serde::Serialize>(
     out: &mut dyn Write,
     json: Option<Json>,
     report: &T,
@@ -49,7 +49,7 @@ pub fn emit<T: serde::Serialize>(
 
 /// A failed command: its JSON document with `--json` (unless stdout itself failed), then the
 /// message on stderr.
-pub fn failure(e: &Error, status: u8, json: bool) {
+pub(crate) fn failure(e: &Error, status: u8, json: bool) {
     // A failed write to stdout leaves nowhere to put a document.
     if json && !matches!(e, Error::Output(_)) {
         print_json(&wload::report::json::failure(e, status));
@@ -59,7 +59,7 @@ pub fn failure(e: &Error, status: u8, json: bool) {
 
 /// A usage error from clap: on stderr, and then with `--json` anywhere on the line also its
 /// JSON document, since the pipeline that passed the flag reads stdout.
-pub fn usage_error(e: &clap::Error) {
+pub(crate) fn usage_error(e: &clap::Error) {
     if json_requested(std::env::args_os().skip(1)) {
         print_json(&wload::report::json::usage_failure(&e.render().to_string()));
     }
@@ -103,7 +103,7 @@ fn json_requested(args: impl Iterator<Item = OsString>) -> bool {
 
 /// `shard`'s notes on stderr: the leftovers of killed runs it removed, the source entries it did
 /// not copy.
-pub fn shard_notes(report: &wload::shard::ShardReport) {
+pub(crate) fn shard_notes(report: &wload::shard::ShardReport) {
     for s in &report.removed_leftovers {
         let (path, pid) = (Esc(&s.path.to_string_lossy()), s.pid);
         say(format_args!(
@@ -120,7 +120,7 @@ pub fn shard_notes(report: &wload::shard::ShardReport) {
 
 /// One line on stderr for people, its control characters escaped ([`Terminal`]). stderr may be
 /// closed or full; there is nowhere left to say so.
-pub fn say(line: std::fmt::Arguments) {
+pub(crate) fn say(line: std::fmt::Arguments) {
     let mut t = Terminal::new(io::stderr().lock());
     let _ = writeln!(t, "{line}").and_then(|()| t.flush());
 }
@@ -135,7 +135,7 @@ fn print_json<T: serde::Serialize>(doc: &T) {
 }
 
 /// The completion script for `shell`.
-pub fn completions(shell: clap_complete::Shell, out: &mut dyn Write) -> Result<(), Error> {
+pub(crate) fn completions(shell: clap_complete::Shell, out: &mut dyn Write) -> Result<(), Error> {
     // `generate` panics on a write error: render to memory, then write and check.
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "wload", &mut script);
@@ -143,7 +143,7 @@ pub fn completions(shell: clap_complete::Shell, out: &mut dyn Write) -> Result<(
 }
 
 /// wload(1), or a subcommand's page: wload-inspect(1) and so on, the names wload(1) refers to.
-pub fn man_page(name: Option<&str>, out: &mut dyn Write) -> Result<(), Error> {
+pub(crate) fn man_page(name: Option<&str>, out: &mut dyn Write) -> Result<(), Error> {
     let mut cli = Cli::command();
     // Builds the subcommands' names (wload-inspect, "wload inspect") and global flags.
     cli.build();

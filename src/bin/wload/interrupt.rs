@@ -11,14 +11,14 @@ static STOP: AtomicBool = AtomicBool::new(false);
 static WHICH: AtomicUsize = AtomicUsize::new(0);
 
 /// The flag that long-running work polls.
-pub fn flag() -> &'static AtomicBool {
+pub(crate) fn flag() -> &'static AtomicBool {
     &STOP
 }
 
 /// Installs the handlers (once). Called only when the work that polls [`flag`] starts: before
 /// that the signals keep their default action, which ends wload at once wherever it is (reading
 /// headers, downloading, planning), with nothing of its own left to clean up.
-pub fn install() {
+pub(crate) fn install() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
         for sig in SIGNALS {
@@ -31,7 +31,7 @@ pub fn install() {
 }
 
 /// 128 + the number of the signal that stopped the work (130 if none was seen).
-pub fn exit_status() -> u8 {
+pub(crate) fn exit_status() -> u8 {
     match WHICH.load(Ordering::SeqCst) {
         0 => 130,
         n => u8::try_from(128 + n).unwrap_or(130),

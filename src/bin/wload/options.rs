@@ -15,7 +15,7 @@ use crate::bars;
 
 /// The flags every subcommand takes.
 #[derive(Clone, Copy)]
-pub struct Globals {
+pub(crate) struct Globals {
     pub verbose: bool,
     pub quiet: bool,
 }
@@ -31,7 +31,7 @@ impl From<&Cli> for Globals {
 
 /// How to find and read SOURCE; `--quiet` leaves out the download bars. Fails on a
 /// `--hf-overrides` that is not a JSON object.
-pub fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {
+pub(crate) fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Error> {
     Ok(SourceOptions {
         source: a.source.clone(),
         load_format: a.load_format,
@@ -48,7 +48,7 @@ pub fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOptions, Erro
     })
 }
 
-pub fn plan_options(a: &ParallelArgs) -> PlanOptions {
+pub(crate) fn plan_options(a: &ParallelArgs) -> PlanOptions {
     PlanOptions {
         tp: a.tp,
         pp: a.pp,
@@ -60,7 +60,7 @@ pub fn plan_options(a: &ParallelArgs) -> PlanOptions {
     }
 }
 
-pub fn sizes_options(a: &SizesArgs) -> SizesOptions {
+pub(crate) fn sizes_options(a: &SizesArgs) -> SizesOptions {
     SizesOptions {
         max_tp: a.max_tp,
         max_pp: a.max_pp,
@@ -70,7 +70,7 @@ pub fn sizes_options(a: &SizesArgs) -> SizesOptions {
     }
 }
 
-pub fn shard_options(a: &ShardArgs) -> ShardOptions {
+pub(crate) fn shard_options(a: &ShardArgs) -> ShardOptions {
     ShardOptions {
         out: a.out.clone(),
         max_part_size: a.max_part_size,
@@ -83,11 +83,11 @@ pub fn shard_options(a: &ShardArgs) -> ShardOptions {
 }
 
 /// The ranks a `--tp`/`--pp` layout has, for the checks made before planning.
-pub fn world(a: &ParallelArgs) -> World {
+pub(crate) fn world(a: &ParallelArgs) -> World {
     World { tp: a.tp, pp: a.pp }
 }
 
-pub fn load_options(a: &LoadArgs) -> LoadOptions {
+pub(crate) fn load_options(a: &LoadArgs) -> LoadOptions {
     LoadOptions {
         device: a.device,
         dry_run: a.dry_run,
@@ -103,7 +103,7 @@ pub fn load_options(a: &LoadArgs) -> LoadOptions {
 
 /// `load`'s parallel flags as given, for `wload::commands::load::settings::load_settings` to complete from
 /// SOURCE's wload.json.
-pub fn load_flags(a: &LoadArgs) -> LoadFlags {
+pub(crate) fn load_flags(a: &LoadArgs) -> LoadFlags {
     let p = &a.parallel;
     LoadFlags {
         tp: p.tp,

@@ -536,18 +536,18 @@ mod sys {
         }
     }
 
-    pub fn unsupported(e: &io::Error) -> bool {
+    pub(super) fn unsupported(e: &io::Error) -> bool {
         matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS))
     }
 
-    pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    pub(super) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
         match renameat2(from, to, libc::RENAME_NOREPLACE) {
             Err(e) if unsupported(&e) => std::fs::rename(from, to),
             r => r,
         }
     }
 
-    pub fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    pub(super) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
         renameat2(a, b, libc::RENAME_EXCHANGE)
     }
 }

@@ -22,7 +22,7 @@ use crate::sharded::manifest::{MANIFEST, Manifest};
 
 /// The entries of an earlier output that wload wrote, by its manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owned {
+pub(super) struct Owned {
     /// Regular files directly in OUT: part files, the manifest, side files.
     files: BTreeSet<String>,
     /// Folders copied as side files and every entry in them, relative to OUT; folders end in `/`.
@@ -32,7 +32,7 @@ pub struct Owned {
 }
 
 impl Owned {
-    pub fn of(m: &Manifest) -> Owned {
+    pub(super) fn of(m: &Manifest) -> Owned {
         let mut files: BTreeSet<String> = m.files.iter().map(|f| f.name.clone()).collect();
         files.insert(MANIFEST.to_string());
         files.extend(m.side_files.iter().flatten().cloned());
@@ -58,7 +58,7 @@ impl Owned {
 
     /// The entries below `dir` that this listing does not account for, as paths relative to it,
     /// sorted. Walks only listed folders, without following links.
-    pub fn foreign(&self, dir: &Path) -> io::Result<Vec<String>> {
+    pub(super) fn foreign(&self, dir: &Path) -> io::Result<Vec<String>> {
         let mut foreign = Vec::new();
         // (folder, its path relative to `dir` with a trailing '/', or "" for `dir` itself)
         let mut stack = vec![(dir.to_path_buf(), String::new())];
@@ -98,7 +98,7 @@ impl Owned {
     /// Removes from `dir` the regular files and folders this listing names, never following a
     /// link. Whatever else is there (something written into the folder after it was checked)
     /// stays, and so do the folders holding it.
-    pub fn remove_listed(&self, dir: &Path) -> io::Result<()> {
+    pub(super) fn remove_listed(&self, dir: &Path) -> io::Result<()> {
         let root = open_dir(None, dir.as_os_str())?;
         for name in &self.files {
             unlink_file(&root, name);

@@ -30,7 +30,7 @@ struct Item {
 
 /// What [`list`] found to copy.
 #[derive(Debug, Clone, Default)]
-pub struct SideFiles {
+pub(super) struct SideFiles {
     /// In copy order: a folder before what it holds.
     items: Vec<Item>,
     /// Bytes of the files to copy, summed.
@@ -41,12 +41,12 @@ pub struct SideFiles {
 
 impl SideFiles {
     /// Files and folders to create.
-    pub fn count(&self) -> u64 {
+    pub(super) fn count(&self) -> u64 {
         self.items.len() as u64
     }
 
     /// The top-level names, for the manifest's `side_files`.
-    pub fn names(&self) -> Vec<String> {
+    pub(super) fn names(&self) -> Vec<String> {
         (self.items.iter())
             .filter(|i| i.rel.components().count() == 1)
             .map(|i| i.rel.to_string_lossy().into_owned())
@@ -55,7 +55,7 @@ impl SideFiles {
 
     /// Everything inside the copied folders, folders ending in `/`, for the manifest's
     /// `side_tree`; `None` without folders.
-    pub fn tree(&self) -> Option<Vec<String>> {
+    pub(super) fn tree(&self) -> Option<Vec<String>> {
         let tree: Vec<String> = (self.items.iter())
             .filter(|i| i.dir || i.rel.components().count() > 1)
             .map(|i| {
@@ -71,7 +71,12 @@ impl SideFiles {
     }
 
     /// Copies every listed entry from `root` into `tmp`.
-    pub fn copy(&self, root: &Path, tmp: &Path, cancel: &AtomicBool) -> Result<(), ShardError> {
+    pub(super) fn copy(
+        &self,
+        root: &Path,
+        tmp: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<(), ShardError> {
         for item in &self.items {
             if cancel.load(Ordering::Relaxed) {
                 return Err(ShardError::Exec(ExecError::Cancelled));
@@ -88,7 +93,7 @@ impl SideFiles {
 }
 
 /// Lists the side files of the checkpoint at `root`; `out` (OUT) is never among them.
-pub fn list(root: &Path, out: &Path) -> Result<SideFiles, ShardError> {
+pub(super) fn list(root: &Path, out: &Path) -> Result<SideFiles, ShardError> {
     let out = out.canonicalize().ok();
     let mut side = SideFiles::default();
     // Every folder entered, by identity: `copytree` follows links, so a link to a folder that

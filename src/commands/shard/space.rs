@@ -17,7 +17,7 @@ const MARGIN_SHARE: u64 = 128;
 
 /// What this run will write on the output's file system, and what was free there before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Space {
+pub(super) struct Space {
     /// The folder whose file system was measured (OUT's parent: the staging folder goes there).
     pub fs: PathBuf,
     /// Bytes of the part files, side files, config.json and manifest, summed.
@@ -29,7 +29,7 @@ pub struct Space {
 /// Checks that `bytes` in `files` new files (and margin) fit on the file system of `fs` before
 /// anything is written there; `replacing`: OUT holds an earlier output, whose space is freed only
 /// after the new one is published.
-pub fn check(
+pub(super) fn check(
     out: &Path,
     fs: &Path,
     bytes: u64,
@@ -130,7 +130,7 @@ fn free_bytes_for_tests() -> Option<u64> {
 /// Why a write on the output's file system failed, when it is about that file system rather than
 /// the file: the same for a part file, a side file, config.json, the manifest or a folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskProblem {
+pub(super) enum DiskProblem {
     Full,
     Quota,
     ReadOnly,
@@ -138,7 +138,7 @@ pub enum DiskProblem {
 }
 
 impl DiskProblem {
-    pub fn of(e: &io::Error) -> Option<DiskProblem> {
+    pub(super) fn of(e: &io::Error) -> Option<DiskProblem> {
         match e.raw_os_error()? {
             libc::ENOSPC => Some(DiskProblem::Full),
             libc::EDQUOT => Some(DiskProblem::Quota),
@@ -149,7 +149,7 @@ impl DiskProblem {
     }
 
     /// What it means and what to do, for the output's file system at `space.fs`.
-    pub fn explain(self, space: Option<&Space>, fs: &Path) -> String {
+    pub(super) fn explain(self, space: Option<&Space>, fs: &Path) -> String {
         let fs = fs.display();
         let need = space.map_or_else(String::new, |s| {
             let free = s.free.map_or_else(

@@ -7,7 +7,7 @@ use super::types::{Block, Rank, RankLayout, Slice, name};
 use crate::mapping::{ExpertPart, GptOssPart};
 
 /// Linear expert placement (vLLM's `determine_expert_map`): extra experts go to the first ranks.
-pub fn local_experts(experts: u64, ep_size: u64, ep_rank: u64) -> std::ops::Range<u64> {
+pub(super) fn local_experts(experts: u64, ep_size: u64, ep_rank: u64) -> std::ops::Range<u64> {
     let base = experts / ep_size;
     let rem = experts % ep_size;
     let count = base + u64::from(ep_rank < rem);

@@ -29,10 +29,10 @@ impl Rank {
 }
 
 /// Key of one source of a parameter: the shard id and expert id it was mapped with.
-pub type SlotKey = (Option<ShardId>, Option<u64>);
+pub(crate) type SlotKey = (Option<ShardId>, Option<u64>);
 
 /// A tensor shape that rarely has more than 4 dims.
-pub type Shape = smallvec::SmallVec<[u64; 4]>;
+pub(crate) type Shape = smallvec::SmallVec<[u64; 4]>;
 
 /// A strided block move in elements: `rows` rows of `row` contiguous elements, from
 /// `src_start + k·src_stride` to `dst_start + k·dst_stride`. The same description serves a file

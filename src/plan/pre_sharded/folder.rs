@@ -111,7 +111,7 @@ pub fn layout_problems(
 /// Where `--enable-expert-parallel` and an explicit `--dtype` disagree with the manifest at
 /// `at`: `model_dtype` is what the options make of the config. TP and PP are checked with the
 /// folder's files (`pre_sharded`), which name both values too.
-pub fn disagreements(
+pub(super) fn disagreements(
     at: &Path,
     m: &Manifest,
     opts: &PlanOptions,

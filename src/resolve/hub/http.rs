@@ -45,7 +45,7 @@ impl Limit {
 
 /// Why a request failed.
 #[derive(Debug)]
-pub enum HttpError {
+pub(super) enum HttpError {
     /// The server answered with this status.
     Status(u16),
     /// Nothing came for `limit`: connecting, or waiting for the next bytes.
@@ -88,7 +88,7 @@ impl HttpError {
     }
 
     /// Worth another try: the network, not the request, failed.
-    pub fn is_transient(&self) -> bool {
+    pub(super) fn is_transient(&self) -> bool {
         match self {
             HttpError::Status(s) => *s >= 500 || *s == 408 || *s == 429,
             HttpError::Timeout(_) | HttpError::Transport(_) => true,
@@ -99,7 +99,7 @@ impl HttpError {
 
 /// What the hub says about one file of a commit.
 #[derive(Debug, Clone)]
-pub struct Meta {
+pub(super) struct Meta {
     pub etag: String,
     pub commit: String,
     pub size: u64,
@@ -109,7 +109,7 @@ pub struct Meta {
 
 /// The repo's commit and the files it lists (only their names are kept).
 #[derive(Debug, Deserialize)]
-pub struct RepoInfo {
+pub(super) struct RepoInfo {
     pub sha: String,
     #[serde(deserialize_with = "capped_names")]
     pub siblings: Vec<String>,
@@ -117,9 +117,9 @@ pub struct RepoInfo {
 
 /// The most bytes of a file list read from the hub (or from the cache's saved copy): the
 /// largest real repos list a few thousand files in well under a megabyte.
-pub const MAX_LISTING_BYTES: u64 = 64 << 20;
+pub(super) const MAX_LISTING_BYTES: u64 = 64 << 20;
 /// The most files a file list may name.
-pub const MAX_LISTING_FILES: usize = 100_000;
+pub(super) const MAX_LISTING_FILES: usize = 100_000;
 
 /// The most redirects a request follows; the hub sends at most two (a renamed repo, its CDN).
 const MAX_REDIRECTS: u32 = 10;
@@ -128,7 +128,7 @@ const MAX_REDIRECTS: u32 = 10;
 /// much it was; none of it is written.
 const OVERRUN_PROBE: u64 = 1 << 20;
 
-pub struct Client {
+pub(super) struct Client {
     agent: Agent,
     endpoint: String,
     token: Option<String>,
@@ -149,7 +149,7 @@ enum Follow {
 }
 
 impl Client {
-    pub fn new(env: &HubEnv) -> Client {
+    pub(super) fn new(env: &HubEnv) -> Client {
         let agent: Agent = Agent::config_builder()
             // Followed in `send`, which decides where the token may go.
             .max_redirects(0)
@@ -242,7 +242,7 @@ impl Client {
 
     /// `{endpoint}/{repo}/resolve/{revision}/{file}`, each part percent-encoded as
     /// huggingface_hub's `hf_hub_url` encodes it.
-    pub fn file_url(&self, repo: &str, revision: &str, file: &str) -> String {
+    pub(super) fn file_url(&self, repo: &str, revision: &str, file: &str) -> String {
         format!(
             "{}/{}/resolve/{}/{}",
             self.endpoint,
@@ -254,7 +254,7 @@ impl Client {
 
     /// `GET {endpoint}/api/models/{repo}/revision/{revision}`: the commit and its files, read
     /// with a cap on bytes and entries, keeping only the file names.
-    pub fn repo_info(&self, repo: &str, revision: &str) -> Result<RepoInfo, HttpError> {
+    pub(super) fn repo_info(&self, repo: &str, revision: &str) -> Result<RepoInfo, HttpError> {
         let url = format!(
             "{}/api/models/{}/revision/{}",
             self.endpoint,
@@ -281,7 +281,7 @@ impl Client {
     /// A `HEAD` of the file, as huggingface_hub asks: the hub's own (relative) redirects are
     /// followed, the CDN's are not, since the hub's answer already names the blob
     /// (`X-Linked-Etag`, `X-Linked-Size`) and its commit.
-    pub fn metadata(&self, url: &str) -> Result<Meta, HttpError> {
+    pub(super) fn metadata(&self, url: &str) -> Result<Meta, HttpError> {
         let response = self.send(url, true, None, self.etag, Follow::Relative)?;
         let header = |names: &[&'static str]| {
             names.iter().find_map(|n| {
@@ -332,7 +332,7 @@ impl Client {
     /// One try at completing `part` (the file's first bytes, or none) from `url`: asks for the
     /// rest with a `Range` request and appends what arrives, reporting the partial file's length
     /// as it grows. Done when `part` holds `meta.size` bytes; never holds more.
-    pub fn fetch(
+    pub(super) fn fetch(
         &self,
         url: &str,
         part: &Path,
@@ -549,7 +549,9 @@ fn capped_names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D
 }
 
 /// The cache's copy of a file list: `[NAME, …]`.
-pub fn capped_strings<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+pub(super) fn capped_strings<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<String>, D::Error> {
     capped::<D, String>(d)
 }
 

@@ -3,7 +3,7 @@
 //! shortened and escaped for messages.
 
 /// An untrusted string for a message: control characters escaped, at most 200 characters.
-pub fn shown(s: &str) -> String {
+pub(super) fn shown(s: &str) -> String {
     // The terminal's escaping (one rule for every untrusted string), and a bound on how much of
     // a server's text an error quotes.
     let head: String = s.chars().take(200).collect();
@@ -17,7 +17,7 @@ pub fn shown(s: &str) -> String {
 /// Python's `urllib.parse.quote`: every byte but ASCII letters, digits and `_.-~` as `%XX`,
 /// keeping `/` when `keep_slash` (huggingface_hub encodes file paths that way, and a revision
 /// such as `refs/pr/1` with its slashes encoded).
-pub fn quote(s: &str, keep_slash: bool) -> String {
+pub(super) fn quote(s: &str, keep_slash: bool) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric()
@@ -33,12 +33,12 @@ pub fn quote(s: &str, keep_slash: bool) -> String {
 }
 
 /// A `Location` that stays on the same server: a path, not a URL with a scheme or host.
-pub fn is_relative(location: &str) -> bool {
+pub(super) fn is_relative(location: &str) -> bool {
     !location.starts_with("//") && scheme_of(location).is_none()
 }
 
 /// The scheme of an absolute URL (`[A-Za-z][A-Za-z0-9+.-]*:`), lowercased.
-pub fn scheme_of(url: &str) -> Option<String> {
+pub(super) fn scheme_of(url: &str) -> Option<String> {
     let (scheme, _) = url.split_once(':')?;
     let mut chars = scheme.chars();
     let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
@@ -48,7 +48,7 @@ pub fn scheme_of(url: &str) -> Option<String> {
 
 /// The URL a `Location` names, seen from `base`, when it is one wload follows: http or https,
 /// absolute or relative to `base`.
-pub fn resolve_location(base: &str, location: &str) -> Result<String, String> {
+pub(super) fn resolve_location(base: &str, location: &str) -> Result<String, String> {
     let location = location.trim();
     let location = location.split_once('#').map_or(location, |(l, _)| l);
     let base_scheme = scheme_of(base).unwrap_or_else(|| "http".into());
@@ -79,7 +79,7 @@ pub fn resolve_location(base: &str, location: &str) -> Result<String, String> {
 }
 
 /// `scheme://host[:port]` of an absolute URL.
-pub fn origin(url: &str) -> &str {
+pub(super) fn origin(url: &str) -> &str {
     let after_scheme = url.find("://").map_or(0, |i| i + 3);
     match url[after_scheme..].find(['/', '?', '#']) {
         Some(i) => &url[..after_scheme + i],
@@ -88,7 +88,7 @@ pub fn origin(url: &str) -> &str {
 }
 
 /// Same scheme, host and port (the scheme's default port when none is written).
-pub fn same_origin(a: &str, b: &str) -> bool {
+pub(super) fn same_origin(a: &str, b: &str) -> bool {
     let parts = |u: &str| {
         let uri: ureq::http::Uri = u.parse().ok()?;
         let scheme = uri.scheme_str()?.to_ascii_lowercase();

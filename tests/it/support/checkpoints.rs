@@ -8,7 +8,7 @@ use tempfile::TempDir;
 use super::{Tensor, write_raw, write_safetensors};
 
 /// A config.json for a tiny Llama: 1 layer, hidden 8, 2 heads, vocab 16.
-pub fn tiny_config() -> Value {
+pub(crate) fn tiny_config() -> Value {
     json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -24,18 +24,18 @@ pub fn tiny_config() -> Value {
     })
 }
 
-pub fn write_json(path: &Path, v: &Value) {
+pub(crate) fn write_json(path: &Path, v: &Value) {
     write_raw(path, serde_json::to_string_pretty(v).unwrap().as_bytes());
 }
 
 /// `n` zero bytes.
-pub fn zeros(n: usize) -> Vec<u8> {
+pub(crate) fn zeros(n: usize) -> Vec<u8> {
     vec![0u8; n]
 }
 
 /// A tiny valid checkpoint in a temp folder: config.json plus `model.safetensors` with an
 /// embedding, one norm and an lm_head, all F32.
-pub fn tiny_checkpoint() -> TempDir {
+pub(crate) fn tiny_checkpoint() -> TempDir {
     let tmp = TempDir::new().expect("temp dir");
     write_json(&tmp.path().join("config.json"), &tiny_config());
     write_safetensors(
@@ -56,7 +56,7 @@ pub fn tiny_checkpoint() -> TempDir {
 
 /// The tensors of a tiny Llama with `layers` layers (hidden 8, 2 heads, 1 KV head, intermediate 16,
 /// vocab 16), as Hugging Face names them, in file order: name and shape.
-pub fn tiny_llama_specs(layers: u64) -> Vec<(String, &'static [u64])> {
+pub(crate) fn tiny_llama_specs(layers: u64) -> Vec<(String, &'static [u64])> {
     const PER_LAYER: [(&str, &[u64]); 9] = [
         ("self_attn.q_proj.weight", &[8, 8]),
         ("self_attn.k_proj.weight", &[4, 8]),
@@ -84,7 +84,7 @@ pub fn tiny_llama_specs(layers: u64) -> Vec<(String, &'static [u64])> {
 /// Writes into `dir` a Llama checkpoint with `layers` layers of tiny BF16 tensors
 /// ([`tiny_llama_specs`]) in one `model.safetensors`, every tensor name passed through `rename`
 /// (to plant the same fault in every layer). For tests of scale.
-pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -> String) {
+pub(crate) fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -> String) {
     let mut config = tiny_config();
     config["num_hidden_layers"] = json!(layers);
     write_json(&dir.join("config.json"), &config);
@@ -105,7 +105,7 @@ pub fn many_layers_checkpoint(dir: &Path, layers: u64, rename: impl Fn(String) -
 
 /// A one-layer Qwen3-MoE with 2 experts, bf16, tensors named as Hugging Face saves them, with
 /// `num_experts` spelled as on the Hub.
-pub fn tiny_qwen3_moe() -> TempDir {
+pub(crate) fn tiny_qwen3_moe() -> TempDir {
     let tmp = TempDir::new().unwrap();
     write_json(
         &tmp.path().join("config.json"),

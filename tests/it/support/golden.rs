@@ -9,17 +9,17 @@ use tempfile::TempDir;
 use super::write_json;
 
 /// The crate root.
-pub fn manifest_dir() -> PathBuf {
+pub(crate) fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// Where the golden fixtures (tiny Hugging Face checkpoints) live.
-pub fn fixtures_dir() -> PathBuf {
+pub(crate) fn fixtures_dir() -> PathBuf {
     manifest_dir().join("tests/data/golden/fixtures")
 }
 
 /// Every fixture folder, sorted by name.
-pub fn fixture_names() -> Vec<String> {
+pub(crate) fn fixture_names() -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(fixtures_dir())
         .expect("fixtures folder exists")
         .map(|e| e.expect("readable fixtures folder"))
@@ -32,7 +32,7 @@ pub fn fixture_names() -> Vec<String> {
 
 /// Copies the fixture `name` into a fresh temp folder (files made writable, since the checked-in
 /// copies may be read-only) and returns the folder.
-pub fn copy_fixture(name: &str) -> TempDir {
+pub(crate) fn copy_fixture(name: &str) -> TempDir {
     let src = fixtures_dir().join(name);
     let tmp = TempDir::new().expect("temp dir");
     for entry in fs::read_dir(&src).unwrap_or_else(|e| panic!("{}: {e}", src.display())) {
@@ -51,7 +51,7 @@ pub fn copy_fixture(name: &str) -> TempDir {
 }
 
 /// `dir`'s config.json, as an object.
-pub fn read_config(dir: &Path) -> Map<String, Value> {
+pub(crate) fn read_config(dir: &Path) -> Map<String, Value> {
     let text = fs::read(dir.join("config.json")).expect("config.json");
     match serde_json::from_slice(&text).expect("config.json is JSON") {
         Value::Object(m) => m,
@@ -59,12 +59,12 @@ pub fn read_config(dir: &Path) -> Map<String, Value> {
     }
 }
 
-pub fn write_config(dir: &Path, m: Map<String, Value>) {
+pub(crate) fn write_config(dir: &Path, m: Map<String, Value>) {
     write_json(&dir.join("config.json"), &Value::Object(m));
 }
 
 /// A copy of the fixture `name` whose config.json is changed by `edit`.
-pub fn fixture_with(name: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> TempDir {
+pub(crate) fn fixture_with(name: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> TempDir {
     let dir = copy_fixture(name);
     let mut m = read_config(dir.path());
     edit(&mut m);
@@ -73,7 +73,7 @@ pub fn fixture_with(name: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> T
 }
 
 /// One golden case: `expected/<case>/tp<N>` with the fixture and the flags vLLM ran with.
-pub struct GoldenCase {
+pub(crate) struct GoldenCase {
     pub name: String,
     pub dir: PathBuf,
     pub fixture: PathBuf,
@@ -87,7 +87,7 @@ pub struct GoldenCase {
 }
 
 /// Every golden case in tests/data/golden/expected, sorted.
-pub fn golden_cases() -> Vec<GoldenCase> {
+pub(crate) fn golden_cases() -> Vec<GoldenCase> {
     let root = manifest_dir().join("tests/data/golden/expected");
     let mut out = Vec::new();
     let mut cases: Vec<_> = fs::read_dir(&root)
@@ -146,13 +146,13 @@ pub fn golden_cases() -> Vec<GoldenCase> {
 
 impl GoldenCase {
     /// How many ranks vLLM ran: `tp × pp`.
-    pub fn world_size(&self) -> u64 {
+    pub(crate) fn world_size(&self) -> u64 {
         self.tp * self.pp
     }
 
     /// How global rank `rank`'s part file names start: vLLM's TP-only pattern, or with pipeline
     /// parallelism `model-pp-{rank / tp}-tp-{rank % tp}-part-`.
-    pub fn rank_prefix(&self, rank: u64) -> String {
+    pub(crate) fn rank_prefix(&self, rank: u64) -> String {
         if self.pp > 1 {
             format!("model-pp-{}-tp-{}-part-", rank / self.tp, rank % self.tp)
         } else {
@@ -161,7 +161,7 @@ impl GoldenCase {
     }
 
     /// vLLM's state_dict order for `rank` (the oracle's `saved_key_order`).
-    pub fn saved_key_order(&self, rank: u64) -> Vec<String> {
+    pub(crate) fn saved_key_order(&self, rank: u64) -> Vec<String> {
         let meta: Value = serde_json::from_slice(
             &fs::read(self.dir.join(format!("oracle_meta_rank{rank}.json"))).unwrap(),
         )
@@ -175,13 +175,13 @@ impl GoldenCase {
     }
 
     /// The part files vLLM wrote for `rank`, sorted by part number.
-    pub fn rank_files(&self, rank: u64) -> Vec<PathBuf> {
+    pub(crate) fn rank_files(&self, rank: u64) -> Vec<PathBuf> {
         files_with_prefix(&self.dir, &self.rank_prefix(rank))
     }
 }
 
 /// The part files in `dir` named `{prefix}{part}.safetensors`, in part order.
-pub fn files_with_prefix(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+pub(crate) fn files_with_prefix(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut v: Vec<(u64, PathBuf)> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -200,15 +200,15 @@ pub fn files_with_prefix(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 }
 
 /// The fixture most tests use: 8 q / 4 kv heads, six source files, ≈1.1 MiB of output at any TP.
-pub const GQA: &str = "llama_gqa";
+pub(crate) const GQA: &str = "llama_gqa";
 
 /// The golden fixture `name` (read-only: copy it with [`copy_fixture`] to change it).
-pub fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     fixtures_dir().join(name)
 }
 
 /// The golden case folder `expected/<case>/tp<tp>`: what vLLM wrote.
-pub fn expected(case: &str, tp: u64) -> PathBuf {
+pub(crate) fn expected(case: &str, tp: u64) -> PathBuf {
     manifest_dir()
         .join("tests/data/golden/expected")
         .join(case)

@@ -12,27 +12,27 @@ mod tensors;
 
 use std::path::Path;
 
-pub use checkpoints::*;
-pub use golden::*;
-pub use run::*;
-pub use safetensors::*;
-pub use tensors::*;
+pub(crate) use checkpoints::*;
+pub(crate) use golden::*;
+pub(crate) use run::*;
+pub(crate) use safetensors::*;
+pub(crate) use tensors::*;
 
 /// The path as a `&str`, for command lines.
-pub fn s(p: &Path) -> &str {
+pub(crate) fn s(p: &Path) -> &str {
     p.to_str().expect("temp paths are UTF-8")
 }
 
 /// Whether this run is CI (`CI` set, and not `false` or `0`): there every test that needs root or a
 /// toolchain must really run, so a missing environment is a failure, not a skip.
-pub fn in_ci() -> bool {
+pub(crate) fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "false" | "0"))
 }
 
 /// `test` cannot run because its environment (root, a tool, a kernel feature) is missing: `why`.
 /// In CI that fails the test; elsewhere the skip is printed and the caller returns. Not for tests
 /// that can never run in CI (a real GPU): those call [`skipped`] directly.
-pub fn missing_environment(test: &str, why: &str) {
+pub(crate) fn missing_environment(test: &str, why: &str) {
     if in_ci() {
         panic!("{test}: {why}; CI must provide this (CI is set, so this is not skipped)");
     }
@@ -41,14 +41,14 @@ pub fn missing_environment(test: &str, why: &str) {
 
 /// Prints `SKIPPED: <test>: <why>` where `cargo test` shows it: straight to stderr, because the
 /// harness swallows `eprintln!` output of tests that pass.
-pub fn skipped(test: &str, why: &str) {
+pub(crate) fn skipped(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
 }
 
 /// CPU time of the calling thread: unlike wall time, not inflated while other processes (or
 /// other tests) hold the cores.
-pub fn thread_cpu_seconds() -> f64 {
+pub(crate) fn thread_cpu_seconds() -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -62,7 +62,7 @@ pub fn thread_cpu_seconds() -> f64 {
 /// The manifest's checksum of `bytes` (`xxh3_64k`), written out from its definition in
 /// docs/shard-json.md rather than taken from wload: every 64 KiB block's XXH3-64 with the
 /// block's index as seed, summed modulo 2^64, as 16 hex digits.
-pub fn block_checksum(bytes: &[u8]) -> String {
+pub(crate) fn block_checksum(bytes: &[u8]) -> String {
     let sum = bytes.chunks(64 << 10).enumerate().fold(0u64, |s, (i, b)| {
         s.wrapping_add(xxhash_rust::xxh3::xxh3_64_with_seed(b, i as u64))
     });

@@ -13,11 +13,11 @@ use super::s;
 
 /// The longest any one `wload` run may take before the test fails; a regression to a hang then
 /// fails its test instead of blocking the whole suite (all of it one process).
-pub const RUN_LIMIT: Duration = Duration::from_secs(300);
+pub(crate) const RUN_LIMIT: Duration = Duration::from_secs(300);
 
 /// `wload` as built by cargo for this test run, with a clean environment for the variables that
 /// change its behaviour, killed (and the test failed) after [`RUN_LIMIT`].
-pub fn wload() -> Command {
+pub(crate) fn wload() -> Command {
     let mut cmd = Command::from_std(wload_process());
     cmd.timeout(RUN_LIMIT);
     cmd
@@ -25,7 +25,7 @@ pub fn wload() -> Command {
 
 /// The same as [`wload`], as a plain child process: for the tests that spawn it, signal it or wait
 /// on it themselves (and bound that wait themselves).
-pub fn wload_process() -> std::process::Command {
+pub(crate) fn wload_process() -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wload"));
     cmd.env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE")
@@ -35,7 +35,7 @@ pub fn wload_process() -> std::process::Command {
 
 /// `wload ARGS…` run to completion (see [`wload`] for its environment and time limit); a run
 /// killed at the time limit fails the test here.
-pub fn run(args: &[&str]) -> Output {
+pub(crate) fn run(args: &[&str]) -> Output {
     let out = wload().args(args).output().expect("wload runs");
     assert_ne!(
         out.status.signal(),
@@ -47,7 +47,7 @@ pub fn run(args: &[&str]) -> Output {
 }
 
 /// Runs `wload <args>`, expects success, and parses stdout as JSON.
-pub fn wload_json(args: &[&str]) -> Value {
+pub(crate) fn wload_json(args: &[&str]) -> Value {
     let out = run(args);
     assert!(
         out.status.success(),
@@ -63,7 +63,7 @@ pub fn wload_json(args: &[&str]) -> Value {
 }
 
 /// `wload shard SOURCE --tp TP -o OUT EXTRA…`, run to completion.
-pub fn shard(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
+pub(crate) fn shard(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
     let tp = tp.to_string();
     let mut args = vec!["shard", s(source), "--tp", &tp, "-o", s(out)];
     args.extend_from_slice(extra);
@@ -71,7 +71,7 @@ pub fn shard(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
 }
 
 /// [`shard`], expected to succeed.
-pub fn shard_ok(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
+pub(crate) fn shard_ok(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
     let o = shard(source, tp, out, extra);
     assert!(
         o.status.success(),
@@ -82,16 +82,16 @@ pub fn shard_ok(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
     o
 }
 
-pub fn stdout(out: &Output) -> String {
+pub(crate) fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Exit status, stderr and the start of stdout, for assertion messages.
-pub fn context(out: &Output) -> String {
+pub(crate) fn context(out: &Output) -> String {
     let so = stdout(out);
     let end = (0..=so.len().min(2000))
         .rev()
@@ -115,7 +115,7 @@ pub fn context(out: &Output) -> String {
 /// A refusal as wload makes one: exit status `code`, stderr starting with `error: ` and containing
 /// every one of `needles` (exact substrings), no panic, and on stdout nothing, or (for a run with
 /// `--json`) the error document only, with that exit status. Returns stderr.
-pub fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> String {
+pub(crate) fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> String {
     let ctx = context(out);
     assert_eq!(out.status.code(), Some(code), "{ctx}");
     let err = stderr(out);
@@ -135,7 +135,7 @@ pub fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> String {
 }
 
 /// `wload plan SOURCE --json ARGS…`, clean: exit 0 and nothing on stderr.
-pub fn clean_plan_json(source: &Path, args: &[&str]) -> Value {
+pub(crate) fn clean_plan_json(source: &Path, args: &[&str]) -> Value {
     let mut all = vec!["plan", s(source), "--json"];
     all.extend_from_slice(args);
     let out = run(&all);
@@ -145,7 +145,7 @@ pub fn clean_plan_json(source: &Path, args: &[&str]) -> Value {
 }
 
 /// The tensors `plan --json` lists as skipped, sorted; each one's reason must mention `why`.
-pub fn skipped_tensors(plan: &Value, why: &str) -> Vec<String> {
+pub(crate) fn skipped_tensors(plan: &Value, why: &str) -> Vec<String> {
     let mut skipped: Vec<String> = plan["skipped"]
         .as_array()
         .expect("skipped")

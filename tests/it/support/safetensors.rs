@@ -7,12 +7,12 @@ use std::path::Path;
 use serde_json::{Map, Value, json};
 
 /// One tensor for [`write_safetensors`]: name, dtype as safetensors spells it, shape, data bytes.
-pub type Tensor<'a> = (&'a str, &'a str, &'a [u64], &'a [u8]);
+pub(crate) type Tensor<'a> = (&'a str, &'a str, &'a [u64], &'a [u8]);
 
 /// The bytes of a valid safetensors file holding `tensors`, packed in the given order, with a
 /// `__metadata__` entry and the header padded with spaces to a multiple of 8 (as the Python library
 /// does).
-pub fn safetensors_bytes(tensors: &[Tensor]) -> Vec<u8> {
+pub(crate) fn safetensors_bytes(tensors: &[Tensor]) -> Vec<u8> {
     let mut header = Map::new();
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut data = Vec::new();
@@ -32,12 +32,12 @@ pub fn safetensors_bytes(tensors: &[Tensor]) -> Vec<u8> {
 }
 
 /// Writes a valid safetensors file (see [`safetensors_bytes`]).
-pub fn write_safetensors(path: &Path, tensors: &[Tensor]) {
+pub(crate) fn write_safetensors(path: &Path, tensors: &[Tensor]) {
     write_raw(path, &safetensors_bytes(tensors));
 }
 
 /// `len(header) as u64 LE` + header + data: a safetensors file whatever the header says.
-pub fn assemble(header: &[u8], data: &[u8]) -> Vec<u8> {
+pub(crate) fn assemble(header: &[u8], data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(8 + header.len() + data.len());
     out.extend_from_slice(&(header.len() as u64).to_le_bytes());
     out.extend_from_slice(header);
@@ -46,18 +46,18 @@ pub fn assemble(header: &[u8], data: &[u8]) -> Vec<u8> {
 }
 
 /// Writes `bytes` as they are (for corrupted files).
-pub fn write_raw(path: &Path, bytes: &[u8]) {
+pub(crate) fn write_raw(path: &Path, bytes: &[u8]) {
     fs::write(path, bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
 /// A safetensors file read without the crate: the header's JSON text and the data region.
-pub struct RawFile {
+pub(crate) struct RawFile {
     pub header_text: Vec<u8>,
     pub data: Vec<u8>,
 }
 
 impl RawFile {
-    pub fn read(path: &Path) -> RawFile {
+    pub(crate) fn read(path: &Path) -> RawFile {
         let bytes = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(bytes.len() >= 8, "{}: shorter than 8 bytes", path.display());
         let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -73,20 +73,20 @@ impl RawFile {
     }
 
     /// The header as a JSON object (order preserved), `__metadata__` included.
-    pub fn header(&self) -> Map<String, Value> {
+    pub(crate) fn header(&self) -> Map<String, Value> {
         match serde_json::from_slice(&self.header_text).expect("header is JSON") {
             Value::Object(m) => m,
             other => panic!("header is not an object: {other}"),
         }
     }
 
-    pub fn write(&self, path: &Path) {
+    pub(crate) fn write(&self, path: &Path) {
         write_raw(path, &assemble(&self.header_text, &self.data));
     }
 }
 
 /// Rewrites the header of the safetensors file at `path` with `edit`, keeping the data region.
-pub fn edit_header(path: &Path, edit: impl FnOnce(&mut Map<String, Value>)) {
+pub(crate) fn edit_header(path: &Path, edit: impl FnOnce(&mut Map<String, Value>)) {
     let mut raw = RawFile::read(path);
     let mut header = raw.header();
     edit(&mut header);
@@ -95,7 +95,7 @@ pub fn edit_header(path: &Path, edit: impl FnOnce(&mut Map<String, Value>)) {
 }
 
 /// Appends tensor `name` to the safetensors file at `path`, after its data region.
-pub fn append_tensor(path: &Path, name: &str, dtype: &str, shape: &[u64], data: &[u8]) {
+pub(crate) fn append_tensor(path: &Path, name: &str, dtype: &str, shape: &[u64], data: &[u8]) {
     let mut raw = RawFile::read(path);
     let mut header = raw.header();
     let end = raw.data.len();
@@ -111,7 +111,7 @@ pub fn append_tensor(path: &Path, name: &str, dtype: &str, shape: &[u64], data: 
 
 /// One tensor entry of a header, as the test reads it independently of the crate.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct HeaderTensor {
+pub(crate) struct HeaderTensor {
     pub name: String,
     pub dtype: String,
     pub shape: Vec<u64>,
@@ -120,7 +120,7 @@ pub struct HeaderTensor {
 }
 
 /// The tensors of a safetensors file's header, `__metadata__` skipped, in header order.
-pub fn header_tensors(path: &Path) -> Vec<HeaderTensor> {
+pub(crate) fn header_tensors(path: &Path) -> Vec<HeaderTensor> {
     RawFile::read(path)
         .header()
         .into_iter()
@@ -145,7 +145,7 @@ pub fn header_tensors(path: &Path) -> Vec<HeaderTensor> {
 }
 
 /// (name, dtype, shape) of one tensor entry in wload's JSON output (inspect rows, plan tensors).
-pub fn json_tensor(t: &Value) -> (String, String, Vec<u64>) {
+pub(crate) fn json_tensor(t: &Value) -> (String, String, Vec<u64>) {
     (
         t["name"].as_str().expect("name").to_string(),
         t["dtype"].as_str().expect("dtype").to_string(),

@@ -9,7 +9,7 @@ use super::{files_with_prefix, header_tensors};
 
 /// A tensor: dtype, shape, data bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
+pub(crate) struct Held {
     pub dtype: String,
     pub shape: Vec<u64>,
     pub data: Vec<u8>,
@@ -17,13 +17,13 @@ pub struct Held {
 
 impl Held {
     /// Bytes of rows `[from, to)` along the first dimension.
-    pub fn rows(&self, from: usize, to: usize) -> &[u8] {
+    pub(crate) fn rows(&self, from: usize, to: usize) -> &[u8] {
         let row = self.data.len() / self.shape[0] as usize;
         &self.data[from * row..to * row]
     }
 
     /// Of a 2-D tensor, columns `[from, to)` of every row, concatenated.
-    pub fn cols(&self, from: usize, to: usize) -> Vec<u8> {
+    pub(crate) fn cols(&self, from: usize, to: usize) -> Vec<u8> {
         let el = self.data.len() / self.shape.iter().product::<u64>() as usize;
         self.data
             .chunks(self.shape[1] as usize * el)
@@ -33,10 +33,10 @@ impl Held {
 }
 
 /// Tensors by name.
-pub type Tensors = BTreeMap<String, Held>;
+pub(crate) type Tensors = BTreeMap<String, Held>;
 
 /// Every tensor of `files`; a name in two files (or twice in one) fails the test.
-pub fn read_files(files: &[PathBuf]) -> Tensors {
+pub(crate) fn read_files(files: &[PathBuf]) -> Tensors {
     let mut out = Tensors::new();
     for f in files {
         let bytes = fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
@@ -55,12 +55,12 @@ pub fn read_files(files: &[PathBuf]) -> Tensors {
 }
 
 /// Rank `r` of a TP-only output folder (wload's or vLLM's); a rank without files fails the test.
-pub fn rank_tensors(dir: &Path, r: u64) -> Tensors {
+pub(crate) fn rank_tensors(dir: &Path, r: u64) -> Tensors {
     output_tensors(dir, &format!("model-rank-{r}-part-"))
 }
 
 /// Stage `p`, TP rank `t` of a PP output folder; a stage without files fails the test.
-pub fn stage_tensors(dir: &Path, p: u64, t: u64) -> Tensors {
+pub(crate) fn stage_tensors(dir: &Path, p: u64, t: u64) -> Tensors {
     output_tensors(dir, &format!("model-pp-{p}-tp-{t}-part-"))
 }
 
@@ -72,7 +72,7 @@ fn output_tensors(dir: &Path, prefix: &str) -> Tensors {
 }
 
 /// Every tensor of a checkpoint folder (all its `*.safetensors`, in name order).
-pub fn checkpoint_tensors(dir: &Path) -> Tensors {
+pub(crate) fn checkpoint_tensors(dir: &Path) -> Tensors {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -89,7 +89,7 @@ pub fn checkpoint_tensors(dir: &Path) -> Tensors {
 
 /// splitmix64: a well-mixed value for each (tensor, element), so that no two slices of a
 /// generated checkpoint are equal by accident.
-pub fn mix(mut x: u64) -> u64 {
+pub(crate) fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -98,7 +98,7 @@ pub fn mix(mut x: u64) -> u64 {
 
 /// `n` BF16 values for tensor number `t`: finite (exponent kept near 1.0, never NaN or Inf, so a
 /// widening to F32 is exact and comparable bit for bit), sign and low bits from the hash.
-pub fn bf16_data(t: u64, n: usize) -> Vec<u8> {
+pub(crate) fn bf16_data(t: u64, n: usize) -> Vec<u8> {
     (0..n as u64)
         .flat_map(|k| {
             let h = mix(t << 32 | k) as u16;
@@ -108,7 +108,7 @@ pub fn bf16_data(t: u64, n: usize) -> Vec<u8> {
 }
 
 /// Asserts that `got[name]` has `dtype`, `shape` and exactly `want` as bytes.
-pub fn assert_tensor(
+pub(crate) fn assert_tensor(
     got: &Tensors,
     name: &str,
     dtype: &str,
@@ -129,7 +129,10 @@ pub fn assert_tensor(
 }
 
 /// Writes `tensors`, in the order given, as the one safetensors file `path`.
-pub fn write_held<'a>(path: &Path, tensors: impl IntoIterator<Item = (&'a String, &'a Held)>) {
+pub(crate) fn write_held<'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = (&'a String, &'a Held)>,
+) {
     let list: Vec<super::Tensor> = tensors
         .into_iter()
         .map(|(n, t)| (n.as_str(), t.dtype.as_str(), &t.shape[..], &t.data[..]))
@@ -138,7 +141,7 @@ pub fn write_held<'a>(path: &Path, tensors: impl IntoIterator<Item = (&'a String
 }
 
 /// A new temp folder holding `config` as config.json and `tensors` as one model.safetensors.
-pub fn write_checkpoint(config: &serde_json::Value, tensors: &Tensors) -> tempfile::TempDir {
+pub(crate) fn write_checkpoint(config: &serde_json::Value, tensors: &Tensors) -> tempfile::TempDir {
     let tmp = tempfile::TempDir::new().unwrap();
     super::write_json(&tmp.path().join("config.json"), config);
     write_held(&tmp.path().join("model.safetensors"), tensors);
