@@ -99,14 +99,7 @@ pub fn evict(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn file_with(len: usize) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
-        let dir = tempfile::TempDir::new().unwrap();
-        let p = dir.path().join("f.bin");
-        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4099) as u8).collect();
-        std::fs::write(&p, &bytes).unwrap();
-        (dir, p, bytes)
-    }
+    use crate::exec::source::tests::file_with;
 
     #[test]
     fn eviction_drops_residency() {

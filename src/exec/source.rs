@@ -313,10 +313,11 @@ impl AlignedBuf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn file_with(len: usize) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+    /// A temporary file of `len` distinct-ish bytes (also used by `page_cache`'s tests).
+    pub(in crate::exec) fn file_with(len: usize) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
         let dir = tempfile::TempDir::new().unwrap();
         let p = dir.path().join("f.bin");
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4099) as u8).collect();
