@@ -65,6 +65,9 @@ fn to_f64(d: Dtype, c: &[u8]) -> f64 {
         Dtype::F16 => f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64(),
         Dtype::F32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,
         Dtype::F64 => f64::from_le_bytes(c.try_into().unwrap()),
+        // compressed-tensors MoE `weight_shape`: int64 copied into a model-dtype parameter.
+        Dtype::I64 => i64::from_le_bytes(c.try_into().unwrap()) as f64,
+        Dtype::I32 => i32::from_le_bytes(c.try_into().unwrap()) as f64,
         other => unreachable!("the planner never converts from {other}"),
     }
 }
@@ -76,6 +79,14 @@ fn write_f64(d: Dtype, x: f64, dst: &mut Vec<u8>) {
         Dtype::F16 => dst.extend_from_slice(&f32_to_f16(x as f32).to_le_bytes()),
         Dtype::F32 => dst.extend_from_slice(&(x as f32).to_le_bytes()),
         Dtype::F64 => dst.extend_from_slice(&x.to_le_bytes()),
+        // Integer and FP8 parameters are only ever filled with their initial values (zeros of
+        // packed weights and padding, NaN of NVFP4 scales): never converted into.
+        Dtype::U8 | Dtype::F8E8M0 => dst.push(x as u8),
+        Dtype::I8 => dst.push(x as i8 as u8),
+        Dtype::I32 => dst.extend_from_slice(&(x as i32).to_le_bytes()),
+        Dtype::I64 => dst.extend_from_slice(&(x as i64).to_le_bytes()),
+        Dtype::F8E4M3 if x.is_nan() => dst.push(0x7F),
+        Dtype::F8E4M3 if x == 0.0 => dst.push(0),
         other => unreachable!("the planner never converts to {other}"),
     }
 }

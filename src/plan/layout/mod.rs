@@ -81,6 +81,13 @@ pub enum Geometry {
         dims: [u64; 2],
         block: [u64; 2],
     },
+    /// `of`'s layout behind leading dimensions that are never split: each slice of `of` taken
+    /// for every index of `leading`. GPTQ and AWQ store a linear weight input-major
+    /// (`qweight [K/8, N]`), so its output parts are split on the last dim.
+    WithLeading {
+        leading: Vec<u64>,
+        of: Box<Geometry>,
+    },
     /// gpt-oss's fused experts, from the stacked tensors of its HF checkpoint (`gate_up_proj`
     /// `[E, H, 2I]` with gate and up interleaved, `down_proj` `[E, I, H]`, and their biases).
     GptOssExperts {
@@ -152,6 +159,7 @@ impl Geometry {
                 v
             }
             Geometry::TensorScale { .. } | Geometry::ExpertTensorScale { .. } => vec![],
+            Geometry::WithLeading { of, .. } => of.check(r),
             Geometry::BlockScale { of, block } => scales::block_scale_check(of, *block, r),
             Geometry::ExpertBlockScale {
                 experts,
@@ -225,6 +233,11 @@ impl Geometry {
                 GptOssPart::W2Weight => Shape::from_slice(&[*experts, *intermediate, *hidden]),
                 GptOssPart::W2Bias => Shape::from_slice(&[*experts, *hidden]),
             }),
+            Geometry::WithLeading { leading, of } => of.expected_source(shard).map(|s| {
+                let mut out = Shape::from_slice(leading);
+                out.extend_from_slice(&s);
+                out
+            }),
             // A scalar per slot; the shard id must be one the weight takes.
             Geometry::TensorScale { of } => of.expected_source(shard).map(|_| Shape::new()),
             Geometry::BlockScale { of, block } => of
@@ -255,7 +268,9 @@ impl Geometry {
     /// the single `fused` slot (a tensor already stacked on disk).
     pub fn required(&self) -> (Vec<SlotKey>, Option<SlotKey>) {
         match self {
-            Geometry::TensorScale { of } | Geometry::BlockScale { of, .. } => of.required(),
+            Geometry::TensorScale { of }
+            | Geometry::BlockScale { of, .. }
+            | Geometry::WithLeading { of, .. } => of.required(),
             Geometry::ExpertTensorScale { part, experts, .. }
             | Geometry::ExpertBlockScale { part, experts, .. } => Geometry::Experts {
                 part: *part,
@@ -330,6 +345,7 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => expert_blocks(*part, *experts, *intermediate, *hidden, r),
+            Geometry::WithLeading { leading, of } => with_leading(leading, of.rank_layout(r, fused)),
             Geometry::TensorScale { of } => scales::tensor_scale(of, fused),
             Geometry::BlockScale { of, block } => scales::block_scale(of, *block, r, fused),
             Geometry::ExpertTensorScale {
@@ -378,6 +394,21 @@ impl Geometry {
     }
 }
 
+/// `inner` (a layout without per-expert repeats or zero ranges) behind the dimensions `leading`.
+fn with_leading(leading: &[u64], inner: RankLayout) -> RankLayout {
+    debug_assert!(inner.per_expert.is_none() && inner.zeros.is_empty());
+    let prepend = |s: &[u64]| leading.iter().chain(s).copied().collect::<Vec<u64>>();
+    let slices = (inner.slices.iter())
+        .map(|s| types::Slice {
+            src_shape: prepend(&s.src_shape),
+            dim: s.dim + leading.len(),
+            dst_shape: prepend(&s.dst_shape),
+            ..s.clone()
+        })
+        .collect();
+    RankLayout::new(prepend(&inner.shape), slices, Vec::new())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,6 +439,23 @@ mod tests {
                 vocab: 1003,
                 inner: vec![2],
                 padding: 64,
+            },
+            Geometry::WithLeading {
+                leading: vec![3],
+                of: Box::new(Geometry::Qkv {
+                    heads: 8,
+                    kv_heads: 2,
+                    head_dim: 4,
+                    inner: vec![],
+                }),
+            },
+            Geometry::WithLeading {
+                leading: vec![2],
+                of: Box::new(Geometry::MergedColumn {
+                    sizes: vec![16, 32],
+                    inner: vec![],
+                    disable_tp: false,
+                }),
             },
             Geometry::Experts {
                 part: ExpertPart::W13,

@@ -3,6 +3,11 @@
 //! the method's kv-cache scale parameters — in vLLM's registration order (`create_weights` of
 //! `Fp8LinearMethod`, `Fp8MoEMethod`, `CompressedTensorsW8A8Fp8`, the kv-cache methods), with
 //! vLLM's initial values for whatever the checkpoint leaves out.
+//!
+//! The FP8 methods are here; each other method's parameters are one file beside this one, and
+//! `linear.rs` reads a linear weight's geometry as the packed and grouped parameters need it.
+
+mod linear;
 
 use super::Planner;
 use super::layout::Geometry;
