@@ -162,10 +162,42 @@ pub fn load(
         }
         e => e,
     })?;
-    Ok(ModelConfig {
+    let mut config = ModelConfig {
         file_bytes: bytes.into(),
         ..config
-    })
+    };
+    if config.quantization_config.is_none() && format == ConfigFormat::Hf {
+        config.quantization_config = separate_quant_config(root)?;
+        config.quantization = config
+            .quantization_config
+            .as_ref()
+            .map(|_| "modelopt".into());
+    }
+    Ok(config)
+}
+
+/// The file ModelOpt ≤ 0.29 writes its quantization config to, beside config.json.
+pub const HF_QUANT_CONFIG: &str = "hf_quant_config.json";
+
+/// `hf_quant_config.json`'s object, which vLLM takes as the quantization config when config.json
+/// has none (`transformers_utils/config.py:951–962`); `None` without the file.
+fn separate_quant_config(root: &Path) -> Result<Option<Value>, ConfigError> {
+    let path = root.join(HF_QUANT_CONFIG);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let bytes = crate::small_file::read(&path).map_err(|source| ConfigError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    match serde_json::from_slice(&bytes) {
+        Ok(v @ Value::Object(_)) => Ok(Some(v)),
+        Ok(_) => Err(ConfigError::NotAnObject { path }),
+        Err(e) => Err(ConfigError::BadJson {
+            path,
+            message: e.to_string(),
+        }),
+    }
 }
 
 /// The config object that holds the language model's dimensions (vLLM's get_hf_text_config):

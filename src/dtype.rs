@@ -119,6 +119,12 @@ impl Dtype {
     }
 
     /// Bits per element; sub-byte types (F4, F6) are packed.
+    /// A 16-, 32- or 64-bit float: what unquantized weights are stored as (FP8 and the packed
+    /// integer types are quantized).
+    pub fn is_float(self) -> bool {
+        matches!(self, Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64)
+    }
+
     pub fn bits(self) -> u64 {
         match self {
             Dtype::F4 => 4,

@@ -89,6 +89,9 @@ pub struct QuantInfo {
     /// How FP8 weights are scaled: "per-tensor", "per-channel" or "block"; `None` when refused.
     pub scheme: Option<&'static str>,
     pub weight_block_size: Option<[u64; 2]>,
+    /// Elements per weight scale, for the grouped schemes (NVFP4: 16).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u64>,
     /// "static" (an `input_scale` per linear layer) or "dynamic".
     pub activation_scheme: Option<String>,
     /// Modules (or compressed-tensors `re:` patterns) left unquantized.
@@ -309,6 +312,7 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
         Err(e) => return Some(refused(qc, e)),
     };
     let method = q.method().to_string();
+    let mut group_size = None;
     let (scheme, block, static_activations, ignored) = match q {
         Quantization::Fp8(f) => (
             if f.block.is_some() {
@@ -328,11 +332,26 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
             };
             (scheme, block, c.static_activations, c.ignore)
         }
+        // NVFP4 W4A4 has a static global input scale per part (the per-group ones are dynamic).
+        Quantization::ModelOptNvFp4(m) => {
+            group_size = Some(m.group_size);
+            (
+                if m.activations {
+                    "nvfp4"
+                } else {
+                    "nvfp4 weight-only (W4A16)"
+                },
+                None,
+                m.activations,
+                m.exclude,
+            )
+        }
     };
     Some(QuantInfo {
         method: Some(method),
         scheme: Some(scheme),
         weight_block_size: block,
+        group_size,
         activation_scheme: Some(
             if static_activations {
                 "static"
@@ -374,6 +393,7 @@ fn refused(qc: &Value, e: crate::quant::QuantError) -> QuantInfo {
             .map(str::to_string),
         scheme: None,
         weight_block_size: block,
+        group_size: qc.get("group_size").and_then(Value::as_u64),
         activation_scheme: qc
             .get("activation_scheme")
             .and_then(Value::as_str)

@@ -13,12 +13,14 @@
 
 pub mod compressed;
 pub mod fp8;
+pub mod modelopt;
 pub mod names;
 
 use serde_json::Value;
 
 use compressed::{CompressedFp8, WeightStrategy};
 use fp8::Fp8;
+use modelopt::ModelOptNvFp4;
 
 /// A quantization scheme wload writes the pre-processing state of.
 #[derive(Debug, Clone)]
@@ -28,6 +30,9 @@ pub enum Quantization {
     /// `quant_method: compressed-tensors`, `format: float-quantized`, FP8 weights
     /// (`CompressedTensorsW8A8Fp8`).
     CompressedFp8(CompressedFp8),
+    /// ModelOpt NVFP4 (`ModelOptNvFp4Config`, `modelopt_fp4`): packed FP4 weights, F8_E4M3
+    /// block scales and F32 global scales.
+    ModelOptNvFp4(ModelOptNvFp4),
 }
 
 /// Why a `quantization_config` is refused, and what to do.
@@ -56,6 +61,9 @@ impl Quantization {
             "compressed-tensors" => {
                 CompressedFp8::parse(qc).map(|q| Some(Quantization::CompressedFp8(q)))
             }
+            "modelopt" | "modelopt_fp4" => {
+                ModelOptNvFp4::parse(qc).map(|q| Some(Quantization::ModelOptNvFp4(q)))
+            }
             "" => Err(refuse(
                 "config.json has a quantization_config without a quant_method".into(),
                 "add quant_method to quantization_config, or remove it for an unquantized checkpoint",
@@ -69,11 +77,12 @@ impl Quantization {
         }
     }
 
-    /// `fp8` or `compressed-tensors`, as `quant_method` says.
+    /// The method's name as vLLM's config names it (`fp8`, `compressed-tensors`, `modelopt_fp4`).
     pub fn method(&self) -> &'static str {
         match self {
             Quantization::Fp8(_) => "fp8",
             Quantization::CompressedFp8(_) => "compressed-tensors",
+            Quantization::ModelOptNvFp4(_) => "modelopt_fp4",
         }
     }
 
@@ -97,6 +106,24 @@ impl Quantization {
                 q.static_activations,
                 q.ignore.len(),
             ),
+            Quantization::ModelOptNvFp4(q) => {
+                return format!(
+                    "{}: NVFP4 weights (packed E2M1, F8_E4M3 scale per {} elements, F32 global scale per part), {}, {} module pattern(s) excluded{}",
+                    self.method(),
+                    q.group_size,
+                    if q.activations {
+                        "NVFP4 activations (W4A4)"
+                    } else {
+                        "16-bit activations (W4A16)"
+                    },
+                    q.exclude.len(),
+                    if q.exclude.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", q.exclude.join(", "))
+                    }
+                );
+            }
         };
         let act = if act {
             "static activation scales"
@@ -118,9 +145,23 @@ impl Quantization {
         module: &str,
         shards: &[String],
     ) -> Result<bool, (String, &'static str)> {
+        let exact = self.skipped_exactly(module, shards)?;
+        Ok(match self {
+            Quantization::ModelOptNvFp4(m) => !m.excludes(module, exact),
+            _ => !exact,
+        })
+    }
+
+    /// vLLM's `is_layer_skipped` with the method's own match: the module listed, or all of its
+    /// fused parts (some but not all is an error, as in vLLM).
+    fn skipped_exactly(
+        &self,
+        module: &str,
+        shards: &[String],
+    ) -> Result<bool, (String, &'static str)> {
         let ignored = |name: &str| self.ignores(name);
         if shards.is_empty() || ignored(module)? {
-            return Ok(!ignored(module)?);
+            return ignored(module);
         }
         let proj = module.rsplit('.').next().unwrap_or(module);
         let skipped: Vec<bool> = shards
@@ -135,7 +176,7 @@ impl Quantization {
                 "list every part of the fused layer in the quantization config's ignore list, or none",
             ));
         }
-        Ok(!skipped[0])
+        Ok(skipped[0])
     }
 
     /// Whether the experts module `module` (`model.layers.1.mlp.experts`) is quantized: vLLM
@@ -148,6 +189,7 @@ impl Quantization {
                 .any(|l| l.contains("experts") && l.contains(module)),
             // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
             Quantization::CompressedFp8(_) => !self.ignores(module).unwrap_or(true),
+            Quantization::ModelOptNvFp4(m) => !m.excludes(module, m.lists(module)),
         }
     }
 
@@ -157,6 +199,7 @@ impl Quantization {
         match self {
             Quantization::Fp8(q) => Ok(q.ignores(name)),
             Quantization::CompressedFp8(q) => q.ignores(name),
+            Quantization::ModelOptNvFp4(q) => Ok(q.lists(name)),
         }
     }
 }

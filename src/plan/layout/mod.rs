@@ -345,7 +345,9 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => expert_blocks(*part, *experts, *intermediate, *hidden, r),
-            Geometry::WithLeading { leading, of } => with_leading(leading, of.rank_layout(r, fused)),
+            Geometry::WithLeading { leading, of } => {
+                with_leading(leading, of.rank_layout(r, fused))
+            }
             Geometry::TensorScale { of } => scales::tensor_scale(of, fused),
             Geometry::BlockScale { of, block } => scales::block_scale(of, *block, r, fused),
             Geometry::ExpertTensorScale {

@@ -8,6 +8,7 @@
 //! `linear.rs` reads a linear weight's geometry as the packed and grouped parameters need it.
 
 mod linear;
+mod nvfp4;
 
 use super::Planner;
 use super::layout::Geometry;
@@ -32,6 +33,19 @@ struct Extra {
     optional: bool,
 }
 
+impl Extra {
+    /// A parameter the checkpoint must fill.
+    fn required(name: String, geometry: Geometry, dtype: Dtype) -> Extra {
+        Extra {
+            name,
+            geometry,
+            dtype,
+            fill: 0.0,
+            optional: false,
+        }
+    }
+}
+
 impl<'m> Planner<'m> {
     /// What quantization does to `p`: parameters to add before it and after it.
     pub(super) fn quantize(
@@ -43,7 +57,7 @@ impl<'m> Planner<'m> {
             return (vec![], vec![]);
         };
         // A tied parameter is the partner's module under a second name: quantized as it is.
-        let partner_quantized = p.alias_of.map(|a| params.list[a].dtype == Dtype::F8E4M3);
+        let partner_quantized = p.alias_of.map(|a| !params.list[a].dtype.is_float());
         let extras = match p.spec.quant_role() {
             QuantRole::Linear => self.linear(&q, p, partner_quantized).map(|e| (vec![], e)),
             QuantRole::Experts => self.experts(&q, p).map(|e| (vec![], e)),
@@ -79,14 +93,31 @@ impl<'m> Planner<'m> {
         )
     }
 
-    /// A linear layer's weight: F8_E4M3 unless its module is left unquantized, then its scales.
+    /// A linear layer's weight, unless its module is left unquantized: the method's parameters.
     fn linear(
         &mut self,
         q: &Quantization,
         p: &mut Param<'m>,
         partner_quantized: Option<bool>,
     ) -> Option<Vec<Extra>> {
-        let module = p.name.strip_suffix(".weight")?;
+        let module = p.name.strip_suffix(".weight")?.to_string();
+        if !self.linear_quantized(q, &module, partner_quantized) {
+            return None;
+        }
+        match q {
+            Quantization::Fp8(_) | Quantization::CompressedFp8(_) => self.fp8_linear(q, &module, p),
+            Quantization::ModelOptNvFp4(m) => self.nvfp4_linear(m, &module, p),
+        }
+    }
+
+    /// Whether the linear layer `module` is quantized; a config that cannot decide is a problem
+    /// (and the layer left as it is).
+    fn linear_quantized(
+        &mut self,
+        q: &Quantization,
+        module: &str,
+        partner_quantized: Option<bool>,
+    ) -> bool {
         let quantized = match partner_quantized {
             Some(b) => Ok(b),
             None => {
@@ -94,18 +125,23 @@ impl<'m> Planner<'m> {
                 q.linear_quantized(&built, &self.fused_shards(&built))
             }
         };
-        match quantized {
-            Ok(true) => {}
-            Ok(false) => return None,
-            Err((message, fix)) => {
-                self.problems.push(Problem {
-                    message: format!("{module}: {message}"),
-                    fix: Some(fix.into()),
-                    ..Default::default()
-                });
-                return None;
-            }
-        }
+        quantized.unwrap_or_else(|(message, fix)| {
+            self.problems.push(Problem {
+                message: format!("{module}: {message}"),
+                fix: Some(fix.into()),
+                ..Default::default()
+            });
+            false
+        })
+    }
+
+    /// An FP8 linear weight: F8_E4M3, then its scales.
+    fn fp8_linear(
+        &mut self,
+        q: &Quantization,
+        module: &str,
+        p: &mut Param<'m>,
+    ) -> Option<Vec<Extra>> {
         p.dtype = Dtype::F8E4M3;
         let of = Box::new(p.geometry.clone());
         let per_tensor = |name: &str| Extra {
@@ -147,6 +183,7 @@ impl<'m> Planner<'m> {
                 },
                 c.static_activations,
             ),
+            Quantization::ModelOptNvFp4(_) => return None,
         };
         let mut out = vec![weight_scale];
         if static_input {
@@ -170,6 +207,12 @@ impl<'m> Planner<'m> {
         };
         let fp8 = match q {
             Quantization::Fp8(f) => f,
+            Quantization::ModelOptNvFp4(m) => {
+                if !q.experts_quantized(module) {
+                    return None;
+                }
+                return self.nvfp4_experts(m, p);
+            }
             Quantization::CompressedFp8(_) => {
                 if part == ExpertPart::W13 {
                     self.problems.push(Problem {
@@ -259,9 +302,12 @@ impl<'m> Planner<'m> {
         let model = self.model_dtype;
         Some(match q {
             // Fp8KVCacheMethod: KVCacheScaleParameter, 0-d in the model dtype, -1 ("not loaded").
-            Quantization::Fp8(_) => ["q_scale", "k_scale", "v_scale", "prob_scale"]
-                .map(|n| scalar(n, vec![], model, -1.0))
-                .into(),
+            // ModelOptKVCacheMethod is the same BaseKVCacheMethod, whatever kv_cache_quant_algo says.
+            Quantization::Fp8(_) | Quantization::ModelOptNvFp4(_) => {
+                ["q_scale", "k_scale", "v_scale", "prob_scale"]
+                    .map(|n| scalar(n, vec![], model, -1.0))
+                    .into()
+            }
             // CompressedTensorsKVCacheMethod: F32 [1] ones, then model-dtype [1] zero points.
             Quantization::CompressedFp8(_) => ["k_scale", "v_scale", "q_scale"]
                 .map(|n| scalar(n, vec![1], Dtype::F32, 1.0))

@@ -198,6 +198,7 @@ fn select_and_fetch(
         let (_, config) = super::pick_config(snapshot, listing, req.config_format, false)?;
         let mut needed = rank_files;
         needed.push(config);
+        needed.extend(quant_config(listing));
         if listing.has_top(crate::sharded::manifest::MANIFEST) {
             needed.push(crate::sharded::manifest::MANIFEST.to_string());
         }
@@ -214,9 +215,17 @@ fn select_and_fetch(
     let r = super::resolve_listing(snapshot, listing, req.load_format, req.config_format)?;
     let mut needed = r.file_names();
     needed.push(r.config_file.clone());
+    needed.extend(quant_config(listing));
     needed.extend(side);
     fetcher.ensure(&needed)?;
     Ok((r, false))
+}
+
+/// `hf_quant_config.json` when the repo has it: vLLM reads the quantization config from it when
+/// config.json has none, so every command needs it, not only `shard`'s side files.
+fn quant_config(listing: &Listing) -> Option<String> {
+    let name = crate::config::HF_QUANT_CONFIG;
+    listing.has_top(name).then(|| name.to_string())
 }
 
 /// A top-level file of a repo that is not weights: config, tokenizer, generation config, index,
