@@ -116,20 +116,6 @@ impl<'m> Planner<'m> {
         else {
             return None;
         };
-        if self.opts.expert_parallel {
-            if part == ExpertPart::W13 {
-                self.problems.push(Problem {
-                    message: format!(
-                        "{}: NVFP4 experts under expert parallelism have input scales whose shape depends on the GPU: vLLM allocates them for all {experts} experts on FlashInfer backends (Blackwell's default) and for the rank's own experts on MARLIN (H100/H200's), so no one file loads on both",
-                        p.name
-                    ),
-                    fix: Some("shard without --enable-expert-parallel: with tensor parallelism every rank holds every expert and the files are the same for every backend".into()),
-                    parameter: Some(p.name.clone()),
-                    ..Default::default()
-                });
-            }
-            return None;
-        }
         let g = m.group_size;
         let packed = |over: u64| match part {
             // w13 `[E, 2I, H/over]`; w2 `[E, H, I/over]`: the input dim is the last.
@@ -164,6 +150,20 @@ impl<'m> Planner<'m> {
         }
         p.dtype = Dtype::U8;
         p.geometry = packed(PER_BYTE);
+        if self.opts.expert_parallel {
+            if part == ExpertPart::W13 {
+                self.problems.push(Problem {
+                    message: format!(
+                        "{}: NVFP4 experts under expert parallelism have input scales whose shape depends on the GPU: vLLM allocates them for all {experts} experts on FlashInfer backends (Blackwell's default) and for the rank's own experts on MARLIN (H100/H200's), so no one file loads on both",
+                        p.name
+                    ),
+                    fix: Some("shard without --enable-expert-parallel: with tensor parallelism every rank holds every expert and the files are the same for every backend".into()),
+                    parameter: Some(p.name.clone()),
+                    ..Default::default()
+                });
+            }
+            return None;
+        }
         let scale_geometry = packed(g);
         if part == ExpertPart::W13 {
             // vLLM registers both weights first, then every scale; w13's block scale is
