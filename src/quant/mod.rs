@@ -11,14 +11,20 @@
 //! `compressed.rs`); the name rules every method adds to the mapping, and what a tensor is for
 //! (`names.rs`). This file dispatches on the method and holds the config helpers they share.
 
+pub mod awq;
 pub mod compressed;
 pub mod fp8;
+pub mod gptq;
 pub mod names;
+mod removed;
 
 use serde_json::Value;
 
+use crate::dtype::Dtype;
+use awq::Awq;
 use compressed::{CompressedFp8, WeightStrategy};
 use fp8::Fp8;
+use gptq::Gptq;
 
 /// A quantization scheme wload writes the pre-processing state of.
 #[derive(Debug, Clone)]
@@ -28,6 +34,10 @@ pub enum Quantization {
     /// `quant_method: compressed-tensors`, `format: float-quantized`, FP8 weights
     /// (`CompressedTensorsW8A8Fp8`).
     CompressedFp8(CompressedFp8),
+    /// `quant_method: gptq` / `gptq_marlin` / `marlin` (`AutoGPTQConfig`).
+    Gptq(Gptq),
+    /// `quant_method: awq` (`AutoAWQConfig`).
+    Awq(Awq),
 }
 
 /// Why a `quantization_config` is refused, and what to do.
@@ -56,6 +66,11 @@ impl Quantization {
             "compressed-tensors" => {
                 CompressedFp8::parse(qc).map(|q| Some(Quantization::CompressedFp8(q)))
             }
+            "gptq" | "gptq_marlin" | "marlin" => {
+                Gptq::parse(qc).map(|q| Some(Quantization::Gptq(q)))
+            }
+            "awq" => Awq::parse(qc).map(|q| Some(Quantization::Awq(q))),
+            m @ ("bitsandbytes" | "fbgemm_fp8" | "fp_quant") => Err(removed::refusal(m)),
             "" => Err(refuse(
                 "config.json has a quantization_config without a quant_method".into(),
                 "add quant_method to quantization_config, or remove it for an unquantized checkpoint",
@@ -74,12 +89,40 @@ impl Quantization {
         match self {
             Quantization::Fp8(_) => "fp8",
             Quantization::CompressedFp8(_) => "compressed-tensors",
+            Quantization::Gptq(_) => "gptq",
+            Quantization::Awq(_) => "awq",
         }
+    }
+
+    /// What vLLM's `maybe_update_config` reads from the checkpoint's headers: GPTQ's quantized
+    /// modules and AWQ's unconverted ones, when the config does not list them.
+    pub fn update_from_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
+        match self {
+            Quantization::Gptq(g) => g.update_from_checkpoint(tensors),
+            Quantization::Awq(a) => a.update_from_checkpoint(tensors),
+            Quantization::Fp8(_) | Quantization::CompressedFp8(_) => {}
+        }
+    }
+
+    /// The activation dtypes vLLM's config class accepts (`get_supported_act_dtypes`), as vLLM
+    /// names them in its refusal.
+    pub fn supports_f32(&self) -> Result<(), String> {
+        let (name, list) = match self {
+            Quantization::Fp8(_) => ("fp8", "[torch.bfloat16, torch.float16]"),
+            Quantization::Gptq(_) => ("auto_gptq", "[torch.float16, torch.bfloat16]"),
+            Quantization::Awq(_) => ("auto_awq", "[torch.float16, torch.bfloat16]"),
+            Quantization::CompressedFp8(_) => return Ok(()),
+        };
+        Err(format!(
+            "torch.float32 is not supported for quantization method {name}. Supported dtypes: {list}"
+        ))
     }
 
     /// One line for reports: method, scheme, block, activations, ignored modules.
     pub fn describe(&self) -> String {
         let (scheme, act, ignored) = match self {
+            Quantization::Gptq(g) => return g.describe(),
+            Quantization::Awq(a) => return a.describe(),
             Quantization::Fp8(q) => (
                 match q.block {
                     Some([n, k]) => format!("FP8 block {n}×{k} (weight_scale_inv)"),
@@ -118,6 +161,11 @@ impl Quantization {
         module: &str,
         shards: &[String],
     ) -> Result<bool, (String, &'static str)> {
+        match self {
+            Quantization::Gptq(g) => return g.quantizes(module, shards),
+            Quantization::Awq(a) => return a.skips(module, shards).map(|s| !s),
+            Quantization::Fp8(_) | Quantization::CompressedFp8(_) => {}
+        }
         let ignored = |name: &str| self.ignores(name);
         if shards.is_empty() || ignored(module)? {
             return Ok(!ignored(module)?);
@@ -148,6 +196,9 @@ impl Quantization {
                 .any(|l| l.contains("experts") && l.contains(module)),
             // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
             Quantization::CompressedFp8(_) => !self.ignores(module).unwrap_or(true),
+            // AutoGPTQConfig quantizes every RoutedExperts (only `dynamic` rules, refused, skip).
+            Quantization::Gptq(_) => true,
+            Quantization::Awq(a) => !a.skips(module, &[]).unwrap_or(true),
         }
     }
 
@@ -157,6 +208,8 @@ impl Quantization {
         match self {
             Quantization::Fp8(q) => Ok(q.ignores(name)),
             Quantization::CompressedFp8(q) => q.ignores(name),
+            Quantization::Gptq(g) => g.quantizes(name, &[]).map(|q| !q),
+            Quantization::Awq(a) => a.skips(name, &[]),
         }
     }
 }
@@ -244,11 +297,7 @@ mod tests {
     #[test]
     fn unsupported_methods_and_schemes_are_named() {
         for (cfg, needle) in [
-            (
-                json!({"quant_method": "gptq", "bits": 4}),
-                "\"gptq\" is not supported",
-            ),
-            (json!({"quant_method": "awq"}), "\"awq\" is not supported"),
+            (json!({"quant_method": "hqq"}), "\"hqq\" is not supported"),
             (
                 json!({"quant_method": "mxfp4"}),
                 "\"mxfp4\" is not supported",

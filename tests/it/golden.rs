@@ -86,6 +86,7 @@ golden! {
     llama_gqa__maxsize_40000_tp2 => "llama_gqa__maxsize_40000/tp2",
     llama_gqa__pp2_tp2 => "llama_gqa__pp2/tp2",
     llama_gqa_ct_fp8_dynamic_tp2 => "llama_gqa_ct_fp8_dynamic/tp2",
+    llama_gqa_gptq_tp2 => "llama_gqa_gptq/tp2",
     llama_tied_fp16_tp2 => "llama_tied_fp16/tp2",
     llama_tied_fp16__maxsize_100000_tp2 => "llama_tied_fp16__maxsize_100000/tp2",
     mixtral_tp2 => "mixtral/tp2",

@@ -7,6 +7,7 @@
 //! The FP8 methods are here; each other method's parameters are one file beside this one, and
 //! `linear.rs` reads a linear weight's geometry as the packed and grouped parameters need it.
 
+mod gptq;
 mod linear;
 
 use super::Planner;
@@ -44,15 +45,56 @@ impl<'m> Planner<'m> {
         };
         // A tied parameter is the partner's module under a second name: quantized as it is.
         let partner_quantized = p.alias_of.map(|a| params.list[a].dtype == Dtype::F8E4M3);
-        let extras = match p.spec.quant_role() {
-            QuantRole::Linear => self.linear(&q, p, partner_quantized).map(|e| (vec![], e)),
-            QuantRole::Experts => self.experts(&q, p).map(|e| (vec![], e)),
-            QuantRole::Attention => self.kv_cache(&q, p, params).map(|e| (e, vec![])),
-            QuantRole::None => None,
+        let int = gptq::IntScheme::of(&q);
+        let extras = match (p.spec.quant_role(), int) {
+            // GPTQ and AWQ have no kv-cache method: only the Attention layer's scale buffers.
+            (QuantRole::Attention, Some(_)) => None,
+            (QuantRole::Linear, Some(s)) => self
+                .linear_quantized(&q, p, None)
+                .then(|| self.int_linear(s, p))
+                .flatten()
+                .map(|e| (vec![], e)),
+            (QuantRole::Experts, Some(s)) => {
+                let module = p.name.split_once(".routed_experts.").map(|(m, _)| m);
+                let quantized = module.is_some_and(|m| q.experts_quantized(m));
+                quantized
+                    .then(|| self.int_experts(s, p))
+                    .flatten()
+                    .map(|e| (vec![], e))
+            }
+            (role, _) => self.fp8_role(&q, role, p, params, partner_quantized),
         };
         let Some((before, after)) = extras else {
             return (vec![], vec![]);
         };
+        self.made(p, params, before, after)
+    }
+
+    /// The FP8 methods' parameters for `p`'s role.
+    fn fp8_role(
+        &mut self,
+        q: &Quantization,
+        role: QuantRole,
+        p: &mut Param<'m>,
+        params: &Params<'m>,
+        partner_quantized: Option<bool>,
+    ) -> Option<(Vec<Extra>, Vec<Extra>)> {
+        match role {
+            QuantRole::Linear => self.linear(q, p, partner_quantized).map(|e| (vec![], e)),
+            QuantRole::Experts => self.experts(q, p).map(|e| (vec![], e)),
+            QuantRole::Attention => self.kv_cache(q, p, params).map(|e| (e, vec![])),
+            QuantRole::None => None,
+        }
+    }
+
+    /// The parameters `before` and `after` as instances beside `p`.
+    fn made(
+        &self,
+        p: &Param<'m>,
+        params: &Params<'m>,
+        before: Vec<Extra>,
+        after: Vec<Extra>,
+    ) -> (Vec<Param<'m>>, Vec<Param<'m>>) {
         let make = |e: Extra| {
             // A scale of a tied weight is tied to the partner's scale of the same name.
             let alias_of = p.alias_of.and_then(|a| {
@@ -79,14 +121,17 @@ impl<'m> Planner<'m> {
         )
     }
 
-    /// A linear layer's weight: F8_E4M3 unless its module is left unquantized, then its scales.
-    fn linear(
+    /// Whether the linear layer whose weight is `p` is quantized (a tied weight: as its
+    /// partner is); a fused layer vLLM refuses is a problem, and not quantized.
+    fn linear_quantized(
         &mut self,
         q: &Quantization,
-        p: &mut Param<'m>,
+        p: &Param<'m>,
         partner_quantized: Option<bool>,
-    ) -> Option<Vec<Extra>> {
-        let module = p.name.strip_suffix(".weight")?;
+    ) -> bool {
+        let Some(module) = p.name.strip_suffix(".weight") else {
+            return false;
+        };
         let quantized = match partner_quantized {
             Some(b) => Ok(b),
             None => {
@@ -94,18 +139,28 @@ impl<'m> Planner<'m> {
                 q.linear_quantized(&built, &self.fused_shards(&built))
             }
         };
-        match quantized {
-            Ok(true) => {}
-            Ok(false) => return None,
-            Err((message, fix)) => {
-                self.problems.push(Problem {
-                    message: format!("{module}: {message}"),
-                    fix: Some(fix.into()),
-                    ..Default::default()
-                });
-                return None;
-            }
+        quantized.unwrap_or_else(|(message, fix)| {
+            self.problems.push(Problem {
+                message: format!("{module}: {message}"),
+                fix: Some(fix.into()),
+                ..Default::default()
+            });
+            false
+        })
+    }
+
+    /// A linear layer's weight: F8_E4M3 unless its module is left unquantized, then its scales.
+    fn linear(
+        &mut self,
+        q: &Quantization,
+        p: &mut Param<'m>,
+        partner_quantized: Option<bool>,
+    ) -> Option<Vec<Extra>> {
+        let module = p.name.strip_suffix(".weight")?.to_string();
+        if !self.linear_quantized(q, p, partner_quantized) {
+            return None;
         }
+        let module = module.as_str();
         p.dtype = Dtype::F8E4M3;
         let of = Box::new(p.geometry.clone());
         let per_tensor = |name: &str| Extra {
@@ -147,6 +202,8 @@ impl<'m> Planner<'m> {
                 },
                 c.static_activations,
             ),
+            // Their parameters are gptq.rs's (`quantize` never sends them here).
+            Quantization::Gptq(_) | Quantization::Awq(_) => return None,
         };
         let mut out = vec![weight_scale];
         if static_input {
@@ -170,6 +227,7 @@ impl<'m> Planner<'m> {
         };
         let fp8 = match q {
             Quantization::Fp8(f) => f,
+            Quantization::Gptq(_) | Quantization::Awq(_) => return None,
             Quantization::CompressedFp8(_) => {
                 if part == ExpertPart::W13 {
                     self.problems.push(Problem {
@@ -271,6 +329,8 @@ impl<'m> Planner<'m> {
                         .map(|n| scalar(n, vec![1], model, 0.0)),
                 )
                 .collect(),
+            // No kv-cache method: the Attention layer keeps only its scale buffers.
+            Quantization::Gptq(_) | Quantization::Awq(_) => return None,
         })
     }
 
