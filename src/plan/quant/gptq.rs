@@ -240,7 +240,7 @@ impl<'m> Planner<'m> {
                 "Layer '{module}' is not supported by {kernel}. Falling back to Moe WNA16 kernels. (check_moe_marlin_supports_layer: hidden size {h} must be a multiple of 128 and the intermediate size per rank {i_r} a multiple of the group size {gs}, which must be -1, 32, 64 or 128.) MoeWNA16 creates other parameters, which wload does not write"
             ),
             fix: Some(format!(
-                "choose a --tp for which {i} / tp is a multiple of {gs}, or use --expert-parallel (whole experts)"
+                "choose a --tp for which {i} / tp is a multiple of {gs}, or pass --enable-expert-parallel (whole experts)"
             )),
             parameter: Some(format!("{module}.routed_experts")),
             ..Default::default()
