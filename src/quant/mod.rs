@@ -77,7 +77,7 @@ impl Quantization {
             )),
             other => Err(refuse(
                 format!(
-                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes unquantized, fp8 and compressed-tensors FP8 checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong"
+                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes unquantized, fp8, compressed-tensors FP8, GPTQ and AWQ checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong"
                 ),
                 USE_UNQUANTIZED,
             )),
