@@ -44,13 +44,14 @@ impl<'m> Planner<'m> {
             return (vec![], vec![]);
         };
         // A tied parameter is the partner's module under a second name: quantized as it is.
-        let partner_quantized = p.alias_of.map(|a| params.list[a].dtype == Dtype::F8E4M3);
+        let partner_quantized =
+            (p.alias_of).map(|a| matches!(params.list[a].dtype, Dtype::F8E4M3 | Dtype::I32));
         let int = gptq::IntScheme::of(&q);
         let extras = match (p.spec.quant_role(), int) {
             // GPTQ and AWQ have no kv-cache method: only the Attention layer's scale buffers.
             (QuantRole::Attention, Some(_)) => None,
             (QuantRole::Linear, Some(s)) => self
-                .linear_quantized(&q, p, None)
+                .linear_quantized(&q, p, partner_quantized)
                 .then(|| self.int_linear(s, p))
                 .flatten()
                 .map(|e| (vec![], e)),

@@ -12,6 +12,17 @@ const G: u64 = 32;
 
 /// A one-layer Qwen3-MoE, every linear and expert GPTQ 4-bit in groups of 32.
 pub(super) fn qwen3_moe_gptq() -> TempDir {
+    qwen3_moe(Method::Gptq)
+}
+
+/// A one-layer Qwen3-MoE, every linear and expert 4-bit in groups of 32.
+fn qwen3_moe(method: Method) -> TempDir {
+    let qc = match method {
+        Method::Gptq => json!({"quant_method": "gptq", "bits": 4, "group_size": G,
+            "desc_act": false, "sym": true}),
+        Method::Awq => json!({"quant_method": "awq", "bits": 4, "group_size": G,
+            "zero_point": true, "version": "gemm"}),
+    };
     let tmp = TempDir::new().unwrap();
     write_json(
         &tmp.path().join("config.json"),
@@ -21,8 +32,7 @@ pub(super) fn qwen3_moe_gptq() -> TempDir {
             "moe_intermediate_size": MI, "intermediate_size": 256, "vocab_size": 64,
             "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
             "dtype": "float16", "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": G,
-                "desc_act": false, "sym": true}}),
+            "quantization_config": qc}),
     );
     let l = "model.layers.0";
     let mut specs: Vec<(String, &str, Vec<u64>)> = vec![
@@ -45,19 +55,13 @@ pub(super) fn qwen3_moe_gptq() -> TempDir {
         ("v_proj", 64),
         ("o_proj", 128),
     ] {
-        specs.extend(packed(
-            Method::Gptq,
-            &format!("{l}.self_attn.{m}"),
-            MH,
-            n,
-            G,
-        ));
+        specs.extend(packed(method, &format!("{l}.self_attn.{m}"), MH, n, G));
     }
     for e in 0..E {
         let p = format!("{l}.mlp.experts.{e}");
-        specs.extend(packed(Method::Gptq, &format!("{p}.gate_proj"), MH, MI, G));
-        specs.extend(packed(Method::Gptq, &format!("{p}.up_proj"), MH, MI, G));
-        specs.extend(packed(Method::Gptq, &format!("{p}.down_proj"), MI, MH, G));
+        specs.extend(packed(method, &format!("{p}.gate_proj"), MH, MI, G));
+        specs.extend(packed(method, &format!("{p}.up_proj"), MH, MI, G));
+        specs.extend(packed(method, &format!("{p}.down_proj"), MI, MH, G));
     }
     let data: Vec<Vec<u8>> = (specs.iter().enumerate())
         .map(|(t, (_, dtype, shape))| {
@@ -110,7 +114,17 @@ fn source(ckpt: &Tensors, e: u64, proj: &str, param: &str) -> Vec<Vec<u32>> {
 
 #[test]
 fn gptq_experts_are_input_major_and_put_back_together_are_the_checkpoint() {
-    let src = qwen3_moe_gptq();
+    experts_put_back_together(Method::Gptq);
+}
+
+/// `AutoAWQMoEMethod`: `w13_qweight [E, H, 2·I_r/8]`, `w2_qweight [E, I_r, H/8]`, no biases.
+#[test]
+fn awq_experts_are_packed_on_the_output_and_put_back_together_are_the_checkpoint() {
+    experts_put_back_together(Method::Awq);
+}
+
+fn experts_put_back_together(method: Method) {
+    let src = qwen3_moe(method);
     let ckpt = checkpoint_tensors(src.path());
     for (tp, ep) in [(1, false), (2, false), (2, true)] {
         let flags: &[&str] = if ep {
@@ -120,13 +134,21 @@ fn gptq_experts_are_input_major_and_put_back_together_are_the_checkpoint() {
         };
         let out = sharded(src.path(), tp, flags);
         let dir = out.path().join("out");
-        let ctx = format!("tp{tp} ep {ep}");
+        let ctx = format!("{method:?} tp{tp} ep {ep}");
         let (moe_tp, e_loc) = if ep { (1, E / tp) } else { (tp, E) };
         let ir = MI / moe_tp;
         let base = "model.layers.0.mlp.experts.routed_experts";
+        let (w13, w2) = match method {
+            Method::Gptq => ([e_loc, MH / 8, 2 * ir], [e_loc, ir / 8, MH]),
+            Method::Awq => ([e_loc, MH, 2 * ir / 8], [e_loc, ir, MH / 8]),
+        };
+        let params = match method {
+            Method::Gptq => &PARAMS[..],
+            Method::Awq => &PARAMS[..6],
+        };
         let shapes = [
-            [e_loc, MH / 8, 2 * ir],
-            [e_loc, ir / 8, MH],
+            w13,
+            w2,
             [e_loc, MH / G, 2 * ir],
             [e_loc, ir / G, MH],
             [e_loc, MH / G, 2 * ir / 8],
@@ -140,9 +162,15 @@ fn gptq_experts_are_input_major_and_put_back_together_are_the_checkpoint() {
             let names: Vec<String> = (plan_order(src.path(), &args, r as usize).into_iter())
                 .filter(|n| n.starts_with(base))
                 .collect();
-            let want: Vec<String> = PARAMS.iter().map(|p| format!("{base}.{p}")).collect();
+            let want: Vec<String> = params.iter().map(|p| format!("{base}.{p}")).collect();
             assert_eq!(names, want, "{ctx}: vLLM's registration order");
             let t = rank_tensors(&dir, r);
+            // The router's checkpoint tensor is F16: GateLinear stays unquantized.
+            let router = &t["model.layers.0.mlp.experts.gate.weight"];
+            assert_eq!(
+                (router.dtype.as_str(), &router.shape[..]),
+                ("F16", &[E, MH][..])
+            );
             for (p, shape) in PARAMS.iter().zip(&shapes) {
                 assert_eq!(
                     t[&format!("{base}.{p}")].shape,
@@ -150,10 +178,11 @@ fn gptq_experts_are_input_major_and_put_back_together_are_the_checkpoint() {
                     "{ctx}: {p}"
                 );
             }
-            for (p, shape) in [
+            let biases = [
                 ("w13_bias", vec![e_loc, 2 * ir]),
                 ("w2_bias", vec![e_loc, MH]),
-            ] {
+            ];
+            for (p, shape) in biases.into_iter().filter(|_| method == Method::Gptq) {
                 let b = &t[&format!("{base}.{p}")];
                 assert_eq!((b.dtype.as_str(), &b.shape), ("F16", &shape), "{ctx}: {p}");
                 assert!(b.data.iter().all(|&x| x == 0), "{ctx}: {p} zeros");
