@@ -20,7 +20,7 @@ use crate::mapping::rules::ShardId;
 use crate::mapping::{ExpertPart, GptOssPart};
 use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
 use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
-use packed_experts::{packed_experts, split_size};
+use packed_experts::{packed_expected, packed_experts, split_size};
 use types::{RankLayout, name};
 
 /// A layout with its dimensions evaluated.
@@ -240,17 +240,7 @@ impl Geometry {
                     s.unwrap_or("none")
                 )),
             },
-            Geometry::PackedExperts { part, dims, .. } => {
-                match (part, shard.map(ShardId::text).as_deref()) {
-                    (ExpertPart::W13, Some("w1" | "w3")) | (ExpertPart::W2, Some("w2")) => {
-                        Ok(Shape::from_slice(dims))
-                    }
-                    (_, s) => Err(format!(
-                        "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
-                        s.unwrap_or("none")
-                    )),
-                }
-            }
+            Geometry::PackedExperts { part, dims, .. } => packed_expected(*part, dims, shard),
             Geometry::GptOssExperts {
                 part,
                 experts,

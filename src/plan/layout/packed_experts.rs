@@ -5,8 +5,9 @@
 //! experts (the same placement as [`super::experts`]).
 
 use super::experts::local_experts;
-use super::types::{Rank, RankLayout, Slice, name};
+use super::types::{Rank, RankLayout, Shape, Slice, name};
 use crate::mapping::ExpertPart;
+use crate::mapping::rules::ShardId;
 
 /// This rank's experts, and the rank within the experts' tensor parallelism.
 fn placement(experts: u64, r: Rank) -> (std::ops::Range<u64>, u64, u64) {
@@ -24,6 +25,23 @@ pub(super) fn split_size(part: ExpertPart, dims: &[u64], split: bool) -> Option<
         ExpertPart::W13 => dims.last().copied(),
         ExpertPart::W2 if split => dims.first().copied(),
         ExpertPart::W2 => None,
+    }
+}
+
+/// The checkpoint shape of one expert's shard: `dims`, for the shard ids the part takes.
+pub(super) fn packed_expected(
+    part: ExpertPart,
+    dims: &[u64],
+    shard: Option<&ShardId>,
+) -> Result<Shape, String> {
+    match (part, shard.map(ShardId::text).as_deref()) {
+        (ExpertPart::W13, Some("w1" | "w3")) | (ExpertPart::W2, Some("w2")) => {
+            Ok(Shape::from_slice(dims))
+        }
+        (_, s) => Err(format!(
+            "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
+            s.unwrap_or("none")
+        )),
     }
 }
 

@@ -40,8 +40,8 @@ fn i32_data(t: u64, n: u64) -> Vec<u8> {
 }
 
 /// A one-layer dense checkpoint (Llama for GPTQ, Qwen2 with its qkv bias for AWQ), its linear
-/// layers quantized in groups of `group`, the rest F16.
-pub(super) fn dense(method: Method, group: u64, extra: Value) -> TempDir {
+/// layers quantized in groups of `group` (-1: one group per output channel), the rest F16.
+pub(super) fn dense(method: Method, group: i64, extra: Value) -> TempDir {
     let tmp = TempDir::new().unwrap();
     let (arch, model_type) = match method {
         Method::Gptq => ("LlamaForCausalLM", "llama"),
@@ -74,7 +74,8 @@ pub(super) fn dense(method: Method, group: u64, extra: Value) -> TempDir {
         specs.push((format!("{l}.{n}.weight"), "F16", vec![shape]));
     }
     for (m, k, n) in linears() {
-        specs.extend(packed(method, &format!("{l}.{m}"), k, n, group));
+        let g = u64::try_from(group).unwrap_or(k);
+        specs.extend(packed(method, &format!("{l}.{m}"), k, n, g));
         if method == Method::Awq && m.starts_with("self_attn.") && m != "self_attn.o_proj" {
             specs.push((format!("{l}.{m}.bias"), "F16", vec![n]));
         }
