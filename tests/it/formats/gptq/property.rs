@@ -61,7 +61,7 @@ fn params(method: Method) -> [(&'static str, Option<usize>, &'static str); 3] {
 /// Rank `r`'s columns of `p` (width per rank, and whether this rank's copy is the one kept).
 fn share(p: &Part, tp: u64, r: u64) -> (u64, bool) {
     match p.heads {
-        Some(h) if tp > h => (p.n / h, r % (tp / h) == 0),
+        Some(h) if tp > h => (p.n / h, r.is_multiple_of(tp / h)),
         _ => (p.n / tp, true),
     }
 }
