@@ -89,7 +89,6 @@ impl<'m> Planner<'m> {
                 msg,
                 Some("choose a --tp that divides the layer evenly"),
             );
-            return None;
         }
         if g < l.k && !k_r.is_multiple_of(g) {
             let msg = format!(
@@ -97,7 +96,6 @@ impl<'m> Planner<'m> {
             );
             let fix = "choose a --tp for which the layer's input size divided by tp is a multiple of the group size";
             self.int_problem(&module, msg, Some(fix));
-            return None;
         }
         if !l.out_divisible_by(pack) {
             let msg = format!(
@@ -110,8 +108,9 @@ impl<'m> Planner<'m> {
                 }
             );
             self.int_problem(&module, msg, None);
-            return None;
         }
+        // Laid out even when refused above, so that the checkpoint's tensors still find their
+        // parameters and the refusal is the one problem reported.
         // `marlin_repeat_scales_on_all_ranks`: channelwise scales of a row-parallel layer whole.
         let groups = l.k / g;
         let grouped = |out_div| match s.group {
@@ -147,8 +146,9 @@ impl<'m> Planner<'m> {
         else {
             return None;
         };
-        if part == ExpertPart::W13 && !self.marlin_moe_supported(s, &module, i, h) {
-            return None;
+        if part == ExpertPart::W13 {
+            // A problem when false; laid out all the same (see `int_linear`).
+            self.marlin_moe_supported(s, &module, i, h);
         }
         let pack = s.pack();
         let packed = |part, dims: Vec<u64>, split| Geometry::PackedExperts {
@@ -215,8 +215,9 @@ impl<'m> Planner<'m> {
     }
 
     /// `check_moe_marlin_supports_layer(allow_tile_padding=True)`: hidden size a multiple of
-    /// 128, a rank's intermediate size a multiple of the group, group -1, 32, 64 or 128.
-    fn marlin_moe_supported(&mut self, s: IntScheme, module: &str, i: u64, h: u64) -> bool {
+    /// 128, a rank's intermediate size a multiple of the group, group -1, 32, 64 or 128; a
+    /// problem when not.
+    fn marlin_moe_supported(&mut self, s: IntScheme, module: &str, i: u64, h: u64) {
         let tp = if self.opts.expert_parallel {
             1
         } else {
@@ -227,7 +228,7 @@ impl<'m> Planner<'m> {
         let shape = h.is_multiple_of(128) && g.is_none_or(|g| i_r.is_multiple_of(g));
         let sizes = matches!(g, None | Some(32 | 64 | 128));
         if shape && sizes {
-            return true;
+            return;
         }
         let kernel = if s.gptq {
             "GPTQMoeMarlin"
@@ -245,7 +246,6 @@ impl<'m> Planner<'m> {
             parameter: Some(format!("{module}.routed_experts")),
             ..Default::default()
         });
-        false
     }
 
     fn int_problem(&mut self, module: &str, why: String, fix: Option<&str>) {
