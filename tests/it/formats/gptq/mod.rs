@@ -53,6 +53,8 @@ pub(super) fn dense(method: Method, group: i64, extra: Value) -> TempDir {
         Method::Awq => json!({"quant_method": "awq", "bits": 4, "group_size": group,
             "zero_point": true, "version": "gemm", "modules_to_not_convert": null}),
     };
+    let bits = extra.get("bits").and_then(Value::as_u64).unwrap_or(4);
+    let pack = if bits == 8 { 4 } else { 8 };
     for (k, v) in extra.as_object().into_iter().flatten() {
         qc[k] = v.clone();
     }
@@ -75,7 +77,18 @@ pub(super) fn dense(method: Method, group: i64, extra: Value) -> TempDir {
     }
     for (m, k, n) in linears() {
         let g = u64::try_from(group).unwrap_or(k);
-        specs.extend(packed(method, &format!("{l}.{m}"), k, n, g));
+        let mut tensors = packed(method, &format!("{l}.{m}"), k, n, g);
+        if pack != 8 {
+            // 8-bit GPTQ: 4 values to an int32 (only qweight and qzeros are packed).
+            for (name, _, shape) in tensors.iter_mut() {
+                if name.ends_with("qweight") {
+                    shape[0] = k / pack;
+                } else if name.ends_with("qzeros") {
+                    shape[1] = n / pack;
+                }
+            }
+        }
+        specs.extend(tensors);
         if method == Method::Awq && m.starts_with("self_attn.") && m != "self_attn.o_proj" {
             specs.push((format!("{l}.{m}.bias"), "F16", vec![n]));
         }
@@ -133,9 +146,18 @@ pub(super) fn packed(
     }
 }
 
-/// The values of a 2-D tensor as a matrix of elements: int32 words split into their eight
-/// 4-bit values along `unpack` (0: rows, 1: columns), other dtypes element by element.
+/// [`matrix_of`] for 4-bit values.
 pub(super) fn matrix(t: &Held, unpack: Option<usize>) -> Vec<Vec<u32>> {
+    matrix_of(t, unpack, 4)
+}
+
+/// The values of a 2-D tensor as a matrix of elements: int32 words split into their
+/// `bits`-bit values along `unpack` (0: rows, 1: columns), other dtypes element by element.
+pub(super) fn matrix_of(t: &Held, unpack: Option<usize>, bits: u64) -> Vec<Vec<u32>> {
+    let per = 32 / bits;
+    let mask = (1u32 << bits) - 1;
+    let bits = bits as u32;
+    let per = per as u64;
     let [rows, cols] = t.shape[..] else {
         panic!("a 2-D tensor, got {:?}", t.shape)
     };
@@ -150,17 +172,17 @@ pub(super) fn matrix(t: &Held, unpack: Option<usize>) -> Vec<Vec<u32>> {
         None => (0..rows)
             .map(|r| (0..cols).map(|c| at(r, c)).collect())
             .collect(),
-        Some(0) => (0..rows * 8)
+        Some(0) => (0..rows * per)
             .map(|r| {
                 (0..cols)
-                    .map(|c| (at(r / 8, c) >> (4 * (r % 8))) & 0xf)
+                    .map(|c| (at(r / per, c) >> (bits * (r % per) as u32)) & mask)
                     .collect()
             })
             .collect(),
         Some(_) => (0..rows)
             .map(|r| {
-                (0..cols * 8)
-                    .map(|c| (at(r, c / 8) >> (4 * (c % 8))) & 0xf)
+                (0..cols * per)
+                    .map(|c| (at(r, c / per) >> (bits * (c % per) as u32)) & mask)
                     .collect()
             })
             .collect(),

@@ -66,13 +66,13 @@ fn share(p: &Part, tp: u64, r: u64) -> (u64, bool) {
     }
 }
 
-fn check(method: Method, tp: u64, group: i64) {
-    let src = dense(method, group, json!({}));
+fn check(method: Method, tp: u64, group: i64, bits: u64) {
+    let src = dense(method, group, json!({"bits": bits}));
     let out = sharded(src.path(), tp, &[]);
     let dir = out.path().join("out");
     let ckpt = checkpoint_tensors(src.path());
     let ranks: Vec<Tensors> = (0..tp).map(|r| rank_tensors(&dir, r)).collect();
-    let ctx = format!("{method:?} tp{tp} group {group}");
+    let ctx = format!("{method:?} {bits}-bit tp{tp} group {group}");
     for rank in &ranks {
         assert!(
             rank.keys().all(|k| !k.ends_with("g_idx")),
@@ -86,10 +86,11 @@ fn check(method: Method, tp: u64, group: i64) {
                 .map(|t| {
                     let h = t.get(&name).unwrap_or_else(|| panic!("{ctx}: no {name}"));
                     assert_eq!(h.dtype, dtype, "{ctx}: {name}");
-                    matrix(h, unpack)
+                    matrix_of(h, unpack, bits)
                 })
                 .collect();
-            let want = |m: &str| matrix(&ckpt[&format!("model.layers.0.{m}.{param}")], unpack);
+            let want =
+                |m: &str| matrix_of(&ckpt[&format!("model.layers.0.{m}.{param}")], unpack, bits);
             let Some(parts) = &parts else {
                 if group == -1 && param != "qweight" {
                     // marlin_repeat_scales_on_all_ranks: channelwise row-parallel scales whole.
@@ -132,15 +133,16 @@ fn check(method: Method, tp: u64, group: i64) {
 #[test]
 fn gptq_ranks_unpacked_and_put_back_together_are_the_checkpoint() {
     for tp in [1, 2, 4, 8] {
-        check(Method::Gptq, tp, 16);
-        check(Method::Gptq, tp, -1);
+        check(Method::Gptq, tp, 16, 4);
+        check(Method::Gptq, tp, -1, 4);
+        check(Method::Gptq, tp, 32.min(128 / tp as i64), 8);
     }
 }
 
 #[test]
 fn awq_ranks_unpacked_and_put_back_together_are_the_checkpoint() {
     for tp in [1, 2, 4, 8] {
-        check(Method::Awq, tp, 16);
+        check(Method::Awq, tp, 16, 4);
     }
 }
 
