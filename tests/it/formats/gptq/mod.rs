@@ -157,7 +157,6 @@ pub(super) fn matrix_of(t: &Held, unpack: Option<usize>, bits: u64) -> Vec<Vec<u
     let per = 32 / bits;
     let mask = (1u32 << bits) - 1;
     let bits = bits as u32;
-    let per = per as u64;
     let [rows, cols] = t.shape[..] else {
         panic!("a 2-D tensor, got {:?}", t.shape)
     };
