@@ -13,6 +13,7 @@ use tempfile::TempDir;
 
 use crate::support::*;
 
+mod awq_shapes;
 mod moe;
 mod property;
 mod refusals;
