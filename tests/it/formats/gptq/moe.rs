@@ -216,3 +216,87 @@ fn experts_put_back_together(method: Method) {
         }
     }
 }
+
+/// Mixtral's experts (`block_sparse_moe.experts.{e}.w1/w2/w3`) take the same input-major
+/// parameters; its router (`block_sparse_moe.gate`, F16 in GPTQ releases) stays unquantized.
+#[test]
+fn mixtral_gptq_experts_have_vllms_shapes() {
+    let tmp = TempDir::new().unwrap();
+    write_json(
+        &tmp.path().join("config.json"),
+        &json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "hidden_size": MH, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_local_experts": E, "num_experts_per_tok": 1, "intermediate_size": MI,
+            "vocab_size": 64, "num_hidden_layers": 1, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": false, "torch_dtype": "float16",
+            "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": G,
+                "desc_act": false, "sym": true}}),
+    );
+    let l = "model.layers.0";
+    let mut specs: Vec<(String, &str, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), "F16", vec![64, MH]),
+        (
+            format!("{l}.block_sparse_moe.gate.weight"),
+            "F16",
+            vec![E, MH],
+        ),
+        (format!("{l}.input_layernorm.weight"), "F16", vec![MH]),
+        (
+            format!("{l}.post_attention_layernorm.weight"),
+            "F16",
+            vec![MH],
+        ),
+        ("model.norm.weight".into(), "F16", vec![MH]),
+        ("lm_head.weight".into(), "F16", vec![64, MH]),
+    ];
+    for (m, n) in [
+        ("q_proj", 128),
+        ("k_proj", 64),
+        ("v_proj", 64),
+        ("o_proj", 128),
+    ] {
+        specs.extend(packed(
+            Method::Gptq,
+            &format!("{l}.self_attn.{m}"),
+            MH,
+            n,
+            G,
+        ));
+    }
+    for e in 0..E {
+        let p = format!("{l}.block_sparse_moe.experts.{e}");
+        specs.extend(packed(Method::Gptq, &format!("{p}.w1"), MH, MI, G));
+        specs.extend(packed(Method::Gptq, &format!("{p}.w3"), MH, MI, G));
+        specs.extend(packed(Method::Gptq, &format!("{p}.w2"), MI, MH, G));
+    }
+    let data: Vec<Vec<u8>> = (specs.iter().enumerate())
+        .map(|(t, (_, dtype, shape))| match *dtype {
+            "I32" => i32_data(t as u64, shape.iter().product()),
+            _ => bf16_data(t as u64, shape.iter().product::<u64>() as usize),
+        })
+        .collect();
+    let tensors: Vec<Tensor> = (specs.iter().zip(&data))
+        .map(|((n, d, s), b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
+        .collect();
+    write_safetensors(&tmp.path().join("model.safetensors"), &tensors);
+    let out = sharded(tmp.path(), 2, &[]);
+    let t = rank_tensors(&out.path().join("out"), 1);
+    let base = format!("{l}.block_sparse_moe.experts.routed_experts");
+    let ir = MI / 2;
+    for (p, dtype, shape) in [
+        ("w13_qweight", "I32", [E, MH / 8, 2 * ir]),
+        ("w2_qweight", "I32", [E, ir / 8, MH]),
+        ("w13_scales", "F16", [E, MH / G, 2 * ir]),
+        ("w2_scales", "F16", [E, ir / G, MH]),
+        ("w13_qzeros", "I32", [E, MH / G, 2 * ir / 8]),
+        ("w2_qzeros", "I32", [E, ir / G, MH / 8]),
+    ] {
+        let h = &t[&format!("{base}.{p}")];
+        assert_eq!((h.dtype.as_str(), &h.shape[..]), (dtype, &shape[..]), "{p}");
+    }
+    let gate = t
+        .iter()
+        .find(|(n, _)| n.ends_with("gate.weight"))
+        .map(|(_, h)| h.dtype.clone());
+    assert_eq!(gate.as_deref(), Some("F16"), "the router stays F16");
+}
