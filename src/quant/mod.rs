@@ -1,14 +1,16 @@
 //! Quantized checkpoints: what `quantization_config` says, in the terms vLLM 0.33 acts on
 //! (`layers/quantization/fp8.py` `Fp8Config`, `compressed_tensors/compressed_tensors.py`), which
 //! modules it leaves unquantized, and the checkpoint-name rules its config adds to every model's
-//! mapper. The parameters each scheme creates are the planner's (`plan/quant.rs`).
+//! mapper. The parameters each scheme creates are the planner's (`plan/quant/`).
 //!
-//! Supported: `quant_method: fp8` (per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8 style) and
-//! `compressed-tensors` with 8-bit float weights (per-tensor, per-channel, block). Everything else
-//! is refused with its name before anything is planned: writing it as unquantized would be wrong.
+//! Supported: `quant_method: fp8` (per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8 style),
+//! `compressed-tensors` with 8-bit float weights (per-tensor, per-channel, block), GPTQ
+//! (`gptq.rs`) and AWQ (`awq.rs`). Everything else is refused with its name before anything is
+//! planned: writing it as unquantized would be wrong; methods vLLM 0.33 removed or deprecated
+//! are refused in its words (`removed.rs`).
 //!
 //! One file per method: its config read as vLLM reads it, and its ignore list (`fp8.rs`,
-//! `compressed.rs`); the name rules every method adds to the mapping, and what a tensor is for
+//! `compressed.rs`, `gptq.rs`, `awq.rs`); the name rules every method adds to the mapping, and what a tensor is for
 //! (`names.rs`). This file dispatches on the method and holds the config helpers they share.
 
 pub mod awq;

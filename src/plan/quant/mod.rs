@@ -4,7 +4,8 @@
 //! `Fp8LinearMethod`, `Fp8MoEMethod`, `CompressedTensorsW8A8Fp8`, the kv-cache methods), with
 //! vLLM's initial values for whatever the checkpoint leaves out.
 //!
-//! The FP8 methods are here; each other method's parameters are one file beside this one, and
+//! The FP8 methods are here; each other method's parameters are one file beside this one
+//! (`gptq.rs`: GPTQ and AWQ, whose packed weight replaces the layer's `weight`), and
 //! `linear.rs` reads a linear weight's geometry as the packed and grouped parameters need it.
 
 mod gptq;
