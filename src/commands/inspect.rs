@@ -92,6 +92,10 @@ pub struct QuantInfo {
     /// Elements per weight scale, for the grouped schemes (NVFP4: 16).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_size: Option<u64>,
+    /// The packed integer methods' weights in words (GPTQ, AWQ: bits, groups, desc_act,
+    /// symmetry); `None` for the FP8 ones, which `scheme` says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
     /// "static" (an `input_scale` per linear layer) or "dynamic".
     pub activation_scheme: Option<String>,
     /// Modules (or compressed-tensors `re:` patterns) left unquantized.
@@ -313,6 +317,9 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
     };
     let method = q.method().to_string();
     let mut group_size = None;
+    if let Some(info) = int_info(&q) {
+        return Some(info);
+    }
     let (scheme, block, static_activations, ignored) = match q {
         Quantization::Fp8(f) => (
             if f.block.is_some() {
@@ -346,12 +353,14 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
                 m.exclude,
             )
         }
+        Quantization::Gptq(_) | Quantization::Awq(_) => return None,
     };
     Some(QuantInfo {
         method: Some(method),
         scheme: Some(scheme),
         weight_block_size: block,
         group_size,
+        weights: None,
         activation_scheme: Some(
             if static_activations {
                 "static"
@@ -360,6 +369,62 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
             }
             .into(),
         ),
+        ignored,
+        supported: true,
+        refusal: None,
+    })
+}
+
+/// GPTQ and AWQ as `inspect` shows them: bits, groups, desc_act / zero points, and the modules
+/// the config lists (GPTQ: quantized, AWQ: not converted; without a list vLLM reads them from
+/// the checkpoint's dtypes).
+fn int_info(q: &Quantization) -> Option<QuantInfo> {
+    let (scheme, weights, ignored) = match q {
+        Quantization::Gptq(g) => (
+            if g.group.is_some() {
+                "group"
+            } else {
+                "per-channel"
+            },
+            format!(
+                "INT{} packed 8/int32 on the input dim (qweight, scales, qzeros), {}, desc_act {}, symmetric{}",
+                g.bits,
+                g.group
+                    .map_or("one group per output channel".into(), |n| format!(
+                        "groups of {n}"
+                    )),
+                g.desc_act,
+                if g.listed.is_some() {
+                    ", quantized modules listed (modules_in_block_to_quantize)"
+                } else {
+                    ", quantized modules: those with integer tensors in the checkpoint"
+                }
+            ),
+            Vec::new(),
+        ),
+        Quantization::Awq(a) => (
+            "group",
+            format!(
+                "INT{} packed 8/int32 on the output dim (qweight, qzeros, scales), groups of {}, zero points {}",
+                a.bits,
+                a.group,
+                if a.zero_point { "on" } else { "off" }
+            ),
+            a.not_converted.clone(),
+        ),
+        _ => return None,
+    };
+    Some(QuantInfo {
+        method: Some(q.method().to_string()),
+        scheme: Some(scheme),
+        weight_block_size: None,
+        group_size: match q {
+            Quantization::Gptq(g) => g.group,
+            Quantization::Awq(a) => Some(a.group),
+            _ => None,
+        },
+        weights: Some(weights),
+        activation_scheme: None,
         ignored,
         supported: true,
         refusal: None,
@@ -394,6 +459,7 @@ fn refused(qc: &Value, e: crate::quant::QuantError) -> QuantInfo {
         scheme: None,
         weight_block_size: block,
         group_size: qc.get("group_size").and_then(Value::as_u64),
+        weights: None,
         activation_scheme: qc
             .get("activation_scheme")
             .and_then(Value::as_str)

@@ -2,6 +2,7 @@
 //! temporary sibling folder and renamed into place only when complete (and verified).
 
 mod error;
+mod gptq_config;
 mod mounts;
 pub mod output;
 mod owned;
@@ -172,6 +173,7 @@ pub fn shard(
     let side_and_config = side.names().into_iter().chain(config).collect();
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
     manifest.side_tree = side.tree();
+    manifest.config_changes = config_changes.clone().filter(|c| !c.is_empty());
     manifest.serve = Some(serve_command(&opts.out, &manifest, &plan, &opened.config));
     write_manifest(tmp, &manifest).map_err(published)?;
 
@@ -327,6 +329,7 @@ fn manifest_for(
             .collect(),
         side_files: Some(side_files),
         side_tree: None,
+        config_changes: None,
         serve: None,
     }
 }
@@ -339,8 +342,8 @@ fn write_manifest(tmp: &Path, manifest: &Manifest) -> Result<(), ShardError> {
 
 /// config.json as vLLM needs it: the bytes planned from, unchanged (not the file read again: it
 /// may have changed since), except that when lm_head stays a tensor of its own,
-/// `tie_word_embeddings` must say false (the sharded loader builds the module tree from it).
-/// Returns the changes made (none: copied), or `None` without a config.json.
+/// `tie_word_embeddings` must say false (the sharded loader builds the module tree from it),
+/// and a GPTQ config must list its quantized modules (`gptq_config.rs`). Returns the changes made (none: copied), or `None` without a config.json.
 fn write_config(
     root: &Path,
     opened: &crate::open::Opened,
@@ -376,6 +379,9 @@ fn write_config(
         if let Some(t) = cfg.get_mut("text_config").filter(|t| t.is_object()) {
             changes.push(untie(t, "text_config.tie_word_embeddings", why));
         }
+    }
+    changes.extend(gptq_config::add_quantized_modules(&mut cfg, plan));
+    if !changes.is_empty() {
         let text = serde_json::to_string_pretty(&cfg).expect("config serialises") + "\n";
         fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))?;
     } else {

@@ -224,7 +224,7 @@ impl<'m> Planner<'m> {
         opts: &'m PlanOptions,
     ) -> Result<Planner<'m>, PlanError> {
         let mut problems = Problems::default();
-        let quant = match Quantization::from_config(config.quantization_config.as_ref()) {
+        let mut quant = match Quantization::from_config(config.quantization_config.as_ref()) {
             Ok(q) => q,
             Err(e) => {
                 problems.push(Problem {
@@ -240,15 +240,17 @@ impl<'m> Planner<'m> {
             config.dtype.as_deref(),
             checkpoint.all_tensors().map(|t| t.dtype),
         );
-        if let Some(Quantization::Fp8(_)) = &quant
-            && model_dtype == Dtype::F32
-        {
-            // Fp8Config.get_supported_act_dtypes: vLLM refuses the model before loading.
-            problems.push(Problem {
-                message: "torch.float32 is not supported for quantization method fp8. Supported dtypes: [torch.bfloat16, torch.float16]".into(),
-                fix: Some("pass --dtype bfloat16 (or float16)".into()),
-                ..Default::default()
-            });
+        if let Some(q) = &mut quant {
+            // maybe_update_config: GPTQ's and AWQ's layer lists from the checkpoint's dtypes.
+            q.update_from_checkpoint(checkpoint.all_tensors().map(|t| (&*t.name, t.dtype)));
+            // get_supported_act_dtypes: vLLM refuses the model before loading.
+            if let (Err(message), Dtype::F32) = (q.supports_f32(), model_dtype) {
+                problems.push(Problem {
+                    message,
+                    fix: Some("pass --dtype bfloat16 (or float16)".into()),
+                    ..Default::default()
+                });
+            }
         }
         let (env, unset) = Env::new(mapping, config, opts.parallel(), opts.mapping.as_deref());
         unset.into_iter().for_each(|p| problems.push(p.into()));

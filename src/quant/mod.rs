@@ -1,25 +1,33 @@
 //! Quantized checkpoints: what `quantization_config` says, in the terms vLLM 0.33 acts on
 //! (`layers/quantization/fp8.py` `Fp8Config`, `compressed_tensors/compressed_tensors.py`), which
 //! modules it leaves unquantized, and the checkpoint-name rules its config adds to every model's
-//! mapper. The parameters each scheme creates are the planner's (`plan/quant.rs`).
+//! mapper. The parameters each scheme creates are the planner's (`plan/quant/`).
 //!
-//! Supported: `quant_method: fp8` (per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8 style) and
-//! `compressed-tensors` with 8-bit float weights (per-tensor, per-channel, block). Everything else
-//! is refused with its name before anything is planned: writing it as unquantized would be wrong.
+//! Supported: `quant_method: fp8` (per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8 style),
+//! `compressed-tensors` with 8-bit float weights (per-tensor, per-channel, block), GPTQ
+//! (`gptq.rs`) and AWQ (`awq.rs`). Everything else is refused with its name before anything is
+//! planned: writing it as unquantized would be wrong; methods vLLM 0.33 removed or deprecated
+//! are refused in its words (`removed.rs`).
 //!
 //! One file per method: its config read as vLLM reads it, and its ignore list (`fp8.rs`,
-//! `compressed.rs`); the name rules every method adds to the mapping, and what a tensor is for
+//! `compressed.rs`, `gptq.rs`, `awq.rs`); the name rules every method adds to the mapping, and what a tensor is for
 //! (`names.rs`). This file dispatches on the method and holds the config helpers they share.
 
+pub mod awq;
 pub mod compressed;
 pub mod fp8;
+pub mod gptq;
 pub mod modelopt;
 pub mod names;
+mod removed;
 
 use serde_json::Value;
 
+use crate::dtype::Dtype;
+use awq::Awq;
 use compressed::{CompressedFp8, WeightStrategy};
 use fp8::Fp8;
+use gptq::Gptq;
 use modelopt::ModelOptNvFp4;
 
 /// A quantization scheme wload writes the pre-processing state of.
@@ -33,6 +41,10 @@ pub enum Quantization {
     /// ModelOpt NVFP4 (`ModelOptNvFp4Config`, `modelopt_fp4`): packed FP4 weights, F8_E4M3
     /// block scales and F32 global scales.
     ModelOptNvFp4(ModelOptNvFp4),
+    /// `quant_method: gptq` / `gptq_marlin` / `marlin` (`AutoGPTQConfig`).
+    Gptq(Gptq),
+    /// `quant_method: awq` (`AutoAWQConfig`).
+    Awq(Awq),
 }
 
 /// Why a `quantization_config` is refused, and what to do.
@@ -64,13 +76,18 @@ impl Quantization {
             "modelopt" | "modelopt_fp4" => {
                 ModelOptNvFp4::parse(qc).map(|q| Some(Quantization::ModelOptNvFp4(q)))
             }
+            "gptq" | "gptq_marlin" | "marlin" => {
+                Gptq::parse(qc).map(|q| Some(Quantization::Gptq(q)))
+            }
+            "awq" => Awq::parse(qc).map(|q| Some(Quantization::Awq(q))),
+            m @ ("bitsandbytes" | "fbgemm_fp8" | "fp_quant") => Err(removed::refusal(m)),
             "" => Err(refuse(
                 "config.json has a quantization_config without a quant_method".into(),
                 "add quant_method to quantization_config, or remove it for an unquantized checkpoint",
             )),
             other => Err(refuse(
                 format!(
-                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes unquantized, fp8 and compressed-tensors FP8 checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong"
+                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes unquantized, fp8, compressed-tensors FP8, GPTQ and AWQ checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong"
                 ),
                 USE_UNQUANTIZED,
             )),
@@ -83,12 +100,46 @@ impl Quantization {
             Quantization::Fp8(_) => "fp8",
             Quantization::CompressedFp8(_) => "compressed-tensors",
             Quantization::ModelOptNvFp4(_) => "modelopt_fp4",
+            Quantization::Gptq(_) => "gptq",
+            Quantization::Awq(_) => "awq",
         }
+    }
+
+    /// What vLLM's `maybe_update_config` reads from the checkpoint's headers: GPTQ's quantized
+    /// modules and AWQ's unconverted ones, when the config does not list them.
+    pub fn update_from_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
+        match self {
+            Quantization::Gptq(g) => g.update_from_checkpoint(tensors),
+            Quantization::Awq(a) => a.update_from_checkpoint(tensors),
+            Quantization::Fp8(_)
+            | Quantization::CompressedFp8(_)
+            | Quantization::ModelOptNvFp4(_) => {}
+        }
+    }
+
+    /// The activation dtypes vLLM's config class accepts (`get_supported_act_dtypes`), as vLLM
+    /// names them in its refusal.
+    pub fn supports_f32(&self) -> Result<(), String> {
+        let (name, list) = match self {
+            Quantization::Fp8(_) => ("fp8", "[torch.bfloat16, torch.float16]"),
+            Quantization::Gptq(_) => ("auto_gptq", "[torch.float16, torch.bfloat16]"),
+            Quantization::Awq(_) => ("auto_awq", "[torch.float16, torch.bfloat16]"),
+            Quantization::ModelOptNvFp4(_) => (
+                "modelopt_fp4",
+                "[torch.bfloat16, torch.float16, torch.float8_e4m3fn]",
+            ),
+            Quantization::CompressedFp8(_) => return Ok(()),
+        };
+        Err(format!(
+            "torch.float32 is not supported for quantization method {name}. Supported dtypes: {list}"
+        ))
     }
 
     /// One line for reports: method, scheme, block, activations, ignored modules.
     pub fn describe(&self) -> String {
         let (scheme, act, ignored) = match self {
+            Quantization::Gptq(g) => return g.describe(),
+            Quantization::Awq(a) => return a.describe(),
             Quantization::Fp8(q) => (
                 match q.block {
                     Some([n, k]) => format!("FP8 block {n}×{k} (weight_scale_inv)"),
@@ -145,6 +196,11 @@ impl Quantization {
         module: &str,
         shards: &[String],
     ) -> Result<bool, (String, &'static str)> {
+        match self {
+            Quantization::Gptq(g) => return g.quantizes(module, shards),
+            Quantization::Awq(a) => return a.skips(module, shards).map(|s| !s),
+            _ => {}
+        }
         let exact = self.skipped_exactly(module, shards)?;
         Ok(match self {
             Quantization::ModelOptNvFp4(m) => !m.excludes(module, exact),
@@ -190,6 +246,9 @@ impl Quantization {
             // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
             Quantization::CompressedFp8(_) => !self.ignores(module).unwrap_or(true),
             Quantization::ModelOptNvFp4(m) => !m.excludes(module, m.lists(module)),
+            // AutoGPTQConfig quantizes every RoutedExperts (only `dynamic` rules, refused, skip).
+            Quantization::Gptq(_) => true,
+            Quantization::Awq(a) => !a.skips(module, &[]).unwrap_or(true),
         }
     }
 
@@ -200,6 +259,8 @@ impl Quantization {
             Quantization::Fp8(q) => Ok(q.ignores(name)),
             Quantization::CompressedFp8(q) => q.ignores(name),
             Quantization::ModelOptNvFp4(q) => Ok(q.lists(name)),
+            Quantization::Gptq(g) => g.quantizes(name, &[]).map(|q| !q),
+            Quantization::Awq(a) => a.skips(name, &[]),
         }
     }
 }
@@ -287,11 +348,7 @@ mod tests {
     #[test]
     fn unsupported_methods_and_schemes_are_named() {
         for (cfg, needle) in [
-            (
-                json!({"quant_method": "gptq", "bits": 4}),
-                "\"gptq\" is not supported",
-            ),
-            (json!({"quant_method": "awq"}), "\"awq\" is not supported"),
+            (json!({"quant_method": "hqq"}), "\"hqq\" is not supported"),
             (
                 json!({"quant_method": "mxfp4"}),
                 "\"mxfp4\" is not supported",

@@ -391,6 +391,9 @@ fn quant_rows(q: &QuantInfo, verbose: bool) -> Vec<(&'static str, String)> {
     )];
     let block = q.weight_block_size.map(|[n, k]| format!("{n}×{k}"));
     match (q.scheme, &block) {
+        _ if q.weights.is_some() => {
+            rows.push(("weights", q.weights.clone().unwrap_or_default()));
+        }
         (Some(scheme), _) => {
             let per = match (scheme, &block) {
                 ("per-channel", _) => "output channel".to_string(),

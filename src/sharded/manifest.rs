@@ -49,6 +49,10 @@ pub struct Manifest {
     /// wload 0.1.0 before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve: Option<ServeCommand>,
+    /// What wload changed in the config.json it wrote (untied embeddings, a GPTQ module list),
+    /// one line each. Absent when it was copied unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_changes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -87,6 +87,7 @@ golden! {
     llama_gqa__pp2_tp2 => "llama_gqa__pp2/tp2",
     llama_gqa_ct_fp8_dynamic_tp2 => "llama_gqa_ct_fp8_dynamic/tp2",
     llama_gqa_modelopt_nvfp4_tp2 => "llama_gqa_modelopt_nvfp4/tp2",
+    llama_gqa_gptq_tp2 => "llama_gqa_gptq/tp2",
     llama_tied_fp16_tp2 => "llama_tied_fp16/tp2",
     llama_tied_fp16__maxsize_100000_tp2 => "llama_tied_fp16__maxsize_100000/tp2",
     mixtral_tp2 => "mixtral/tp2",

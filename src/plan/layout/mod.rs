@@ -7,6 +7,7 @@
 
 mod dense;
 mod experts;
+mod packed_experts;
 mod scales;
 pub(super) mod types;
 
@@ -19,6 +20,7 @@ use crate::mapping::rules::ShardId;
 use crate::mapping::{ExpertPart, GptOssPart};
 use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
 use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
+use packed_experts::{packed_expected, packed_experts, split_size};
 use types::{RankLayout, name};
 
 /// A layout with its dimensions evaluated.
@@ -88,6 +90,15 @@ pub enum Geometry {
         leading: Vec<u64>,
         of: Box<Geometry>,
     },
+    /// Fused experts stored input-major (GPTQ's and AWQ's MoE parameters, `packed_experts.rs`):
+    /// one expert's source (one shard) is `dims`; `w13` holds gate then up on its last dim, `w2`
+    /// is split on its first when `split` (else whole: channel scales, biases).
+    PackedExperts {
+        part: ExpertPart,
+        experts: u64,
+        dims: Vec<u64>,
+        split: bool,
+    },
     /// gpt-oss's fused experts, from the stacked tensors of its HF checkpoint (`gate_up_proj`
     /// `[E, H, 2I]` with gate and up interleaved, `down_proj` `[E, I, H]`, and their biases).
     GptOssExperts {
@@ -143,6 +154,13 @@ impl Geometry {
                     .collect()
             }
             Geometry::Experts { .. } => vec![],
+            Geometry::PackedExperts {
+                part, dims, split, ..
+            } if !r.ep => split_size(*part, dims, *split)
+                .and_then(|n| div("expert intermediate size (packed or grouped)", n))
+                .into_iter()
+                .collect(),
+            Geometry::PackedExperts { .. } => vec![],
             Geometry::GptOssExperts {
                 experts,
                 intermediate,
@@ -222,6 +240,7 @@ impl Geometry {
                     s.unwrap_or("none")
                 )),
             },
+            Geometry::PackedExperts { part, dims, .. } => packed_expected(*part, dims, shard),
             Geometry::GptOssExperts {
                 part,
                 experts,
@@ -272,7 +291,8 @@ impl Geometry {
             | Geometry::BlockScale { of, .. }
             | Geometry::WithLeading { of, .. } => of.required(),
             Geometry::ExpertTensorScale { part, experts, .. }
-            | Geometry::ExpertBlockScale { part, experts, .. } => Geometry::Experts {
+            | Geometry::ExpertBlockScale { part, experts, .. }
+            | Geometry::PackedExperts { part, experts, .. } => Geometry::Experts {
                 part: *part,
                 experts: *experts,
                 intermediate: 0,
@@ -310,6 +330,7 @@ impl Geometry {
     pub fn expert_count(&self) -> Option<u64> {
         match self {
             Geometry::Experts { experts, .. }
+            | Geometry::PackedExperts { experts, .. }
             | Geometry::ExpertTensorScale { experts, .. }
             | Geometry::ExpertBlockScale { experts, .. } => Some(*experts),
             _ => None,
@@ -345,6 +366,12 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => expert_blocks(*part, *experts, *intermediate, *hidden, r),
+            Geometry::PackedExperts {
+                part,
+                experts,
+                dims,
+                split,
+            } => packed_experts(*part, *experts, dims, *split, r),
             Geometry::WithLeading { leading, of } => {
                 with_leading(leading, of.rank_layout(r, fused))
             }
@@ -470,6 +497,24 @@ mod tests {
                 experts: 5,
                 intermediate: 16,
                 hidden: 4,
+            },
+            Geometry::PackedExperts {
+                part: ExpertPart::W13,
+                experts: 5,
+                dims: vec![2, 16],
+                split: true,
+            },
+            Geometry::PackedExperts {
+                part: ExpertPart::W2,
+                experts: 5,
+                dims: vec![16, 3],
+                split: true,
+            },
+            Geometry::PackedExperts {
+                part: ExpertPart::W2,
+                experts: 5,
+                dims: vec![6],
+                split: false,
             },
         ]
         .into_iter()

@@ -4,9 +4,11 @@
 //! `Fp8LinearMethod`, `Fp8MoEMethod`, `CompressedTensorsW8A8Fp8`, the kv-cache methods), with
 //! vLLM's initial values for whatever the checkpoint leaves out.
 //!
-//! The FP8 methods are here; each other method's parameters are one file beside this one, and
+//! The FP8 methods are here; each other method's parameters are one file beside this one
+//! (`gptq.rs`: GPTQ and AWQ, whose packed weight replaces the layer's `weight`), and
 //! `linear.rs` reads a linear weight's geometry as the packed and grouped parameters need it.
 
+mod gptq;
 mod linear;
 mod nvfp4;
 
@@ -58,15 +60,56 @@ impl<'m> Planner<'m> {
         };
         // A tied parameter is the partner's module under a second name: quantized as it is.
         let partner_quantized = p.alias_of.map(|a| !params.list[a].dtype.is_float());
-        let extras = match p.spec.quant_role() {
-            QuantRole::Linear => self.linear(&q, p, partner_quantized).map(|e| (vec![], e)),
-            QuantRole::Experts => self.experts(&q, p).map(|e| (vec![], e)),
-            QuantRole::Attention => self.kv_cache(&q, p, params).map(|e| (e, vec![])),
-            QuantRole::None => None,
+        let int = gptq::IntScheme::of(&q);
+        let extras = match (p.spec.quant_role(), int) {
+            // GPTQ and AWQ have no kv-cache method: only the Attention layer's scale buffers.
+            (QuantRole::Attention, Some(_)) => None,
+            (QuantRole::Linear, Some(s)) => self
+                .linear_quantized(&q, p, partner_quantized)
+                .then(|| self.int_linear(s, p))
+                .flatten()
+                .map(|e| (vec![], e)),
+            (QuantRole::Experts, Some(s)) => {
+                let module = p.name.split_once(".routed_experts.").map(|(m, _)| m);
+                let quantized = module.is_some_and(|m| q.experts_quantized(m));
+                quantized
+                    .then(|| self.int_experts(s, p))
+                    .flatten()
+                    .map(|e| (vec![], e))
+            }
+            (role, _) => self.fp8_role(&q, role, p, params, partner_quantized),
         };
         let Some((before, after)) = extras else {
             return (vec![], vec![]);
         };
+        self.made(p, params, before, after)
+    }
+
+    /// The FP8 methods' parameters for `p`'s role.
+    fn fp8_role(
+        &mut self,
+        q: &Quantization,
+        role: QuantRole,
+        p: &mut Param<'m>,
+        params: &Params<'m>,
+        partner_quantized: Option<bool>,
+    ) -> Option<(Vec<Extra>, Vec<Extra>)> {
+        match role {
+            QuantRole::Linear => self.linear(q, p, partner_quantized).map(|e| (vec![], e)),
+            QuantRole::Experts => self.experts(q, p).map(|e| (vec![], e)),
+            QuantRole::Attention => self.kv_cache(q, p, params).map(|e| (e, vec![])),
+            QuantRole::None => None,
+        }
+    }
+
+    /// The parameters `before` and `after` as instances beside `p`.
+    fn made(
+        &self,
+        p: &Param<'m>,
+        params: &Params<'m>,
+        before: Vec<Extra>,
+        after: Vec<Extra>,
+    ) -> (Vec<Param<'m>>, Vec<Param<'m>>) {
         let make = |e: Extra| {
             // A scale of a tied weight is tied to the partner's scale of the same name.
             let alias_of = p.alias_of.and_then(|a| {
@@ -93,31 +136,17 @@ impl<'m> Planner<'m> {
         )
     }
 
-    /// A linear layer's weight, unless its module is left unquantized: the method's parameters.
-    fn linear(
-        &mut self,
-        q: &Quantization,
-        p: &mut Param<'m>,
-        partner_quantized: Option<bool>,
-    ) -> Option<Vec<Extra>> {
-        let module = p.name.strip_suffix(".weight")?.to_string();
-        if !self.linear_quantized(q, &module, partner_quantized) {
-            return None;
-        }
-        match q {
-            Quantization::Fp8(_) | Quantization::CompressedFp8(_) => self.fp8_linear(q, &module, p),
-            Quantization::ModelOptNvFp4(m) => self.nvfp4_linear(m, &module, p),
-        }
-    }
-
-    /// Whether the linear layer `module` is quantized; a config that cannot decide is a problem
-    /// (and the layer left as it is).
+    /// Whether the linear layer whose weight is `p` is quantized (a tied weight: as its
+    /// partner is); a fused layer vLLM refuses is a problem, and not quantized.
     fn linear_quantized(
         &mut self,
         q: &Quantization,
-        module: &str,
+        p: &Param<'m>,
         partner_quantized: Option<bool>,
     ) -> bool {
+        let Some(module) = p.name.strip_suffix(".weight") else {
+            return false;
+        };
         let quantized = match partner_quantized {
             Some(b) => Ok(b),
             None => {
@@ -135,13 +164,21 @@ impl<'m> Planner<'m> {
         })
     }
 
-    /// An FP8 linear weight: F8_E4M3, then its scales.
-    fn fp8_linear(
+    /// A linear layer's weight: F8_E4M3 unless its module is left unquantized, then its scales.
+    fn linear(
         &mut self,
         q: &Quantization,
-        module: &str,
         p: &mut Param<'m>,
+        partner_quantized: Option<bool>,
     ) -> Option<Vec<Extra>> {
+        let module = p.name.strip_suffix(".weight")?.to_string();
+        if !self.linear_quantized(q, p, partner_quantized) {
+            return None;
+        }
+        let module = module.as_str();
+        if let Quantization::ModelOptNvFp4(m) = q {
+            return self.nvfp4_linear(m, module, p);
+        }
         p.dtype = Dtype::F8E4M3;
         let of = Box::new(p.geometry.clone());
         let per_tensor = |name: &str| Extra {
@@ -183,7 +220,10 @@ impl<'m> Planner<'m> {
                 },
                 c.static_activations,
             ),
-            Quantization::ModelOptNvFp4(_) => return None,
+            // Their parameters are gptq.rs's (`quantize` never sends them here).
+            Quantization::Gptq(_) | Quantization::Awq(_) | Quantization::ModelOptNvFp4(_) => {
+                return None;
+            }
         };
         let mut out = vec![weight_scale];
         if static_input {
@@ -207,6 +247,7 @@ impl<'m> Planner<'m> {
         };
         let fp8 = match q {
             Quantization::Fp8(f) => f,
+            Quantization::Gptq(_) | Quantization::Awq(_) => return None,
             Quantization::ModelOptNvFp4(m) => {
                 if !q.experts_quantized(module) {
                     return None;
@@ -317,6 +358,8 @@ impl<'m> Planner<'m> {
                         .map(|n| scalar(n, vec![1], model, 0.0)),
                 )
                 .collect(),
+            // No kv-cache method: the Attention layer keeps only its scale buffers.
+            Quantization::Gptq(_) | Quantization::Awq(_) => return None,
         })
     }
 

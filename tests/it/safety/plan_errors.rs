@@ -633,11 +633,11 @@ fn a_quantization_method_wload_cannot_write_is_refused_by_name() {
     set_config(
         tmp.path(),
         "quantization_config",
-        serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 128}),
+        serde_json::json!({"quant_method": "hqq", "bits": 4, "group_size": 128}),
     );
     plan(tmp.path(), &["--tp", "2"])
         .refused(3)
-        .says(&["quant_method = \"gptq\" is not supported"]);
+        .says(&["quant_method = \"hqq\" is not supported"]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -149,18 +149,18 @@ fn an_unsupported_quant_method_is_described_and_its_refusal_shown_with_exit_0() 
     let tmp = copy_fixture("llama_gqa_fp8_tensor");
     let path = tmp.path().join("config.json");
     let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-    config["quantization_config"] = json!({"quant_method": "gptq", "bits": 4, "group_size": 128,
+    config["quantization_config"] = json!({"quant_method": "hqq", "bits": 4, "group_size": 128,
         "modules_to_not_convert": ["lm_head"]});
     write_json(&path, &config);
 
     let out = wload_json(&["inspect", s(tmp.path()), "--json"]);
     let q = &out["quantization"];
-    assert_eq!(q["method"], "gptq");
+    assert_eq!(q["method"], "hqq");
     assert_eq!(q["supported"], false);
     assert_eq!(q["scheme"], Value::Null);
     assert_eq!(q["ignored"], json!(["lm_head"]));
     let message = q["refusal"]["message"].as_str().unwrap();
-    assert!(message.contains("\"gptq\" is not supported"), "{message}");
+    assert!(message.contains("\"hqq\" is not supported"), "{message}");
     assert!(
         q["refusal"]["fix"]
             .as_str()
@@ -171,7 +171,7 @@ fn an_unsupported_quant_method_is_described_and_its_refusal_shown_with_exit_0() 
 
     let section = quant_section(&inspect_human(tmp.path()));
     assert!(
-        section.contains("  method               gptq\n"),
+        section.contains("  method               hqq\n"),
         "{section}"
     );
     assert!(

@@ -1,0 +1,182 @@
+//! `quant_method: awq`: vLLM 0.33's `AutoAWQConfig` (`layers/quantization/auto_awq.py`): 4-bit
+//! weights in groups with zero points, and the modules it leaves unconverted —
+//! `modules_to_not_convert` when the config lists them, else every checkpoint module without an
+//! integer tensor (`maybe_update_config`), matched as substrings of a layer's name.
+
+use serde_json::Value;
+
+use super::{QuantError, refuse, string_list};
+use crate::dtype::Dtype;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Awq {
+    /// `w_bit` / `bits`: 4 (`TYPE_MAP`).
+    pub bits: u64,
+    /// `q_group_size` / `group_size`.
+    pub group: u64,
+    /// `zero_point`.
+    pub zero_point: bool,
+    /// `modules_to_not_convert` as the config writes it, or derived from the checkpoint.
+    pub not_converted: Vec<String>,
+}
+
+impl Awq {
+    pub(super) fn parse(qc: &Value) -> Result<Awq, QuantError> {
+        let any = |keys: &[&str]| -> Result<&Value, QuantError> {
+            keys.iter().find_map(|k| qc.get(*k)).ok_or_else(|| {
+                refuse(
+                    format!("Cannot find any of {keys:?} in the model's quantization config (awq)"),
+                    "quantization_config is malformed: AWQ needs w_bit (or bits), q_group_size (or group_size) and zero_point",
+                )
+            })
+        };
+        let bits = any(&["w_bit", "bits"])?.as_i64().unwrap_or(0);
+        if bits != 4 {
+            return Err(refuse(
+                format!(
+                    "Unsupported num_bits = {bits}. Supported: 4. For 8-bit AWQ, use Marlin backend by setting backend='awq:marlin' or backend='marlin'."
+                ),
+                "vLLM 0.33 loads 4-bit AWQ only: use a 4-bit AWQ release, a GPTQ 8-bit one, or the unquantized checkpoint",
+            ));
+        }
+        let group = match any(&["q_group_size", "group_size"])?.as_i64() {
+            Some(g) if g > 0 => g as u64,
+            g => {
+                return Err(refuse(
+                    format!(
+                        "AWQ group size {} is not supported by wload: with group_size -1 vLLM gives a row-parallel layer's rank K/tp // K groups",
+                        g.map_or("(missing)".into(), |g| g.to_string())
+                    ),
+                    "use an AWQ release with groups (q_group_size 32, 64 or 128)",
+                ));
+            }
+        };
+        let zero_point = any(&["zero_point"])?.as_bool().unwrap_or(false);
+        if qc.get("lm_head").and_then(Value::as_bool) == Some(true) {
+            return Err(refuse(
+                "quantization_config.lm_head = true (an AWQ-quantized lm_head) is not supported by wload".into(),
+                "use an AWQ release whose lm_head is unquantized",
+            ));
+        }
+        let not_converted = match qc.get("modules_to_not_convert") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => string_list(v, "modules_to_not_convert")?,
+        };
+        Ok(Awq {
+            bits: bits as u64,
+            group,
+            zero_point,
+            not_converted,
+        })
+    }
+
+    /// One line for reports: method, bits, group size, zero points, unconverted modules.
+    pub(super) fn describe(&self) -> String {
+        format!(
+            "awq: INT{} (qweight/qzeros/scales), group size {}, zero points {}, {} module(s) not converted",
+            self.bits,
+            self.group,
+            if self.zero_point { "on" } else { "off" },
+            self.not_converted.len()
+        )
+    }
+
+    /// `maybe_update_config`: without listed modules, every checkpoint module none of whose
+    /// tensors is of a type other than F16, BF16 and F32.
+    pub fn update_from_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
+        if !self.not_converted.is_empty() {
+            return;
+        }
+        let mut modules: std::collections::BTreeMap<String, bool> = Default::default();
+        for (name, dtype) in tensors {
+            let Some((module, _)) = name.rsplit_once('.') else {
+                continue;
+            };
+            let quantized = !matches!(dtype, Dtype::F16 | Dtype::Bf16 | Dtype::F32);
+            *modules.entry(module.to_string()).or_default() |= quantized;
+        }
+        self.not_converted = (modules.into_iter())
+            .filter(|(_, q)| !q)
+            .map(|(m, _)| m)
+            .collect();
+    }
+
+    /// `is_layer_skipped(..., match_mode="substring")`: a listed name inside the layer's
+    /// prefix, or inside each shard's (all must agree).
+    pub(super) fn skips(
+        &self,
+        module: &str,
+        shards: &[String],
+    ) -> Result<bool, (String, &'static str)> {
+        let inside = |p: &str| self.not_converted.iter().any(|l| p.contains(l.as_str()));
+        if shards.is_empty() || inside(module) {
+            return Ok(inside(module));
+        }
+        let proj = module.rsplit('.').next().unwrap_or(module);
+        let each: Vec<bool> = shards
+            .iter()
+            .map(|s| inside(&module.replace(proj, s)))
+            .collect();
+        if each.iter().any(|&q| q != each[0]) {
+            return Err((
+                format!(
+                    "Detected some but not all shards of {module} are quantized. All shards of fused layers to have the same precision."
+                ),
+                "list every part of the fused layer in modules_to_not_convert, or none",
+            ));
+        }
+        Ok(each[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{QuantError, Quantization};
+    use super::*;
+    use serde_json::json;
+
+    fn q(v: Value) -> Result<Option<Quantization>, QuantError> {
+        Quantization::from_config(Some(&v))
+    }
+
+    #[test]
+    fn awq_other_than_4_bits_is_refused_in_vllms_words() {
+        let e = q(json!({"quant_method": "awq", "bits": 8, "group_size": 128, "zero_point": true}))
+            .unwrap_err();
+        assert!(
+            e.message
+                .starts_with("Unsupported num_bits = 8. Supported: 4."),
+            "{e:?}"
+        );
+        assert!(e.fix.contains("4-bit AWQ"), "{e:?}");
+    }
+
+    #[test]
+    fn unconverted_modules_are_the_checkpoints_float_only_modules() {
+        let Some(Quantization::Awq(mut a)) =
+            q(json!({"quant_method": "awq", "w_bit": 4, "q_group_size": 32, "zero_point": true}))
+                .unwrap()
+        else {
+            panic!()
+        };
+        a.update_from_checkpoint(
+            [
+                ("model.layers.0.self_attn.q_proj.qweight", Dtype::I32),
+                ("model.layers.0.self_attn.q_proj.scales", Dtype::F16),
+                ("model.layers.0.self_attn.q_proj.bias", Dtype::F16),
+                ("model.layers.0.mlp.down_proj.weight", Dtype::F16),
+                ("model.layers.0.input_layernorm.weight", Dtype::F16),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(
+            a.not_converted,
+            [
+                "model.layers.0.input_layernorm",
+                "model.layers.0.mlp.down_proj"
+            ]
+        );
+        assert_eq!(a.skips("model.layers.0.mlp.down_proj", &[]), Ok(true));
+        assert_eq!(a.skips("model.layers.0.self_attn.q_proj", &[]), Ok(false));
+    }
+}
