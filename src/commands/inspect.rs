@@ -93,6 +93,19 @@ pub struct QuantInfo {
     pub activation_scheme: Option<String>,
     /// Modules (or compressed-tensors `re:` patterns) left unquantized.
     pub ignored: Vec<String>,
+    /// Integer schemes (compressed-tensors pack- and int-quantized): bits, group size (none per
+    /// channel), symmetry, and the weights in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bits: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symmetric: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
+    /// compressed-tensors `kv_cache_scheme`: "tensor" or "attn_head".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_scheme: Option<&'static str>,
     pub supported: bool,
     pub refusal: Option<Refusal>,
 }
@@ -309,42 +322,80 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
         Err(e) => return Some(refused(qc, e)),
     };
     let method = q.method().to_string();
-    let (scheme, block, static_activations, ignored) = match q {
-        Quantization::Fp8(f) => (
-            if f.block.is_some() {
+    let mut info = QuantInfo {
+        method: Some(method),
+        scheme: None,
+        weight_block_size: None,
+        activation_scheme: None,
+        ignored: Vec::new(),
+        bits: None,
+        group_size: None,
+        symmetric: None,
+        weights: None,
+        kv_cache_scheme: None,
+        supported: true,
+        refusal: None,
+    };
+    let how = |s: bool| Some(if s { "static" } else { "dynamic" }.to_string());
+    match q {
+        Quantization::Fp8(f) => {
+            info.scheme = Some(if f.block.is_some() {
                 "block"
             } else {
                 "per-tensor"
-            },
-            f.block,
-            f.static_activations,
-            f.ignored,
-        ),
-        Quantization::CompressedFp8(c) => {
-            let (scheme, block) = match c.weights {
+            });
+            info.weight_block_size = f.block;
+            info.activation_scheme = how(f.static_activations);
+            info.ignored = f.ignored;
+        }
+        Quantization::Compressed(c) => {
+            compressed_info(&mut info, &c);
+            info.activation_scheme = c.static_input().and_then(how);
+            info.ignored = c.ignore;
+        }
+    }
+    Some(info)
+}
+
+/// A compressed-tensors scheme's fields.
+fn compressed_info(info: &mut QuantInfo, c: &crate::quant::compressed::Compressed) {
+    use crate::quant::compressed::{KvCacheStrategy, Scheme};
+    match &c.scheme {
+        Scheme::Fp8(f) => {
+            let (scheme, block) = match f.weights {
                 WeightStrategy::Tensor => ("per-tensor", None),
                 WeightStrategy::Channel => ("per-channel", None),
                 WeightStrategy::Block(b) => ("block", Some(b)),
             };
-            (scheme, block, c.static_activations, c.ignore)
+            info.scheme = Some(scheme);
+            info.weight_block_size = block;
         }
-    };
-    Some(QuantInfo {
-        method: Some(method),
-        scheme: Some(scheme),
-        weight_block_size: block,
-        activation_scheme: Some(
-            if static_activations {
-                "static"
+        Scheme::Wna16(w) => {
+            info.scheme = Some(if w.group.is_some() {
+                "group"
             } else {
-                "dynamic"
-            }
-            .into(),
-        ),
-        ignored,
-        supported: true,
-        refusal: None,
-    })
+                "per-channel"
+            });
+            info.bits = Some(w.bits);
+            info.group_size = w.group;
+            info.symmetric = Some(w.symmetric);
+            info.weights = Some(format!(
+                "{} (weight_packed, weight_scale, weight_shape{})",
+                w.describe(),
+                if w.symmetric { "" } else { ", weight_zero_point" }
+            ));
+        }
+        Scheme::Int8(i) => {
+            info.scheme = Some(if i.channel { "per-channel" } else { "per-tensor" });
+            info.bits = Some(8);
+            info.symmetric = Some(true);
+            info.weights = Some(format!("{} (weight I8, weight_scale F32)", i.describe()));
+        }
+    }
+    info.kv_cache_scheme = c.kv_cache.map(|k| match k {
+        KvCacheStrategy::Tensor => "tensor",
+        KvCacheStrategy::AttnHead => "attn_head",
+    });
 }
 
 /// A refused scheme's fields are read leniently: a malformed one is what the refusal explains.
@@ -379,6 +430,11 @@ fn refused(qc: &Value, e: crate::quant::QuantError) -> QuantInfo {
             .and_then(Value::as_str)
             .map(str::to_string),
         ignored,
+        bits: None,
+        group_size: None,
+        symmetric: None,
+        weights: None,
+        kv_cache_scheme: None,
         supported: false,
         refusal: Some(Refusal {
             message: e.message,

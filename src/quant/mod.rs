@@ -4,11 +4,12 @@
 //! mapper. The parameters each scheme creates are the planner's (`plan/quant.rs`).
 //!
 //! Supported: `quant_method: fp8` (per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8 style) and
-//! `compressed-tensors` with 8-bit float weights (per-tensor, per-channel, block). Everything else
+//! `compressed-tensors` with 8-bit float weights (per-tensor, per-channel, block), packed INT4/INT8
+//! weight-only (W4A16 / W8A16), INT8 W8A8, and FP8 `kv_cache_scheme`s. Everything else
 //! is refused with its name before anything is planned: writing it as unquantized would be wrong.
 //!
 //! One file per method: its config read as vLLM reads it, and its ignore list (`fp8.rs`,
-//! `compressed.rs`); the name rules every method adds to the mapping, and what a tensor is for
+//! `compressed/`); the name rules every method adds to the mapping, and what a tensor is for
 //! (`names.rs`). This file dispatches on the method and holds the config helpers they share.
 
 pub mod compressed;
@@ -17,7 +18,7 @@ pub mod names;
 
 use serde_json::Value;
 
-use compressed::{CompressedFp8, WeightStrategy};
+use compressed::Compressed;
 use fp8::Fp8;
 
 /// A quantization scheme wload writes the pre-processing state of.
@@ -25,9 +26,10 @@ use fp8::Fp8;
 pub enum Quantization {
     /// `quant_method: fp8` (`Fp8Config`).
     Fp8(Fp8),
-    /// `quant_method: compressed-tensors`, `format: float-quantized`, FP8 weights
-    /// (`CompressedTensorsW8A8Fp8`).
-    CompressedFp8(CompressedFp8),
+    /// `quant_method: compressed-tensors`: FP8 (`CompressedTensorsW8A8Fp8`), packed integer
+    /// weight-only (`CompressedTensorsWNA16`) or INT8 (`CompressedTensorsW8A8Int8`), with an
+    /// optional `kv_cache_scheme`.
+    Compressed(Compressed),
 }
 
 /// Why a `quantization_config` is refused, and what to do.
@@ -54,7 +56,7 @@ impl Quantization {
         match normalized_method(qc).as_str() {
             "fp8" => Fp8::parse(qc).map(|q| Some(Quantization::Fp8(q))),
             "compressed-tensors" => {
-                CompressedFp8::parse(qc).map(|q| Some(Quantization::CompressedFp8(q)))
+                Compressed::parse(qc).map(|q| Some(Quantization::Compressed(q)))
             }
             "" => Err(refuse(
                 "config.json has a quantization_config without a quant_method".into(),
@@ -73,7 +75,7 @@ impl Quantization {
     pub fn method(&self) -> &'static str {
         match self {
             Quantization::Fp8(_) => "fp8",
-            Quantization::CompressedFp8(_) => "compressed-tensors",
+            Quantization::Compressed(_) => "compressed-tensors",
         }
     }
 
@@ -85,23 +87,19 @@ impl Quantization {
                     Some([n, k]) => format!("FP8 block {n}×{k} (weight_scale_inv)"),
                     None => "FP8 per-tensor (weight_scale)".to_string(),
                 },
-                q.static_activations,
+                Some(q.static_activations),
                 q.ignored.len(),
             ),
-            Quantization::CompressedFp8(q) => (
-                match q.weights {
-                    WeightStrategy::Tensor => "FP8 per-tensor weights".to_string(),
-                    WeightStrategy::Channel => "FP8 per-channel weights".to_string(),
-                    WeightStrategy::Block([n, k]) => format!("FP8 block {n}×{k} weights"),
-                },
-                q.static_activations,
+            Quantization::Compressed(q) => (
+                q.describe_scheme(),
+                q.static_input(),
                 q.ignore.len(),
             ),
         };
-        let act = if act {
-            "static activation scales"
-        } else {
-            "dynamic activations"
+        let act = match act {
+            Some(true) => "static activation scales",
+            Some(false) => "dynamic activations",
+            None => "weight-only",
         };
         format!(
             "{}: {scheme}, {act}, {ignored} module pattern(s) left unquantized",
@@ -146,8 +144,7 @@ impl Quantization {
                 .ignored
                 .iter()
                 .any(|l| l.contains("experts") && l.contains(module)),
-            // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
-            Quantization::CompressedFp8(_) => !self.ignores(module).unwrap_or(true),
+            Quantization::Compressed(_) => !self.ignores(module).unwrap_or(true),
         }
     }
 
@@ -156,7 +153,7 @@ impl Quantization {
     fn ignores(&self, name: &str) -> Result<bool, (String, &'static str)> {
         match self {
             Quantization::Fp8(q) => Ok(q.ignores(name)),
-            Quantization::CompressedFp8(q) => q.ignores(name),
+            Quantization::Compressed(q) => q.ignores(name),
         }
     }
 }
@@ -259,8 +256,8 @@ mod tests {
                 "only supports dynamic activation scheme",
             ),
             (
-                json!({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}),
-                "\"pack-quantized\" is not supported",
+                json!({"quant_method": "compressed-tensors", "format": "marlin-24", "config_groups": {"g": {"targets": ["Linear"], "weights": {"type": "int", "num_bits": 4}}}}),
+                "\"marlin-24\" is not supported",
             ),
             (
                 json!({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {

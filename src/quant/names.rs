@@ -207,7 +207,7 @@ mod role_tests {
 #[cfg(test)]
 mod tests {
     use super::super::Quantization;
-    use super::super::compressed::{CompressedFp8, WeightStrategy};
+    use super::super::compressed::{Compressed, Fp8Scheme, Scheme, WeightStrategy, Wna16};
     use super::super::fp8::Fp8;
 
     /// Shipped mappings compile their regexes only when a name needs them, trusting that they
@@ -220,9 +220,22 @@ mod tests {
                 static_activations: false,
                 ignored: vec![],
             }),
-            Quantization::CompressedFp8(CompressedFp8 {
-                weights: WeightStrategy::Channel,
-                static_activations: false,
+            Quantization::Compressed(Compressed {
+                scheme: Scheme::Fp8(Fp8Scheme {
+                    weights: WeightStrategy::Channel,
+                    static_activations: false,
+                }),
+                kv_cache: None,
+                ignore: vec![],
+                ignore_patterns: vec![],
+            }),
+            Quantization::Compressed(Compressed {
+                scheme: Scheme::Wna16(Wna16 {
+                    bits: 4,
+                    group: Some(32),
+                    symmetric: true,
+                }),
+                kv_cache: Some(super::super::compressed::KvCacheStrategy::AttnHead),
                 ignore: vec![],
                 ignore_patterns: vec![],
             }),

@@ -7,7 +7,10 @@
 //! The FP8 methods are here; each other method's parameters are one file beside this one, and
 //! `linear.rs` reads a linear weight's geometry as the packed and grouped parameters need it.
 
+mod int8;
+mod kv_cache;
 mod linear;
+mod wna16;
 
 use super::Planner;
 use super::layout::Geometry;
@@ -16,7 +19,7 @@ use crate::dtype::Dtype;
 use crate::mapping::{ExpertPart, QuantRole};
 use crate::problem::Problem;
 use crate::quant::Quantization;
-use crate::quant::compressed::WeightStrategy;
+use crate::quant::compressed::{KvCacheStrategy, Scheme, WeightStrategy};
 
 /// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its
 /// post-processing reads as "not loaded".
@@ -30,6 +33,22 @@ struct Extra {
     dtype: Dtype,
     fill: f64,
     optional: bool,
+    /// Never read from the checkpoint (vLLM's loader ignores it): always `fill`.
+    buffer: bool,
+}
+
+impl Extra {
+    /// A parameter the checkpoint must fill.
+    fn required(name: String, geometry: Geometry, dtype: Dtype, fill: f64) -> Extra {
+        Extra {
+            name,
+            geometry,
+            dtype,
+            fill,
+            optional: false,
+            buffer: false,
+        }
+    }
 }
 
 impl<'m> Planner<'m> {
@@ -43,7 +62,7 @@ impl<'m> Planner<'m> {
             return (vec![], vec![]);
         };
         // A tied parameter is the partner's module under a second name: quantized as it is.
-        let partner_quantized = p.alias_of.map(|a| params.list[a].dtype == Dtype::F8E4M3);
+        let partner_quantized = p.alias_of.map(|a| params.list[a].dtype != p.dtype);
         let extras = match p.spec.quant_role() {
             QuantRole::Linear => self.linear(&q, p, partner_quantized).map(|e| (vec![], e)),
             QuantRole::Experts => self.experts(&q, p).map(|e| (vec![], e)),
@@ -68,7 +87,7 @@ impl<'m> Planner<'m> {
                 dtype: e.dtype,
                 alias_of,
                 layer: p.layer,
-                buffer: false,
+                buffer: e.buffer,
                 fill: e.fill,
                 optional: e.optional,
             }
@@ -106,24 +125,25 @@ impl<'m> Planner<'m> {
                 return None;
             }
         }
+        if let Quantization::Compressed(c) = q {
+            match &c.scheme {
+                Scheme::Wna16(w) => return self.wna16_linear(w, p, &module.to_string()),
+                Scheme::Int8(i) => return Some(int8::linear(i, p, &module.to_string())),
+                Scheme::Fp8(_) => {}
+            }
+        }
         p.dtype = Dtype::F8E4M3;
         let of = Box::new(p.geometry.clone());
-        let per_tensor = |name: &str| Extra {
-            name: format!("{module}.{name}"),
-            geometry: Geometry::TensorScale { of: of.clone() },
-            dtype: Dtype::F32,
-            fill: F32_MIN,
-            optional: false,
+        let per_tensor = |name: &str| {
+            let g = Geometry::TensorScale { of: of.clone() };
+            Extra::required(format!("{module}.{name}"), g, Dtype::F32, F32_MIN)
         };
-        let block_scale = |name: &str, block: [u64; 2]| Extra {
-            name: format!("{module}.{name}"),
-            geometry: Geometry::BlockScale {
+        let block_scale = |name: &str, block: [u64; 2]| {
+            let g = Geometry::BlockScale {
                 of: of.clone(),
                 block,
-            },
-            dtype: Dtype::F32,
-            fill: F32_MIN,
-            optional: false,
+            };
+            Extra::required(format!("{module}.{name}"), g, Dtype::F32, F32_MIN)
         };
         let (weight_scale, static_input) = match q {
             Quantization::Fp8(f) => (
@@ -133,20 +153,24 @@ impl<'m> Planner<'m> {
                 },
                 f.static_activations,
             ),
-            Quantization::CompressedFp8(c) => (
-                match c.weights {
-                    WeightStrategy::Tensor => per_tensor("weight_scale"),
-                    WeightStrategy::Channel => Extra {
-                        name: format!("{module}.weight_scale"),
-                        geometry: per_channel(&p.geometry)?,
-                        dtype: Dtype::F32,
-                        fill: F32_MIN,
-                        optional: false,
+            Quantization::Compressed(c) => {
+                let Scheme::Fp8(f) = &c.scheme else {
+                    return None;
+                };
+                (
+                    match f.weights {
+                        WeightStrategy::Tensor => per_tensor("weight_scale"),
+                        WeightStrategy::Channel => Extra::required(
+                            format!("{module}.weight_scale"),
+                            per_channel(&p.geometry)?,
+                            Dtype::F32,
+                            F32_MIN,
+                        ),
+                        WeightStrategy::Block(block) => block_scale("weight_scale", block),
                     },
-                    WeightStrategy::Block(block) => block_scale("weight_scale", block),
-                },
-                c.static_activations,
-            ),
+                    f.static_activations,
+                )
+            }
         };
         let mut out = vec![weight_scale];
         if static_input {
@@ -170,11 +194,15 @@ impl<'m> Planner<'m> {
         };
         let fp8 = match q {
             Quantization::Fp8(f) => f,
-            Quantization::CompressedFp8(_) => {
+            Quantization::Compressed(c) => {
+                if let Scheme::Wna16(w) = &c.scheme {
+                    return self.wna16_experts(w, q, p, &module.to_string());
+                }
                 if part == ExpertPart::W13 {
                     self.problems.push(Problem {
                         message: format!(
-                            "{module}: compressed-tensors FP8 experts (CompressedTensorsW8A8Fp8MoEMethod) are not supported yet"
+                            "{module}: compressed-tensors {} experts are not supported yet (wload writes pack-quantized W4A16 / W8A16 experts)",
+                            c.describe_scheme()
                         ),
                         fix: Some("use the checkpoint's bf16 or `quant_method: fp8` release".into()),
                         ..Default::default()
@@ -191,12 +219,9 @@ impl<'m> Planner<'m> {
             return None;
         }
         let base = p.name.strip_suffix("w2_weight")?;
-        let scale = |part: ExpertPart, name: &str, geometry: Geometry| Extra {
-            name: format!("{base}{}_{name}", part_name(part)),
-            geometry,
-            dtype: Dtype::F32,
-            fill: 1.0,
-            optional: false,
+        let scale = |part: ExpertPart, name: &str, geometry: Geometry| {
+            let name = format!("{base}{}_{name}", part_name(part));
+            Extra::required(name, geometry, Dtype::F32, 1.0)
         };
         let parts = [ExpertPart::W13, ExpertPart::W2];
         let mut out: Vec<Extra> = match fp8.block {
@@ -255,6 +280,7 @@ impl<'m> Planner<'m> {
             dtype,
             fill,
             optional: true,
+            buffer: false,
         };
         let model = self.model_dtype;
         Some(match q {
@@ -262,8 +288,11 @@ impl<'m> Planner<'m> {
             Quantization::Fp8(_) => ["q_scale", "k_scale", "v_scale", "prob_scale"]
                 .map(|n| scalar(n, vec![], model, -1.0))
                 .into(),
+            Quantization::Compressed(c) if c.kv_cache == Some(KvCacheStrategy::AttnHead) => {
+                return self.kv_head_scales(module, params);
+            }
             // CompressedTensorsKVCacheMethod: F32 [1] ones, then model-dtype [1] zero points.
-            Quantization::CompressedFp8(_) => ["k_scale", "v_scale", "q_scale"]
+            Quantization::Compressed(_) => ["k_scale", "v_scale", "q_scale"]
                 .map(|n| scalar(n, vec![1], Dtype::F32, 1.0))
                 .into_iter()
                 .chain(
