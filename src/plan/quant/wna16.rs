@@ -228,7 +228,7 @@ impl<'m> Planner<'m> {
     ) -> bool {
         let pf = w.pack_factor();
         let tp = self.opts.tp;
-        let fix_tp = "use a compatible TP size or enable expert parallelism (--expert-parallel)";
+        let fix_tp = "use a compatible TP size or enable expert parallelism (--enable-expert-parallel)";
         let bad = if w.group.is_none() {
             Some((
                 format!(

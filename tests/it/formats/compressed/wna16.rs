@@ -28,7 +28,7 @@ pub(super) struct Mat {
 }
 
 impl Mat {
-    fn of_bf16(h: &Held) -> Mat {
+    pub(super) fn of_bf16(h: &Held) -> Mat {
         assert_eq!(h.dtype, "BF16");
         let vals = (h.data.chunks_exact(2))
             .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
@@ -41,13 +41,13 @@ impl Mat {
         }
     }
 
-    fn of_packed(h: &Held, bits: u32, dim: usize) -> Mat {
+    pub(super) fn of_packed(h: &Held, bits: u32, dim: usize) -> Mat {
         assert_eq!(h.dtype, "I32");
         let (vals, rows, cols) = unpack(&h.data, &h.shape, bits, dim);
         Mat { rows, cols, vals }
     }
 
-    fn rows(&self, from: usize, to: usize) -> Mat {
+    pub(super) fn rows(&self, from: usize, to: usize) -> Mat {
         Mat {
             rows: to - from,
             cols: self.cols,
@@ -55,7 +55,7 @@ impl Mat {
         }
     }
 
-    fn cat_rows(parts: &[Mat]) -> Mat {
+    pub(super) fn cat_rows(parts: &[Mat]) -> Mat {
         Mat {
             rows: parts.iter().map(|m| m.rows).sum(),
             cols: parts[0].cols,
@@ -63,7 +63,7 @@ impl Mat {
         }
     }
 
-    fn cat_cols(parts: &[Mat]) -> Mat {
+    pub(super) fn cat_cols(parts: &[Mat]) -> Mat {
         let rows = parts[0].rows;
         let mut vals = Vec::new();
         for r in 0..rows {
