@@ -55,6 +55,13 @@ impl Quantization {
                 ),
             ]);
         }
+        if let Quantization::Compressed(c) = self
+            && c.kv_cache == Some(super::compressed::KvCacheStrategy::AttnHead)
+        {
+            // The attn_head loader returns before reading a zero point, whatever its shape
+            // (compressed_tensors.py:1196–1198): the parameter keeps its zeros.
+            regex.push((r"\.attn\.[qkv]_zero_point$", None));
+        }
         regex.push((r"\.g_idx$", None));
         let mut rules = Rules::default();
         rules.regex = regex
