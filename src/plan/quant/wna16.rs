@@ -41,10 +41,10 @@ impl<'m> Planner<'m> {
             );
             return None;
         }
-        if let Some(g) = w.group
-            && !self.group_divides(p, module, l.k_local(tp), g, k, l.style == Style::Row)
-        {
-            return None;
+        // Refused, but the parameters are still made: the checkpoint's tensors then find
+        // theirs, and the refusal is the one problem reported for the layer.
+        if let Some(g) = w.group {
+            self.group_divides(p, module, l.k_local(tp), g, k, l.style == Style::Row);
         }
         if !w.symmetric && !l.out_divisible_by(pf) {
             self.wna16_problem(
@@ -95,7 +95,7 @@ impl<'m> Planner<'m> {
     }
 
     /// vLLM's `verify_group_size_divides_partition` (distributed/utils.py:137): a rank's input
-    /// columns must be whole groups. `false` (with the problem) when they are not.
+    /// columns must be whole groups, else a problem.
     fn group_divides(
         &mut self,
         p: &Param<'m>,
@@ -104,9 +104,9 @@ impl<'m> Planner<'m> {
         g: u64,
         k: u64,
         split: bool,
-    ) -> bool {
+    ) {
         if local.is_multiple_of(g) {
-            return true;
+            return;
         }
         let fits: Vec<String> = (0..=6)
             .map(|e| 1u64 << e)
@@ -124,7 +124,6 @@ impl<'m> Planner<'m> {
                 fits.join(", ")
             ),
         );
-        false
     }
 
     fn wna16_problem(&mut self, p: &Param<'m>, message: String, fix: &str) {
@@ -162,7 +161,10 @@ impl<'m> Planner<'m> {
         let pf = w.pack_factor();
         let (tp, ep) = (self.opts.tp, self.opts.expert_parallel);
         let i_r = if ep { i } else { i / tp.max(1) };
-        if part == ExpertPart::W13 && !self.wna16_experts_fit(p, module, (i, h, i_r), w) {
+        // A refusal is reported once (problems are kept once each); a channel-strategy layer
+        // has no parameters wload could make, a misfit one still gets them so that the
+        // checkpoint's tensors find theirs.
+        if !self.wna16_experts_fit(module, (i, h, i_r), w) && w.group.is_none() {
             return None;
         }
         let experts_of = |part, intermediate, hidden| Geometry::Experts {
@@ -221,7 +223,6 @@ impl<'m> Planner<'m> {
     /// rank's intermediate part, whole packed zero-point words. `false` with the problem.
     fn wna16_experts_fit(
         &mut self,
-        p: &Param<'m>,
         module: &str,
         (i, h, i_r): (u64, u64, u64),
         w: &Wna16,
@@ -262,7 +263,13 @@ impl<'m> Planner<'m> {
         };
         match bad {
             Some((message, fix)) => {
-                self.wna16_problem(p, message, fix);
+                // Named by the experts module, so that w13 and w2 report it once.
+                self.problems.push(Problem {
+                    message,
+                    fix: Some(fix.into()),
+                    parameter: Some(module.to_string()),
+                    ..Default::default()
+                });
                 false
             }
             None => true,
