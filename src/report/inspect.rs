@@ -455,7 +455,10 @@ fn ignored_list(ignored: &[String], verbose: bool) -> String {
 fn is_scale(r: TensorRole) -> bool {
     matches!(
         r,
-        TensorRole::WeightScale | TensorRole::InputScale | TensorRole::KvCacheScale
+        TensorRole::WeightScale
+            | TensorRole::ZeroPoint
+            | TensorRole::InputScale
+            | TensorRole::KvCacheScale
     )
 }
 

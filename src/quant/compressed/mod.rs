@@ -297,4 +297,44 @@ mod tests {
             "{e:?}"
         );
     }
+
+    /// The golden cases' configs read as vLLM reads them, and described for `inspect`.
+    #[test]
+    fn integer_and_kv_cache_schemes_are_read_and_described() {
+        let golden = |case: &str| -> Value {
+            let p = format!(
+                "{}/tests/data/golden/fixtures/{case}/config.json",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let c: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            c["quantization_config"].clone()
+        };
+        for (case, want) in [
+            (
+                "llama_gqa_w4a16",
+                "compressed-tensors: int4 group 32 symmetric (W4A16), weight-only, 1 module pattern(s) left unquantized",
+            ),
+            (
+                "llama_gqa_ct_w8a8_int8",
+                "compressed-tensors: INT8 per-channel weights, dynamic per-token int8 activations, dynamic activations, 1 module pattern(s) left unquantized",
+            ),
+            (
+                "llama_kv2_ct_fp8_kv_head",
+                "compressed-tensors: FP8 per-channel weights, FP8 KV cache per kv head, dynamic activations, 1 module pattern(s) left unquantized",
+            ),
+        ] {
+            let got = q(golden(case)).expect(case).expect("quantized");
+            assert_eq!(got.describe(), want);
+        }
+        let mut asym = golden("llama_gqa_w4a16");
+        asym["config_groups"]["group_0"]["weights"]["symmetric"] = json!(false);
+        asym["config_groups"]["group_0"]["weights"]["strategy"] = json!("channel");
+        asym["config_groups"]["group_0"]["weights"]["num_bits"] = json!(8);
+        let got = q(asym).unwrap().unwrap();
+        assert!(
+            got.describe().contains("int8 per-channel asymmetric (zero points) (W8A16)"),
+            "{}",
+            got.describe()
+        );
+    }
 }
