@@ -382,11 +382,19 @@ fn compressed_info(info: &mut QuantInfo, c: &crate::quant::compressed::Compresse
             info.weights = Some(format!(
                 "{} (weight_packed, weight_scale, weight_shape{})",
                 w.describe(),
-                if w.symmetric { "" } else { ", weight_zero_point" }
+                if w.symmetric {
+                    ""
+                } else {
+                    ", weight_zero_point"
+                }
             ));
         }
         Scheme::Int8(i) => {
-            info.scheme = Some(if i.channel { "per-channel" } else { "per-tensor" });
+            info.scheme = Some(if i.channel {
+                "per-channel"
+            } else {
+                "per-tensor"
+            });
             info.bits = Some(8);
             info.symmetric = Some(true);
             info.weights = Some(format!("{} (weight I8, weight_scale F32)", i.describe()));

@@ -4,7 +4,6 @@
 
 pub mod convert;
 mod copy;
-mod reduce;
 pub mod cuda;
 pub mod device;
 pub(crate) mod hooks;
@@ -13,6 +12,7 @@ pub mod jobs;
 pub mod load;
 pub mod page_cache;
 pub mod parts;
+mod reduce;
 mod sigbus;
 pub mod source;
 pub mod stamps;

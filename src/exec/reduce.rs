@@ -33,7 +33,9 @@ impl Run<'_> {
         for r in list {
             self.stopped()?;
             let src = &sources[r.source];
-            let file = files[src.file_index].as_ref().expect("opened with the sources");
+            let file = files[src.file_index]
+                .as_ref()
+                .expect("opened with the sources");
             let (isz, osz) = (src.dtype.bits() / 8, r.to.bits() / 8);
             for k in 0..r.b.rows {
                 let start = src.offset + (r.b.src_start + k * r.b.src_stride) * isz;
@@ -79,7 +81,9 @@ mod tests {
     use crate::exec::convert::f32_to_bf16;
 
     fn bf16s(v: &[f32]) -> Vec<u8> {
-        v.iter().flat_map(|x| f32_to_bf16(*x).to_le_bytes()).collect()
+        v.iter()
+            .flat_map(|x| f32_to_bf16(*x).to_le_bytes())
+            .collect()
     }
 
     fn f32s(b: &[u8]) -> Vec<f32> {

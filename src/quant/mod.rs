@@ -90,11 +90,7 @@ impl Quantization {
                 Some(q.static_activations),
                 q.ignored.len(),
             ),
-            Quantization::Compressed(q) => (
-                q.describe_scheme(),
-                q.static_input(),
-                q.ignore.len(),
-            ),
+            Quantization::Compressed(q) => (q.describe_scheme(), q.static_input(), q.ignore.len()),
         };
         let act = match act {
             Some(true) => "static activation scales",

@@ -143,7 +143,10 @@ pub fn tensor_role(name: &str) -> TensorRole {
     match last {
         "weight" => TensorRole::Weight,
         "weight_packed" | "qweight" => TensorRole::PackedWeight,
-        "weight_scale" | "weight_scale_inv" | "weight_scale_2" | "weight_global_scale"
+        "weight_scale"
+        | "weight_scale_inv"
+        | "weight_scale_2"
+        | "weight_global_scale"
         | "scales" => TensorRole::WeightScale,
         "weight_zero_point" | "qzeros" | "input_zero_point" => TensorRole::ZeroPoint,
         "weight_shape" => TensorRole::Shape,

@@ -417,7 +417,10 @@ fn quant_rows(q: &QuantInfo, verbose: bool) -> Vec<(&'static str, String)> {
         rows.push(("activations", how));
     }
     if let Some(k) = q.kv_cache_scheme {
-        rows.push(("kv cache", format!("FP8, scales per {k} (attn.k_scale, v_scale, q_scale)")));
+        rows.push((
+            "kv cache",
+            format!("FP8, scales per {k} (attn.k_scale, v_scale, q_scale)"),
+        ));
     }
     rows.push(("ignored", ignored_list(&q.ignored, verbose)));
     match &q.refusal {

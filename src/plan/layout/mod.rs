@@ -402,7 +402,9 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => expert_blocks(*part, *experts, *intermediate, *hidden, r),
-            Geometry::WithLeading { leading, of } => with_leading(leading, of.rank_layout(r, fused)),
+            Geometry::WithLeading { leading, of } => {
+                with_leading(leading, of.rank_layout(r, fused))
+            }
             Geometry::TensorScale { of } => scales::tensor_scale(of, fused),
             Geometry::LastShard { of, shape } => values::last_shard(of, shape, fused),
             Geometry::ExpertLastShard {

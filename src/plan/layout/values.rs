@@ -21,7 +21,11 @@ pub enum KvScale {
 
 /// The shape a checkpoint tensor of a last-shard value has: a one-element value takes any
 /// one-element tensor (0-d or `[1]`), as the assign phase reads an empty shape.
-pub(super) fn last_shard_source(of: &Geometry, shape: &[u64], shard: Option<&ShardId>) -> Result<Shape, String> {
+pub(super) fn last_shard_source(
+    of: &Geometry,
+    shape: &[u64],
+    shard: Option<&ShardId>,
+) -> Result<Shape, String> {
     of.expected_source(shard)?;
     Ok(if shape.iter().product::<u64>() == 1 {
         Shape::new()
@@ -48,7 +52,11 @@ pub(super) fn last_shard(of: &Geometry, shape: &[u64], fused: bool) -> RankLayou
         dst_at: 0,
         dst_base: 0,
     };
-    RankLayout::new(shape.to_vec(), slots.into_iter().map(whole).collect(), vec![])
+    RankLayout::new(
+        shape.to_vec(),
+        slots.into_iter().map(whole).collect(),
+        vec![],
+    )
 }
 
 /// Per expert of rank `r`, each shard's `[width]` value written whole at the expert's row.

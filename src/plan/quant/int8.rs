@@ -39,7 +39,12 @@ pub(super) fn linear(i: &Int8, p: &mut Param<'_>, module: &str) -> Vec<Extra> {
                 0.0,
             ));
         }
-        out.push(Extra::required(name("input_scale"), one(), Dtype::F32, F32_MIN));
+        out.push(Extra::required(
+            name("input_scale"),
+            one(),
+            Dtype::F32,
+            F32_MIN,
+        ));
     }
     out
 }

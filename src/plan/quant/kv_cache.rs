@@ -11,7 +11,11 @@ use crate::dtype::Dtype;
 use crate::problem::Problem;
 
 impl Planner<'_> {
-    pub(super) fn kv_head_scales(&mut self, module: &str, params: &Params<'_>) -> Option<Vec<Extra>> {
+    pub(super) fn kv_head_scales(
+        &mut self,
+        module: &str,
+        params: &Params<'_>,
+    ) -> Option<Vec<Extra>> {
         // The heads are the attention's qkv layer's: the sibling weight with that layout.
         let parent = module.rsplit_once('.').map_or("", |(m, _)| m);
         let heads = params.list.iter().rev().find_map(|p| match p.geometry {

@@ -43,7 +43,7 @@ pub(super) struct LinearShape {
 impl LinearShape {
     /// The linear layer a 2-D weight geometry describes; `None` for anything else (an
     /// embedding, experts, a norm).
-    pub fn of(g: &Geometry) -> Option<LinearShape> {
+    pub(super) fn of(g: &Geometry) -> Option<LinearShape> {
         let single = |shape: &[u64], style| match shape {
             [n, k] => Some(LinearShape {
                 out: Out::Single(*n),
@@ -93,7 +93,7 @@ impl LinearShape {
     }
 
     /// The total output size `N`.
-    pub fn n(&self) -> u64 {
+    pub(super) fn n(&self) -> u64 {
         match &self.out {
             Out::Qkv {
                 heads,
@@ -107,7 +107,11 @@ impl LinearShape {
 
     /// How many logical parts the output has (3 for qkv, 2 for gate/up, else 1): the slots of a
     /// per-part scale.
-    pub fn parts(&self) -> u64 {
+    #[allow(
+        dead_code,
+        reason = "for the GPTQ/AWQ methods (output on dim 1) and per-part scales"
+    )]
+    pub(super) fn parts(&self) -> u64 {
         match &self.out {
             Out::Qkv { .. } => 3,
             Out::Merged { sizes, .. } => sizes.len() as u64,
@@ -116,7 +120,7 @@ impl LinearShape {
     }
 
     /// Whether every output part's size is a multiple of `d` (a packing factor on the output).
-    pub fn out_divisible_by(&self, d: u64) -> bool {
+    pub(super) fn out_divisible_by(&self, d: u64) -> bool {
         match &self.out {
             Out::Qkv { head_dim, .. } => head_dim.is_multiple_of(d),
             Out::Merged { sizes, .. } => sizes.iter().all(|s| s.is_multiple_of(d)),
@@ -146,7 +150,7 @@ impl LinearShape {
 
     /// A parameter `[N/out_div, cols]` laid out as the weight: output parts on dim 0 split like
     /// the weight's rows, and `cols` split like its input for a row-parallel layer.
-    pub fn rows_first(&self, out_div: u64, cols: u64) -> Geometry {
+    pub(super) fn rows_first(&self, out_div: u64, cols: u64) -> Geometry {
         let inner = vec![cols];
         match (self.style, self.out_over(out_div)) {
             (
@@ -181,7 +185,11 @@ impl LinearShape {
 
     /// A parameter `[rows, N/out_div]` with the output on dim 1 (GPTQ, AWQ): a column-parallel
     /// layer's parts split on dim 1, a row-parallel layer's `rows` split on dim 0.
-    pub fn cols_last(&self, rows: u64, out_div: u64) -> Geometry {
+    #[allow(
+        dead_code,
+        reason = "for the GPTQ/AWQ methods (output on dim 1) and per-part scales"
+    )]
+    pub(super) fn cols_last(&self, rows: u64, out_div: u64) -> Geometry {
         let out = self.out_over(out_div);
         let n = n_of(&out);
         let of = match (self.style, out) {
@@ -227,7 +235,7 @@ impl LinearShape {
 
     /// A parameter `[N/out_div, cols]` whole on a row-parallel layer (vLLM's channel scales and
     /// `marlin_repeat_scales_on_all_ranks`), otherwise laid out as [`LinearShape::rows_first`].
-    pub fn rows_first_whole_on_row(&self, out_div: u64, cols: u64) -> Geometry {
+    pub(super) fn rows_first_whole_on_row(&self, out_div: u64, cols: u64) -> Geometry {
         match self.style {
             Style::Row => Geometry::Replicated {
                 shape: vec![self.n() / out_div, cols],
@@ -237,7 +245,11 @@ impl LinearShape {
     }
 
     /// [`LinearShape::cols_last`], but whole on a row-parallel layer.
-    pub fn cols_last_whole_on_row(&self, rows: u64, out_div: u64) -> Geometry {
+    #[allow(
+        dead_code,
+        reason = "for the GPTQ/AWQ methods (output on dim 1) and per-part scales"
+    )]
+    pub(super) fn cols_last_whole_on_row(&self, rows: u64, out_div: u64) -> Geometry {
         match self.style {
             Style::Row => Geometry::Replicated {
                 shape: vec![rows, self.n() / out_div],
@@ -247,7 +259,7 @@ impl LinearShape {
     }
 
     /// The input width one rank holds.
-    pub fn k_local(&self, tp: u64) -> u64 {
+    pub(super) fn k_local(&self, tp: u64) -> u64 {
         match self.style {
             Style::Row => self.k / tp,
             _ => self.k,
@@ -310,7 +322,10 @@ mod tests {
             rank: 3,
             ep: false,
         };
-        assert_eq!(l.rows_first(1, 32).rank_layout(r, false).shape, vec![128, 8]);
+        assert_eq!(
+            l.rows_first(1, 32).rank_layout(r, false).shape,
+            vec![128, 8]
+        );
         assert_eq!(
             l.rows_first_whole_on_row(1, 1).rank_layout(r, false).shape,
             vec![128, 1]

@@ -1,5 +1,6 @@
-//! Quantization, inside the parameters phase: a quantized linear or expert weight becomes
-//! F8_E4M3 and brings the scale parameters its method creates, and every Attention layer gets
+//! Quantization, inside the parameters phase: a quantized linear or expert weight takes its
+//! method's dtype (F8_E4M3, packed I32, I8) and brings the parameters the method creates, and
+//! every Attention layer gets
 //! the method's kv-cache scale parameters — in vLLM's registration order (`create_weights` of
 //! `Fp8LinearMethod`, `Fp8MoEMethod`, `CompressedTensorsW8A8Fp8`, the kv-cache methods), with
 //! vLLM's initial values for whatever the checkpoint leaves out.
@@ -105,7 +106,9 @@ impl<'m> Planner<'m> {
         p: &mut Param<'m>,
         partner_quantized: Option<bool>,
     ) -> Option<Vec<Extra>> {
-        let module = p.name.strip_suffix(".weight")?;
+        // Owned: the method may rename `p` (`weight_packed`).
+        let module = p.name.strip_suffix(".weight")?.to_string();
+        let module = module.as_str();
         let quantized = match partner_quantized {
             Some(b) => Ok(b),
             None => {
@@ -127,8 +130,8 @@ impl<'m> Planner<'m> {
         }
         if let Quantization::Compressed(c) = q {
             match &c.scheme {
-                Scheme::Wna16(w) => return self.wna16_linear(w, p, &module.to_string()),
-                Scheme::Int8(i) => return Some(int8::linear(i, p, &module.to_string())),
+                Scheme::Wna16(w) => return self.wna16_linear(w, p, module),
+                Scheme::Int8(i) => return Some(int8::linear(i, p, module)),
                 Scheme::Fp8(_) => {}
             }
         }
@@ -182,7 +185,8 @@ impl<'m> Planner<'m> {
     /// A fused expert weight: F8_E4M3; after `w2_weight`, both weights' scales (vLLM registers
     /// `w13_weight`, `w2_weight`, then the scales).
     fn experts(&mut self, q: &Quantization, p: &mut Param<'m>) -> Option<Vec<Extra>> {
-        let (module, _) = p.name.split_once(".routed_experts.")?;
+        let module = p.name.split_once(".routed_experts.")?.0.to_string();
+        let module = module.as_str();
         let Geometry::Experts {
             part,
             experts,
@@ -196,7 +200,7 @@ impl<'m> Planner<'m> {
             Quantization::Fp8(f) => f,
             Quantization::Compressed(c) => {
                 if let Scheme::Wna16(w) = &c.scheme {
-                    return self.wna16_experts(w, q, p, &module.to_string());
+                    return self.wna16_experts(w, q, p, module);
                 }
                 if part == ExpertPart::W13 {
                     self.problems.push(Problem {

@@ -190,8 +190,18 @@ impl<'m> Planner<'m> {
         let (w13, w2) = (ExpertPart::W13, ExpertPart::W2);
         let model = self.model_dtype;
         let mut out = vec![
-            Extra::required(name("w13_weight_scale"), experts_of(w13, i, h / g), model, 1.0),
-            Extra::required(name("w2_weight_scale"), experts_of(w2, i / g, h), model, 1.0),
+            Extra::required(
+                name("w13_weight_scale"),
+                experts_of(w13, i, h / g),
+                model,
+                1.0,
+            ),
+            Extra::required(
+                name("w2_weight_scale"),
+                experts_of(w2, i / g, h),
+                model,
+                1.0,
+            ),
         ];
         if !w.symmetric {
             out.push(Extra::required(
@@ -221,15 +231,11 @@ impl<'m> Planner<'m> {
 
     /// vLLM's MoE checks (compressed_tensors_moe_wna16.py:236–283): whole groups in H and in a
     /// rank's intermediate part, whole packed zero-point words. `false` with the problem.
-    fn wna16_experts_fit(
-        &mut self,
-        module: &str,
-        (i, h, i_r): (u64, u64, u64),
-        w: &Wna16,
-    ) -> bool {
+    fn wna16_experts_fit(&mut self, module: &str, (i, h, i_r): (u64, u64, u64), w: &Wna16) -> bool {
         let pf = w.pack_factor();
         let tp = self.opts.tp;
-        let fix_tp = "use a compatible TP size or enable expert parallelism (--enable-expert-parallel)";
+        let fix_tp =
+            "use a compatible TP size or enable expert parallelism (--enable-expert-parallel)";
         let bad = if w.group.is_none() {
             Some((
                 format!(
@@ -251,15 +257,15 @@ impl<'m> Planner<'m> {
                 ),
                 "the checkpoint does not match config.json's hidden_size",
             ))
-        } else if let Some(g) = w.group.filter(|g| !i_r.is_multiple_of(*g)) {
-            Some((
-                format!(
-                    "{module}: CompressedTensors WNA16 MoE with static group scales requires the MoE intermediate size per tensor-parallel partition ({i_r}) to be divisible by group_size ({g}). Scale groups would otherwise cross TP shard boundaries; use a compatible TP size or enable expert parallelism."
-                ),
-                fix_tp,
-            ))
         } else {
-            None
+            w.group.filter(|g| !i_r.is_multiple_of(*g)).map(|g| {
+                (
+                    format!(
+                        "{module}: CompressedTensors WNA16 MoE with static group scales requires the MoE intermediate size per tensor-parallel partition ({i_r}) to be divisible by group_size ({g}). Scale groups would otherwise cross TP shard boundaries; use a compatible TP size or enable expert parallelism."
+                    ),
+                    fix_tp,
+                )
+            })
         };
         match bad {
             Some((message, fix)) => {

@@ -26,8 +26,7 @@ impl Int8 {
             return Err(refuse(
                 format!(
                     "compressed-tensors int-quantized {} is not a scheme wload writes: it writes 8-bit int weights with 8-bit int input activations (vLLM's W8A8Int8)",
-                    at("")
-                        .trim_end_matches('.')
+                    at("").trim_end_matches('.')
                 ),
                 USE_UNQUANTIZED,
             ));
@@ -72,7 +71,11 @@ impl Int8 {
     pub fn describe(&self) -> String {
         format!(
             "INT8 {} weights, {} int8 activations",
-            if self.channel { "per-channel" } else { "per-tensor" },
+            if self.channel {
+                "per-channel"
+            } else {
+                "per-tensor"
+            },
             match (self.static_input, self.input_symmetric) {
                 (false, _) => "dynamic per-token",
                 (true, true) => "static symmetric",

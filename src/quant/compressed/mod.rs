@@ -332,7 +332,8 @@ mod tests {
         asym["config_groups"]["group_0"]["weights"]["num_bits"] = json!(8);
         let got = q(asym).unwrap().unwrap();
         assert!(
-            got.describe().contains("int8 per-channel asymmetric (zero points) (W8A16)"),
+            got.describe()
+                .contains("int8 per-channel asymmetric (zero points) (W8A16)"),
             "{}",
             got.describe()
         );

@@ -75,7 +75,10 @@ impl Wna16 {
                 USE_UNQUANTIZED,
             ));
         }
-        let group = match (field(w, "strategy").as_str(), field(w, "group_size").as_u64()) {
+        let group = match (
+            field(w, "strategy").as_str(),
+            field(w, "group_size").as_u64(),
+        ) {
             (Some("group"), Some(g)) if g > 0 => Some(g),
             (Some("channel"), _) => None,
             (s, _) => {

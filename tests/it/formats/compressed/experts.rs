@@ -38,8 +38,12 @@ fn expert(h: &Held, e: usize) -> Held {
 /// The BF16 DeepSeek-V3 fixture with its routed experts int4-quantized (random values) and a
 /// K2-style ignore list; the values by `(expert, proj)`.
 fn checkpoint(symmetric: bool) -> (tempfile::TempDir, Vec<Vec<Values>>) {
-    let ignore = json!(["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
-                        "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]);
+    let ignore = json!([
+        "lm_head",
+        "re:.*self_attn.*",
+        "re:.*shared_experts.*",
+        "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"
+    ]);
     let qc = wna16_config(4, Some(G as u64), symmetric, ignore);
     let dir = fixture_with(FIXTURE, |c| {
         c.insert("quantization_config".into(), qc);
@@ -58,19 +62,49 @@ fn checkpoint(symmetric: bool) -> (tempfile::TempDir, Vec<Vec<Values>>) {
             let w = rng.values(n * k, 4);
             let scale = rng.bf16(n * (k / G));
             let shape = |v: &[usize]| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
-            owned.push((format!("{name}.weight_packed"), "I32".into(), shape(&[n, k / 8]), pack(&w, n, k, 4, 1)));
-            let held = Held { dtype: "BF16".into(), shape: shape(&[n, k / G]), data: scale };
-            owned.push((format!("{name}.weight_scale"), "BF16".into(), held.shape.clone(), held.data.clone()));
-            let dims: Vec<u8> = [n as i64, k as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+            owned.push((
+                format!("{name}.weight_packed"),
+                "I32".into(),
+                shape(&[n, k / 8]),
+                pack(&w, n, k, 4, 1),
+            ));
+            let held = Held {
+                dtype: "BF16".into(),
+                shape: shape(&[n, k / G]),
+                data: scale,
+            };
+            owned.push((
+                format!("{name}.weight_scale"),
+                "BF16".into(),
+                held.shape.clone(),
+                held.data.clone(),
+            ));
+            let dims: Vec<u8> = [n as i64, k as i64]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
             owned.push((format!("{name}.weight_shape"), "I64".into(), vec![2], dims));
             let zero = (!symmetric).then(|| rng.values(n * (k / G), 4));
             if let Some(z) = &zero {
-                owned.push((format!("{name}.weight_zero_point"), "I32".into(), shape(&[n / 8, k / G]), pack(z, n, k / G, 4, 0)));
+                owned.push((
+                    format!("{name}.weight_zero_point"),
+                    "I32".into(),
+                    shape(&[n / 8, k / G]),
+                    pack(z, n, k / G, 4, 0),
+                ));
             }
             per.push(Values {
-                weight: Mat { rows: n, cols: k, vals: w },
+                weight: Mat {
+                    rows: n,
+                    cols: k,
+                    vals: w,
+                },
                 scale: Mat::of_bf16(&held),
-                zero: zero.map(|z| Mat { rows: n, cols: k / G, vals: z }),
+                zero: zero.map(|z| Mat {
+                    rows: n,
+                    cols: k / G,
+                    vals: z,
+                }),
             });
         }
         values.push(per);
@@ -78,7 +112,9 @@ fn checkpoint(symmetric: bool) -> (tempfile::TempDir, Vec<Vec<Values>>) {
     for f in std::fs::read_dir(dir.path()).unwrap() {
         let p = f.unwrap().path();
         let name = p.file_name().unwrap().to_string_lossy().to_string();
-        if name.starts_with("model") && (name.ends_with(".safetensors") || name.ends_with(".index.json")) {
+        if name.starts_with("model")
+            && (name.ends_with(".safetensors") || name.ends_with(".index.json"))
+        {
             std::fs::remove_file(p).unwrap();
         }
     }
@@ -91,25 +127,47 @@ fn checkpoint(symmetric: bool) -> (tempfile::TempDir, Vec<Vec<Values>>) {
 
 /// Shards the fixture and the quantized checkpoint alike and compares every rank.
 fn check(quantized: &Path, values: &[Vec<Values>], tp: u64, ep: bool) {
-    let extra: &[&str] = if ep { &["--enable-expert-parallel"] } else { &[] };
+    let extra: &[&str] = if ep {
+        &["--enable-expert-parallel"]
+    } else {
+        &[]
+    };
     let (plain, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     shard_ok(&fixture(FIXTURE), tp, plain.path(), extra);
     shard_ok(quantized, tp, out.path(), extra);
     let what = format!("tp{tp} ep {ep}");
     let base = format!("{PREFIX}.routed_experts.");
-    let mut parts: Vec<Vec<[Vec<Mat>; 3]>> = (0..E).map(|_| vec![[vec![], vec![], vec![]], [vec![], vec![], vec![]], [vec![], vec![], vec![]]]).collect();
+    let mut parts: Vec<Vec<[Vec<Mat>; 3]>> = (0..E)
+        .map(|_| {
+            vec![
+                [vec![], vec![], vec![]],
+                [vec![], vec![], vec![]],
+                [vec![], vec![], vec![]],
+            ]
+        })
+        .collect();
     for r in 0..tp {
         let (want, got) = (rank_tensors(plain.path(), r), rank_tensors(out.path(), r));
         for (name, t) in &want {
             if !name.starts_with(&base) {
-                assert_eq!(got.get(name), Some(t), "{what} rank {r}: {name} differs from the bf16 checkpoint's");
+                assert_eq!(
+                    got.get(name),
+                    Some(t),
+                    "{what} rank {r}: {name} differs from the bf16 checkpoint's"
+                );
             }
         }
-        assert!(!got.contains_key(&format!("{base}w13_weight")), "{what}: an unquantized w13_weight");
+        assert!(
+            !got.contains_key(&format!("{base}w13_weight")),
+            "{what}: an unquantized w13_weight"
+        );
         let e_l = if ep { E / tp as usize } else { E };
         let first = if ep { r as usize * e_l } else { 0 };
         let i_r = if ep { I } else { I / tp as usize };
-        let t = |n: &str| got.get(&format!("{base}{n}")).unwrap_or_else(|| panic!("{what}: no {n}"));
+        let t = |n: &str| {
+            got.get(&format!("{base}{n}"))
+                .unwrap_or_else(|| panic!("{what}: no {n}"))
+        };
         for (n, dtype, shape) in [
             ("w13_weight_packed", "I32", vec![e_l, 2 * i_r, H / 8]),
             ("w2_weight_packed", "I32", vec![e_l, H, i_r / 8]),
@@ -119,13 +177,25 @@ fn check(quantized: &Path, values: &[Vec<Values>], tp: u64, ep: bool) {
             ("w2_weight_shape", "BF16", vec![e_l, 2]),
         ] {
             let shape: Vec<u64> = shape.iter().map(|&x| x as u64).collect();
-            assert_eq!((t(n).dtype.as_str(), &t(n).shape), (dtype, &shape), "{what} rank {r}: {n}");
+            assert_eq!(
+                (t(n).dtype.as_str(), &t(n).shape),
+                (dtype, &shape),
+                "{what} rank {r}: {n}"
+            );
         }
         // BF16 128.0 and 64.0: the int64 shapes cast into the model dtype.
         let bf = |v: u16| v.to_le_bytes();
         let pair = |a: u16, b: u16| [bf(a), bf(b)].concat().repeat(e_l);
-        assert_eq!(t("w13_weight_shape").data, pair(0x4280, 0x4300), "{what}: w13_weight_shape");
-        assert_eq!(t("w2_weight_shape").data, pair(0x4300, 0x4280), "{what}: w2_weight_shape");
+        assert_eq!(
+            t("w13_weight_shape").data,
+            pair(0x4280, 0x4300),
+            "{what}: w13_weight_shape"
+        );
+        assert_eq!(
+            t("w2_weight_shape").data,
+            pair(0x4300, 0x4280),
+            "{what}: w2_weight_shape"
+        );
         for j in 0..e_l {
             let e = first + j;
             let w13 = Mat::of_packed(&expert(t("w13_weight_packed"), j), 4, 1);
@@ -149,11 +219,29 @@ fn check(quantized: &Path, values: &[Vec<Values>], tp: u64, ep: bool) {
     for (e, per) in parts.iter().enumerate() {
         for (p, kinds) in per.iter().enumerate() {
             let v = &values[e][p];
-            let whole = |ms: &[Mat]| if p == 2 { Mat::cat_cols(ms) } else { Mat::cat_rows(ms) };
-            assert_eq!(whole(&kinds[0]), v.weight, "{what}: expert {e} proj {p} weight");
-            assert_eq!(whole(&kinds[1]), v.scale, "{what}: expert {e} proj {p} scale");
+            let whole = |ms: &[Mat]| {
+                if p == 2 {
+                    Mat::cat_cols(ms)
+                } else {
+                    Mat::cat_rows(ms)
+                }
+            };
+            assert_eq!(
+                whole(&kinds[0]),
+                v.weight,
+                "{what}: expert {e} proj {p} weight"
+            );
+            assert_eq!(
+                whole(&kinds[1]),
+                v.scale,
+                "{what}: expert {e} proj {p} scale"
+            );
             if let Some(z) = &v.zero {
-                assert_eq!(&whole(&kinds[2]), z, "{what}: expert {e} proj {p} zero point");
+                assert_eq!(
+                    &whole(&kinds[2]),
+                    z,
+                    "{what}: expert {e} proj {p} zero point"
+                );
             }
         }
     }

@@ -26,8 +26,17 @@ fn per_head_scales_follow_the_ranks_kv_heads_and_q_is_the_group_maximum() {
     let dir = copy_fixture(FIXTURE);
     let file = dir.path().join("model.safetensors");
     // A checkpoint zero point vLLM's attn_head loader ignores.
-    let ones: Vec<u8> = [1.0f32; KV_HEADS].iter().flat_map(|_| 0x3F80u16.to_le_bytes()).collect();
-    append_tensor(&file, "model.layers.0.self_attn.k_zero_point", "BF16", &[KV_HEADS as u64, 1, 1], &ones);
+    let ones: Vec<u8> = [1.0f32; KV_HEADS]
+        .iter()
+        .flat_map(|_| 0x3F80u16.to_le_bytes())
+        .collect();
+    append_tensor(
+        &file,
+        "model.layers.0.self_attn.k_zero_point",
+        "BF16",
+        &[KV_HEADS as u64, 1, 1],
+        &ones,
+    );
     let ckpt = checkpoint_tensors(dir.path());
     for tp in [1usize, 2, 4, 8] {
         let out = tempfile::tempdir().unwrap();
@@ -35,7 +44,11 @@ fn per_head_scales_follow_the_ranks_kv_heads_and_q_is_the_group_maximum() {
         let n = (KV_HEADS / tp).max(1);
         for r in 0..tp {
             let t = rank_tensors(out.path(), r as u64);
-            let first = if tp >= KV_HEADS { r / (tp / KV_HEADS) } else { r * n };
+            let first = if tp >= KV_HEADS {
+                r / (tp / KV_HEADS)
+            } else {
+                r * n
+            };
             for l in 0..2 {
                 let at = |s: &str| format!("model.layers.{l}.self_attn.{s}");
                 let k = bf16_values(&ckpt[&at("k_scale")]);
@@ -47,13 +60,26 @@ fn per_head_scales_follow_the_ranks_kv_heads_and_q_is_the_group_maximum() {
                     .collect();
                 for (name, want) in [("k_scale", &k), ("v_scale", &v), ("q_scale", &q_max)] {
                     let h = &t[&at(&format!("attn.{name}"))];
-                    assert_eq!((h.dtype.as_str(), h.shape.as_slice()), ("F32", &[n as u64][..]));
-                    assert_eq!(f32_values(h), want[first..first + n].to_vec(), "tp{tp} rank {r} layer {l} {name}");
+                    assert_eq!(
+                        (h.dtype.as_str(), h.shape.as_slice()),
+                        ("F32", &[n as u64][..])
+                    );
+                    assert_eq!(
+                        f32_values(h),
+                        want[first..first + n].to_vec(),
+                        "tp{tp} rank {r} layer {l} {name}"
+                    );
                 }
                 for z in ["k_zero_point", "v_zero_point", "q_zero_point"] {
                     let h = &t[&at(&format!("attn.{z}"))];
-                    assert_eq!((h.dtype.as_str(), h.shape.as_slice()), ("BF16", &[n as u64][..]));
-                    assert!(h.data.iter().all(|&b| b == 0), "tp{tp} rank {r}: {z} not zero");
+                    assert_eq!(
+                        (h.dtype.as_str(), h.shape.as_slice()),
+                        ("BF16", &[n as u64][..])
+                    );
+                    assert!(
+                        h.data.iter().all(|&b| b == 0),
+                        "tp{tp} rank {r}: {z} not zero"
+                    );
                 }
             }
         }

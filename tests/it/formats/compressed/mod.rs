@@ -30,7 +30,9 @@ impl Rng {
 
     /// `n` values below `2^bits`.
     pub(super) fn values(&mut self, n: usize, bits: u32) -> Vec<u32> {
-        (0..n).map(|_| (self.next() >> 20) as u32 & ((1 << bits) - 1)).collect()
+        (0..n)
+            .map(|_| (self.next() >> 20) as u32 & ((1 << bits) - 1))
+            .collect()
     }
 
     /// `n` distinct-looking BF16 bytes.
@@ -70,9 +72,17 @@ pub(super) fn pack(vals: &[u32], rows: usize, cols: usize, bits: u32, dim: usize
 }
 
 /// [`pack`] undone: `bytes` of a `[prows, pcols]` int32 tensor, unpacked along `dim`.
-pub(super) fn unpack(bytes: &[u8], shape: &[u64], bits: u32, dim: usize) -> (Vec<u32>, usize, usize) {
+pub(super) fn unpack(
+    bytes: &[u8],
+    shape: &[u64],
+    bits: u32,
+    dim: usize,
+) -> (Vec<u32>, usize, usize) {
     let pf = (32 / bits) as usize;
-    let (prow, pcol) = (shape[shape.len() - 2] as usize, shape[shape.len() - 1] as usize);
+    let (prow, pcol) = (
+        shape[shape.len() - 2] as usize,
+        shape[shape.len() - 1] as usize,
+    );
     let (rows, cols) = if dim == 1 {
         (prow, pcol * pf)
     } else {
@@ -82,7 +92,11 @@ pub(super) fn unpack(bytes: &[u8], shape: &[u64], bits: u32, dim: usize) -> (Vec
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     let mut vals = vec![0u32; rows * cols];
-    let mask = if bits == 32 { u32::MAX } else { (1 << bits) - 1 };
+    let mask = if bits == 32 {
+        u32::MAX
+    } else {
+        (1 << bits) - 1
+    };
     for r in 0..prow {
         for c in 0..pcol {
             let w = words[r * pcol + c];

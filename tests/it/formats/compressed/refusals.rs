@@ -27,7 +27,9 @@ fn w4a16_with(edit: impl FnOnce(&mut Map<String, Value>)) -> tempfile::TempDir {
 }
 
 fn weights(qc: &mut Map<String, Value>) -> &mut Map<String, Value> {
-    qc["config_groups"]["group_0"]["weights"].as_object_mut().unwrap()
+    qc["config_groups"]["group_0"]["weights"]
+        .as_object_mut()
+        .unwrap()
 }
 
 /// At TP 8 o_proj's 16 input columns per rank are half a 32-column group:
@@ -61,7 +63,9 @@ fn group_and_dynamic_activation_ordering_are_refused() {
             2,
             &[],
             &[
-                &format!("Compressed-tensors group/dynamic activation ordering (actorder='{order}') is no longer supported (config_groups.group_0.weights.actorder)"),
+                &format!(
+                    "Compressed-tensors group/dynamic activation ordering (actorder='{order}') is no longer supported (config_groups.group_0.weights.actorder)"
+                ),
                 "re-quantize with actorder \"static\"",
             ],
         );
@@ -69,7 +73,12 @@ fn group_and_dynamic_activation_ordering_are_refused() {
     let dir = w4a16_with(|qc| {
         weights(qc).insert("actorder".into(), json!("static"));
     });
-    shard_ok(dir.path(), 2, &tempfile::tempdir().unwrap().path().join("o"), &[]);
+    shard_ok(
+        dir.path(),
+        2,
+        &tempfile::tempdir().unwrap().path().join("o"),
+        &[],
+    );
 }
 
 #[test]
@@ -77,11 +86,27 @@ fn bit_widths_are_refused_by_name() {
     let dir = w4a16_with(|qc| {
         weights(qc).insert("num_bits".into(), json!(16));
     });
-    refused(dir.path(), 2, &[], &["Unsupported num_bits = 16. Supported num_bits = [2, 3, 4, 5, 6, 7, 8] (config_groups.group_0.weights.num_bits)", "2 to 8 bits"]);
+    refused(
+        dir.path(),
+        2,
+        &[],
+        &[
+            "Unsupported num_bits = 16. Supported num_bits = [2, 3, 4, 5, 6, 7, 8] (config_groups.group_0.weights.num_bits)",
+            "2 to 8 bits",
+        ],
+    );
     let dir = w4a16_with(|qc| {
         weights(qc).insert("num_bits".into(), json!(3));
     });
-    refused(dir.path(), 2, &[], &["num_bits = 3 is not supported by wload (config_groups.group_0.weights.num_bits)", "use the unquantized"]);
+    refused(
+        dir.path(),
+        2,
+        &[],
+        &[
+            "num_bits = 3 is not supported by wload (config_groups.group_0.weights.num_bits)",
+            "use the unquantized",
+        ],
+    );
 }
 
 /// W8A8 INT8 takes symmetric weights only (compressed_tensors.py:527–529); the kv cache only
@@ -91,11 +116,27 @@ fn asymmetric_schemes_vllm_refuses_are_refused() {
     let dir = fixture_with("llama_gqa_ct_w8a8_int8", |c| {
         c["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = json!(false);
     });
-    refused(dir.path(), 2, &[], &["INT8 weights must be static and symmetric", "Only symmetric weight quantization supported"]);
+    refused(
+        dir.path(),
+        2,
+        &[],
+        &[
+            "INT8 weights must be static and symmetric",
+            "Only symmetric weight quantization supported",
+        ],
+    );
     let dir = fixture_with("llama_kv2_ct_fp8_kv_head", |c| {
         c["quantization_config"]["kv_cache_scheme"]["symmetric"] = json!(false);
     });
-    refused(dir.path(), 2, &[], &["Only support symmetric scaling factor for compressed-tensors KV cache. However found symmetric: false (quantization_config.kv_cache_scheme.symmetric)", "per-tensor or per-head kv_cache_scheme"]);
+    refused(
+        dir.path(),
+        2,
+        &[],
+        &[
+            "Only support symmetric scaling factor for compressed-tensors KV cache. However found symmetric: false (quantization_config.kv_cache_scheme.symmetric)",
+            "per-tensor or per-head kv_cache_scheme",
+        ],
+    );
 }
 
 #[test]
@@ -103,20 +144,43 @@ fn kv_cache_schemes_vllm_refuses_are_refused() {
     let dir = fixture_with("llama_kv2_ct_fp8_kv_head", |c| {
         c["quantization_config"]["kv_cache_scheme"]["type"] = json!("int");
     });
-    refused(dir.path(), 2, &[], &["Currently supported kv cache quantization is num_bits=8, type=float, however received num_bits=8, type=int"]);
+    refused(
+        dir.path(),
+        2,
+        &[],
+        &[
+            "Currently supported kv cache quantization is num_bits=8, type=float, however received num_bits=8, type=int",
+        ],
+    );
     let dir = fixture_with("llama_kv2_ct_fp8_kv_head", |c| {
         c["quantization_config"]["kv_cache_scheme"]["strategy"] = json!("channel");
     });
-    refused(dir.path(), 2, &[], &["Invalid strategy for compressed-tensors KV cache. Expected strategies: (tensor, attn_head), found strategy: channel", "remove kv_cache_scheme"]);
+    refused(
+        dir.path(),
+        2,
+        &[],
+        &[
+            "Invalid strategy for compressed-tensors KV cache. Expected strategies: (tensor, attn_head), found strategy: channel",
+            "remove kv_cache_scheme",
+        ],
+    );
 }
 
 /// compressed_tensors_moe_wna16.py:245–257: at TP 4 each rank holds 16 of an expert's 64
 /// intermediate rows, half a 32-column group; expert parallelism keeps experts whole.
 #[test]
 fn moe_groups_across_tp_shards_are_refused_and_ep_is_the_fix() {
-    let ignore = json!(["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]);
+    let ignore = json!([
+        "lm_head",
+        "re:.*self_attn.*",
+        "re:.*shared_experts.*",
+        "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"
+    ]);
     let dir = fixture_with("deepseek_v3", |c| {
-        c.insert("quantization_config".into(), super::wna16_config(4, Some(32), true, ignore));
+        c.insert(
+            "quantization_config".into(),
+            super::wna16_config(4, Some(32), true, ignore),
+        );
     });
     // The bf16 expert weights do not matter: the sizes are refused first.
     let err = refused(

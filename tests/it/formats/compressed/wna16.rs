@@ -119,7 +119,14 @@ fn checkpoint(
     let mut rng = Rng::new(seed);
     let mut owned: Vec<(String, &'static str, Vec<u64>, Vec<u8>)> = (kept.iter())
         .filter(|(n, _)| !PROJS.iter().any(|(p, ..)| n.contains(p)))
-        .map(|(n, h)| (n.clone(), dtype_name(&h.dtype), h.shape.clone(), h.data.clone()))
+        .map(|(n, h)| {
+            (
+                n.clone(),
+                dtype_name(&h.dtype),
+                h.shape.clone(),
+                h.data.clone(),
+            )
+        })
         .collect();
     let mut projs = std::collections::BTreeMap::new();
     for l in 0..LAYERS {
@@ -141,7 +148,10 @@ fn checkpoint(
                 vec![n as u64, (k / g) as u64],
                 scale.clone(),
             ));
-            let shape: Vec<u8> = [n as i64, k as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let shape: Vec<u8> = [n as i64, k as i64]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
             owned.push((format!("{name}.weight_shape"), "I64", vec![2], shape));
             let zero = (!s.symmetric).then(|| rng.values(n * (k / g), s.bits));
             if let Some(z) = &zero {
@@ -169,7 +179,10 @@ fn checkpoint(
         }
     }
     std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
-    for (file, second) in [("model-00001-of-00002.safetensors", false), ("model-00002-of-00002.safetensors", true)] {
+    for (file, second) in [
+        ("model-00001-of-00002.safetensors", false),
+        ("model-00002-of-00002.safetensors", true),
+    ] {
         let part: Vec<Tensor> = (owned.iter())
             .filter(|(n, ..)| split(n) == second)
             .map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
@@ -206,18 +219,26 @@ fn unfuse(ranks: &[Mat], sizes: &[usize], distinct: &[Vec<usize>]) -> Vec<Mat> {
                     .find(|&&d| d <= r)
                     .copied()
                     .unwrap();
-                assert_eq!(p, &pieces[holder], "rank {r} part {part}: a replica differs");
+                assert_eq!(
+                    p, &pieces[holder],
+                    "rank {r} part {part}: a replica differs"
+                );
             }
             Mat::cat_rows(&chosen)
         })
         .collect()
 }
 
+/// Which of a projection's generated values a rank tensor holds.
+type Field = fn(&Proj) -> Option<&Mat>;
+
 /// Shards at `tp` and compares every rank's quantized tensors, reassembled, with `projs`.
 fn check_tp(dir: &Path, s: &Scheme, projs: &std::collections::BTreeMap<String, Proj>, tp: usize) {
     let out = tempfile::tempdir().unwrap();
     shard_ok(dir, tp as u64, out.path(), &[]);
-    let ranks: Vec<Tensors> = (0..tp as u64).map(|r| rank_tensors(out.path(), r)).collect();
+    let ranks: Vec<Tensors> = (0..tp as u64)
+        .map(|r| rank_tensors(out.path(), r))
+        .collect();
     let (q_r, kv_r) = (HEADS / tp * HEAD_DIM, (KV_HEADS / tp).max(1) * HEAD_DIM);
     let all: Vec<usize> = (0..tp).collect();
     let kv_holders: Vec<usize> = (0..tp).step_by((tp / KV_HEADS).max(1)).collect();
@@ -230,7 +251,7 @@ fn check_tp(dir: &Path, s: &Scheme, projs: &std::collections::BTreeMap<String, P
                 })
                 .collect()
         };
-        let kinds: [(&str, fn(&Proj) -> Option<&Mat>); 3] = [
+        let kinds: [(&str, Field); 3] = [
             ("weight_packed", |p| Some(&p.weight)),
             ("weight_scale", |p| Some(&p.scale)),
             ("weight_zero_point", |p| p.zero.as_ref()),
@@ -243,24 +264,45 @@ fn check_tp(dir: &Path, s: &Scheme, projs: &std::collections::BTreeMap<String, P
             };
             let want = |p: &str| field(&projs[&format!("{l}.{p}")]).cloned();
             if want("self_attn.q_proj").is_none() {
-                assert!(ranks[0].get(&format!("model.layers.{l}.self_attn.qkv_proj.{t}")).is_none());
+                assert!(
+                    !ranks[0].contains_key(&format!("model.layers.{l}.self_attn.qkv_proj.{t}"))
+                );
                 continue;
             }
             let qkv: Vec<Mat> = get("self_attn.qkv_proj", t).into_iter().map(read).collect();
-            let parts = unfuse(&qkv, &[q_r, kv_r, kv_r], &[all.clone(), kv_holders.clone(), kv_holders.clone()]);
+            let parts = unfuse(
+                &qkv,
+                &[q_r, kv_r, kv_r],
+                &[all.clone(), kv_holders.clone(), kv_holders.clone()],
+            );
             for (part, p) in parts.iter().zip(["q_proj", "k_proj", "v_proj"]) {
-                assert_eq!(Some(part), want(&format!("self_attn.{p}")).as_ref(), "tp{tp} layer {l} {p}.{t}");
+                assert_eq!(
+                    Some(part),
+                    want(&format!("self_attn.{p}")).as_ref(),
+                    "tp{tp} layer {l} {p}.{t}"
+                );
             }
             let gu: Vec<Mat> = get("mlp.gate_up_proj", t).into_iter().map(read).collect();
             let i_r = INTER / tp;
             let parts = unfuse(&gu, &[i_r, i_r], &[all.clone(), all.clone()]);
-            assert_eq!(Some(&parts[0]), want("mlp.gate_proj").as_ref(), "tp{tp} layer {l} gate.{t}");
-            assert_eq!(Some(&parts[1]), want("mlp.up_proj").as_ref(), "tp{tp} layer {l} up.{t}");
+            assert_eq!(
+                Some(&parts[0]),
+                want("mlp.gate_proj").as_ref(),
+                "tp{tp} layer {l} gate.{t}"
+            );
+            assert_eq!(
+                Some(&parts[1]),
+                want("mlp.up_proj").as_ref(),
+                "tp{tp} layer {l} up.{t}"
+            );
             for p in ["self_attn.o_proj", "mlp.down_proj"] {
                 let per: Vec<Mat> = get(p, t).into_iter().map(read).collect();
                 // Channel scales and zero points are whole on every rank of a row-parallel layer.
                 let got = if t != "weight_packed" && s.group.is_none() {
-                    assert!(per.iter().all(|m| m == &per[0]), "tp{tp} {p}.{t} differs by rank");
+                    assert!(
+                        per.iter().all(|m| m == &per[0]),
+                        "tp{tp} {p}.{t} differs by rank"
+                    );
                     per[0].clone()
                 } else {
                     Mat::cat_cols(&per)
@@ -283,17 +325,55 @@ fn weight_shape(out: &Path, tp: u64, l: usize, module: &str) -> Vec<i64> {
                 .collect()
         })
         .collect();
-    assert!(all.iter().all(|s| s == &all[0]), "{module}: weight_shape differs by rank");
+    assert!(
+        all.iter().all(|s| s == &all[0]),
+        "{module}: weight_shape differs by rank"
+    );
     all[0].clone()
 }
 
 fn schemes() -> Vec<(Scheme, &'static [usize])> {
     vec![
-        (Scheme { bits: 4, group: Some(16), symmetric: true }, &[1, 2, 4, 8]),
-        (Scheme { bits: 4, group: Some(16), symmetric: false }, &[1, 2, 4, 8]),
-        (Scheme { bits: 8, group: None, symmetric: true }, &[1, 2, 4, 8]),
-        (Scheme { bits: 8, group: None, symmetric: false }, &[2, 8]),
-        (Scheme { bits: 8, group: Some(32), symmetric: false }, &[1, 2, 4]),
+        (
+            Scheme {
+                bits: 4,
+                group: Some(16),
+                symmetric: true,
+            },
+            &[1, 2, 4, 8],
+        ),
+        (
+            Scheme {
+                bits: 4,
+                group: Some(16),
+                symmetric: false,
+            },
+            &[1, 2, 4, 8],
+        ),
+        (
+            Scheme {
+                bits: 8,
+                group: None,
+                symmetric: true,
+            },
+            &[1, 2, 4, 8],
+        ),
+        (
+            Scheme {
+                bits: 8,
+                group: None,
+                symmetric: false,
+            },
+            &[2, 8],
+        ),
+        (
+            Scheme {
+                bits: 8,
+                group: Some(32),
+                symmetric: false,
+            },
+            &[1, 2, 4],
+        ),
     ]
 }
 
@@ -311,16 +391,35 @@ fn every_ranks_packed_tensors_reassemble_into_the_checkpoints_values() {
 /// file v_proj (after q/k) and up_proj (after gate); with q_proj's shape in a later file, q's.
 #[test]
 fn a_fused_weight_shape_is_the_last_loaded_shards() {
-    let s = Scheme { bits: 4, group: Some(32), symmetric: true };
+    let s = Scheme {
+        bits: 4,
+        group: Some(32),
+        symmetric: true,
+    };
     let late = |n: &str| n == "model.layers.0.self_attn.q_proj.weight_shape";
     let (dir, _) = checkpoint(&s, 7, late);
     let out = tempfile::tempdir().unwrap();
     shard_ok(dir.path(), 2, out.path(), &[]);
     let (q, kv) = ((HEADS * HEAD_DIM) as i64, (KV_HEADS * HEAD_DIM) as i64);
     let h = HIDDEN as i64;
-    assert_eq!(weight_shape(out.path(), 2, 0, "self_attn.qkv_proj"), vec![q, h]);
-    assert_eq!(weight_shape(out.path(), 2, 1, "self_attn.qkv_proj"), vec![kv, h]);
-    assert_eq!(weight_shape(out.path(), 2, 1, "mlp.gate_up_proj"), vec![INTER as i64, h]);
-    assert_eq!(weight_shape(out.path(), 2, 1, "self_attn.o_proj"), vec![h, q]);
-    assert_eq!(weight_shape(out.path(), 2, 1, "mlp.down_proj"), vec![h, INTER as i64]);
+    assert_eq!(
+        weight_shape(out.path(), 2, 0, "self_attn.qkv_proj"),
+        vec![q, h]
+    );
+    assert_eq!(
+        weight_shape(out.path(), 2, 1, "self_attn.qkv_proj"),
+        vec![kv, h]
+    );
+    assert_eq!(
+        weight_shape(out.path(), 2, 1, "mlp.gate_up_proj"),
+        vec![INTER as i64, h]
+    );
+    assert_eq!(
+        weight_shape(out.path(), 2, 1, "self_attn.o_proj"),
+        vec![h, q]
+    );
+    assert_eq!(
+        weight_shape(out.path(), 2, 1, "mlp.down_proj"),
+        vec![h, INTER as i64]
+    );
 }
