@@ -265,20 +265,9 @@ impl Geometry {
                 out.extend_from_slice(&s);
                 out
             }),
-            Geometry::LastShard { of, shape } => values::last_shard_source(of, shape, shard),
-            Geometry::ExpertLastShard { part, width, .. } => Geometry::Experts {
-                part: *part,
-                experts: 0,
-                intermediate: 0,
-                hidden: 0,
-            }
-            .expected_source(shard)
-            .map(|_| Shape::from_slice(&[*width])),
-            Geometry::KvHeadScale {
-                heads,
-                kv_heads,
-                which,
-            } => none(&values::kv_scale_source(*heads, *kv_heads, *which)),
+            Geometry::LastShard { .. }
+            | Geometry::ExpertLastShard { .. }
+            | Geometry::KvHeadScale { .. } => values::expected_source(self, shard),
             // A scalar per slot; the shard id must be one the weight takes.
             Geometry::TensorScale { of } => of.expected_source(shard).map(|_| Shape::new()),
             Geometry::BlockScale { of, block } => of

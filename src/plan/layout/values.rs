@@ -19,9 +19,35 @@ pub enum KvScale {
     Q,
 }
 
+/// The checkpoint shape each shard of these geometries needs ([`Geometry::expected_source`]).
+pub(super) fn expected_source(g: &Geometry, shard: Option<&ShardId>) -> Result<Shape, String> {
+    match g {
+        Geometry::LastShard { of, shape } => last_shard_source(of, shape, shard),
+        Geometry::ExpertLastShard { part, width, .. } => Geometry::Experts {
+            part: *part,
+            experts: 0,
+            intermediate: 0,
+            hidden: 0,
+        }
+        .expected_source(shard)
+        .map(|_| Shape::from_slice(&[*width])),
+        Geometry::KvHeadScale {
+            heads,
+            kv_heads,
+            which,
+        } => match shard {
+            None => Ok(kv_scale_source(*heads, *kv_heads, *which)),
+            Some(s) => Err(format!(
+                "shard id {s} given to a parameter that is not stacked"
+            )),
+        },
+        other => Err(format!("{other:?} is not a whole-value layout")),
+    }
+}
+
 /// The shape a checkpoint tensor of a last-shard value has: a one-element value takes any
 /// one-element tensor (0-d or `[1]`), as the assign phase reads an empty shape.
-pub(super) fn last_shard_source(
+fn last_shard_source(
     of: &Geometry,
     shape: &[u64],
     shard: Option<&ShardId>,
@@ -96,7 +122,7 @@ pub(super) fn kv_heads_of(kv_heads: u64, r: Rank) -> (u64, u64) {
 }
 
 /// The checkpoint's `[heads, 1, 1]` (q) or `[kv_heads, 1, 1]` (k, v) scale.
-pub(super) fn kv_scale_source(heads: u64, kv_heads: u64, which: KvScale) -> Shape {
+fn kv_scale_source(heads: u64, kv_heads: u64, which: KvScale) -> Shape {
     let n = if which == KvScale::Q { heads } else { kv_heads };
     Shape::from_slice(&[n, 1, 1])
 }
