@@ -50,7 +50,7 @@ fn weights(group: &Value, at: &dyn Fn(&str) -> String) -> Result<WeightStrategy,
     if wtype != "float" || bits != 8 {
         return Err(refuse(
             format!(
-                "compressed-tensors float-quantized weights of type {wtype} with {bits} bits are not supported (NVFP4 and MXFP4 have their own packed layouts); wload writes 8-bit float weights in this format"
+                "compressed-tensors weights of type {wtype} with {bits} bits are not supported in format float-quantized (NVFP4 and MXFP4 have their own packed layouts); wload writes 8-bit float weights here"
             ),
             USE_UNQUANTIZED,
         ));
