@@ -3,10 +3,12 @@
 //! TP sizes, every rank's packed words unpacked and the ranks put back together, gives the
 //! checkpoint's unpacked values (`wna16.rs`); a DeepSeek-V3-shaped checkpoint with int4 routed
 //! experts likewise, under TP and EP (`experts.rs`); per-head kv scales at TP above the kv head
-//! count (`kv_head.rs`); and vLLM's refusals, with its words and the fix (`refusals.rs`). The TP 2
+//! count (`kv_head.rs`); W8A8 INT8 static input scales and zero points, the last-loaded shard's
+//! (`int8.rs`); and vLLM's refusals, with its words and the fix (`refusals.rs`). The TP 2
 //! golden cases (byte-identical to vLLM) run with the other golden cases.
 
 mod experts;
+mod int8;
 mod kv_head;
 mod refusals;
 mod wna16;
