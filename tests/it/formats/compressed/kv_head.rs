@@ -1,4 +1,5 @@
-//! `kv_cache_scheme` strategy `attn_head`: every rank's `attn.k_scale` / `v_scale` are its kv
+//! `kv_cache_scheme` strategy `tensor`: the checkpoint's `[1]` scales, ones where it has none.
+//! Strategy `attn_head`: every rank's `attn.k_scale` / `v_scale` are its kv
 //! heads' checkpoint scales, `q_scale` the maximum over each kv head's query group, computed
 //! from the checkpoint here — with TP above the kv head count too (kv heads replicated: rank r
 //! holds head `r / (tp / kv_heads)`); the zero points stay zero whatever the checkpoint says.
@@ -83,5 +84,42 @@ fn per_head_scales_follow_the_ranks_kv_heads_and_q_is_the_group_maximum() {
                 }
             }
         }
+    }
+}
+
+/// Strategy `tensor`: one F32 `[1]` per k, v and q, the checkpoint's value (BF16 widened), q 1.0
+/// when the checkpoint has none; zero points model dtype `[1]`, loaded when present.
+#[test]
+fn per_tensor_scales_are_the_checkpoints_values_on_every_rank() {
+    let dir = fixture_with("llama_gqa_ct_fp8_dynamic", |c| {
+        c["quantization_config"]["kv_cache_scheme"] = serde_json::json!({
+            "num_bits": 8, "type": "float", "symmetric": true, "strategy": "tensor",
+            "dynamic": false});
+    });
+    let file = dir.path().join("model.safetensors");
+    for (name, bits) in [("k_scale", 0x3F00u16), ("v_scale", 0x4000)] {
+        let at = format!("model.layers.1.self_attn.{name}");
+        append_tensor(&file, &at, "BF16", &[1], &bits.to_le_bytes());
+    }
+    let out = tempfile::tempdir().unwrap();
+    shard_ok(dir.path(), 2, out.path(), &[]);
+    for r in 0..2 {
+        let t = rank_tensors(out.path(), r);
+        let at = |l: u64, s: &str| format!("model.layers.{l}.self_attn.attn.{s}");
+        for (l, name, want) in [
+            (1, "k_scale", 0.5f32),
+            (1, "v_scale", 2.0),
+            (1, "q_scale", 1.0),
+            (0, "k_scale", 1.0),
+        ] {
+            let h = &t[&at(l, name)];
+            assert_eq!((h.dtype.as_str(), h.shape.as_slice()), ("F32", &[1u64][..]));
+            assert_eq!(f32_values(h), vec![want], "rank {r} layer {l} {name}");
+        }
+        let z = &t[&at(1, "k_zero_point")];
+        assert_eq!(
+            (z.dtype.as_str(), z.data.as_slice()),
+            ("BF16", &[0u8, 0][..])
+        );
     }
 }
