@@ -146,7 +146,9 @@ fn rank_tensor(
         }
         if matches!(
             p.geometry,
-            Geometry::ExpertTensorScale { input: true, .. } | Geometry::LastShard { .. }
+            Geometry::ExpertTensorScale { input: true, .. }
+                | Geometry::LastShard { .. }
+                | Geometry::ExpertLastShard { .. }
         ) {
             let mut list: Vec<Piece> = pieces.iter().collect();
             keep_last_loaded(&mut list);
@@ -203,8 +205,10 @@ fn reduced(pieces: &Pieces, max_of: u64) -> Pieces {
     list.into()
 }
 
-/// An expert's w1 and w3 input scales write one slot: vLLM keeps the one it loads last
-/// (`_load_single_value`, routed_experts.py:827–861), and sources are numbered in load order.
+/// An expert's w1 and w3 input scales (and pack-quantized `weight_shape`s), and a fused
+/// layer's shards of a whole value, write one slot: vLLM keeps the one it loads last
+/// (`_load_single_value`, routed_experts.py:827–861; `BasevLLMParameter`'s loader), and sources
+/// are numbered in load order.
 /// A copy beats a fill for the same slot.
 fn keep_last_loaded(pieces: &mut Vec<Piece>) {
     let rank = |p: &Piece| match p {

@@ -12,12 +12,14 @@ use crate::quant::compressed::Int8;
 /// `p` becomes `weight` I8, then `weight_scale` F32 (`[N_r, 1]` per channel, `[parts]` per
 /// tensor), then with static activations `input_zero_point` I8 `[1]` (asymmetric) and
 /// `input_scale` F32 `[1]`.
-pub(super) fn linear(i: &Int8, p: &mut Param<'_>, module: &str) -> Vec<Extra> {
+/// `None` (the layer left as it is) for a weight that is not a linear layer's, as FP8 does.
+pub(super) fn linear(i: &Int8, p: &mut Param<'_>, module: &str) -> Option<Vec<Extra>> {
     let of = Box::new(p.geometry.clone());
     let name = |s: &str| format!("{module}.{s}");
-    let scale = match per_channel(&p.geometry).filter(|_| i.channel) {
-        Some(g) => g,
-        None => Geometry::TensorScale { of: of.clone() },
+    let scale = if i.channel {
+        per_channel(&p.geometry)?
+    } else {
+        Geometry::TensorScale { of: of.clone() }
     };
     p.dtype = Dtype::I8;
     let mut out = vec![Extra::required(
@@ -46,5 +48,5 @@ pub(super) fn linear(i: &Int8, p: &mut Param<'_>, module: &str) -> Vec<Extra> {
             F32_MIN,
         ));
     }
-    out
+    Some(out)
 }

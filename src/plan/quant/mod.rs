@@ -131,7 +131,7 @@ impl<'m> Planner<'m> {
         if let Quantization::Compressed(c) = q {
             match &c.scheme {
                 Scheme::Wna16(w) => return self.wna16_linear(w, p, module),
-                Scheme::Int8(i) => return Some(int8::linear(i, p, module)),
+                Scheme::Int8(i) => return int8::linear(i, p, module),
                 Scheme::Fp8(_) => {}
             }
         }
