@@ -43,9 +43,10 @@ impl<'m> Planner<'m> {
         }
         // Refused, but the parameters are still made: the checkpoint's tensors then find
         // theirs, and the refusal is the one problem reported for the layer.
-        if let Some(g) = w.group {
-            self.group_divides(p, module, l.k_local(tp), g, k, l.style == Style::Row);
-        }
+        let whole_groups = match w.group {
+            Some(g) => self.group_divides(p, module, l.k_local(tp), g, k, l.style == Style::Row),
+            None => true,
+        };
         if !w.symmetric && !l.out_divisible_by(pf) {
             self.wna16_problem(
                 p,
@@ -63,6 +64,11 @@ impl<'m> Planner<'m> {
         // Channel scales and zero points are whole on a row-parallel layer
         // (`marlin_repeat_scales_on_all_ranks`); group ones split with the input.
         let (scale, zero_point) = match w.group {
+            // Refused already: kept whole, so that the split is not reported a second time.
+            Some(g) if !whole_groups => (
+                l.rows_first_whole_on_row(1, k / g),
+                l.rows_first_whole_on_row(pf, k / g),
+            ),
             Some(g) => (l.rows_first(1, k / g), l.rows_first(pf, k / g)),
             None => (
                 l.rows_first_whole_on_row(1, 1),
@@ -95,7 +101,7 @@ impl<'m> Planner<'m> {
     }
 
     /// vLLM's `verify_group_size_divides_partition` (distributed/utils.py:137): a rank's input
-    /// columns must be whole groups, else a problem.
+    /// columns must be whole groups, else a problem (and `false`).
     fn group_divides(
         &mut self,
         p: &Param<'m>,
@@ -104,9 +110,9 @@ impl<'m> Planner<'m> {
         g: u64,
         k: u64,
         split: bool,
-    ) {
+    ) -> bool {
         if local.is_multiple_of(g) {
-            return;
+            return true;
         }
         let fits: Vec<String> = (0..=6)
             .map(|e| 1u64 << e)
@@ -124,6 +130,7 @@ impl<'m> Planner<'m> {
                 fits.join(", ")
             ),
         );
+        false
     }
 
     fn wna16_problem(&mut self, p: &Param<'m>, message: String, fix: &str) {

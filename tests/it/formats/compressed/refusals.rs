@@ -49,6 +49,7 @@ fn a_group_that_does_not_divide_a_ranks_input_is_refused_with_vllms_words() {
     // down_proj's 256 columns are 32 per rank at TP 8: whole groups.
     assert!(!err.contains("down_proj"), "{err}");
     assert!(!err.contains("matches no parameter"), "{err}");
+    assert!(err.contains("2 problems found"), "one problem per refused layer: {err}");
 }
 
 /// compressed_tensors.py:336–344.
