@@ -89,17 +89,23 @@ pub struct QuantInfo {
     /// How FP8 weights are scaled: "per-tensor", "per-channel" or "block"; `None` when refused.
     pub scheme: Option<&'static str>,
     pub weight_block_size: Option<[u64; 2]>,
-    /// Elements per weight scale, for the grouped schemes (NVFP4: 16).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group_size: Option<u64>,
-    /// The packed integer methods' weights in words (GPTQ, AWQ: bits, groups, desc_act,
-    /// symmetry); `None` for the FP8 ones, which `scheme` says.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub weights: Option<String>,
     /// "static" (an `input_scale` per linear layer) or "dynamic".
     pub activation_scheme: Option<String>,
     /// Modules (or compressed-tensors `re:` patterns) left unquantized.
     pub ignored: Vec<String>,
+    /// Integer schemes (compressed-tensors pack- and int-quantized): bits, group size (none per
+    /// channel), symmetry, and the weights in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bits: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symmetric: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
+    /// compressed-tensors `kv_cache_scheme`: "tensor" or "attn_head".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_scheme: Option<&'static str>,
     pub supported: bool,
     pub refusal: Option<Refusal>,
 }
@@ -316,77 +322,59 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
         Err(e) => return Some(refused(qc, e)),
     };
     let method = q.method().to_string();
-    let mut group_size = None;
-    if let Some(info) = int_info(&q) {
-        return Some(info);
-    }
-    let (scheme, block, static_activations, ignored) = match q {
-        Quantization::Fp8(f) => (
-            if f.block.is_some() {
+    let mut info = QuantInfo {
+        method: Some(method),
+        scheme: None,
+        weight_block_size: None,
+        activation_scheme: None,
+        ignored: Vec::new(),
+        bits: None,
+        group_size: None,
+        symmetric: None,
+        weights: None,
+        kv_cache_scheme: None,
+        supported: true,
+        refusal: None,
+    };
+    let how = |s: bool| Some(if s { "static" } else { "dynamic" }.to_string());
+    match q {
+        Quantization::Fp8(f) => {
+            info.scheme = Some(if f.block.is_some() {
                 "block"
             } else {
                 "per-tensor"
-            },
-            f.block,
-            f.static_activations,
-            f.ignored,
-        ),
-        Quantization::CompressedFp8(c) => {
-            let (scheme, block) = match c.weights {
-                WeightStrategy::Tensor => ("per-tensor", None),
-                WeightStrategy::Channel => ("per-channel", None),
-                WeightStrategy::Block(b) => ("block", Some(b)),
-            };
-            (scheme, block, c.static_activations, c.ignore)
+            });
+            info.weight_block_size = f.block;
+            info.activation_scheme = how(f.static_activations);
+            info.ignored = f.ignored;
         }
-        // NVFP4 W4A4 has a static global input scale per part (the per-group ones are dynamic).
+        Quantization::Compressed(c) => {
+            compressed_info(&mut info, &c);
+            info.activation_scheme = c.static_input().and_then(how);
+            info.ignored = c.ignore;
+        }
         Quantization::ModelOptNvFp4(m) => {
-            group_size = Some(m.group_size);
-            (
-                if m.activations {
-                    "nvfp4"
-                } else {
-                    "nvfp4 weight-only (W4A16)"
-                },
-                None,
-                m.activations,
-                m.exclude,
-            )
+            info.scheme = Some("group");
+            info.bits = Some(4);
+            info.group_size = Some(m.group_size);
+            info.weights = Some(format!(
+                "NVFP4: E2M1 packed two a byte (weight U8), an F8_E4M3 scale per {} elements (weight_scale) and an F32 global scale per part (weight_scale_2)",
+                m.group_size
+            ));
+            // W4A4 quantizes activations per group at run time, from a static global scale.
+            info.activation_scheme = Some(if m.activations { "nvfp4" } else { "none" }.into());
+            info.ignored = m.exclude;
         }
-        Quantization::Gptq(_) | Quantization::Awq(_) => return None,
-    };
-    Some(QuantInfo {
-        method: Some(method),
-        scheme: Some(scheme),
-        weight_block_size: block,
-        group_size,
-        weights: None,
-        activation_scheme: Some(
-            if static_activations {
-                "static"
-            } else {
-                "dynamic"
-            }
-            .into(),
-        ),
-        ignored,
-        supported: true,
-        refusal: None,
-    })
-}
-
-/// GPTQ and AWQ as `inspect` shows them: bits, groups, desc_act / zero points, and the modules
-/// the config lists (GPTQ: quantized, AWQ: not converted; without a list vLLM reads them from
-/// the checkpoint's dtypes).
-fn int_info(q: &Quantization) -> Option<QuantInfo> {
-    let (scheme, weights, ignored) = match q {
-        Quantization::Gptq(g) => (
-            if g.group.is_some() {
+        Quantization::Gptq(g) => {
+            info.scheme = Some(if g.group.is_some() {
                 "group"
             } else {
                 "per-channel"
-            },
-            format!(
+            });
+            info.bits = Some(g.bits);
+            info.group_size = g.group;
+            info.symmetric = Some(true);
+            info.weights = Some(format!(
                 "INT{} packed 8/int32 on the input dim (qweight, scales, qzeros), {}, desc_act {}, symmetric{}",
                 g.bits,
                 g.group
@@ -399,36 +387,72 @@ fn int_info(q: &Quantization) -> Option<QuantInfo> {
                 } else {
                     ", quantized modules: those with integer tensors in the checkpoint"
                 }
-            ),
-            Vec::new(),
-        ),
-        Quantization::Awq(a) => (
-            "group",
-            format!(
+            ));
+        }
+        Quantization::Awq(a) => {
+            info.scheme = Some("group");
+            info.bits = Some(a.bits);
+            info.group_size = Some(a.group);
+            info.symmetric = Some(!a.zero_point);
+            info.weights = Some(format!(
                 "INT{} packed 8/int32 on the output dim (qweight, qzeros, scales), groups of {}, zero points {}",
                 a.bits,
                 a.group,
                 if a.zero_point { "on" } else { "off" }
-            ),
-            a.not_converted.clone(),
-        ),
-        _ => return None,
-    };
-    Some(QuantInfo {
-        method: Some(q.method().to_string()),
-        scheme: Some(scheme),
-        weight_block_size: None,
-        group_size: match q {
-            Quantization::Gptq(g) => g.group,
-            Quantization::Awq(a) => Some(a.group),
-            _ => None,
-        },
-        weights: Some(weights),
-        activation_scheme: None,
-        ignored,
-        supported: true,
-        refusal: None,
-    })
+            ));
+            info.ignored = a.not_converted.clone();
+        }
+    }
+    Some(info)
+}
+
+/// A compressed-tensors scheme's fields.
+fn compressed_info(info: &mut QuantInfo, c: &crate::quant::compressed::Compressed) {
+    use crate::quant::compressed::{KvCacheStrategy, Scheme};
+    match &c.scheme {
+        Scheme::Fp8(f) => {
+            let (scheme, block) = match f.weights {
+                WeightStrategy::Tensor => ("per-tensor", None),
+                WeightStrategy::Channel => ("per-channel", None),
+                WeightStrategy::Block(b) => ("block", Some(b)),
+            };
+            info.scheme = Some(scheme);
+            info.weight_block_size = block;
+        }
+        Scheme::Wna16(w) => {
+            info.scheme = Some(if w.group.is_some() {
+                "group"
+            } else {
+                "per-channel"
+            });
+            info.bits = Some(w.bits);
+            info.group_size = w.group;
+            info.symmetric = Some(w.symmetric);
+            info.weights = Some(format!(
+                "{} (weight_packed, weight_scale, weight_shape{})",
+                w.describe(),
+                if w.symmetric {
+                    ""
+                } else {
+                    ", weight_zero_point"
+                }
+            ));
+        }
+        Scheme::Int8(i) => {
+            info.scheme = Some(if i.channel {
+                "per-channel"
+            } else {
+                "per-tensor"
+            });
+            info.bits = Some(8);
+            info.symmetric = Some(true);
+            info.weights = Some(format!("{} (weight I8, weight_scale F32)", i.describe()));
+        }
+    }
+    info.kv_cache_scheme = c.kv_cache.map(|k| match k {
+        KvCacheStrategy::Tensor => "tensor",
+        KvCacheStrategy::AttnHead => "attn_head",
+    });
 }
 
 /// A refused scheme's fields are read leniently: a malformed one is what the refusal explains.
@@ -458,13 +482,16 @@ fn refused(qc: &Value, e: crate::quant::QuantError) -> QuantInfo {
             .map(str::to_string),
         scheme: None,
         weight_block_size: block,
-        group_size: qc.get("group_size").and_then(Value::as_u64),
-        weights: None,
         activation_scheme: qc
             .get("activation_scheme")
             .and_then(Value::as_str)
             .map(str::to_string),
         ignored,
+        bits: None,
+        group_size: None,
+        symmetric: None,
+        weights: None,
+        kv_cache_scheme: None,
         supported: false,
         refusal: Some(Refusal {
             message: e.message,

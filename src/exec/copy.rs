@@ -114,7 +114,7 @@ impl Run<'_> {
     }
 
     /// Source bytes `[from, from + len)`, timed and counted.
-    fn read<'b>(
+    pub(super) fn read<'b>(
         &self,
         src: &SourceTensor,
         file: &'b SourceFile,

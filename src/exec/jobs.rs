@@ -3,6 +3,7 @@
 //! kept apart from the copying so that the cutting can be read, and changed, on its own.
 
 use super::parts::PartFile;
+use super::reduce::Reduce;
 use super::source::ALIGN;
 use super::{ExecOptions, Placement};
 use crate::dtype::Dtype;
@@ -20,19 +21,27 @@ pub(super) struct Job {
 /// A fill the sink must write: output, byte offset, dtype, value, element count.
 pub(super) type Fill = (usize, u64, Dtype, f64, u64);
 
-/// The copy pieces of the placed tensors as jobs per source, and the fills a sink must write
-/// (zero fills are skipped on a sink whose files start zeroed).
+/// The copy pieces of the placed tensors as jobs per source, the reductions, and the fills a
+/// sink must write (zero fills are skipped on a sink whose files start zeroed).
 pub(super) fn jobs_and_fills(
     plan: &Plan,
     placements: &[Placement],
     starts_zeroed: bool,
-) -> (Vec<Vec<Job>>, Vec<Fill>) {
+) -> (Vec<Vec<Job>>, Vec<Reduce>, Vec<Fill>) {
     let mut jobs: Vec<Vec<Job>> = (0..plan.sources.len()).map(|_| Vec::new()).collect();
-    let mut fills = Vec::new();
+    let (mut reduces, mut fills) = (Vec::new(), Vec::new());
     for pl in placements {
         let t = &plan.ranks[pl.rank].tensors[pl.tensor];
         for piece in t.pieces.iter() {
             match &piece {
+                Piece::Copy { source, region, .. } if region.reduces() => reduces.push(Reduce {
+                    out: pl.out,
+                    base: pl.offset,
+                    to: t.dtype,
+                    source: *source,
+                    b: piece.block().expect("a copy piece has a block"),
+                    max_of: region.max_of,
+                }),
                 Piece::Copy { source, .. } => jobs[*source].push(Job {
                     out: pl.out,
                     base: pl.offset,
@@ -59,7 +68,7 @@ pub(super) fn jobs_and_fills(
             }
         }
     }
-    (jobs, fills)
+    (jobs, reduces, fills)
 }
 
 /// The parallel work, in file order: every source with jobs split into items, and per source the

@@ -12,6 +12,7 @@ pub mod jobs;
 pub mod load;
 pub mod page_cache;
 pub mod parts;
+mod reduce;
 mod sigbus;
 pub mod source;
 pub mod stamps;
@@ -258,7 +259,7 @@ pub fn execute(
     ctl: &Control,
 ) -> Result<(), ExecError> {
     let (cancel, progress, stats, opts) = (ctl.cancel, ctl.progress, &ctl.stats, ctl.opts);
-    let (jobs, fills) = jobs_and_fills(plan, placements, sink.starts_zeroed());
+    let (jobs, reduces, fills) = jobs_and_fills(plan, placements, sink.starts_zeroed());
     hooks::at(hooks::Point::Execute);
     let files = open_sources(plan, root, opts.io)?;
     hooks::at(hooks::Point::Read);
@@ -299,8 +300,9 @@ pub fn execute(
     };
     // Checked after every read, and after a failed one too: a source that changed meanwhile is
     // the cause to report, not the short read or the odd bytes it gave.
+    let reduced = copied.and_then(|()| run.reduces(&plan.sources, &files, &reduces));
     check_sources(plan, &files)?;
-    copied?;
+    reduced?;
     run.fills(fills)
 }
 

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::layout::SlotKey;
 use super::params::Param;
-use super::{Planner, Skipped, SourceTensor, convertible};
+use super::{Planner, Skipped, SourceTensor, convertible, shape_cast};
 use crate::checkpoint::TensorInfo;
 use crate::map::{Conversion, Fate, Mapped, MappedTensor, Target};
 use crate::mapping::Expr;
@@ -280,7 +280,7 @@ impl Planner<'_> {
                 )
             });
         }
-        if !convertible(t.dtype, p.dtype) {
+        if !convertible(t.dtype, p.dtype) && !shape_cast(t.dtype, p.dtype, &p.name) {
             return Some(about(
                 format!(
                     "{file}: tensor '{}' is {}, which cannot be converted to {} for '{}'",

@@ -140,7 +140,16 @@ fn rank_tensor(
             count,
             value: 0.0,
         }));
-        if matches!(p.geometry, Geometry::ExpertTensorScale { input: true, .. }) {
+        let max_of = p.geometry.max_of(r);
+        if max_of > 1 {
+            pieces = reduced(&pieces, max_of);
+        }
+        if matches!(
+            p.geometry,
+            Geometry::ExpertTensorScale { input: true, .. }
+                | Geometry::LastShard { .. }
+                | Geometry::ExpertLastShard { .. }
+        ) {
             let mut list: Vec<Piece> = pieces.iter().collect();
             keep_last_loaded(&mut list);
             pieces = list.into();
@@ -155,8 +164,51 @@ fn rank_tensor(
     })
 }
 
-/// An expert's w1 and w3 input scales write one slot: vLLM keeps the one it loads last
-/// (`_load_single_value`, routed_experts.py:827–861), and sources are numbered in load order.
+/// `pieces` with every copy turned into a reduction over groups of `max_of` source elements:
+/// a destination row holds `row / max_of` elements.
+fn reduced(pieces: &Pieces, max_of: u64) -> Pieces {
+    let list: Vec<Piece> = (pieces.iter())
+        .map(|p| match p {
+            Piece::Copy {
+                source,
+                region,
+                rows,
+                row,
+                src_start,
+                src_stride,
+                dst_start,
+                dst_stride,
+                src_elem_stride,
+            } => Piece::Copy {
+                source,
+                region: Region { max_of, ..region },
+                rows,
+                row: row / max_of,
+                src_start,
+                src_stride,
+                dst_start,
+                dst_stride: dst_stride / max_of,
+                src_elem_stride,
+            },
+            // The fill of a scale the checkpoint leaves out covers the source's span too.
+            Piece::Fill {
+                dst_start,
+                count,
+                value,
+            } => Piece::Fill {
+                dst_start: dst_start / max_of,
+                count: count / max_of,
+                value,
+            },
+        })
+        .collect();
+    list.into()
+}
+
+/// An expert's w1 and w3 input scales (and pack-quantized `weight_shape`s), and a fused
+/// layer's shards of a whole value, write one slot: vLLM keeps the one it loads last
+/// (`_load_single_value`, routed_experts.py:827–861; `BasevLLMParameter`'s loader), and sources
+/// are numbered in load order.
 /// A copy beats a fill for the same slot.
 fn keep_last_loaded(pieces: &mut Vec<Piece>) {
     let rank = |p: &Piece| match p {

@@ -283,6 +283,17 @@ pub fn convertible(from: Dtype, to: Dtype) -> bool {
     from == to || (float(from) && float(to))
 }
 
+/// The one integer-to-float conversion vLLM makes while loading: a pack-quantized MoE's int64
+/// `weight_shape` copied into its model-dtype `w13_weight_shape` / `w2_weight_shape`
+/// (`_load_single_value`, fused_moe/routed_experts.py:631–639).
+fn shape_cast(from: Dtype, to: Dtype, parameter: &str) -> bool {
+    from == Dtype::I64
+        && matches!(to, Dtype::Bf16 | Dtype::F16 | Dtype::F32)
+        && [".w13_weight_shape", ".w2_weight_shape"]
+            .iter()
+            .any(|s| parameter.ends_with(s))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

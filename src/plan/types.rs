@@ -87,6 +87,10 @@ pub struct Region {
     pub experts: Option<(u64, u64)>,
     pub rotary: bool,
     pub transposed: bool,
+    /// Not a copy but a reduction: each destination element is the maximum of this many
+    /// consecutive source elements (a block's `row` counts destination elements, its source
+    /// row spans `row * max_of`); 0 or 1 for a copy. The `attn_head` KV cache's q scales.
+    pub max_of: u64,
 }
 
 impl Region {
@@ -95,7 +99,13 @@ impl Region {
         experts: None,
         rotary: false,
         transposed: false,
+        max_of: 0,
     };
+
+    /// Whether the piece reduces groups of source elements rather than copying them.
+    pub fn reduces(&self) -> bool {
+        self.max_of > 1
+    }
 }
 
 impl std::fmt::Display for Region {
@@ -115,6 +125,9 @@ impl std::fmt::Display for Region {
         }
         if self.transposed {
             f.write_str(", transposed")?;
+        }
+        if self.reduces() {
+            write!(f, ", max of each {}", self.max_of)?;
         }
         Ok(())
     }

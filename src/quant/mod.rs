@@ -4,13 +4,15 @@
 //! mapper. The parameters each scheme creates are the planner's (`plan/quant/`).
 //!
 //! Supported: `quant_method: fp8` (per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8 style),
-//! `compressed-tensors` with 8-bit float weights (per-tensor, per-channel, block), GPTQ
-//! (`gptq.rs`) and AWQ (`awq.rs`). Everything else is refused with its name before anything is
+//! `compressed-tensors` (`compressed/`: 8-bit float weights per tensor, channel or block, packed
+//! INT4/INT8 weight-only W4A16 / W8A16, INT8 W8A8, FP8 `kv_cache_scheme`s), ModelOpt NVFP4
+//! (`modelopt.rs`), GPTQ (`gptq.rs`) and AWQ (`awq.rs`). Everything else is refused with its name before anything is
 //! planned: writing it as unquantized would be wrong; methods vLLM 0.33 removed or deprecated
 //! are refused in its words (`removed.rs`).
 //!
 //! One file per method: its config read as vLLM reads it, and its ignore list (`fp8.rs`,
-//! `compressed.rs`, `gptq.rs`, `awq.rs`); the name rules every method adds to the mapping, and what a tensor is for
+//! `compressed/`, `modelopt.rs`, `gptq.rs`, `awq.rs`); the name rules every method adds to the
+//! mapping, and what a tensor is for
 //! (`names.rs`). This file dispatches on the method and holds the config helpers they share.
 
 pub mod awq;
@@ -25,7 +27,7 @@ use serde_json::Value;
 
 use crate::dtype::Dtype;
 use awq::Awq;
-use compressed::{CompressedFp8, WeightStrategy};
+use compressed::Compressed;
 use fp8::Fp8;
 use gptq::Gptq;
 use modelopt::ModelOptNvFp4;
@@ -35,9 +37,10 @@ use modelopt::ModelOptNvFp4;
 pub enum Quantization {
     /// `quant_method: fp8` (`Fp8Config`).
     Fp8(Fp8),
-    /// `quant_method: compressed-tensors`, `format: float-quantized`, FP8 weights
-    /// (`CompressedTensorsW8A8Fp8`).
-    CompressedFp8(CompressedFp8),
+    /// `quant_method: compressed-tensors`: FP8 (`CompressedTensorsW8A8Fp8`), packed integer
+    /// weight-only (`CompressedTensorsWNA16`) or INT8 (`CompressedTensorsW8A8Int8`), with an
+    /// optional `kv_cache_scheme`.
+    Compressed(Compressed),
     /// ModelOpt NVFP4 (`ModelOptNvFp4Config`, `modelopt_fp4`): packed FP4 weights, F8_E4M3
     /// block scales and F32 global scales.
     ModelOptNvFp4(ModelOptNvFp4),
@@ -71,7 +74,7 @@ impl Quantization {
         match normalized_method(qc).as_str() {
             "fp8" => Fp8::parse(qc).map(|q| Some(Quantization::Fp8(q))),
             "compressed-tensors" => {
-                CompressedFp8::parse(qc).map(|q| Some(Quantization::CompressedFp8(q)))
+                Compressed::parse(qc).map(|q| Some(Quantization::Compressed(q)))
             }
             "modelopt" | "modelopt_fp4" => {
                 ModelOptNvFp4::parse(qc).map(|q| Some(Quantization::ModelOptNvFp4(q)))
@@ -98,7 +101,7 @@ impl Quantization {
     pub fn method(&self) -> &'static str {
         match self {
             Quantization::Fp8(_) => "fp8",
-            Quantization::CompressedFp8(_) => "compressed-tensors",
+            Quantization::Compressed(_) => "compressed-tensors",
             Quantization::ModelOptNvFp4(_) => "modelopt_fp4",
             Quantization::Gptq(_) => "gptq",
             Quantization::Awq(_) => "awq",
@@ -111,9 +114,8 @@ impl Quantization {
         match self {
             Quantization::Gptq(g) => g.update_from_checkpoint(tensors),
             Quantization::Awq(a) => a.update_from_checkpoint(tensors),
-            Quantization::Fp8(_)
-            | Quantization::CompressedFp8(_)
-            | Quantization::ModelOptNvFp4(_) => {}
+            Quantization::Fp8(_) | Quantization::Compressed(_) | Quantization::ModelOptNvFp4(_) => {
+            }
         }
     }
 
@@ -128,7 +130,7 @@ impl Quantization {
                 "modelopt_fp4",
                 "[torch.bfloat16, torch.float16, torch.float8_e4m3fn]",
             ),
-            Quantization::CompressedFp8(_) => return Ok(()),
+            Quantization::Compressed(_) => return Ok(()),
         };
         Err(format!(
             "torch.float32 is not supported for quantization method {name}. Supported dtypes: {list}"
@@ -145,18 +147,10 @@ impl Quantization {
                     Some([n, k]) => format!("FP8 block {n}×{k} (weight_scale_inv)"),
                     None => "FP8 per-tensor (weight_scale)".to_string(),
                 },
-                q.static_activations,
+                Some(q.static_activations),
                 q.ignored.len(),
             ),
-            Quantization::CompressedFp8(q) => (
-                match q.weights {
-                    WeightStrategy::Tensor => "FP8 per-tensor weights".to_string(),
-                    WeightStrategy::Channel => "FP8 per-channel weights".to_string(),
-                    WeightStrategy::Block([n, k]) => format!("FP8 block {n}×{k} weights"),
-                },
-                q.static_activations,
-                q.ignore.len(),
-            ),
+            Quantization::Compressed(q) => (q.describe_scheme(), q.static_input(), q.ignore.len()),
             Quantization::ModelOptNvFp4(q) => {
                 return format!(
                     "{}: NVFP4 weights (packed E2M1, F8_E4M3 scale per {} elements, F32 global scale per part), {}, {} module pattern(s) excluded{}",
@@ -176,10 +170,10 @@ impl Quantization {
                 );
             }
         };
-        let act = if act {
-            "static activation scales"
-        } else {
-            "dynamic activations"
+        let act = match act {
+            Some(true) => "static activation scales",
+            Some(false) => "dynamic activations",
+            None => "weight-only",
         };
         format!(
             "{}: {scheme}, {act}, {ignored} module pattern(s) left unquantized",
@@ -244,7 +238,7 @@ impl Quantization {
                 .iter()
                 .any(|l| l.contains("experts") && l.contains(module)),
             // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
-            Quantization::CompressedFp8(_) => !self.ignores(module).unwrap_or(true),
+            Quantization::Compressed(_) => !self.ignores(module).unwrap_or(true),
             Quantization::ModelOptNvFp4(m) => !m.excludes(module, m.lists(module)),
             // AutoGPTQConfig quantizes every RoutedExperts (only `dynamic` rules, refused, skip).
             Quantization::Gptq(_) => true,
@@ -257,7 +251,7 @@ impl Quantization {
     fn ignores(&self, name: &str) -> Result<bool, (String, &'static str)> {
         match self {
             Quantization::Fp8(q) => Ok(q.ignores(name)),
-            Quantization::CompressedFp8(q) => q.ignores(name),
+            Quantization::Compressed(q) => q.ignores(name),
             Quantization::ModelOptNvFp4(q) => Ok(q.lists(name)),
             Quantization::Gptq(g) => g.quantizes(name, &[]).map(|q| !q),
             Quantization::Awq(a) => a.skips(name, &[]),
@@ -359,8 +353,8 @@ mod tests {
                 "only supports dynamic activation scheme",
             ),
             (
-                json!({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}),
-                "\"pack-quantized\" is not supported",
+                json!({"quant_method": "compressed-tensors", "format": "marlin-24", "config_groups": {"g": {"targets": ["Linear"], "weights": {"type": "int", "num_bits": 4}}}}),
+                "\"marlin-24\" is not supported",
             ),
             (
                 json!({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {

@@ -55,6 +55,13 @@ impl Quantization {
                 ),
             ]);
         }
+        if let Quantization::Compressed(c) = self
+            && c.kv_cache == Some(super::compressed::KvCacheStrategy::AttnHead)
+        {
+            // The attn_head loader returns before reading a zero point, whatever its shape
+            // (compressed_tensors.py:1196–1198): the parameter keeps its zeros.
+            regex.push((r"\.attn\.[qkv]_zero_point$", None));
+        }
         regex.push((r"\.g_idx$", None));
         let mut rules = Rules::default();
         rules.regex = regex
@@ -93,13 +100,21 @@ impl Quantization {
 
 /// What a checkpoint tensor is for, read from the last part of its name: the spellings vLLM's
 /// quantization methods load (fp8, compressed-tensors, ModelOpt, GPTQ/AWQ), so that `inspect` can
-/// describe a quantized checkpoint wload refuses as well as one it writes. A zero point goes with
-/// the scale it offsets.
+/// describe a quantized checkpoint wload refuses as well as one it writes.
+/// A kv-cache zero point goes with the kv-cache scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TensorRole {
     Weight,
+    /// Integer values packed into int32 words (compressed-tensors `weight_packed`, GPTQ/AWQ
+    /// `qweight`).
+    PackedWeight,
     WeightScale,
+    /// The integer offsets of asymmetric weights or activations (`weight_zero_point`,
+    /// `qzeros`, `input_zero_point`).
+    ZeroPoint,
+    /// compressed-tensors `weight_shape`: the unpacked weight's shape.
+    Shape,
     InputScale,
     KvCacheScale,
     Bias,
@@ -110,7 +125,10 @@ impl TensorRole {
     pub fn as_str(self) -> &'static str {
         match self {
             TensorRole::Weight => "weight",
+            TensorRole::PackedWeight => "packed weight",
             TensorRole::WeightScale => "weight scale",
+            TensorRole::ZeroPoint => "zero point",
+            TensorRole::Shape => "weight shape",
             TensorRole::InputScale => "input scale",
             TensorRole::KvCacheScale => "kv-cache scale",
             TensorRole::Bias => "bias",
@@ -123,15 +141,16 @@ impl TensorRole {
 pub fn tensor_role(name: &str) -> TensorRole {
     let (module, last) = name.rsplit_once('.').unwrap_or(("", name));
     match last {
-        "weight" | "weight_packed" | "qweight" => TensorRole::Weight,
+        "weight" => TensorRole::Weight,
+        "weight_packed" | "qweight" => TensorRole::PackedWeight,
         "weight_scale"
         | "weight_scale_inv"
         | "weight_scale_2"
         | "weight_global_scale"
-        | "weight_zero_point"
-        | "scales"
-        | "qzeros" => TensorRole::WeightScale,
-        "input_scale" | "input_global_scale" | "input_zero_point" => TensorRole::InputScale,
+        | "scales" => TensorRole::WeightScale,
+        "weight_zero_point" | "qzeros" | "input_zero_point" => TensorRole::ZeroPoint,
+        "weight_shape" => TensorRole::Shape,
+        "input_scale" | "input_global_scale" => TensorRole::InputScale,
         "k_scale" | "v_scale" | "q_scale" | "prob_scale" | "kv_scale" | "output_scale"
         | "prob_output_scale" | "k_zero_point" | "v_zero_point" | "q_zero_point" => {
             TensorRole::KvCacheScale
@@ -167,7 +186,16 @@ mod role_tests {
                 format!("{l}.mlp.experts.3.up_proj.weight_scale_inv"),
                 TensorRole::WeightScale,
             ),
-            (format!("{l}.mlp.down_proj.qzeros"), TensorRole::WeightScale),
+            (format!("{l}.mlp.down_proj.qzeros"), TensorRole::ZeroPoint),
+            (
+                format!("{l}.mlp.down_proj.weight_zero_point"),
+                TensorRole::ZeroPoint,
+            ),
+            (
+                format!("{l}.mlp.experts.3.up_proj.weight_packed"),
+                TensorRole::PackedWeight,
+            ),
+            (format!("{l}.mlp.up_proj.weight_shape"), TensorRole::Shape),
             (
                 format!("{l}.mlp.down_proj.input_scale"),
                 TensorRole::InputScale,
@@ -207,7 +235,7 @@ mod role_tests {
 #[cfg(test)]
 mod tests {
     use super::super::Quantization;
-    use super::super::compressed::{CompressedFp8, WeightStrategy};
+    use super::super::compressed::{Compressed, Fp8Scheme, Scheme, WeightStrategy, Wna16};
     use super::super::fp8::Fp8;
 
     /// Shipped mappings compile their regexes only when a name needs them, trusting that they
@@ -220,9 +248,22 @@ mod tests {
                 static_activations: false,
                 ignored: vec![],
             }),
-            Quantization::CompressedFp8(CompressedFp8 {
-                weights: WeightStrategy::Channel,
-                static_activations: false,
+            Quantization::Compressed(Compressed {
+                scheme: Scheme::Fp8(Fp8Scheme {
+                    weights: WeightStrategy::Channel,
+                    static_activations: false,
+                }),
+                kv_cache: None,
+                ignore: vec![],
+                ignore_patterns: vec![],
+            }),
+            Quantization::Compressed(Compressed {
+                scheme: Scheme::Wna16(Wna16 {
+                    bits: 4,
+                    group: Some(32),
+                    symmetric: true,
+                }),
+                kv_cache: Some(super::super::compressed::KvCacheStrategy::AttnHead),
                 ignore: vec![],
                 ignore_patterns: vec![],
             }),

@@ -391,9 +391,7 @@ fn quant_rows(q: &QuantInfo, verbose: bool) -> Vec<(&'static str, String)> {
     )];
     let block = q.weight_block_size.map(|[n, k]| format!("{n}×{k}"));
     match (q.scheme, &block) {
-        _ if q.weights.is_some() => {
-            rows.push(("weights", q.weights.clone().unwrap_or_default()));
-        }
+        _ if q.weights.is_some() => rows.push(("weights", q.weights.clone().unwrap_or_default())),
         (Some(scheme), _) => {
             let per = match (scheme, &block) {
                 ("per-channel", _) => "output channel".to_string(),
@@ -417,6 +415,12 @@ fn quant_rows(q: &QuantInfo, verbose: bool) -> Vec<(&'static str, String)> {
             _ => a.clone(),
         };
         rows.push(("activations", how));
+    }
+    if let Some(k) = q.kv_cache_scheme {
+        rows.push((
+            "kv cache",
+            format!("FP8, scales per {k} (attn.k_scale, v_scale, q_scale)"),
+        ));
     }
     rows.push(("ignored", ignored_list(&q.ignored, verbose)));
     match &q.refusal {
@@ -454,7 +458,10 @@ fn ignored_list(ignored: &[String], verbose: bool) -> String {
 fn is_scale(r: TensorRole) -> bool {
     matches!(
         r,
-        TensorRole::WeightScale | TensorRole::InputScale | TensorRole::KvCacheScale
+        TensorRole::WeightScale
+            | TensorRole::ZeroPoint
+            | TensorRole::InputScale
+            | TensorRole::KvCacheScale
     )
 }
 

@@ -158,6 +158,7 @@ pub(super) fn gpt_oss_transposed(
         experts: Some((local.start, local.end)),
         rotary: false,
         transposed: true,
+        max_of: 0,
     };
     local
         .enumerate()

@@ -10,6 +10,7 @@ mod experts;
 mod packed_experts;
 mod scales;
 pub(super) mod types;
+mod values;
 
 // Named through this path by `exec/mod.rs` (Block) and by plan's `types.rs`, `assign.rs` and
 // `validate.rs`.
@@ -22,6 +23,7 @@ use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
 use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
 use packed_experts::{packed_expected, packed_experts, split_size};
 use types::{RankLayout, name};
+pub use values::KvScale;
 
 /// A layout with its dimensions evaluated.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,6 +100,27 @@ pub enum Geometry {
         experts: u64,
         dims: Vec<u64>,
         split: bool,
+    },
+    /// A value of `shape` each logical shard of the linear weight `of` writes whole, the same
+    /// on every rank: the one loaded last stays (compressed-tensors `weight_shape`, INT8
+    /// `input_scale`).
+    LastShard {
+        of: Box<Geometry>,
+        shape: Vec<u64>,
+    },
+    /// A `[E_loc, width]` value per expert that each of its shards (w1 and w3, or w2) writes
+    /// whole: the one loaded last stays (pack-quantized experts' `weight_shape`).
+    ExpertLastShard {
+        part: ExpertPart,
+        experts: u64,
+        width: u64,
+    },
+    /// An Attention layer's per-kv-head cache scale (`attn_head` strategy): the rank's kv
+    /// heads, q reduced by amax over each query group.
+    KvHeadScale {
+        heads: u64,
+        kv_heads: u64,
+        which: KvScale,
     },
     /// gpt-oss's fused experts, from the stacked tensors of its HF checkpoint (`gate_up_proj`
     /// `[E, H, 2I]` with gate and up interleaved, `down_proj` `[E, I, H]`, and their biases).
@@ -176,7 +199,11 @@ impl Geometry {
                 }
                 v
             }
-            Geometry::TensorScale { .. } | Geometry::ExpertTensorScale { .. } => vec![],
+            Geometry::TensorScale { .. }
+            | Geometry::ExpertTensorScale { .. }
+            | Geometry::LastShard { .. }
+            | Geometry::ExpertLastShard { .. }
+            | Geometry::KvHeadScale { .. } => vec![],
             Geometry::WithLeading { of, .. } => of.check(r),
             Geometry::BlockScale { of, block } => scales::block_scale_check(of, *block, r),
             Geometry::ExpertBlockScale {
@@ -257,6 +284,9 @@ impl Geometry {
                 out.extend_from_slice(&s);
                 out
             }),
+            Geometry::LastShard { .. }
+            | Geometry::ExpertLastShard { .. }
+            | Geometry::KvHeadScale { .. } => values::expected_source(self, shard),
             // A scalar per slot; the shard id must be one the weight takes.
             Geometry::TensorScale { of } => of.expected_source(shard).map(|_| Shape::new()),
             Geometry::BlockScale { of, block } => of
@@ -289,8 +319,10 @@ impl Geometry {
         match self {
             Geometry::TensorScale { of }
             | Geometry::BlockScale { of, .. }
-            | Geometry::WithLeading { of, .. } => of.required(),
+            | Geometry::WithLeading { of, .. }
+            | Geometry::LastShard { of, .. } => of.required(),
             Geometry::ExpertTensorScale { part, experts, .. }
+            | Geometry::ExpertLastShard { part, experts, .. }
             | Geometry::ExpertBlockScale { part, experts, .. }
             | Geometry::PackedExperts { part, experts, .. } => Geometry::Experts {
                 part: *part,
@@ -325,6 +357,19 @@ impl Geometry {
         }
     }
 
+    /// How many consecutive source elements each destination element is the maximum of (the
+    /// q scales of the `attn_head` KV cache); 1 for a copy.
+    pub fn max_of(&self, r: Rank) -> u64 {
+        match self {
+            Geometry::KvHeadScale {
+                heads,
+                kv_heads,
+                which,
+            } => values::kv_scale(*heads, *kv_heads, *which, r).1,
+            _ => 1,
+        }
+    }
+
     /// The experts of a fused expert layout whose rank layouts repeat per expert
     /// ([`RankLayout::per_expert`]); `None` for the others.
     pub fn expert_count(&self) -> Option<u64> {
@@ -332,6 +377,7 @@ impl Geometry {
             Geometry::Experts { experts, .. }
             | Geometry::PackedExperts { experts, .. }
             | Geometry::ExpertTensorScale { experts, .. }
+            | Geometry::ExpertLastShard { experts, .. }
             | Geometry::ExpertBlockScale { experts, .. } => Some(*experts),
             _ => None,
         }
@@ -376,6 +422,17 @@ impl Geometry {
                 with_leading(leading, of.rank_layout(r, fused))
             }
             Geometry::TensorScale { of } => scales::tensor_scale(of, fused),
+            Geometry::LastShard { of, shape } => values::last_shard(of, shape, fused),
+            Geometry::ExpertLastShard {
+                part,
+                experts,
+                width,
+            } => values::expert_last_shard(*part, *experts, *width, r),
+            Geometry::KvHeadScale {
+                heads,
+                kv_heads,
+                which,
+            } => values::kv_scale(*heads, *kv_heads, *which, r).0,
             Geometry::BlockScale { of, block } => scales::block_scale(of, *block, r, fused),
             Geometry::ExpertTensorScale {
                 part,

@@ -254,7 +254,7 @@ pub(super) fn block_scale_check(of: &Geometry, [bn, bk]: [u64; 2], r: Rank) -> V
 
 /// The experts a rank holds and the TP split of their intermediate size: `(local experts, moe tp,
 /// moe rank)`.
-fn expert_split(experts: u64, r: Rank) -> (std::ops::Range<u64>, u64, u64) {
+pub(super) fn expert_split(experts: u64, r: Rank) -> (std::ops::Range<u64>, u64, u64) {
     if r.ep {
         (local_experts(experts, r.tp, r.rank), 1, 0)
     } else {

@@ -53,13 +53,7 @@ impl IntScheme {
 }
 
 fn extra(name: String, geometry: Geometry, dtype: Dtype) -> Extra {
-    Extra {
-        name,
-        geometry,
-        dtype,
-        fill: 0.0,
-        optional: false,
-    }
+    Extra::required(name, geometry, dtype, 0.0)
 }
 
 impl<'m> Planner<'m> {

@@ -105,16 +105,6 @@ impl LinearShape {
         }
     }
 
-    /// How many logical parts the output has (3 for qkv, 2 for gate/up, else 1): the slots of a
-    /// per-part scale.
-    pub(super) fn parts(&self) -> u64 {
-        match &self.out {
-            Out::Qkv { .. } => 3,
-            Out::Merged { sizes, .. } => sizes.len() as u64,
-            Out::Single(_) => 1,
-        }
-    }
-
     /// Whether every output part's size is a multiple of `d` (a packing factor on the output).
     pub(super) fn out_divisible_by(&self, d: u64) -> bool {
         match &self.out {

@@ -1,5 +1,6 @@
-//! Quantization, inside the parameters phase: a quantized linear or expert weight becomes
-//! F8_E4M3 and brings the scale parameters its method creates, and every Attention layer gets
+//! Quantization, inside the parameters phase: a quantized linear or expert weight takes its
+//! method's dtype (F8_E4M3, packed I32, I8) and brings the parameters the method creates, and
+//! every Attention layer gets
 //! the method's kv-cache scale parameters — in vLLM's registration order (`create_weights` of
 //! `Fp8LinearMethod`, `Fp8MoEMethod`, `CompressedTensorsW8A8Fp8`, the kv-cache methods), with
 //! vLLM's initial values for whatever the checkpoint leaves out.
@@ -9,8 +10,11 @@
 //! `linear.rs` reads a linear weight's geometry as the packed and grouped parameters need it.
 
 mod gptq;
+mod int8;
+mod kv_cache;
 mod linear;
 mod nvfp4;
+mod wna16;
 
 use super::Planner;
 use super::layout::Geometry;
@@ -19,7 +23,7 @@ use crate::dtype::Dtype;
 use crate::mapping::{ExpertPart, QuantRole};
 use crate::problem::Problem;
 use crate::quant::Quantization;
-use crate::quant::compressed::WeightStrategy;
+use crate::quant::compressed::{KvCacheStrategy, Scheme, WeightStrategy};
 
 /// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its
 /// post-processing reads as "not loaded".
@@ -33,17 +37,20 @@ struct Extra {
     dtype: Dtype,
     fill: f64,
     optional: bool,
+    /// Never read from the checkpoint (vLLM's loader ignores it): always `fill`.
+    buffer: bool,
 }
 
 impl Extra {
     /// A parameter the checkpoint must fill.
-    fn required(name: String, geometry: Geometry, dtype: Dtype) -> Extra {
+    fn required(name: String, geometry: Geometry, dtype: Dtype, fill: f64) -> Extra {
         Extra {
             name,
             geometry,
             dtype,
-            fill: 0.0,
+            fill,
             optional: false,
+            buffer: false,
         }
     }
 }
@@ -125,7 +132,7 @@ impl<'m> Planner<'m> {
                 dtype: e.dtype,
                 alias_of,
                 layer: p.layer,
-                buffer: false,
+                buffer: e.buffer,
                 fill: e.fill,
                 optional: e.optional,
             }
@@ -179,24 +186,25 @@ impl<'m> Planner<'m> {
         if let Quantization::ModelOptNvFp4(m) = q {
             return self.nvfp4_linear(m, module, p);
         }
+        if let Quantization::Compressed(c) = q {
+            match &c.scheme {
+                Scheme::Wna16(w) => return self.wna16_linear(w, p, module),
+                Scheme::Int8(i) => return int8::linear(i, p, module),
+                Scheme::Fp8(_) => {}
+            }
+        }
         p.dtype = Dtype::F8E4M3;
         let of = Box::new(p.geometry.clone());
-        let per_tensor = |name: &str| Extra {
-            name: format!("{module}.{name}"),
-            geometry: Geometry::TensorScale { of: of.clone() },
-            dtype: Dtype::F32,
-            fill: F32_MIN,
-            optional: false,
+        let per_tensor = |name: &str| {
+            let g = Geometry::TensorScale { of: of.clone() };
+            Extra::required(format!("{module}.{name}"), g, Dtype::F32, F32_MIN)
         };
-        let block_scale = |name: &str, block: [u64; 2]| Extra {
-            name: format!("{module}.{name}"),
-            geometry: Geometry::BlockScale {
+        let block_scale = |name: &str, block: [u64; 2]| {
+            let g = Geometry::BlockScale {
                 of: of.clone(),
                 block,
-            },
-            dtype: Dtype::F32,
-            fill: F32_MIN,
-            optional: false,
+            };
+            Extra::required(format!("{module}.{name}"), g, Dtype::F32, F32_MIN)
         };
         let (weight_scale, static_input) = match q {
             Quantization::Fp8(f) => (
@@ -206,21 +214,25 @@ impl<'m> Planner<'m> {
                 },
                 f.static_activations,
             ),
-            Quantization::CompressedFp8(c) => (
-                match c.weights {
-                    WeightStrategy::Tensor => per_tensor("weight_scale"),
-                    WeightStrategy::Channel => Extra {
-                        name: format!("{module}.weight_scale"),
-                        geometry: per_channel(&p.geometry)?,
-                        dtype: Dtype::F32,
-                        fill: F32_MIN,
-                        optional: false,
+            Quantization::Compressed(c) => {
+                let Scheme::Fp8(f) = &c.scheme else {
+                    return None;
+                };
+                (
+                    match f.weights {
+                        WeightStrategy::Tensor => per_tensor("weight_scale"),
+                        WeightStrategy::Channel => Extra::required(
+                            format!("{module}.weight_scale"),
+                            per_channel(&p.geometry)?,
+                            Dtype::F32,
+                            F32_MIN,
+                        ),
+                        WeightStrategy::Block(block) => block_scale("weight_scale", block),
                     },
-                    WeightStrategy::Block(block) => block_scale("weight_scale", block),
-                },
-                c.static_activations,
-            ),
-            // Their parameters are gptq.rs's (`quantize` never sends them here).
+                    f.static_activations,
+                )
+            }
+            // Their parameters are gptq.rs's and nvfp4.rs's (sent there before this).
             Quantization::Gptq(_) | Quantization::Awq(_) | Quantization::ModelOptNvFp4(_) => {
                 return None;
             }
@@ -235,7 +247,8 @@ impl<'m> Planner<'m> {
     /// A fused expert weight: F8_E4M3; after `w2_weight`, both weights' scales (vLLM registers
     /// `w13_weight`, `w2_weight`, then the scales).
     fn experts(&mut self, q: &Quantization, p: &mut Param<'m>) -> Option<Vec<Extra>> {
-        let (module, _) = p.name.split_once(".routed_experts.")?;
+        let module = p.name.split_once(".routed_experts.")?.0.to_string();
+        let module = module.as_str();
         let Geometry::Experts {
             part,
             experts,
@@ -254,11 +267,15 @@ impl<'m> Planner<'m> {
                 }
                 return self.nvfp4_experts(m, p);
             }
-            Quantization::CompressedFp8(_) => {
+            Quantization::Compressed(c) => {
+                if let Scheme::Wna16(w) = &c.scheme {
+                    return self.wna16_experts(w, q, p, module);
+                }
                 if part == ExpertPart::W13 {
                     self.problems.push(Problem {
                         message: format!(
-                            "{module}: compressed-tensors FP8 experts (CompressedTensorsW8A8Fp8MoEMethod) are not supported yet"
+                            "{module}: compressed-tensors {} experts are not supported yet (wload writes pack-quantized W4A16 / W8A16 experts)",
+                            c.describe_scheme()
                         ),
                         fix: Some("use the checkpoint's bf16 or `quant_method: fp8` release".into()),
                         ..Default::default()
@@ -275,12 +292,9 @@ impl<'m> Planner<'m> {
             return None;
         }
         let base = p.name.strip_suffix("w2_weight")?;
-        let scale = |part: ExpertPart, name: &str, geometry: Geometry| Extra {
-            name: format!("{base}{}_{name}", part_name(part)),
-            geometry,
-            dtype: Dtype::F32,
-            fill: 1.0,
-            optional: false,
+        let scale = |part: ExpertPart, name: &str, geometry: Geometry| {
+            let name = format!("{base}{}_{name}", part_name(part));
+            Extra::required(name, geometry, Dtype::F32, 1.0)
         };
         let parts = [ExpertPart::W13, ExpertPart::W2];
         let mut out: Vec<Extra> = match fp8.block {
@@ -339,6 +353,7 @@ impl<'m> Planner<'m> {
             dtype,
             fill,
             optional: true,
+            buffer: false,
         };
         let model = self.model_dtype;
         Some(match q {
@@ -349,8 +364,11 @@ impl<'m> Planner<'m> {
                     .map(|n| scalar(n, vec![], model, -1.0))
                     .into()
             }
+            Quantization::Compressed(c) if c.kv_cache == Some(KvCacheStrategy::AttnHead) => {
+                return self.kv_head_scales(module, params);
+            }
             // CompressedTensorsKVCacheMethod: F32 [1] ones, then model-dtype [1] zero points.
-            Quantization::CompressedFp8(_) => ["k_scale", "v_scale", "q_scale"]
+            Quantization::Compressed(_) => ["k_scale", "v_scale", "q_scale"]
                 .map(|n| scalar(n, vec![1], Dtype::F32, 1.0))
                 .into_iter()
                 .chain(

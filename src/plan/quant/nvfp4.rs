@@ -68,22 +68,17 @@ impl<'m> Planner<'m> {
         p.dtype = Dtype::U8;
         p.geometry = shape.rows_first(1, shape.k / PER_BYTE);
         let per_part = |name: &str| {
-            Extra::required(
-                format!("{module}.{name}"),
-                Geometry::TensorScale { of: of.clone() },
-                Dtype::F32,
-            )
+            let g = Geometry::TensorScale { of: of.clone() };
+            Extra::required(format!("{module}.{name}"), g, Dtype::F32, 0.0)
         };
         let mut out = vec![
             per_part("weight_scale_2"),
-            Extra {
-                fill: f64::NAN,
-                ..Extra::required(
-                    format!("{module}.weight_scale"),
-                    shape.rows_first(1, shape.k / m.group_size),
-                    Dtype::F8E4M3,
-                )
-            },
+            Extra::required(
+                format!("{module}.weight_scale"),
+                shape.rows_first(1, shape.k / m.group_size),
+                Dtype::F8E4M3,
+                f64::NAN,
+            ),
         ];
         out.push(if m.activations {
             per_part("input_scale")
@@ -184,9 +179,13 @@ impl<'m> Planner<'m> {
             experts,
             input: false,
         };
-        let block = |part: ExpertPart, geometry: Geometry| Extra {
-            fill: f64::NAN,
-            ..Extra::required(named(part, "weight_scale"), geometry, Dtype::F8E4M3)
+        let block = |part: ExpertPart, geometry: Geometry| {
+            Extra::required(
+                named(part, "weight_scale"),
+                geometry,
+                Dtype::F8E4M3,
+                f64::NAN,
+            )
         };
         let mut out = vec![
             block(ExpertPart::W13, w13_scale),
@@ -198,7 +197,7 @@ impl<'m> Planner<'m> {
                 out.push(Extra {
                     optional,
                     fill: if optional { f64::NAN } else { 0.0 },
-                    ..Extra::required(named(part, suffix), per_expert(part), Dtype::F32)
+                    ..Extra::required(named(part, suffix), per_expert(part), Dtype::F32, 0.0)
                 });
             }
         }

@@ -1,5 +1,6 @@
 //! Formats: fp8 and quantized tensors, pipeline parallel, hub sources, safetensors, file I/O.
 
+mod compressed;
 mod fp8;
 mod gptq;
 pub(crate) mod hub;

@@ -71,10 +71,10 @@ fn other_quantization_methods_are_refused_by_name() {
             json!({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}),
             &["Unknown quantization method: bitsandbytes. Must be one of ["],
         ),
-        // llm-compressor W4A16 (INT4 packed into int32).
+        // llm-compressor W2A16 (2-bit ints packed into int32): vLLM packs it, wload does not.
         (
-            ct("pack-quantized", "int", 4),
-            &["compressed-tensors format \"pack-quantized\" is not supported"],
+            ct("pack-quantized", "int", 2),
+            &["compressed-tensors pack-quantized with num_bits = 2 is not supported by wload"],
         ),
         // llm-compressor NVFP4 (two FP4 values per byte).
         (

@@ -1,47 +1,71 @@
-//! `quant_method: compressed-tensors` with FP8 weights (vLLM's `CompressedTensorsW8A8Fp8`): the
-//! one config group read as vLLM reads it (per-tensor, per-channel or block weight scales, static
-//! or dynamic activations), and the `ignore` list, whose `re:` entries are Python regexes.
+//! `quant_method: compressed-tensors`: the one config group read as vLLM reads it, dispatched on
+//! `format` to its scheme — FP8 (`fp8.rs`), packed INT4/INT8 weight-only (`wna16.rs`), INT8
+//! W8A8 (`int8.rs`) — the optional `kv_cache_scheme` (`kv_cache.rs`), and the `ignore` list,
+//! whose `re:` entries are Python regexes.
+
+mod fp8;
+mod int8;
+mod kv_cache;
+mod wna16;
 
 use serde_json::Value;
 
-use super::{QuantError, USE_UNQUANTIZED, block_size, field, refuse, string_list};
+pub use fp8::{Fp8Scheme, WeightStrategy};
+pub use int8::Int8;
+pub use kv_cache::KvCacheStrategy;
+pub use wna16::Wna16;
+
+use super::{QuantError, USE_UNQUANTIZED, field, refuse, string_list};
 
 #[derive(Debug, Clone)]
-pub struct CompressedFp8 {
-    pub weights: WeightStrategy,
-    /// Static per-tensor input activations (`input_activations.dynamic: false`): an
-    /// `input_scale` per linear layer.
-    pub static_activations: bool,
+pub struct Compressed {
+    pub scheme: Scheme,
+    /// `kv_cache_scheme`: how the Attention layers' k/v/q scales are laid out; `None` without
+    /// one (the scales are then `[1]` ones, loaded when the checkpoint has them).
+    pub kv_cache: Option<KvCacheStrategy>,
     /// `ignore`: module names, or `re:` regexes, kept unquantized (as written, for reports).
     pub ignore: Vec<String>,
     /// The `re:` entries, compiled once (whole-name matches), for every linear layer's lookup.
-    pub(super) ignore_patterns: Vec<fancy_regex::Regex>,
+    pub(in crate::quant) ignore_patterns: Vec<fancy_regex::Regex>,
 }
 
-/// How compressed-tensors scales FP8 weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightStrategy {
-    /// One scale per logical shard.
-    Tensor,
-    /// One scale per output row (`[out, 1]`).
-    Channel,
-    /// One scale per `[block_n, block_k]` block.
-    Block([u64; 2]),
+/// The scheme of the config group, by `format`.
+#[derive(Debug, Clone)]
+pub enum Scheme {
+    /// `float-quantized`: `CompressedTensorsW8A8Fp8`.
+    Fp8(Fp8Scheme),
+    /// `pack-quantized`: `CompressedTensorsWNA16` (W4A16 / W8A16).
+    Wna16(Wna16),
+    /// `int-quantized`: `CompressedTensorsW8A8Int8`.
+    Int8(Int8),
 }
 
-impl CompressedFp8 {
-    pub(super) fn parse(qc: &Value) -> Result<CompressedFp8, QuantError> {
-        Self::check_format(qc)?;
-        let (gname, group) = Self::single_group(qc)?;
-        let at = |k: &str| format!("config_groups.{gname}.{k}");
-        let weights = Self::weights(group, &at)?;
-        let static_activations = Self::activations(group)?;
-        if matches!(weights, WeightStrategy::Block(_)) && static_activations {
+impl Compressed {
+    pub(super) fn parse(qc: &Value) -> Result<Compressed, QuantError> {
+        if qc.get("transform_config").is_some_and(|v| !v.is_null()) {
             return Err(refuse(
-                "compressed-tensors block FP8 weights need dynamic activations".into(),
+                "compressed-tensors with a transform_config (rotations) is not supported".into(),
                 USE_UNQUANTIZED,
             ));
         }
+        let kv_cache = KvCacheStrategy::parse(qc)?;
+        let (gname, group) = Self::single_group(qc)?;
+        let at = |k: &str| format!("config_groups.{gname}.{k}");
+        check_actorder(group, &at)?;
+        let format = qc.get("format").and_then(Value::as_str).unwrap_or("");
+        let scheme = match format {
+            "float-quantized" => Scheme::Fp8(Fp8Scheme::parse(group, &at)?),
+            "pack-quantized" => Scheme::Wna16(Wna16::parse(group, &at)?),
+            "int-quantized" => Scheme::Int8(Int8::parse(group, &at)?),
+            _ => {
+                return Err(refuse(
+                    format!(
+                        "compressed-tensors format \"{format}\" is not supported: wload writes float-quantized (FP8), pack-quantized (W4A16 / W8A16) and int-quantized (W8A8 INT8) compressed-tensors checkpoints"
+                    ),
+                    USE_UNQUANTIZED,
+                ));
+            }
+        };
         let ignore = match qc.get("ignore") {
             None | Some(Value::Null) => Vec::new(),
             Some(v) => string_list(v, "ignore")?,
@@ -51,12 +75,40 @@ impl CompressedFp8 {
             .filter_map(|l| l.strip_prefix("re:"))
             .map(python_regex)
             .collect::<Result<_, _>>()?;
-        Ok(CompressedFp8 {
-            weights,
-            static_activations,
+        Ok(Compressed {
+            scheme,
+            kv_cache,
             ignore,
             ignore_patterns,
         })
+    }
+
+    /// Whether activations are scaled statically (an `input_scale` per layer); `None` for a
+    /// weight-only scheme.
+    pub fn static_input(&self) -> Option<bool> {
+        match &self.scheme {
+            Scheme::Fp8(f) => Some(f.static_activations),
+            Scheme::Int8(i) => Some(i.static_input),
+            Scheme::Wna16(_) => None,
+        }
+    }
+
+    /// One line for reports: the scheme and the KV cache's scales.
+    pub fn describe_scheme(&self) -> String {
+        let scheme = match &self.scheme {
+            Scheme::Fp8(f) => match f.weights {
+                WeightStrategy::Tensor => "FP8 per-tensor weights".to_string(),
+                WeightStrategy::Channel => "FP8 per-channel weights".to_string(),
+                WeightStrategy::Block([n, k]) => format!("FP8 block {n}×{k} weights"),
+            },
+            Scheme::Wna16(w) => w.describe(),
+            Scheme::Int8(i) => i.describe(),
+        };
+        match self.kv_cache {
+            None => scheme,
+            Some(KvCacheStrategy::Tensor) => format!("{scheme}, FP8 KV cache per tensor"),
+            Some(KvCacheStrategy::AttnHead) => format!("{scheme}, FP8 KV cache per kv head"),
+        }
     }
 
     /// Whether `name` is left unquantized; `Err` when an `ignore` pattern cannot decide within
@@ -88,33 +140,6 @@ impl CompressedFp8 {
         Ok(false)
     }
 
-    /// The parts of the config around the groups: float-quantized, no rotations, no quantized
-    /// KV cache.
-    fn check_format(qc: &Value) -> Result<(), QuantError> {
-        let format = qc.get("format").and_then(Value::as_str).unwrap_or("");
-        if format != "float-quantized" {
-            return Err(refuse(
-                format!(
-                    "compressed-tensors format \"{format}\" is not supported: wload writes float-quantized (FP8) compressed-tensors checkpoints only"
-                ),
-                USE_UNQUANTIZED,
-            ));
-        }
-        if qc.get("transform_config").is_some_and(|v| !v.is_null()) {
-            return Err(refuse(
-                "compressed-tensors with a transform_config (rotations) is not supported".into(),
-                USE_UNQUANTIZED,
-            ));
-        }
-        if qc.get("kv_cache_scheme").is_some_and(|v| !v.is_null()) {
-            return Err(refuse(
-                "compressed-tensors with a kv_cache_scheme (quantized KV cache scales) is not supported yet".into(),
-                "remove kv_cache_scheme from quantization_config if the checkpoint has no kv scales",
-            ));
-        }
-        Ok(())
-    }
-
     /// The one config group, targeting `Linear`, with its name.
     fn single_group(qc: &Value) -> Result<(&String, &Value), QuantError> {
         let groups = qc
@@ -130,7 +155,7 @@ impl CompressedFp8 {
         if groups.len() > 1 {
             return Err(refuse(
                 format!(
-                    "compressed-tensors with {} config_groups (mixed schemes) is not supported; wload handles one FP8 group",
+                    "compressed-tensors with {} config_groups (mixed schemes) is not supported; wload handles one group",
                     groups.len()
                 ),
                 USE_UNQUANTIZED,
@@ -152,76 +177,34 @@ impl CompressedFp8 {
         }
         Ok((gname, group))
     }
+}
 
-    /// The group's weights: static, symmetric 8-bit floats, scaled per tensor, channel or block.
-    fn weights(group: &Value, at: &dyn Fn(&str) -> String) -> Result<WeightStrategy, QuantError> {
-        let w = group
-            .get("weights")
-            .filter(|w| !w.is_null())
-            .ok_or_else(|| {
-                refuse(
-                    format!("compressed-tensors {} is missing", at("weights")),
-                    USE_UNQUANTIZED,
-                )
-            })?;
-        let (wtype, bits) = (field(w, "type"), field(w, "num_bits"));
-        if wtype != "float" || bits != 8 {
-            return Err(refuse(
-                format!(
-                    "compressed-tensors weights of type {wtype} with {bits} bits are not supported (INT4/INT8, NVFP4 and MXFP4 have their own packed layouts); wload writes 8-bit float weights"
-                ),
+/// The group's `weights`, which every scheme needs.
+fn weights_of<'g>(group: &'g Value, at: &dyn Fn(&str) -> String) -> Result<&'g Value, QuantError> {
+    group
+        .get("weights")
+        .filter(|w| !w.is_null())
+        .ok_or_else(|| {
+            refuse(
+                format!("compressed-tensors {} is missing", at("weights")),
                 USE_UNQUANTIZED,
-            ));
-        }
-        if field(w, "symmetric") == false || field(w, "dynamic") == true {
-            return Err(refuse(
-                "compressed-tensors FP8 weights must be static and symmetric (vLLM's W8A8Fp8 scheme)".into(),
-                USE_UNQUANTIZED,
-            ));
-        }
-        match field(w, "strategy").as_str() {
-            Some("tensor") => Ok(WeightStrategy::Tensor),
-            Some("channel") => Ok(WeightStrategy::Channel),
-            Some("block") => Ok(WeightStrategy::Block(block_size(
-                &field(w, "block_structure"),
-                &at("weights.block_structure"),
-            )?)),
-            other => Err(refuse(
-                format!(
-                    "compressed-tensors FP8 weight strategy {other:?} is not supported (tensor, channel and block are)"
-                ),
-                USE_UNQUANTIZED,
-            )),
-        }
-    }
+            )
+        })
+}
 
-    /// Whether the group's input activations are static (an `input_scale` per layer): 8-bit
-    /// floats, dynamic per token or group, or static per tensor.
-    fn activations(group: &Value) -> Result<bool, QuantError> {
-        // Weight-only FP8 (W8A16) runs on Marlin with other parameters.
-        let Some(a) = group.get("input_activations").filter(|a| !a.is_null()) else {
-            return Err(refuse(
-                "compressed-tensors FP8 without input_activations (weight-only W8A16) is not supported".into(),
-                USE_UNQUANTIZED,
-            ));
-        };
-        if field(a, "type") != "float" || field(a, "num_bits") != 8 {
-            return Err(refuse(
-                "compressed-tensors input activations other than 8-bit float are not supported"
-                    .into(),
-                USE_UNQUANTIZED,
-            ));
-        }
-        match (field(a, "dynamic").as_bool(), field(a, "strategy").as_str()) {
-            (Some(true), Some("token" | "group")) => Ok(false),
-            (Some(false), Some("tensor")) => Ok(true),
-            (d, s) => Err(refuse(
-                format!(
-                    "compressed-tensors FP8 input activations (dynamic {d:?}, strategy {s:?}) are not a scheme vLLM's W8A8Fp8 accepts"
-                ),
-                USE_UNQUANTIZED,
-            )),
-        }
+/// vLLM refuses group and dynamic activation ordering for every scheme
+/// (compressed_tensors.py:336–344).
+fn check_actorder(group: &Value, at: &dyn Fn(&str) -> String) -> Result<(), QuantError> {
+    let order = group.get("weights").map(|w| field(w, "actorder"));
+    match order.as_ref().and_then(Value::as_str) {
+        Some(a @ ("group" | "dynamic")) => Err(refuse(
+            format!(
+                "Compressed-tensors group/dynamic activation ordering (actorder='{a}') is no longer supported ({}). Use a checkpoint with static/weight activation ordering or without activation ordering.",
+                at("weights.actorder")
+            ),
+            "re-quantize with actorder \"static\" (or \"weight\") or without activation ordering",
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -312,6 +295,47 @@ mod tests {
         assert!(
             e.0.contains("backtracking steps") && e.0.contains("(a|aa)+"),
             "{e:?}"
+        );
+    }
+
+    /// The golden cases' configs read as vLLM reads them, and described for `inspect`.
+    #[test]
+    fn integer_and_kv_cache_schemes_are_read_and_described() {
+        let golden = |case: &str| -> Value {
+            let p = format!(
+                "{}/tests/data/golden/fixtures/{case}/config.json",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let c: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            c["quantization_config"].clone()
+        };
+        for (case, want) in [
+            (
+                "llama_gqa_w4a16",
+                "compressed-tensors: int4 group 32 symmetric (W4A16), weight-only, 1 module pattern(s) left unquantized",
+            ),
+            (
+                "llama_gqa_ct_w8a8_int8",
+                "compressed-tensors: INT8 per-channel weights, dynamic per-token int8 activations, dynamic activations, 1 module pattern(s) left unquantized",
+            ),
+            (
+                "llama_kv2_ct_fp8_kv_head",
+                "compressed-tensors: FP8 per-channel weights, FP8 KV cache per kv head, dynamic activations, 1 module pattern(s) left unquantized",
+            ),
+        ] {
+            let got = q(golden(case)).expect(case).expect("quantized");
+            assert_eq!(got.describe(), want);
+        }
+        let mut asym = golden("llama_gqa_w4a16");
+        asym["config_groups"]["group_0"]["weights"]["symmetric"] = json!(false);
+        asym["config_groups"]["group_0"]["weights"]["strategy"] = json!("channel");
+        asym["config_groups"]["group_0"]["weights"]["num_bits"] = json!(8);
+        let got = q(asym).unwrap().unwrap();
+        assert!(
+            got.describe()
+                .contains("int8 per-channel asymmetric (zero points) (W8A16)"),
+            "{}",
+            got.describe()
         );
     }
 }
