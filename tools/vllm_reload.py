@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Reload a sharded_state folder (wload's output) with real vLLM on the CPU and dump what each
+rank then holds, before vLLM's own post-processing, for a byte comparison with the state vLLM holds
+from the original checkpoint (tests/data/golden/expected/<case>/tp<N>).
+
+    VLLM_TARGET_DEVICE=cpu python tools/vllm_reload.py OUT --tp 2 --dump DUMP [--moe-backend triton]
+    python tests/data/golden/tools/compare_shards.py tests/data/golden/expected/CASE/tp2 DUMP --ignore-parts
+
+What it does, per rank in its own process (gloo process group, as the golden oracle ran):
+`EngineArgs(OUT, load_format="sharded_state", tensor_parallel_size=N).create_engine_config()`,
+`init_worker_distributed_environment`, `get_model_loader(...).load_model(...)` — vLLM's own
+ShardedStateLoader fills a fresh model from the rank files — then writes `model.state_dict()`
+(storage-shared aliases dropped as `ShardedStateLoader.save_model` drops them).
+
+Patched, as the golden oracle patched them (its `oracle_meta_rank*.json` lists the same), because
+the goal is the state right after the weight loaders, which is what sharded_state files hold:
+- `process_weights_after_loading` (model_loader/utils.py, called by BaseModelLoader.load_model):
+  a no-op, so that the dump is the loaded state, not the kernel-repacked one;
+- kernel selection that has no CPU implementation (NVFP4, WNA16/Marlin linear kernels): a stub
+  object, selection only — parameters are created by the schemes themselves;
+- the MoE backend: the SM90 (H100/H200) default, TRITON, which decides MXFP4 padding.
+Needs vLLM 0.33.0 (`pip install vllm==0.33.0` in a venv).
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import sys
+
+
+def patch_vllm(moe_backend):
+    import vllm.model_executor.model_loader.base_loader as base_loader
+
+    base_loader.process_weights_after_loading = lambda *a, **k: None
+
+    class StubKernel:
+        """Selection only: never applied (no forward pass runs)."""
+
+        def __init__(self, *a, **k):
+            pass
+
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    stubs = [
+        ("vllm.model_executor.layers.quantization.modelopt", "init_nvfp4_linear_kernel"),
+        ("vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_w4a4_nvfp4", "init_nvfp4_linear_kernel"),
+        ("vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16", "choose_mp_linear_kernel"),
+        ("vllm.model_executor.layers.quantization.auto_gptq", "choose_mp_linear_kernel"),
+        ("vllm.model_executor.layers.quantization.auto_gptq", "verify_marlin_supported"),
+    ]
+    import importlib
+
+    for mod, fn in stubs:
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            continue
+        if hasattr(m, fn):
+            if fn == "verify_marlin_supported":
+                setattr(m, fn, lambda *a, **k: None)
+            elif fn == "choose_mp_linear_kernel":
+                setattr(m, fn, lambda *a, **k: StubKernel)
+            else:
+                setattr(m, fn, lambda *a, **k: StubKernel())
+    if moe_backend == "triton":
+        try:
+            import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as ox
+
+            real = ox.select_mxfp4_moe_backend
+            triton = [b for b in ox.Mxfp4MoeBackend if b.name == "TRITON"][0]
+
+            def select(*a, **k):
+                got = real(*a, **k)
+                return (triton,) + tuple(got[1:]) if isinstance(got, tuple) else triton
+
+            ox.select_mxfp4_moe_backend = select
+        except (ImportError, AttributeError, IndexError) as e:
+            print(f"warning: MXFP4 backend not patched ({e})", file=sys.stderr)
+
+
+def rank_main(rank, args, port):
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    patch_vllm(args.moe_backend)
+    import torch
+    from safetensors.torch import save_file
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+
+    engine = EngineArgs(
+        model=args.folder,
+        load_format="sharded_state",
+        tensor_parallel_size=args.tp,
+        dtype=args.dtype,
+        enforce_eager=True,
+        distributed_executor_backend="mp",
+        **({"moe_backend": args.moe_backend} if args.moe_backend else {}),
+    )
+    config = engine.create_engine_config()
+    with set_current_vllm_config(config):
+        init_worker_distributed_environment(
+            config, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo"
+        )
+        loader = get_model_loader(config.load_config)
+        model = loader.load_model(vllm_config=config, model_config=config.model_config)
+    state = {}
+    seen = set()
+    for k, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        state[k] = t.detach().contiguous().cpu()
+    os.makedirs(args.dump, exist_ok=True)
+    save_file(state, os.path.join(args.dump, f"model-rank-{rank}-part-0.safetensors"))
+    print(f"rank {rank}: {len(state)} tensors", flush=True)
+    torch.distributed.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("folder")
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--dump", required=True)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--moe-backend", default=None)
+    args = p.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=rank_main, args=(r, args, port)) for r in range(args.tp)]
+    for pr in procs:
+        pr.start()
+    for pr in procs:
+        pr.join()
+    bad = [r for r, pr in enumerate(procs) if pr.exitcode != 0]
+    if bad:
+        sys.exit(f"ranks {bad} failed")
+
+
+if __name__ == "__main__":
+    main()
