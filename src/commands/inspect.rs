@@ -220,7 +220,10 @@ pub fn inspect_mapped<'a>(
             config: config.clone(),
         },
         structure: structure::structure(config, chosen.as_ref(), mapping),
-        quantization: quant_info(config.quantization_config.as_ref()),
+        quantization: quant_info(
+            config.quantization_config.as_ref(),
+            config.model_type.as_deref(),
+        ),
         filter: filter.map(str::to_string),
         tensors,
         duplicates: checkpoint.duplicates.clone(),
@@ -302,9 +305,9 @@ fn format_info(r: &Resolved) -> FormatInfo {
 
 /// `qc` (the raw `quantization_config`) as wload reads it, or, when refused, what the raw JSON
 /// says and why.
-fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
+fn quant_info(qc: Option<&Value>, model_type: Option<&str>) -> Option<QuantInfo> {
     let qc = qc?;
-    let q = match Quantization::from_config(Some(qc)) {
+    let q = match Quantization::for_model(Some(qc), model_type) {
         Ok(q) => q?,
         Err(e) => return Some(refused(qc, e)),
     };
@@ -328,6 +331,7 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
             };
             (scheme, block, c.static_activations, c.ignore)
         }
+        Quantization::GptOssMxfp4(m) => ("gpt_oss_mxfp4 experts", None, false, m.not_converted),
     };
     Some(QuantInfo {
         method: Some(method),

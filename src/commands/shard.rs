@@ -328,6 +328,7 @@ fn manifest_for(
         side_files: Some(side_files),
         side_tree: None,
         serve: None,
+        moe_backend: plan.moe_backend.map(str::to_string),
     }
 }
 

@@ -132,6 +132,7 @@ pub fn plan_mapped(
         tie_word_embeddings: planner.env.is_true("tie_word_embeddings") && params.retie.is_none(),
         retie: params.retie,
         skipped: assigned.skipped,
+        moe_backend: opts.moe_backend.map(|b| b.as_str()),
     })
 }
 
@@ -224,7 +225,8 @@ impl<'m> Planner<'m> {
         opts: &'m PlanOptions,
     ) -> Result<Planner<'m>, PlanError> {
         let mut problems = Problems::default();
-        let quant = match Quantization::from_config(config.quantization_config.as_ref()) {
+        let qc = config.quantization_config.as_ref();
+        let quant = match Quantization::for_model(qc, config.model_type.as_deref()) {
             Ok(q) => q,
             Err(e) => {
                 problems.push(Problem {
@@ -247,6 +249,18 @@ impl<'m> Planner<'m> {
             problems.push(Problem {
                 message: "torch.float32 is not supported for quantization method fp8. Supported dtypes: [torch.bfloat16, torch.float16]".into(),
                 fix: Some("pass --dtype bfloat16 (or float16)".into()),
+                ..Default::default()
+            });
+        }
+        if let Some(b) = opts.moe_backend
+            && !matches!(quant, Some(Quantization::GptOssMxfp4(_)))
+        {
+            problems.push(Problem {
+                message: format!(
+                    "--moe-backend {}: wload pads only MXFP4 (gpt_oss_mxfp4) experts for a MoE backend, and this checkpoint has none",
+                    b.as_str()
+                ),
+                fix: Some("leave out --moe-backend (pass it to vllm serve if you want it)".into()),
                 ..Default::default()
             });
         }
@@ -328,6 +342,7 @@ mod tests {
             dtype: crate::dtype::DtypeChoice::Auto,
             mapping: None,
             shapes_only: false,
+            moe_backend: None,
         }
     }
 

@@ -13,12 +13,14 @@
 
 pub mod compressed;
 pub mod fp8;
+pub mod mxfp4;
 pub mod names;
 
 use serde_json::Value;
 
 use compressed::{CompressedFp8, WeightStrategy};
 use fp8::Fp8;
+use mxfp4::GptOssMxfp4;
 
 /// A quantization scheme wload writes the pre-processing state of.
 #[derive(Debug, Clone)]
@@ -28,6 +30,9 @@ pub enum Quantization {
     /// `quant_method: compressed-tensors`, `format: float-quantized`, FP8 weights
     /// (`CompressedTensorsW8A8Fp8`).
     CompressedFp8(CompressedFp8),
+    /// `quant_method: mxfp4` on gpt-oss (`GptOssMxfp4Config`, `gpt_oss_mxfp4`): MXFP4 experts,
+    /// everything else unquantized.
+    GptOssMxfp4(GptOssMxfp4),
 }
 
 /// Why a `quantization_config` is refused, and what to do.
@@ -48,11 +53,24 @@ fn refuse(message: String, fix: &str) -> QuantError {
 const USE_UNQUANTIZED: &str = "use the unquantized (bf16) checkpoint, or an FP8 one (`quant_method: fp8` or compressed-tensors float-quantized)";
 
 impl Quantization {
-    /// The scheme `quantization_config` describes; `None` for an unquantized checkpoint.
+    /// The scheme `quantization_config` describes, read without knowing the model (as vLLM
+    /// with no `hf_config`: `mxfp4` is then nobody's gpt-oss). See [`Quantization::for_model`].
     pub fn from_config(qc: Option<&Value>) -> Result<Option<Quantization>, QuantError> {
+        Quantization::for_model(qc, None)
+    }
+
+    /// The scheme `quantization_config` describes for a model of `model_type`; `None` for an
+    /// unquantized checkpoint.
+    pub fn for_model(
+        qc: Option<&Value>,
+        model_type: Option<&str>,
+    ) -> Result<Option<Quantization>, QuantError> {
         let Some(qc) = qc else { return Ok(None) };
         match normalized_method(qc).as_str() {
             "fp8" => Fp8::parse(qc).map(|q| Some(Quantization::Fp8(q))),
+            "mxfp4" | "gpt_oss_mxfp4" => {
+                GptOssMxfp4::parse(qc, model_type).map(|q| Some(Quantization::GptOssMxfp4(q)))
+            }
             "compressed-tensors" => {
                 CompressedFp8::parse(qc).map(|q| Some(Quantization::CompressedFp8(q)))
             }
@@ -74,6 +92,7 @@ impl Quantization {
         match self {
             Quantization::Fp8(_) => "fp8",
             Quantization::CompressedFp8(_) => "compressed-tensors",
+            Quantization::GptOssMxfp4(_) => "mxfp4",
         }
     }
 
@@ -97,6 +116,12 @@ impl Quantization {
                 q.static_activations,
                 q.ignore.len(),
             ),
+            Quantization::GptOssMxfp4(q) => {
+                return format!(
+                    "mxfp4 (gpt_oss_mxfp4): MXFP4 experts (U8 E2M1 blocks, E8M0 scales per 32), every linear layer unquantized, {} module pattern(s) listed in modules_to_not_convert",
+                    q.not_converted.len()
+                );
+            }
         };
         let act = if act {
             "static activation scales"
@@ -118,6 +143,10 @@ impl Quantization {
         module: &str,
         shards: &[String],
     ) -> Result<bool, (String, &'static str)> {
+        if let Quantization::GptOssMxfp4(_) = self {
+            // Mxfp4Config.get_quant_method: UnquantizedLinearMethod for every linear layer.
+            return Ok(false);
+        }
         let ignored = |name: &str| self.ignores(name);
         if shards.is_empty() || ignored(module)? {
             return Ok(!ignored(module)?);
@@ -148,6 +177,8 @@ impl Quantization {
                 .any(|l| l.contains("experts") && l.contains(module)),
             // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
             Quantization::CompressedFp8(_) => !self.ignores(module).unwrap_or(true),
+            // Every RoutedExperts layer gets GptOssMxfp4MoEMethod.
+            Quantization::GptOssMxfp4(_) => true,
         }
     }
 
@@ -157,6 +188,7 @@ impl Quantization {
         match self {
             Quantization::Fp8(q) => Ok(q.ignores(name)),
             Quantization::CompressedFp8(q) => q.ignores(name),
+            Quantization::GptOssMxfp4(_) => Ok(true),
         }
     }
 }
@@ -251,7 +283,7 @@ mod tests {
             (json!({"quant_method": "awq"}), "\"awq\" is not supported"),
             (
                 json!({"quant_method": "mxfp4"}),
-                "\"mxfp4\" is not supported",
+                "wload writes MXFP4 only for gpt-oss",
             ),
             (json!({"quant_method": "fp8"}), "no activation_scheme"),
             (

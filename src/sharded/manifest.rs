@@ -49,6 +49,10 @@ pub struct Manifest {
     /// wload 0.1.0 before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve: Option<ServeCommand>,
+    /// The vLLM MoE backend whose padding the MXFP4 experts were written with
+    /// (`--moe-backend`); absent: unpadded, or no MXFP4 experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_backend: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

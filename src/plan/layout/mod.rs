@@ -7,6 +7,7 @@
 
 mod dense;
 mod experts;
+pub(super) mod mxfp4;
 mod scales;
 pub(super) mod types;
 
@@ -96,6 +97,12 @@ pub enum Geometry {
         intermediate: u64,
         hidden: u64,
     },
+    /// gpt-oss's MXFP4 experts (`mxfp4.rs`): whole 32-element blocks per rank, the real slice
+    /// in the leading corner of a parameter the MoE backend may pad.
+    Mxfp4Experts {
+        part: mxfp4::Mxfp4Part,
+        dims: mxfp4::Mxfp4Dims,
+    },
 }
 
 impl Geometry {
@@ -159,6 +166,7 @@ impl Geometry {
                 v
             }
             Geometry::TensorScale { .. } | Geometry::ExpertTensorScale { .. } => vec![],
+            Geometry::Mxfp4Experts { dims, .. } => mxfp4::check(dims, r),
             Geometry::WithLeading { of, .. } => of.check(r),
             Geometry::BlockScale { of, block } => scales::block_scale_check(of, *block, r),
             Geometry::ExpertBlockScale {
@@ -233,6 +241,7 @@ impl Geometry {
                 GptOssPart::W2Weight => Shape::from_slice(&[*experts, *intermediate, *hidden]),
                 GptOssPart::W2Bias => Shape::from_slice(&[*experts, *hidden]),
             }),
+            Geometry::Mxfp4Experts { part, dims } => none(&mxfp4::source_shape(*part, dims)),
             Geometry::WithLeading { leading, of } => of.expected_source(shard).map(|s| {
                 let mut out = Shape::from_slice(leading);
                 out.extend_from_slice(&s);
@@ -345,7 +354,9 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => expert_blocks(*part, *experts, *intermediate, *hidden, r),
-            Geometry::WithLeading { leading, of } => with_leading(leading, of.rank_layout(r, fused)),
+            Geometry::WithLeading { leading, of } => {
+                with_leading(leading, of.rank_layout(r, fused))
+            }
             Geometry::TensorScale { of } => scales::tensor_scale(of, fused),
             Geometry::BlockScale { of, block } => scales::block_scale(of, *block, r, fused),
             Geometry::ExpertTensorScale {
@@ -365,6 +376,7 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => gpt_oss_experts(*part, *experts, *intermediate, *hidden, r),
+            Geometry::Mxfp4Experts { part, dims } => mxfp4::rank_layout(*part, dims, r),
         }
     }
 
@@ -389,6 +401,7 @@ impl Geometry {
                 dims,
                 block,
             } => scales::expert_block_refined(*part, *experts, *dims, *block, r),
+            Geometry::Mxfp4Experts { part, dims } => mxfp4::copies(*part, dims, r),
             _ => Vec::new(),
         }
     }
@@ -485,6 +498,17 @@ mod tests {
                 hidden: 6,
             }),
         )
+        .chain(mxfp4::Mxfp4Part::ALL.into_iter().flat_map(|part| {
+            [[1, 1], [1, 64], [256, 128]].map(|align| Geometry::Mxfp4Experts {
+                part,
+                dims: mxfp4::Mxfp4Dims {
+                    experts: 8,
+                    intermediate: 224,
+                    hidden: 96,
+                    align,
+                },
+            })
+        }))
         .collect::<Vec<_>>()
     }
 

@@ -8,6 +8,7 @@
 //! `linear.rs` reads a linear weight's geometry as the packed and grouped parameters need it.
 
 mod linear;
+mod mxfp4;
 
 use super::Planner;
 use super::layout::Geometry;
@@ -147,6 +148,8 @@ impl<'m> Planner<'m> {
                 },
                 c.static_activations,
             ),
+            // linear_quantized is false for every layer: never reached.
+            Quantization::GptOssMxfp4(_) => return None,
         };
         let mut out = vec![weight_scale];
         if static_input {
@@ -158,6 +161,9 @@ impl<'m> Planner<'m> {
     /// A fused expert weight: F8_E4M3; after `w2_weight`, both weights' scales (vLLM registers
     /// `w13_weight`, `w2_weight`, then the scales).
     fn experts(&mut self, q: &Quantization, p: &mut Param<'m>) -> Option<Vec<Extra>> {
+        if let Quantization::GptOssMxfp4(_) = q {
+            return self.mxfp4_experts(p);
+        }
         let (module, _) = p.name.split_once(".routed_experts.")?;
         let Geometry::Experts {
             part,
@@ -170,6 +176,7 @@ impl<'m> Planner<'m> {
         };
         let fp8 = match q {
             Quantization::Fp8(f) => f,
+            Quantization::GptOssMxfp4(_) => return None,
             Quantization::CompressedFp8(_) => {
                 if part == ExpertPart::W13 {
                     self.problems.push(Problem {
@@ -271,6 +278,8 @@ impl<'m> Planner<'m> {
                         .map(|n| scalar(n, vec![1], model, 0.0)),
                 )
                 .collect(),
+            // Mxfp4Config.get_quant_method gives Attention no method: no kv-cache scales.
+            Quantization::GptOssMxfp4(_) => return None,
         })
     }
 
