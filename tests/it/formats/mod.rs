@@ -3,5 +3,6 @@
 mod fp8;
 pub(crate) mod hub;
 mod io;
+mod mxfp4;
 mod pp;
 mod safetensors_crate;
