@@ -312,6 +312,7 @@ fn quant_info(qc: Option<&Value>, model_type: Option<&str>) -> Option<QuantInfo>
         Err(e) => return Some(refused(qc, e)),
     };
     let method = q.method().to_string();
+    let mxfp4 = method == "mxfp4";
     let (scheme, block, static_activations, ignored) = match q {
         Quantization::Fp8(f) => (
             if f.block.is_some() {
@@ -331,20 +332,21 @@ fn quant_info(qc: Option<&Value>, model_type: Option<&str>) -> Option<QuantInfo>
             };
             (scheme, block, c.static_activations, c.ignore)
         }
-        Quantization::GptOssMxfp4(m) => ("gpt_oss_mxfp4 experts", None, false, m.not_converted),
+        Quantization::GptOssMxfp4(m) => ("mxfp4 experts", None, false, m.not_converted),
     };
     Some(QuantInfo {
         method: Some(method),
         scheme: Some(scheme),
         weight_block_size: block,
-        activation_scheme: Some(
+        // MXFP4's experts take bf16 activations: no scheme to name.
+        activation_scheme: (!mxfp4).then(|| {
             if static_activations {
                 "static"
             } else {
                 "dynamic"
             }
-            .into(),
-        ),
+            .into()
+        }),
         ignored,
         supported: true,
         refusal: None,

@@ -391,6 +391,11 @@ fn quant_rows(q: &QuantInfo, verbose: bool) -> Vec<(&'static str, String)> {
     )];
     let block = q.weight_block_size.map(|[n, k]| format!("{n}×{k}"));
     match (q.scheme, &block) {
+        (Some("mxfp4 experts"), _) => rows.push((
+            "weights",
+            "MXFP4 experts (U8 E2M1 blocks, one E8M0 scale per 32 values); linear layers unquantized"
+                .into(),
+        )),
         (Some(scheme), _) => {
             let per = match (scheme, &block) {
                 ("per-channel", _) => "output channel".to_string(),
