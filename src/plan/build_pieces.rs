@@ -140,6 +140,9 @@ fn rank_tensor(
             count,
             value: 0.0,
         }));
+        for &z in &l.zero_rows {
+            pieces.push_zero_rows(z);
+        }
         if matches!(p.geometry, Geometry::ExpertTensorScale { input: true, .. }) {
             let mut list: Vec<Piece> = pieces.iter().collect();
             keep_last_loaded(&mut list);

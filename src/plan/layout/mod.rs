@@ -409,7 +409,9 @@ impl Geometry {
 
 /// `inner` (a layout without per-expert repeats or zero ranges) behind the dimensions `leading`.
 fn with_leading(leading: &[u64], inner: RankLayout) -> RankLayout {
-    debug_assert!(inner.per_expert.is_none() && inner.zeros.is_empty());
+    debug_assert!(
+        inner.per_expert.is_none() && inner.zeros.is_empty() && inner.zero_rows.is_empty()
+    );
     let prepend = |s: &[u64]| leading.iter().chain(s).copied().collect::<Vec<u64>>();
     let slices = (inner.slices.iter())
         .map(|s| types::Slice {
@@ -556,6 +558,14 @@ mod tests {
                             for (at, count) in &l.zeros {
                                 for x in *at..at + count {
                                     hits[x as usize] += 1;
+                                }
+                            }
+                            for z in &l.zero_rows {
+                                for k in 0..z.rows {
+                                    let at = z.start + k * z.stride;
+                                    for x in at..at + z.count {
+                                        hits[x as usize] += 1;
+                                    }
                                 }
                             }
                             assert!(hits.iter().all(|&h| h == 1), "{g:?} tp{tp} r{rank} ep{ep}");

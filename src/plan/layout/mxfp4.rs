@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use super::types::{Block, Rank, RankLayout, SlotKey};
+use super::types::{Block, Rank, RankLayout, SlotKey, ZeroRows};
 use crate::plan::types::Region;
 use crate::quant::mxfp4::MX_BLOCK;
 
@@ -90,7 +90,10 @@ fn split(d: &Mxfp4Dims, r: Rank) -> Split {
     let end = (start + per).min(d.intermediate);
     // Padded: vLLM's `maybe_roundup_sizes(I // tp)`; unpadded: the real slice.
     let ip = if d.align == [1, 1] {
-        end - start
+        // An empty slice still needs its key (vLLM's loader wants every parameter, and a
+        // zero-size tensor is one it never writes): one block of zeros, which every backend's
+        // parameter holds.
+        (end - start).max(MX_BLOCK)
     } else {
         (d.intermediate / r.tp).next_multiple_of(ia)
     };
@@ -217,21 +220,31 @@ pub(super) fn rank_layout(part: Mxfp4Part, d: &Mxfp4Dims, r: Rank) -> RankLayout
     };
     let (nr, nc) = (c.rows.end - c.rows.start, c.cols.end - c.cols.start);
     let [dr, dc] = c.dst;
-    let mut zeros: Vec<(u64, u64)> = Vec::new();
-    let mut zero = |at: u64, n: u64| match zeros.last_mut() {
-        _ if n == 0 => {}
-        Some((a, m)) if *a + *m == at => *m += n,
-        _ => zeros.push((at, n)),
+    // Rows with data have a zero tail when the columns are padded; the rows after them are
+    // zero throughout. With every row filled, the tails of all experts are one run.
+    let filled_rows = if nc == 0 { 0 } else { nr };
+    let tail = |start, rows| ZeroRows {
+        start,
+        count: dc - nc,
+        stride: dc,
+        rows,
     };
-    for j in 0..e_loc {
-        let base = j * dr * dc;
-        let filled_rows = if nc == 0 { 0 } else { nr };
-        for k in 0..filled_rows {
-            zero(base + k * dc + nc, dc - nc);
+    let mut zeros: Vec<(u64, u64)> = Vec::new();
+    let mut zero_rows = Vec::new();
+    if filled_rows == dr {
+        zero_rows.push(tail(nc, e_loc * dr));
+    } else {
+        for j in 0..e_loc {
+            let base = j * dr * dc;
+            zero_rows.push(tail(base + nc, filled_rows));
+            zeros.push((base + filled_rows * dc, (dr - filled_rows) * dc));
         }
-        zero(base + filled_rows * dc, (dr - filled_rows) * dc);
     }
-    RankLayout::new(shape, Vec::new(), zeros)
+    zero_rows.retain(|z| z.rows > 0 && z.count > 0);
+    zeros.retain(|z| z.1 > 0);
+    let mut l = RankLayout::new(shape, Vec::new(), zeros);
+    l.zero_rows = zero_rows;
+    l
 }
 
 /// The copies that fill rank `r`'s tensor from the checkpoint tensor, as few blocks as the
@@ -321,7 +334,7 @@ mod tests {
     }
 
     /// Unpadded, each rank holds its cdiv slice: 128 and 96 rows of 224 at tp 2; at tp 8 the
-    /// last rank starts at 224 and holds nothing.
+    /// last rank starts at 224 and holds one block of zeros.
     #[test]
     fn real_slices_follow_the_cdiv_split() {
         let d = dims([1, 1]);
@@ -329,8 +342,8 @@ mod tests {
         assert_eq!(shape(Mxfp4Part::W13Weight, &d, 2, 1, false), [4, 192, 96]);
         assert_eq!(shape(Mxfp4Part::W2Scale, &d, 2, 1, false), [4, 192, 3]);
         assert_eq!(shape(Mxfp4Part::W2Weight, &d, 8, 6, false), [4, 192, 16]);
-        assert_eq!(shape(Mxfp4Part::W2Weight, &d, 8, 7, false), [4, 192, 0]);
-        assert_eq!(shape(Mxfp4Part::W13Bias, &d, 8, 7, false), [4, 0]);
+        assert_eq!(shape(Mxfp4Part::W2Weight, &d, 8, 7, false), [4, 192, 16]);
+        assert_eq!(shape(Mxfp4Part::W13Bias, &d, 8, 7, false), [4, 64]);
         assert!(
             copies(
                 Mxfp4Part::W13Weight,
