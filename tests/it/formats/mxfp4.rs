@@ -390,6 +390,16 @@ fn mxfp4_refusals_name_the_field_the_rule_and_the_fix() {
     );
     let src = TempDir::new().unwrap();
     mxfp4_checkpoint(src.path());
+    // Expert parallelism hands every rank E / tp experts, with no remainder handling.
+    let run = shard(src.path(), 3, &out, &["-q", "--enable-expert-parallel"]);
+    assert_refused(
+        &run,
+        3,
+        &[
+            "routed_experts.w13_weight: number of experts (8) is not divisible by tp (3)",
+            "choose another --tp",
+        ],
+    );
     let mut cfg = read_config(src.path());
     cfg.insert("intermediate_size".into(), Value::from(488));
     write_config(src.path(), cfg);
