@@ -310,10 +310,7 @@ mod tests {
             rank: 3,
             ep: false,
         };
-        assert_eq!(
-            l.rows_first(1, 32).rank_layout(r, false).shape,
-            vec![128, 8]
-        );
+        assert_eq!(l.rows_first(1, 32).rank_layout(r, false).shape, vec![128, 8]);
         assert_eq!(
             l.rows_first_whole_on_row(1, 1).rank_layout(r, false).shape,
             vec![128, 1]
