@@ -143,10 +143,11 @@ fn a_padded_output_records_its_backend_in_the_manifest_and_the_serve_line() {
     );
 }
 
-/// A small gpt-oss MXFP4 checkpoint: I = 480 (15 blocks: uneven cdiv at tp 2, 4 and 8), H 64,
-/// 8 experts, one layer, every byte distinct by position.
-fn mxfp4_checkpoint(dir: &Path) {
-    let (h, i, e, heads, hd, v) = (64u64, 480u64, 8u64, 24u64, 8u64, 384u64);
+/// A small gpt-oss MXFP4 checkpoint of intermediate size `i` (480 = 15 blocks: uneven cdiv at
+/// tp 2, 4 and 8; 224 = 7 blocks: rank 7 of 8 empty), H 64, 8 experts, one layer, every byte
+/// distinct by position.
+fn mxfp4_checkpoint(dir: &Path, i: u64) {
+    let (h, e, heads, hd, v) = (64u64, 8u64, 24u64, 8u64, 384u64);
     let mut cfg = read_config(&fixture(GOLDEN));
     for (k, val) in [
         ("hidden_size", json!(h)),
@@ -263,21 +264,6 @@ fn real_rows(i: u64, tp: u64, r: u64) -> u64 {
 /// are the checkpoint's: TP 1, 2, 3, 4, 8 and EP 2, 4, 8, unpadded and padded for two backends.
 #[test]
 fn every_ranks_experts_reassemble_into_the_checkpoint() {
-    let (h, i, e) = (64u64, 480u64, 8u64);
-    let src = TempDir::new().unwrap();
-    mxfp4_checkpoint(src.path());
-    let ckpt = checkpoint_tensors(src.path());
-    let x = |p: &str| ckpt[&format!("model.layers.0.mlp.experts.{p}")].clone();
-    // The checkpoint's blocks viewed as vLLM views them: [E, 2I, H/2] and [E, H, I/2].
-    let view = |t: Held, shape: Vec<u64>| Held { shape, ..t };
-    let want = [
-        view(x("gate_up_proj_blocks"), vec![e, 2 * i, h / 2]),
-        x("gate_up_proj_scales"),
-        view(x("down_proj_blocks"), vec![e, h, i / 2]),
-        x("down_proj_scales"),
-        x("gate_up_proj_bias"),
-        x("down_proj_bias"),
-    ];
     let runs: Vec<(u64, bool, &[&str])> = [1, 2, 3, 4, 8]
         .into_iter()
         .flat_map(|tp| {
@@ -292,7 +278,41 @@ fn every_ranks_experts_reassemble_into_the_checkpoint() {
             (4, true, &["--moe-backend", "flashinfer-cutlass"][..]),
         ])
         .collect();
-    for (tp, ep, extra) in runs {
+    reassemble(480, &runs);
+}
+
+/// With 7 blocks over 8 ranks the last rank starts past I: it holds one block of zeros
+/// unpadded (every key present), zeros only padded, and the others still add up.
+#[test]
+fn a_rank_past_the_last_block_holds_only_zeros() {
+    reassemble(
+        224,
+        &[
+            (8, false, &[][..]),
+            (8, false, &["--moe-backend", "triton"][..]),
+        ],
+    );
+}
+
+/// Shards a checkpoint of intermediate size `i` with each of `runs` (tp, ep, flags) and checks
+/// that the ranks' experts reassemble into it.
+fn reassemble(i: u64, runs: &[(u64, bool, &[&str])]) {
+    let (h, e) = (64u64, 8u64);
+    let src = TempDir::new().unwrap();
+    mxfp4_checkpoint(src.path(), i);
+    let ckpt = checkpoint_tensors(src.path());
+    let x = |p: &str| ckpt[&format!("model.layers.0.mlp.experts.{p}")].clone();
+    // The checkpoint's blocks viewed as vLLM views them: [E, 2I, H/2] and [E, H, I/2].
+    let view = |t: Held, shape: Vec<u64>| Held { shape, ..t };
+    let want = [
+        view(x("gate_up_proj_blocks"), vec![e, 2 * i, h / 2]),
+        x("gate_up_proj_scales"),
+        view(x("down_proj_blocks"), vec![e, h, i / 2]),
+        x("down_proj_scales"),
+        x("gate_up_proj_bias"),
+        x("down_proj_bias"),
+    ];
+    for &(tp, ep, extra) in runs {
         let ctx = format!("tp {tp} ep {ep} {extra:?}");
         let tmp = TempDir::new().unwrap();
         let out = tmp.path().join("out");
@@ -389,7 +409,7 @@ fn mxfp4_refusals_name_the_field_the_rule_and_the_fix() {
         ],
     );
     let src = TempDir::new().unwrap();
-    mxfp4_checkpoint(src.path());
+    mxfp4_checkpoint(src.path(), 480);
     // Expert parallelism hands every rank E / tp experts, with no remainder handling.
     let run = shard(src.path(), 3, &out, &["-q", "--enable-expert-parallel"]);
     assert_refused(
