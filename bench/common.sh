@@ -1,5 +1,6 @@
 # Sourced by the bench scripts: paths, the wload binary, a work folder, the 8B-shaped checkpoint.
-# Sets: here, root, bin, work; and defines ensure_llama8b_4layers DIR and ensure_llama8b_4layers_fp8 DIR.
+# Sets: here, root, bin, work; and defines ensure_llama8b_4layers DIR, ensure_llama8b_4layers_fp8 DIR,
+# ensure_deepseek_small DIR and ensure_gpt_oss_small DIR.
 here=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -39,6 +40,16 @@ ensure_deepseek_small() {
         echo "generating the reduced DeepSeek-V3-shaped checkpoint (random FP8) in $1 ..." >&2
         python3 "$root/bench/gen_deepseek.py" --out "$1" --layers 3 --first-dense 1 --experts 8 \
             --vocab-size 32000 --fp8-block 128 --files 4 --random 2>/dev/null
+    fi
+}
+
+# A reduced gpt-oss-120b-shaped MXFP4 checkpoint (bench/gen_gpt_oss.py: 2 layers of 128 experts,
+# vocab 32000; about 3.8 GB of random data), for `shard --tp 8` with and without padding.
+ensure_gpt_oss_small() {
+    if [[ ! -f $1/config.json ]]; then
+        echo "generating the reduced gpt-oss-120b-shaped checkpoint (random MXFP4) in $1 ..." >&2
+        python3 "$root/bench/gen_gpt_oss.py" --out "$1" --layers 2 --vocab-size 32000 --files 3 \
+            --random 2>/dev/null
     fi
 }
 

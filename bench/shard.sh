@@ -6,6 +6,9 @@
 #             block, as DeepSeek-V3 / Qwen3-FP8 ship (about 2.8 GiB);
 #   deepseek  a reduced DeepSeek-V3-shaped block-FP8 checkpoint (MLA, 3 layers, 8 routed experts
 #             and a shared one, about 2.7 GB), with --enable-expert-parallel;
+#   mxfp4     a reduced gpt-oss-120b-shaped MXFP4 checkpoint (bench/gen_gpt_oss.py: 2 layers of
+#             128 experts in U8 blocks and E8M0 scales, vocab 32000, about 3.8 GB), unpadded, and
+#   mxfp4-triton  the same padded as vLLM's TRITON backend pads it (--moe-backend triton);
 # each against
 #   - the copy limit: `cp -r` of the same folder, and
 #   - the peer: bench/peer_reshard.py (safetensors + torch on the CPU, what users write today;
@@ -17,14 +20,14 @@
 # the others; ≥ 5 × faster than the peer; peak RSS ≤ 512 MiB.
 #
 # Usage: bench/shard.sh [WORKDIR]     (default: a temp dir under /var/tmp, removed afterwards)
-# Environment: RUNS=3, VARIANTS="bf16 fp8 deepseek" (any of them), PYTHON (with torch + safetensors;
+# Environment: RUNS=3, VARIANTS="bf16 fp8 deepseek mxfp4 mxfp4-triton" (any of them), PYTHON (with torch + safetensors;
 #              default .venv-bench/bin/python if present), WLOAD_BIN=PATH (skip the build)
 set -euo pipefail
 BENCH_DIR=${1:-} source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RUNS=${RUNS:-3}
-VARIANTS=${VARIANTS:-bf16 fp8 deepseek}
+VARIANTS=${VARIANTS:-bf16 fp8 deepseek mxfp4 mxfp4-triton}
 for v in $VARIANTS; do
-    [[ $v == bf16 || $v == fp8 || $v == deepseek ]] || { echo "bench/shard.sh: unknown variant '$v' in VARIANTS (bf16, fp8, deepseek)" >&2; exit 2; }
+    [[ $v =~ ^(bf16|fp8|deepseek|mxfp4|mxfp4-triton)$ ]] || { echo "bench/shard.sh: unknown variant '$v' in VARIANTS (bf16, fp8, deepseek, mxfp4, mxfp4-triton)" >&2; exit 2; }
 done
 if [[ -z ${PYTHON:-} ]]; then
     if [[ -x .venv-bench/bin/python ]]; then PYTHON=.venv-bench/bin/python; else PYTHON=python3; fi
@@ -129,6 +132,9 @@ for v in $VARIANTS; do
         fp8) run_variant "fp8 block 128" "$work/src-fp8" ensure_llama8b_4layers_fp8 no ;;
         deepseek) run_variant "DeepSeek-V3-shaped fp8, EP" "$work/src-deepseek" ensure_deepseek_small no \
             --enable-expert-parallel ;;
+        mxfp4) run_variant "gpt-oss-shaped mxfp4" "$work/src-mxfp4" ensure_gpt_oss_small no ;;
+        mxfp4-triton) run_variant "gpt-oss-shaped mxfp4, padded (triton)" "$work/src-mxfp4" \
+            ensure_gpt_oss_small no --moe-backend triton ;;
     esac
 done
 exit "$failed"

@@ -281,7 +281,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__load)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --device --dry-run --read --ranks --check --checksums --io --cold --repeat --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --moe-backend --mapping --device --dry-run --read --ranks --check --checksums --io --cold --repeat --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -332,6 +332,10 @@ _wload() {
                     ;;
                 --dtype)
                     COMPREPLY=($(compgen -W "auto bfloat16 float16 float32" -- "${cur}"))
+                    return 0
+                    ;;
+                --moe-backend)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --mapping)
@@ -387,7 +391,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__plan)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --rank --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --moe-backend --dtype --mapping --rank --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -433,6 +437,10 @@ _wload() {
                     return 0
                     ;;
                 --pipeline-parallel-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --moe-backend)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -467,7 +475,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__shard)
-            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --mapping --output --max-part-size --ranks --force --verify --io --cold --json --verbose --quiet --help --version"
+            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --moe-backend --dtype --mapping --output --max-part-size --ranks --force --verify --io --cold --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -513,6 +521,10 @@ _wload() {
                     return 0
                     ;;
                 --pipeline-parallel-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --moe-backend)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -67,6 +67,7 @@ complete -c wload -n "__fish_wload_using_subcommand plan" -l revision -d 'Hub re
 complete -c wload -n "__fish_wload_using_subcommand plan" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand plan" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
 complete -c wload -n "__fish_wload_using_subcommand plan" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank' -r
+complete -c wload -n "__fish_wload_using_subcommand plan" -l moe-backend -d 'MXFP4 experts padded as this vLLM --moe-backend pads them (triton, marlin, flashinfer_trtllm, flashinfer_cutlass, deep_gemm, cpu, emulation); default: unpadded slices, which load on every backend' -r
 complete -c wload -n "__fish_wload_using_subcommand plan" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s, else the weights\' common dtype; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''
@@ -115,6 +116,7 @@ complete -c wload -n "__fish_wload_using_subcommand shard" -l revision -d 'Hub r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l download-dir -d 'Hugging Face cache folder for a repo id, as vLLM\'s --download-dir (default: HF_HUB_CACHE, else $HF_HOME/hub)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand shard" -s t -l tp -l tensor-parallel-size -d 'Tensor-parallel size (vLLM\'s --tensor-parallel-size)' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l pp -l pipeline-parallel-size -d 'Pipeline-parallel size (vLLM\'s --pipeline-parallel-size): ranks are pp_rank × tp + tp_rank' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l moe-backend -d 'MXFP4 experts padded as this vLLM --moe-backend pads them (triton, marlin, flashinfer_trtllm, flashinfer_cutlass, deep_gemm, cpu, emulation); default: unpadded slices, which load on every backend' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l dtype -d 'Model dtype, as vLLM\'s --dtype (auto: the config\'s, else the weights\' common dtype; float32 becomes bfloat16)' -r -f -a "auto\t'The config\'s dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it)'
 bfloat16\t''
 float16\t''
@@ -153,6 +155,7 @@ complete -c wload -n "__fish_wload_using_subcommand load" -l dtype -d 'Model dty
 bfloat16\t''
 float16\t''
 float32\t''"
+complete -c wload -n "__fish_wload_using_subcommand load" -l moe-backend -d 'MXFP4 experts padded as this vLLM --moe-backend pads them (triton, marlin, flashinfer_trtllm, flashinfer_cutlass, deep_gemm, cpu, emulation); default: unpadded slices, which load on every backend' -r
 complete -c wload -n "__fish_wload_using_subcommand load" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
 complete -c wload -n "__fish_wload_using_subcommand load" -l device -d 'Where to load: GPUs through the CUDA driver, or host memory' -r -f -a "cuda\t''
 cpu\t''"

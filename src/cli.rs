@@ -9,6 +9,7 @@ use crate::commands::load::DeviceKind;
 use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
 use crate::exec::source::IoMode;
+use crate::quant::mxfp4::MoeBackend;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
 
@@ -243,6 +244,9 @@ pub struct ParallelArgs {
     #[arg(long)]
     pub enable_expert_parallel: bool,
 
+    #[arg(long, value_name = "NAME", value_parser = parse_moe_backend, help = MOE_BACKEND_HELP)]
+    pub moe_backend: Option<MoeBackend>,
+
     #[command(flatten)]
     pub model: ModelArgs,
 
@@ -260,6 +264,13 @@ pub struct ModelArgs {
 
     #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath, help = MAPPING_HELP)]
     pub mapping: Option<PathBuf>,
+}
+
+/// The help of `--moe-backend` (plan, shard, load).
+const MOE_BACKEND_HELP: &str = "MXFP4 experts padded as this vLLM --moe-backend pads them (triton, marlin, flashinfer_trtllm, flashinfer_cutlass, deep_gemm, cpu, emulation); default: unpadded slices, which load on every backend";
+
+fn parse_moe_backend(s: &str) -> Result<MoeBackend, String> {
+    MoeBackend::parse(s)
 }
 
 /// The help of every `--mapping` that picks the mapping to plan with (plan, shard, sizes, load).
@@ -498,6 +509,9 @@ pub struct LoadParallelArgs {
     /// Model dtype, as vLLM's --dtype; default: wload.json's, else auto (the config's)
     #[arg(long, value_enum)]
     pub dtype: Option<DtypeChoice>,
+
+    #[arg(long, value_name = "NAME", value_parser = parse_moe_backend, help = MOE_BACKEND_HELP)]
+    pub moe_backend: Option<MoeBackend>,
 
     #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath, help = MAPPING_HELP)]
     pub mapping: Option<PathBuf>,

@@ -233,7 +233,10 @@ pub fn inspect_mapped<'a>(
             config: config.clone(),
         },
         structure: structure::structure(config, chosen.as_ref(), mapping),
-        quantization: quant_info(config.quantization_config.as_ref()),
+        quantization: quant_info(
+            config.quantization_config.as_ref(),
+            config.model_type.as_deref(),
+        ),
         filter: filter.map(str::to_string),
         tensors,
         duplicates: checkpoint.duplicates.clone(),
@@ -315,9 +318,9 @@ fn format_info(r: &Resolved) -> FormatInfo {
 
 /// `qc` (the raw `quantization_config`) as wload reads it, or, when refused, what the raw JSON
 /// says and why.
-fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
+fn quant_info(qc: Option<&Value>, model_type: Option<&str>) -> Option<QuantInfo> {
     let qc = qc?;
-    let q = match Quantization::from_config(Some(qc)) {
+    let q = match Quantization::for_model(Some(qc), model_type) {
         Ok(q) => q?,
         Err(e) => return Some(refused(qc, e)),
     };
@@ -388,6 +391,16 @@ fn quant_info(qc: Option<&Value>) -> Option<QuantInfo> {
                     ", quantized modules: those with integer tensors in the checkpoint"
                 }
             ));
+        }
+        Quantization::GptOssMxfp4(m) => {
+            info.scheme = Some("mxfp4 experts");
+            info.bits = Some(4);
+            info.group_size = Some(32);
+            info.weights = Some(
+                "MXFP4 experts: E2M1 packed two a byte (*_blocks → w13_weight / w2_weight, U8), an E8M0 scale per 32 (*_scales); attention, router and embeddings unquantized"
+                    .into(),
+            );
+            info.ignored = m.not_converted;
         }
         Quantization::Awq(a) => {
             info.scheme = Some("group");

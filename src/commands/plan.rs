@@ -148,6 +148,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         dtype: opts.dtype,
         mapping: opts.mapping.clone(),
         shapes_only: false,
+        moe_backend: None,
     };
     let mut maps = Mappings {
         base: &mapping,

@@ -331,6 +331,7 @@ fn manifest_for(
         side_tree: None,
         config_changes: None,
         serve: None,
+        moe_backend: plan.moe_backend.map(str::to_string),
     }
 }
 

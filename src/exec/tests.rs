@@ -230,6 +230,7 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         tie_word_embeddings: false,
         retie: None,
         skipped: Vec::new(),
+        moe_backend: None,
     };
     (plan, srcs)
 }
@@ -256,6 +257,7 @@ fn one_rank_plan(root: &Path, source: SourceTensor, dtype: Dtype, tensors: Vec<O
         tie_word_embeddings: false,
         retie: None,
         skipped: Vec::new(),
+        moe_backend: None,
     }
 }
 

@@ -16,9 +16,12 @@ use env::{Env, Parallel};
 /// What `map::map` must apply before the planner. A condition that cannot be evaluated keeps its
 /// rule and a scheme that does not parse adds none: the planner then reports why.
 pub fn rules_for(mapping: &Mapping, config: &ModelConfig, parallel: Parallel) -> Mapping {
-    let quant = Quantization::from_config(config.quantization_config.as_ref())
-        .ok()
-        .flatten();
+    let quant = Quantization::for_model(
+        config.quantization_config.as_ref(),
+        config.model_type.as_deref(),
+    )
+    .ok()
+    .flatten();
     let mut m = match &quant {
         Some(q) => q.with_name_rules(mapping),
         None => mapping.clone(),

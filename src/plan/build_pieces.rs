@@ -140,6 +140,9 @@ fn rank_tensor(
             count,
             value: 0.0,
         }));
+        for &z in &l.zero_rows {
+            pieces.push_zero_rows(z);
+        }
         let max_of = p.geometry.max_of(r);
         if max_of > 1 {
             pieces = reduced(&pieces, max_of);

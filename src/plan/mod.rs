@@ -132,6 +132,7 @@ pub fn plan_mapped(
         tie_word_embeddings: planner.env.is_true("tie_word_embeddings") && params.retie.is_none(),
         retie: params.retie,
         skipped: assigned.skipped,
+        moe_backend: opts.moe_backend.map(|b| b.as_str()),
     })
 }
 
@@ -224,7 +225,8 @@ impl<'m> Planner<'m> {
         opts: &'m PlanOptions,
     ) -> Result<Planner<'m>, PlanError> {
         let mut problems = Problems::default();
-        let mut quant = match Quantization::from_config(config.quantization_config.as_ref()) {
+        let qc = config.quantization_config.as_ref();
+        let mut quant = match Quantization::for_model(qc, config.model_type.as_deref()) {
             Ok(q) => q,
             Err(e) => {
                 problems.push(Problem {
@@ -244,13 +246,32 @@ impl<'m> Planner<'m> {
             // maybe_update_config: GPTQ's and AWQ's layer lists from the checkpoint's dtypes.
             q.update_from_checkpoint(checkpoint.all_tensors().map(|t| (&*t.name, t.dtype)));
             // get_supported_act_dtypes: vLLM refuses the model before loading.
-            if let (Err(message), Dtype::F32) = (q.supports_f32(), model_dtype) {
+            if let Err(message) = q.supports(model_dtype) {
                 problems.push(Problem {
                     message,
-                    fix: Some("pass --dtype bfloat16 (or float16)".into()),
+                    fix: Some(
+                        if model_dtype == Dtype::F16 {
+                            "pass --dtype bfloat16"
+                        } else {
+                            "pass --dtype bfloat16 (or float16)"
+                        }
+                        .into(),
+                    ),
                     ..Default::default()
                 });
             }
+        }
+        if let Some(b) = opts.moe_backend
+            && !matches!(quant, Some(Quantization::GptOssMxfp4(_)))
+        {
+            problems.push(Problem {
+                message: format!(
+                    "--moe-backend {}: wload pads only MXFP4 (gpt_oss_mxfp4) experts for a MoE backend, and this checkpoint has none",
+                    b.as_str()
+                ),
+                fix: Some("leave out --moe-backend (pass it to vllm serve if you want it)".into()),
+                ..Default::default()
+            });
         }
         let (env, unset) = Env::new(mapping, config, opts.parallel(), opts.mapping.as_deref());
         unset.into_iter().for_each(|p| problems.push(p.into()));
@@ -341,6 +362,7 @@ mod tests {
             dtype: crate::dtype::DtypeChoice::Auto,
             mapping: None,
             shapes_only: false,
+            moe_backend: None,
         }
     }
 

@@ -70,6 +70,11 @@ impl<'m> Planner<'m> {
             .chain(mapping.parameters.tail.iter().map(|s| (s, None)));
         for (spec, i) in specs {
             if let Some(mut p) = self.instantiate(spec, i, &mut params) {
+                // A method that creates a layer's parameters in its own order (MXFP4 experts:
+                // weights and scales, then biases) brought this one with the layer's first.
+                if self.quant.is_some() && params.find(&p.name).is_some() {
+                    continue;
+                }
                 // A quantized layer's weight changes dtype and brings its scales (quant.rs).
                 let (before, after) = self.quantize(&mut p, &params);
                 for q in before {

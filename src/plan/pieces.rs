@@ -5,7 +5,7 @@
 
 use serde::{Serialize, Serializer};
 
-use super::layout::types::Block;
+use super::layout::types::{Block, ZeroRows};
 use super::{Piece, Region};
 
 #[derive(Debug, Clone, Default)]
@@ -15,6 +15,7 @@ pub struct Pieces(Vec<Item>);
 enum Item {
     One(Piece),
     Experts(ExpertCopies),
+    Zeros(ZeroRows),
 }
 
 /// One expert's copies (`each`) repeated expert by expert, the `j`-th expert's destination
@@ -76,15 +77,32 @@ impl Pieces {
         }
     }
 
+    /// Zero fills of `z`'s rows, kept as that description.
+    pub(super) fn push_zero_rows(&mut self, z: ZeroRows) {
+        if z.rows > 0 && z.count > 0 {
+            self.0.push(Item::Zeros(z));
+        }
+    }
+
     /// Every piece, in order. Plain pieces are yielded as they are; an expert run's pieces are
     /// made as they are read (no allocation per item: the engine walks every piece).
     pub fn iter(&self) -> impl Iterator<Item = Piece> + '_ {
         self.0.iter().flat_map(|item| {
-            let (one, run) = match item {
-                Item::One(p) => (Some(p.clone()), None),
-                Item::Experts(run) => (None, Some(run.iter())),
+            let (one, run, zeros) = match item {
+                Item::One(p) => (Some(p.clone()), None, None),
+                Item::Experts(run) => (None, Some(run.iter()), None),
+                Item::Zeros(z) => (None, None, Some(*z)),
             };
-            one.into_iter().chain(run.into_iter().flatten())
+            let zeros = zeros.into_iter().flat_map(|z| {
+                (0..z.rows).map(move |k| Piece::Fill {
+                    dst_start: z.start + k * z.stride,
+                    count: z.count,
+                    value: 0.0,
+                })
+            });
+            one.into_iter()
+                .chain(run.into_iter().flatten())
+                .chain(zeros)
         })
     }
 }

@@ -35,6 +35,9 @@ pub struct PlanOptions {
     /// Only the per-rank names, dtypes and shapes matter (checking a pre-sharded folder): a
     /// parameter the checkpoint does not fill is not a problem.
     pub shapes_only: bool,
+    /// `--moe-backend`: pad MXFP4 experts as this vLLM MoE backend does; `None`: the real
+    /// slices, which every backend loads.
+    pub moe_backend: Option<crate::quant::mxfp4::MoeBackend>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -243,6 +246,9 @@ pub struct Plan {
     pub retie: Option<Retie>,
     /// Checkpoint tensors dropped by a rule or skipped as vLLM skips them.
     pub skipped: Vec<Skipped>,
+    /// The vLLM MoE backend whose padding the MXFP4 experts have (`--moe-backend`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe_backend: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Serialize)]

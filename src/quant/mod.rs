@@ -20,6 +20,7 @@ pub mod compressed;
 pub mod fp8;
 pub mod gptq;
 pub mod modelopt;
+pub mod mxfp4;
 pub mod names;
 mod removed;
 
@@ -31,6 +32,7 @@ use compressed::Compressed;
 use fp8::Fp8;
 use gptq::Gptq;
 use modelopt::ModelOptNvFp4;
+use mxfp4::GptOssMxfp4;
 
 /// A quantization scheme wload writes the pre-processing state of.
 #[derive(Debug, Clone)]
@@ -48,6 +50,9 @@ pub enum Quantization {
     Gptq(Gptq),
     /// `quant_method: awq` (`AutoAWQConfig`).
     Awq(Awq),
+    /// `quant_method: mxfp4` on gpt-oss (`GptOssMxfp4Config`, `gpt_oss_mxfp4`): MXFP4 experts,
+    /// everything else unquantized.
+    GptOssMxfp4(GptOssMxfp4),
 }
 
 /// Why a `quantization_config` is refused, and what to do.
@@ -68,11 +73,24 @@ fn refuse(message: String, fix: &str) -> QuantError {
 const USE_UNQUANTIZED: &str = "use the unquantized (bf16) checkpoint, or an FP8 one (`quant_method: fp8` or compressed-tensors float-quantized)";
 
 impl Quantization {
-    /// The scheme `quantization_config` describes; `None` for an unquantized checkpoint.
+    /// The scheme `quantization_config` describes, read without knowing the model (as vLLM
+    /// with no `hf_config`: `mxfp4` is then nobody's gpt-oss). See [`Quantization::for_model`].
     pub fn from_config(qc: Option<&Value>) -> Result<Option<Quantization>, QuantError> {
+        Quantization::for_model(qc, None)
+    }
+
+    /// The scheme `quantization_config` describes for a model of `model_type`; `None` for an
+    /// unquantized checkpoint.
+    pub fn for_model(
+        qc: Option<&Value>,
+        model_type: Option<&str>,
+    ) -> Result<Option<Quantization>, QuantError> {
         let Some(qc) = qc else { return Ok(None) };
         match normalized_method(qc).as_str() {
             "fp8" => Fp8::parse(qc).map(|q| Some(Quantization::Fp8(q))),
+            "mxfp4" | "gpt_oss_mxfp4" => {
+                GptOssMxfp4::parse(qc, model_type).map(|q| Some(Quantization::GptOssMxfp4(q)))
+            }
             "compressed-tensors" => {
                 Compressed::parse(qc).map(|q| Some(Quantization::Compressed(q)))
             }
@@ -105,6 +123,7 @@ impl Quantization {
             Quantization::ModelOptNvFp4(_) => "modelopt_fp4",
             Quantization::Gptq(_) => "gptq",
             Quantization::Awq(_) => "awq",
+            Quantization::GptOssMxfp4(_) => "mxfp4",
         }
     }
 
@@ -114,15 +133,25 @@ impl Quantization {
         match self {
             Quantization::Gptq(g) => g.update_from_checkpoint(tensors),
             Quantization::Awq(a) => a.update_from_checkpoint(tensors),
-            Quantization::Fp8(_) | Quantization::Compressed(_) | Quantization::ModelOptNvFp4(_) => {
-            }
+            Quantization::Fp8(_)
+            | Quantization::Compressed(_)
+            | Quantization::ModelOptNvFp4(_)
+            | Quantization::GptOssMxfp4(_) => {}
         }
     }
 
-    /// The activation dtypes vLLM's config class accepts (`get_supported_act_dtypes`), as vLLM
-    /// names them in its refusal.
-    pub fn supports_f32(&self) -> Result<(), String> {
+    /// Whether vLLM's config class accepts the model dtype `dtype` (`get_supported_act_dtypes`);
+    /// `Err` holds vLLM's refusal.
+    pub fn supports(&self, dtype: Dtype) -> Result<(), String> {
+        let torch = match dtype {
+            Dtype::F32 => "torch.float32",
+            Dtype::F16 => "torch.float16",
+            _ => return Ok(()),
+        };
         let (name, list) = match self {
+            // GptOssMxfp4Config: bfloat16 only.
+            Quantization::GptOssMxfp4(_) => ("gpt_oss_mxfp4", "[torch.bfloat16]"),
+            _ if dtype != Dtype::F32 => return Ok(()),
             Quantization::Fp8(_) => ("fp8", "[torch.bfloat16, torch.float16]"),
             Quantization::Gptq(_) => ("auto_gptq", "[torch.float16, torch.bfloat16]"),
             Quantization::Awq(_) => ("auto_awq", "[torch.float16, torch.bfloat16]"),
@@ -133,7 +162,7 @@ impl Quantization {
             Quantization::Compressed(_) => return Ok(()),
         };
         Err(format!(
-            "torch.float32 is not supported for quantization method {name}. Supported dtypes: {list}"
+            "{torch} is not supported for quantization method {name}. Supported dtypes: {list}"
         ))
     }
 
@@ -169,6 +198,12 @@ impl Quantization {
                     }
                 );
             }
+            Quantization::GptOssMxfp4(q) => {
+                return format!(
+                    "mxfp4 (gpt_oss_mxfp4): MXFP4 experts (U8 E2M1 blocks, E8M0 scales per 32), every linear layer unquantized, {} module pattern(s) listed in modules_to_not_convert",
+                    q.not_converted.len()
+                );
+            }
         };
         let act = match act {
             Some(true) => "static activation scales",
@@ -193,6 +228,8 @@ impl Quantization {
         match self {
             Quantization::Gptq(g) => return g.quantizes(module, shards),
             Quantization::Awq(a) => return a.skips(module, shards).map(|s| !s),
+            // Mxfp4Config.get_quant_method: UnquantizedLinearMethod for every linear layer.
+            Quantization::GptOssMxfp4(_) => return Ok(false),
             _ => {}
         }
         let exact = self.skipped_exactly(module, shards)?;
@@ -243,6 +280,8 @@ impl Quantization {
             // AutoGPTQConfig quantizes every RoutedExperts (only `dynamic` rules, refused, skip).
             Quantization::Gptq(_) => true,
             Quantization::Awq(a) => !a.skips(module, &[]).unwrap_or(true),
+            // Every RoutedExperts layer gets GptOssMxfp4MoEMethod.
+            Quantization::GptOssMxfp4(_) => true,
         }
     }
 
@@ -255,6 +294,7 @@ impl Quantization {
             Quantization::ModelOptNvFp4(q) => Ok(q.lists(name)),
             Quantization::Gptq(g) => g.quantizes(name, &[]).map(|q| !q),
             Quantization::Awq(a) => a.skips(name, &[]),
+            Quantization::GptOssMxfp4(_) => Ok(true),
         }
     }
 }
@@ -345,7 +385,7 @@ mod tests {
             (json!({"quant_method": "hqq"}), "\"hqq\" is not supported"),
             (
                 json!({"quant_method": "mxfp4"}),
-                "\"mxfp4\" is not supported",
+                "wload writes MXFP4 only for gpt-oss",
             ),
             (json!({"quant_method": "fp8"}), "no activation_scheme"),
             (

@@ -164,6 +164,9 @@ pub fn tensor_role(name: &str) -> TensorRole {
             TensorRole::KvCacheScale
         }
         "bias" => TensorRole::Bias,
+        // gpt-oss MXFP4 experts: `gate_up_proj_blocks`, `down_proj_scales`.
+        l if l.ends_with("_blocks") => TensorRole::Weight,
+        l if l.ends_with("_scales") => TensorRole::WeightScale,
         _ => TensorRole::Other,
     }
 }
@@ -218,6 +221,14 @@ mod role_tests {
                 TensorRole::KvCacheScale,
             ),
             (format!("{l}.self_attn.q_proj.bias"), TensorRole::Bias),
+            (
+                format!("{l}.mlp.experts.gate_up_proj_blocks"),
+                TensorRole::Weight,
+            ),
+            (
+                format!("{l}.mlp.experts.down_proj_scales"),
+                TensorRole::WeightScale,
+            ),
             (
                 format!("{l}.mlp.gate.e_score_correction_bias"),
                 TensorRole::Other,

@@ -53,6 +53,10 @@ pub struct Manifest {
     /// one line each. Absent when it was copied unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_changes: Option<Vec<String>>,
+    /// The vLLM MoE backend whose padding the MXFP4 experts were written with
+    /// (`--moe-backend`); absent: unpadded, or no MXFP4 experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_backend: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -32,6 +32,8 @@ pub struct ServeLayout<'a> {
     pub dtype: Option<&'a str>,
     /// The other files in the folder (config.json, params.json, tokenizer files).
     pub side_files: &'a [String],
+    /// The MoE backend the MXFP4 experts were padded for: vLLM must pick the same one.
+    pub moe_backend: Option<&'a str>,
 }
 
 impl<'a> ServeLayout<'a> {
@@ -42,6 +44,7 @@ impl<'a> ServeLayout<'a> {
             expert_parallel: m.expert_parallel,
             dtype: Some(&m.dtype),
             side_files: m.side_files.as_deref().unwrap_or_default(),
+            moe_backend: backend_name(m),
         }
     }
 }
@@ -68,6 +71,9 @@ impl ServeCommand {
         if m.expert_parallel {
             flag("--enable-expert-parallel", None);
         }
+        if let Some(b) = m.moe_backend {
+            flag("--moe-backend", Some(b.into()));
+        }
         if let Some(dtype) = m.dtype
             && dtype != auto_dtype
             && let Some(d) = vllm_dtype(dtype)
@@ -92,6 +98,13 @@ impl ServeCommand {
             .join(" ");
         ServeCommand { argv, shell }
     }
+}
+
+/// The manifest's MoE backend when it is a name (vLLM's are lower case and `_`): a folder from
+/// elsewhere may record anything.
+fn backend_name(m: &Manifest) -> Option<&str> {
+    let b = m.moe_backend.as_deref()?;
+    (!b.is_empty() && b.chars().all(|c| c.is_ascii_lowercase() || c == '_')).then_some(b)
 }
 
 /// The folder as vLLM's positional model argument: a relative path that starts with `-` would be
@@ -141,6 +154,7 @@ pub fn serve_command(
         side_files: manifest
             .and_then(|m| m.side_files.as_deref())
             .unwrap_or_default(),
+        moe_backend: manifest.and_then(backend_name),
     };
     // Only a known dtype can need `--dtype`: reading the folder's config and headers is for that.
     let auto = match layout.dtype {

@@ -78,6 +78,7 @@ golden! {
     deepseek_v3_tp2 => "deepseek_v3/tp2",
     gemma2_tp2 => "gemma2/tp2",
     gpt_oss_tp2 => "gpt_oss/tp2",
+    gpt_oss_mxfp4_tp2 => "gpt_oss_mxfp4/tp2",
     llama_gqa_tp2 => "llama_gqa/tp2",
     llama_gqa_tp8 => "llama_gqa/tp8",
     llama_gqa__dtype_float16_tp2 => "llama_gqa__dtype_float16/tp2",

@@ -57,6 +57,7 @@ pub(crate) fn plan_options(a: &ParallelArgs) -> PlanOptions {
         dtype: a.model.dtype,
         mapping: a.model.mapping.clone(),
         shapes_only: false,
+        moe_backend: a.moe_backend,
     }
 }
 
@@ -113,5 +114,6 @@ pub(crate) fn load_flags(a: &LoadArgs) -> LoadFlags {
         config_format: a.source.config_format,
         pp_partition: p.pp_partition.get(),
         mapping: p.mapping.clone(),
+        moe_backend: p.moe_backend,
     }
 }

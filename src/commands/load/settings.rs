@@ -7,6 +7,7 @@ use crate::commands::error::Error;
 use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
 use crate::plan::PlanOptions;
+use crate::quant::mxfp4::MoeBackend;
 use crate::sharded::manifest::{MANIFEST, Manifest};
 
 /// `load`'s parallel and format flags as given (`None`: absent), before a manifest fills them in.
@@ -19,6 +20,7 @@ pub struct LoadFlags {
     pub config_format: ConfigFormat,
     pub pp_partition: Option<String>,
     pub mapping: Option<std::path::PathBuf>,
+    pub moe_backend: Option<MoeBackend>,
 }
 
 /// What `load` runs with: the flags, completed from SOURCE's `wload.json`.
@@ -52,6 +54,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
     let mut expert_parallel = flags.expert_parallel;
     let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
     let mut config_format = flags.config_format;
+    let mut moe_backend = flags.moe_backend;
     if let Some(m) = &manifest {
         if m.tp == 0 || m.pp == 0 {
             return Err(crate::plan::PlanError::Invalid(vec![crate::problem::Problem {
@@ -70,6 +73,16 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         if m.expert_parallel && !flags.expert_parallel {
             expert_parallel = true;
             taken.push("--enable-expert-parallel".into());
+        }
+        // A name this wload does not know is the pre-sharded check's to report (the shapes
+        // then differ): the files were padded for it.
+        let recorded = m
+            .moe_backend
+            .as_deref()
+            .and_then(|b| MoeBackend::parse(b).ok());
+        if let (None, Some(b)) = (flags.moe_backend, recorded) {
+            moe_backend = Some(b);
+            taken.push(format!("--moe-backend {}", b.as_str()));
         }
         if let (None, Some(r)) = (flags.dtype, DtypeChoice::recorded(&m.dtype)) {
             dtype = r;
@@ -115,6 +128,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             dtype,
             mapping: flags.mapping.clone(),
             shapes_only: false,
+            moe_backend,
         },
         config_format,
         note,

@@ -7,6 +7,7 @@
 
 mod dense;
 mod experts;
+pub(super) mod mxfp4;
 mod packed_experts;
 mod scales;
 pub(super) mod types;
@@ -130,6 +131,12 @@ pub enum Geometry {
         intermediate: u64,
         hidden: u64,
     },
+    /// gpt-oss's MXFP4 experts (`mxfp4.rs`): whole 32-element blocks per rank, the real slice
+    /// in the leading corner of a parameter the MoE backend may pad.
+    Mxfp4Experts {
+        part: mxfp4::Mxfp4Part,
+        dims: mxfp4::Mxfp4Dims,
+    },
 }
 
 impl Geometry {
@@ -204,6 +211,7 @@ impl Geometry {
             | Geometry::LastShard { .. }
             | Geometry::ExpertLastShard { .. }
             | Geometry::KvHeadScale { .. } => vec![],
+            Geometry::Mxfp4Experts { dims, .. } => mxfp4::check(dims, r),
             Geometry::WithLeading { of, .. } => of.check(r),
             Geometry::BlockScale { of, block } => scales::block_scale_check(of, *block, r),
             Geometry::ExpertBlockScale {
@@ -279,6 +287,7 @@ impl Geometry {
                 GptOssPart::W2Weight => Shape::from_slice(&[*experts, *intermediate, *hidden]),
                 GptOssPart::W2Bias => Shape::from_slice(&[*experts, *hidden]),
             }),
+            Geometry::Mxfp4Experts { part, dims } => none(&mxfp4::source_shape(*part, dims)),
             Geometry::WithLeading { leading, of } => of.expected_source(shard).map(|s| {
                 let mut out = Shape::from_slice(leading);
                 out.extend_from_slice(&s);
@@ -451,6 +460,7 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => gpt_oss_experts(*part, *experts, *intermediate, *hidden, r),
+            Geometry::Mxfp4Experts { part, dims } => mxfp4::rank_layout(*part, dims, r),
         }
     }
 
@@ -475,6 +485,7 @@ impl Geometry {
                 dims,
                 block,
             } => scales::expert_block_refined(*part, *experts, *dims, *block, r),
+            Geometry::Mxfp4Experts { part, dims } => mxfp4::copies(*part, dims, r),
             _ => Vec::new(),
         }
     }
@@ -482,7 +493,9 @@ impl Geometry {
 
 /// `inner` (a layout without per-expert repeats or zero ranges) behind the dimensions `leading`.
 fn with_leading(leading: &[u64], inner: RankLayout) -> RankLayout {
-    debug_assert!(inner.per_expert.is_none() && inner.zeros.is_empty());
+    debug_assert!(
+        inner.per_expert.is_none() && inner.zeros.is_empty() && inner.zero_rows.is_empty()
+    );
     let prepend = |s: &[u64]| leading.iter().chain(s).copied().collect::<Vec<u64>>();
     let slices = (inner.slices.iter())
         .map(|s| types::Slice {
@@ -589,6 +602,17 @@ mod tests {
                 hidden: 6,
             }),
         )
+        .chain(mxfp4::Mxfp4Part::ALL.into_iter().flat_map(|part| {
+            [[1, 1], [1, 64], [256, 128]].map(|align| Geometry::Mxfp4Experts {
+                part,
+                dims: mxfp4::Mxfp4Dims {
+                    experts: 8,
+                    intermediate: 224,
+                    hidden: 96,
+                    align,
+                },
+            })
+        }))
         .collect::<Vec<_>>()
     }
 
@@ -636,6 +660,14 @@ mod tests {
                             for (at, count) in &l.zeros {
                                 for x in *at..at + count {
                                     hits[x as usize] += 1;
+                                }
+                            }
+                            for z in &l.zero_rows {
+                                for k in 0..z.rows {
+                                    let at = z.start + k * z.stride;
+                                    for x in at..at + z.count {
+                                        hits[x as usize] += 1;
+                                    }
                                 }
                             }
                             assert!(hits.iter().all(|&h| h == 1), "{g:?} tp{tp} r{rank} ep{ep}");

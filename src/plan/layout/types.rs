@@ -119,10 +119,22 @@ pub struct RankLayout {
     pub slices: Vec<Slice>,
     /// (element offset, count) filled with zeros (vocab padding).
     pub zeros: Vec<(u64, u64)>,
+    /// Evenly spaced zero runs (the padded tail of every row of an MXFP4 expert parameter):
+    /// millions of rows, kept as one description each.
+    pub zero_rows: Vec<ZeroRows>,
     /// Fused expert tensors repeat one expert's slices for every local expert: a DeepSeek-V3
     /// rank holds 256 experts in each of 58 layers, and one expert's slices, built once, stand
     /// for them all.
     pub per_expert: Option<PerExpert>,
+}
+
+/// `rows` runs of `count` zeros, the `k`-th at element `start + k · stride`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZeroRows {
+    pub start: u64,
+    pub count: u64,
+    pub stride: u64,
+    pub rows: u64,
 }
 
 /// How [`RankLayout::slices`] repeat over a rank's experts: expert `first + j` is filled by the
@@ -142,6 +154,7 @@ impl RankLayout {
             shape,
             slices,
             zeros,
+            zero_rows: Vec::new(),
             per_expert: None,
         }
     }
@@ -158,6 +171,7 @@ impl RankLayout {
             shape,
             slices: if local.is_empty() { vec![] } else { slices },
             zeros: vec![],
+            zero_rows: Vec::new(),
             per_expert: Some(PerExpert {
                 first: local.start,
                 count: local.end - local.start,

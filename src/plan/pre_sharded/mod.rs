@@ -213,6 +213,10 @@ fn expected_plan(
         &PlanOptions {
             expert_parallel: popts.expert_parallel || manifest.is_some_and(|m| m.expert_parallel),
             shapes_only: true,
+            moe_backend: popts.moe_backend.or_else(|| {
+                let recorded = manifest.and_then(|m| m.moe_backend.as_deref())?;
+                crate::quant::mxfp4::MoeBackend::parse(recorded).ok()
+            }),
             ..popts.clone()
         },
     )?)
@@ -464,6 +468,7 @@ impl Built {
             tie_word_embeddings: expected.tie_word_embeddings,
             retie: None,
             skipped: Vec::new(),
+            moe_backend: expected.moe_backend,
         }
     }
 }

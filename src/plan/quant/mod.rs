@@ -13,6 +13,7 @@ mod gptq;
 mod int8;
 mod kv_cache;
 mod linear;
+mod mxfp4;
 mod nvfp4;
 mod wna16;
 
@@ -233,9 +234,12 @@ impl<'m> Planner<'m> {
                 )
             }
             // Their parameters are gptq.rs's and nvfp4.rs's (sent there before this).
-            Quantization::Gptq(_) | Quantization::Awq(_) | Quantization::ModelOptNvFp4(_) => {
-                return None;
-            }
+            // linear_quantized is false for every MXFP4 layer; the others' parameters are
+            // gptq.rs's and nvfp4.rs's (sent there before this).
+            Quantization::Gptq(_)
+            | Quantization::Awq(_)
+            | Quantization::ModelOptNvFp4(_)
+            | Quantization::GptOssMxfp4(_) => return None,
         };
         let mut out = vec![weight_scale];
         if static_input {
@@ -247,6 +251,9 @@ impl<'m> Planner<'m> {
     /// A fused expert weight: F8_E4M3; after `w2_weight`, both weights' scales (vLLM registers
     /// `w13_weight`, `w2_weight`, then the scales).
     fn experts(&mut self, q: &Quantization, p: &mut Param<'m>) -> Option<Vec<Extra>> {
+        if let Quantization::GptOssMxfp4(_) = q {
+            return self.mxfp4_experts(p);
+        }
         let module = p.name.split_once(".routed_experts.")?.0.to_string();
         let module = module.as_str();
         let Geometry::Experts {
@@ -260,7 +267,9 @@ impl<'m> Planner<'m> {
         };
         let fp8 = match q {
             Quantization::Fp8(f) => f,
-            Quantization::Gptq(_) | Quantization::Awq(_) => return None,
+            Quantization::Gptq(_) | Quantization::Awq(_) | Quantization::GptOssMxfp4(_) => {
+                return None;
+            }
             Quantization::ModelOptNvFp4(m) => {
                 if !q.experts_quantized(module) {
                     return None;
@@ -378,6 +387,8 @@ impl<'m> Planner<'m> {
                 .collect(),
             // No kv-cache method: the Attention layer keeps only its scale buffers.
             Quantization::Gptq(_) | Quantization::Awq(_) => return None,
+            // Mxfp4Config.get_quant_method gives Attention no method: no kv-cache scales.
+            Quantization::GptOssMxfp4(_) => return None,
         })
     }
 

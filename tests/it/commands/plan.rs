@@ -148,6 +148,7 @@ fn time_plan(
         dtype: wload::dtype::DtypeChoice::Auto,
         mapping: None,
         shapes_only: false,
+        moe_backend: None,
     };
     let mut best = f64::INFINITY;
     let mut last = None;

@@ -221,10 +221,11 @@ fn every_pipeline_stage_holds_embedding_norm_and_lm_head() {
     }
 }
 
-/// openai/gpt-oss-* ship MXFP4 experts (`quant_method: mxfp4`): refused, naming the method and
-/// pointing at the bf16 checkpoint.
+/// A bf16 checkpoint whose config says `quant_method: mxfp4` (as openai/gpt-oss-*'s do): the
+/// experts are planned as MXFP4 (tests/it/formats/mxfp4.rs), so the bf16 tensors are refused by
+/// shape, and the scales they lack are named.
 #[test]
-fn mxfp4_checkpoints_are_refused() {
+fn a_bf16_checkpoint_that_says_mxfp4_is_refused_by_shape() {
     let dir = copy_fixture(CASE);
     let cfg = dir.path().join("config.json");
     let mut config: serde_json::Value =
@@ -246,8 +247,9 @@ fn mxfp4_checkpoints_are_refused() {
             &run(&args),
             3,
             &[
-                "quant_method = \"mxfp4\" is not supported",
-                "unquantized (bf16) checkpoint",
+                "tensor 'model.layers.0.mlp.experts.gate_up_proj' has shape [4, 128, 128]",
+                "'model.layers.0.mlp.experts.routed_experts.w13_weight' (via suffix '.experts.gate_up_proj' → '.experts.routed_experts.w13_weight') expects [4, 128, 4, 16]",
+                "parameter 'model.layers.0.mlp.experts.routed_experts.w13_weight_scale' has nothing in the checkpoint to fill it",
             ],
         );
         assert!(

@@ -5,6 +5,7 @@ mod fp8;
 mod gptq;
 pub(crate) mod hub;
 mod io;
+mod mxfp4;
 mod nvfp4;
 mod pp;
 mod safetensors_crate;

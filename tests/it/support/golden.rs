@@ -130,18 +130,43 @@ pub(crate) fn golden_cases() -> Vec<GoldenCase> {
             let tp: u64 = dir.file_name().unwrap().to_string_lossy()[2..]
                 .parse()
                 .unwrap();
+            let mut flags = flags.clone();
+            if let Some(b) = oracle_moe_backend(&dir) {
+                flags.extend(["--moe-backend".to_string(), b]);
+            }
             out.push(GoldenCase {
                 name: format!("{cname}/tp{tp}"),
                 dir,
                 fixture: fixture.clone(),
                 tp,
                 pp,
-                flags: flags.clone(),
+                flags,
                 max_size,
             });
         }
     }
     out
+}
+
+/// The MXFP4 MoE backend the oracle pinned, as its `patches` record the selection
+/// (`mxfp4.select_mxfp4_moe_backend -> … (TRITON, …)`): vLLM padded the experts for it, so wload
+/// is told the same (`--moe-backend triton`).
+fn oracle_moe_backend(dir: &Path) -> Option<String> {
+    let meta: Value =
+        serde_json::from_slice(&fs::read(dir.join("oracle_meta_rank0.json")).ok()?).ok()?;
+    meta["patches"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|p| {
+            let rest = p.split_once("select_mxfp4_moe_backend ->")?.1;
+            // The first `(NAME, ExpertsClass)` pair: the backend's enum name.
+            rest.split('(').skip(1).find_map(|group| {
+                let (name, _) = group.split_once(',')?;
+                let upper = name.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+                (upper && !name.is_empty()).then(|| name.to_lowercase())
+            })
+        })
 }
 
 impl GoldenCase {

@@ -65,7 +65,10 @@ fn other_quantization_methods_are_refused_by_name() {
     let cases: [(Value, &[&str]); 5] = [
         (
             json!({"quant_method": "mxfp4"}),
-            &["quant_method = \"mxfp4\" is not supported"],
+            &[
+                "quant_method = \"mxfp4\" on model_type \"llama\"",
+                "generic Mxfp4Config",
+            ],
         ),
         (
             json!({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}),

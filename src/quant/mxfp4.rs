@@ -1,0 +1,174 @@
+//! `quant_method: mxfp4` as vLLM 0.33 reads it: on a gpt-oss model `GptOssMxfp4Config`
+//! (`gpt_oss_mxfp4`, `layers/quantization/mxfp4.py:129–146`), whose experts are U8 E2M1 blocks
+//! with E8M0 U8 scales and whose linear layers stay unquantized; on any other model the generic
+//! `Mxfp4Config`, which wload refuses. And the MoE backends whose padding of the experts'
+//! parameters `--moe-backend` reproduces (`fused_moe/oracle/mxfp4.py:837–916`).
+
+use serde_json::Value;
+
+use super::{QuantError, refuse, string_list};
+
+/// MXFP4 groups 32 values under one E8M0 scale (`OCP_MX_BLOCK_SIZE`); two E2M1 values a byte.
+pub const MX_BLOCK: u64 = 32;
+
+/// `GptOssMxfp4Config`: only the routed experts are quantized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptOssMxfp4 {
+    /// `modules_to_not_convert`, as the config lists it. vLLM builds every linear layer
+    /// unquantized anyway (`Mxfp4Config.get_quant_method`); the list is kept for reports.
+    pub not_converted: Vec<String>,
+}
+
+impl GptOssMxfp4 {
+    /// `qc` of a model whose `model_type` is `model_type`: vLLM overrides `mxfp4` to
+    /// `gpt_oss_mxfp4` only for `gpt_oss` (`override_quantization_method`).
+    pub(super) fn parse(qc: &Value, model_type: Option<&str>) -> Result<GptOssMxfp4, QuantError> {
+        if model_type != Some("gpt_oss") {
+            return Err(refuse(
+                format!(
+                    "quantization_config.quant_method = \"mxfp4\" on model_type {}: vLLM reads it as the generic Mxfp4Config (Mxfp4MoEMethod), whose expert parameters are padded for the GPU's MoE backend and whose scales go through its own loader; wload writes MXFP4 only for gpt-oss (model_type \"gpt_oss\", GptOssMxfp4Config)",
+                    model_type.map_or("(none)".to_string(), |t| format!("\"{t}\""))
+                ),
+                "use the model's bf16 release, or load this checkpoint with vLLM directly",
+            ));
+        }
+        let not_converted = match qc.get("modules_to_not_convert") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => string_list(v, "modules_to_not_convert")?,
+        };
+        Ok(GptOssMxfp4 { not_converted })
+    }
+}
+
+/// An MXFP4 MoE backend by vLLM's `--moe-backend` name, for the padding it gives the experts'
+/// parameters (`mxfp4_round_up_hidden_size_and_intermediate_size`). Only backends a gpt-oss
+/// deployment can pick by name, whose rounding does not depend on the platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeBackend {
+    /// OAI Triton kernels (the SM90 default): intermediate to 64, hidden kept.
+    Triton,
+    /// Marlin (and batched Marlin, CUDA): intermediate to 128, hidden to 256.
+    Marlin,
+    /// FlashInfer TRT-LLM (the Blackwell default): intermediate to 128, hidden to 256.
+    FlashinferTrtllm,
+    /// FlashInfer CUTLASS: 128 and 128.
+    FlashinferCutlass,
+    /// DeepGEMM: 128 and 128.
+    DeepGemm,
+    /// The CPU AMX kernel: 32 and 32.
+    Cpu,
+    /// Emulation: 32 and 32 (MX block alignment only).
+    Emulation,
+}
+
+impl MoeBackend {
+    pub const ALL: [MoeBackend; 7] = [
+        MoeBackend::Triton,
+        MoeBackend::Marlin,
+        MoeBackend::FlashinferTrtllm,
+        MoeBackend::FlashinferCutlass,
+        MoeBackend::DeepGemm,
+        MoeBackend::Cpu,
+        MoeBackend::Emulation,
+    ];
+
+    /// vLLM's spelling (`--moe-backend` values, `config/kernel.py` `MoEBackend`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoeBackend::Triton => "triton",
+            MoeBackend::Marlin => "marlin",
+            MoeBackend::FlashinferTrtllm => "flashinfer_trtllm",
+            MoeBackend::FlashinferCutlass => "flashinfer_cutlass",
+            MoeBackend::DeepGemm => "deep_gemm",
+            MoeBackend::Cpu => "cpu",
+            MoeBackend::Emulation => "emulation",
+        }
+    }
+
+    /// A name as vLLM's argument parser takes it (lower case, `-` read as `_`); the error
+    /// lists the names wload knows.
+    pub fn parse(name: &str) -> Result<MoeBackend, String> {
+        let norm = name.to_lowercase().replace('-', "_");
+        MoeBackend::ALL
+            .into_iter()
+            .find(|b| b.as_str() == norm)
+            .ok_or_else(|| {
+                let known: Vec<&str> = MoeBackend::ALL.iter().map(|b| b.as_str()).collect();
+                format!(
+                    "unknown MoE backend '{name}': wload pads MXFP4 experts as these vLLM --moe-backend values do: {}",
+                    known.join(", ")
+                )
+            })
+    }
+
+    /// `[hidden, intermediate]` alignments the backend rounds the parameters up to (hidden 1:
+    /// kept).
+    pub fn alignment(self) -> [u64; 2] {
+        match self {
+            MoeBackend::Triton => [1, 64],
+            MoeBackend::Marlin | MoeBackend::FlashinferTrtllm => [256, 128],
+            MoeBackend::FlashinferCutlass | MoeBackend::DeepGemm => [128, 128],
+            MoeBackend::Cpu | MoeBackend::Emulation => [MX_BLOCK, MX_BLOCK],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{QuantError, Quantization};
+    use super::*;
+    use serde_json::json;
+
+    fn q(v: Value, model_type: &str) -> Result<Option<Quantization>, QuantError> {
+        Quantization::for_model(Some(&v), Some(model_type))
+    }
+
+    #[test]
+    fn mxfp4_is_gpt_oss_mxfp4_on_gpt_oss_only() {
+        let qc = json!({"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]});
+        let got = q(qc.clone(), "gpt_oss").unwrap().unwrap();
+        let Quantization::GptOssMxfp4(m) = &got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(m.not_converted, ["lm_head"]);
+        assert_eq!(got.method(), "mxfp4");
+        // Linear layers are UnquantizedLinearMethod whatever the list says.
+        assert!(
+            !got.linear_quantized("model.layers.0.attn.qkv_proj", &[])
+                .unwrap()
+        );
+        let err = q(qc.clone(), "deepseek_v4").unwrap_err();
+        for needle in ["\"deepseek_v4\"", "Mxfp4MoEMethod", "padded", "gpt_oss"] {
+            assert!(err.message.contains(needle), "{}", err.message);
+        }
+        assert!(err.fix.contains("bf16"), "{}", err.fix);
+        // Without a model (vLLM's hf_config None) it is not gpt-oss's either.
+        let err = Quantization::from_config(Some(&qc)).unwrap_err();
+        assert!(err.message.contains("(none)"), "{}", err.message);
+        let bad = json!({"quant_method": "mxfp4", "modules_to_not_convert": "lm_head"});
+        let err = q(bad, "gpt_oss").unwrap_err();
+        assert!(
+            err.message.contains("modules_to_not_convert"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn backends_are_named_as_vllm_names_them() {
+        assert_eq!(
+            MoeBackend::parse("Flashinfer-TRTLLM"),
+            Ok(MoeBackend::FlashinferTrtllm)
+        );
+        for b in MoeBackend::ALL {
+            assert_eq!(MoeBackend::parse(b.as_str()), Ok(b));
+        }
+        let err = MoeBackend::parse("cuda").unwrap_err();
+        assert!(
+            err.contains("'cuda'") && err.contains("triton, marlin"),
+            "{err}"
+        );
+        assert_eq!(MoeBackend::Triton.alignment(), [1, 64]);
+        assert_eq!(MoeBackend::Marlin.alignment(), [256, 128]);
+    }
+}
