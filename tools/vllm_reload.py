@@ -65,19 +65,17 @@ def patch_vllm(moe_backend):
             else:
                 setattr(m, fn, lambda *a, **k: StubKernel())
     if moe_backend == "triton":
-        try:
-            import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as ox
+        # As the golden oracle pinned it: the SM90 default, TRITON, whose padding is
+        # round_up(I/tp, 64); selection only (the import of the kernel class may fail on a CPU
+        # build, and no forward pass runs).
+        import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as oracle
+        import vllm.model_executor.layers.quantization.mxfp4 as q_mxfp4
 
-            real = ox.select_mxfp4_moe_backend
-            triton = [b for b in ox.Mxfp4MoeBackend if b.name == "TRITON"][0]
+        def select(*a, **k):
+            return oracle.Mxfp4MoeBackend.TRITON, None
 
-            def select(*a, **k):
-                got = real(*a, **k)
-                return (triton,) + tuple(got[1:]) if isinstance(got, tuple) else triton
-
-            ox.select_mxfp4_moe_backend = select
-        except (ImportError, AttributeError, IndexError) as e:
-            print(f"warning: MXFP4 backend not patched ({e})", file=sys.stderr)
+        oracle.select_mxfp4_moe_backend = select
+        q_mxfp4.select_mxfp4_moe_backend = select
 
 
 def rank_main(rank, args, port):
@@ -97,7 +95,6 @@ def rank_main(rank, args, port):
         dtype=args.dtype,
         enforce_eager=True,
         distributed_executor_backend="mp",
-        **({"moe_backend": args.moe_backend} if args.moe_backend else {}),
     )
     config = engine.create_engine_config()
     with set_current_vllm_config(config):
