@@ -106,10 +106,13 @@ impl Quantization {
 #[serde(rename_all = "snake_case")]
 pub enum TensorRole {
     Weight,
-    /// Integer values packed into int32 words (compressed-tensors `weight_packed`, GPTQ/AWQ
-    /// `qweight`).
+    /// Integer or FP4 values packed into words or bytes (compressed-tensors `weight_packed`,
+    /// GPTQ/AWQ `qweight`, gpt-oss MXFP4 `*_blocks`).
     PackedWeight,
     WeightScale,
+    /// One scale for a whole tensor that its block scales are relative to (NVFP4
+    /// `weight_scale_2`, `weight_global_scale`).
+    GlobalScale,
     /// The integer offsets of asymmetric weights or activations (`weight_zero_point`,
     /// `qzeros`, `input_zero_point`).
     ZeroPoint,
@@ -127,6 +130,7 @@ impl TensorRole {
             TensorRole::Weight => "weight",
             TensorRole::PackedWeight => "packed weight",
             TensorRole::WeightScale => "weight scale",
+            TensorRole::GlobalScale => "global scale",
             TensorRole::ZeroPoint => "zero point",
             TensorRole::Shape => "weight shape",
             TensorRole::InputScale => "input scale",
@@ -143,11 +147,8 @@ pub fn tensor_role(name: &str) -> TensorRole {
     match last {
         "weight" => TensorRole::Weight,
         "weight_packed" | "qweight" => TensorRole::PackedWeight,
-        "weight_scale"
-        | "weight_scale_inv"
-        | "weight_scale_2"
-        | "weight_global_scale"
-        | "scales" => TensorRole::WeightScale,
+        "weight_scale" | "weight_scale_inv" | "scales" => TensorRole::WeightScale,
+        "weight_scale_2" | "weight_global_scale" => TensorRole::GlobalScale,
         "weight_zero_point" | "qzeros" | "input_zero_point" => TensorRole::ZeroPoint,
         "weight_shape" => TensorRole::Shape,
         "input_scale" | "input_global_scale" => TensorRole::InputScale,
@@ -164,8 +165,9 @@ pub fn tensor_role(name: &str) -> TensorRole {
             TensorRole::KvCacheScale
         }
         "bias" => TensorRole::Bias,
-        // gpt-oss MXFP4 experts: `gate_up_proj_blocks`, `down_proj_scales`.
-        l if l.ends_with("_blocks") => TensorRole::Weight,
+        // gpt-oss experts: `gate_up_proj_bias`, and MXFP4's `gate_up_proj_blocks`, `down_proj_scales`.
+        l if l.ends_with("_proj_bias") => TensorRole::Bias,
+        l if l.ends_with("_blocks") => TensorRole::PackedWeight,
         l if l.ends_with("_scales") => TensorRole::WeightScale,
         _ => TensorRole::Other,
     }
@@ -223,7 +225,19 @@ mod role_tests {
             (format!("{l}.self_attn.q_proj.bias"), TensorRole::Bias),
             (
                 format!("{l}.mlp.experts.gate_up_proj_blocks"),
-                TensorRole::Weight,
+                TensorRole::PackedWeight,
+            ),
+            (
+                format!("{l}.mlp.experts.gate_up_proj_bias"),
+                TensorRole::Bias,
+            ),
+            (
+                format!("{l}.mlp.up_proj.weight_scale_2"),
+                TensorRole::GlobalScale,
+            ),
+            (
+                format!("{l}.mlp.up_proj.weight_global_scale"),
+                TensorRole::GlobalScale,
             ),
             (
                 format!("{l}.mlp.experts.down_proj_scales"),
