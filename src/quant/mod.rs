@@ -70,7 +70,7 @@ fn refuse(message: String, fix: &str) -> QuantError {
     }
 }
 
-const USE_UNQUANTIZED: &str = "use the unquantized (bf16) checkpoint, or an FP8 one (`quant_method: fp8` or compressed-tensors float-quantized)";
+const USE_UNQUANTIZED: &str = "use the unquantized (bf16) checkpoint, or a release in a format wload writes (fp8; compressed-tensors FP8, W4A16/W8A16, W8A8 INT8; GPTQ; AWQ; gpt-oss MXFP4; ModelOpt NVFP4)";
 
 impl Quantization {
     /// The scheme `quantization_config` describes, read without knowing the model (as vLLM
@@ -108,7 +108,7 @@ impl Quantization {
             )),
             other => Err(refuse(
                 format!(
-                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes unquantized, fp8, compressed-tensors FP8, GPTQ and AWQ checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong"
+                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes unquantized, fp8, compressed-tensors, GPTQ, AWQ, gpt-oss MXFP4 and ModelOpt NVFP4 checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong"
                 ),
                 USE_UNQUANTIZED,
             )),
