@@ -108,24 +108,14 @@ impl Awq {
         module: &str,
         shards: &[String],
     ) -> Result<bool, (String, &'static str)> {
-        let inside = |p: &str| self.not_converted.iter().any(|l| p.contains(l.as_str()));
-        if shards.is_empty() || inside(module) {
-            return Ok(inside(module));
-        }
-        let proj = module.rsplit('.').next().unwrap_or(module);
-        let each: Vec<bool> = shards
-            .iter()
-            .map(|s| inside(&module.replace(proj, s)))
-            .collect();
-        if each.iter().any(|&q| q != each[0]) {
-            return Err((
-                format!(
-                    "Detected some but not all shards of {module} are quantized. All shards of fused layers to have the same precision."
-                ),
-                "list every part of the fused layer in modules_to_not_convert, or none",
-            ));
-        }
-        Ok(each[0])
+        let inside = |p: &str| Ok(self.not_converted.iter().any(|l| p.contains(l.as_str())));
+        super::by_parts(
+            module,
+            shards,
+            true,
+            inside,
+            "list every part of the fused layer in modules_to_not_convert, or none",
+        )
     }
 }
 

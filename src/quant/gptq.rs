@@ -135,27 +135,17 @@ impl Gptq {
         module: &str,
         shards: &[String],
     ) -> Result<bool, (String, &'static str)> {
-        let inside = |prefix: &str| self.quantized.iter().any(|l| prefix.contains(l.as_str()));
         if self.quantized.is_empty() {
             return Ok(true);
         }
-        if shards.is_empty() {
-            return Ok(inside(module));
-        }
-        let proj = module.rsplit('.').next().unwrap_or(module);
-        let each: Vec<bool> = shards
-            .iter()
-            .map(|s| inside(&module.replace(proj, s)))
-            .collect();
-        if each.iter().any(|&q| q != each[0]) {
-            return Err((
-                format!(
-                    "Detected some but not all shards of {module} are quantized. All shards of fused layers to have the same precision."
-                ),
-                "quantize every part of the fused layer, or none",
-            ));
-        }
-        Ok(each[0])
+        let inside = |prefix: &str| Ok(self.quantized.iter().any(|l| prefix.contains(l.as_str())));
+        super::by_parts(
+            module,
+            shards,
+            false,
+            inside,
+            "quantize every part of the fused layer, or none",
+        )
     }
 }
 

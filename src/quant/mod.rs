@@ -246,24 +246,13 @@ impl Quantization {
         module: &str,
         shards: &[String],
     ) -> Result<bool, (String, &'static str)> {
-        let ignored = |name: &str| self.ignores(name);
-        if shards.is_empty() || ignored(module)? {
-            return ignored(module);
-        }
-        let proj = module.rsplit('.').next().unwrap_or(module);
-        let skipped: Vec<bool> = shards
-            .iter()
-            .map(|s| ignored(&module.replace(proj, s)))
-            .collect::<Result<_, _>>()?;
-        if skipped.iter().any(|&s| s != skipped[0]) {
-            return Err((
-                format!(
-                    "Detected some but not all shards of {module} are quantized. All shards of fused layers to have the same precision."
-                ),
-                "list every part of the fused layer in the quantization config's ignore list, or none",
-            ));
-        }
-        Ok(skipped[0])
+        by_parts(
+            module,
+            shards,
+            true,
+            |name| self.ignores(name),
+            "list every part of the fused layer in the quantization config's ignore list, or none",
+        )
     }
 
     /// Whether the experts module `module` (`model.layers.1.mlp.experts`) is quantized: vLLM
@@ -297,6 +286,36 @@ impl Quantization {
             Quantization::GptOssMxfp4(_) => Ok(true),
         }
     }
+}
+
+/// vLLM's rule for fused layers (`is_layer_skipped`, `is_layer_gptq_quantized`): a layer whose
+/// checkpoint has parts (`qkv_proj` from `q_proj`, `k_proj`, `v_proj`) is decided by its parts'
+/// names, which must all agree; `whole_first`: a match of the layer's own name decides first.
+/// `matches` decides one name; `fix` says what to do when the parts disagree.
+fn by_parts(
+    module: &str,
+    shards: &[String],
+    whole_first: bool,
+    matches: impl Fn(&str) -> Result<bool, (String, &'static str)>,
+    fix: &'static str,
+) -> Result<bool, (String, &'static str)> {
+    if shards.is_empty() || (whole_first && matches(module)?) {
+        return matches(module);
+    }
+    let proj = module.rsplit('.').next().unwrap_or(module);
+    let each: Vec<bool> = shards
+        .iter()
+        .map(|s| matches(&module.replace(proj, s)))
+        .collect::<Result<_, _>>()?;
+    if each.iter().any(|&m| m != each[0]) {
+        return Err((
+            format!(
+                "Detected some but not all shards of {module} are quantized. All shards of fused layers to have the same precision."
+            ),
+            fix,
+        ));
+    }
+    Ok(each[0])
 }
 
 /// `v[k]`, or `null`.
