@@ -568,26 +568,9 @@ mod tests {
                 intermediate: 16,
                 hidden: 4,
             },
-            Geometry::PackedExperts {
-                part: ExpertPart::W13,
-                experts: 5,
-                dims: vec![2, 16],
-                split: true,
-            },
-            Geometry::PackedExperts {
-                part: ExpertPart::W2,
-                experts: 5,
-                dims: vec![16, 3],
-                split: true,
-            },
-            Geometry::PackedExperts {
-                part: ExpertPart::W2,
-                experts: 5,
-                dims: vec![6],
-                split: false,
-            },
         ]
         .into_iter()
+        .chain(packed_layouts())
         .chain(
             [
                 GptOssPart::W13Weight,
@@ -614,6 +597,30 @@ mod tests {
             })
         }))
         .collect::<Vec<_>>()
+    }
+
+    /// The packed formats' own layouts: GPTQ/AWQ experts stored input-major.
+    fn packed_layouts() -> [Geometry; 3] {
+        [
+            Geometry::PackedExperts {
+                part: ExpertPart::W13,
+                experts: 5,
+                dims: vec![2, 16],
+                split: true,
+            },
+            Geometry::PackedExperts {
+                part: ExpertPart::W2,
+                experts: 5,
+                dims: vec![16, 3],
+                split: true,
+            },
+            Geometry::PackedExperts {
+                part: ExpertPart::W2,
+                experts: 5,
+                dims: vec![6],
+                split: false,
+            },
+        ]
     }
 
     /// Every element of every rank's tensor is written exactly once, and the slices stay inside
