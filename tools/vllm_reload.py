@@ -6,8 +6,12 @@ from the original checkpoint (tests/data/golden/expected/<case>/tp<N>).
     VLLM_TARGET_DEVICE=cpu python tools/vllm_reload.py OUT --tp 2 --dump DUMP [--moe-backend triton]
     python tests/data/golden/tools/compare_shards.py tests/data/golden/expected/CASE/tp2 DUMP --ignore-parts
 
+With `--load-format safetensors`, FOLDER is a HF checkpoint and the dump is the state vLLM's own
+loader makes from it: the reference for a format that has no golden case (compare it with the
+dump of wload's output reloaded as above).
+
 What it does, per rank in its own process (gloo process group, as the golden oracle ran):
-`EngineArgs(OUT, load_format="sharded_state", tensor_parallel_size=N).create_engine_config()`,
+`EngineArgs(OUT, load_format="sharded_state" (or --load-format), tensor_parallel_size=N).create_engine_config()`,
 `init_worker_distributed_environment`, `get_model_loader(...).load_model(...)` — vLLM's own
 ShardedStateLoader fills a fresh model from the rank files — then writes `model.state_dict()`
 (storage-shared aliases dropped as `ShardedStateLoader.save_model` drops them).
@@ -92,7 +96,7 @@ def rank_main(rank, args, port):
 
     engine = EngineArgs(
         model=args.folder,
-        load_format="sharded_state",
+        load_format=args.load_format,
         tensor_parallel_size=args.tp,
         dtype=args.dtype,
         enforce_eager=True,
@@ -127,6 +131,11 @@ def main():
     p.add_argument("--dump", required=True)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--moe-backend", default=None)
+    p.add_argument(
+        "--load-format",
+        default="sharded_state",
+        help="sharded_state (a wload output folder) or safetensors (a HF checkpoint: vLLM's own state)",
+    )
     args = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
