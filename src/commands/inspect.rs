@@ -14,7 +14,7 @@ use crate::dtype::Dtype;
 use crate::model::structure::{self, Structure};
 use crate::open::Opened;
 use crate::quant::Quantization;
-use crate::quant::compressed::{Scheme, WeightStrategy};
+use crate::quant::compressed::WeightStrategy;
 use crate::quant::names::{TensorRole, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
 
@@ -352,11 +352,8 @@ fn quant_info(qc: Option<&Value>, model_type: Option<&str>) -> Option<QuantInfo>
             info.ignored = f.ignored;
         }
         Quantization::Compressed(c) => {
+            info.activation_scheme = c.static_input().and_then(how);
             compressed_info(&mut info, &c);
-            info.activation_scheme = match &c.scheme {
-                Scheme::Nvfp4(n) => Some(if n.activations { "nvfp4" } else { "none" }.into()),
-                _ => c.static_input().and_then(how),
-            };
             info.ignored = c.ignore;
         }
         Quantization::ModelOptNvFp4(m) => {
@@ -424,7 +421,7 @@ fn quant_info(qc: Option<&Value>, model_type: Option<&str>) -> Option<QuantInfo>
 
 /// A compressed-tensors scheme's fields.
 fn compressed_info(info: &mut QuantInfo, c: &crate::quant::compressed::Compressed) {
-    use crate::quant::compressed::{KvCacheStrategy, Nvfp4};
+    use crate::quant::compressed::{KvCacheStrategy, Nvfp4, Scheme};
     match &c.scheme {
         Scheme::Fp8(f) => {
             let (scheme, block) = match f.weights {
@@ -464,15 +461,13 @@ fn compressed_info(info: &mut QuantInfo, c: &crate::quant::compressed::Compresse
             info.symmetric = Some(true);
             info.weights = Some(format!("{} (weight I8, weight_scale F32)", i.describe()));
         }
-        Scheme::Nvfp4(_) => {
-            info.scheme = Some("group");
-            info.bits = Some(4);
-            info.group_size = Some(Nvfp4::GROUP);
+        Scheme::Nvfp4(n) => {
+            (info.scheme, info.bits, info.group_size) =
+                (Some("group"), Some(4), Some(Nvfp4::GROUP));
             info.symmetric = Some(true);
-            info.weights = Some(format!(
-                "NVFP4: E2M1 packed two a byte (weight_packed U8), an F8_E4M3 scale per {} elements (weight_scale) and an F32 global scale per part (weight_global_scale)",
-                Nvfp4::GROUP
-            ));
+            info.weights = Some("NVFP4: E2M1 packed two a byte (weight_packed U8), an F8_E4M3 scale per 16 elements (weight_scale) and an F32 global scale per part (weight_global_scale)".into());
+            // W4A4 quantizes activations per group at run time, from a static global scale.
+            info.activation_scheme = Some(if n.activations { "nvfp4" } else { "none" }.into());
         }
     }
     info.kv_cache_scheme = c.kv_cache.map(|k| match k {

@@ -246,41 +246,57 @@ impl<'m> Planner<'m> {
             return None;
         }
         // The destructured sizes are w2's unpacked ones, which are w13's too.
-        let w13_scale = Geometry::Experts {
-            part: ExpertPart::W13,
-            experts,
-            intermediate,
-            hidden: hidden / g,
-        };
-        let named = |part: ExpertPart, suffix: &str| format!("{base}{}_{suffix}", part_name(part));
-        let per_expert = |part: ExpertPart| Geometry::ExpertTensorScale {
-            part,
-            experts,
-            input: false,
-        };
-        let block = |part: ExpertPart, geometry: Geometry| {
-            Extra::required(
-                named(part, "weight_scale"),
-                geometry,
-                Dtype::F8E4M3,
-                f64::NAN,
-            )
-        };
-        let mut out = vec![
-            block(ExpertPart::W13, w13_scale),
-            block(ExpertPart::W2, scale_geometry),
-        ];
-        for suffix in [m.names.global, m.names.input] {
-            for part in [ExpertPart::W13, ExpertPart::W2] {
-                // W4A16 experts register input scales too; no checkpoint fills them.
-                let optional = suffix == m.names.input && !m.activations;
-                out.push(Extra {
-                    optional,
-                    fill: if optional { f64::NAN } else { 0.0 },
-                    ..Extra::required(named(part, suffix), per_expert(part), Dtype::F32, 0.0)
-                });
-            }
-        }
-        Some(out)
+        Some(expert_scales(
+            m,
+            &base,
+            [experts, intermediate, hidden],
+            scale_geometry,
+        ))
     }
+}
+
+/// The experts' scales after `w2`'s weight: both block scales (w2's geometry given), then the
+/// global scales and the input scales of w13 and w2.
+fn expert_scales(
+    m: Nvfp4Method,
+    base: &str,
+    [experts, intermediate, hidden]: [u64; 3],
+    w2_scale: Geometry,
+) -> Vec<Extra> {
+    let w13_scale = Geometry::Experts {
+        part: ExpertPart::W13,
+        experts,
+        intermediate,
+        hidden: hidden / m.group,
+    };
+    let named = |part: ExpertPart, suffix: &str| format!("{base}{}_{suffix}", part_name(part));
+    let per_expert = |part: ExpertPart| Geometry::ExpertTensorScale {
+        part,
+        experts,
+        input: false,
+    };
+    let block = |part: ExpertPart, geometry: Geometry| {
+        Extra::required(
+            named(part, "weight_scale"),
+            geometry,
+            Dtype::F8E4M3,
+            f64::NAN,
+        )
+    };
+    let mut out = vec![
+        block(ExpertPart::W13, w13_scale),
+        block(ExpertPart::W2, w2_scale),
+    ];
+    for suffix in [m.names.global, m.names.input] {
+        for part in [ExpertPart::W13, ExpertPart::W2] {
+            // W4A16 experts register input scales too; no checkpoint fills them.
+            let optional = suffix == m.names.input && !m.activations;
+            out.push(Extra {
+                optional,
+                fill: if optional { f64::NAN } else { 0.0 },
+                ..Extra::required(named(part, suffix), per_expert(part), Dtype::F32, 0.0)
+            });
+        }
+    }
+    out
 }

@@ -65,7 +65,7 @@ impl Compressed {
             _ => {
                 return Err(refuse(
                     format!(
-                        "compressed-tensors format \"{format}\" is not supported: wload writes float-quantized (FP8), pack-quantized (W4A16 / W8A16) and int-quantized (W8A8 INT8) and nvfp4-pack-quantized (NVFP4) compressed-tensors checkpoints"
+                        "compressed-tensors format \"{format}\" is not supported: wload writes float-quantized (FP8), pack-quantized (W4A16 / W8A16), int-quantized (W8A8 INT8) and nvfp4-pack-quantized (NVFP4) compressed-tensors checkpoints"
                     ),
                     USE_UNQUANTIZED,
                 ));

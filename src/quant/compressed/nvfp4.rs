@@ -77,3 +77,46 @@ fn is_nvfp4(args: &Value) -> bool {
         && field(args, "group_size") == 16
         && field(args, "symmetric") != false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::Quantization;
+    use super::super::Scheme;
+    use super::Nvfp4;
+    use serde_json::{Value, json};
+
+    fn nvfp4(edit: impl FnOnce(&mut Value)) -> Result<Nvfp4, String> {
+        let args = json!({"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                          "group_size": 16, "symmetric": true, "dynamic": false});
+        let mut input = args.clone();
+        input["dynamic"] = json!("local");
+        let mut qc = json!({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": args,
+                                          "input_activations": input}}});
+        edit(&mut qc["config_groups"]["group_0"]);
+        match Quantization::from_config(Some(&qc)) {
+            Ok(Some(Quantization::Compressed(c))) => match c.scheme {
+                Scheme::Nvfp4(n) => Ok(n),
+                other => panic!("{other:?}"),
+            },
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(format!("{} / {}", e.message, e.fix)),
+        }
+    }
+
+    /// `_is_nvfp4_format` on weights and activations picks W4A4, W4A16 or a refusal.
+    #[test]
+    fn the_scheme_is_chosen_as_vllm_chooses_it() {
+        assert_eq!(nvfp4(|_| {}), Ok(Nvfp4 { activations: true }));
+        assert_eq!(
+            nvfp4(|g| g["input_activations"] = Value::Null),
+            Ok(Nvfp4 { activations: false })
+        );
+        let e = nvfp4(|g| g["input_activations"]["num_bits"] = json!(8)).unwrap_err();
+        assert!(e.contains("input quantization must also be NVFP4"), "{e}");
+        for (k, v) in [("symmetric", json!(false)), ("group_size", json!(32))] {
+            let e = nvfp4(|g| g["weights"][k] = v.clone()).unwrap_err();
+            assert!(e.contains("No compressed-tensors compatible scheme"), "{e}");
+        }
+    }
+}

@@ -273,3 +273,126 @@ fn inspect_describes_ct_nvfp4() {
         );
     }
 }
+
+/// nvfp4.rs's one-layer Qwen3-MoE (4 experts, hidden 64, expert intermediate 64) with its expert
+/// tensors renamed to compressed-tensors' and attention and router left out by `ignore`.
+fn ct_moe() -> TempDir {
+    let dir = TempDir::new().unwrap();
+    super::nvfp4::nvfp4_moe(dir.path());
+    std::fs::remove_file(dir.path().join("hf_quant_config.json")).unwrap();
+    let ck = checkpoint_tensors(dir.path());
+    let renamed: Tensors = (ck.into_iter())
+        .map(|(name, t)| {
+            if !name.contains(".experts.") {
+                return (name, t);
+            }
+            let (module, last) = name.rsplit_once('.').unwrap();
+            let (last, shape) = match last {
+                "weight" => ("weight_packed", t.shape.clone()),
+                "weight_scale_2" => ("weight_global_scale", vec![1]),
+                "input_scale" => ("input_global_scale", vec![1]),
+                other => (other, t.shape.clone()),
+            };
+            (format!("{module}.{last}"), Held { shape, ..t })
+        })
+        .collect();
+    write_held(&dir.path().join("model.safetensors"), &renamed);
+    let mut config = read_config(dir.path());
+    let mut q = ct_config(true);
+    q["ignore"] = json!(["lm_head", "re:.*self_attn.*", "re:.*mlp\\.gate$"]);
+    config.insert("quantization_config".into(), q);
+    write_config(dir.path(), config);
+    dir
+}
+
+/// Per rank under TP 2 (every expert, half the intermediate) and EP 2 (half the experts, whole):
+/// vLLM's parameters in order, and expert 3's bytes and [gate, up] global scales where they land.
+/// The input scales are the rank's experts' under EP too (`num_experts` is the local count and
+/// `input_global_scale` loads by local id on every backend), so EP is not refused here.
+#[test]
+fn ct_nvfp4_experts_split_under_tp_and_ep() {
+    let src = ct_moe();
+    let ck = checkpoint_tensors(src.path());
+    let base = "model.layers.0.mlp.experts.routed_experts";
+    let x = "model.layers.0.mlp.experts";
+    for (ep, e_l, i_r) in [(false, 4u64, 32u64), (true, 2, 64)] {
+        let out = TempDir::new().unwrap();
+        let flags: &[&str] = if ep {
+            &["--enable-expert-parallel"]
+        } else {
+            &[]
+        };
+        shard_ok(src.path(), 2, out.path(), flags);
+        let mut args = vec!["--tp", "2"];
+        args.extend_from_slice(flags);
+        let plan = clean_plan_json(src.path(), &args);
+        for r in 0..2u64 {
+            let t = rank_tensors(out.path(), r);
+            let order: Vec<(String, String, Vec<u64>)> = (plan["ranks"][r as usize]["tensors"])
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(json_tensor)
+                .filter(|(n, _, _)| n.starts_with(base))
+                .collect();
+            let want: Vec<(String, String, Vec<u64>)> = [
+                ("w13_weight_packed", "U8", vec![e_l, 2 * i_r, 32]),
+                ("w2_weight_packed", "U8", vec![e_l, 64, i_r / 2]),
+                ("w13_weight_scale", "F8_E4M3", vec![e_l, 2 * i_r, 4]),
+                ("w2_weight_scale", "F8_E4M3", vec![e_l, 64, i_r / 16]),
+                ("w13_weight_global_scale", "F32", vec![e_l, 2]),
+                ("w2_weight_global_scale", "F32", vec![e_l]),
+                ("w13_input_global_scale", "F32", vec![e_l, 2]),
+                ("w2_input_global_scale", "F32", vec![e_l]),
+            ]
+            .into_iter()
+            .map(|(n, d, s)| (format!("{base}.{n}"), d.to_string(), s))
+            .collect();
+            assert_eq!(order, want, "ep {ep} rank {r}: vLLM's order and shapes");
+            for (n, d, s) in &want {
+                assert_eq!((&t[n].dtype, &t[n].shape), (d, s), "ep {ep} rank {r} {n}");
+            }
+            // Global expert 3: local 3 under TP, rank 1's local 1 under EP.
+            let local = match (ep, r) {
+                (false, _) => 3,
+                (true, 1) => 1,
+                (true, _) => continue,
+            };
+            let i_at = if ep { 0 } else { r as usize * i_r as usize };
+            let i_r = i_r as usize;
+            let w13 = &t[&format!("{base}.w13_weight_packed")];
+            let per = w13.data.len() / e_l as usize;
+            let rows = |m: &Held| m.rows(i_at, i_at + i_r).to_vec();
+            let (gate, up) = (
+                &ck[&format!("{x}.3.gate_proj.weight_packed")],
+                &ck[&format!("{x}.3.up_proj.weight_packed")],
+            );
+            assert_eq!(
+                &w13.data[local * per..(local + 1) * per],
+                &[rows(gate), rows(up)].concat()[..],
+                "ep {ep} rank {r} expert 3 w13"
+            );
+            let w2 = &t[&format!("{base}.w2_weight_packed")];
+            let per = w2.data.len() / e_l as usize;
+            let down = &ck[&format!("{x}.3.down_proj.weight_packed")];
+            assert_eq!(
+                w2.data[local * per..(local + 1) * per].to_vec(),
+                down.cols(i_at / 2, (i_at + i_r) / 2),
+                "ep {ep} rank {r} expert 3 w2"
+            );
+            for scale in ["weight_global_scale", "input_global_scale"] {
+                let got = &t[&format!("{base}.w13_{scale}")];
+                let want = [
+                    ck[&format!("{x}.3.gate_proj.{scale}")].data.clone(),
+                    ck[&format!("{x}.3.up_proj.{scale}")].data.clone(),
+                ]
+                .concat();
+                assert_eq!(
+                    &got.data[local * 8..local * 8 + 8],
+                    &want[..],
+                    "ep {ep} rank {r} expert 3 [gate, up] {scale}"
+                );
+            }
+        }
+    }
+}

@@ -59,7 +59,7 @@ fn other_modelopt_algorithms_are_refused_by_name_with_the_fix() {
 
 /// A one-layer Qwen3-MoE in ModelOpt NVFP4 with 4 experts (hidden 64, expert intermediate 64),
 /// attention and router unquantized by `exclude_modules`.
-fn nvfp4_moe(dir: &Path) {
+pub(super) fn nvfp4_moe(dir: &Path) {
     let (h, i, e) = (64u64, 64u64, 4u64);
     write_json(
         &dir.join("config.json"),
