@@ -6,8 +6,12 @@ from the original checkpoint (tests/data/golden/expected/<case>/tp<N>).
     VLLM_TARGET_DEVICE=cpu python tools/vllm_reload.py OUT --tp 2 --dump DUMP [--moe-backend triton]
     python tests/data/golden/tools/compare_shards.py tests/data/golden/expected/CASE/tp2 DUMP --ignore-parts
 
+With `--load-format safetensors`, FOLDER is a HF checkpoint and the dump is the state vLLM's own
+loader makes from it: the reference for a format that has no golden case (compare it with the
+dump of wload's output reloaded as above).
+
 What it does, per rank in its own process (gloo process group, as the golden oracle ran):
-`EngineArgs(OUT, load_format="sharded_state", tensor_parallel_size=N).create_engine_config()`,
+`EngineArgs(OUT, load_format="sharded_state" (or --load-format), tensor_parallel_size=N).create_engine_config()`,
 `init_worker_distributed_environment`, `get_model_loader(...).load_model(...)` — vLLM's own
 ShardedStateLoader fills a fresh model from the rank files — then writes `model.state_dict()`
 (storage-shared aliases dropped as `ShardedStateLoader.save_model` drops them).
@@ -18,7 +22,8 @@ the goal is the state right after the weight loaders, which is what sharded_stat
   a no-op, so that the dump is the loaded state, not the kernel-repacked one;
 - kernel selection that has no CPU implementation (NVFP4, WNA16/Marlin linear kernels): a stub
   object, selection only — parameters are created by the schemes themselves;
-- the MoE backend: the SM90 (H100/H200) default, TRITON, which decides MXFP4 padding.
+- the MoE backend: the SM90 (H100/H200) default, TRITON, which decides MXFP4 padding, and
+  MARLIN for NVFP4 experts (selection only), which decides their input scales' shape under EP.
 Needs vLLM 0.33.0 (`pip install vllm==0.33.0` in a venv).
 """
 
@@ -64,6 +69,23 @@ def patch_vllm(moe_backend):
                 setattr(m, fn, lambda *a, **k: StubKernel)
             else:
                 setattr(m, fn, lambda *a, **k: StubKernel())
+    # NVFP4 experts: CPUs have no backend; MARLIN is the SM90 (H100/H200) default, whose
+    # input scales are the rank's experts' (not FlashInfer's global ones).
+    try:
+        import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as on
+
+        def select_nvfp4(*a, **k):
+            return on.NvFp4MoeBackend.MARLIN, StubKernel
+
+        for mod in [
+            "vllm.model_executor.layers.quantization.modelopt",
+            "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4",
+        ]:
+            m = importlib.import_module(mod)
+            if hasattr(m, "select_nvfp4_moe_backend"):
+                m.select_nvfp4_moe_backend = select_nvfp4
+    except (ImportError, AttributeError) as e:
+        print(f"warning: NVFP4 MoE backend not patched ({e})", file=sys.stderr)
     if moe_backend == "triton":
         # As the golden oracle pinned it: the SM90 default, TRITON, whose padding is
         # round_up(I/tp, 64); selection only (the import of the kernel class may fail on a CPU
@@ -90,11 +112,12 @@ def rank_main(rank, args, port):
 
     engine = EngineArgs(
         model=args.folder,
-        load_format="sharded_state",
+        load_format=args.load_format,
         tensor_parallel_size=args.tp,
         dtype=args.dtype,
         enforce_eager=True,
         distributed_executor_backend="mp",
+        enable_expert_parallel=args.enable_expert_parallel,
     )
     config = engine.create_engine_config()
     with set_current_vllm_config(config):
@@ -103,13 +126,18 @@ def rank_main(rank, args, port):
         )
         loader = get_model_loader(config.load_config)
         model = loader.load_model(vllm_config=config, model_config=config.model_config)
+    # Aliases of one tensor (Qwen3-MoE's router is `mlp.gate` and `mlp.experts.gate`) keep
+    # the smallest name, as `ShardedStateLoader._filter_subtensors` keeps it.
     state = {}
-    seen = set()
+    kept = {}
     for k, t in model.state_dict().items():
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if t.numel() and key in seen:
-            continue
-        seen.add(key)
+        if t.numel() and key in kept:
+            if k > kept[key]:
+                continue
+            del state[kept[key]]
+        if t.numel():
+            kept[key] = k
         state[k] = t.detach().contiguous().cpu()
     os.makedirs(args.dump, exist_ok=True)
     save_file(state, os.path.join(args.dump, f"model-rank-{rank}-part-0.safetensors"))
@@ -124,6 +152,12 @@ def main():
     p.add_argument("--dump", required=True)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--moe-backend", default=None)
+    p.add_argument("--enable-expert-parallel", action="store_true")
+    p.add_argument(
+        "--load-format",
+        default="sharded_state",
+        help="sharded_state (a wload output folder) or safetensors (a HF checkpoint: vLLM's own state)",
+    )
     args = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

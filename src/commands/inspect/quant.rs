@@ -79,8 +79,8 @@ pub(super) fn quant_info(qc: Option<&Value>, model_type: Option<&str>) -> Option
             info.ignored = f.ignored;
         }
         Quantization::Compressed(c) => {
-            compressed_info(&mut info, &c);
             info.activation_scheme = c.static_input().and_then(how);
+            compressed_info(&mut info, &c);
             info.ignored = c.ignore;
         }
         Quantization::ModelOptNvFp4(m) => {
@@ -148,7 +148,7 @@ pub(super) fn quant_info(qc: Option<&Value>, model_type: Option<&str>) -> Option
 
 /// A compressed-tensors scheme's fields.
 fn compressed_info(info: &mut QuantInfo, c: &crate::quant::compressed::Compressed) {
-    use crate::quant::compressed::{KvCacheStrategy, Scheme};
+    use crate::quant::compressed::{KvCacheStrategy, Nvfp4, Scheme};
     match &c.scheme {
         Scheme::Fp8(f) => {
             let (scheme, block) = match f.weights {
@@ -187,6 +187,14 @@ fn compressed_info(info: &mut QuantInfo, c: &crate::quant::compressed::Compresse
             info.bits = Some(8);
             info.symmetric = Some(true);
             info.weights = Some(format!("{} (weight I8, weight_scale F32)", i.describe()));
+        }
+        Scheme::Nvfp4(n) => {
+            (info.scheme, info.bits, info.group_size) =
+                (Some("group"), Some(4), Some(Nvfp4::GROUP));
+            info.symmetric = Some(true);
+            info.weights = Some("NVFP4: E2M1 packed two a byte (weight_packed U8), an F8_E4M3 scale per 16 elements (weight_scale) and an F32 global scale per part (weight_global_scale)".into());
+            // W4A4 quantizes activations per group at run time, from a static global scale.
+            info.activation_scheme = Some(if n.activations { "nvfp4" } else { "none" }.into());
         }
     }
     info.kv_cache_scheme = c.kv_cache.map(|k| match k {

@@ -25,6 +25,7 @@ use crate::mapping::{ExpertPart, QuantRole};
 use crate::problem::Problem;
 use crate::quant::Quantization;
 use crate::quant::compressed::{KvCacheStrategy, Scheme, WeightStrategy};
+use nvfp4::Nvfp4Method;
 
 /// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its
 /// post-processing reads as "not loaded".
@@ -185,12 +186,15 @@ impl<'m> Planner<'m> {
         }
         let module = module.as_str();
         if let Quantization::ModelOptNvFp4(m) = q {
-            return self.nvfp4_linear(m, module, p);
+            return self.nvfp4_linear(Nvfp4Method::modelopt(m), module, p);
         }
         if let Quantization::Compressed(c) = q {
             match &c.scheme {
                 Scheme::Wna16(w) => return self.wna16_linear(w, p, module),
                 Scheme::Int8(i) => return int8::linear(i, p, module),
+                Scheme::Nvfp4(n) => {
+                    return self.nvfp4_linear(Nvfp4Method::compressed(n), module, p);
+                }
                 Scheme::Fp8(_) => {}
             }
         }
@@ -274,16 +278,22 @@ impl<'m> Planner<'m> {
                 if !q.experts_quantized(module) {
                     return None;
                 }
-                return self.nvfp4_experts(m, p);
+                return self.nvfp4_experts(Nvfp4Method::modelopt(m), p);
             }
             Quantization::Compressed(c) => {
                 if let Scheme::Wna16(w) = &c.scheme {
                     return self.wna16_experts(w, q, p, module);
                 }
+                if let Scheme::Nvfp4(n) = &c.scheme {
+                    if !q.experts_quantized(module) {
+                        return None;
+                    }
+                    return self.nvfp4_experts(Nvfp4Method::compressed(n), p);
+                }
                 if part == ExpertPart::W13 {
                     self.problems.push(Problem {
                         message: format!(
-                            "{module}: compressed-tensors {} experts are not supported yet (wload writes pack-quantized W4A16 / W8A16 experts)",
+                            "{module}: compressed-tensors {} experts are not supported yet (wload writes pack-quantized W4A16 / W8A16 and NVFP4 experts)",
                             c.describe_scheme()
                         ),
                         fix: Some("use the checkpoint's bf16 or `quant_method: fp8` release".into()),

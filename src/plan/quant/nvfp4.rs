@@ -1,7 +1,11 @@
-//! ModelOpt NVFP4's parameters, as vLLM 0.33 creates them before post-processing: a linear
-//! layer's packed weight, block scales and per-part global scales (`ModelOptLinearMethod` with
-//! `KNvfp4Static` / `KNvfp4Dynamic`, `layers/quantization/modelopt.py:2018–2134, 2532–2557`), and
-//! the fused experts' (`ModelOptNvFp4FusedMoE.create_weights`, l.912–1037).
+//! NVFP4's parameters, as vLLM 0.33 creates them before post-processing, in its two spellings:
+//! ModelOpt's (`ModelOptLinearMethod` with `KNvfp4Static` / `KNvfp4Dynamic`,
+//! `layers/quantization/modelopt.py:2018–2134, 2532–2557`; `ModelOptNvFp4FusedMoE.create_weights`,
+//! l.912–1037) and compressed-tensors' `nvfp4-pack-quantized` (`CompressedTensorsW4A4Fp4`,
+//! `schemes/compressed_tensors_w4a4_nvfp4.py:38–93`; `CompressedTensorsW4A4Nvfp4MoEMethod`,
+//! `compressed_tensors_moe_w4a4_nvfp4.py:74–185`). Both make a linear layer's packed weight, block
+//! scales and per-part global scales, and the fused experts' likewise, in the same order: only
+//! the names, W4A16's input scale and the experts' input scales under EP differ ([`Nvfp4Names`]).
 
 use super::super::Planner;
 use super::super::layout::Geometry;
@@ -11,6 +15,7 @@ use super::{Extra, part_name};
 use crate::dtype::Dtype;
 use crate::mapping::ExpertPart;
 use crate::problem::Problem;
+use crate::quant::compressed::Nvfp4;
 use crate::quant::modelopt::ModelOptNvFp4;
 
 /// FP4 values per byte.
@@ -19,22 +24,92 @@ const PER_BYTE: u64 = 2;
 /// The input width a rank's NVFP4 weight must be a multiple of (`KNvfp4Static.create_weights`).
 const K_MULTIPLE: u64 = 16;
 
+/// What one NVFP4 spelling calls its parameters, and where the two differ.
+pub(super) struct Nvfp4Names {
+    /// For messages: `ModelOpt NVFP4`.
+    method: &'static str,
+    /// Appended to the weight's name (`weight` → `weight_packed`, `w13_weight` → `w13_weight_packed`).
+    packed_suffix: &'static str,
+    /// The F32 global weight scale per part.
+    global: &'static str,
+    /// The F32 input scale per part.
+    input: &'static str,
+    /// A W4A16 linear still registers a NaN input scale (ModelOpt's `_DropInputScale`).
+    a16_input: bool,
+    /// Under EP the experts' input scales are allocated for all experts on FlashInfer backends
+    /// (ModelOpt's `use_global_sf` sizing); compressed-tensors sizes them for the rank's own.
+    backend_input_scales: bool,
+    /// vLLM's words when a rank's input is not a multiple of 16.
+    k16_refusal: &'static str,
+    /// Where a quantized layer vLLM cannot lay out can be left unquantized.
+    exclude_fix: &'static str,
+}
+
+const MODELOPT: Nvfp4Names = Nvfp4Names {
+    method: "ModelOpt NVFP4",
+    packed_suffix: "",
+    global: "weight_scale_2",
+    input: "input_scale",
+    a16_input: true,
+    backend_input_scales: true,
+    k16_refusal: "Unsupported model when in features size is not multiple of 16",
+    exclude_fix: "list the module in exclude_modules if the checkpoint stores it unquantized",
+};
+
+const COMPRESSED: Nvfp4Names = Nvfp4Names {
+    method: "compressed-tensors NVFP4",
+    packed_suffix: "_packed",
+    global: "weight_global_scale",
+    input: "input_global_scale",
+    a16_input: false,
+    backend_input_scales: false,
+    // vLLM sizes the scales `K_r // 16` without a check: the checkpoint's would load misaligned.
+    k16_refusal: "an NVFP4 scale covers 16 input columns, so a rank's input must be whole groups of 16 (vLLM would size weight_scale by rounding down and load misaligned scales)",
+    exclude_fix: "list the module in quantization_config.ignore if the checkpoint stores it unquantized",
+};
+
+/// One NVFP4 config as the planner needs it: its names, W4A4 or W4A16, and the group size.
+#[derive(Clone, Copy)]
+pub(super) struct Nvfp4Method {
+    names: &'static Nvfp4Names,
+    activations: bool,
+    group: u64,
+}
+
+impl Nvfp4Method {
+    pub(super) fn modelopt(m: &ModelOptNvFp4) -> Self {
+        Nvfp4Method {
+            names: &MODELOPT,
+            activations: m.activations,
+            group: m.group_size,
+        }
+    }
+
+    pub(super) fn compressed(n: &Nvfp4) -> Self {
+        Nvfp4Method {
+            names: &COMPRESSED,
+            activations: n.activations,
+            group: Nvfp4::GROUP,
+        }
+    }
+}
+
 impl<'m> Planner<'m> {
-    /// An NVFP4 linear weight: U8 `[N_r, K_r/2]`, then `weight_scale_2` F32 `[parts]`,
-    /// `weight_scale` F8_E4M3 `[N_r, K_r/g]` (NaN until loaded) and `input_scale` F32 `[parts]`.
+    /// An NVFP4 linear weight: U8 `[N_r, K_r/2]`, then the global scale F32 `[parts]`,
+    /// `weight_scale` F8_E4M3 `[N_r, K_r/g]` (NaN until loaded) and the input scale F32 `[parts]`.
     pub(super) fn nvfp4_linear(
         &mut self,
-        m: &ModelOptNvFp4,
+        m: Nvfp4Method,
         module: &str,
         p: &mut Param<'m>,
     ) -> Option<Vec<Extra>> {
         let Some(shape) = LinearShape::of(&p.geometry) else {
             self.problems.push(Problem {
                 message: format!(
-                    "{module}: ModelOpt NVFP4 quantizes this layer, but wload has no 2-D linear layout for its weight ({:?})",
-                    p.geometry
+                    "{module}: {} quantizes this layer, but wload has no 2-D linear layout for its weight ({:?})",
+                    m.names.method, p.geometry
                 ),
-                fix: Some("list the module in exclude_modules if the checkpoint stores it unquantized".into()),
+                fix: Some(m.names.exclude_fix.into()),
                 parameter: Some(p.name.clone()),
                 ..Default::default()
             });
@@ -42,12 +117,9 @@ impl<'m> Planner<'m> {
         };
         let k_local = shape.k_local(self.opts.tp);
         for (multiple, why) in [
+            (K_MULTIPLE, m.names.k16_refusal),
             (
-                K_MULTIPLE,
-                "Unsupported model when in features size is not multiple of 16",
-            ),
-            (
-                m.group_size,
+                m.group,
                 "the input size per partition is not a multiple of the NVFP4 group size",
             ),
         ] {
@@ -65,6 +137,7 @@ impl<'m> Planner<'m> {
             }
         }
         let of = Box::new(p.geometry.clone());
+        p.name.push_str(m.names.packed_suffix);
         p.dtype = Dtype::U8;
         p.geometry = shape.rows_first(1, shape.k / PER_BYTE);
         let per_part = |name: &str| {
@@ -72,34 +145,34 @@ impl<'m> Planner<'m> {
             Extra::required(format!("{module}.{name}"), g, Dtype::F32, 0.0)
         };
         let mut out = vec![
-            per_part("weight_scale_2"),
+            per_part(m.names.global),
             Extra::required(
                 format!("{module}.weight_scale"),
-                shape.rows_first(1, shape.k / m.group_size),
+                shape.rows_first(1, shape.k / m.group),
                 Dtype::F8E4M3,
                 f64::NAN,
             ),
         ];
-        out.push(if m.activations {
-            per_part("input_scale")
-        } else {
+        if m.activations {
+            out.push(per_part(m.names.input));
+        } else if m.names.a16_input {
             // `_DropInputScale`: W4A16 registers a NaN `input_scale` that older exports fill.
-            Extra {
+            out.push(Extra {
                 fill: f64::NAN,
                 optional: true,
-                ..per_part("input_scale")
-            }
-        });
+                ..per_part(m.names.input)
+            });
+        }
         Some(out)
     }
 
-    /// A fused NVFP4 expert weight: U8 with two FP4 values a byte; after `w2_weight`, the
-    /// experts' block scales (F8_E4M3), global weight scales and input scales (F32), in vLLM's
-    /// registration order. Tensor parallel only: under expert parallelism the input scales'
+    /// A fused NVFP4 expert weight: U8 with two FP4 values a byte; after `w2`'s, the experts'
+    /// block scales (F8_E4M3), global weight scales and input scales (F32), in vLLM's
+    /// registration order. ModelOpt's under expert parallelism are refused: their input scales'
     /// shape depends on the backend (`use_global_sf`, modelopt.py:1008–1026).
     pub(super) fn nvfp4_experts(
         &mut self,
-        m: &ModelOptNvFp4,
+        m: Nvfp4Method,
         p: &mut Param<'m>,
     ) -> Option<Vec<Extra>> {
         let Geometry::Experts {
@@ -111,7 +184,7 @@ impl<'m> Planner<'m> {
         else {
             return None;
         };
-        let g = m.group_size;
+        let g = m.group;
         let packed = |over: u64| match part {
             // w13 `[E, 2I, H/over]`; w2 `[E, H, I/over]`: the input dim is the last.
             ExpertPart::W13 => Geometry::Experts {
@@ -129,6 +202,7 @@ impl<'m> Planner<'m> {
         };
         let local_in = match part {
             ExpertPart::W13 => hidden,
+            ExpertPart::W2 if self.opts.expert_parallel => intermediate,
             ExpertPart::W2 => intermediate / self.opts.tp.max(1),
         };
         if !local_in.is_multiple_of(g) {
@@ -143,9 +217,15 @@ impl<'m> Planner<'m> {
             });
             return None;
         }
+        let base = p
+            .name
+            .strip_suffix("w13_weight")
+            .or(p.name.strip_suffix("w2_weight"))?;
+        let base = base.to_string();
+        p.name.push_str(m.names.packed_suffix);
         p.dtype = Dtype::U8;
         p.geometry = packed(PER_BYTE);
-        if self.opts.expert_parallel {
+        if self.opts.expert_parallel && m.names.backend_input_scales {
             if part == ExpertPart::W13 {
                 self.problems.push(Problem {
                     message: format!(
@@ -165,42 +245,58 @@ impl<'m> Planner<'m> {
             // produced after w2_weight below, so remember its geometry there.
             return None;
         }
-        let base = p.name.strip_suffix("w2_weight")?.to_string();
         // The destructured sizes are w2's unpacked ones, which are w13's too.
-        let w13_scale = Geometry::Experts {
-            part: ExpertPart::W13,
-            experts,
-            intermediate,
-            hidden: hidden / g,
-        };
-        let named = |part: ExpertPart, suffix: &str| format!("{base}{}_{suffix}", part_name(part));
-        let per_expert = |part: ExpertPart| Geometry::ExpertTensorScale {
-            part,
-            experts,
-            input: false,
-        };
-        let block = |part: ExpertPart, geometry: Geometry| {
-            Extra::required(
-                named(part, "weight_scale"),
-                geometry,
-                Dtype::F8E4M3,
-                f64::NAN,
-            )
-        };
-        let mut out = vec![
-            block(ExpertPart::W13, w13_scale),
-            block(ExpertPart::W2, scale_geometry),
-        ];
-        for suffix in ["weight_scale_2", "input_scale"] {
-            for part in [ExpertPart::W13, ExpertPart::W2] {
-                let optional = suffix == "input_scale" && !m.activations;
-                out.push(Extra {
-                    optional,
-                    fill: if optional { f64::NAN } else { 0.0 },
-                    ..Extra::required(named(part, suffix), per_expert(part), Dtype::F32, 0.0)
-                });
-            }
-        }
-        Some(out)
+        Some(expert_scales(
+            m,
+            &base,
+            [experts, intermediate, hidden],
+            scale_geometry,
+        ))
     }
+}
+
+/// The experts' scales after `w2`'s weight: both block scales (w2's geometry given), then the
+/// global scales and the input scales of w13 and w2.
+fn expert_scales(
+    m: Nvfp4Method,
+    base: &str,
+    [experts, intermediate, hidden]: [u64; 3],
+    w2_scale: Geometry,
+) -> Vec<Extra> {
+    let w13_scale = Geometry::Experts {
+        part: ExpertPart::W13,
+        experts,
+        intermediate,
+        hidden: hidden / m.group,
+    };
+    let named = |part: ExpertPart, suffix: &str| format!("{base}{}_{suffix}", part_name(part));
+    let per_expert = |part: ExpertPart| Geometry::ExpertTensorScale {
+        part,
+        experts,
+        input: false,
+    };
+    let block = |part: ExpertPart, geometry: Geometry| {
+        Extra::required(
+            named(part, "weight_scale"),
+            geometry,
+            Dtype::F8E4M3,
+            f64::NAN,
+        )
+    };
+    let mut out = vec![
+        block(ExpertPart::W13, w13_scale),
+        block(ExpertPart::W2, w2_scale),
+    ];
+    for suffix in [m.names.global, m.names.input] {
+        for part in [ExpertPart::W13, ExpertPart::W2] {
+            // W4A16 experts register input scales too; no checkpoint fills them.
+            let optional = suffix == m.names.input && !m.activations;
+            out.push(Extra {
+                optional,
+                fill: if optional { f64::NAN } else { 0.0 },
+                ..Extra::required(named(part, suffix), per_expert(part), Dtype::F32, 0.0)
+            });
+        }
+    }
+    out
 }

@@ -1,11 +1,12 @@
 //! `quant_method: compressed-tensors`: the one config group read as vLLM reads it, dispatched on
 //! `format` to its scheme — FP8 (`fp8.rs`), packed INT4/INT8 weight-only (`wna16.rs`), INT8
-//! W8A8 (`int8.rs`) — the optional `kv_cache_scheme` (`kv_cache.rs`), and the `ignore` list,
+//! W8A8 (`int8.rs`), NVFP4 (`nvfp4.rs`) — the optional `kv_cache_scheme` (`kv_cache.rs`), and the `ignore` list,
 //! whose `re:` entries are Python regexes.
 
 mod fp8;
 mod int8;
 mod kv_cache;
+mod nvfp4;
 mod wna16;
 
 use serde_json::Value;
@@ -13,6 +14,7 @@ use serde_json::Value;
 pub use fp8::{Fp8Scheme, WeightStrategy};
 pub use int8::Int8;
 pub use kv_cache::KvCacheStrategy;
+pub use nvfp4::Nvfp4;
 pub use wna16::Wna16;
 
 use super::{QuantError, USE_UNQUANTIZED, field, refuse, string_list};
@@ -38,6 +40,8 @@ pub enum Scheme {
     Wna16(Wna16),
     /// `int-quantized`: `CompressedTensorsW8A8Int8`.
     Int8(Int8),
+    /// `nvfp4-pack-quantized`: `CompressedTensorsW4A4Fp4` (W4A4 / W4A16).
+    Nvfp4(Nvfp4),
 }
 
 impl Compressed {
@@ -57,10 +61,11 @@ impl Compressed {
             "float-quantized" => Scheme::Fp8(Fp8Scheme::parse(group, &at)?),
             "pack-quantized" => Scheme::Wna16(Wna16::parse(group, &at)?),
             "int-quantized" => Scheme::Int8(Int8::parse(group, &at)?),
+            "nvfp4-pack-quantized" => Scheme::Nvfp4(Nvfp4::parse(group, &at)?),
             _ => {
                 return Err(refuse(
                     format!(
-                        "compressed-tensors format \"{format}\" is not supported: wload writes float-quantized (FP8), pack-quantized (W4A16 / W8A16) and int-quantized (W8A8 INT8) compressed-tensors checkpoints"
+                        "compressed-tensors format \"{format}\" is not supported: wload writes float-quantized (FP8), pack-quantized (W4A16 / W8A16), int-quantized (W8A8 INT8) and nvfp4-pack-quantized (NVFP4) compressed-tensors checkpoints"
                     ),
                     USE_UNQUANTIZED,
                 ));
@@ -89,6 +94,8 @@ impl Compressed {
         match &self.scheme {
             Scheme::Fp8(f) => Some(f.static_activations),
             Scheme::Int8(i) => Some(i.static_input),
+            // NVFP4 activations get group scales at run time, from a static global scale.
+            Scheme::Nvfp4(n) => n.activations.then_some(false),
             Scheme::Wna16(_) => None,
         }
     }
@@ -103,6 +110,7 @@ impl Compressed {
             },
             Scheme::Wna16(w) => w.describe(),
             Scheme::Int8(i) => i.describe(),
+            Scheme::Nvfp4(n) => n.describe(),
         };
         match self.kv_cache {
             None => scheme,

@@ -1,6 +1,7 @@
 //! Formats: fp8 and quantized tensors, pipeline parallel, hub sources, safetensors, file I/O.
 
 mod compressed;
+mod ct_nvfp4;
 mod fp8;
 mod gptq;
 pub(crate) mod hub;

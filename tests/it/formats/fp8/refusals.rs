@@ -79,10 +79,13 @@ fn other_quantization_methods_are_refused_by_name() {
             ct("pack-quantized", "int", 2),
             &["compressed-tensors pack-quantized with num_bits = 2 is not supported by wload"],
         ),
-        // llm-compressor NVFP4 (two FP4 values per byte).
+        // NVFP4 with plain group scales: vLLM's NVFP4 scheme needs tensor_group (ct_nvfp4.rs).
         (
             ct("nvfp4-pack-quantized", "float", 4),
-            &["compressed-tensors format \"nvfp4-pack-quantized\" is not supported"],
+            &[
+                "nvfp4-pack-quantized weights must be NVFP4",
+                "strategy \"group\"",
+            ],
         ),
         // A 4-bit float scheme declared under the FP8 format name.
         (
