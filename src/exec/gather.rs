@@ -110,8 +110,13 @@ mod tests {
         (first, out)
     }
 
-    /// The rows of `b` that meet `[c0, c1)`, as the engine computes them.
+    /// The rows of `b` that meet `[c0, c1)`, as the engine computes them (none when the block
+    /// lies wholly before or after the chunk: the engine skips the job then).
     fn row_range(b: &Block, (c0, c1): (u64, u64)) -> (u64, u64) {
+        let last_end = b.src_start + (b.rows - 1) * b.src_stride + b.row;
+        if last_end <= c0 || b.src_start >= c1 {
+            return (0, 0);
+        }
         let stride = b.src_stride.max(1);
         let lo = if c0 < b.src_start + b.row {
             0
