@@ -1,6 +1,6 @@
 # Sourced by the bench scripts: paths, the wload binary, a work folder, the 8B-shaped checkpoint.
 # Sets: here, root, bin, work; and defines ensure_llama8b_4layers DIR, ensure_llama8b_4layers_fp8 DIR,
-# ensure_deepseek_small DIR and ensure_gpt_oss_small DIR.
+# ensure_llama8b_8layers_int4 DIR, ensure_deepseek_small DIR and ensure_gpt_oss_small DIR.
 here=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -30,6 +30,20 @@ ensure_llama8b_4layers() {
 # (about 2.8 GiB).
 ensure_llama8b_4layers_fp8() {
     gen_llama8b_4layers "$1" "random FP8, block 128" --fp8-block 128
+}
+
+# The same model with 8 layers in compressed-tensors pack-quantized W4A16, groups of 32, as
+# llm-compressor writes it (I32 `weight_packed`, BF16 `weight_scale`, `weight_shape`; embeddings,
+# norms and lm_head bf16; about 3.1 GB). Twice the layers of the bf16 checkpoint, so that the
+# packed weights are a third of the bytes rather than a sixth. At TP 8 its row-parallel layers
+# are short strided rows: down_proj's `weight_packed` 896 bytes, `weight_scale` 112; o_proj's
+# 256 and 32.
+ensure_llama8b_8layers_int4() {
+    if [[ ! -f $1/config.json ]]; then
+        echo "generating the 8-layer Llama-3-8B-shaped checkpoint (random INT4 W4A16, group 32) in $1 ..." >&2
+        python3 "$root/bench/gen_checkpoint.py" --files 2 --layers 8 --real-shapes --random --quiet \
+            --w4a16 32 --out "$1"
+    fi
 }
 
 # A reduced DeepSeek-V3-shaped checkpoint in block FP8 (bench/gen_deepseek.py: 3 layers, the first

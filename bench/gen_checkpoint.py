@@ -24,10 +24,16 @@ gate/up/down_proj) are F8_E4M3, each followed by its F32 `weight_scale_inv` of s
 of DeepSeek-V3 and Qwen3-FP8 checkpoints. Embeddings, norms and lm_head stay in --dtype, and
 every scale holds 0.01 so that a loader reading them sees positive finite floats.
 
+INT4: with --w4a16 G, the seven linear weights are compressed-tensors pack-quantized W4A16 with
+groups of G, as llm-compressor writes them: `weight_packed` I32 [out, in/8] (eight 4-bit values
+per word, random), `weight_scale` BF16 [out, in/G] (0.01 each) and `weight_shape` I64 [2]
+([out, in]); config.json gets the matching quantization_config (lm_head ignored).
+
 Examples:
   gen_checkpoint.py --files 64 --tensors-per-file 2000 --out /tmp/ckpt
   gen_checkpoint.py --files 4 --layers 32 --real-shapes --out /tmp/llama8b-like
   gen_checkpoint.py --files 2 --layers 4 --real-shapes --random --fp8-block 128 --out /tmp/fp8
+  gen_checkpoint.py --files 2 --layers 8 --real-shapes --random --w4a16 32 --out /tmp/int4
 """
 
 import argparse
@@ -37,7 +43,8 @@ import os
 import struct
 import sys
 
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "F8_E4M3": 1}
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "F8_E4M3": 1,
+               "I32": 4, "I64": 8}
 TORCH_DTYPE = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 
 # Per decoder layer, in the order HF checkpoints usually list them.
@@ -57,14 +64,20 @@ SCALE_SUFFIX = "_scale_inv"
 FP8_DTYPE = "F8_E4M3"
 # Positive and finite, so that a dequantizing reader of the synthetic data stays finite.
 SCALE_VALUE = 0.01
+# W4A16: each linear `*.weight` becomes these three (in this order, as llm-compressor lists them).
+W4A16_PARTS = ["_packed", "_scale", "_shape"]
 
 
-def layer_tensors(fp8):
-    """Per-layer name suffixes; with fp8, each linear weight is followed by its block scales."""
-    if not fp8:
+def layer_tensors(fp8, w4a16=False):
+    """Per-layer name suffixes; with fp8, each linear weight is followed by its block scales;
+    with w4a16, each linear weight is its packed values, group scales and shape."""
+    if not fp8 and not w4a16:
         return list(LAYER_TENSORS)
     out = []
     for s in LAYER_TENSORS:
+        if w4a16 and s in LINEAR_WEIGHTS:
+            out += [s + p for p in W4A16_PARTS]
+            continue
         out.append(s)
         if s in LINEAR_WEIGHTS:
             out.append(s + SCALE_SUFFIX)
@@ -130,9 +143,19 @@ def split_even(items, parts):
     return out
 
 
+def fill_bytes(dtype, fill, count):
+    """`count` elements of `fill`: an F32 or BF16 value, or for I64 a list of the values."""
+    if dtype == "I64":
+        return struct.pack(f"<{len(fill)}q", *fill)
+    if dtype == "BF16":
+        return struct.pack("<f", fill)[2:] * count
+    return struct.pack("<f", fill) * count
+
+
 def write_safetensors(path, tensors, metadata, random_data=False):
-    """tensors: list of (name, shape, dtype, fill); fill is None (random or zero data) or an F32
-    value written into every element. Returns the total data bytes."""
+    """tensors: list of (name, shape, dtype, fill); fill is None (random or zero data), an F32 or
+    BF16 value written into every element, or an I64 tensor's values. Returns the total data
+    bytes."""
     header = {"__metadata__": metadata}
     offset = 0
     for name, shape, dtype, _ in tensors:
@@ -150,7 +173,7 @@ def write_safetensors(path, tensors, metadata, random_data=False):
             for name, shape, dtype, fill in tensors:
                 left = math.prod(shape) * DTYPE_BYTES[dtype]
                 if fill is not None:
-                    f.write(struct.pack("<f", fill) * (left // 4))
+                    f.write(fill_bytes(dtype, fill, math.prod(shape)))
                     continue
                 while left:
                     n = min(left, 64 << 20)
@@ -161,12 +184,21 @@ def write_safetensors(path, tensors, metadata, random_data=False):
             for name, shape, dtype, fill in tensors:
                 if fill is not None:
                     f.seek(start + header[name]["data_offsets"][0])
-                    f.write(struct.pack("<f", fill) * math.prod(shape))
+                    f.write(fill_bytes(dtype, fill, math.prod(shape)))
     return offset
 
 
 def tensor_spec(name, suffix, a):
     """(name, shape, dtype, fill) of one tensor under the command-line options."""
+    for part in W4A16_PARTS if a.w4a16 else []:
+        if suffix.endswith(".weight" + part):
+            base = suffix[: -len(part)]
+            out, inp = real_shape(base, a) if a.real_shapes else list(a.shape)
+            return {
+                "_packed": (name, [out, inp // 8], "I32", None),
+                "_scale": (name, [out, inp // a.w4a16], "BF16", SCALE_VALUE),
+                "_shape": (name, [2], "I64", [out, inp]),
+            }[part]
     if suffix.endswith(SCALE_SUFFIX):
         out, inp = tensor_spec(name, suffix[: -len(SCALE_SUFFIX)], a)[1]
         block = a.fp8_block
@@ -202,6 +234,8 @@ def main(argv=None):
                    help="write random data instead of sparse zeros (for copy/IO benchmarks)")
     p.add_argument("--fp8-block", type=int, metavar="N",
                    help="block-wise FP8: linear weights in F8_E4M3 with F32 N x N block scales")
+    p.add_argument("--w4a16", type=int, metavar="G",
+                   help="compressed-tensors pack-quantized INT4 linear weights, groups of G")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
 
@@ -214,7 +248,17 @@ def main(argv=None):
             p.error("--fp8-block must be >= 1")
         if not a.real_shapes and len(a.shape) != 2:
             p.error("--fp8-block needs 2-D weights: use a --shape like 16,16 or --real-shapes")
-    per_layer = layer_tensors(a.fp8_block is not None)
+    if a.w4a16 is not None:
+        if a.fp8_block is not None:
+            p.error("--w4a16 and --fp8-block are two quantizations: pick one")
+        if a.w4a16 < 8 or a.w4a16 % 8:
+            p.error("--w4a16 must be a multiple of 8 (eight 4-bit values per I32 word)")
+        if not a.real_shapes and len(a.shape) != 2:
+            p.error("--w4a16 needs 2-D weights: use a --shape like 32,64 or --real-shapes")
+        dims = [real_shape(s, a)[1] for s in LINEAR_WEIGHTS] if a.real_shapes else [a.shape[1]]
+        if any(d % a.w4a16 for d in dims):
+            p.error(f"--w4a16 {a.w4a16}: every linear weight's input size must be a multiple")
+    per_layer = layer_tensors(a.fp8_block is not None, a.w4a16 is not None)
 
     if a.tensors_per_file is not None:
         if a.tensors_per_file < 1:
@@ -257,6 +301,21 @@ def main(argv=None):
             "fmt": "e4m3",
             "weight_block_size": [a.fp8_block, a.fp8_block],
         }
+    if a.w4a16 is not None:
+        config["quantization_config"] = {
+            "config_groups": {"group_0": {
+                "input_activations": None, "output_activations": None, "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                            "group_size": a.w4a16, "strategy": "group", "block_structure": None,
+                            "dynamic": False, "actorder": None, "observer": "minmax",
+                            "observer_kwargs": {}},
+            }},
+            "format": "pack-quantized",
+            "ignore": ["lm_head"],
+            "kv_cache_scheme": None,
+            "quant_method": "compressed-tensors",
+            "quantization_status": "compressed",
+        }
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
@@ -276,7 +335,8 @@ def main(argv=None):
     if not a.quiet:
         print(f"{a.out}: {a.files} files, {len(names)} tensors, {layers} layers, "
               f"{total_size} data bytes ({a.dtype}"
-              f"{f', fp8 block {a.fp8_block}' if a.fp8_block else ''})", file=sys.stderr)
+              f"{f', fp8 block {a.fp8_block}' if a.fp8_block else ''}"
+              f"{f', w4a16 group {a.w4a16}' if a.w4a16 else ''})", file=sys.stderr)
 
 
 if __name__ == "__main__":

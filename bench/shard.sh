@@ -9,6 +9,8 @@
 #   mxfp4     a reduced gpt-oss-120b-shaped MXFP4 checkpoint (bench/gen_gpt_oss.py: 2 layers of
 #             128 experts in U8 blocks and E8M0 scales, vocab 32000, about 3.8 GB), unpadded, and
 #   mxfp4-triton  the same padded as vLLM's TRITON backend pads it (--moe-backend triton);
+#   int4      the Llama-3-8B-shaped model with 8 layers in compressed-tensors pack-quantized W4A16,
+#             group 32 (I32 packed weights, BF16 group scales; about 3.1 GB);
 # each against
 #   - the copy limit: `cp -r` of the same folder, and
 #   - the peer: bench/peer_reshard.py (safetensors + torch on the CPU, what users write today;
@@ -20,14 +22,14 @@
 # the others; ≥ 5 × faster than the peer; peak RSS ≤ 512 MiB.
 #
 # Usage: bench/shard.sh [WORKDIR]     (default: a temp dir under /var/tmp, removed afterwards)
-# Environment: RUNS=3, VARIANTS="bf16 fp8 deepseek mxfp4 mxfp4-triton" (any of them), PYTHON (with torch + safetensors;
+# Environment: RUNS=3, VARIANTS="bf16 fp8 deepseek mxfp4 mxfp4-triton int4" (any of them), PYTHON (with torch + safetensors;
 #              default .venv-bench/bin/python if present), WLOAD_BIN=PATH (skip the build)
 set -euo pipefail
 BENCH_DIR=${1:-} source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 RUNS=${RUNS:-3}
-VARIANTS=${VARIANTS:-bf16 fp8 deepseek mxfp4 mxfp4-triton}
+VARIANTS=${VARIANTS:-bf16 fp8 deepseek mxfp4 mxfp4-triton int4}
 for v in $VARIANTS; do
-    [[ $v =~ ^(bf16|fp8|deepseek|mxfp4|mxfp4-triton)$ ]] || { echo "bench/shard.sh: unknown variant '$v' in VARIANTS (bf16, fp8, deepseek, mxfp4, mxfp4-triton)" >&2; exit 2; }
+    [[ $v =~ ^(bf16|fp8|deepseek|mxfp4|mxfp4-triton|int4)$ ]] || { echo "bench/shard.sh: unknown variant '$v' in VARIANTS (bf16, fp8, deepseek, mxfp4, mxfp4-triton, int4)" >&2; exit 2; }
 done
 if [[ -z ${PYTHON:-} ]]; then
     if [[ -x .venv-bench/bin/python ]]; then PYTHON=.venv-bench/bin/python; else PYTHON=python3; fi
@@ -135,6 +137,7 @@ for v in $VARIANTS; do
         mxfp4) run_variant "gpt-oss-shaped mxfp4" "$work/src-mxfp4" ensure_gpt_oss_small no ;;
         mxfp4-triton) run_variant "gpt-oss-shaped mxfp4, padded (triton)" "$work/src-mxfp4" \
             ensure_gpt_oss_small no --moe-backend triton ;;
+        int4) run_variant "int4 W4A16 group 32" "$work/src-int4" ensure_llama8b_8layers_int4 no ;;
     esac
 done
 exit "$failed"

@@ -6,6 +6,7 @@ pub mod convert;
 mod copy;
 pub mod cuda;
 pub mod device;
+mod gather;
 pub(crate) mod hooks;
 pub mod io_choice;
 pub mod jobs;
