@@ -9,7 +9,7 @@ if [[ -n ${WLOAD_BIN:-} ]]; then
     bin=$(realpath "$WLOAD_BIN")
 else
     cargo build --release --locked --quiet
-    bin=$root/target/release/wload
+    bin=${CARGO_TARGET_DIR:-$root/target}/release/wload
 fi
 # $1 of the calling script: a folder to keep the data in; otherwise a temp dir removed at exit.
 if [[ -n ${BENCH_DIR:-} ]]; then
