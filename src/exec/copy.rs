@@ -190,7 +190,8 @@ impl Run<'_> {
         } else {
             (c1 - job.b.src_start).div_ceil(stride).min(job.b.rows)
         };
-        let dst_dense = job.b.rows == 1 || job.b.dst_stride == job.b.row;
+        // Padded rows are dense only with their padding, which the gather below writes.
+        let dst_dense = (job.b.rows == 1 || job.b.dst_stride == job.b.row) && job.pad == 0;
         let src_dense = job.b.rows == 1 || job.b.src_stride == job.b.row;
         if dst_dense && src_dense && src.dtype == job.to {
             // One span, no conversion: hand the read buffer over without a copy.
@@ -208,10 +209,12 @@ impl Run<'_> {
         // devices one large put beats many small ones.
         let one_put = dst_dense && !self.sink.cheap_small_puts();
         out.clear();
-        if one_put && src.dtype == job.to {
-            // Short rows (MXFP4, INT4 at a high TP): one tight loop, one clock read.
+        if (one_put || job.pad > 0) && src.dtype == job.to {
+            // Short rows (MXFP4, INT4 at a high TP), and rows followed by their zero padding
+            // (`jobs::pads_rows`): one tight loop, one clock read.
             let t = Instant::now();
-            let first = gather::rows(&job.b, (k_lo, k_hi), (c0, c1), isz, buf, out);
+            let (b, pad) = (&job.b, job.pad);
+            let first = gather::rows(b, (k_lo, k_hi), (c0, c1), (isz, pad), buf, out);
             add_since(&self.stats.convert_ns, t);
             return match first {
                 Some(dst) => self.put(job.out, job.base + dst * osz, out),

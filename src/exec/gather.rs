@@ -8,21 +8,34 @@ use crate::plan::layout::Block;
 /// Appends to `out` the bytes of rows `k_lo..k_hi` of `b` that lie in source elements
 /// `[c0, c1)`, whose bytes from element `c0` on are in `buf` (`isz` bytes an element), and
 /// returns the destination element of the first byte appended (`None`: nothing in range).
-/// The rows must follow one another in the destination (`b.dst_stride == b.row`, or one row),
-/// so that what is appended is one destination span; the source layout is not converted.
+/// Each row whose end is in range is followed by `pad` zero elements (its padding, written with
+/// it). The rows and their padding must follow one another in the destination
+/// (`b.dst_stride == b.row + pad`, or one row), so that what is appended is one destination
+/// span; the source layout is not converted.
 pub(super) fn rows(
     b: &Block,
     (k_lo, k_hi): (u64, u64),
     (c0, c1): (u64, u64),
-    isz: u64,
+    (isz, pad): (u64, u64),
     buf: &[u8],
     out: &mut Vec<u8>,
 ) -> Option<u64> {
-    debug_assert!(b.rows <= 1 || b.dst_stride == b.row);
+    debug_assert!(b.rows <= 1 || b.dst_stride == b.row + pad);
+    let pad_bytes = (pad * isz) as usize;
     let at = |e: u64| ((e - c0) * isz) as usize;
     let clip = |k: u64| {
         let s = b.src_start + k * b.src_stride;
         (s, s.max(c0), (s + b.row).min(c1))
+    };
+    // Row `k`'s bytes `[a, e)` of its `[s, s + row)`, and its padding when they end it.
+    let cut = |k: u64, (s, a, e): (u64, u64, u64), first: &mut Option<u64>, out: &mut Vec<u8>| {
+        if a < e {
+            first.get_or_insert(b.dst_start + k * b.dst_stride + (a - s));
+            out.extend_from_slice(&buf[at(a)..at(e)]);
+            if e == s + b.row {
+                out.resize(out.len() + pad_bytes, 0);
+            }
+        }
     };
     let mut first = None;
     let mut k = k_lo;
@@ -33,10 +46,7 @@ pub(super) fn rows(
         if a == s && e == s + b.row && b.src_stride >= b.row {
             break;
         }
-        if a < e {
-            first.get_or_insert(b.dst_start + k * b.dst_stride + (a - s));
-            out.extend_from_slice(&buf[at(a)..at(e)]);
-        }
+        cut(k, (s, a, e), &mut first, out);
         k += 1;
     }
     // Whole rows from `k` on: every row that starts at or after `c0` and ends by `c1`.
@@ -53,24 +63,21 @@ pub(super) fn rows(
         let (row, stride) = ((b.row * isz) as usize, (b.src_stride * isz) as usize);
         let from = at(s);
         let n = whole as usize;
-        out.reserve(n * row);
+        out.reserve(n * (row + pad_bytes));
         let src = &buf[from..from + (n - 1) * stride + row];
-        if row == 1 {
+        if row == 1 && pad_bytes == 0 {
             out.extend(src.iter().step_by(stride));
         } else {
             for r in src.chunks(stride) {
                 out.extend_from_slice(&r[..row]);
+                out.resize(out.len() + pad_bytes, 0);
             }
         }
         k += whole;
     }
     // What is left after the whole rows: the row the chunk's end cuts, if any.
     while k < k_hi {
-        let (s, a, e) = clip(k);
-        if a < e {
-            first.get_or_insert(b.dst_start + k * b.dst_stride + (a - s));
-            out.extend_from_slice(&buf[at(a)..at(e)]);
-        }
+        cut(k, clip(k), &mut first, out);
         k += 1;
     }
     first
@@ -96,8 +103,13 @@ mod tests {
     }
 
     /// The per-row reference: every row clipped to `[c0, c1)`, appended in order, as the engine
-    /// copied them before the gather.
-    fn per_row(b: &Block, c: (u64, u64), isz: u64, buf: &[u8]) -> (Option<u64>, Vec<u8>) {
+    /// copied them before the gather, each row's `pad` zero elements after its last byte.
+    fn per_row(
+        b: &Block,
+        c: (u64, u64),
+        (isz, pad): (u64, u64),
+        buf: &[u8],
+    ) -> (Option<u64>, Vec<u8>) {
         let (mut first, mut out) = (None, Vec::new());
         for k in 0..b.rows {
             let s = b.src_start + k * b.src_stride;
@@ -105,6 +117,9 @@ mod tests {
             if a < e {
                 first.get_or_insert(b.dst_start + k * b.dst_stride + (a - s));
                 out.extend_from_slice(&buf[((a - c.0) * isz) as usize..((e - c.0) * isz) as usize]);
+                if e == s + b.row {
+                    out.extend(std::iter::repeat_n(0, (pad * isz) as usize));
+                }
             }
         }
         (first, out)
@@ -132,21 +147,86 @@ mod tests {
     }
 
     fn check(b: Block, isz: u64, chunk: u64, data: &[u8]) {
+        check_padded(b, (isz, 0), chunk, data);
+    }
+
+    /// Every chunk's gather against the per-row reference; and, with padding, the chunks' spans
+    /// put together: they write the block's destination `[dst_start, dst_start + rows ·
+    /// dst_stride)` whole, each byte once, rows from the source and padding zero.
+    fn check_padded(b: Block, (isz, pad): (u64, u64), chunk: u64, data: &[u8]) {
         let total = data.len() as u64 / isz;
+        let span = ((b.rows * b.dst_stride) * isz) as usize;
+        let mut dst: Vec<Option<u8>> = vec![None; span];
         let mut c0 = 0;
         while c0 < total {
             let c1 = (c0 + chunk).min(total);
             let buf = &data[(c0 * isz) as usize..(c1 * isz) as usize];
-            let want = per_row(&b, (c0, c1), isz, buf);
+            let want = per_row(&b, (c0, c1), (isz, pad), buf);
             let mut got = vec![0xEE];
-            let first = rows(&b, row_range(&b, (c0, c1)), (c0, c1), isz, buf, &mut got);
+            let first = rows(
+                &b,
+                row_range(&b, (c0, c1)),
+                (c0, c1),
+                (isz, pad),
+                buf,
+                &mut got,
+            );
             assert_eq!(got[0], 0xEE, "what was in the buffer stays");
             assert_eq!(
                 (first, &got[1..]),
                 (want.0, &want.1[..]),
-                "{b:?} isz {isz} chunk [{c0}, {c1})"
+                "{b:?} isz {isz} pad {pad} chunk [{c0}, {c1})"
             );
+            if let Some(f) = first.filter(|_| pad > 0) {
+                let at = ((f - b.dst_start) * isz) as usize;
+                for (i, &x) in got[1..].iter().enumerate() {
+                    assert_eq!(dst[at + i].replace(x), None, "{b:?} byte {} twice", at + i);
+                }
+            }
             c0 = c1;
+        }
+        if pad > 0 {
+            for k in 0..b.rows {
+                let (s, d) = (
+                    (b.src_start + k * b.src_stride) * isz,
+                    k * b.dst_stride * isz,
+                );
+                let (s, d, row) = (s as usize, d as usize, (b.row * isz) as usize);
+                let want: Vec<Option<u8>> = (data[s..s + row].iter().copied())
+                    .chain(std::iter::repeat_n(0, (pad * isz) as usize))
+                    .map(Some)
+                    .collect();
+                assert_eq!(dst[d..d + want.len()], want[..], "{b:?} row {k}");
+            }
+        }
+    }
+
+    /// Rows with zero padding after each (MXFP4 `w2_weight` padded for vLLM's TRITON backend),
+    /// in chunks of every size: one dense span in all, rows and zeros each written once.
+    #[test]
+    fn padded_rows_write_their_span_once() {
+        let mut rng = Rng(0x9ad_9ad);
+        for _ in 0..300 {
+            let isz = [1, 2, 4][rng.range(0, 2) as usize];
+            let rows_n = rng.range(1, 30);
+            let width = rng.range(1, 24);
+            let row = rng.range(1, width);
+            let col = rng.range(0, width - row);
+            let pad = rng.range(1, 9);
+            let total = rows_n * width + rng.range(0, 5);
+            let data: Vec<u8> = (0..total * isz).map(|_| rng.next() as u8).collect();
+            let b = Block {
+                rows: rows_n,
+                row,
+                src_start: col,
+                src_stride: width,
+                dst_start: rng.range(0, 100),
+                dst_stride: row + pad,
+                src_elem_stride: 1,
+            };
+            for chunk in [1, 2, 3, row, width, width + 1, rng.range(1, total), total] {
+                check_padded(b, (isz, pad), chunk, &data);
+            }
         }
     }
 

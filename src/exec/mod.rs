@@ -11,6 +11,8 @@ pub(crate) mod hooks;
 pub mod io_choice;
 pub mod jobs;
 pub mod load;
+#[cfg(test)]
+mod pad_tests;
 pub mod page_cache;
 pub mod parts;
 mod reduce;
@@ -31,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use self::copy::{Buffers, Run};
-use self::jobs::{Item, Job, jobs_and_fills, work_items};
+use self::jobs::{Item, Job, jobs_and_fills, pads_rows, work_items};
 use self::source::{IoMode, OpenError, SourceFile};
 use self::stamps::{check_sources, open_sources};
 use self::timing::Busy;
@@ -260,7 +262,8 @@ pub fn execute(
     ctl: &Control,
 ) -> Result<(), ExecError> {
     let (cancel, progress, stats, opts) = (ctl.cancel, ctl.progress, &ctl.stats, ctl.opts);
-    let (jobs, reduces, fills) = jobs_and_fills(plan, placements, sink.starts_zeroed());
+    let (jobs, reduces, fills) =
+        jobs_and_fills(plan, placements, sink.starts_zeroed(), pads_rows(sink));
     hooks::at(hooks::Point::Execute);
     let files = open_sources(plan, root, opts.io)?;
     hooks::at(hooks::Point::Read);

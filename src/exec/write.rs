@@ -9,12 +9,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::jobs::placements_for;
+use super::jobs::{pads_rows, placements_for, zero_fills};
 use super::parts::PartFile;
 use super::source::SourceFile;
-use super::{Control, ExecError, Placement, Sink, execute};
+use super::{Control, ExecError, Sink, execute};
 use crate::checksum;
-use crate::plan::{Piece, Plan};
+use crate::plan::Plan;
 
 /// The user's escape hatch from `copy_file_range`: filesystems have shipped bugs in it (OpenZFS
 /// 2.2.0's block cloning returned wrong data), and then every byte should pass through memory.
@@ -376,16 +376,17 @@ pub fn write_parts(
         busy_ns: AtomicU64::new(0),
     };
     let outs = create(dir, files, &hashing, ctl)?;
-    // The engine skips the zero fills (the files start zeroed): their blocks are hashed now.
-    for (out, start, end) in zero_fills(plan, &placements) {
-        hashing.wrote(&outs[out], start, Wrote::Zeros(end - start))?;
-    }
     let sink = FileSink {
         outs: &outs,
         hashing: &hashing,
         total: AtomicU64::new(0),
         fail_after: fail_after(),
     };
+    // The engine skips the zero fills (the files start zeroed): their blocks are hashed now,
+    // but for the row padding that copies write with their rows (and so hash).
+    for (out, start, end) in zero_fills(plan, &placements, pads_rows(&sink)) {
+        hashing.wrote(&outs[out], start, Wrote::Zeros(end - start))?;
+    }
     // Like cp, no fsync: the data is in the page cache and the rename publishes it.
     execute(plan, root, &placements, &sink, ctl)?;
     let last_write = Instant::now();
@@ -456,30 +457,6 @@ fn finish_hashes(outs: &[Output], hashing: &Hashing) -> Result<Vec<String>, Exec
             r
         })
         .collect()
-}
-
-/// The byte ranges `(out, start, end)` of zero fills, which the engine skips on files that
-/// start zeroed (as these do): they count as written from the start. The condition mirrors the
-/// engine's (`execute`), which writes a fill when its value is not zero.
-fn zero_fills(plan: &Plan, placements: &[Placement]) -> Vec<(usize, u64, u64)> {
-    let mut v = Vec::new();
-    for pl in placements {
-        let t = &plan.ranks[pl.rank].tensors[pl.tensor];
-        let item = t.dtype.bits() / 8;
-        for piece in t.pieces.iter() {
-            if let Piece::Fill {
-                dst_start,
-                count,
-                value,
-            } = piece
-                && value.to_bits() == 0
-            {
-                let start = pl.offset + dst_start * item;
-                v.push((pl.out, start, start + count * item));
-            }
-        }
-    }
-    v
 }
 
 /// Test hook (`WLOAD_TEST_WRITE_FAILS_AFTER=N`): the write that takes the run past `N` data bytes

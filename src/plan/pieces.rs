@@ -78,10 +78,19 @@ impl Pieces {
     }
 
     /// Zero fills of `z`'s rows, kept as that description.
-    pub(super) fn push_zero_rows(&mut self, z: ZeroRows) {
+    pub fn push_zero_rows(&mut self, z: ZeroRows) {
         if z.rows > 0 && z.count > 0 {
             self.0.push(Item::Zeros(z));
         }
+    }
+
+    /// The zero rows kept as descriptions ([`Pieces::push_zero_rows`]), whose fills
+    /// [`Pieces::iter`] yields one by one: the engine writes a copy's row padding with its rows.
+    pub fn zero_rows(&self) -> impl Iterator<Item = &ZeroRows> + '_ {
+        self.0.iter().filter_map(|item| match item {
+            Item::Zeros(z) => Some(z),
+            _ => None,
+        })
     }
 
     /// Every piece, in order. Plain pieces are yielded as they are; an expert run's pieces are

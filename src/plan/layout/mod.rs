@@ -13,9 +13,9 @@ mod scales;
 pub(super) mod types;
 mod values;
 
-// Named through this path by `exec/mod.rs` (Block) and by plan's `types.rs`, `assign.rs` and
+// Named through this path by `exec/` (Block, ZeroRows: row padding) and by plan's `types.rs`, `assign.rs` and
 // `validate.rs`.
-pub use types::Block;
+pub use types::{Block, ZeroRows};
 pub(super) use types::{Rank, Shape, SlotKey};
 
 use crate::mapping::rules::ShardId;
