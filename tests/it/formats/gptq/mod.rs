@@ -42,6 +42,24 @@ fn i32_data(t: u64, n: u64) -> Vec<u8> {
 
 /// A one-layer dense checkpoint (Llama for GPTQ, Qwen2 with its qkv bias for AWQ), its linear
 /// layers quantized in groups of `group` (-1: one group per output channel), the rest F16.
+/// `specs` (name, dtype, shape) written to `path` with distinct generated data: integers for the
+/// I32 tensors, floats for the rest.
+pub(super) fn write_specs(path: &Path, specs: &[(String, &str, Vec<u64>)]) {
+    let data: Vec<Vec<u8>> = (specs.iter().enumerate())
+        .map(|(t, (_, dtype, shape))| {
+            let n: u64 = shape.iter().product();
+            match *dtype {
+                "I32" => i32_data(t as u64, n),
+                _ => bf16_data(t as u64, n as usize),
+            }
+        })
+        .collect();
+    let tensors: Vec<Tensor> = (specs.iter().zip(&data))
+        .map(|((n, d, s), b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
+        .collect();
+    write_safetensors(path, &tensors);
+}
+
 pub(super) fn dense(method: Method, group: i64, extra: Value) -> TempDir {
     let tmp = TempDir::new().unwrap();
     let (arch, model_type) = match method {
@@ -94,19 +112,7 @@ pub(super) fn dense(method: Method, group: i64, extra: Value) -> TempDir {
             specs.push((format!("{l}.{m}.bias"), "F16", vec![n]));
         }
     }
-    let data: Vec<Vec<u8>> = (specs.iter().enumerate())
-        .map(|(t, (_, dtype, shape))| {
-            let n: u64 = shape.iter().product();
-            match *dtype {
-                "I32" => i32_data(t as u64, n),
-                _ => bf16_data(t as u64, n as usize),
-            }
-        })
-        .collect();
-    let tensors: Vec<Tensor> = (specs.iter().zip(&data))
-        .map(|((n, d, s), b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
-        .collect();
-    write_safetensors(&tmp.path().join("model.safetensors"), &tensors);
+    write_specs(&tmp.path().join("model.safetensors"), &specs);
     tmp
 }
 

@@ -63,19 +63,7 @@ fn qwen3_moe(method: Method) -> TempDir {
         specs.extend(packed(method, &format!("{p}.up_proj"), MH, MI, G));
         specs.extend(packed(method, &format!("{p}.down_proj"), MI, MH, G));
     }
-    let data: Vec<Vec<u8>> = (specs.iter().enumerate())
-        .map(|(t, (_, dtype, shape))| {
-            let n: u64 = shape.iter().product();
-            match *dtype {
-                "I32" => i32_data(t as u64, n),
-                _ => bf16_data(t as u64, n as usize),
-            }
-        })
-        .collect();
-    let tensors: Vec<Tensor> = (specs.iter().zip(&data))
-        .map(|((n, d, s), b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
-        .collect();
-    write_safetensors(&tmp.path().join("model.safetensors"), &tensors);
+    write_specs(&tmp.path().join("model.safetensors"), &specs);
     tmp
 }
 
