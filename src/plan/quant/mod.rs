@@ -69,46 +69,16 @@ impl<'m> Planner<'m> {
         };
         // A tied parameter is the partner's module under a second name: quantized as it is.
         let partner_quantized = p.alias_of.map(|a| !params.list[a].dtype.is_float());
-        let int = gptq::IntScheme::of(&q);
-        let extras = match (p.spec.quant_role(), int) {
-            // GPTQ and AWQ have no kv-cache method: only the Attention layer's scale buffers.
-            (QuantRole::Attention, Some(_)) => None,
-            (QuantRole::Linear, Some(s)) => self
-                .linear_quantized(&q, p, partner_quantized)
-                .then(|| self.int_linear(s, p))
-                .flatten()
-                .map(|e| (vec![], e)),
-            (QuantRole::Experts, Some(s)) => {
-                let module = p.name.split_once(".routed_experts.").map(|(m, _)| m);
-                let quantized = module.is_some_and(|m| q.experts_quantized(m));
-                quantized
-                    .then(|| self.int_experts(s, p))
-                    .flatten()
-                    .map(|e| (vec![], e))
-            }
-            (role, _) => self.fp8_role(&q, role, p, params, partner_quantized),
+        let extras = match p.spec.quant_role() {
+            QuantRole::Linear => self.linear(&q, p, partner_quantized).map(|e| (vec![], e)),
+            QuantRole::Experts => self.experts(&q, p).map(|e| (vec![], e)),
+            QuantRole::Attention => self.kv_cache(&q, p, params).map(|e| (e, vec![])),
+            QuantRole::None => None,
         };
         let Some((before, after)) = extras else {
             return (vec![], vec![]);
         };
         self.made(p, params, before, after)
-    }
-
-    /// The FP8 methods' parameters for `p`'s role.
-    fn fp8_role(
-        &mut self,
-        q: &Quantization,
-        role: QuantRole,
-        p: &mut Param<'m>,
-        params: &Params<'m>,
-        partner_quantized: Option<bool>,
-    ) -> Option<(Vec<Extra>, Vec<Extra>)> {
-        match role {
-            QuantRole::Linear => self.linear(q, p, partner_quantized).map(|e| (vec![], e)),
-            QuantRole::Experts => self.experts(q, p).map(|e| (vec![], e)),
-            QuantRole::Attention => self.kv_cache(q, p, params).map(|e| (e, vec![])),
-            QuantRole::None => None,
-        }
     }
 
     /// The parameters `before` and `after` as instances beside `p`.
@@ -173,7 +143,7 @@ impl<'m> Planner<'m> {
         })
     }
 
-    /// A linear layer's weight: F8_E4M3 unless its module is left unquantized, then its scales.
+    /// A linear layer's weight, unless its module is left unquantized: the method's parameters (FP8 here, the others in their files).
     fn linear(
         &mut self,
         q: &Quantization,
@@ -185,6 +155,9 @@ impl<'m> Planner<'m> {
             return None;
         }
         let module = module.as_str();
+        if let Some(s) = gptq::IntScheme::of(q) {
+            return self.int_linear(s, p);
+        }
         if let Quantization::ModelOptNvFp4(m) = q {
             return self.nvfp4_linear(Nvfp4Method::modelopt(m), module, p);
         }
@@ -260,6 +233,12 @@ impl<'m> Planner<'m> {
         }
         let module = p.name.split_once(".routed_experts.")?.0.to_string();
         let module = module.as_str();
+        if let Some(s) = gptq::IntScheme::of(q) {
+            return q
+                .experts_quantized(module)
+                .then(|| self.int_experts(s, p))
+                .flatten();
+        }
         let Geometry::Experts {
             part,
             experts,
