@@ -205,8 +205,9 @@ struct Planner<'m> {
     opts: &'m PlanOptions,
     env: Env,
     model_dtype: Dtype,
-    /// The checkpoint's quantization scheme, if any (`quant.rs` adds its parameters).
-    quant: Option<Quantization>,
+    /// The checkpoint's quantization scheme, if any (`quant/` adds its parameters). Shared, not
+    /// copied, by every parameter's step: a GPTQ config holds one name per quantized module.
+    quant: Option<std::sync::Arc<Quantization>>,
     /// The config's architecture, for messages (the mapping's family when it names none).
     arch: String,
     /// Whether the config passed the mapping's checks, so that per-rank divisibility is worth
@@ -285,7 +286,7 @@ impl<'m> Planner<'m> {
             opts,
             env,
             model_dtype,
-            quant,
+            quant: quant.map(std::sync::Arc::new),
             arch: config.architecture().unwrap_or(&mapping.family).to_string(),
             geometry_ok,
             problems,

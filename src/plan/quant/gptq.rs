@@ -243,7 +243,7 @@ impl<'m> Planner<'m> {
     }
 
     fn int_problem(&mut self, module: &str, why: String, fix: Option<&str>) {
-        let method = match self.quant.as_ref().and_then(IntScheme::of) {
+        let method = match self.quant.as_deref().and_then(IntScheme::of) {
             Some(s) => s.method(),
             None => "INT",
         };

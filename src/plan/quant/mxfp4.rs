@@ -38,16 +38,17 @@ impl<'m> Planner<'m> {
         let geometry = |part| Geometry::Mxfp4Experts { part, dims };
         p.geometry = geometry(Mxfp4Part::W13Weight);
         p.dtype = Dtype::U8;
-        let extras = Mxfp4Part::ALL[1..].iter().map(|&part| Extra {
-            name: format!("{base}{}", part.param()),
-            geometry: geometry(part),
-            dtype: match part {
+        let extras = Mxfp4Part::ALL[1..].iter().map(|&part| {
+            let dtype = match part {
                 Mxfp4Part::W13Bias | Mxfp4Part::W2Bias => Dtype::Bf16,
                 _ => Dtype::U8,
-            },
-            fill: 0.0,
-            optional: false,
-            buffer: false,
+            };
+            Extra::required(
+                format!("{base}{}", part.param()),
+                geometry(part),
+                dtype,
+                0.0,
+            )
         });
         Some(extras.collect())
     }
