@@ -225,8 +225,7 @@ impl<'m> Planner<'m> {
         Some(out)
     }
 
-    /// A fused expert weight: F8_E4M3; after `w2_weight`, both weights' scales (vLLM registers
-    /// `w13_weight`, `w2_weight`, then the scales).
+    /// A fused expert weight, unless its layer is left unquantized: the method's parameters.
     fn experts(&mut self, q: &Quantization, p: &mut Param<'m>) -> Option<Vec<Extra>> {
         if let Quantization::GptOssMxfp4(_) = q {
             return self.mxfp4_experts(p);
@@ -239,6 +238,52 @@ impl<'m> Planner<'m> {
                 .then(|| self.int_experts(s, p))
                 .flatten();
         }
+        match q {
+            Quantization::Fp8(f) => self.fp8_experts(q, f, module, p),
+            Quantization::Gptq(_) | Quantization::Awq(_) | Quantization::GptOssMxfp4(_) => None,
+            Quantization::ModelOptNvFp4(m) => q
+                .experts_quantized(module)
+                .then(|| self.nvfp4_experts(Nvfp4Method::modelopt(m), p))
+                .flatten(),
+            Quantization::Compressed(c) => match &c.scheme {
+                Scheme::Wna16(w) => self.wna16_experts(w, q, p, module),
+                Scheme::Nvfp4(n) => q
+                    .experts_quantized(module)
+                    .then(|| self.nvfp4_experts(Nvfp4Method::compressed(n), p))
+                    .flatten(),
+                Scheme::Fp8(_) | Scheme::Int8(_) => {
+                    let w13 = matches!(
+                        p.geometry,
+                        Geometry::Experts {
+                            part: ExpertPart::W13,
+                            ..
+                        }
+                    );
+                    if w13 {
+                        self.problems.push(Problem {
+                            message: format!(
+                                "{module}: compressed-tensors {} experts are not supported yet (wload writes pack-quantized W4A16 / W8A16 and NVFP4 experts)",
+                                c.describe_scheme()
+                            ),
+                            fix: Some("use the checkpoint's bf16 or `quant_method: fp8` release".into()),
+                            ..Default::default()
+                        });
+                    }
+                    None
+                }
+            },
+        }
+    }
+
+    /// A fused FP8 expert weight: F8_E4M3; after `w2_weight`, both weights' scales (vLLM
+    /// registers `w13_weight`, `w2_weight`, then the scales).
+    fn fp8_experts(
+        &mut self,
+        q: &Quantization,
+        fp8: &crate::quant::fp8::Fp8,
+        module: &str,
+        p: &mut Param<'m>,
+    ) -> Option<Vec<Extra>> {
         let Geometry::Experts {
             part,
             experts,
@@ -247,40 +292,6 @@ impl<'m> Planner<'m> {
         } = p.geometry
         else {
             return None;
-        };
-        let fp8 = match q {
-            Quantization::Fp8(f) => f,
-            Quantization::Gptq(_) | Quantization::Awq(_) | Quantization::GptOssMxfp4(_) => {
-                return None;
-            }
-            Quantization::ModelOptNvFp4(m) => {
-                if !q.experts_quantized(module) {
-                    return None;
-                }
-                return self.nvfp4_experts(Nvfp4Method::modelopt(m), p);
-            }
-            Quantization::Compressed(c) => {
-                if let Scheme::Wna16(w) = &c.scheme {
-                    return self.wna16_experts(w, q, p, module);
-                }
-                if let Scheme::Nvfp4(n) = &c.scheme {
-                    if !q.experts_quantized(module) {
-                        return None;
-                    }
-                    return self.nvfp4_experts(Nvfp4Method::compressed(n), p);
-                }
-                if part == ExpertPart::W13 {
-                    self.problems.push(Problem {
-                        message: format!(
-                            "{module}: compressed-tensors {} experts are not supported yet (wload writes pack-quantized W4A16 / W8A16 and NVFP4 experts)",
-                            c.describe_scheme()
-                        ),
-                        fix: Some("use the checkpoint's bf16 or `quant_method: fp8` release".into()),
-                        ..Default::default()
-                    });
-                }
-                return None;
-            }
         };
         if !q.experts_quantized(module) {
             return None;
