@@ -28,6 +28,7 @@ Needs vLLM 0.33.0 (`pip install vllm==0.33.0` in a venv).
 """
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import socket
@@ -86,6 +87,22 @@ def patch_vllm(moe_backend):
                 m.select_nvfp4_moe_backend = select_nvfp4
     except (ImportError, AttributeError) as e:
         print(f"warning: NVFP4 MoE backend not patched ({e})", file=sys.stderr)
+    # Unquantized experts: TRITON, the SM80/SM90 default, as the golden oracle pinned it (the
+    # CPU backend would prepack them; selection only).
+    try:
+        import vllm.model_executor.layers.fused_moe.oracle.unquantized as ou
+        import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as um
+
+        def select_unquantized(*a, **k):
+            try:
+                cls = ou.backend_to_kernel_cls(ou.UnquantizedMoeBackend.TRITON)[0]
+            except Exception:  # the kernel class may not import on a CPU build
+                cls = None
+            return ou.UnquantizedMoeBackend.TRITON, cls
+
+        um.select_unquantized_moe_backend = select_unquantized
+    except (ImportError, AttributeError) as e:
+        print(f"warning: unquantized MoE backend not patched ({e})", file=sys.stderr)
     if moe_backend == "triton":
         # As the golden oracle pinned it: the SM90 default, TRITON, whose padding is
         # round_up(I/tp, 64); selection only (the import of the kernel class may fail on a CPU
@@ -118,6 +135,11 @@ def rank_main(rank, args, port):
         enforce_eager=True,
         distributed_executor_backend="mp",
         enable_expert_parallel=args.enable_expert_parallel,
+        pipeline_parallel_size=args.pp,
+        language_model_only=args.language_model_only,
+        mm_encoder_tp_mode=args.mm_encoder_tp_mode,
+        config_format=args.config_format,
+        hf_overrides=args.hf_overrides,
     )
     config = engine.create_engine_config()
     with set_current_vllm_config(config):
@@ -140,7 +162,12 @@ def rank_main(rank, args, port):
             kept[key] = k
         state[k] = t.detach().contiguous().cpu()
     os.makedirs(args.dump, exist_ok=True)
-    save_file(state, os.path.join(args.dump, f"model-rank-{rank}-part-0.safetensors"))
+    name = (
+        f"model-pp-{rank // args.tp}-tp-{rank % args.tp}-part-0.safetensors"
+        if args.pp > 1
+        else f"model-rank-{rank}-part-0.safetensors"
+    )
+    save_file(state, os.path.join(args.dump, name))
     print(f"rank {rank}: {len(state)} tensors", flush=True)
     torch.distributed.destroy_process_group()
 
@@ -153,6 +180,11 @@ def main():
     p.add_argument("--dtype", default="auto")
     p.add_argument("--moe-backend", default=None)
     p.add_argument("--enable-expert-parallel", action="store_true")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks = tp x pp)")
+    p.add_argument("--language-model-only", action="store_true")
+    p.add_argument("--mm-encoder-tp-mode", default="weights")
+    p.add_argument("--config-format", default="auto")
+    p.add_argument("--hf-overrides", type=json.loads, default={}, help="JSON object")
     p.add_argument(
         "--load-format",
         default="sharded_state",
@@ -163,7 +195,7 @@ def main():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, args, port)) for r in range(args.tp)]
+    procs = [ctx.Process(target=rank_main, args=(r, args, port)) for r in range(args.tp * args.pp)]
     for pr in procs:
         pr.start()
     for pr in procs:
