@@ -1,5 +1,5 @@
 //! The model's variables: what mapping expressions see — the config, the mapping's defaults
-//! where the config is silent, `tp`, `pp`, `ep`, then the derived values — and the mapping's
+//! where the config is silent, `tp`, `pp`, `ep`, the multimodal flags, then the derived values — and the mapping's
 //! checks on them. The planner's environment phase, and what `inspect` and `sizes` read of a
 //! model without planning it: it sits below both, and knows nothing of plans.
 
@@ -11,15 +11,19 @@ use serde_json::Value;
 use crate::config::{ConfigAlias, ModelConfig};
 use crate::mapping::Mapping;
 use crate::mapping::expr::{self, EvalError, Scope};
+use crate::multimodal::Multimodal;
 use crate::ranks::World;
 
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
 
-/// What the expressions see of the run's layout: `tp` and `pp` (the world) and `ep`.
+/// What the expressions see of the run's layout: `tp` and `pp` (the world), `ep`, and vLLM's
+/// multimodal flags.
 #[derive(Debug, Clone, Copy)]
 pub struct Parallel {
     pub world: World,
     pub expert_parallel: bool,
+    /// `language_model_only` and `mm_encoder_tp_mode` (`'weights'`, `'data'`).
+    pub multimodal: Multimodal,
 }
 
 /// Something wrong with the variables or the config: a derived value that cannot be computed, a
@@ -63,6 +67,15 @@ impl Env {
         vars.insert("tp".into(), Value::from(parallel.world.tp));
         vars.insert("ep".into(), Value::Bool(parallel.expert_parallel));
         vars.insert("pp".into(), Value::from(parallel.world.pp));
+        let mm = parallel.multimodal;
+        vars.insert(
+            "language_model_only".into(),
+            Value::Bool(mm.language_model_only),
+        );
+        vars.insert(
+            "mm_encoder_tp_mode".into(),
+            Value::from(mm.mm_encoder_tp_mode.as_str()),
+        );
         let mapping_file = match mapping_file {
             Some(path) => path.display().to_string(),
             None => format!(
@@ -209,6 +222,7 @@ impl Variables {
         let parallel = Parallel {
             world: World::tp(1),
             expert_parallel: false,
+            multimodal: Multimodal::default(),
         };
         Variables {
             env: Env::new(mapping, config, parallel, mapping_file).0,
