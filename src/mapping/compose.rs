@@ -15,7 +15,8 @@ use self::edit::{Entry, Placed};
 use self::per_layer::PerLayer;
 use super::rules::{ExpertRule, MistralRemap, RegexRule, Rename, Rules, Stacked};
 use super::{
-    COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, ParamSpec, Parameters, StageNeed,
+    COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, ParamSpec, Parameters, SkipModule,
+    StageNeed,
 };
 
 /// `extends` chains deeper than this are refused (the shipped ones are at most three files deep);
@@ -44,6 +45,8 @@ struct FileDoc {
     #[serde(default)]
     ignore_unexpected_suffixes: Option<Vec<String>>,
     skip_layer: Option<Expr>,
+    skip_modules: Option<Vec<SkipModule>>,
+    text_prefix: Option<String>,
     stage_needs: Option<StageNeed>,
     #[serde(default)]
     blocks: IndexMap<String, Vec<Entry>>,
@@ -92,6 +95,8 @@ struct CheckEntry {
 struct ParamsEdit {
     layers: Option<Expr>,
     #[serde(default)]
+    tower: Vec<Entry>,
+    #[serde(default)]
     head: Vec<Entry>,
     #[serde(default)]
     layer: Vec<Entry>,
@@ -107,9 +112,12 @@ struct Composed {
     rules: Rules,
     ignore_unexpected_suffixes: Vec<String>,
     skip_layer: Option<Expr>,
+    skip_modules: Vec<SkipModule>,
+    text_prefix: String,
     stage_needs: Option<StageNeed>,
     blocks: IndexMap<String, Vec<ParamSpec>>,
     layers: Expr,
+    tower: Vec<Placed>,
     head: Vec<Placed>,
     layer: Vec<Placed>,
     tail: Vec<Placed>,
@@ -194,6 +202,9 @@ impl Composed {
             rules: Rules::default(),
             ignore_unexpected_suffixes: Vec::new(),
             skip_layer: None,
+            skip_modules: Vec::new(),
+            text_prefix: String::new(),
+            tower: Vec::new(),
             stage_needs: None,
             blocks: IndexMap::new(),
             layers: super::default_layers(),
@@ -218,6 +229,12 @@ impl Composed {
         if doc.skip_layer.is_some() {
             self.skip_layer = doc.skip_layer;
         }
+        if let Some(m) = doc.skip_modules {
+            self.skip_modules = m;
+        }
+        if let Some(t) = doc.text_prefix {
+            self.text_prefix = t;
+        }
         if doc.stage_needs.is_some() {
             self.stage_needs = doc.stage_needs;
         }
@@ -226,6 +243,7 @@ impl Composed {
         if let Some(l) = p.layers {
             self.layers = l;
         }
+        edit::apply(&mut self.tower, p.tower, "tower", &self.blocks)?;
         edit::apply(&mut self.head, p.head, "head", &self.blocks)?;
         edit::apply(&mut self.layer, p.layer, "layer", &self.blocks)?;
         edit::apply(&mut self.tail, p.tail, "tail", &self.blocks)?;
@@ -301,8 +319,24 @@ impl Composed {
             refuse(&format!("rules.mistral.permute {}", p.token), &p.heads)?;
         }
         let unplace = |list: Vec<Placed>| list.into_iter().map(|p| p.spec).collect::<Vec<_>>();
-        let mut head = unplace(self.head);
-        let mut tail = unplace(self.tail);
+        // The language model's names get `text_prefix` (a multimodal wrapper's
+        // `language_model.`); the tower's, built before it, are written whole.
+        let prefix = self.text_prefix;
+        let prefixed = |list: Vec<Placed>| {
+            let mut specs = unplace(list);
+            if !prefix.is_empty() {
+                for s in &mut specs {
+                    s.name.insert_str(0, &prefix);
+                    if let Some(t) = &mut s.tied_to {
+                        t.param.insert_str(0, &prefix);
+                    }
+                }
+            }
+            specs
+        };
+        let mut head = unplace(self.tower);
+        head.extend(prefixed(self.head));
+        let mut tail = prefixed(self.tail);
         for spec in head.iter_mut().chain(tail.iter_mut()) {
             if spec.name.contains("{i}") {
                 return Err(format!(
@@ -315,7 +349,7 @@ impl Composed {
                 refuse(&name, e)?;
             }
         }
-        let mut layer = unplace(self.layer);
+        let mut layer = prefixed(self.layer);
         for spec in &mut layer {
             per_layer
                 .write_into(spec)
@@ -335,6 +369,7 @@ impl Composed {
             rules,
             ignore_unexpected_suffixes: self.ignore_unexpected_suffixes,
             skip_layer: self.skip_layer,
+            skip_modules: self.skip_modules,
             stage_needs: self
                 .stage_needs
                 .map(|mut n| {

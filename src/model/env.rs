@@ -67,6 +67,9 @@ impl Env {
         vars.insert("tp".into(), Value::from(parallel.world.tp));
         vars.insert("ep".into(), Value::Bool(parallel.expert_parallel));
         vars.insert("pp".into(), Value::from(parallel.world.pp));
+        if let Some(v) = &config.vision_config {
+            vars.insert("vision_config".into(), v.clone());
+        }
         let mm = parallel.multimodal;
         vars.insert(
             "language_model_only".into(),
@@ -138,7 +141,20 @@ impl Env {
 
     /// The variables, plus `i` inside layer `i`.
     pub fn scope(&self, i: Option<u64>) -> EnvScope<'_> {
-        EnvScope { env: self, i }
+        EnvScope {
+            env: self,
+            i,
+            j: None,
+        }
+    }
+
+    /// The variables, plus `j` inside instance `j` of a repeated head or tail module.
+    pub fn scope_repeated(&self, j: u64) -> EnvScope<'_> {
+        EnvScope {
+            env: self,
+            i: None,
+            j: Some(j),
+        }
     }
 
     /// Whether `name` is the boolean `true`.
@@ -172,13 +188,22 @@ impl Env {
 pub struct EnvScope<'a> {
     env: &'a Env,
     i: Option<u64>,
+    j: Option<u64>,
 }
 
 impl Scope for EnvScope<'_> {
     fn get(&self, k: &str) -> Option<Value> {
-        match (k, self.i) {
-            ("i", Some(i)) => Some(Value::from(i)),
-            _ => self.env.vars.get(k).cloned(),
+        match (k, self.i, self.j) {
+            ("i", Some(i), _) => Some(Value::from(i)),
+            ("j", _, Some(j)) => Some(Value::from(j)),
+            _ => match k.split_once('.') {
+                // `vision_config.depth`: a field of a nested config object.
+                Some((top, path)) => path
+                    .split('.')
+                    .try_fold(self.env.vars.get(top)?, |v, f| v.get(f))
+                    .cloned(),
+                None => self.env.vars.get(k).cloned(),
+            },
         }
     }
 

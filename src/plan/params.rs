@@ -58,18 +58,20 @@ impl<'m> Planner<'m> {
             first_index: HashTable::new(),
             hasher: foldhash::fast::FixedState::default(),
         };
-        let specs = mapping
-            .parameters
-            .head
-            .iter()
-            .map(|s| (s, None))
-            .chain(
-                (0..layers)
-                    .flat_map(|i| mapping.parameters.layer.iter().map(move |s| (s, Some(i)))),
-            )
-            .chain(mapping.parameters.tail.iter().map(|s| (s, None)));
-        for (spec, i) in specs {
-            if let Some(mut p) = self.instantiate(spec, i, &mut params) {
+        let head = self.expand(&mapping.parameters.head)?;
+        let tail = self.expand(&mapping.parameters.tail)?;
+        let specs = head
+            .into_iter()
+            .chain((0..layers).flat_map(|i| {
+                mapping
+                    .parameters
+                    .layer
+                    .iter()
+                    .map(move |s| (s, At::Layer(i)))
+            }))
+            .chain(tail);
+        for (spec, at) in specs {
+            if let Some(mut p) = self.instantiate(spec, at, &mut params) {
                 // A method that creates a layer's parameters in its own order (MXFP4 experts:
                 // weights and scales, then biases) brought this one with the layer's first.
                 if self.quant.is_some() && params.find(&p.name).is_some() {
@@ -87,6 +89,58 @@ impl<'m> Planner<'m> {
             }
         }
         Ok(params)
+    }
+
+    /// A head or tail list with its repeated modules written out: each run of consecutive
+    /// `repeat` parameters sharing the name before `{j}` is one module, its parameters in order
+    /// for `j = 0`, then for `j = 1`, … (vLLM's `ModuleList`, registered module by module).
+    fn expand(&mut self, list: &'m [ParamSpec]) -> Result<Vec<(&'m ParamSpec, At)>, PlanError> {
+        let module = |s: &ParamSpec| s.name.split_once("{j}").map(|(m, _)| m.to_string());
+        let mut out = Vec::new();
+        let mut k = 0;
+        while k < list.len() {
+            let (spec, Some(count)) = (&list[k], &list[k].repeat) else {
+                out.push((&list[k], At::Once));
+                k += 1;
+                continue;
+            };
+            let end = k + list[k..]
+                .iter()
+                .take_while(|s| s.repeat.is_some() && module(s) == module(spec))
+                .count();
+            let n = match count.eval_u64(&self.env.scope(None)) {
+                Ok(n) if n <= MAX_LAYERS => n,
+                Ok(n) => {
+                    self.problems.push(Problem {
+                        message: format!(
+                            "{}: `repeat: {count}` gives {n} modules; wload plans at most {MAX_LAYERS}",
+                            spec.name
+                        ),
+                        fix: Some("check config.json, or pass the field with --hf-overrides".into()),
+                        parameter: Some(spec.name.clone()),
+                        ..Default::default()
+                    });
+                    return Err(self.refusal());
+                }
+                Err(err) => {
+                    self.problems.push(Problem {
+                        message: format!("{}: cannot evaluate `repeat: {count}`: {err}", spec.name),
+                        fix: Some(self.env.fix_for(
+                            &err,
+                            "check config.json, or pass the field with --hf-overrides",
+                        )),
+                        parameter: Some(spec.name.clone()),
+                        ..Default::default()
+                    });
+                    0
+                }
+            };
+            for j in 0..n {
+                out.extend(list[k..end].iter().map(|s| (s, At::Repeat(j))));
+            }
+            k = end;
+        }
+        Ok(out)
     }
 
     fn layer_count(&mut self) -> Result<u64, PlanError> {
@@ -134,15 +188,19 @@ impl<'m> Planner<'m> {
         Ok(layers)
     }
 
-    /// `spec` at layer `i` (none for head and tail), or `None` when its `when:` is false or it
-    /// cannot be evaluated (a problem).
+    /// `spec` at its place `at` (a layer, a repeated module's instance, or once), or `None` when
+    /// its `when:` is false or it cannot be evaluated (a problem).
     fn instantiate(
         &mut self,
         spec: &'m ParamSpec,
-        i: Option<u64>,
+        at: At,
         params: &mut Params<'m>,
     ) -> Option<Param<'m>> {
-        let scope = self.env.scope(i);
+        let i = at.layer();
+        let scope = match at {
+            At::Repeat(j) => self.env.scope_repeated(j),
+            _ => self.env.scope(i),
+        };
         if let Some(w) = &spec.when {
             match w.eval_bool(&scope) {
                 Ok(true) => {}
@@ -151,15 +209,35 @@ impl<'m> Planner<'m> {
                     self.problems.push(Problem {
                         message: format!("{}: cannot evaluate `when: {w}`: {err}", spec.name),
                         fix: err.missing_variable().map(|_| self.env.fix_for(&err, "")),
-                        parameter: Some(at_layer(&spec.name, i)),
+                        parameter: Some(at.name(&spec.name)),
                         ..Default::default()
                     });
                     return None;
                 }
             }
         }
-        let name = at_layer(&spec.name, i);
+        let name = at.name(&spec.name);
+        let whole = match spec.whole.as_ref().map(|w| w.eval_bool(&scope)) {
+            None | Some(Ok(false)) => false,
+            Some(Ok(true)) => true,
+            Some(Err(err)) => {
+                self.problems.push(Problem {
+                    message: format!(
+                        "{name}: cannot evaluate `whole: {}`: {err}",
+                        spec.whole
+                            .as_ref()
+                            .map(|w| w.to_string())
+                            .unwrap_or_default()
+                    ),
+                    fix: err.missing_variable().map(|_| self.env.fix_for(&err, "")),
+                    parameter: Some(name.clone()),
+                    ..Default::default()
+                });
+                return None;
+            }
+        };
         let geometry = match evaluate_layout(&spec.layout, &scope) {
+            Ok(g) if whole => whole_geometry(g),
             Ok(g) => g,
             Err((text, err)) => {
                 let otherwise = "check config.json, or pass the field with --hf-overrides";
@@ -287,6 +365,60 @@ impl<'m> Params<'m> {
         self.first_index
             .find(self.hasher.hash_one(name), |&j| self.list[j].name == name)
             .copied()
+    }
+}
+
+/// Where a spec is instantiated: once (head, tail), at layer `i`, or as instance `j` of a
+/// repeated head or tail module.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    Once,
+    Layer(u64),
+    Repeat(u64),
+}
+
+impl At {
+    fn layer(self) -> Option<u64> {
+        match self {
+            At::Layer(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// `name` with `{i}` (a layer) or `{j}` (a repeated module) filled in.
+    fn name(self, name: &str) -> String {
+        match self {
+            At::Repeat(j) => name.replace("{j}", &j.to_string()),
+            _ => at_layer(name, self.layer()),
+        }
+    }
+}
+
+/// A dense layout as vLLM builds it with `disable_tp=True`: the whole tensor on every rank
+/// (`layers/linear.py`: tp size 1). A fused qkv keeps its stored `[q; k; v]` rows.
+fn whole_geometry(g: Geometry) -> Geometry {
+    match g {
+        Geometry::Column { shape } | Geometry::Row { shape } => Geometry::Replicated { shape },
+        Geometry::Qkv {
+            heads,
+            kv_heads,
+            head_dim,
+            inner,
+        } => Geometry::MergedColumn {
+            sizes: vec![
+                heads.saturating_mul(head_dim),
+                kv_heads.saturating_mul(head_dim),
+                kv_heads.saturating_mul(head_dim),
+            ],
+            inner,
+            disable_tp: true,
+        },
+        Geometry::MergedColumn { sizes, inner, .. } => Geometry::MergedColumn {
+            sizes,
+            inner,
+            disable_tp: true,
+        },
+        other => other,
     }
 }
 
