@@ -172,8 +172,9 @@ impl Env {
             };
             out.push_str(&rest[..a]);
             let key = &rest[a + 1..a + b];
-            match self.vars.get(key) {
-                Some(Value::String(s)) => out.push_str(s),
+            // Through the scope: `{vision_config.num_heads}` reads a nested field.
+            match self.scope(None).get(key) {
+                Some(Value::String(s)) => out.push_str(&s),
                 Some(v) => out.push_str(&v.to_string()),
                 None => out.push_str(&rest[a..=a + b]),
             }

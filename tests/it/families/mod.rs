@@ -8,4 +8,5 @@ mod gpt_oss;
 mod mappings;
 mod mistral;
 mod qwen2_moe;
+mod qwen3_vl;
 mod tied;
