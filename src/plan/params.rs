@@ -2,6 +2,8 @@
 //! layer, tail, in state_dict order — with their geometry and dtype evaluated and their ties
 //! resolved.
 
+mod place;
+
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
@@ -13,6 +15,7 @@ use crate::dtype::Dtype;
 use crate::mapping::expr::{EvalError, Scope};
 use crate::mapping::{Expr, Layout, ParamSpec, Tied};
 use crate::problem::Problem;
+use place::{At, whole, whole_geometry};
 
 /// A parameter instance: one spec at one layer index, with its geometry evaluated.
 pub(super) struct Param<'m> {
@@ -217,22 +220,10 @@ impl<'m> Planner<'m> {
             }
         }
         let name = at.name(&spec.name);
-        let whole = match spec.whole.as_ref().map(|w| w.eval_bool(&scope)) {
-            None | Some(Ok(false)) => false,
-            Some(Ok(true)) => true,
-            Some(Err(err)) => {
-                self.problems.push(Problem {
-                    message: format!(
-                        "{name}: cannot evaluate `whole: {}`: {err}",
-                        spec.whole
-                            .as_ref()
-                            .map(|w| w.to_string())
-                            .unwrap_or_default()
-                    ),
-                    fix: err.missing_variable().map(|_| self.env.fix_for(&err, "")),
-                    parameter: Some(name.clone()),
-                    ..Default::default()
-                });
+        let whole = match whole(spec, &name, &scope, &self.env) {
+            Ok(w) => w,
+            Err(p) => {
+                self.problems.push(*p);
                 return None;
             }
         };
@@ -365,60 +356,6 @@ impl<'m> Params<'m> {
         self.first_index
             .find(self.hasher.hash_one(name), |&j| self.list[j].name == name)
             .copied()
-    }
-}
-
-/// Where a spec is instantiated: once (head, tail), at layer `i`, or as instance `j` of a
-/// repeated head or tail module.
-#[derive(Debug, Clone, Copy)]
-enum At {
-    Once,
-    Layer(u64),
-    Repeat(u64),
-}
-
-impl At {
-    fn layer(self) -> Option<u64> {
-        match self {
-            At::Layer(i) => Some(i),
-            _ => None,
-        }
-    }
-
-    /// `name` with `{i}` (a layer) or `{j}` (a repeated module) filled in.
-    fn name(self, name: &str) -> String {
-        match self {
-            At::Repeat(j) => name.replace("{j}", &j.to_string()),
-            _ => at_layer(name, self.layer()),
-        }
-    }
-}
-
-/// A dense layout as vLLM builds it with `disable_tp=True`: the whole tensor on every rank
-/// (`layers/linear.py`: tp size 1). A fused qkv keeps its stored `[q; k; v]` rows.
-fn whole_geometry(g: Geometry) -> Geometry {
-    match g {
-        Geometry::Column { shape } | Geometry::Row { shape } => Geometry::Replicated { shape },
-        Geometry::Qkv {
-            heads,
-            kv_heads,
-            head_dim,
-            inner,
-        } => Geometry::MergedColumn {
-            sizes: vec![
-                heads.saturating_mul(head_dim),
-                kv_heads.saturating_mul(head_dim),
-                kv_heads.saturating_mul(head_dim),
-            ],
-            inner,
-            disable_tp: true,
-        },
-        Geometry::MergedColumn { sizes, inner, .. } => Geometry::MergedColumn {
-            sizes,
-            inner,
-            disable_tp: true,
-        },
-        other => other,
     }
 }
 
