@@ -10,3 +10,4 @@ mod mistral;
 mod qwen2_moe;
 mod qwen3_vl;
 mod tied;
+mod vlm_text;
