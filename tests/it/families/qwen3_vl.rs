@@ -140,3 +140,32 @@ fn a_folder_is_loaded_with_the_mode_it_was_written_for() {
     ]);
     assert_refused(&data, 3, &["--mm-encoder-tp-mode data", "weights"]);
 }
+
+/// `inspect` shows the tower (what `--language-model-only` leaves out) and, for a folder, the
+/// mode it was written with.
+#[test]
+fn inspect_shows_the_tower_and_the_mode_a_folder_was_written_with() {
+    let src = fixture(CASE);
+    let json = wload_json(&["inspect", s(&src), "--json"]);
+    let t = &json["vision_tower"];
+    assert_eq!(t["tensors"], 39, "{t:#}");
+    assert_eq!(t["modules"], serde_json::json!(["visual."]), "{t:#}");
+    let ckpt = checkpoint_tensors(&src);
+    let bytes: usize = ckpt
+        .iter()
+        .filter(|(k, _)| k.starts_with("model.visual."))
+        .map(|(_, v)| v.data.len())
+        .sum();
+    assert_eq!(t["bytes"], bytes as u64);
+    let text = run(&["inspect", s(&src)]);
+    assert!(stdout(&text).contains("vision tower"), "{}", context(&text));
+
+    let tmp = TempDir::new().unwrap();
+    let data = sharded(tmp.path(), "data", &["--mm-encoder-tp-mode", "data"]);
+    let folder = run(&["inspect", s(&data)]);
+    assert!(
+        stdout(&folder).contains("--mm-encoder-tp-mode data"),
+        "{}",
+        context(&folder)
+    );
+}
