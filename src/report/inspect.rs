@@ -209,17 +209,14 @@ fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()> {
 
 /// The encoder's size, and what `--language-model-only` does with it.
 fn write_tower(w: &mut dyn Write, t: &crate::commands::inspect::tower::Tower) -> io::Result<()> {
-    let how = if t.mapped {
-        "split over --tp, or whole on every rank with --mm-encoder-tp-mode data; none with --language-model-only"
-    } else {
-        "not mapped by wload: shard with --language-model-only (the text model alone)"
+    let how = match t.mapped {
+        true => {
+            "split over --tp, or whole on every rank with --mm-encoder-tp-mode data; none with --language-model-only"
+        }
+        false => "not mapped by wload: shard with --language-model-only (the text model alone)",
     };
-    let line = format!(
-        "{} tensors, {} ({}): {how}",
-        thousands(t.tensors),
-        crate::units::human_bytes(t.bytes),
-        t.modules.join(", ")
-    );
+    let (n, size) = (thousands(t.tensors), crate::units::human_bytes(t.bytes));
+    let line = format!("{n} tensors, {size} ({}): {how}", t.modules.join(", "));
     writeln!(w, "  {:<20} {}", "vision tower", Esc(&line))
 }
 
