@@ -169,3 +169,21 @@ fn inspect_shows_the_tower_and_the_mode_a_folder_was_written_with() {
         context(&folder)
     );
 }
+
+/// A tower depth from a typo or a hostile config is refused at once, naming the parameter and
+/// the count, as a layer count is.
+#[test]
+fn a_repeat_count_past_the_limit_is_refused() {
+    let src = fixture(CASE);
+    let over = r#"{"vision_config": {"depth": 100000}}"#;
+    let refused = run(&["plan", s(&src), "--tp", "2", "--hf-overrides", over]);
+    assert_refused(
+        &refused,
+        3,
+        &[
+            "visual.blocks.{j}.norm1.weight",
+            "100000 modules",
+            "at most 4096",
+        ],
+    );
+}
