@@ -78,12 +78,6 @@ impl ServeCommand {
         if let Some(b) = m.moe_backend {
             flag("--moe-backend", Some(b.into()));
         }
-        let mut mm = m.multimodal.flags().into_iter();
-        while let Some(f) = mm.next() {
-            // `--mm-encoder-tp-mode` takes the next word; `--language-model-only` none.
-            let value = (f == "--mm-encoder-tp-mode").then(|| mm.next()).flatten();
-            flag(&f, value);
-        }
         if let Some(dtype) = m.dtype
             && dtype != auto_dtype
             && let Some(d) = vllm_dtype(dtype)
@@ -101,6 +95,8 @@ impl ServeCommand {
                 flag("--tokenizer-mode", Some("mistral".into()));
             }
         }
+        // vLLM's key set depends on these (`--language-model-only`, `--mm-encoder-tp-mode data`).
+        argv.extend(m.multimodal.flags());
         let shell = argv
             .iter()
             .map(|a| shell_quote(a))
