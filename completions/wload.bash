@@ -281,7 +281,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__load)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --moe-backend --mapping --device --dry-run --read --ranks --check --checksums --io --cold --repeat --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --dtype --moe-backend --language-model-only --mm-encoder-tp-mode --mapping --device --dry-run --read --ranks --check --checksums --io --cold --repeat --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -336,6 +336,10 @@ _wload() {
                     ;;
                 --moe-backend)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mm-encoder-tp-mode)
+                    COMPREPLY=($(compgen -W "weights data" -- "${cur}"))
                     return 0
                     ;;
                 --mapping)
@@ -391,7 +395,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__plan)
-            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --moe-backend --dtype --mapping --rank --json --verbose --quiet --help --version"
+            opts="-t -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --moe-backend --dtype --mapping --language-model-only --mm-encoder-tp-mode --rank --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -461,6 +465,10 @@ _wload() {
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o filenames
                     fi
+                    return 0
+                    ;;
+                --mm-encoder-tp-mode)
+                    COMPREPLY=($(compgen -W "weights data" -- "${cur}"))
                     return 0
                     ;;
                 --rank)
@@ -475,7 +483,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__shard)
-            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --moe-backend --dtype --mapping --output --max-part-size --ranks --force --verify --io --cold --json --verbose --quiet --help --version"
+            opts="-t -o -v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --tensor-parallel-size --tp --pipeline-parallel-size --pp --enable-expert-parallel --moe-backend --dtype --mapping --language-model-only --mm-encoder-tp-mode --output --max-part-size --ranks --force --verify --io --cold --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -545,6 +553,10 @@ _wload() {
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o filenames
                     fi
+                    return 0
+                    ;;
+                --mm-encoder-tp-mode)
+                    COMPREPLY=($(compgen -W "weights data" -- "${cur}"))
                     return 0
                     ;;
                 --output)
@@ -581,7 +593,7 @@ _wload() {
             return 0
             ;;
         wload__subcmd__sizes)
-            opts="-v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --max-tp --max-pp --dtype --mapping --json --verbose --quiet --help --version"
+            opts="-v -q -h -V --load-format --config-format --hf-overrides --revision --download-dir --max-tp --max-pp --dtype --mapping --language-model-only --mm-encoder-tp-mode --json --verbose --quiet --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -635,6 +647,10 @@ _wload() {
                     if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
                         compopt -o filenames
                     fi
+                    return 0
+                    ;;
+                --mm-encoder-tp-mode)
+                    COMPREPLY=($(compgen -W "weights data" -- "${cur}"))
                     return 0
                     ;;
                 *)

@@ -73,8 +73,11 @@ bfloat16\t''
 float16\t''
 float32\t''"
 complete -c wload -n "__fish_wload_using_subcommand plan" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
+complete -c wload -n "__fish_wload_using_subcommand plan" -l mm-encoder-tp-mode -d 'Multimodal models: how the encoder uses tensor parallelism, as vLLM\'s --mm-encoder-tp-mode: weights (each layer split over the ranks, vLLM\'s default) or data (the whole encoder on every rank)' -r -f -a "weights\t'Each encoder layer\'s weights split over the TP ranks (vLLM\'s default)'
+data\t'The whole encoder on every TP rank; the batch of images is split instead'"
 complete -c wload -n "__fish_wload_using_subcommand plan" -l rank -d 'Show only this rank' -r
 complete -c wload -n "__fish_wload_using_subcommand plan" -l enable-expert-parallel -d 'Spread MoE experts over the ranks instead of splitting each (vLLM\'s --enable-expert-parallel)'
+complete -c wload -n "__fish_wload_using_subcommand plan" -l language-model-only -d 'Multimodal models: the language model only, without its vision (or audio) encoder, as vLLM\'s --language-model-only builds it; ignored for text-only models, as vLLM ignores it'
 complete -c wload -n "__fish_wload_using_subcommand plan" -l json -d 'Print one JSON document instead of tables (schema: docs/plan-json.md)'
 complete -c wload -n "__fish_wload_using_subcommand plan" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
 complete -c wload -n "__fish_wload_using_subcommand plan" -s q -l quiet -d 'Print nothing but results and errors'
@@ -98,6 +101,9 @@ bfloat16\t''
 float16\t''
 float32\t''"
 complete -c wload -n "__fish_wload_using_subcommand sizes" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
+complete -c wload -n "__fish_wload_using_subcommand sizes" -l mm-encoder-tp-mode -d 'Multimodal models: how the encoder uses tensor parallelism, as vLLM\'s --mm-encoder-tp-mode: weights (each layer split over the ranks, vLLM\'s default) or data (the whole encoder on every rank)' -r -f -a "weights\t'Each encoder layer\'s weights split over the TP ranks (vLLM\'s default)'
+data\t'The whole encoder on every TP rank; the batch of images is split instead'"
+complete -c wload -n "__fish_wload_using_subcommand sizes" -l language-model-only -d 'Multimodal models: the language model only, without its vision (or audio) encoder, as vLLM\'s --language-model-only builds it; ignored for text-only models, as vLLM ignores it'
 complete -c wload -n "__fish_wload_using_subcommand sizes" -l json -d 'Print one JSON document instead of a table (schema: docs/sizes-json.md)'
 complete -c wload -n "__fish_wload_using_subcommand sizes" -s v -l verbose -d 'Print more detail (resolution reasons, per-file header sizes)'
 complete -c wload -n "__fish_wload_using_subcommand sizes" -s q -l quiet -d 'Print nothing but results and errors'
@@ -122,6 +128,8 @@ bfloat16\t''
 float16\t''
 float32\t''"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
+complete -c wload -n "__fish_wload_using_subcommand shard" -l mm-encoder-tp-mode -d 'Multimodal models: how the encoder uses tensor parallelism, as vLLM\'s --mm-encoder-tp-mode: weights (each layer split over the ranks, vLLM\'s default) or data (the whole encoder on every rank)' -r -f -a "weights\t'Each encoder layer\'s weights split over the TP ranks (vLLM\'s default)'
+data\t'The whole encoder on every TP rank; the batch of images is split instead'"
 complete -c wload -n "__fish_wload_using_subcommand shard" -s o -l output -d 'Output folder: new or empty (or, with --force, an earlier wload output)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l max-part-size -d 'Largest data size of one part file: bytes (40000) or with a unit (500MB, 5GiB)' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l ranks -d 'Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)' -r
@@ -130,6 +138,7 @@ buffered\t'pread through the page cache'
 direct\t'O_DIRECT reads into aligned buffers: no page-cache copy, no cache pollution'
 mmap\t'Copies out of a read-only mapping of each file'"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l enable-expert-parallel -d 'Spread MoE experts over the ranks instead of splitting each (vLLM\'s --enable-expert-parallel)'
+complete -c wload -n "__fish_wload_using_subcommand shard" -l language-model-only -d 'Multimodal models: the language model only, without its vision (or audio) encoder, as vLLM\'s --language-model-only builds it; ignored for text-only models, as vLLM ignores it'
 complete -c wload -n "__fish_wload_using_subcommand shard" -l force -d 'Replace OUT if it is an earlier wload output (only once the new output is complete)'
 complete -c wload -n "__fish_wload_using_subcommand shard" -l verify -d 'Read every written byte back and compare it with the source before publishing OUT'
 complete -c wload -n "__fish_wload_using_subcommand shard" -l cold -d 'Drop the source files from the page cache first (posix_fadvise), checked with mincore'
@@ -156,6 +165,8 @@ bfloat16\t''
 float16\t''
 float32\t''"
 complete -c wload -n "__fish_wload_using_subcommand load" -l moe-backend -d 'MXFP4 experts padded as this vLLM --moe-backend pads them (triton, marlin, flashinfer_trtllm, flashinfer_cutlass, deep_gemm, cpu, emulation); default: unpadded slices, which load on every backend' -r
+complete -c wload -n "__fish_wload_using_subcommand load" -l mm-encoder-tp-mode -d 'Multimodal models: the encoder\'s TP mode, as vLLM\'s --mm-encoder-tp-mode (weights, data); default: wload.json\'s, else weights' -r -f -a "weights\t'Each encoder layer\'s weights split over the TP ranks (vLLM\'s default)'
+data\t'The whole encoder on every TP rank; the batch of images is split instead'"
 complete -c wload -n "__fish_wload_using_subcommand load" -l mapping -d 'Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)' -r -F
 complete -c wload -n "__fish_wload_using_subcommand load" -l device -d 'Where to load: GPUs through the CUDA driver, or host memory' -r -f -a "cuda\t''
 cpu\t''"
@@ -166,6 +177,7 @@ direct\t'O_DIRECT reads into aligned buffers: no page-cache copy, no cache pollu
 mmap\t'Copies out of a read-only mapping of each file'"
 complete -c wload -n "__fish_wload_using_subcommand load" -l repeat -d 'Load N times and report min/median/max (with --cold, each load starts cold)' -r
 complete -c wload -n "__fish_wload_using_subcommand load" -l enable-expert-parallel -d 'Spread MoE experts over the ranks (vLLM\'s --enable-expert-parallel); default: wload.json\'s'
+complete -c wload -n "__fish_wload_using_subcommand load" -l language-model-only -d 'Multimodal models: the language model only, as vLLM\'s --language-model-only; default: wload.json\'s'
 complete -c wload -n "__fish_wload_using_subcommand load" -l dry-run -d 'Check everything vLLM would check, without touching a device'
 complete -c wload -n "__fish_wload_using_subcommand load" -l read -d 'With --dry-run: also read every byte and checksum it (and compare with wload.json)'
 complete -c wload -n "__fish_wload_using_subcommand load" -l check -d 'Copy every tensor back from the device and compare it with the host\'s bytes'

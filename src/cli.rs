@@ -9,6 +9,7 @@ use crate::commands::load::DeviceKind;
 use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
 use crate::exec::source::IoMode;
+use crate::multimodal::{MmEncoderTpMode, Multimodal};
 use crate::quant::mxfp4::MoeBackend;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
@@ -264,7 +265,36 @@ pub struct ModelArgs {
 
     #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath, help = MAPPING_HELP)]
     pub mapping: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub multimodal: MultimodalArgs,
 }
+
+/// vLLM's multimodal flags that change which tensors a rank holds: shared by plan, shard and
+/// sizes (`load`'s default to its folder's wload.json: [`LoadParallelArgs`]).
+#[derive(Debug, Args)]
+pub struct MultimodalArgs {
+    #[arg(long, help = LANGUAGE_MODEL_ONLY_HELP)]
+    pub language_model_only: bool,
+
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = MmEncoderTpMode::Weights, help = MM_ENCODER_TP_MODE_HELP)]
+    pub mm_encoder_tp_mode: MmEncoderTpMode,
+}
+
+impl MultimodalArgs {
+    pub fn get(&self) -> Multimodal {
+        Multimodal {
+            language_model_only: self.language_model_only,
+            mm_encoder_tp_mode: self.mm_encoder_tp_mode,
+        }
+    }
+}
+
+/// The help of `--language-model-only` (plan, shard, sizes).
+const LANGUAGE_MODEL_ONLY_HELP: &str = "Multimodal models: the language model only, without its vision (or audio) encoder, as vLLM's --language-model-only builds it; ignored for text-only models, as vLLM ignores it";
+
+/// The help of `--mm-encoder-tp-mode` (plan, shard, sizes).
+const MM_ENCODER_TP_MODE_HELP: &str = "Multimodal models: how the encoder uses tensor parallelism, as vLLM's --mm-encoder-tp-mode: weights (each layer split over the ranks, vLLM's default) or data (the whole encoder on every rank)";
 
 /// The help of `--moe-backend` (plan, shard, load).
 const MOE_BACKEND_HELP: &str = "MXFP4 experts padded as this vLLM --moe-backend pads them (triton, marlin, flashinfer_trtllm, flashinfer_cutlass, deep_gemm, cpu, emulation); default: unpadded slices, which load on every backend";
@@ -512,6 +542,14 @@ pub struct LoadParallelArgs {
 
     #[arg(long, value_name = "NAME", value_parser = parse_moe_backend, help = MOE_BACKEND_HELP)]
     pub moe_backend: Option<MoeBackend>,
+
+    /// Multimodal models: the language model only, as vLLM's --language-model-only; default: wload.json's
+    #[arg(long)]
+    pub language_model_only: bool,
+
+    /// Multimodal models: the encoder's TP mode, as vLLM's --mm-encoder-tp-mode (weights, data); default: wload.json's, else weights
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub mm_encoder_tp_mode: Option<MmEncoderTpMode>,
 
     #[arg(long, value_name = "FILE", value_hint = clap::ValueHint::FilePath, help = MAPPING_HELP)]
     pub mapping: Option<PathBuf>,

@@ -102,6 +102,10 @@ pub struct ModelConfig {
     /// with both spellings of each aliased attribute holding the attribute's value.
     #[serde(skip)]
     pub raw: Map<String, Value>,
+    /// A multimodal wrapper's `vision_config` (top level), which mapping expressions read as
+    /// `vision_config.depth`; `None` for a text-only model.
+    #[serde(skip)]
+    pub vision_config: Option<Value>,
     /// transformers' attribute aliases of the text config's class, for naming both spellings.
     #[serde(skip)]
     pub aliases: &'static [ConfigAlias],
@@ -351,6 +355,7 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         }),
         quantization_config,
         dtype,
+        vision_config: top.get("vision_config").filter(|v| v.is_object()).cloned(),
         raw,
         aliases,
         file_bytes: Default::default(),

@@ -19,6 +19,7 @@ pub mod file_stamp;
 pub mod map;
 pub mod mapping;
 pub mod model;
+pub mod multimodal;
 pub mod open;
 pub mod plan;
 pub mod problem;

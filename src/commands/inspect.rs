@@ -7,6 +7,7 @@ use serde::Serialize;
 
 mod quant;
 pub mod survey;
+pub mod tower;
 
 pub use quant::{QuantInfo, Refusal};
 
@@ -37,6 +38,9 @@ pub struct Inspection<'a> {
     pub config: ConfigSummary,
     /// The family's attention, experts and dense layers, read from the config as the mapping does.
     pub structure: Structure,
+    /// A multimodal model's encoder (vision tower, projector); absent for a text-only model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vision_tower: Option<tower::Tower>,
     /// What `quantization_config` says and whether wload writes it; `None` when there is none.
     pub quantization: Option<QuantInfo>,
     pub filter: Option<String>,
@@ -197,6 +201,7 @@ pub fn inspect_mapped<'a>(
             config: config.clone(),
         },
         structure: structure::structure(config, chosen.as_ref(), mapping),
+        vision_tower: chosen.as_ref().and_then(|m| tower::tower(m, checkpoint)),
         quantization: quant::quant_info(
             config.quantization_config.as_ref(),
             config.model_type.as_deref(),

@@ -76,6 +76,8 @@ pub struct SizesOptions {
     pub mapping: Option<std::path::PathBuf>,
     /// `VLLM_PP_LAYER_PARTITION`, as `plan` reads it.
     pub pp_partition: Option<String>,
+    /// `--language-model-only` and `--mm-encoder-tp-mode`, for every layout checked.
+    pub multimodal: crate::multimodal::Multimodal,
 }
 
 /// `wload sizes`: vLLM's verdict on each parallel layout checked, from the planner itself.
@@ -149,6 +151,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         mapping: opts.mapping.clone(),
         shapes_only: false,
         moe_backend: None,
+        multimodal: opts.multimodal,
     };
     let mut maps = Mappings {
         base: &mapping,

@@ -332,6 +332,8 @@ fn manifest_for(
         config_changes: None,
         serve: None,
         moe_backend: plan.moe_backend.map(str::to_string),
+        language_model_only: plan.language_model_only,
+        mm_encoder_tp_mode: plan.mm_encoder_tp_mode.map(str::to_string),
     }
 }
 

@@ -105,6 +105,8 @@ fn plan(root: &std::path::Path) -> (Plan, Vec<u8>) {
         retie: None,
         skipped: Vec::new(),
         moe_backend: None,
+        language_model_only: false,
+        mm_encoder_tp_mode: None,
     };
     (plan, want)
 }

@@ -231,6 +231,8 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         retie: None,
         skipped: Vec::new(),
         moe_backend: None,
+        language_model_only: false,
+        mm_encoder_tp_mode: None,
     };
     (plan, srcs)
 }
@@ -258,6 +260,8 @@ fn one_rank_plan(root: &Path, source: SourceTensor, dtype: Dtype, tensors: Vec<O
         retie: None,
         skipped: Vec::new(),
         moe_backend: None,
+        language_model_only: false,
+        mm_encoder_tp_mode: None,
     }
 }
 

@@ -15,7 +15,8 @@ use self::edit::{Entry, Placed};
 use self::per_layer::PerLayer;
 use super::rules::{ExpertRule, MistralRemap, RegexRule, Rename, Rules, Stacked};
 use super::{
-    COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, ParamSpec, Parameters, StageNeed,
+    COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, ParamSpec, Parameters, SkipModule,
+    StageNeed,
 };
 
 /// `extends` chains deeper than this are refused (the shipped ones are at most three files deep);
@@ -44,6 +45,8 @@ struct FileDoc {
     #[serde(default)]
     ignore_unexpected_suffixes: Option<Vec<String>>,
     skip_layer: Option<Expr>,
+    skip_modules: Option<Vec<SkipModule>>,
+    text_prefix: Option<String>,
     stage_needs: Option<StageNeed>,
     #[serde(default)]
     blocks: IndexMap<String, Vec<Entry>>,
@@ -92,6 +95,8 @@ struct CheckEntry {
 struct ParamsEdit {
     layers: Option<Expr>,
     #[serde(default)]
+    tower: Vec<Entry>,
+    #[serde(default)]
     head: Vec<Entry>,
     #[serde(default)]
     layer: Vec<Entry>,
@@ -107,9 +112,12 @@ struct Composed {
     rules: Rules,
     ignore_unexpected_suffixes: Vec<String>,
     skip_layer: Option<Expr>,
+    skip_modules: Vec<SkipModule>,
+    text_prefix: String,
     stage_needs: Option<StageNeed>,
     blocks: IndexMap<String, Vec<ParamSpec>>,
     layers: Expr,
+    tower: Vec<Placed>,
     head: Vec<Placed>,
     layer: Vec<Placed>,
     tail: Vec<Placed>,
@@ -194,6 +202,9 @@ impl Composed {
             rules: Rules::default(),
             ignore_unexpected_suffixes: Vec::new(),
             skip_layer: None,
+            skip_modules: Vec::new(),
+            text_prefix: String::new(),
+            tower: Vec::new(),
             stage_needs: None,
             blocks: IndexMap::new(),
             layers: super::default_layers(),
@@ -218,6 +229,12 @@ impl Composed {
         if doc.skip_layer.is_some() {
             self.skip_layer = doc.skip_layer;
         }
+        if let Some(m) = doc.skip_modules {
+            self.skip_modules = m;
+        }
+        if let Some(t) = doc.text_prefix {
+            self.text_prefix = t;
+        }
         if doc.stage_needs.is_some() {
             self.stage_needs = doc.stage_needs;
         }
@@ -226,6 +243,7 @@ impl Composed {
         if let Some(l) = p.layers {
             self.layers = l;
         }
+        edit::apply(&mut self.tower, p.tower, "tower", &self.blocks)?;
         edit::apply(&mut self.head, p.head, "head", &self.blocks)?;
         edit::apply(&mut self.layer, p.layer, "layer", &self.blocks)?;
         edit::apply(&mut self.tail, p.tail, "tail", &self.blocks)?;
@@ -301,8 +319,24 @@ impl Composed {
             refuse(&format!("rules.mistral.permute {}", p.token), &p.heads)?;
         }
         let unplace = |list: Vec<Placed>| list.into_iter().map(|p| p.spec).collect::<Vec<_>>();
-        let mut head = unplace(self.head);
-        let mut tail = unplace(self.tail);
+        // The language model's names get `text_prefix` (a multimodal wrapper's
+        // `language_model.`); the tower's, built before it, are written whole.
+        let prefix = self.text_prefix;
+        let prefixed = |list: Vec<Placed>| {
+            let mut specs = unplace(list);
+            if !prefix.is_empty() {
+                for s in &mut specs {
+                    s.name.insert_str(0, &prefix);
+                    if let Some(t) = &mut s.tied_to {
+                        t.param.insert_str(0, &prefix);
+                    }
+                }
+            }
+            specs
+        };
+        let mut head = unplace(self.tower);
+        head.extend(prefixed(self.head));
+        let mut tail = prefixed(self.tail);
         for spec in head.iter_mut().chain(tail.iter_mut()) {
             if spec.name.contains("{i}") {
                 return Err(format!(
@@ -315,7 +349,7 @@ impl Composed {
                 refuse(&name, e)?;
             }
         }
-        let mut layer = unplace(self.layer);
+        let mut layer = prefixed(self.layer);
         for spec in &mut layer {
             per_layer
                 .write_into(spec)
@@ -335,6 +369,7 @@ impl Composed {
             rules,
             ignore_unexpected_suffixes: self.ignore_unexpected_suffixes,
             skip_layer: self.skip_layer,
+            skip_modules: self.skip_modules,
             stage_needs: self
                 .stage_needs
                 .map(|mut n| {
@@ -396,190 +431,4 @@ fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saph
 }
 
 #[cfg(test)]
-pub(super) mod tests {
-    use super::resolve;
-    use crate::mapping::{Mapping, embedded};
-
-    fn names(list: &[crate::mapping::ParamSpec]) -> Vec<&str> {
-        list.iter().map(|s| s.name.as_str()).collect()
-    }
-
-    fn layer(m: &Mapping) -> Vec<&str> {
-        names(&m.parameters.layer)
-    }
-
-    fn llama() -> Mapping {
-        embedded()
-            .into_iter()
-            .find(|m| m.family == "llama")
-            .unwrap()
-    }
-
-    pub(super) fn child(body: &str) -> Result<Mapping, String> {
-        let text = format!("extends: llama\nfamily: t\narchitectures: [T]\n{body}");
-        resolve("t.yaml", &text).map_err(|e| e.to_string())
-    }
-
-    const SCALE: &str = "model.layers.{i}.self_attn.attn._prob_scale";
-
-    #[test]
-    fn a_new_parameter_goes_after_its_anchor_and_entries_keep_their_order() {
-        let m = child(
-            "parameters:\n  layer:\n    - {name: a, after: attention_scales, layout: {kind: replicated, shape: []}}\n    - {name: b, after: attention_scales, layout: {kind: replicated, shape: []}}\n    - {name: c, before: dense_mlp, layout: {kind: replicated, shape: []}}\n    - {name: z, layout: {kind: replicated, shape: []}}\n",
-        )
-        .unwrap();
-        let l = layer(&m);
-        let at = l.iter().position(|n| *n == SCALE).unwrap();
-        assert_eq!(&l[at + 1..at + 4], ["a", "b", "c"]);
-        assert_eq!(l[at + 4], "model.layers.{i}.mlp.gate_up_proj.weight");
-        assert_eq!(l.last(), Some(&"z"));
-        assert_eq!(l.len(), layer(&llama()).len() + 4);
-    }
-
-    #[test]
-    fn a_named_entry_changes_only_the_fields_it_states_and_stays_in_place() {
-        let m = child(
-            "parameters:\n  layer:\n    - {name: \"model.layers.{i}.mlp.down_proj.weight\", when: \"i > 0\"}\n",
-        )
-        .unwrap();
-        assert_eq!(layer(&m), layer(&llama()));
-        let down = m
-            .parameters
-            .layer
-            .iter()
-            .find(|s| s.name.ends_with("down_proj.weight"))
-            .unwrap();
-        assert_eq!(down.when.as_ref().unwrap().src(), "i > 0");
-        assert!(matches!(down.layout, crate::mapping::Layout::Row { .. }));
-    }
-
-    #[test]
-    fn a_moved_entry_goes_where_it_says() {
-        let m = child(
-            "parameters:\n  layer:\n    - {name: \"model.layers.{i}.input_layernorm.weight\", before: attention}\n",
-        )
-        .unwrap();
-        assert_eq!(layer(&m)[0], "model.layers.{i}.input_layernorm.weight");
-        assert_eq!(layer(&m).len(), layer(&llama()).len());
-    }
-
-    #[test]
-    fn remove_takes_a_parameter_or_a_whole_block() {
-        let m = child("parameters:\n  layer:\n    - remove: dense_mlp\n  tail:\n    - remove: lm_head.weight\n").unwrap();
-        assert!(!layer(&m).iter().any(|n| n.contains(".mlp.")));
-        assert_eq!(layer(&m).len(), layer(&llama()).len() - 4);
-        assert_eq!(names(&m.parameters.tail), ["model.norm.weight"]);
-    }
-
-    #[test]
-    fn checks_are_inherited_replaced_by_rule_and_removed() {
-        let parent = llama();
-        let heads = parent.checks[0].rule.src().to_string();
-        let kv = parent.checks[1].rule.src().to_string();
-        let m = child(&format!(
-            "checks:\n  - {{rule: \"{heads}\", message: other words}}\n  - {{rule: \"tp < 9\", message: small}}\n"
-        ))
-        .unwrap();
-        let rules: Vec<&str> = m.checks.iter().map(|c| c.rule.src()).collect();
-        assert_eq!(rules, [heads.as_str(), kv.as_str(), "tp < 9"]);
-        assert_eq!(m.checks[0].message, "other words");
-        let m = child(&format!("checks:\n  - remove: \"{kv}\"\n")).unwrap();
-        assert_eq!(m.checks.len(), 1);
-        let e = child("checks:\n  - remove: \"tp > 1\"\n").unwrap_err();
-        assert!(
-            e.contains("tp > 1") && e.contains("no inherited check"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn a_block_fills_its_placeholders_and_adds_its_when() {
-        let m = child(
-            "parameters:\n  layer:\n    - remove: dense_mlp\n    - {use: routed_experts, with: {moe: feed}, when: \"i > 0\", after: attention_scales}\n",
-        )
-        .unwrap();
-        let gate = m
-            .parameters
-            .layer
-            .iter()
-            .find(|s| s.name == "model.layers.{i}.feed.gate.weight")
-            .unwrap();
-        assert_eq!(gate.when.as_ref().unwrap().src(), "i > 0");
-        // The block's own `when` and the entry's both hold.
-        let m = child("parameters:\n  layer:\n    - remove: dense_mlp\n    - {use: dense_mlp, when: \"i > 0\"}\n").unwrap();
-        let bias = m
-            .parameters
-            .layer
-            .iter()
-            .find(|s| s.name.ends_with("down_proj.bias"))
-            .unwrap();
-        assert_eq!(bias.when.as_ref().unwrap().src(), "(i > 0) && (mlp_bias)");
-    }
-
-    #[test]
-    fn mistakes_in_edits_are_named() {
-        let cases = [
-            (
-                "parameters:\n  layer:\n    - remove: nothing_here\n",
-                "nothing_here",
-            ),
-            (
-                "parameters:\n  layer:\n    - {use: no_such_block}\n",
-                "no block named 'no_such_block'",
-            ),
-            (
-                "parameters:\n  layer:\n    - {use: routed_experts}\n",
-                "`{moe}` is not filled in",
-            ),
-            (
-                "parameters:\n  layer:\n    - {use: attention_scales, with: {x: y}}\n",
-                "no `{x}`",
-            ),
-            (
-                "parameters:\n  layer:\n    - {use: attention}\n",
-                "already in the list",
-            ),
-            (
-                "parameters:\n  layer:\n    - {name: a, use: attention}\n",
-                "exactly one",
-            ),
-            (
-                "parameters:\n  layer:\n    - {remove: a, after: b}\n",
-                "stands alone",
-            ),
-            (
-                "parameters:\n  layer:\n    - {name: a, layout: {kind: replicated, shape: []}, after: nowhere}\n",
-                "'nowhere'",
-            ),
-            (
-                "parameters:\n  layer:\n    - {name: a}\n",
-                "needs a `layout`",
-            ),
-            (
-                "parameters:\n  layer:\n    - {use: attention_scales, layout: {kind: replicated, shape: []}}\n",
-                "takes only",
-            ),
-            ("blocks:\n  a.b: []\n", "block name"),
-            (
-                "parameters:\n  head:\n    - {name: \"x.{i}\", layout: {kind: replicated, shape: []}}\n",
-                "only means something in `layer`",
-            ),
-        ];
-        for (body, says) in cases {
-            let e = child(body).expect_err(body);
-            assert!(e.contains("t.yaml") && e.contains(says), "{body}\n→ {e}");
-        }
-        let e = resolve("t.yaml", "extends: nonexistent\nfamily: t\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("nonexistent") && e.contains("llama"), "{e}");
-    }
-
-    #[test]
-    fn header_fields_are_not_inherited() {
-        let m = resolve("t.yaml", "extends: llama\nfamily: t\n").unwrap();
-        assert!(m.architectures.is_empty());
-        assert_eq!(m.description, "");
-        assert_eq!(m.extends.as_deref(), Some("llama"));
-    }
-}
+pub(super) mod tests;

@@ -540,7 +540,7 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
             i = j;
         } else if c.is_ascii_alphabetic() || c == '_' {
             let j = i + src[i..]
-                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_' || ch == '.'))
                 .unwrap_or(src.len() - i);
             out.push(Tok::Ident(src[i..j].to_string()));
             i = j;

@@ -49,10 +49,24 @@ pub struct Mapping {
     /// Checkpoint tensors of `model.layers.{i}.` for which this holds belong to no parameter and
     /// are skipped (vLLM skips speculative-decoding MTP layers beyond `num_hidden_layers`).
     pub skip_layer: Option<Expr>,
+    /// Modules vLLM does not build (a `StageMissingLayer`: the vision tower under
+    /// `--language-model-only`): checkpoint tensors mapped under `prefix` are skipped while
+    /// `when` holds.
+    pub skip_modules: Vec<SkipModule>,
     /// A layer every pipeline stage must hold, or vLLM refuses the model (Qwen3-MoE and GLM-4.5
     /// need a MoE layer on each stage).
     pub stage_needs: Option<StageNeed>,
     pub parameters: Parameters,
+}
+
+/// `skip_modules`: names mapped under `prefix` are no parameter and are skipped while `when`
+/// holds, for `reason`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkipModule {
+    pub prefix: String,
+    pub when: Expr,
+    pub reason: String,
 }
 
 /// `stage_needs`: every pipeline stage (the whole model without PP) must hold a layer for which
@@ -112,6 +126,14 @@ pub struct ParamSpec {
     /// Which kind of vLLM module this parameter belongs to, for a quantized checkpoint; `None`:
     /// the default for its layout (see [`ParamSpec::quant_role`]).
     pub quant: Option<QuantRole>,
+    /// Head and tail parameters of a repeated module (a vision tower's blocks): instantiated this
+    /// many times, `{j}` in the name and `j` in expressions the index. Consecutive parameters
+    /// whose names share the text before `{j}` repeat together, one module after another (vLLM's
+    /// `ModuleList` order).
+    pub repeat: Option<Expr>,
+    /// When this holds, the parameter is whole on every rank whatever its layout: vLLM's
+    /// `disable_tp=True` (a vision tower under `--mm-encoder-tp-mode data`).
+    pub whole: Option<Expr>,
 }
 
 /// The kind of module a quantization method creates parameters for (vLLM's `get_quant_method`
@@ -261,6 +283,8 @@ impl ParamSpec {
         out.extend(self.when.as_mut());
         out.extend(self.tied_to.as_mut().map(|t| &mut t.when));
         out.extend(self.pp_stage.as_mut());
+        out.extend(self.repeat.as_mut());
+        out.extend(self.whole.as_mut());
         out
     }
 }

@@ -1,5 +1,5 @@
 //! The model's variables: what mapping expressions see — the config, the mapping's defaults
-//! where the config is silent, `tp`, `pp`, `ep`, then the derived values — and the mapping's
+//! where the config is silent, `tp`, `pp`, `ep`, the multimodal flags, then the derived values — and the mapping's
 //! checks on them. The planner's environment phase, and what `inspect` and `sizes` read of a
 //! model without planning it: it sits below both, and knows nothing of plans.
 
@@ -11,15 +11,19 @@ use serde_json::Value;
 use crate::config::{ConfigAlias, ModelConfig};
 use crate::mapping::Mapping;
 use crate::mapping::expr::{self, EvalError, Scope};
+use crate::multimodal::Multimodal;
 use crate::ranks::World;
 
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
 
-/// What the expressions see of the run's layout: `tp` and `pp` (the world) and `ep`.
+/// What the expressions see of the run's layout: `tp` and `pp` (the world), `ep`, and vLLM's
+/// multimodal flags.
 #[derive(Debug, Clone, Copy)]
 pub struct Parallel {
     pub world: World,
     pub expert_parallel: bool,
+    /// `language_model_only` and `mm_encoder_tp_mode` (`'weights'`, `'data'`).
+    pub multimodal: Multimodal,
 }
 
 /// Something wrong with the variables or the config: a derived value that cannot be computed, a
@@ -63,6 +67,18 @@ impl Env {
         vars.insert("tp".into(), Value::from(parallel.world.tp));
         vars.insert("ep".into(), Value::Bool(parallel.expert_parallel));
         vars.insert("pp".into(), Value::from(parallel.world.pp));
+        if let Some(v) = &config.vision_config {
+            vars.insert("vision_config".into(), v.clone());
+        }
+        let mm = parallel.multimodal;
+        vars.insert(
+            "language_model_only".into(),
+            Value::Bool(mm.language_model_only),
+        );
+        vars.insert(
+            "mm_encoder_tp_mode".into(),
+            Value::from(mm.mm_encoder_tp_mode.as_str()),
+        );
         let mapping_file = match mapping_file {
             Some(path) => path.display().to_string(),
             None => format!(
@@ -125,7 +141,20 @@ impl Env {
 
     /// The variables, plus `i` inside layer `i`.
     pub fn scope(&self, i: Option<u64>) -> EnvScope<'_> {
-        EnvScope { env: self, i }
+        EnvScope {
+            env: self,
+            i,
+            j: None,
+        }
+    }
+
+    /// The variables, plus `j` inside instance `j` of a repeated head or tail module.
+    pub fn scope_repeated(&self, j: u64) -> EnvScope<'_> {
+        EnvScope {
+            env: self,
+            i: None,
+            j: Some(j),
+        }
     }
 
     /// Whether `name` is the boolean `true`.
@@ -143,8 +172,9 @@ impl Env {
             };
             out.push_str(&rest[..a]);
             let key = &rest[a + 1..a + b];
-            match self.vars.get(key) {
-                Some(Value::String(s)) => out.push_str(s),
+            // Through the scope: `{vision_config.num_heads}` reads a nested field.
+            match self.scope(None).get(key) {
+                Some(Value::String(s)) => out.push_str(&s),
                 Some(v) => out.push_str(&v.to_string()),
                 None => out.push_str(&rest[a..=a + b]),
             }
@@ -159,13 +189,22 @@ impl Env {
 pub struct EnvScope<'a> {
     env: &'a Env,
     i: Option<u64>,
+    j: Option<u64>,
 }
 
 impl Scope for EnvScope<'_> {
     fn get(&self, k: &str) -> Option<Value> {
-        match (k, self.i) {
-            ("i", Some(i)) => Some(Value::from(i)),
-            _ => self.env.vars.get(k).cloned(),
+        match (k, self.i, self.j) {
+            ("i", Some(i), _) => Some(Value::from(i)),
+            ("j", _, Some(j)) => Some(Value::from(j)),
+            _ => match k.split_once('.') {
+                // `vision_config.depth`: a field of a nested config object.
+                Some((top, path)) => path
+                    .split('.')
+                    .try_fold(self.env.vars.get(top)?, |v, f| v.get(f))
+                    .cloned(),
+                None => self.env.vars.get(k).cloned(),
+            },
         }
     }
 
@@ -209,6 +248,7 @@ impl Variables {
         let parallel = Parallel {
             world: World::tp(1),
             expert_parallel: false,
+            multimodal: Multimodal::default(),
         };
         Variables {
             env: Env::new(mapping, config, parallel, mapping_file).0,

@@ -194,6 +194,16 @@ impl Planner<'_> {
             });
             return;
         }
+        if let Some(m) = self.mapping.skip_modules.iter().find(|m| {
+            target.parameter.starts_with(&m.prefix)
+                && m.when.eval_bool(&self.env.scope(None)).unwrap_or(false)
+        }) {
+            skipped.push(Skipped {
+                tensor: t.name.to_string(),
+                reason: m.reason.clone(),
+            });
+            return;
+        }
         if let Some(sfx) = ignored {
             skipped.push(Skipped {
                 tensor: t.name.to_string(),

@@ -81,6 +81,7 @@ impl PlanOptions {
                 pp: self.pp,
             },
             expert_parallel: self.expert_parallel,
+            multimodal: self.multimodal,
         }
     }
 }
@@ -133,6 +134,8 @@ pub fn plan_mapped(
         retie: params.retie,
         skipped: assigned.skipped,
         moe_backend: opts.moe_backend.map(|b| b.as_str()),
+        language_model_only: opts.multimodal.language_model_only,
+        mm_encoder_tp_mode: opts.multimodal.recorded_mode(),
     })
 }
 
@@ -364,6 +367,7 @@ mod tests {
             mapping: None,
             shapes_only: false,
             moe_backend: None,
+            multimodal: Default::default(),
         }
     }
 

@@ -2,6 +2,8 @@
 //! layer, tail, in state_dict order — with their geometry and dtype evaluated and their ties
 //! resolved.
 
+mod place;
+
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
@@ -13,6 +15,7 @@ use crate::dtype::Dtype;
 use crate::mapping::expr::{EvalError, Scope};
 use crate::mapping::{Expr, Layout, ParamSpec, Tied};
 use crate::problem::Problem;
+use place::{At, whole, whole_geometry};
 
 /// A parameter instance: one spec at one layer index, with its geometry evaluated.
 pub(super) struct Param<'m> {
@@ -58,18 +61,20 @@ impl<'m> Planner<'m> {
             first_index: HashTable::new(),
             hasher: foldhash::fast::FixedState::default(),
         };
-        let specs = mapping
-            .parameters
-            .head
-            .iter()
-            .map(|s| (s, None))
-            .chain(
-                (0..layers)
-                    .flat_map(|i| mapping.parameters.layer.iter().map(move |s| (s, Some(i)))),
-            )
-            .chain(mapping.parameters.tail.iter().map(|s| (s, None)));
-        for (spec, i) in specs {
-            if let Some(mut p) = self.instantiate(spec, i, &mut params) {
+        let head = self.expand(&mapping.parameters.head)?;
+        let tail = self.expand(&mapping.parameters.tail)?;
+        let specs = head
+            .into_iter()
+            .chain((0..layers).flat_map(|i| {
+                mapping
+                    .parameters
+                    .layer
+                    .iter()
+                    .map(move |s| (s, At::Layer(i)))
+            }))
+            .chain(tail);
+        for (spec, at) in specs {
+            if let Some(mut p) = self.instantiate(spec, at, &mut params) {
                 // A method that creates a layer's parameters in its own order (MXFP4 experts:
                 // weights and scales, then biases) brought this one with the layer's first.
                 if self.quant.is_some() && params.find(&p.name).is_some() {
@@ -87,6 +92,58 @@ impl<'m> Planner<'m> {
             }
         }
         Ok(params)
+    }
+
+    /// A head or tail list with its repeated modules written out: each run of consecutive
+    /// `repeat` parameters sharing the name before `{j}` is one module, its parameters in order
+    /// for `j = 0`, then for `j = 1`, … (vLLM's `ModuleList`, registered module by module).
+    fn expand(&mut self, list: &'m [ParamSpec]) -> Result<Vec<(&'m ParamSpec, At)>, PlanError> {
+        let module = |s: &ParamSpec| s.name.split_once("{j}").map(|(m, _)| m.to_string());
+        let mut out = Vec::new();
+        let mut k = 0;
+        while k < list.len() {
+            let (spec, Some(count)) = (&list[k], &list[k].repeat) else {
+                out.push((&list[k], At::Once));
+                k += 1;
+                continue;
+            };
+            let end = k + list[k..]
+                .iter()
+                .take_while(|s| s.repeat.is_some() && module(s) == module(spec))
+                .count();
+            let n = match count.eval_u64(&self.env.scope(None)) {
+                Ok(n) if n <= MAX_LAYERS => n,
+                Ok(n) => {
+                    self.problems.push(Problem {
+                        message: format!(
+                            "{}: `repeat: {count}` gives {n} modules; wload plans at most {MAX_LAYERS}",
+                            spec.name
+                        ),
+                        fix: Some("check config.json, or pass the field with --hf-overrides".into()),
+                        parameter: Some(spec.name.clone()),
+                        ..Default::default()
+                    });
+                    return Err(self.refusal());
+                }
+                Err(err) => {
+                    self.problems.push(Problem {
+                        message: format!("{}: cannot evaluate `repeat: {count}`: {err}", spec.name),
+                        fix: Some(self.env.fix_for(
+                            &err,
+                            "check config.json, or pass the field with --hf-overrides",
+                        )),
+                        parameter: Some(spec.name.clone()),
+                        ..Default::default()
+                    });
+                    0
+                }
+            };
+            for j in 0..n {
+                out.extend(list[k..end].iter().map(|s| (s, At::Repeat(j))));
+            }
+            k = end;
+        }
+        Ok(out)
     }
 
     fn layer_count(&mut self) -> Result<u64, PlanError> {
@@ -134,15 +191,19 @@ impl<'m> Planner<'m> {
         Ok(layers)
     }
 
-    /// `spec` at layer `i` (none for head and tail), or `None` when its `when:` is false or it
-    /// cannot be evaluated (a problem).
+    /// `spec` at its place `at` (a layer, a repeated module's instance, or once), or `None` when
+    /// its `when:` is false or it cannot be evaluated (a problem).
     fn instantiate(
         &mut self,
         spec: &'m ParamSpec,
-        i: Option<u64>,
+        at: At,
         params: &mut Params<'m>,
     ) -> Option<Param<'m>> {
-        let scope = self.env.scope(i);
+        let i = at.layer();
+        let scope = match at {
+            At::Repeat(j) => self.env.scope_repeated(j),
+            _ => self.env.scope(i),
+        };
         if let Some(w) = &spec.when {
             match w.eval_bool(&scope) {
                 Ok(true) => {}
@@ -151,15 +212,23 @@ impl<'m> Planner<'m> {
                     self.problems.push(Problem {
                         message: format!("{}: cannot evaluate `when: {w}`: {err}", spec.name),
                         fix: err.missing_variable().map(|_| self.env.fix_for(&err, "")),
-                        parameter: Some(at_layer(&spec.name, i)),
+                        parameter: Some(at.name(&spec.name)),
                         ..Default::default()
                     });
                     return None;
                 }
             }
         }
-        let name = at_layer(&spec.name, i);
+        let name = at.name(&spec.name);
+        let whole = match whole(spec, &name, &scope, &self.env) {
+            Ok(w) => w,
+            Err(p) => {
+                self.problems.push(*p);
+                return None;
+            }
+        };
         let geometry = match evaluate_layout(&spec.layout, &scope) {
+            Ok(g) if whole => whole_geometry(g),
             Ok(g) => g,
             Err((text, err)) => {
                 let otherwise = "check config.json, or pass the field with --hf-overrides";

@@ -38,6 +38,8 @@ pub struct PlanOptions {
     /// `--moe-backend`: pad MXFP4 experts as this vLLM MoE backend does; `None`: the real
     /// slices, which every backend loads.
     pub moe_backend: Option<crate::quant::mxfp4::MoeBackend>,
+    /// `--language-model-only` and `--mm-encoder-tp-mode`: which encoder tensors a rank holds.
+    pub multimodal: crate::multimodal::Multimodal,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -249,6 +251,12 @@ pub struct Plan {
     /// The vLLM MoE backend whose padding the MXFP4 experts have (`--moe-backend`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe_backend: Option<&'static str>,
+    /// `--language-model-only`: no encoder tensors (written only when set).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub language_model_only: bool,
+    /// `--mm-encoder-tp-mode` when not vLLM's default `weights` (`data`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mm_encoder_tp_mode: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Serialize)]

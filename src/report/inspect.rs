@@ -19,6 +19,9 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
     write_files(w, i, verbose)?;
     write_model(w, i)?;
     write_structure(w, &i.structure)?;
+    if let Some(t) = &i.vision_tower {
+        write_tower(w, t)?;
+    }
     write_quantization(w, i, verbose)?;
     write_tensors(w, i)?;
     write_totals(w, &i.totals)
@@ -202,6 +205,19 @@ fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()> {
         writeln!(w, "  {k:<20} {}", Esc(&v))?;
     }
     Ok(())
+}
+
+/// The encoder's size, and what `--language-model-only` does with it.
+fn write_tower(w: &mut dyn Write, t: &crate::commands::inspect::tower::Tower) -> io::Result<()> {
+    let how = match t.mapped {
+        true => {
+            "split over --tp, or whole on every rank with --mm-encoder-tp-mode data; none with --language-model-only"
+        }
+        false => "not mapped by wload: shard with --language-model-only (the text model alone)",
+    };
+    let (n, size) = (thousands(t.tensors), crate::units::human_bytes(t.bytes));
+    let line = format!("{n} tensors, {size} ({}): {how}", t.modules.join(", "));
+    writeln!(w, "  {:<20} {}", "vision tower", Esc(&line))
 }
 
 /// A structure field the config leaves unknown (absent without a default, or not a number).

@@ -107,6 +107,9 @@ fn written_for_facts(wf: &crate::sharded::names::WrittenFor) -> Vec<String> {
         Some(false) => facts.push("no expert parallel".into()),
         None => facts.push("expert parallel unknown (no wload.json)".into()),
     }
+    if !wf.multimodal.is_empty() {
+        facts.push(wf.multimodal.join(" "));
+    }
     if let Some(src) = &wf.source_checkpoint {
         facts.push(format!("sharded from {src}"));
     }

@@ -57,6 +57,13 @@ pub struct Manifest {
     /// (`--moe-backend`); absent: unpadded, or no MXFP4 experts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_backend: Option<String>,
+    /// Written with `--language-model-only` (no encoder tensors); absent: without it, and in
+    /// manifests from before the flag (no multimodal family existed then).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub language_model_only: bool,
+    /// `--mm-encoder-tp-mode` when not vLLM's default (`data`); absent: `weights`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mm_encoder_tp_mode: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -152,6 +152,10 @@ pub struct WrittenFor {
     pub architecture: Option<String>,
     /// The checkpoint the files were sharded from, per the manifest.
     pub source_checkpoint: Option<String>,
+    /// The multimodal flags it was written with, per the manifest, as the flags
+    /// (`--language-model-only`, `--mm-encoder-tp-mode data`); empty: vLLM's defaults, or unknown.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub multimodal: Vec<String>,
     /// "wload.json" or "file names".
     pub from: &'static str,
 }
@@ -168,6 +172,7 @@ impl WrittenFor {
                 dtype: Some(m.dtype.clone()),
                 architecture: Some(m.architecture.clone()),
                 source_checkpoint: Some(m.source.clone()),
+                multimodal: super::serve::ServeLayout::of(m).multimodal.flags(),
                 from: super::manifest::MANIFEST,
             };
         }
@@ -187,6 +192,7 @@ impl WrittenFor {
             } else {
                 1
             },
+            multimodal: Vec::new(),
             expert_parallel: None,
             dtype: None,
             architecture: None,

@@ -10,6 +10,7 @@ use super::manifest::Manifest;
 use super::names::{RankFiles, WrittenFor};
 use crate::checkpoint::Checkpoint;
 use crate::dtype::{DtypeChoice, resolve_dtype};
+use crate::multimodal::{MmEncoderTpMode, Multimodal};
 
 /// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM
 /// would infer the same way by itself.
@@ -34,6 +35,8 @@ pub struct ServeLayout<'a> {
     pub side_files: &'a [String],
     /// The MoE backend the MXFP4 experts were padded for: vLLM must pick the same one.
     pub moe_backend: Option<&'a str>,
+    /// `--language-model-only` and `--mm-encoder-tp-mode`: vLLM's key set depends on them.
+    pub multimodal: Multimodal,
 }
 
 impl<'a> ServeLayout<'a> {
@@ -45,6 +48,7 @@ impl<'a> ServeLayout<'a> {
             dtype: Some(&m.dtype),
             side_files: m.side_files.as_deref().unwrap_or_default(),
             moe_backend: backend_name(m),
+            multimodal: multimodal(m),
         }
     }
 }
@@ -91,6 +95,8 @@ impl ServeCommand {
                 flag("--tokenizer-mode", Some("mistral".into()));
             }
         }
+        // vLLM's key set depends on these (`--language-model-only`, `--mm-encoder-tp-mode data`).
+        argv.extend(m.multimodal.flags());
         let shell = argv
             .iter()
             .map(|a| shell_quote(a))
@@ -105,6 +111,19 @@ impl ServeCommand {
 fn backend_name(m: &Manifest) -> Option<&str> {
     let b = m.moe_backend.as_deref()?;
     (!b.is_empty() && b.chars().all(|c| c.is_ascii_lowercase() || c == '_')).then_some(b)
+}
+
+/// The multimodal settings the manifest records; a mode that is no vLLM mode asks for none (a
+/// folder from elsewhere may record anything: the pre-sharded check reports it).
+fn multimodal(m: &Manifest) -> Multimodal {
+    Multimodal {
+        language_model_only: m.language_model_only,
+        mm_encoder_tp_mode: m
+            .mm_encoder_tp_mode
+            .as_deref()
+            .and_then(MmEncoderTpMode::parse)
+            .unwrap_or_default(),
+    }
 }
 
 /// The folder as vLLM's positional model argument: a relative path that starts with `-` would be
@@ -155,6 +174,7 @@ pub fn serve_command(
             .and_then(|m| m.side_files.as_deref())
             .unwrap_or_default(),
         moe_backend: manifest.and_then(backend_name),
+        multimodal: manifest.map(multimodal).unwrap_or_default(),
     };
     // Only a known dtype can need `--dtype`: reading the folder's config and headers is for that.
     let auto = match layout.dtype {

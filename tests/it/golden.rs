@@ -101,6 +101,7 @@ golden! {
     qwen2_tp4 => "qwen2/tp4",
     qwen2_moe_tp2 => "qwen2_moe/tp2",
     qwen3_moe_fp8_block_tp2 => "qwen3_moe_fp8_block/tp2",
+    qwen3_vl_tp2 => "qwen3_vl/tp2",
 }
 
 /// The list above is exactly the folders of tests/data/golden/expected (`<case>/tp<N>`): a new

@@ -25,6 +25,7 @@ const LAYERS: &[&[&str]] = &[
         "problem",
         "file_stamp",
         "escape",
+        "multimodal",
     ],
     // 1 file formats
     &["config", "checkpoint", "sharded"],

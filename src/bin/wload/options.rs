@@ -58,6 +58,7 @@ pub(crate) fn plan_options(a: &ParallelArgs) -> PlanOptions {
         mapping: a.model.mapping.clone(),
         shapes_only: false,
         moe_backend: a.moe_backend,
+        multimodal: a.model.multimodal.get(),
     }
 }
 
@@ -68,6 +69,7 @@ pub(crate) fn sizes_options(a: &SizesArgs) -> SizesOptions {
         dtype: a.model.dtype,
         mapping: a.model.mapping.clone(),
         pp_partition: a.pp_partition.get(),
+        multimodal: a.model.multimodal.get(),
     }
 }
 
@@ -115,5 +117,7 @@ pub(crate) fn load_flags(a: &LoadArgs) -> LoadFlags {
         pp_partition: p.pp_partition.get(),
         mapping: p.mapping.clone(),
         moe_backend: p.moe_backend,
+        language_model_only: p.language_model_only,
+        mm_encoder_tp_mode: p.mm_encoder_tp_mode,
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use crate::commands::error::Error;
 use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
+use crate::multimodal::{MmEncoderTpMode, Multimodal};
 use crate::plan::PlanOptions;
 use crate::quant::mxfp4::MoeBackend;
 use crate::sharded::manifest::{MANIFEST, Manifest};
@@ -21,6 +22,9 @@ pub struct LoadFlags {
     pub pp_partition: Option<String>,
     pub mapping: Option<std::path::PathBuf>,
     pub moe_backend: Option<MoeBackend>,
+    /// `--language-model-only` (absent: false, or what the manifest records).
+    pub language_model_only: bool,
+    pub mm_encoder_tp_mode: Option<MmEncoderTpMode>,
 }
 
 /// What `load` runs with: the flags, completed from SOURCE's `wload.json`.
@@ -55,6 +59,10 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
     let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
     let mut config_format = flags.config_format;
     let mut moe_backend = flags.moe_backend;
+    let mut multimodal = Multimodal {
+        language_model_only: flags.language_model_only,
+        mm_encoder_tp_mode: flags.mm_encoder_tp_mode.unwrap_or_default(),
+    };
     if let Some(m) = &manifest {
         if m.tp == 0 || m.pp == 0 {
             return Err(crate::plan::PlanError::Invalid(vec![crate::problem::Problem {
@@ -74,16 +82,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             expert_parallel = true;
             taken.push("--enable-expert-parallel".into());
         }
-        // A name this wload does not know is the pre-sharded check's to report (the shapes
-        // then differ): the files were padded for it.
-        let recorded = m
-            .moe_backend
-            .as_deref()
-            .and_then(|b| MoeBackend::parse(b).ok());
-        if let (None, Some(b)) = (flags.moe_backend, recorded) {
-            moe_backend = Some(b);
-            taken.push(format!("--moe-backend {}", b.as_str()));
-        }
+        taken.extend(recorded_layout(m, flags, &mut moe_backend, &mut multimodal));
         if let (None, Some(r)) = (flags.dtype, DtypeChoice::recorded(&m.dtype)) {
             dtype = r;
             taken.push(format!("--dtype {}", r.as_str()));
@@ -129,8 +128,43 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             mapping: flags.mapping.clone(),
             shapes_only: false,
             moe_backend,
+            multimodal,
         },
         config_format,
         note,
     })
+}
+
+/// The MoE backend and multimodal flags left out that the manifest records (the files' shapes
+/// and vLLM's key set depend on them): set in `moe` and `mm`, and returned as the flags taken.
+/// A name or mode this wload does not know is the pre-sharded check's to report (the shapes or
+/// keys then differ): the files were written for it.
+fn recorded_layout(
+    m: &Manifest,
+    flags: &LoadFlags,
+    moe: &mut Option<MoeBackend>,
+    mm: &mut Multimodal,
+) -> Vec<String> {
+    let mut taken = Vec::new();
+    let recorded = m
+        .moe_backend
+        .as_deref()
+        .and_then(|b| MoeBackend::parse(b).ok());
+    if let (None, Some(b)) = (flags.moe_backend, recorded) {
+        *moe = Some(b);
+        taken.push(format!("--moe-backend {}", b.as_str()));
+    }
+    if m.language_model_only && !flags.language_model_only {
+        mm.language_model_only = true;
+        taken.push("--language-model-only".into());
+    }
+    let recorded = m
+        .mm_encoder_tp_mode
+        .as_deref()
+        .and_then(MmEncoderTpMode::parse);
+    if let (None, Some(mode)) = (flags.mm_encoder_tp_mode, recorded) {
+        mm.mm_encoder_tp_mode = mode;
+        taken.push(format!("--mm-encoder-tp-mode {mode}"));
+    }
+    taken
 }

@@ -32,6 +32,8 @@ pub(super) struct Entry {
     tied_to: Option<Tied>,
     pp_stage: Option<Expr>,
     quant: Option<QuantRole>,
+    repeat: Option<Expr>,
+    whole: Option<Expr>,
 }
 
 /// A parameter in a list being composed, with the block that brought it, so that later files can
@@ -71,6 +73,8 @@ impl Entry {
             || self.tied_to.is_some()
             || self.pp_stage.is_some()
             || self.quant.is_some()
+            || self.repeat.is_some()
+            || self.whole.is_some()
     }
 
     /// How messages name the entry.
@@ -100,6 +104,8 @@ impl Entry {
             tied_to: self.tied_to,
             pp_stage: self.pp_stage,
             quant: self.quant,
+            repeat: self.repeat,
+            whole: self.whole,
         })
     }
 
@@ -128,6 +134,12 @@ impl Entry {
         }
         if self.quant.is_some() {
             spec.quant = self.quant;
+        }
+        if self.repeat.is_some() {
+            spec.repeat = self.repeat;
+        }
+        if self.whole.is_some() {
+            spec.whole = self.whole;
         }
     }
 }
@@ -379,7 +391,8 @@ fn expand(
         .collect()
 }
 
-/// `{i}` is the only placeholder left for the planner; any other is a `with:` that was not given.
+/// `{i}` (a layer) and, in a `repeat` parameter, `{j}` are the only placeholders left for the
+/// planner; any other is a `with:` that was not given.
 fn check_placeholders(list: &[Placed]) -> Result<(), String> {
     for p in list {
         let names = std::iter::once(&p.spec.name).chain(p.spec.tied_to.as_ref().map(|t| &t.param));
@@ -390,7 +403,7 @@ fn check_placeholders(list: &[Placed]) -> Result<(), String> {
                     break;
                 };
                 let hole = &rest[open..=open + len];
-                if hole != "{i}" {
+                if hole != "{i}" && !(hole == "{j}" && p.spec.repeat.is_some()) {
                     let fix = match &p.block {
                         Some(b) => format!("give it with `use: {b}, with: {{…}}`"),
                         None => "only `{i}` (the layer index) is filled in".into(),

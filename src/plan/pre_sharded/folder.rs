@@ -125,6 +125,32 @@ pub(super) fn disagreements(
             "no expert parallelism (each expert split over the ranks)",
         ));
     }
+    // vLLM's key set depends on the multimodal flags (no tower, or a whole one): a folder is
+    // for the mode it was written with.
+    let recorded_lm = m.language_model_only;
+    if opts.multimodal.language_model_only != recorded_lm {
+        let (given, recorded) = if recorded_lm {
+            (
+                "no --language-model-only",
+                "--language-model-only (no vision tower)",
+            )
+        } else {
+            (
+                "--language-model-only",
+                "no --language-model-only (the vision tower)",
+            )
+        };
+        problems.push(disagreement(at, given, recorded));
+    }
+    let mode = opts.multimodal.mm_encoder_tp_mode.as_str();
+    let recorded_mode = m.mm_encoder_tp_mode.as_deref().unwrap_or("weights");
+    if mode != recorded_mode {
+        problems.push(disagreement(
+            at,
+            &format!("--mm-encoder-tp-mode {mode}"),
+            &format!("--mm-encoder-tp-mode {recorded_mode}"),
+        ));
+    }
     // `--dtype auto` is vLLM's own choice, converting as it does: not a disagreement.
     if opts.dtype != DtypeChoice::Auto
         && model_dtype != m.dtype

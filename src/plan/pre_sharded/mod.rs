@@ -469,6 +469,8 @@ impl Built {
             retie: None,
             skipped: Vec::new(),
             moe_backend: expected.moe_backend,
+            language_model_only: expected.language_model_only,
+            mm_encoder_tp_mode: expected.mm_encoder_tp_mode,
         }
     }
 }

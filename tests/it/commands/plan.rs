@@ -149,6 +149,7 @@ fn time_plan(
         mapping: None,
         shapes_only: false,
         moe_backend: None,
+        multimodal: Default::default(),
     };
     let mut best = f64::INFINITY;
     let mut last = None;

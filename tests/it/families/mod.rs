@@ -8,4 +8,6 @@ mod gpt_oss;
 mod mappings;
 mod mistral;
 mod qwen2_moe;
+mod qwen3_vl;
 mod tied;
+mod vlm_text;

@@ -6,6 +6,7 @@ mod fp8;
 mod gptq;
 pub(crate) mod hub;
 mod io;
+mod multimodal_flags;
 mod mxfp4;
 mod nvfp4;
 mod pp;
