@@ -184,8 +184,9 @@ fn golden_failures(
                 g.difference(&w).collect::<Vec<_>>()
             ));
         }
+        let vllm = case.vllm_dir();
         for name in w.intersection(&g) {
-            if let Some(d) = compare_files(&case.dir.join(name), &out.join(name)) {
+            if let Some(d) = compare_files(&vllm.join(name), &out.join(name)) {
                 fails.push(format!("{} {name}: {d}", case.name));
             }
         }
@@ -203,6 +204,7 @@ fn golden_failures(
         if name.starts_with("model-rank-")
             || name.starts_with("model-pp-")
             || name.starts_with("oracle_meta_")
+            || name == DIGESTS
         {
             continue;
         }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 use tempfile::TempDir;
 
-use super::write_json;
+use super::{is_digest_folder, materialized, write_json};
 
 /// The crate root.
 pub(crate) fn manifest_dir() -> PathBuf {
@@ -115,6 +115,10 @@ pub(crate) fn golden_cases() -> Vec<GoldenCase> {
             } else if let Some(n) = p.strip_prefix("pp") {
                 pp = n.parse().unwrap();
                 flags.extend(["--pp".to_string(), n.to_string()]);
+            } else if p == "lmonly" {
+                flags.push("--language-model-only".to_string());
+            } else if p == "mmdata" {
+                flags.extend(["--mm-encoder-tp-mode".to_string(), "data".to_string()]);
             } else if let Some(m) = p.strip_prefix("maxsize_") {
                 max_size = Some(m.parse().unwrap());
             } else {
@@ -199,9 +203,20 @@ impl GoldenCase {
             .collect()
     }
 
-    /// The part files vLLM wrote for `rank`, sorted by part number.
+    /// The part files vLLM wrote for `rank`, sorted by part number (of a digest case: rebuilt
+    /// and checked against the digests, [`GoldenCase::vllm_dir`]).
     pub(crate) fn rank_files(&self, rank: u64) -> Vec<PathBuf> {
-        files_with_prefix(&self.dir, &self.rank_prefix(rank))
+        files_with_prefix(&self.vllm_dir(), &self.rank_prefix(rank))
+    }
+
+    /// A folder holding exactly what vLLM wrote: `dir` itself, or for a case kept as digests
+    /// (`tensors.json`, tests/data/golden/README.md) wload's output once every file matches.
+    pub(crate) fn vllm_dir(&self) -> PathBuf {
+        if is_digest_folder(&self.dir) {
+            materialized(self)
+        } else {
+            self.dir.clone()
+        }
     }
 }
 

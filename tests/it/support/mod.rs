@@ -1,10 +1,11 @@
 //! Helpers shared by the integration tests: the one way to run the binary and to check a refusal
-//! (`run`), the golden fixtures (`golden`), a safetensors writer/reader independent of the crate
+//! (`run`), the golden fixtures (`golden`) and the cases kept as digests (`digests`), a safetensors writer/reader independent of the crate
 //! (`safetensors`), every tensor of an output rank or a checkpoint (`tensors`), small generated
 //! checkpoints (`checkpoints`), NVFP4 codes and reassembly (`fp4`), and how a test whose environment is missing is skipped or, in CI,
 //! failed.
 
 mod checkpoints;
+mod digests;
 mod fp4;
 mod golden;
 mod run;
@@ -14,6 +15,7 @@ mod tensors;
 use std::path::Path;
 
 pub(crate) use checkpoints::*;
+pub(crate) use digests::*;
 pub(crate) use fp4::*;
 pub(crate) use golden::*;
 pub(crate) use run::*;

@@ -79,8 +79,9 @@ fn load_fixture(case: &GoldenCase, extra: &[String], env: &[(&str, String)]) {
 /// unchanged (`golden::<case>::load_pre_sharded`).
 pub(crate) fn vllm_folder_loads_as_pre_sharded(case: &GoldenCase) {
     let tp = case.tp.to_string();
+    let dir = case.vllm_dir();
     let mut args = vec![
-        s(&case.dir),
+        s(&dir),
         "--tp",
         &tp,
         "--device",
@@ -212,7 +213,8 @@ pub(crate) fn dry_runs_pass(case: &GoldenCase) {
     let world = case.world_size();
     let tp = case.tp.to_string();
     let mut f = Vec::new();
-    for (label, dir) in [("fixture", &case.fixture), ("vllm", &case.dir)] {
+    let vllm = case.vllm_dir();
+    for (label, dir) in [("fixture", &case.fixture), ("vllm", &vllm)] {
         for read in [false, true] {
             let label = format!(
                 "{} ({label}){}",

@@ -1,0 +1,219 @@
+//! Golden cases kept as digests: `expected/<case>/tp<N>/tensors.json` holds the size and SHA-256
+//! of each rank file real vLLM wrote, and of each tensor in it, instead of the files themselves
+//! (random weights do not compress; the repository must stay small enough to travel to a GPU
+//! machine). A test that needs vLLM's files gets them from [`GoldenCase::vllm_dir`]: wload's own
+//! output for the case, used only once every file matches its digest, so every byte is vLLM's.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{GoldenCase, header_tensors, s, wload};
+
+/// The digest file's name inside a case folder.
+pub(crate) const DIGESTS: &str = "tensors.json";
+
+/// One rank file as vLLM wrote it.
+struct FileDigest {
+    size: u64,
+    sha256: String,
+    /// `(name, dtype, shape, sha256)` in file order.
+    tensors: Vec<(String, String, Vec<u64>, String)>,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The rank files of `tensors.json` in `dir`, by file name; `None` when `dir` holds vLLM's files.
+fn read_digests(dir: &Path) -> Option<Vec<(String, FileDigest)>> {
+    let text = fs::read(dir.join(DIGESTS)).ok()?;
+    let v: Value = serde_json::from_slice(&text)
+        .unwrap_or_else(|e| panic!("{}/{DIGESTS}: {e}", dir.display()));
+    let files = v["files"].as_object().expect("tensors.json has files");
+    let digest = |f: &Value| FileDigest {
+        size: f["size"].as_u64().expect("size"),
+        sha256: f["sha256"].as_str().expect("sha256").to_string(),
+        tensors: f["tensors"]
+            .as_array()
+            .expect("tensors")
+            .iter()
+            .map(|t| {
+                let shape = t["shape"].as_array().expect("shape");
+                (
+                    t["name"].as_str().expect("name").to_string(),
+                    t["dtype"].as_str().expect("dtype").to_string(),
+                    shape.iter().map(|d| d.as_u64().expect("dim")).collect(),
+                    t["sha256"].as_str().expect("sha256").to_string(),
+                )
+            })
+            .collect(),
+    };
+    Some(files.iter().map(|(n, f)| (n.clone(), digest(f))).collect())
+}
+
+/// Whether `dir` (a case folder) holds digests rather than vLLM's rank files.
+pub(crate) fn is_digest_folder(dir: &Path) -> bool {
+    dir.join(DIGESTS).is_file()
+}
+
+/// How the rank files in `got` differ from the digests in `dir`: missing or extra files, then
+/// for a file that differs, each tensor that is missing, extra, reshaped or has other bytes.
+pub(crate) fn digest_failures(dir: &Path, got: &Path) -> Vec<String> {
+    let digests = read_digests(dir).expect("a digest folder");
+    let mut fails = Vec::new();
+    for (name, want) in &digests {
+        let path = got.join(name);
+        let Ok(bytes) = fs::read(&path) else {
+            fails.push(format!("{name}: missing (vLLM wrote it)"));
+            continue;
+        };
+        if bytes.len() as u64 == want.size && sha256_hex(&bytes) == want.sha256 {
+            continue;
+        }
+        fails.push(format!(
+            "{name}: {} bytes, vLLM's {} bytes, other contents",
+            bytes.len(),
+            want.size
+        ));
+        fails.extend(tensor_differences(name, &path, &bytes, want));
+    }
+    let listed: Vec<&String> = digests.iter().map(|(n, _)| n).collect();
+    for e in fs::read_dir(got).unwrap() {
+        let n = e.unwrap().file_name().to_string_lossy().into_owned();
+        let rank_file = n.starts_with("model-") && n.ends_with(".safetensors");
+        if rank_file && !listed.contains(&&n) {
+            fails.push(format!("{n}: vLLM wrote no such file"));
+        }
+    }
+    fails
+}
+
+/// The tensors of `path` (read as `bytes`) that differ from `want`'s, and an order difference.
+fn tensor_differences(name: &str, path: &Path, bytes: &[u8], want: &FileDigest) -> Vec<String> {
+    let mut fails = Vec::new();
+    if bytes.len() < 8 {
+        return vec![format!("{name}: not a safetensors file")];
+    }
+    let base = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let got: HashMap<String, (String, Vec<u64>, String)> = header_tensors(path)
+        .into_iter()
+        .map(|t| {
+            let data = &bytes[base + t.start as usize..base + t.end as usize];
+            (t.name, (t.dtype, t.shape, sha256_hex(data)))
+        })
+        .collect();
+    for (t, dtype, shape, sha) in &want.tensors {
+        match got.get(t) {
+            None => fails.push(format!("{name}: '{t}' missing (vLLM has it)")),
+            Some((d, sh, _)) if d != dtype || sh != shape => fails.push(format!(
+                "{name}: '{t}' is {d} {sh:?}, vLLM's {dtype} {shape:?}"
+            )),
+            Some((_, _, g)) if g != sha => fails.push(format!("{name}: '{t}': other bytes")),
+            Some(_) => {}
+        }
+    }
+    for t in got.keys() {
+        if !want.tensors.iter().any(|w| &w.0 == t) {
+            fails.push(format!(
+                "{name}: '{t}' unexpected (vLLM has no such tensor)"
+            ));
+        }
+    }
+    if fails.is_empty() {
+        fails.push(format!(
+            "{name}: the same tensors, but another header or order than vLLM's"
+        ));
+    }
+    fails
+}
+
+/// The folder of vLLM's files for a digest case, made once per test process: wload shards the
+/// fixture as vLLM ran, the recorded side files replace wload's, and every rank file must match
+/// its digest (else this panics with the differences, naming each tensor).
+pub(crate) fn materialized(case: &GoldenCase) -> PathBuf {
+    static MADE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let made = MADE.get_or_init(|| {
+        remove_stale_folders();
+        Mutex::new(HashMap::new())
+    });
+    // One case at a time: two tests of one case must not shard it twice into one folder.
+    let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(dir) = made.get(&case.name) {
+        return dir.clone();
+    }
+    let dir = process_root().join(case.name.replace('/', "-"));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(process_root()).expect("create target/tmp/golden-vllm/<pid>");
+    let mut cmd = wload();
+    cmd.args([
+        "-q",
+        "shard",
+        s(&case.fixture),
+        "--tp",
+        &case.tp.to_string(),
+    ])
+    .args(["-o", s(&dir)])
+    .args(&case.flags);
+    if let Some(m) = case.max_size {
+        cmd.args(["--max-part-size", &m.to_string()]);
+    }
+    let run = cmd.output().expect("wload runs");
+    assert!(
+        run.status.success(),
+        "{}: wload shard failed, so vLLM's files cannot be rebuilt from the digests: {}",
+        case.name,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let fails = digest_failures(&case.dir, &dir);
+    assert!(
+        fails.is_empty(),
+        "{}: wload's output differs from vLLM's ({} in {}):\n{}",
+        case.name,
+        DIGESTS,
+        case.dir.display(),
+        fails.join("\n")
+    );
+    // vLLM's folder: its rank files (now proven identical) and its side files, no wload.json.
+    fs::remove_file(dir.join("wload.json")).expect("wload.json written");
+    for e in fs::read_dir(&case.dir).unwrap() {
+        let e = e.unwrap();
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n != DIGESTS && !n.starts_with("oracle_meta_") {
+            fs::copy(e.path(), dir.join(&n)).expect("copy a side file");
+        }
+    }
+    made.insert(case.name.clone(), dir.clone());
+    dir
+}
+
+/// `target/tmp/golden-vllm/<pid>`: this process's rebuilt folders.
+fn process_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("golden-vllm")
+        .join(std::process::id().to_string())
+}
+
+/// Earlier test processes' folders (a process whose pid is gone), so runs do not pile up.
+fn remove_stale_folders() {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("golden-vllm");
+    if !Path::new("/proc/self").exists() {
+        return; // no way to tell a live process here
+    }
+    let Ok(entries) = fs::read_dir(&root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !Path::new("/proc").join(&pid).exists() {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
