@@ -259,7 +259,10 @@ impl Layout {
                 heads,
                 head_dim,
                 inner,
-            } => [heads, head_dim].into_iter().chain(inner.iter_mut()).collect(),
+            } => [heads, head_dim]
+                .into_iter()
+                .chain(inner.iter_mut())
+                .collect(),
             Layout::Vocab { vocab, inner, .. } => std::iter::once(vocab).chain(inner).collect(),
             Layout::Experts {
                 experts,

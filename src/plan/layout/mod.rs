@@ -187,7 +187,9 @@ impl Geometry {
             }
             Geometry::Heads { heads, .. } => {
                 if *heads == 0 || (!heads.is_multiple_of(tp) && !tp.is_multiple_of(*heads)) {
-                    vec![format!("heads ({heads}) and tp ({tp}) must divide one another")]
+                    vec![format!(
+                        "heads ({heads}) and tp ({tp}) must divide one another"
+                    )]
                 } else {
                     vec![]
                 }
@@ -647,17 +649,21 @@ mod tests {
                 hidden: 6,
             }),
         )
-        .chain([ExpertPart::W13, ExpertPart::W2].map(|part| Geometry::TransposedExperts {
-            part,
-            experts: 5,
-            intermediate: 16,
-            hidden: 3,
-        }))
-        .chain([(8, 2), (8, 8), (1, 1)].map(|(heads, head_dim)| Geometry::Heads {
-            heads,
-            head_dim,
-            inner: vec![2],
-        }))
+        .chain(
+            [ExpertPart::W13, ExpertPart::W2].map(|part| Geometry::TransposedExperts {
+                part,
+                experts: 5,
+                intermediate: 16,
+                hidden: 3,
+            }),
+        )
+        .chain(
+            [(8, 2), (8, 8), (1, 1)].map(|(heads, head_dim)| Geometry::Heads {
+                heads,
+                head_dim,
+                inner: vec![2],
+            }),
+        )
         .chain(mxfp4::Mxfp4Part::ALL.into_iter().flat_map(|part| {
             [[1, 1], [1, 64], [256, 128]].map(|align| Geometry::Mxfp4Experts {
                 part,

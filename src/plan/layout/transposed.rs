@@ -130,8 +130,8 @@ mod tests {
     fn rank_values(g: &Geometry, r: Rank) -> (Vec<u64>, Vec<i64>) {
         let l = g.rank_layout(r, false);
         let mut out = vec![-1i64; l.shape.iter().product::<u64>() as usize];
-        let blocks = (l.slices.iter().map(|s| s.block()))
-            .chain(g.strided(r).into_iter().map(|(_, b, _)| b));
+        let blocks =
+            (l.slices.iter().map(|s| s.block())).chain(g.strided(r).into_iter().map(|(_, b, _)| b));
         for b in blocks {
             for k in 0..b.rows {
                 for x in 0..b.row {
@@ -158,12 +158,15 @@ mod tests {
         let hd = 4u64;
         for (nh, nkv) in [(16u64, 4u64), (16, 1), (16, 16), (16, 8)] {
             for tp in 1..=16u64 {
-                if !nh.is_multiple_of(tp) || !(nkv.is_multiple_of(tp) || tp.is_multiple_of(nkv))
-                {
+                if !nh.is_multiple_of(tp) || !(nkv.is_multiple_of(tp) || tp.is_multiple_of(nkv)) {
                     continue;
                 }
                 for rank in 0..tp {
-                    let r = Rank { tp, rank, ep: false };
+                    let r = Rank {
+                        tp,
+                        rank,
+                        ep: false,
+                    };
                     let q = Geometry::Heads {
                         heads: nh,
                         head_dim: hd,
@@ -185,9 +188,8 @@ mod tests {
                         (nkv, rank / (tp / nkv))
                     };
                     let per = nkv * hd / world;
-                    let want: Vec<i64> = (srank * per..(srank + 1) * per)
-                        .map(|x| x as i64)
-                        .collect();
+                    let want: Vec<i64> =
+                        (srank * per..(srank + 1) * per).map(|x| x as i64).collect();
                     assert_eq!(rank_values(&k, r).1, want, "k nkv{nkv} tp{tp} r{rank}");
                     // The same heads as the k rows of qkv_proj.
                     let qkv = Geometry::Qkv {
@@ -211,10 +213,7 @@ mod tests {
             rank: 0,
             ep: false,
         };
-        assert_eq!(
-            g.check(r),
-            ["heads (4) and tp (3) must divide one another"]
-        );
+        assert_eq!(g.check(r), ["heads (4) and tp (3) must divide one another"]);
     }
 
     /// llama4.py `load_moe_expert_weights` on `arange` tensors over TP 1–16, with and without
@@ -232,7 +231,11 @@ mod tests {
         for tp in 1..=16u64 {
             for ep in [false, true] {
                 if !ep && !i.is_multiple_of(tp) {
-                    assert!(!g(ExpertPart::W13).check(Rank { tp, rank: 0, ep }).is_empty());
+                    assert!(
+                        !g(ExpertPart::W13)
+                            .check(Rank { tp, rank: 0, ep })
+                            .is_empty()
+                    );
                     continue;
                 }
                 for rank in 0..tp {
