@@ -267,20 +267,9 @@ impl Geometry {
             | Geometry::Column { shape }
             | Geometry::Row { shape } => none(shape),
             Geometry::Vocab { vocab, inner, .. } => none(&cat(*vocab, inner)),
-            Geometry::Heads {
-                heads,
-                head_dim,
-                inner,
-            } => none(&cat(heads * head_dim, inner)),
-            Geometry::TransposedExperts {
-                part,
-                experts,
-                intermediate,
-                hidden,
-            } => none(&match part {
-                ExpertPart::W13 => [*experts, *hidden, 2 * intermediate],
-                ExpertPart::W2 => [*experts, *intermediate, *hidden],
-            }),
+            Geometry::Heads { .. } | Geometry::TransposedExperts { .. } => {
+                none(&transposed::source_shape(self))
+            }
             Geometry::MergedColumn { sizes, inner, .. } => match shard {
                 None => Ok(cat(sizes.iter().sum(), inner).into()),
                 Some(ShardId::Index(k)) if (*k as usize) < sizes.len() => {

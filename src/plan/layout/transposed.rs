@@ -3,6 +3,7 @@
 //! experts stored transposed in one tensor per layer with gate and up in halves (Llama 4,
 //! `models/llama4.py` `load_moe_expert_weights`).
 
+use super::Geometry;
 use super::dense::{cat, whole_slot};
 use super::experts::local_experts;
 use super::types::{Block, Rank, RankLayout};
@@ -34,6 +35,31 @@ pub(super) fn head_rows(heads: u64, head_dim: u64, inner: &[u64], r: Rank) -> Ra
         out.clone(),
     );
     RankLayout::new(out, vec![slice], Vec::new())
+}
+
+/// The checkpoint tensor a `heads` or `transposed_experts` parameter reads: `[n·hd, inner…]`,
+/// `gate_up_proj` `[E, H, 2I]` or `down_proj` `[E, I, H]`.
+pub(super) fn source_shape(g: &Geometry) -> Vec<u64> {
+    match g {
+        Geometry::Heads {
+            heads,
+            head_dim,
+            inner,
+        } => cat(heads * head_dim, inner),
+        Geometry::TransposedExperts {
+            part: ExpertPart::W13,
+            experts,
+            intermediate,
+            hidden,
+        } => vec![*experts, *hidden, 2 * intermediate],
+        Geometry::TransposedExperts {
+            experts,
+            intermediate,
+            hidden,
+            ..
+        } => vec![*experts, *intermediate, *hidden],
+        _ => Vec::new(),
+    }
 }
 
 /// This rank's experts and its share of the intermediate size: with expert parallelism whole
@@ -123,7 +149,6 @@ pub(super) fn transposed_copies(
 
 #[cfg(test)]
 mod tests {
-    use super::super::Geometry;
     use super::*;
 
     /// Rank `r`'s tensor computed element by element from a source whose element i holds i.
