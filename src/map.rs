@@ -310,6 +310,43 @@ mod tests {
         );
     }
 
+    /// Llama 4's stacked q/k rules ask for the permutation (of `.weight` only, llama4.py:805–844);
+    /// v, the vision tower (dropped) and a per-tensor scale do not get it.
+    #[test]
+    fn llama4_hf_q_and_k_carry_the_rotary_permutation_from_their_stacked_rules() {
+        let l4 =
+            crate::mapping::select(None, Some("Llama4ForConditionalGeneration")).expect("mapping");
+        let p = "language_model.model.layers.3.self_attn.";
+        let names = [
+            format!("{p}q_proj.weight"),
+            format!("{p}k_proj.weight"),
+            format!("{p}v_proj.weight"),
+            format!("{p}k_proj.weight_scale"),
+            "vision_model.model.layers.0.self_attn.q_proj.weight".to_string(),
+        ];
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let ckpt = checkpoint(vec![file("a.safetensors", &refs)]);
+        let m = map(&l4, &ckpt).expect("maps");
+        let conv: Vec<_> = (m.tensors.iter())
+            .map(|t| match &t.fate {
+                Fate::Target(x) => x.conversion.as_deref().cloned(),
+                Fate::Dropped { .. } => None,
+            })
+            .collect();
+        let heads = |h: &str| Some(Conversion::RotaryPermute { heads: h.into() });
+        assert_eq!(
+            conv,
+            [
+                heads("num_attention_heads"),
+                heads("num_key_value_heads"),
+                None,
+                None,
+                None
+            ]
+        );
+        assert!(matches!(m.tensors[4].fate, Fate::Dropped { .. }));
+    }
+
     #[test]
     fn the_result_serialises_with_each_tensor_its_file_and_fate() {
         let ckpt = checkpoint(vec![file(

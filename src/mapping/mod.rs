@@ -210,6 +210,14 @@ pub enum Layout {
         #[serde(default)]
         inner: Vec<Expr>,
     },
+    /// Rows of whole heads, split as the k rows of `qkv`: rank r holds heads `[r·n/tp, …)`, or
+    /// with tp > n head `r // (tp/n)` (MiniMax-M2's TP-sharded q/k norms, rms_norm_tp.py).
+    Heads {
+        heads: Expr,
+        head_dim: Expr,
+        #[serde(default)]
+        inner: Vec<Expr>,
+    },
     /// Vocabulary rows padded to a multiple of `padding` (64) and split by tp; padding rows are zero.
     Vocab {
         vocab: Expr,
@@ -232,6 +240,16 @@ pub enum Layout {
     /// [E, I, H], and their biases; split by tp, or by expert with expert parallelism.
     GptOssExperts {
         part: GptOssPart,
+        experts: Expr,
+        intermediate: Expr,
+        hidden: Expr,
+    },
+    /// Fused experts stored transposed, one tensor a layer (Llama 4, llama4.py
+    /// `load_moe_expert_weights`): `w13_weight` [E_loc, 2·I_p, H] from `gate_up_proj` [E, H, 2I]
+    /// (gate the first I columns, up the last), `w2_weight` [E_loc, H, I_p] from `down_proj`
+    /// [E, I, H]; split by tp, or by expert with expert parallelism.
+    TransposedExperts {
+        part: ExpertPart,
         experts: Expr,
         intermediate: Expr,
         hidden: Expr,
@@ -259,6 +277,14 @@ impl Layout {
                 .into_iter()
                 .chain(inner.iter_mut())
                 .collect(),
+            Layout::Heads {
+                heads,
+                head_dim,
+                inner,
+            } => [heads, head_dim]
+                .into_iter()
+                .chain(inner.iter_mut())
+                .collect(),
             Layout::Vocab { vocab, inner, .. } => std::iter::once(vocab).chain(inner).collect(),
             Layout::Experts {
                 experts,
@@ -267,6 +293,12 @@ impl Layout {
                 ..
             }
             | Layout::GptOssExperts {
+                experts,
+                intermediate,
+                hidden,
+                ..
+            }
+            | Layout::TransposedExperts {
                 experts,
                 intermediate,
                 hidden,

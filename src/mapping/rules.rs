@@ -134,6 +134,11 @@ pub struct Stacked {
     pub from: String,
     pub to: String,
     pub shard: ShardId,
+    /// The rotary interleaved → half-split row permutation, per head, with this many heads, for
+    /// a checkpoint `.weight` this rule fires on (Llama 4 permutes HF q/k weights at load,
+    /// llama4.py:805–844: the Mistral permutation on HF names).
+    #[serde(default)]
+    pub permute: Option<Expr>,
     /// Applies only to models for which this holds (over config fields, defaults and derived
     /// values): vLLM's loaders pick a stacking by model shape (DeepSeek fuses `q_a_proj` and
     /// `kv_a_proj_with_mqa` only with a `q_lora_rank`).
@@ -483,6 +488,14 @@ impl Rules {
             }
             format!("{}{inner}", self.scope).into()
         };
+        if name.ends_with(".weight")
+            && let Some(p) = trace.iter().rev().find_map(|st| match st {
+                Step::Stacked(k) => self.stacked[*k].permute.as_ref(),
+                _ => None,
+            })
+        {
+            permute_heads = Some(p.src().to_string());
+        }
         // The name is built once, with the expert rule's replacement spliced in.
         let expert = match self.expert(&renamed) {
             Some(m) => {

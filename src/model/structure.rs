@@ -254,7 +254,7 @@ fn q_lora(v: &Variables) -> QLora {
 fn is_experts(p: &ParamSpec) -> bool {
     matches!(
         p.layout,
-        Layout::Experts { .. } | Layout::GptOssExperts { .. }
+        Layout::Experts { .. } | Layout::GptOssExperts { .. } | Layout::TransposedExperts { .. }
     )
 }
 
@@ -284,6 +284,11 @@ fn moe(v: &Variables, layer: &[ParamSpec], layers: Option<u64>) -> Option<Moe> {
             ..
         }
         | Layout::GptOssExperts {
+            experts,
+            intermediate,
+            ..
+        }
+        | Layout::TransposedExperts {
             experts,
             intermediate,
             ..

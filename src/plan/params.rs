@@ -409,6 +409,14 @@ fn fits(g: &Geometry) -> Result<(), String> {
             let n = heads_all.and_then(|h| product(&[&[h, *head_dim], inner.as_slice()].concat()));
             (n, all)
         }
+        Geometry::Heads {
+            heads,
+            head_dim,
+            inner,
+        } => {
+            let all = [&[*heads, *head_dim], inner.as_slice()].concat();
+            (product(&all), all)
+        }
         Geometry::Vocab {
             vocab,
             inner,
@@ -428,6 +436,12 @@ fn fits(g: &Geometry) -> Result<(), String> {
             ..
         }
         | Geometry::GptOssExperts {
+            experts,
+            intermediate,
+            hidden,
+            ..
+        }
+        | Geometry::TransposedExperts {
             experts,
             intermediate,
             hidden,
@@ -496,6 +510,15 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             head_dim: one(head_dim)?,
             inner: many(inner)?,
         },
+        Layout::Heads {
+            heads,
+            head_dim,
+            inner,
+        } => Geometry::Heads {
+            heads: one(heads)?,
+            head_dim: one(head_dim)?,
+            inner: many(inner)?,
+        },
         Layout::Vocab {
             vocab,
             inner,
@@ -522,6 +545,17 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             intermediate,
             hidden,
         } => Geometry::GptOssExperts {
+            part: *part,
+            experts: expert_count(experts)?,
+            intermediate: one(intermediate)?,
+            hidden: one(hidden)?,
+        },
+        Layout::TransposedExperts {
+            part,
+            experts,
+            intermediate,
+            hidden,
+        } => Geometry::TransposedExperts {
             part: *part,
             experts: expert_count(experts)?,
             intermediate: one(intermediate)?,

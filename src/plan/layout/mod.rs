@@ -10,6 +10,7 @@ mod experts;
 pub(super) mod mxfp4;
 mod packed_experts;
 mod scales;
+mod transposed;
 pub(super) mod types;
 mod values;
 
@@ -23,6 +24,7 @@ use crate::mapping::{ExpertPart, GptOssPart};
 use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
 use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
 use packed_experts::{packed_expected, packed_experts, split_size};
+use transposed::{head_rows, transposed_copies, transposed_experts};
 use types::{RankLayout, name};
 pub use values::KvScale;
 
@@ -47,6 +49,12 @@ pub enum Geometry {
     Qkv {
         heads: u64,
         kv_heads: u64,
+        head_dim: u64,
+        inner: Vec<u64>,
+    },
+    /// Rows of whole heads, split as `qkv`'s kv rows (MiniMax-M2's q/k norms).
+    Heads {
+        heads: u64,
         head_dim: u64,
         inner: Vec<u64>,
     },
@@ -131,6 +139,14 @@ pub enum Geometry {
         intermediate: u64,
         hidden: u64,
     },
+    /// Fused experts from one transposed tensor a layer, gate and up in halves (Llama 4's
+    /// `gate_up_proj` `[E, H, 2I]`, `down_proj` `[E, I, H]`; `transposed.rs`).
+    TransposedExperts {
+        part: ExpertPart,
+        experts: u64,
+        intermediate: u64,
+        hidden: u64,
+    },
     /// gpt-oss's MXFP4 experts (`mxfp4.rs`): whole 32-element blocks per rank, the real slice
     /// in the leading corner of a parameter the MoE backend may pad.
     Mxfp4Experts {
@@ -169,6 +185,15 @@ impl Geometry {
                 }
                 v
             }
+            Geometry::Heads { heads, .. } => {
+                if *heads == 0 || (!heads.is_multiple_of(tp) && !tp.is_multiple_of(*heads)) {
+                    vec![format!(
+                        "heads ({heads}) and tp ({tp}) must divide one another"
+                    )]
+                } else {
+                    vec![]
+                }
+            }
             Geometry::Vocab { vocab, padding, .. } => {
                 let padded = vocab.div_ceil(*padding) * padding;
                 div(
@@ -183,7 +208,12 @@ impl Geometry {
                     .into_iter()
                     .collect()
             }
-            Geometry::Experts { .. } => vec![],
+            Geometry::TransposedExperts { intermediate, .. } if !r.ep => {
+                div("expert intermediate size", *intermediate)
+                    .into_iter()
+                    .collect()
+            }
+            Geometry::Experts { .. } | Geometry::TransposedExperts { .. } => vec![],
             Geometry::PackedExperts {
                 part, dims, split, ..
             } if !r.ep => split_size(*part, dims, *split)
@@ -237,6 +267,9 @@ impl Geometry {
             | Geometry::Column { shape }
             | Geometry::Row { shape } => none(shape),
             Geometry::Vocab { vocab, inner, .. } => none(&cat(*vocab, inner)),
+            Geometry::Heads { .. } | Geometry::TransposedExperts { .. } => {
+                none(&transposed::source_shape(self))
+            }
             Geometry::MergedColumn { sizes, inner, .. } => match shard {
                 None => Ok(cat(sizes.iter().sum(), inner).into()),
                 Some(ShardId::Index(k)) if (*k as usize) < sizes.len() => {
@@ -415,6 +448,17 @@ impl Geometry {
                 inner,
                 padding,
             } => vocab_rows(*vocab, inner, *padding, r),
+            Geometry::Heads {
+                heads,
+                head_dim,
+                inner,
+            } => head_rows(*heads, *head_dim, inner, r),
+            Geometry::TransposedExperts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => transposed_experts(*part, *experts, *intermediate, *hidden, r),
             Geometry::Experts {
                 part,
                 experts,
@@ -485,6 +529,15 @@ impl Geometry {
                 dims,
                 block,
             } => scales::expert_block_refined(*part, *experts, *dims, *block, r),
+            Geometry::TransposedExperts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } => transposed_copies(*part, *experts, *intermediate, *hidden, r)
+                .into_iter()
+                .map(|(b, region)| ((None, None), b, region))
+                .collect(),
             Geometry::Mxfp4Experts { part, dims } => mxfp4::copies(*part, dims, r),
             _ => Vec::new(),
         }
@@ -583,6 +636,21 @@ mod tests {
                 experts: 8,
                 intermediate: 16,
                 hidden: 6,
+            }),
+        )
+        .chain(
+            [ExpertPart::W13, ExpertPart::W2].map(|part| Geometry::TransposedExperts {
+                part,
+                experts: 5,
+                intermediate: 16,
+                hidden: 3,
+            }),
+        )
+        .chain(
+            [(8, 2), (8, 8), (1, 1)].map(|(heads, head_dim)| Geometry::Heads {
+                heads,
+                head_dim,
+                inner: vec![2],
             }),
         )
         .chain(mxfp4::Mxfp4Part::ALL.into_iter().flat_map(|part| {
