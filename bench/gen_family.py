@@ -14,10 +14,9 @@ import argparse
 import json
 import math
 import os
-import struct
 import sys
 
-BYTES = {"BF16": 2, "F32": 4, "F8_E4M3": 1}
+from gen_deepseek import write_file  # one writer of sparse safetensors files for every generator
 
 QWEN35 = {  # Qwen/Qwen3.5-397B-A17B text_config
     "hidden_size": 4096, "num_hidden_layers": 60, "num_attention_heads": 32,
@@ -145,20 +144,6 @@ def minimax_tensors(a):
     return out, config
 
 
-def write_file(path, tensors):
-    header, off = {"__metadata__": {"format": "pt"}}, 0
-    for name, dtype, shape in tensors:
-        n = math.prod(shape) * BYTES[dtype]
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}
-        off += n
-    hj = json.dumps(header, separators=(",", ":")).encode()
-    hj += b" " * (-len(hj) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hj)) + hj)
-        f.truncate(8 + len(hj) + off)
-    return off
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("family", choices=["qwen3_5", "minimax_m2"])
@@ -178,7 +163,7 @@ def main(argv=None):
     weight_map, total = {}, 0
     for k, chunk in enumerate(chunks):
         fname = f"model-{k + 1:05d}-of-{len(chunks):05d}.safetensors"
-        total += write_file(os.path.join(a.out, fname), chunk)
+        total += write_file(os.path.join(a.out, fname), chunk, random_data=False)
         weight_map.update({name: fname for name, _, _ in chunk})
     with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
