@@ -79,6 +79,7 @@ golden! {
     gemma2_tp2 => "gemma2/tp2",
     gpt_oss_tp2 => "gpt_oss/tp2",
     gpt_oss_mxfp4_tp2 => "gpt_oss_mxfp4/tp2",
+    llama4__lmonly_tp2 => "llama4__lmonly/tp2",
     llama_gqa_tp2 => "llama_gqa/tp2",
     llama_gqa_tp8 => "llama_gqa/tp8",
     llama_gqa__dtype_float16_tp2 => "llama_gqa__dtype_float16/tp2",
