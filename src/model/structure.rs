@@ -23,6 +23,9 @@ use crate::model::env::Variables;
 #[derive(Debug, Serialize)]
 pub struct Structure {
     pub attention: Attention,
+    /// Which layers have full attention and which linear attention (Qwen3.5, Qwen3-Next);
+    /// `None` when every layer has full attention.
+    pub attention_layers: Option<AttentionLayers>,
     /// `None` for a dense model.
     pub moe: Option<Moe>,
     /// Multi-token-prediction layers stored past `num_hidden_layers`; `None` when unknown.
@@ -50,6 +53,19 @@ impl Attention {
             Attention::Mla(_) => None,
         }
     }
+}
+
+/// A hybrid model's layers: those where the mapping builds the attention's qkv parameter, and the
+/// others (Gated-DeltaNet linear attention, no kv cache).
+#[derive(Debug, Serialize)]
+pub struct AttentionLayers {
+    /// Layer indices with full (softmax) attention; `None` when unknown.
+    pub full: Option<Vec<u64>>,
+    /// Layer indices with linear attention; `None` when unknown.
+    pub linear: Option<Vec<u64>>,
+    /// The config fields that decide which layers are which (`layer_types [...]`,
+    /// `full_attention_interval 4`), or the odd value that makes them unknown.
+    pub layer_rule: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -129,6 +145,7 @@ pub fn structure(
     let Some(m) = mapping else {
         return Structure {
             attention: attention(c, &v, &[]),
+            attention_layers: None,
             moe: unmapped_moe(c, &v),
             mtp_layers: num(&v, "num_nextn_predict_layers").or_else(|| {
                 v.get("num_nextn_predict_layers")
@@ -141,6 +158,7 @@ pub fn structure(
     let layers = v.eval_u64(&m.parameters.layers, None).ok();
     Structure {
         attention: attention(c, &v, &m.parameters.layer),
+        attention_layers: attention_layers(&v, &m.parameters.layer, layers),
         moe: moe(&v, &m.parameters.layer, layers),
         mtp_layers: mtp_layers(&v, m.skip_layer.as_ref(), layers),
         mtp_field: m
@@ -251,6 +269,36 @@ fn q_lora(v: &Variables) -> QLora {
     }
 }
 
+/// Full and linear attention layers, when the mapping builds the qkv parameter on some layers
+/// only (a hybrid model); `None` when it builds it on every layer, or has none (MLA: every layer).
+fn attention_layers(
+    v: &Variables,
+    layer: &[ParamSpec],
+    layers: Option<u64>,
+) -> Option<AttentionLayers> {
+    let qkv = layer
+        .iter()
+        .find(|p| matches!(p.layout, Layout::Qkv { .. }))?;
+    qkv.when.as_ref()?;
+    let (full, layer_rule) = built_on(v, qkv, layers);
+    if let (Some(f), Some(n)) = (&full, layers)
+        && f.len() as u64 == n
+    {
+        return None;
+    }
+    let linear = full.as_ref().zip(layers).map(|(f, n)| others(f, n));
+    Some(AttentionLayers {
+        full,
+        linear,
+        layer_rule,
+    })
+}
+
+/// The layers below `n` not in `of` (ascending: a binary search keeps 65536 layers instant).
+fn others(of: &[u64], n: u64) -> Vec<u64> {
+    (0..n).filter(|i| of.binary_search(i).is_err()).collect()
+}
+
 fn is_experts(p: &ParamSpec) -> bool {
     matches!(
         p.layout,
@@ -271,7 +319,7 @@ fn may_build(v: &Variables, p: &ParamSpec, i: Option<u64>) -> bool {
 
 fn moe(v: &Variables, layer: &[ParamSpec], layers: Option<u64>) -> Option<Moe> {
     let experts = layer.iter().find(|p| is_experts(p))?;
-    let (moe_layers, layer_rule) = moe_layers(v, experts, layers);
+    let (moe_layers, layer_rule) = built_on(v, experts, layers);
     // No layer with experts: vLLM's dense fallback (n_routed_experts 0, Qwen's num_experts 0).
     if moe_layers.as_ref().is_some_and(Vec::is_empty) {
         return None;
@@ -300,10 +348,7 @@ fn moe(v: &Variables, layer: &[ParamSpec], layers: Option<u64>) -> Option<Moe> {
     };
     let built: Vec<&ParamSpec> = layer.iter().filter(|p| may_build(v, p, probe)).collect();
     let named = |suffix: &str| built.iter().any(|p| p.name.ends_with(suffix));
-    let dense_layers = moe_layers.as_ref().zip(layers).map(|(m, n)| {
-        // The layers are ascending: a binary search keeps 65536 of them instant.
-        (0..n).filter(|i| m.binary_search(i).is_err()).collect()
-    });
+    let dense_layers = moe_layers.as_ref().zip(layers).map(|(m, n)| others(m, n));
     Some(Moe {
         routed_experts: count,
         experts_per_token: num(v, "num_experts_per_tok"),
@@ -350,17 +395,18 @@ fn shared_experts(v: &Variables, built: &[&ParamSpec]) -> Option<SharedExperts> 
     })
 }
 
-/// The layers where the mapping builds `experts`, and the config fields that make the others
-/// dense ("first_k_dense_replace 1"), or the value that makes them unknown.
-fn moe_layers(
+/// The layers where the mapping builds `p` (the experts, the attention), and the config fields
+/// that leave it out of the others ("first_k_dense_replace 1"), or the value that makes them
+/// unknown.
+fn built_on(
     v: &Variables,
-    experts: &ParamSpec,
+    p: &ParamSpec,
     layers: Option<u64>,
 ) -> (Option<Vec<u64>>, Option<String>) {
     let Some(n) = layers.filter(|n| *n <= MAX_LISTED_LAYERS) else {
         return (None, None);
     };
-    let Some(when) = &experts.when else {
+    let Some(when) = &p.when else {
         return (Some((0..n).collect()), None);
     };
     let conds = when.conjuncts();

@@ -63,6 +63,7 @@ fn deepseek_v3_structure_names_mla_ranks_shared_experts_dense_layers_and_mtp() {
                 "kind": "mla", "heads": 8, "q_lora_rank": 96, "kv_lora_rank": 64,
                 "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32
             },
+            "attention_layers": null,
             "moe": {
                 "routed_experts": 8, "experts_per_token": 2, "expert_intermediate_size": 64,
                 "shared_experts": {
@@ -178,6 +179,7 @@ fn llama_gqa_structure_is_grouped_query_attention_without_experts() {
         out["structure"],
         json!({
             "attention": {"kind": "gqa", "heads": 8, "kv_heads": 4, "head_dim": 16},
+            "attention_layers": null,
             "moe": null,
             "mtp_layers": 0
         })
