@@ -3,7 +3,10 @@
 #   - Llama-3-405B-shaped: 126 layers, 191 files, hidden 16384, 128 heads / 8 kv heads,
 #     intermediate 53248, vocab 128256;
 #   - DeepSeek-V3-shaped (bench/gen_deepseek.py): 61 layers, 256 routed experts, block FP8 128×128,
-#     62 files, 90,427 tensors.
+#     62 files, 90,427 tensors;
+#   - Qwen3.5-397B-A17B-shaped (bench/gen_family.py qwen3_5): 60 layers, 45 Gated-DeltaNet and 15
+#     gated-attention, 512 routed experts + a shared one, the 27-block vision tower TP-split;
+#   - MiniMax-M2-shaped (bench/gen_family.py minimax_m2): 62 layers, 256 experts, block FP8 128×128.
 # Target: the planning stage (mapping + validation + every rank's pieces) under 50 ms after the
 # headers are read. wload reports its stage timings in `plan --json` ("timings"); this script takes
 # the median over RUNS runs and also times the whole process.
@@ -52,4 +55,10 @@ measure "Llama-3-405B-shaped" || status=1
 dir=$work/deepseek_v3
 python3 "$here/gen_deepseek.py" --out "$dir" --fp8-block 128 2>/dev/null
 measure "DeepSeek-V3-shaped (FP8)" || status=1
+dir=$work/qwen3_5
+python3 "$here/gen_family.py" qwen3_5 --out "$dir" 2>/dev/null
+measure "Qwen3.5-397B-A17B-shaped" || status=1
+dir=$work/minimax_m2
+python3 "$here/gen_family.py" minimax_m2 --out "$dir" 2>/dev/null
+measure "MiniMax-M2-shaped (FP8)" || status=1
 exit $status

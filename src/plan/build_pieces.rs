@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::assign::Assigned;
 use super::layout::Geometry;
-use super::layout::types::{Block, PerExpert, Rank, Slice};
+use super::layout::types::{Block, PerExpert, Rank, Slice, SlotKey};
 use super::params::Param;
 use super::pieces::{Pieces, copy};
 use super::slots::{Fed, Feed};
@@ -129,10 +129,15 @@ fn rank_tensor(
                 push_experts(&mut pieces, &l.slices, pe, (fed, all), fill)
             }
         }
-        for (slot, b, region) in p.geometry.strided(r) {
-            match fed.get(&slot) {
-                Some(feed) => pieces.push(copy(feed.source, region, b)),
-                None => pieces.extend(unfilled(&b, fill)),
+        match p.geometry.strided_per_expert(r) {
+            Some((each, pe)) => push_strided_experts(&mut pieces, each, pe, fed, fill),
+            None => {
+                for (slot, b, region) in p.geometry.strided(r) {
+                    match fed.get(&slot) {
+                        Some(feed) => pieces.push(copy(feed.source, region, b)),
+                        None => pieces.extend(unfilled(&b, fill)),
+                    }
+                }
             }
         }
         pieces.extend(l.zeros.iter().map(|&(at, count)| Piece::Fill {
@@ -269,6 +274,44 @@ fn plain_sources(slices: &[Slice], experts: std::ops::Range<u64>, fed: &Fed) -> 
         .flat_map(|e| (0..slices.len()).map(move |k| (e, k)))
         .map(|(e, k)| plain(e, k))
         .collect()
+}
+
+/// Strided copies repeated expert by expert (`each`: the rank's first expert's), compact when
+/// every expert's scale is a plain copy, as [`push_experts`] keeps slices.
+fn push_strided_experts(
+    out: &mut Pieces,
+    each: Vec<(SlotKey, Block, Region)>,
+    pe: PerExpert,
+    fed: &Fed,
+    fill: f64,
+) {
+    let experts = pe.first..pe.first + pe.count;
+    let plain = |e: u64, shard: &Option<ShardId>| {
+        (fed.expert(shard, e))
+            .filter(|f| f.rotary_heads.is_none())
+            .and_then(|f| u32::try_from(f.source).ok())
+    };
+    let sources: Option<Vec<u32>> = (experts.clone())
+        .flat_map(|e| each.iter().map(move |((shard, _), _, _)| (e, shard)))
+        .map(|(e, shard)| plain(e, shard))
+        .collect();
+    if let Some(sources) = sources {
+        let blocks = each.into_iter().map(|(_, b, region)| (b, region)).collect();
+        out.push_experts(blocks, pe.dst_step, sources.into());
+        return;
+    }
+    for (j, e) in (0..pe.count).zip(experts) {
+        for ((shard, _), b, region) in &each {
+            let b = Block {
+                dst_start: b.dst_start + j * pe.dst_step,
+                ..*b
+            };
+            match fed.expert(shard, e) {
+                Some(feed) => out.push(copy(feed.source, region.clone(), b)),
+                None => out.extend(unfilled(&b, fill)),
+            }
+        }
+    }
 }
 
 /// Copies for every expert of a fused expert tensor: `slices` (the first expert's) repeated

@@ -25,7 +25,7 @@ use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
 use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
 use packed_experts::{packed_expected, packed_experts, split_size};
 use transposed::{head_rows, transposed_copies, transposed_experts};
-use types::{RankLayout, name};
+use types::{PerExpert, RankLayout, name};
 pub use values::KvScale;
 
 /// A layout with its dimensions evaluated.
@@ -508,6 +508,24 @@ impl Geometry {
         }
     }
 
+    /// Of [`Geometry::strided`], the copies that repeat expert by expert (expert block scales on
+    /// vLLM's refined grid), as the rank's first expert's and the step to the next; the pieces
+    /// phase keeps them compact. `None` for the others.
+    pub fn strided_per_expert(
+        &self,
+        r: Rank,
+    ) -> Option<(Vec<(SlotKey, Block, crate::plan::types::Region)>, PerExpert)> {
+        match self {
+            Geometry::ExpertBlockScale {
+                part,
+                experts,
+                dims,
+                block,
+            } => scales::expert_block_refined(*part, *experts, *dims, *block, r),
+            _ => None,
+        }
+    }
+
     /// Copies with a source element stride other than 1 that fill rank `r`'s tensor besides
     /// [`RankLayout::slices`], each with its slot and a description of the region it reads:
     /// gpt-oss's expert weights (transposed, from the whole checkpoint tensor) and expert block
@@ -523,12 +541,10 @@ impl Geometry {
                 .into_iter()
                 .map(|(b, region)| ((None, None), b, region))
                 .collect(),
-            Geometry::ExpertBlockScale {
-                part,
-                experts,
-                dims,
-                block,
-            } => scales::expert_block_refined(*part, *experts, *dims, *block, r),
+            Geometry::ExpertBlockScale { .. } => self
+                .strided_per_expert(r)
+                .map(each_expert)
+                .unwrap_or_default(),
             Geometry::TransposedExperts {
                 part,
                 experts,
@@ -542,6 +558,24 @@ impl Geometry {
             _ => Vec::new(),
         }
     }
+}
+
+/// The copies of [`Geometry::strided_per_expert`] for every expert of the rank, one after the
+/// other, each from its own slot.
+fn each_expert(
+    (each, pe): (Vec<(SlotKey, Block, crate::plan::types::Region)>, PerExpert),
+) -> Vec<(SlotKey, Block, crate::plan::types::Region)> {
+    (0..pe.count)
+        .flat_map(|j| {
+            each.iter().map(move |((shard, _), b, region)| {
+                let b = Block {
+                    dst_start: b.dst_start + j * pe.dst_step,
+                    ..*b
+                };
+                ((shard.clone(), Some(pe.first + j)), b, region.clone())
+            })
+        })
+        .collect()
 }
 
 /// `inner` (a layout without per-expert repeats or zero ranges) behind the dimensions `leading`.

@@ -5,7 +5,7 @@
 
 use super::Geometry;
 use super::experts::local_experts;
-use super::types::{Block, Rank, RankLayout, Slice, SlotKey, name};
+use super::types::{Block, PerExpert, Rank, RankLayout, Slice, SlotKey, name};
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
 use crate::plan::types::Region;
@@ -418,82 +418,88 @@ pub(super) fn expert_block_check(
 /// Expert block scales on vLLM's refined grid of `g`: the checkpoint scales upsampled by
 /// `repeat_interleave` (each one repeated `bn/g` times down and `bk/g` across,
 /// routed_experts.py:950–960), then this rank's part taken as usual. Copies with a source element
-/// stride of 0 repeat each checkpoint scale across a row; one per destination row and run.
+/// stride of 0 repeat each checkpoint scale across a row.
+///
+/// The rank's first expert's copies, and the step to the next expert's: every local expert
+/// repeats them from its own checkpoint scale, so the pieces phase keeps them compact (a
+/// MiniMax-M2 FP8 rank at TP 8 holds 256 experts in each of 62 layers). `None` when the grid is
+/// not refined.
 pub(super) fn expert_block_refined(
     part: ExpertPart,
     experts: u64,
     [intermediate, hidden]: [u64; 2],
     [bn, bk]: [u64; 2],
     r: Rank,
-) -> Vec<(SlotKey, Block, Region)> {
-    let Some(g) = refined_grid([intermediate, hidden], [bn, bk], r, experts) else {
-        return vec![];
-    };
+) -> Option<(Vec<(SlotKey, Block, Region)>, PerExpert)> {
+    let g = refined_grid([intermediate, hidden], [bn, bk], r, experts)?;
     let (local, moe_tp, moe_rank) = expert_split(experts, r);
     let ip = intermediate / moe_tp;
     let (fn_, fk) = (bn / g, bk / g);
-    let repeat = |src_start, count: u64, len: u64, dst_start| Block {
-        rows: count,
+    let first = Some(local.start);
+    // `rows` rows of `len` copies of one checkpoint scale each, `src_stride` apart in the
+    // checkpoint scale and `dst_stride` apart in the rank's tensor.
+    let repeat = |src_start, rows, src_stride, len, dst_start, dst_stride| Block {
+        rows,
         row: len,
         src_start,
-        src_stride: 1,
+        src_stride,
         dst_start,
-        dst_stride: len,
+        dst_stride,
         src_elem_stride: 0,
     };
     let region = |first: u64, rows: u64| Region {
         range: Some((0, first, first + rows)),
         ..Region::ALL
     };
-    let mut out = Vec::new();
-    match part {
+    let mut each = Vec::new();
+    let dst_step = match part {
         ExpertPart::W13 => {
             // [E, 2·I_p/g, H/g]: w1's rows, then w3's; a row repeats each of the checkpoint row's
             // H/bk scales bk/g times.
             let (rows, cols, src_cols) = (ip.div_ceil(g), hidden.div_ceil(g), hidden.div_ceil(bk));
-            for (j, e) in local.enumerate() {
-                for (h, s) in ["w1", "w3"].iter().enumerate() {
-                    for i in 0..rows {
-                        let src_row = (moe_rank * rows + i) / fn_;
-                        let dst = (j as u64 * 2 * rows + h as u64 * rows + i) * cols;
-                        out.push((
-                            (name(s), Some(e)),
-                            repeat(src_row * src_cols, src_cols, fk, dst),
-                            region(src_row, 1),
-                        ));
-                    }
+            for (h, s) in ["w1", "w3"].iter().enumerate() {
+                for i in 0..rows {
+                    let src_row = (moe_rank * rows + i) / fn_;
+                    let dst = (h as u64 * rows + i) * cols;
+                    let b = repeat(src_row * src_cols, src_cols, 1, fk, dst, fk);
+                    each.push(((name(s), first), b, region(src_row, 1)));
                 }
             }
+            2 * rows * cols
         }
         ExpertPart::W2 => {
             // [E, H/g, I_p/g]: this rank's columns of the upsampled grid; a run of them may start
-            // or end inside a checkpoint scale's repeats.
+            // or end inside a checkpoint scale's repeats. Destination row i reads checkpoint row
+            // i / (bn/g): the rows of one residue modulo bn/g step through the checkpoint rows
+            // one by one, so each (residue, run) is one block down all of them.
             let (rows, cols, src_cols) = (
                 hidden.div_ceil(g),
                 ip.div_ceil(g),
                 intermediate.div_ceil(bk),
             );
-            for (j, e) in local.enumerate() {
-                for i in 0..rows {
-                    let src_row = i / fn_;
-                    let dst_row = (j as u64 * rows + i) * cols;
-                    let mut c = 0;
-                    while c < cols {
-                        let global = moe_rank * cols + c;
-                        let src_col = global / fk;
-                        let len = (fk - global % fk).min(cols - c);
-                        out.push((
-                            (name("w2"), Some(e)),
-                            repeat(src_row * src_cols + src_col, 1, len, dst_row + c),
-                            region(src_row, 1),
-                        ));
-                        c += len;
-                    }
+            for a in 0..fn_.min(rows) {
+                let count = (rows - a).div_ceil(fn_);
+                let mut c = 0;
+                while c < cols {
+                    let global = moe_rank * cols + c;
+                    let (src_col, len) = (global / fk, (fk - global % fk).min(cols - c));
+                    let b = repeat(src_col, count, src_cols, len, a * cols + c, fn_ * cols);
+                    each.push(((name("w2"), first), b, region(0, count)));
+                    c += len;
                 }
             }
+            rows * cols
         }
-    }
-    out
+    };
+    let count = local.end - local.start;
+    Some((
+        each,
+        PerExpert {
+            first: local.start,
+            count,
+            dst_step,
+        },
+    ))
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -598,6 +604,12 @@ mod tests {
         out
     }
 
+    fn expand(
+        c: Option<(Vec<(SlotKey, Block, Region)>, PerExpert)>,
+    ) -> Vec<(SlotKey, Block, Region)> {
+        super::super::each_expert(c.expect("a refined grid"))
+    }
+
     /// vllm-spec §6.3: Qwen3-30B-A3B-FP8 at TP 8 has I_p = 96, refined to 32×32 (×4): w13 scales
     /// [128, 6, 64], w2 [128, 64, 3], each element the checkpoint scale upsampled by
     /// repeat_interleave then sliced for the rank.
@@ -616,7 +628,7 @@ mod tests {
             // Expert 5's w3 half and its w2 columns, against repeat_interleave by hand: the
             // checkpoint scale is [6, 16] for w1/w3 and [16, 6] for w2.
             let got = apply(
-                &expert_block_refined(ExpertPart::W13, e, [i, h], b, r),
+                &expand(expert_block_refined(ExpertPart::W13, e, [i, h], b, r)),
                 128 * 6 * 64,
             );
             for row in 0..3 {
@@ -626,7 +638,7 @@ mod tests {
                 }
             }
             let got = apply(
-                &expert_block_refined(ExpertPart::W2, e, [i, h], b, r),
+                &expand(expert_block_refined(ExpertPart::W2, e, [i, h], b, r)),
                 128 * 64 * 3,
             );
             for row in 0..64 {
