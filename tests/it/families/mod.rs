@@ -5,6 +5,7 @@ mod config_defaults;
 mod deepseek;
 mod glm4_moe;
 mod gpt_oss;
+mod llama4;
 mod mappings;
 mod mistral;
 mod qwen2_moe;
