@@ -7,6 +7,7 @@ mod glm4_moe;
 mod gpt_oss;
 mod llama4;
 mod mappings;
+mod minimax_m2;
 mod mistral;
 mod qwen2_moe;
 mod qwen3_vl;
