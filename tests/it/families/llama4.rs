@@ -200,7 +200,8 @@ fn tp4_and_tp8_follow_vllms_rules() {
 }
 
 /// `--enable-expert-parallel` at TP 2: rank 0 holds experts 0 and 1 whole, rank 1 experts 2 and
-/// 3; the router, the shared expert, attention and everything else are TP 2's.
+/// 3; the router, the shared expert, attention and everything else are TP 2's. At TP 4, one
+/// expert a rank.
 #[test]
 fn expert_parallel_places_whole_experts_and_keeps_the_rest_as_tp2() {
     let c = checkpoint();
@@ -217,6 +218,12 @@ fn expert_parallel_places_whole_experts_and_keeps_the_rest_as_tp2() {
         for (name, t) in got.iter().filter(|(n, _)| !n.contains("routed_experts")) {
             assert_eq!(t, &plain[name], "{ctx}: {name} as at TP 2");
         }
+    }
+    // At TP 4 each rank holds one expert whole.
+    let ep4 = sharded(&tmp, "ep4", 4, &["--enable-expert-parallel"]);
+    for r in 0..4 {
+        let got = rank_tensors(&ep4, r as u64);
+        assert_same_tensors(&got, &want_rank(&c, r, 4, true), &format!("ep4 rank {r}"));
     }
 }
 
