@@ -4,7 +4,7 @@
 //! machine). A test that needs vLLM's files gets them from [`GoldenCase::vllm_dir`]: wload's own
 //! output for the case, used only once every file matches its digest, so every byte is vLLM's.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -12,7 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{GoldenCase, header_tensors, s, wload};
+use super::{GoldenCase, Tensors, expected, header_tensors, s, wload};
 
 /// The digest file's name inside a case folder.
 pub(crate) const DIGESTS: &str = "tensors.json";
@@ -57,6 +57,31 @@ fn read_digests(dir: &Path) -> Option<Vec<(String, FileDigest)>> {
             .collect(),
     };
     Some(files.iter().map(|(n, f)| (n.clone(), digest(f))).collect())
+}
+
+/// Asserts that `want` is, tensor for tensor (names, dtypes, shapes, SHA-256 of the bytes), what
+/// real vLLM held on rank `rank` of the digest case `expected/<case>/tp<tp>`: a test that rebuilds
+/// ranks from the checkpoint by its own slicing proves its rules on vLLM's case with this.
+pub(crate) fn assert_matches_vllm_rank(want: &Tensors, case: &str, tp: u64, rank: u64) {
+    let dir = expected(case, tp);
+    let digests = read_digests(&dir).expect("a digest case");
+    let prefix = format!("model-rank-{rank}-part-");
+    let vllm: BTreeMap<&String, (&String, &Vec<u64>, &String)> = digests
+        .iter()
+        .filter(|(f, _)| f.starts_with(&prefix))
+        .flat_map(|(_, d)| d.tensors.iter().map(|(n, t, sh, h)| (n, (t, sh, h))))
+        .collect();
+    let ctx = format!("{case}/tp{tp} rank {rank}");
+    assert_eq!(
+        want.keys().collect::<Vec<_>>(),
+        vllm.keys().copied().collect::<Vec<_>>(),
+        "{ctx}: vLLM's key set"
+    );
+    for (name, t) in want {
+        let (dtype, shape, sha) = vllm[name];
+        assert_eq!((&t.dtype, &t.shape), (dtype, shape), "{ctx}: {name}");
+        assert_eq!(&sha256_hex(&t.data), sha, "{ctx}: {name}: vLLM's bytes");
+    }
 }
 
 /// Whether `dir` (a case folder) holds digests rather than vLLM's rank files.

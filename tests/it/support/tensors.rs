@@ -147,3 +147,97 @@ pub(crate) fn write_checkpoint(config: &serde_json::Value, tensors: &Tensors) ->
     write_held(&tmp.path().join("model.safetensors"), tensors);
     tmp
 }
+
+impl Held {
+    /// A tensor of `dtype` and `shape` holding `data`.
+    pub(crate) fn new(dtype: &str, shape: &[usize], data: Vec<u8>) -> Held {
+        let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        let n = shape.iter().product::<u64>().max(1) as usize;
+        assert_eq!(data.len() % n, 0, "{dtype} {shape:?}: {} bytes", data.len());
+        Held {
+            dtype: dtype.into(),
+            shape,
+            data,
+        }
+    }
+
+    /// Of a 2-D tensor (or one 2-D item of a 3-D one: [`Held::item`]), the transpose.
+    pub(crate) fn transposed(&self) -> Held {
+        let (rows, cols) = (self.shape[0] as usize, self.shape[1] as usize);
+        let el = self.data.len() / (rows * cols);
+        let data = (0..cols)
+            .flat_map(|c| (0..rows).map(move |r| (r * cols + c) * el))
+            .flat_map(|at| self.data[at..at + el].to_vec())
+            .collect();
+        Held::new(&self.dtype, &[cols, rows], data)
+    }
+
+    /// Item `i` along the first dimension, as a tensor of the remaining dimensions.
+    pub(crate) fn item(&self, i: usize) -> Held {
+        let shape: Vec<usize> = self.shape[1..].iter().map(|&d| d as usize).collect();
+        Held::new(&self.dtype, &shape, self.rows(i, i + 1).to_vec())
+    }
+
+    /// A BF16 tensor as F32: each value's bits shifted into the F32's high half (exact, as
+    /// torch's cast); an F32 tensor as it is.
+    pub(crate) fn to_f32(&self) -> Held {
+        let shape: Vec<usize> = self.shape.iter().map(|&d| d as usize).collect();
+        let data = match self.dtype.as_str() {
+            "F32" => self.data.clone(),
+            "BF16" => self
+                .data
+                .chunks(2)
+                .flat_map(|b| (u32::from(u16::from_le_bytes([b[0], b[1]])) << 16).to_le_bytes())
+                .collect(),
+            d => panic!("to_f32 of {d}"),
+        };
+        Held::new("F32", &shape, data)
+    }
+}
+
+/// Asserts that `got` holds exactly the tensors of `want`: the same names, and for each the same
+/// dtype, shape and bytes.
+pub(crate) fn assert_same_tensors(got: &Tensors, want: &Tensors, ctx: &str) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{ctx}: key set"
+    );
+    for (name, w) in want {
+        let g = &got[name];
+        assert_eq!((&g.dtype, &g.shape), (&w.dtype, &w.shape), "{ctx}: {name}");
+        assert!(
+            g.data == w.data,
+            "{ctx}: {name}: other bytes than the rule's"
+        );
+    }
+}
+
+/// Rank `r` of `tp`'s rows of a vocab-parallel tensor (embedding, lm_head) with vLLM's padding:
+/// the vocab rounded up to a multiple of 64, split evenly, rows past the vocab zero
+/// (`vocab_parallel_embedding.py`: `pad_vocab_size`, the loader's `fill_(0)`).
+pub(crate) fn vocab_rows(t: &Held, r: usize, tp: usize) -> Held {
+    let vocab = t.shape[0] as usize;
+    let per = vocab.div_ceil(64) * 64 / tp;
+    let (from, to) = (r * per, (r + 1) * per);
+    let (a, b) = (from.min(vocab), to.min(vocab));
+    let row = t.data.len() / vocab;
+    let mut data = t.rows(a, b).to_vec();
+    data.resize(per * row, 0);
+    let mut shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+    shape[0] = per;
+    Held::new(&t.dtype, &shape, data)
+}
+
+/// Rank `r` of `tp`'s rows of a tensor of `heads` KV heads of `hd` rows each (k, v, a k norm):
+/// an even split when the heads divide among the ranks, else the one head `r / (tp / heads)`
+/// that rank holds (vLLM replicates KV heads, `QKVParallelLinear`).
+pub(crate) fn kv_rows(t: &Held, r: usize, tp: usize, heads: usize, hd: usize) -> &[u8] {
+    if heads >= tp {
+        let per = heads * hd / tp;
+        t.rows(r * per, (r + 1) * per)
+    } else {
+        let h = r / (tp / heads);
+        t.rows(h * hd, (h + 1) * hd)
+    }
+}
