@@ -311,7 +311,8 @@ mod tests {
     }
 
     /// Llama 4's stacked q/k rules ask for the permutation (of `.weight` only, llama4.py:805–844);
-    /// v, the vision tower (dropped) and a per-tensor scale do not get it.
+    /// v and a per-tensor scale do not get it. The vision tower's names map like the text
+    /// model's (its `skip_modules` entry skips them when planning).
     #[test]
     fn llama4_hf_q_and_k_carry_the_rotary_permutation_from_their_stacked_rules() {
         let l4 =
@@ -341,7 +342,7 @@ mod tests {
                 heads("num_key_value_heads"),
                 None,
                 None,
-                None
+                heads("num_attention_heads")
             ]
         );
         assert!(matches!(m.tensors[4].fate, Fate::Dropped { .. }));

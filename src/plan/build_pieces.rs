@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::assign::Assigned;
 use super::layout::Geometry;
-use super::layout::types::{Block, PerExpert, Rank, Slice, SlotKey};
+use super::layout::types::{Block, PerExpert, PerExpertCopies, Rank, Slice};
 use super::params::Param;
 use super::pieces::{Pieces, copy};
 use super::slots::{Fed, Feed};
@@ -130,7 +130,7 @@ fn rank_tensor(
             }
         }
         match p.geometry.strided_per_expert(r) {
-            Some((each, pe)) => push_strided_experts(&mut pieces, each, pe, fed, fill),
+            Some(copies) => push_strided_experts(&mut pieces, copies, fed, fill),
             None => {
                 for (slot, b, region) in p.geometry.strided(r) {
                     match fed.get(&slot) {
@@ -278,13 +278,7 @@ fn plain_sources(slices: &[Slice], experts: std::ops::Range<u64>, fed: &Fed) -> 
 
 /// Strided copies repeated expert by expert (`each`: the rank's first expert's), compact when
 /// every expert's scale is a plain copy, as [`push_experts`] keeps slices.
-fn push_strided_experts(
-    out: &mut Pieces,
-    each: Vec<(SlotKey, Block, Region)>,
-    pe: PerExpert,
-    fed: &Fed,
-    fill: f64,
-) {
+fn push_strided_experts(out: &mut Pieces, (each, pe): PerExpertCopies, fed: &Fed, fill: f64) {
     let experts = pe.first..pe.first + pe.count;
     let plain = |e: u64, shard: &Option<ShardId>| {
         (fed.expert(shard, e))
@@ -307,7 +301,7 @@ fn push_strided_experts(
                 ..*b
             };
             match fed.expert(shard, e) {
-                Some(feed) => out.push(copy(feed.source, region.clone(), b)),
+                Some(feed) => out.push(copy(feed.source, *region, b)),
                 None => out.extend(unfilled(&b, fill)),
             }
         }

@@ -25,7 +25,7 @@ use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
 use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
 use packed_experts::{packed_expected, packed_experts, split_size};
 use transposed::{head_rows, transposed_copies, transposed_experts};
-use types::{PerExpert, RankLayout, name};
+use types::{PerExpertCopies, RankLayout, name};
 pub use values::KvScale;
 
 /// A layout with its dimensions evaluated.
@@ -511,10 +511,7 @@ impl Geometry {
     /// Of [`Geometry::strided`], the copies that repeat expert by expert (expert block scales on
     /// vLLM's refined grid), as the rank's first expert's and the step to the next; the pieces
     /// phase keeps them compact. `None` for the others.
-    pub fn strided_per_expert(
-        &self,
-        r: Rank,
-    ) -> Option<(Vec<(SlotKey, Block, crate::plan::types::Region)>, PerExpert)> {
+    pub fn strided_per_expert(&self, r: Rank) -> Option<PerExpertCopies> {
         match self {
             Geometry::ExpertBlockScale {
                 part,
@@ -562,9 +559,7 @@ impl Geometry {
 
 /// The copies of [`Geometry::strided_per_expert`] for every expert of the rank, one after the
 /// other, each from its own slot.
-fn each_expert(
-    (each, pe): (Vec<(SlotKey, Block, crate::plan::types::Region)>, PerExpert),
-) -> Vec<(SlotKey, Block, crate::plan::types::Region)> {
+fn each_expert((each, pe): PerExpertCopies) -> Vec<types::Strided> {
     (0..pe.count)
         .flat_map(|j| {
             each.iter().map(move |((shard, _), b, region)| {
@@ -572,7 +567,7 @@ fn each_expert(
                     dst_start: b.dst_start + j * pe.dst_step,
                     ..*b
                 };
-                ((shard.clone(), Some(pe.first + j)), b, region.clone())
+                ((shard.clone(), Some(pe.first + j)), b, *region)
             })
         })
         .collect()

@@ -5,7 +5,7 @@
 
 use super::Geometry;
 use super::experts::local_experts;
-use super::types::{Block, PerExpert, Rank, RankLayout, Slice, SlotKey, name};
+use super::types::{Block, PerExpert, PerExpertCopies, Rank, RankLayout, Slice, SlotKey, name};
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
 use crate::plan::types::Region;
@@ -430,7 +430,7 @@ pub(super) fn expert_block_refined(
     [intermediate, hidden]: [u64; 2],
     [bn, bk]: [u64; 2],
     r: Rank,
-) -> Option<(Vec<(SlotKey, Block, Region)>, PerExpert)> {
+) -> Option<PerExpertCopies> {
     let g = refined_grid([intermediate, hidden], [bn, bk], r, experts)?;
     let (local, moe_tp, moe_rank) = expert_split(experts, r);
     let ip = intermediate / moe_tp;
@@ -604,9 +604,7 @@ mod tests {
         out
     }
 
-    fn expand(
-        c: Option<(Vec<(SlotKey, Block, Region)>, PerExpert)>,
-    ) -> Vec<(SlotKey, Block, Region)> {
+    fn expand(c: Option<PerExpertCopies>) -> Vec<(SlotKey, Block, Region)> {
         super::super::each_expert(c.expect("a refined grid"))
     }
 

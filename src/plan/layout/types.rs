@@ -31,6 +31,12 @@ impl Rank {
 /// Key of one source of a parameter: the shard id and expert id it was mapped with.
 pub(crate) type SlotKey = (Option<ShardId>, Option<u64>);
 
+/// A copy with its slot and the region of the checkpoint tensor it reads.
+pub(crate) type Strided = (SlotKey, Block, crate::plan::types::Region);
+
+/// The rank's first expert's copies, repeated by every local expert `dst_step` further on.
+pub(crate) type PerExpertCopies = (Vec<Strided>, PerExpert);
+
 /// A tensor shape that rarely has more than 4 dims.
 pub(crate) type Shape = smallvec::SmallVec<[u64; 4]>;
 
