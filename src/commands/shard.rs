@@ -334,6 +334,7 @@ fn manifest_for(
         moe_backend: plan.moe_backend.map(str::to_string),
         language_model_only: plan.language_model_only,
         mm_encoder_tp_mode: plan.mm_encoder_tp_mode.map(str::to_string),
+        module_tree: plan.module_tree.clone(),
     }
 }
 

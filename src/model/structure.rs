@@ -31,6 +31,10 @@ pub struct Structure {
     /// reads, through its derived values), for the human report.
     #[serde(skip)]
     pub mtp_field: Option<String>,
+    /// The platform whose vLLM module tree the mapping writes, when vLLM builds the family
+    /// differently per platform (`cuda`: DeepSeek-V3.2); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_tree: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -136,6 +140,7 @@ pub fn structure(
                     .then_some(0)
             }),
             mtp_field: Some("num_nextn_predict_layers".into()),
+            module_tree: None,
         };
     };
     let layers = v.eval_u64(&m.parameters.layers, None).ok();
@@ -147,6 +152,36 @@ pub fn structure(
             .skip_layer
             .as_ref()
             .and_then(|e| config_fields(m, e, 0).into_iter().next()),
+        module_tree: m.module_tree.clone(),
+    }
+}
+
+impl Structure {
+    /// `inspect`'s line on the multi-token-prediction layers vLLM's main model skips; `None`
+    /// when there are none.
+    pub fn mtp_note(&self) -> Option<String> {
+        match self.mtp_layers {
+            Some(0) => None,
+            Some(n) => Some(format!(
+                "{n} layer{} past num_hidden_layers{}: vLLM's main model skips {}",
+                crate::units::plural(n),
+                self.mtp_field
+                    .as_ref()
+                    .map_or_else(String::new, |f| format!(" ({f})")),
+                if n == 1 { "it" } else { "them" }
+            )),
+            None => Some("unknown".into()),
+        }
+    }
+
+    /// `inspect`'s line for a family vLLM builds per platform: which build's keys a sharded folder
+    /// holds, and so where it loads.
+    pub fn module_tree_note(&self) -> Option<String> {
+        self.module_tree.as_ref().map(|t| {
+            format!(
+                "{t}: vLLM names this family's modules per platform; a sharded folder holds the {t} build's keys and loads only on {t}"
+            )
+        })
     }
 }
 

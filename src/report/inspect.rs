@@ -186,21 +186,8 @@ fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()> {
         Some(m) => rows.extend(moe_rows(m)),
         None => rows.push(("experts", "none (a dense MLP on every layer)".into())),
     }
-    match s.mtp_layers {
-        Some(0) => {}
-        Some(n) => rows.push((
-            "mtp",
-            format!(
-                "{n} layer{} past num_hidden_layers{}: vLLM's main model skips {}",
-                plural(n),
-                s.mtp_field
-                    .as_ref()
-                    .map_or_else(String::new, |f| format!(" ({f})")),
-                if n == 1 { "it" } else { "them" }
-            ),
-        )),
-        None => rows.push(("mtp", "unknown".into())),
-    }
+    rows.extend(s.mtp_note().map(|n| ("mtp", n)));
+    rows.extend(s.module_tree_note().map(|n| ("module tree", n)));
     for (k, v) in rows {
         writeln!(w, "  {k:<20} {}", Esc(&v))?;
     }

@@ -64,6 +64,11 @@ pub struct Manifest {
     /// `--mm-encoder-tp-mode` when not vLLM's default (`data`); absent: `weights`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mm_encoder_tp_mode: Option<String>,
+    /// The platform whose vLLM module tree the keys follow (`cuda`), for a family vLLM builds
+    /// differently per platform (DeepSeek-V3.2: a folder for CUDA misses keys on CPU, XPU and
+    /// ROCm, and the reverse). Absent: the same keys everywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_tree: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -76,6 +76,7 @@ macro_rules! golden {
 
 golden! {
     deepseek_v3_tp2 => "deepseek_v3/tp2",
+    deepseek_v32_tp2 => "deepseek_v32/tp2",
     gemma2_tp2 => "gemma2/tp2",
     glm4_moe_lite_tp2 => "glm4_moe_lite/tp2",
     gpt_oss_tp2 => "gpt_oss/tp2",

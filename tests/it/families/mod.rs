@@ -7,6 +7,7 @@ mod glm4_moe;
 mod gpt_oss;
 mod mappings;
 mod mistral;
+mod mla;
 mod qwen2_moe;
 mod qwen3_vl;
 mod tied;
