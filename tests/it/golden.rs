@@ -97,6 +97,7 @@ golden! {
     llama_tied_fp16_tp2 => "llama_tied_fp16/tp2",
     llama_tied_fp16__maxsize_100000_tp2 => "llama_tied_fp16__maxsize_100000/tp2",
     minimax_m2_tp2 => "minimax_m2/tp2",
+    mistral_large_3_tp2 => "mistral_large_3/tp2",
     mixtral_tp2 => "mixtral/tp2",
     mixtral__ep_tp2 => "mixtral__ep/tp2",
     phi3_fp32_tp2 => "phi3_fp32/tp2",

@@ -7,6 +7,7 @@ mod glm4_moe;
 mod gpt_oss;
 mod mappings;
 mod mistral;
+mod mistral_large_3;
 mod mla;
 mod qwen2_moe;
 mod qwen3_vl;
