@@ -69,6 +69,11 @@ pub struct Manifest {
     /// ROCm, and the reverse). Absent: the same keys everywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module_tree: Option<String>,
+    /// `mistral` when the files were planned from params.json (Mistral-native source): vLLM must
+    /// read params.json too, which it does by itself only next to consolidated*.safetensors, so
+    /// `--config-format mistral` even when a config.json was copied beside it. Absent: config.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_format: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

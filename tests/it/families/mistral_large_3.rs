@@ -197,3 +197,45 @@ fn sizes_vllm_refuses_are_refused() {
         ],
     );
 }
+
+/// A native release may ship a config.json beside params.json: vLLM reads params.json there
+/// (next to consolidated*.safetensors) with config.json's keys as defaults. The output keeps both,
+/// and without consolidated files vLLM would read config.json: so the manifest records
+/// `config_format: mistral`, and the serve line and `load` of the folder use it.
+#[test]
+fn a_config_json_beside_params_json_still_serves_with_the_mistral_format() {
+    let src = copy_fixture(ML3);
+    let hf = serde_json::json!({"architectures": ["SomethingElse"], "rope_theta": 1.0});
+    write_json(&src.path().join("config.json"), &hf);
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("out");
+    shard_ok(src.path(), 2, &out, &["-q"]);
+    assert!(out.join("config.json").is_file() && out.join("params.json").is_file());
+    let m: Value = serde_json::from_slice(&fs::read(out.join("wload.json")).unwrap()).unwrap();
+    assert_eq!(
+        m["architecture"], "MistralLarge3ForCausalLM",
+        "params.json's, not config.json's"
+    );
+    assert_eq!(m["config_format"], "mistral");
+    let shell = m["serve"]["shell"].as_str().unwrap();
+    assert!(shell.ends_with("--config-format mistral"), "{shell}");
+    let l = run(&["load", s(&out), "--dry-run"]);
+    assert!(l.status.success(), "{}", context(&l));
+    assert!(
+        stderr(&l).contains("--config-format mistral taken from"),
+        "{}",
+        stderr(&l)
+    );
+    let i = run(&["inspect", s(&out)]);
+    assert!(
+        stdout(&i).contains("--config-format mistral"),
+        "{}",
+        context(&i)
+    );
+    for r in 0..2 {
+        assert!(
+            rank_tensors(&out, r) == rank_tensors(&vllm_tp2(), r),
+            "rank {r}"
+        );
+    }
+}
