@@ -165,6 +165,15 @@ fn deepseek_v32_output_says_it_is_for_the_cuda_module_tree() {
     );
     let doc = wload_json(&["inspect", s(&fixture(DSV32)), "--json"]);
     assert_eq!(doc["structure"]["module_tree"], "cuda");
+    // The folder too: `inspect` of it names the tree it was written for.
+    let o = run(&["inspect", s(&v32)]);
+    assert!(
+        stdout(&o).contains("cuda module tree (loads only on cuda)"),
+        "{}",
+        context(&o)
+    );
+    let doc = wload_json(&["inspect", s(&v32), "--json"]);
+    assert_eq!(doc["written_for"]["module_tree"], "cuda");
 }
 
 /// The indexer keys of `layer`.
