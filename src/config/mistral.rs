@@ -25,7 +25,9 @@ pub(super) fn to_hf(mut m: Map<String, Value>, root: &Path) -> Map<String, Value
     }
     let tied = m.remove("tied_embeddings").unwrap_or(Value::Bool(false));
     m.insert("tie_word_embeddings".into(), tied);
-    let truthy = |v: Option<&Value>| !matches!(v, None | Some(Value::Null | Value::Bool(false)));
+    if let Some(q) = m.remove("quantization").filter(|q| truthy(Some(q))) {
+        m.insert("quantization_config".into(), quantization(q));
+    }
     if truthy(m.get("qk_nope_head_dim")) && !truthy(m.get("moe")) {
         let dense_mla = dense_mla_moe(&m);
         m.insert("moe".into(), Value::Object(dense_mla));
@@ -57,6 +59,36 @@ pub(super) fn to_hf(mut m: Map<String, Value>, root: &Path) -> Map<String, Value
         m.entry(k).or_insert(v);
     }
     m
+}
+
+/// Whether Python's `bool(v)` holds for a params.json value (absent: false).
+fn truthy(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null | Value::Bool(false)) => false,
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::Bool(true)) => true,
+    }
+}
+
+/// `_remap_mistral_quantization_args` (configs/mistral.py:191–215): an FP8 `qformat_weight` is
+/// vLLM's `fp8` method, per-tensor, with static activation scales unless `qscheme_act` is
+/// `NO_SCALES`; compressed-tensors passes through. Anything else vLLM refuses (ValueError): it
+/// is passed on under its own name, which the quantization reader refuses as unknown.
+fn quantization(q: Value) -> Value {
+    let Value::Object(mut q) = q else { return q };
+    if q.get("qformat_weight").and_then(Value::as_str) == Some("fp8_e4m3") {
+        let dynamic = q.get("qscheme_act").and_then(Value::as_str) == Some("NO_SCALES");
+        let scheme = if dynamic { "dynamic" } else { "static" };
+        return serde_json::json!({"quant_method": "fp8", "activation_scheme": scheme});
+    }
+    let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
+    if method.to_lowercase().replace('_', "-") == "compressed-tensors" {
+        q.insert("quant_method".into(), "compressed-tensors".into());
+    }
+    Value::Object(q)
 }
 
 /// `_remap_mistral_mla_args`: an MLA model without a `moe` block is served as one routed expert

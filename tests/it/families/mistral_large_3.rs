@@ -239,3 +239,81 @@ fn a_config_json_beside_params_json_still_serves_with_the_mistral_format() {
         );
     }
 }
+
+/// An FP8 release's params.json says `quantization: {qformat_weight: fp8_e4m3, qscheme_act:
+/// TENSOR}`: vLLM reads it as the `fp8` method with static per-tensor scales
+/// (configs/mistral.py:191–215), and the class renames `.qscale_weight` / `.qscale_act` to
+/// `.weight_scale` / `.input_scale` (mistral_large_3.py:84–87). The plan holds them per shard.
+#[test]
+fn an_fp8_params_json_is_read_as_vllms_fp8_method_with_the_renamed_scales() {
+    let mut ck = checkpoint_tensors(&fixture(ML3));
+    let linear = |n: &str| {
+        n.ends_with(".weight")
+            && [
+                ".wq_a.",
+                ".wq_b.",
+                ".wkv_a_with_mqa.",
+                ".wkv_b.",
+                ".wo.",
+                ".w1.",
+                ".w2.",
+                ".w3.",
+            ]
+            .iter()
+            .any(|p| n.contains(p))
+    };
+    let names: Vec<String> = ck.keys().filter(|n| linear(n)).cloned().collect();
+    for n in names {
+        let t = ck.get_mut(&n).unwrap();
+        t.dtype = "F8_E4M3".into();
+        t.data = t.data.iter().skip(1).step_by(2).copied().collect();
+        let stem = n.strip_suffix("weight").unwrap();
+        for (s, v) in [("qscale_weight", 0.5f32), ("qscale_act", 0.25)] {
+            let data = v.to_le_bytes().to_vec();
+            let held = Held {
+                dtype: "F32".into(),
+                shape: vec![],
+                data,
+            };
+            ck.insert(format!("{stem}{s}"), held);
+        }
+    }
+    let mut p = params(&fixture(ML3));
+    p.insert(
+        "quantization".into(),
+        serde_json::json!({"qformat_weight": "fp8_e4m3", "qscheme_act": "TENSOR"}),
+    );
+    let src = native(&p, &ck);
+    let plan = clean_plan_json(src.path(), &["--tp", "2"]);
+    let tensors = plan["ranks"][0]["tensors"].as_array().unwrap();
+    let find = |name: &str| {
+        tensors
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in the plan"))
+    };
+    let fused = "model.layers.0.self_attn.fused_qkv_a_proj";
+    assert_eq!(find(&format!("{fused}.weight"))["dtype"], "F8_E4M3");
+    assert_eq!(
+        find(&format!("{fused}.weight_scale"))["shape"],
+        serde_json::json!([2])
+    );
+    assert_eq!(
+        find(&format!("{fused}.input_scale"))["shape"],
+        serde_json::json!([2])
+    );
+    let routed = "model.layers.1.mlp.experts.routed_experts";
+    assert_eq!(
+        find(&format!("{routed}.w13_weight_scale"))["shape"],
+        serde_json::json!([E, 2])
+    );
+    assert_eq!(
+        find(&format!("{routed}.w2_input_scale"))["shape"],
+        serde_json::json!([E])
+    );
+    // The router and the norms stay BF16.
+    assert_eq!(
+        find("model.layers.1.mlp.experts.gate.weight")["dtype"],
+        "BF16"
+    );
+}
