@@ -311,3 +311,31 @@ fn glm_moe_dsa_shares_the_deepseek_v32_cuda_tree() {
         (Some("cuda"), Some("glm_moe_dsa"))
     );
 }
+
+/// Pipeline stages as the CUDA tree builds them (nvidia/model.py:200–230, the base class's
+/// lm_head): the embedding on the first stage, norm and lm_head on the last, each stage its own
+/// layers, every tensor as the TP 1 output holds it.
+#[test]
+fn deepseek_v32_pipeline_stages_split_the_tp1_output() {
+    let tmp = TempDir::new().unwrap();
+    let (tp1, pp2) = (tmp.path().join("tp1"), tmp.path().join("pp2"));
+    shard_ok(&fixture(DSV32), 1, &tp1, &["-q"]);
+    shard_ok(&fixture(DSV32), 1, &pp2, &["--pp", "2", "-q"]);
+    let whole = rank_tensors(&tp1, 0);
+    let tops = [
+        vec!["model.embed_tokens.weight"],
+        vec!["model.norm.weight", "lm_head.weight"],
+    ];
+    for (p, top) in tops.iter().enumerate() {
+        let got = stage_tensors(&pp2, p as u64, 0);
+        let mut want = whole.clone();
+        want.retain(|n, _| {
+            n.starts_with(&format!("model.layers.{p}.")) || top.contains(&n.as_str())
+        });
+        assert!(want.len() > top.len(), "stage {p}: its layer's tensors");
+        assert!(
+            got == want,
+            "stage {p}: differs from the TP 1 output's tensors"
+        );
+    }
+}
