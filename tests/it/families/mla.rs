@@ -143,8 +143,14 @@ fn deepseek_v32_expert_parallel_places_whole_experts_and_keeps_the_rest() {
 fn deepseek_v32_output_says_it_is_for_the_cuda_module_tree() {
     let tmp = TempDir::new().unwrap();
     let (v32, glm) = (tmp.path().join("v32"), tmp.path().join("glm"));
-    shard_ok(&fixture(DSV32), 2, &v32, &["-q"]);
-    shard_ok(&fixture(GLM), 2, &glm, &["-q"]);
+    let o = shard_ok(&fixture(DSV32), 2, &v32, &[]);
+    assert!(
+        stdout(&o).contains("platform: cuda module tree: serve on cuda only"),
+        "{}",
+        stdout(&o)
+    );
+    let o = shard_ok(&fixture(GLM), 2, &glm, &[]);
+    assert!(!stdout(&o).contains("platform:"), "{}", stdout(&o));
     let manifest = |d: &Path| -> Value {
         serde_json::from_slice(&fs::read(d.join("wload.json")).unwrap()).unwrap()
     };
