@@ -7,8 +7,8 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 /// vLLM's `adapt_config_dict` for `m`, the params.json of the folder `root`: the general renames
-/// (:143–171), MLA without a `moe` block made one (:313–326), the Mistral Large 3 MoE renames
-/// (:290–309, `model_type` `deepseek_v3`), and config.json's keys, when the folder has one, as
+/// (:146–173), MLA without a `moe` block made one (:310–326), the Mistral Large 3 MoE renames
+/// (:285–307, :27–35, `model_type` `deepseek_v3`), and config.json's keys, when the folder has one, as
 /// defaults for what params.json lacks (config.py:493–523, `setdefault`).
 pub(super) fn to_hf(mut m: Map<String, Value>, root: &Path) -> Map<String, Value> {
     for (from, to) in [
@@ -73,7 +73,7 @@ fn truthy(v: Option<&Value>) -> bool {
     }
 }
 
-/// `_remap_mistral_quantization_args` (configs/mistral.py:191–215): an FP8 `qformat_weight` is
+/// `_remap_mistral_quantization_args` (configs/mistral.py:199–223): an FP8 `qformat_weight` is
 /// vLLM's `fp8` method, per-tensor, with static activation scales unless `qscheme_act` is
 /// `NO_SCALES`; compressed-tensors passes through. Anything else vLLM refuses (ValueError): it
 /// is passed on under its own name, which the quantization reader refuses as unknown.

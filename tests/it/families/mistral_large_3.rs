@@ -144,7 +144,7 @@ fn params_without_llama_4_scaling_are_refused() {
 }
 
 /// An MLA params.json without a `moe` block is given one expert and one shared expert on no
-/// layer (configs/mistral.py:313–326): vLLM builds Mistral Large 3 with every layer dense.
+/// layer (configs/mistral.py:310–326): vLLM builds Mistral Large 3 with every layer dense.
 #[test]
 fn a_dense_mla_params_json_is_mistral_large_3_with_dense_layers() {
     let mut ck = checkpoint_tensors(&fixture(ML3));
@@ -242,8 +242,8 @@ fn a_config_json_beside_params_json_still_serves_with_the_mistral_format() {
 
 /// An FP8 release's params.json says `quantization: {qformat_weight: fp8_e4m3, qscheme_act:
 /// TENSOR}`: vLLM reads it as the `fp8` method with static per-tensor scales
-/// (configs/mistral.py:191–215), and the class renames `.qscale_weight` / `.qscale_act` to
-/// `.weight_scale` / `.input_scale` (mistral_large_3.py:84–87). The plan holds them per shard.
+/// (configs/mistral.py:199–223), and the class renames `.qscale_weight` / `.qscale_act` to
+/// `.weight_scale` / `.input_scale` (mistral_large_3.py:80–83). The plan holds them per shard.
 #[test]
 fn an_fp8_params_json_is_read_as_vllms_fp8_method_with_the_renamed_scales() {
     let mut ck = checkpoint_tensors(&fixture(ML3));

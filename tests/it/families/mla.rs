@@ -83,7 +83,7 @@ fn glm4_moe_lite_expert_parallel_places_whole_experts_and_keeps_the_rest() {
     assert_expert_parallel(GLM, 8);
 }
 
-/// Glm4MoeLiteConfig has no first_k_dense_replace, yet vLLM reads it (glm4_moe_lite.py:183): a
+/// Glm4MoeLiteConfig has no first_k_dense_replace, yet vLLM reads it (glm4_moe_lite.py:170): a
 /// config.json without one fails in vLLM with AttributeError, and wload says so, alone.
 #[test]
 fn glm4_moe_lite_without_first_k_dense_replace_is_refused() {
@@ -195,7 +195,7 @@ fn indexer_keys(layer: usize) -> Vec<String> {
     .collect()
 }
 
-/// A layer whose top-k is skipped builds no indexer (attention.py:158–169): with a pattern 'S'
+/// A layer whose top-k is skipped builds no indexer (attention.py:167–177): with a pattern 'S'
 /// there, or off the index_topk_freq schedule. vLLM's CUDA loader then has nowhere to put that
 /// layer's indexer tensors (a KeyError), so wload refuses them; a checkpoint without them shards
 /// to vLLM's keys less that layer's indexer.
@@ -318,9 +318,9 @@ fn glm_moe_dsa_shares_the_deepseek_v32_cuda_tree() {
     );
 }
 
-/// Pipeline stages as the CUDA tree builds them (nvidia/model.py:200–230, the base class's
-/// lm_head): the embedding on the first stage, norm and lm_head on the last, each stage its own
-/// layers, every tensor as the TP 1 output holds it.
+/// Pipeline stages as the CUDA tree builds them (nvidia/model.py:203, :227; the base class's
+/// lm_head, deepseek_v2.py:1917): the embedding on the first stage, norm and lm_head on the
+/// last, each stage its own layers, every tensor as the TP 1 output holds it.
 #[test]
 fn deepseek_v32_pipeline_stages_split_the_tp1_output() {
     let tmp = TempDir::new().unwrap();
