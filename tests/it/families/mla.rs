@@ -345,3 +345,89 @@ fn deepseek_v32_pipeline_stages_split_the_tp1_output() {
         );
     }
 }
+
+/// The DeepSeek-V3.2 fixture as a block-FP8 (32×32) release: every projection F8_E4M3 with an
+/// F32 `weight_scale_inv` of `[ceil(out/32), ceil(in/32)]`, the indexer's `wq_b` too; the
+/// indexer's `weights_proj` stays BF16, and `wk` too unless `fp8_wk`.
+fn dsv32_block_fp8(fp8_wk: bool) -> TempDir {
+    let mut ck = checkpoint_tensors(&fixture(DSV32));
+    let quantized = |n: &str| {
+        n.starts_with("model.layers.")
+            && !n.contains("weights_proj")
+            && (n.ends_with("_proj.weight")
+                || n.ends_with("_with_mqa.weight")
+                || n.ends_with("indexer.wq_b.weight")
+                || (fp8_wk && n.ends_with("indexer.wk.weight")))
+    };
+    let names: Vec<String> = ck.keys().filter(|n| quantized(n)).cloned().collect();
+    for (t, name) in names.into_iter().enumerate() {
+        let w = ck.get_mut(&name).unwrap();
+        w.data = w.data.iter().skip(1).step_by(2).map(|b| b & 0xF7).collect();
+        w.dtype = "F8_E4M3".into();
+        let blocks = vec![w.shape[0].div_ceil(32), w.shape[1].div_ceil(32)];
+        let n = blocks.iter().product::<u64>();
+        let data = (0..n).flat_map(|k| ((t as u64 * 100 + k + 1) as f32).to_le_bytes());
+        let scale = Held {
+            dtype: "F32".into(),
+            data: data.collect(),
+            shape: blocks,
+        };
+        ck.insert(format!("{name}_scale_inv"), scale);
+    }
+    let text = fs::read(fixture(DSV32).join("config.json")).unwrap();
+    let mut cfg: Value = serde_json::from_slice(&text).unwrap();
+    cfg["quantization_config"] = serde_json::json!({
+        "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+        "weight_block_size": [32, 32]
+    });
+    write_checkpoint(&cfg, &ck)
+}
+
+/// Block FP8: the indexer's `wq_b` is a quantizable ReplicatedLinear (whole weight and scale on
+/// every rank); `wk_weights_proj` is built without the quant config and stays BF16. An FP8 `wk`
+/// (some releases) is dequantized by vLLM at load, which wload does not do: refused, saying so.
+#[test]
+fn deepseek_v32_block_fp8_indexer() {
+    let src = dsv32_block_fp8(false);
+    let ck = checkpoint_tensors(src.path());
+    let tmp = TempDir::new().unwrap();
+    shard_ok(src.path(), 2, tmp.path(), &["-q"]);
+    let idx = |n: &str| l(1, &format!("self_attn.indexer.{n}"));
+    for r in 0..2 {
+        let got = rank_tensors(tmp.path(), r);
+        let ctx = format!("fp8 tp2 rank {r}");
+        let wq_b = &ck[&idx("wq_b.weight")];
+        assert_tensor(
+            &got,
+            &idx("wq_b.weight"),
+            "F8_E4M3",
+            &[128, 96],
+            &wq_b.data,
+            &ctx,
+        );
+        let scale = &ck[&idx("wq_b.weight_scale_inv")];
+        assert_tensor(
+            &got,
+            &idx("wq_b.weight_scale_inv"),
+            "F32",
+            &[4, 3],
+            &scale.data,
+            &ctx,
+        );
+        assert_eq!(got[&idx("wk_weights_proj.weight")].dtype, "BF16", "{ctx}");
+        assert!(
+            !got.contains_key(&idx("wk_weights_proj.weight_scale_inv")),
+            "{ctx}"
+        );
+    }
+    let src = dsv32_block_fp8(true);
+    let o = run(&["plan", s(src.path()), "--tp", "2"]);
+    assert_refused(
+        &o,
+        3,
+        &[
+            "tensor 'model.layers.0.self_attn.indexer.wk.weight' is F8_E4M3",
+            "dequantizes such an FP8 tensor with its scale while loading, which wload does not do",
+        ],
+    );
+}
