@@ -6,6 +6,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 pub mod aliases;
+mod mistral;
 
 pub use aliases::ConfigAlias;
 
@@ -138,7 +139,7 @@ pub fn load(
         return Err(ConfigError::NotAnObject { path });
     };
     if format == ConfigFormat::Mistral {
-        map = mistral_to_hf(map);
+        map = mistral::to_hf(map, root);
     }
     // In transformers' order: the config class resolves the file's aliases, vLLM then applies
     // `--hf-overrides` with setattr (which follows the aliases), and reads either spelling.
@@ -250,48 +251,6 @@ fn apply_overrides(map: &mut Map<String, Value>, overrides: &Map<String, Value>)
             }
         }
     }
-}
-
-/// vLLM's `adapt_config_dict` renames for params.json (transformers_utils/configs/mistral.py).
-fn mistral_to_hf(mut m: Map<String, Value>) -> Map<String, Value> {
-    for (from, to) in [
-        ("dim", "hidden_size"),
-        ("norm_eps", "rms_norm_eps"),
-        ("n_kv_heads", "num_key_value_heads"),
-        ("n_layers", "num_hidden_layers"),
-        ("n_heads", "num_attention_heads"),
-        ("hidden_dim", "intermediate_size"),
-    ] {
-        if let Some(v) = m.remove(from) {
-            m.insert(to.to_string(), v);
-        }
-    }
-    let tied = m.remove("tied_embeddings").unwrap_or(Value::Bool(false));
-    m.insert("tie_word_embeddings".into(), tied);
-    let moe = m.get("moe").and_then(Value::as_object).cloned();
-    let arch = match &moe {
-        Some(moe)
-            if moe
-                .get("num_shared_experts")
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-                > 0 =>
-        {
-            "MistralLarge3ForCausalLM"
-        }
-        Some(_) => "MixtralForCausalLM",
-        None => "MistralForCausalLM",
-    };
-    if let Some(moe) = moe {
-        if let Some(n) = moe.get("num_experts") {
-            m.entry("num_local_experts").or_insert(n.clone());
-        }
-        if let Some(k) = moe.get("num_experts_per_tok") {
-            m.entry("num_experts_per_tok").or_insert(k.clone());
-        }
-    }
-    m.insert("architectures".into(), Value::from(vec![arch]));
-    m
 }
 
 fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigError> {

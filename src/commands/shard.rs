@@ -173,7 +173,7 @@ pub fn shard(
     let side_and_config = side.names().into_iter().chain(config).collect();
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
     manifest.side_tree = side.tree();
-    manifest.config_changes = config_changes.clone().filter(|c| !c.is_empty());
+    record_config(&mut manifest, &config_changes, &opened.resolved.config_file);
     manifest.serve = Some(serve_command(&opts.out, &manifest, &plan, &opened.config));
     write_manifest(tmp, &manifest).map_err(published)?;
 
@@ -334,7 +334,17 @@ fn manifest_for(
         moe_backend: plan.moe_backend.map(str::to_string),
         language_model_only: plan.language_model_only,
         mm_encoder_tp_mode: plan.mm_encoder_tp_mode.map(str::to_string),
+        module_tree: plan.module_tree.clone(),
+        config_format: None,
     }
+}
+
+/// What the manifest says of the config: wload's changes to config.json, and `mistral` when the
+/// files were planned from params.json (vLLM must read it again, even beside a copied
+/// config.json: `--config-format mistral`).
+fn record_config(m: &mut Manifest, changes: &Option<Vec<String>>, config_file: &str) {
+    m.config_changes = changes.clone().filter(|c| !c.is_empty());
+    m.config_format = (config_file != "config.json").then(|| "mistral".into());
 }
 
 fn write_manifest(tmp: &Path, manifest: &Manifest) -> Result<(), ShardError> {

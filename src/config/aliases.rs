@@ -75,6 +75,20 @@ const N_ROUTED_EXPERTS_MTP: &[ConfigAlias] = &[
         Wins::Attribute,
     ),
 ];
+// Glm4MoeLiteConfig (GLM-4.7-Flash) reads `num_local_experts` as `n_routed_experts` and
+// `head_dim` as `qk_rope_head_dim`, neither alias a field, so the alias is set last and wins
+// (models/glm4_moe_lite/configuration_glm4_moe_lite.py `attribute_map`).
+const GLM4_MOE_LITE: &[ConfigAlias] = &[
+    DTYPE,
+    alias("num_local_experts", "n_routed_experts", Wins::Alias),
+    alias("head_dim", "qk_rope_head_dim", Wins::Alias),
+];
+// DeepseekV32Config and GlmMoeDsaConfig read `num_local_experts` as `n_routed_experts`
+// (models/deepseek_v32/configuration_deepseek_v32.py:85, glm_moe_dsa/…:90).
+const N_ROUTED_EXPERTS: &[ConfigAlias] = &[
+    DTYPE,
+    alias("num_local_experts", "n_routed_experts", Wins::Alias),
+];
 // No other config class of a family wload maps has an `attribute_map` in 5.20 (llama, mistral,
 // qwen2, qwen2_moe, qwen3, gemma2, phi3), and the base class's is empty.
 
@@ -85,6 +99,8 @@ pub fn for_model_type(model_type: Option<&str>) -> &'static [ConfigAlias] {
         Some("qwen3_moe") => QWEN3_MOE,
         Some("deepseek_v2") => DEEPSEEK_V2,
         Some("deepseek_v3" | "glm4_moe") => N_ROUTED_EXPERTS_MTP,
+        Some("glm4_moe_lite") => GLM4_MOE_LITE,
+        Some("deepseek_v32" | "glm_moe_dsa") => N_ROUTED_EXPERTS,
         _ => BASE,
     }
 }

@@ -107,6 +107,7 @@ fn plan(root: &std::path::Path) -> (Plan, Vec<u8>) {
         moe_backend: None,
         language_model_only: false,
         mm_encoder_tp_mode: None,
+        module_tree: None,
     };
     (plan, want)
 }

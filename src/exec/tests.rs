@@ -233,6 +233,7 @@ fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         moe_backend: None,
         language_model_only: false,
         mm_encoder_tp_mode: None,
+        module_tree: None,
     };
     (plan, srcs)
 }
@@ -262,6 +263,7 @@ fn one_rank_plan(root: &Path, source: SourceTensor, dtype: Dtype, tensors: Vec<O
         moe_backend: None,
         language_model_only: false,
         mm_encoder_tp_mode: None,
+        module_tree: None,
     }
 }
 

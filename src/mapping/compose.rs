@@ -47,6 +47,7 @@ struct FileDoc {
     skip_layer: Option<Expr>,
     skip_modules: Option<Vec<SkipModule>>,
     text_prefix: Option<String>,
+    module_tree: Option<String>,
     stage_needs: Option<StageNeed>,
     #[serde(default)]
     blocks: IndexMap<String, Vec<Entry>>,
@@ -114,6 +115,7 @@ struct Composed {
     skip_layer: Option<Expr>,
     skip_modules: Vec<SkipModule>,
     text_prefix: String,
+    module_tree: Option<String>,
     stage_needs: Option<StageNeed>,
     blocks: IndexMap<String, Vec<ParamSpec>>,
     layers: Expr,
@@ -204,6 +206,7 @@ impl Composed {
             skip_layer: None,
             skip_modules: Vec::new(),
             text_prefix: String::new(),
+            module_tree: None,
             tower: Vec::new(),
             stage_needs: None,
             blocks: IndexMap::new(),
@@ -234,6 +237,9 @@ impl Composed {
         }
         if let Some(t) = doc.text_prefix {
             self.text_prefix = t;
+        }
+        if doc.module_tree.is_some() {
+            self.module_tree = doc.module_tree;
         }
         if doc.stage_needs.is_some() {
             self.stage_needs = doc.stage_needs;
@@ -370,6 +376,7 @@ impl Composed {
             ignore_unexpected_suffixes: self.ignore_unexpected_suffixes,
             skip_layer: self.skip_layer,
             skip_modules: self.skip_modules,
+            module_tree: self.module_tree,
             stage_needs: self
                 .stage_needs
                 .map(|mut n| {

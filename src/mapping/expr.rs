@@ -2,7 +2,7 @@
 //! written over config fields (`hidden_size / num_attention_heads`, `head_dim ?? hidden_size / num_attention_heads`).
 //!
 //! Integers, floats, booleans, `null`, lists and strings; `?? || && ! == != < <= > >= + - * / // %`,
-//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `given('field')`. `/` is exact division: an
+//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `at`, `given('field')`. `/` is exact division: an
 //! inexact `/` is an error that quotes the expression, which is how divisibility rules explain
 //! themselves. A missing field is an error, except on the left of `??`.
 
@@ -472,9 +472,30 @@ fn call(f: &str, args: &[Value]) -> Result<Value, EvalError> {
         ("max", n) if n > 0 => Ok(Value::from(*ints()?.iter().max().unwrap())),
         ("len", 1) => match &args[0] {
             Value::Array(a) => Ok(Value::from(a.len())),
+            Value::String(t) => Ok(Value::from(t.chars().count())),
             Value::Null => Ok(Value::from(0)),
             v => Err(EvalError::Type(format!("len: {v} is not a list"))),
         },
+        // Python's `seq[k]` for a list or a string (DeepSeek-V3.2's `index_topk_pattern[layer]`,
+        // a string of 'S'/'F'); past either end, `null` rather than an IndexError, so that the
+        // mapping can say what vLLM does there.
+        ("at", 2) => {
+            let k = int(&args[1])
+                .ok_or_else(|| EvalError::Type(format!("at: {} is not an integer", args[1])))?;
+            let k = usize::try_from(k).ok();
+            Ok(match &args[0] {
+                Value::Array(a) => k.and_then(|k| a.get(k)).cloned().unwrap_or(Value::Null),
+                Value::String(t) => k
+                    .and_then(|k| t.chars().nth(k))
+                    .map_or(Value::Null, |c| Value::String(c.to_string())),
+                Value::Null => Value::Null,
+                v => {
+                    return Err(EvalError::Type(format!(
+                        "at: {v} is not a list or a string"
+                    )));
+                }
+            })
+        }
         _ => Err(EvalError::Type(format!(
             "unknown function {f} with {} arguments",
             args.len()
@@ -785,6 +806,10 @@ mod tests {
         assert_eq!(ev("(1 + 2) * 3").unwrap(), json!(9));
         assert_eq!(ev("7 // 2").unwrap(), json!(3));
         assert_eq!(ev("ceil_div(1000, 64) * 64").unwrap(), json!(1024));
+        assert_eq!(ev("at('SFS', 1)").unwrap(), json!("F"));
+        assert_eq!(ev("at([1, 2], 5)").unwrap(), json!(null));
+        assert_eq!(ev("at(null, 0)").unwrap(), json!(null));
+        assert_eq!(ev("len('SFS')").unwrap(), json!(3));
         assert_eq!(ev("-3 + 5").unwrap(), json!(2));
     }
 

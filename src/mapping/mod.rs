@@ -56,6 +56,11 @@ pub struct Mapping {
     /// A layer every pipeline stage must hold, or vLLM refuses the model (Qwen3-MoE and GLM-4.5
     /// need a MoE layer on each stage).
     pub stage_needs: Option<StageNeed>,
+    /// The platform whose module tree the parameters follow, when vLLM builds the family
+    /// differently per platform (`cuda`: DeepSeek-V3.2's models/deepseek_v32/nvidia tree, whose
+    /// keys the CPU/XPU and ROCm trees do not share). Recorded in `wload.json` and shown by
+    /// `inspect`; `None`: one tree everywhere.
+    pub module_tree: Option<String>,
     pub parameters: Parameters,
 }
 

@@ -34,6 +34,10 @@ pub struct Structure {
     /// reads, through its derived values), for the human report.
     #[serde(skip)]
     pub mtp_field: Option<String>,
+    /// The platform whose vLLM module tree the mapping writes, when vLLM builds the family
+    /// differently per platform (`cuda`: DeepSeek-V3.2); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_tree: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -153,6 +157,7 @@ pub fn structure(
                     .then_some(0)
             }),
             mtp_field: Some("num_nextn_predict_layers".into()),
+            module_tree: None,
         };
     };
     let layers = v.eval_u64(&m.parameters.layers, None).ok();
@@ -165,6 +170,7 @@ pub fn structure(
             .skip_layer
             .as_ref()
             .and_then(|e| config_fields(m, e, 0).into_iter().next()),
+        module_tree: m.module_tree.clone(),
     }
 }
 

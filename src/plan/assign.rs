@@ -296,14 +296,24 @@ impl Planner<'_> {
                     "{file}: tensor '{}' is {}, which cannot be converted to {} for '{}'",
                     t.name, t.dtype, p.dtype, p.name
                 ),
-                if p.dtype == crate::dtype::Dtype::F8E4M3 {
-                    "quantization_config says this layer is FP8, but the checkpoint stores it otherwise: list the module in the config's ignored_layers / modules_to_not_convert (fp8) or ignore (compressed-tensors)"
-                } else {
-                    "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint"
-                },
+                self.dtype_fix(t.dtype, p.dtype),
             ));
         }
         None
+    }
+
+    /// What to do about a checkpoint tensor of dtype `t` that cannot fill a parameter of `p`.
+    fn dtype_fix(&self, t: crate::dtype::Dtype, p: crate::dtype::Dtype) -> &'static str {
+        use crate::dtype::Dtype::F8E4M3;
+        if p == F8E4M3 {
+            "quantization_config says this layer is FP8, but the checkpoint stores it otherwise: list the module in the config's ignored_layers / modules_to_not_convert (fp8) or ignore (compressed-tensors)"
+        } else if t == F8E4M3 && self.quant.is_some() {
+            // DeepSeek-V3.2's indexer.wk in some FP8 releases: vLLM dequantizes it with its
+            // weight_scale_inv into the BF16 wk_weights_proj (deepseek_v2.py:857–913).
+            "vLLM builds this parameter without the quant config and dequantizes such an FP8 tensor with its scale while loading, which wload does not do: use a checkpoint that stores it unquantized"
+        } else {
+            "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint"
+        }
     }
 
     /// A tensor `m` that fits into its slot of `p` (index `pi`), unless the slot is filled

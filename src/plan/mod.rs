@@ -136,6 +136,7 @@ pub fn plan_mapped(
         moe_backend: opts.moe_backend.map(|b| b.as_str()),
         language_model_only: opts.multimodal.language_model_only,
         mm_encoder_tp_mode: opts.multimodal.recorded_mode(),
+        module_tree: mapping.module_tree.clone(),
     })
 }
 

@@ -257,6 +257,10 @@ pub struct Plan {
     /// `--mm-encoder-tp-mode` when not vLLM's default `weights` (`data`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mm_encoder_tp_mode: Option<&'static str>,
+    /// The platform whose module tree the keys follow, from the mapping (`cuda` for
+    /// DeepSeek-V3.2); absent: the same on every platform.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_tree: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -64,6 +64,15 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
             String::new()
         }
     )?;
+    if let Some(t) = &m.module_tree {
+        let why = "vLLM names this family's modules per platform (wload.json: module_tree)";
+        writeln!(
+            w,
+            "platform: {} module tree: serve on {} only; {why}",
+            Esc(t),
+            Esc(t)
+        )?;
+    }
     let Some(serve) = &m.serve else {
         return Ok(());
     };

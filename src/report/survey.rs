@@ -110,6 +110,9 @@ fn written_for_facts(wf: &crate::sharded::names::WrittenFor) -> Vec<String> {
     if !wf.multimodal.is_empty() {
         facts.push(wf.multimodal.join(" "));
     }
+    if let Some(t) = &wf.module_tree {
+        facts.push(format!("{t} module tree (loads only on {t})"));
+    }
     if let Some(src) = &wf.source_checkpoint {
         facts.push(format!("sharded from {src}"));
     }

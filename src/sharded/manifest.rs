@@ -64,6 +64,16 @@ pub struct Manifest {
     /// `--mm-encoder-tp-mode` when not vLLM's default (`data`); absent: `weights`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mm_encoder_tp_mode: Option<String>,
+    /// The platform whose vLLM module tree the keys follow (`cuda`), for a family vLLM builds
+    /// differently per platform (DeepSeek-V3.2: a folder for CUDA misses keys on CPU, XPU and
+    /// ROCm, and the reverse). Absent: the same keys everywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_tree: Option<String>,
+    /// `mistral` when the files were planned from params.json (Mistral-native source): vLLM must
+    /// read params.json too, which it does by itself only next to consolidated*.safetensors, so
+    /// `--config-format mistral` even when a config.json was copied beside it. Absent: config.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_format: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

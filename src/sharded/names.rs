@@ -156,6 +156,10 @@ pub struct WrittenFor {
     /// (`--language-model-only`, `--mm-encoder-tp-mode data`); empty: vLLM's defaults, or unknown.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub multimodal: Vec<String>,
+    /// The platform whose vLLM module tree the keys follow (`cuda`), per the manifest; absent:
+    /// the same everywhere, or unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_tree: Option<String>,
     /// "wload.json" or "file names".
     pub from: &'static str,
 }
@@ -173,6 +177,7 @@ impl WrittenFor {
                 architecture: Some(m.architecture.clone()),
                 source_checkpoint: Some(m.source.clone()),
                 multimodal: super::serve::ServeLayout::of(m).multimodal.flags(),
+                module_tree: m.module_tree.clone(),
                 from: super::manifest::MANIFEST,
             };
         }
@@ -193,6 +198,7 @@ impl WrittenFor {
                 1
             },
             multimodal: Vec::new(),
+            module_tree: None,
             expert_parallel: None,
             dtype: None,
             architecture: None,

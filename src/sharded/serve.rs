@@ -37,6 +37,8 @@ pub struct ServeLayout<'a> {
     pub moe_backend: Option<&'a str>,
     /// `--language-model-only` and `--mm-encoder-tp-mode`: vLLM's key set depends on them.
     pub multimodal: Multimodal,
+    /// Planned from params.json (the manifest's `config_format: mistral`).
+    pub mistral_config: bool,
 }
 
 impl<'a> ServeLayout<'a> {
@@ -49,6 +51,7 @@ impl<'a> ServeLayout<'a> {
             side_files: m.side_files.as_deref().unwrap_or_default(),
             moe_backend: backend_name(m),
             multimodal: multimodal(m),
+            mistral_config: m.config_format.as_deref() == Some("mistral"),
         }
     }
 }
@@ -88,8 +91,9 @@ impl ServeCommand {
         let has = |f: &dyn Fn(&str) -> bool| side.iter().any(|s| f(s));
         // vLLM picks params.json (and Mistral's tokenizer) by itself only next to
         // consolidated*.safetensors, which a pre-sharded folder never has
-        // (transformers_utils/config.py:889, tokenizers/registry.py:146).
-        if has(&|s| s == "params.json") && !has(&|s| s == "config.json") {
+        // (transformers_utils/config.py:889, tokenizers/registry.py:146); beside a config.json
+        // it would read that instead.
+        if has(&|s| s == "params.json") && (m.mistral_config || !has(&|s| s == "config.json")) {
             flag("--config-format", Some("mistral".into()));
             if has(&|s| s == "tekken.json" || s.starts_with("tokenizer.model.v")) {
                 flag("--tokenizer-mode", Some("mistral".into()));
@@ -175,6 +179,7 @@ pub fn serve_command(
             .unwrap_or_default(),
         moe_backend: manifest.and_then(backend_name),
         multimodal: manifest.map(multimodal).unwrap_or_default(),
+        mistral_config: manifest.is_some_and(|m| m.config_format.as_deref() == Some("mistral")),
     };
     // Only a known dtype can need `--dtype`: reading the folder's config and headers is for that.
     let auto = match layout.dtype {

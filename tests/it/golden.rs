@@ -76,7 +76,9 @@ macro_rules! golden {
 
 golden! {
     deepseek_v3_tp2 => "deepseek_v3/tp2",
+    deepseek_v32_tp2 => "deepseek_v32/tp2",
     gemma2_tp2 => "gemma2/tp2",
+    glm4_moe_lite_tp2 => "glm4_moe_lite/tp2",
     gpt_oss_tp2 => "gpt_oss/tp2",
     gpt_oss_mxfp4_tp2 => "gpt_oss_mxfp4/tp2",
     llama4__lmonly_tp2 => "llama4__lmonly/tp2",
@@ -96,6 +98,7 @@ golden! {
     llama_tied_fp16_tp2 => "llama_tied_fp16/tp2",
     llama_tied_fp16__maxsize_100000_tp2 => "llama_tied_fp16__maxsize_100000/tp2",
     minimax_m2_tp2 => "minimax_m2/tp2",
+    mistral_large_3_tp2 => "mistral_large_3/tp2",
     mixtral_tp2 => "mixtral/tp2",
     mixtral__ep_tp2 => "mixtral__ep/tp2",
     phi3_fp32_tp2 => "phi3_fp32/tp2",

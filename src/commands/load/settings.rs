@@ -90,7 +90,8 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         // vLLM reads params.json only when told to, next to rank files: so must the load.
         if config_format == ConfigFormat::Auto
             && source.join("params.json").is_file()
-            && !source.join("config.json").exists()
+            && (m.config_format.as_deref() == Some("mistral")
+                || !source.join("config.json").exists())
         {
             config_format = ConfigFormat::Mistral;
             taken.push("--config-format mistral".into());

@@ -471,6 +471,7 @@ impl Built {
             moe_backend: expected.moe_backend,
             language_model_only: expected.language_model_only,
             mm_encoder_tp_mode: expected.mm_encoder_tp_mode,
+            module_tree: expected.module_tree,
         }
     }
 }

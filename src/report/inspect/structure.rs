@@ -27,25 +27,38 @@ pub(super) fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()
         Some(m) => rows.extend(moe_rows(m)),
         None => rows.push(("experts", "none (a dense MLP on every layer)".into())),
     }
-    match s.mtp_layers {
-        Some(0) => {}
-        Some(n) => rows.push((
-            "mtp",
-            format!(
-                "{n} layer{} past num_hidden_layers{}: vLLM's main model skips {}",
-                plural(n),
-                s.mtp_field
-                    .as_ref()
-                    .map_or_else(String::new, |f| format!(" ({f})")),
-                if n == 1 { "it" } else { "them" }
-            ),
-        )),
-        None => rows.push(("mtp", "unknown".into())),
-    }
+    rows.extend(mtp_row(s).map(|n| ("mtp", n)));
+    rows.extend(module_tree_row(s).map(|n| ("module tree", n)));
     for (k, v) in rows {
         writeln!(w, "  {k:<20} {}", Esc(&v))?;
     }
     Ok(())
+}
+
+/// The multi-token-prediction layers vLLM's main model skips; `None` when there are none.
+fn mtp_row(s: &Structure) -> Option<String> {
+    match s.mtp_layers {
+        Some(0) => None,
+        Some(n) => Some(format!(
+            "{n} layer{} past num_hidden_layers{}: vLLM's main model skips {}",
+            plural(n),
+            s.mtp_field
+                .as_ref()
+                .map_or_else(String::new, |f| format!(" ({f})")),
+            if n == 1 { "it" } else { "them" }
+        )),
+        None => Some("unknown".into()),
+    }
+}
+
+/// For a family vLLM builds per platform: which build's keys a sharded folder holds, and so
+/// where it loads.
+fn module_tree_row(s: &Structure) -> Option<String> {
+    s.module_tree.as_ref().map(|t| {
+        format!(
+            "{t}: vLLM names this family's modules per platform; a sharded folder holds the {t} build's keys and loads only on {t}"
+        )
+    })
 }
 
 /// The encoder's size, and what `--language-model-only` does with it.

@@ -9,6 +9,8 @@ mod llama4;
 mod mappings;
 mod minimax_m2;
 mod mistral;
+mod mistral_large_3;
+mod mla;
 mod qwen2_moe;
 mod qwen3_vl;
 mod tied;

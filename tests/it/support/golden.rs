@@ -125,6 +125,12 @@ pub(crate) fn golden_cases() -> Vec<GoldenCase> {
                 panic!("unknown golden case suffix {p} in {cname}");
             }
         }
+        // A Mistral-native fixture (params.json, no config.json): vLLM finds params.json by itself
+        // only next to consolidated*.safetensors, which its own rank-file folder lacks, so the
+        // folder is read as `vllm serve` reads it, with --config-format mistral.
+        if fixture.join("params.json").is_file() && !fixture.join("config.json").exists() {
+            flags.extend(["--config-format".to_string(), "mistral".to_string()]);
+        }
         let mut tps: Vec<_> = fs::read_dir(&case)
             .unwrap()
             .map(|e| e.unwrap().path())
