@@ -2,7 +2,7 @@
 //! written over config fields (`hidden_size / num_attention_heads`, `head_dim ?? hidden_size / num_attention_heads`).
 //!
 //! Integers, floats, booleans, `null`, lists and strings; `?? || && ! == != < <= > >= + - * / // %`,
-//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `given('field')`. `/` is exact division: an
+//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `at(list, k)`, `given('field')`. `/` is exact division: an
 //! inexact `/` is an error that quotes the expression, which is how divisibility rules explain
 //! themselves. A missing field is an error, except on the left of `??`.
 
@@ -470,6 +470,24 @@ fn call(f: &str, args: &[Value]) -> Result<Value, EvalError> {
         }
         ("min", n) if n > 0 => Ok(Value::from(*ints()?.iter().min().unwrap())),
         ("max", n) if n > 0 => Ok(Value::from(*ints()?.iter().max().unwrap())),
+        // Element `k` of a list (Qwen3.5's `layer_types[i]`); a null list has null elements, so
+        // that `??` can supply a fallback.
+        ("at", 2) => match (&args[0], int(&args[1])) {
+            (Value::Null, _) => Ok(Value::Null),
+            (Value::Array(a), Some(k)) => usize::try_from(k)
+                .ok()
+                .and_then(|k| a.get(k))
+                .cloned()
+                .ok_or_else(|| {
+                    EvalError::Type(format!(
+                        "at: index {k} is past the list's {} items",
+                        a.len()
+                    ))
+                }),
+            (v, _) => Err(EvalError::Type(format!(
+                "at: {v} is not a list, or the index is not an integer"
+            ))),
+        },
         ("len", 1) => match &args[0] {
             Value::Array(a) => Ok(Value::from(a.len())),
             Value::Null => Ok(Value::from(0)),

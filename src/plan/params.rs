@@ -390,7 +390,8 @@ fn fits(g: &Geometry) -> Result<(), String> {
         Geometry::Replicated { shape } | Geometry::Column { shape } | Geometry::Row { shape } => {
             (product(shape), shape.clone())
         }
-        Geometry::MergedColumn { sizes, inner, .. } => {
+        Geometry::MergedColumn { sizes, inner, .. }
+        | Geometry::MergedTuples { sizes, inner, .. } => {
             let rows = sum(sizes);
             let all = [sizes.as_slice(), inner].concat();
             (
@@ -494,6 +495,30 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             sizes,
             inner,
             disable_tp,
+            tuples,
+        } if !tuples.is_empty() => {
+            let sizes = many(sizes)?;
+            if *disable_tp {
+                return Err(("`tuples` and `disable_tp` do not go together".into(), None));
+            }
+            if let Some(bad) = tuples.iter().find(|t| !tuple_ok(t, sizes.len())) {
+                let msg = format!(
+                    "tuple {bad:?} is not a run of consecutive shards among {}",
+                    sizes.len()
+                );
+                return Err((msg, None));
+            }
+            Geometry::MergedTuples {
+                sizes,
+                inner: many(inner)?,
+                tuples: tuples.clone(),
+            }
+        }
+        Layout::MergedColumn {
+            sizes,
+            inner,
+            disable_tp,
+            ..
         } => Geometry::MergedColumn {
             sizes: many(sizes)?,
             inner: many(inner)?,
@@ -562,4 +587,12 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             hidden: one(hidden)?,
         },
     })
+}
+
+/// A tuple of shards is at least two consecutive shard indices of `n`, ascending (vLLM cuts the
+/// tensor at the shards' offsets in that order).
+fn tuple_ok(t: &[u64], n: usize) -> bool {
+    t.len() >= 2
+        && t.windows(2).all(|w| w[1] == w[0] + 1)
+        && t.last().is_some_and(|&k| (k as usize) < n)
 }

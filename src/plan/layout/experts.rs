@@ -67,6 +67,59 @@ pub(super) fn expert_blocks(
     }
 }
 
+/// Fused expert weights from one stacked tensor a layer, stored as vLLM holds them: `w13` from
+/// `gate_up_proj` `[E, 2I, H]` (per expert gate rows then up rows), `w2` from `down_proj`
+/// `[E, H, I]` (transformers 5's fused Qwen3.5 experts). vLLM's `RoutedExperts.load_weights`
+/// chunks the tensor in halves on dim 1 and loads every expert as if it came alone
+/// (`fused_moe/routed_experts.py:1004–1075`), so the rank's tensor is the per-expert layout's:
+/// `[gate_r; up_r]` / columns `I_r·rank…` of every expert, or whole experts with expert
+/// parallelism (one run of the tensor's leading rows).
+pub(super) fn stacked_experts(
+    part: ExpertPart,
+    experts: u64,
+    intermediate: u64,
+    hidden: u64,
+    r: Rank,
+) -> RankLayout {
+    let (i, h) = (intermediate, hidden);
+    if r.ep {
+        let local = local_experts(experts, r.tp, r.rank);
+        let n = local.end - local.start;
+        let per = 2 * i * h / if part == ExpertPart::W13 { 1 } else { 2 };
+        let shape = match part {
+            ExpertPart::W13 => vec![n, 2 * i, h],
+            ExpertPart::W2 => vec![n, h, i],
+        };
+        let slice = whole_slot(vec![experts, per], 0, local.start, local.end, vec![n, per]);
+        return RankLayout::new(shape, vec![slice], Vec::new());
+    }
+    let ip = i / r.tp;
+    let (from, e) = (r.rank * ip, experts);
+    let slices = match part {
+        ExpertPart::W13 => [0, 1]
+            .map(|half| Slice {
+                slot: (None, None),
+                src_shape: vec![e, 2 * i, h],
+                dim: 1,
+                from: half * i + from,
+                to: half * i + from + ip,
+                dst_shape: vec![e, 2 * ip, h],
+                dst_at: half * ip,
+                dst_base: 0,
+            })
+            .to_vec(),
+        ExpertPart::W2 => vec![whole_slot(
+            vec![e, h, i],
+            2,
+            from,
+            from + ip,
+            vec![e, h, ip],
+        )],
+    };
+    let shape = slices[0].dst_shape.clone();
+    RankLayout::new(shape, slices, Vec::new())
+}
+
 /// gpt-oss's expert placement (gpt_oss.py `_load_weights_other`): this rank's experts, its share of
 /// the intermediate size, and its rank within the experts' tensor parallelism.
 fn gpt_oss_split(experts: u64, intermediate: u64, r: Rank) -> (std::ops::Range<u64>, u64, u64) {

@@ -11,6 +11,7 @@ pub(super) mod mxfp4;
 mod packed_experts;
 mod scales;
 mod transposed;
+mod tuples;
 pub(super) mod types;
 mod values;
 
@@ -22,7 +23,7 @@ pub(super) use types::{Rank, Shape, SlotKey};
 use crate::mapping::rules::ShardId;
 use crate::mapping::{ExpertPart, GptOssPart};
 use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
-use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
+use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed, stacked_experts};
 use packed_experts::{packed_expected, packed_experts, split_size};
 use transposed::{head_rows, transposed_copies, transposed_experts};
 use types::{RankLayout, name};
@@ -45,6 +46,13 @@ pub enum Geometry {
         inner: Vec<u64>,
         /// Whole on every rank (vLLM's `disable_tp=True`).
         disable_tp: bool,
+    },
+    /// A merged column some of whose shards the checkpoint fills as one tensor (a tuple shard
+    /// id, `tuples.rs`: Qwen3.5's GDN `in_proj_qkvz` from `in_proj_qkv` and `in_proj_z`).
+    MergedTuples {
+        sizes: Vec<u64>,
+        inner: Vec<u64>,
+        tuples: Vec<Vec<u64>>,
     },
     Qkv {
         heads: u64,
@@ -169,7 +177,7 @@ impl Geometry {
             Geometry::MergedColumn {
                 disable_tp: true, ..
             } => vec![],
-            Geometry::MergedColumn { sizes, .. } => sizes
+            Geometry::MergedColumn { sizes, .. } | Geometry::MergedTuples { sizes, .. } => sizes
                 .iter()
                 .filter_map(|s| div("merged output size", *s))
                 .collect(),
@@ -280,6 +288,11 @@ impl Geometry {
                     sizes.len() - 1
                 )),
             },
+            Geometry::MergedTuples {
+                sizes,
+                inner,
+                tuples,
+            } => tuples::expected_source(sizes, inner, tuples, shard),
             Geometry::Qkv {
                 heads,
                 kv_heads,
@@ -295,13 +308,18 @@ impl Geometry {
             },
             Geometry::Experts {
                 part,
+                experts,
                 intermediate,
                 hidden,
-                ..
             } => match (part, shard.map(ShardId::text).as_deref()) {
                 (ExpertPart::W13, Some("w1" | "w3")) => {
                     Ok(smallvec::smallvec![*intermediate, *hidden])
                 }
+                // One stacked tensor for every expert (experts.rs `stacked_experts`).
+                (ExpertPart::W13, None) => {
+                    Ok(smallvec::smallvec![*experts, 2 * intermediate, *hidden])
+                }
+                (ExpertPart::W2, None) => Ok(smallvec::smallvec![*experts, *hidden, *intermediate]),
                 (ExpertPart::W2, Some("w2")) => Ok(smallvec::smallvec![*hidden, *intermediate]),
                 (_, s) => Err(format!(
                     "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
@@ -366,19 +384,25 @@ impl Geometry {
             Geometry::ExpertTensorScale { part, experts, .. }
             | Geometry::ExpertLastShard { part, experts, .. }
             | Geometry::ExpertBlockScale { part, experts, .. }
-            | Geometry::PackedExperts { part, experts, .. } => Geometry::Experts {
-                part: *part,
-                experts: *experts,
-                intermediate: 0,
-                hidden: 0,
+            | Geometry::PackedExperts { part, experts, .. } => {
+                // Per expert only: a stacked tensor is the unquantized weight's alternative.
+                let per_expert = Geometry::Experts {
+                    part: *part,
+                    experts: *experts,
+                    intermediate: 0,
+                    hidden: 0,
+                };
+                (per_expert.required().0, None)
             }
-            .required(),
             Geometry::MergedColumn { sizes, .. } => (
                 (0..sizes.len() as u64)
                     .map(|k| (Some(ShardId::Index(k)), None))
                     .collect(),
                 Some((None, None)),
             ),
+            Geometry::MergedTuples { sizes, tuples, .. } => {
+                (tuples::slots(sizes.len(), tuples), Some((None, None)))
+            }
             Geometry::Qkv { .. } => (
                 ["q", "k", "v"].iter().map(|s| (name(s), None)).collect(),
                 Some((None, None)),
@@ -392,7 +416,7 @@ impl Geometry {
                     (0..*experts)
                         .flat_map(|e| shards.iter().map(move |s| (name(s), Some(e))))
                         .collect(),
-                    None,
+                    Some((None, None)),
                 )
             }
             _ => (vec![(None, None)], None),
@@ -437,6 +461,12 @@ impl Geometry {
                 inner,
                 disable_tp,
             } => merged_column(sizes, inner, r.without_tp_if(*disable_tp), fused),
+            Geometry::MergedTuples {
+                sizes,
+                inner,
+                tuples,
+            } if !fused => tuples::rank_layout(sizes, inner, tuples, r),
+            Geometry::MergedTuples { sizes, inner, .. } => merged_column(sizes, inner, r, true),
             Geometry::Qkv {
                 heads,
                 kv_heads,
@@ -459,6 +489,12 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => transposed_experts(*part, *experts, *intermediate, *hidden, r),
+            Geometry::Experts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } if fused => stacked_experts(*part, *experts, *intermediate, *hidden, r),
             Geometry::Experts {
                 part,
                 experts,
