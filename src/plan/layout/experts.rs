@@ -339,4 +339,69 @@ mod tests {
         assert_eq!(local_experts(5, 2, 1), 3..5);
         assert_eq!(local_experts(8, 8, 7), 7..8);
     }
+
+    /// A fused 3-D expert tensor (`gate_up_proj` `[E, 2I, H]`, `down_proj` `[E, H, I]`) loads,
+    /// over TP 1–16 with and without expert parallelism, exactly what the per-expert tensors
+    /// load: vLLM's `RoutedExperts.load_weights` chunks it in halves on dim 1 and hands each
+    /// expert to the per-expert loader (routed_experts.py:1004–1075).
+    #[test]
+    fn stacked_experts_load_what_per_expert_tensors_load_over_tp_1_to_16() {
+        let (e, i, h) = (5u64, 16u64, 3u64);
+        for part in [ExpertPart::W13, ExpertPart::W2] {
+            let g = Geometry::Experts {
+                part,
+                experts: e,
+                intermediate: i,
+                hidden: h,
+            };
+            for tp in 1..=16u64 {
+                for ep in [false, true] {
+                    if !ep && !i.is_multiple_of(tp) {
+                        continue;
+                    }
+                    for rank in 0..tp {
+                        let r = Rank { tp, rank, ep };
+                        let per = element_sources(&g.rank_layout(r, false));
+                        let fused = element_sources(&g.rank_layout(r, true));
+                        // Per expert (shard, e, row-major index in [I, H] or [H, I]) in the
+                        // stacked tensor's terms.
+                        let want: Vec<u64> = per
+                            .iter()
+                            .map(|(shard, ex, idx)| {
+                                let half = u64::from(shard == "w3");
+                                let per_expert =
+                                    if part == ExpertPart::W13 { 2 } else { 1 } * i * h;
+                                ex * per_expert + half * i * h + idx
+                            })
+                            .collect();
+                        let got: Vec<u64> = fused.iter().map(|(_, _, idx)| *idx).collect();
+                        assert_eq!(got, want, "{part:?} tp{tp} r{rank} ep{ep}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each element of a rank tensor: the slot's shard id, expert id (0 for a stacked tensor)
+    /// and source element index.
+    fn element_sources(l: &RankLayout) -> Vec<(String, u64, u64)> {
+        let n = l.shape.iter().product::<u64>() as usize;
+        let mut out = vec![None; n];
+        for s in l.all_slices() {
+            let b = s.block();
+            let shard = s.slot.0.as_ref().map_or(String::new(), |x| x.to_string());
+            for k in 0..b.rows {
+                for x in 0..b.row {
+                    let d = (b.dst_start + k * b.dst_stride + x) as usize;
+                    assert!(out[d].is_none(), "element {d} twice");
+                    out[d] = Some((
+                        shard.clone(),
+                        s.slot.1.unwrap_or(0),
+                        b.src_start + k * b.src_stride + x,
+                    ));
+                }
+            }
+        }
+        out.into_iter().map(|x| x.expect("filled")).collect()
+    }
 }
