@@ -9,7 +9,7 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
-use super::layout::Geometry;
+use super::layout::{Geometry, merged_geometry};
 use super::{MAX_EXPERTS, MAX_LAYERS, MAX_PARAMETERS, PlanError, Planner, Retie};
 use crate::dtype::Dtype;
 use crate::mapping::expr::{EvalError, Scope};
@@ -496,34 +496,8 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             inner,
             disable_tp,
             tuples,
-        } if !tuples.is_empty() => {
-            let sizes = many(sizes)?;
-            if *disable_tp {
-                return Err(("`tuples` and `disable_tp` do not go together".into(), None));
-            }
-            if let Some(bad) = tuples.iter().find(|t| !tuple_ok(t, sizes.len())) {
-                let msg = format!(
-                    "tuple {bad:?} is not a run of consecutive shards among {}",
-                    sizes.len()
-                );
-                return Err((msg, None));
-            }
-            Geometry::MergedTuples {
-                sizes,
-                inner: many(inner)?,
-                tuples: tuples.clone(),
-            }
-        }
-        Layout::MergedColumn {
-            sizes,
-            inner,
-            disable_tp,
-            ..
-        } => Geometry::MergedColumn {
-            sizes: many(sizes)?,
-            inner: many(inner)?,
-            disable_tp: *disable_tp,
-        },
+        } => merged_geometry(many(sizes)?, many(inner)?, *disable_tp, tuples)
+            .map_err(|m| (m, None))?,
         Layout::Qkv {
             heads,
             kv_heads,
@@ -587,12 +561,4 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             hidden: one(hidden)?,
         },
     })
-}
-
-/// A tuple of shards is at least two consecutive shard indices of `n`, ascending (vLLM cuts the
-/// tensor at the shards' offsets in that order).
-fn tuple_ok(t: &[u64], n: usize) -> bool {
-    t.len() >= 2
-        && t.windows(2).all(|w| w[1] == w[0] + 1)
-        && t.last().is_some_and(|&k| (k as usize) < n)
 }

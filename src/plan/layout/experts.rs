@@ -67,6 +67,27 @@ pub(super) fn expert_blocks(
     }
 }
 
+/// The checkpoint shape a fused expert parameter's shard expects: one expert's `w1`/`w3`
+/// `[I, H]` or `w2` `[H, I]`, or, without a shard id, one stacked tensor for every expert
+/// ([`stacked_experts`]).
+pub(super) fn expected_source(
+    part: ExpertPart,
+    [experts, intermediate, hidden]: [u64; 3],
+    shard: Option<&crate::mapping::rules::ShardId>,
+) -> Result<super::types::Shape, String> {
+    let shape = |s: &[u64]| Ok(super::types::Shape::from_slice(s));
+    match (part, shard.map(|s| s.text()).as_deref()) {
+        (ExpertPart::W13, Some("w1" | "w3")) => shape(&[intermediate, hidden]),
+        (ExpertPart::W13, None) => shape(&[experts, 2 * intermediate, hidden]),
+        (ExpertPart::W2, Some("w2")) => shape(&[hidden, intermediate]),
+        (ExpertPart::W2, None) => shape(&[experts, hidden, intermediate]),
+        (_, s) => Err(format!(
+            "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
+            s.unwrap_or("none")
+        )),
+    }
+}
+
 /// Fused expert weights from one stacked tensor a layer, stored as vLLM holds them: `w13` from
 /// `gate_up_proj` `[E, 2I, H]` (per expert gate rows then up rows), `w2` from `down_proj`
 /// `[E, H, I]` (transformers 5's fused Qwen3.5 experts). vLLM's `RoutedExperts.load_weights`

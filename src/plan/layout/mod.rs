@@ -26,6 +26,7 @@ use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
 use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed, stacked_experts};
 use packed_experts::{packed_expected, packed_experts, split_size};
 use transposed::{head_rows, transposed_copies, transposed_experts};
+pub(super) use tuples::merged_geometry;
 use types::{RankLayout, name};
 pub use values::KvScale;
 
@@ -311,21 +312,7 @@ impl Geometry {
                 experts,
                 intermediate,
                 hidden,
-            } => match (part, shard.map(ShardId::text).as_deref()) {
-                (ExpertPart::W13, Some("w1" | "w3")) => {
-                    Ok(smallvec::smallvec![*intermediate, *hidden])
-                }
-                // One stacked tensor for every expert (experts.rs `stacked_experts`).
-                (ExpertPart::W13, None) => {
-                    Ok(smallvec::smallvec![*experts, 2 * intermediate, *hidden])
-                }
-                (ExpertPart::W2, None) => Ok(smallvec::smallvec![*experts, *hidden, *intermediate]),
-                (ExpertPart::W2, Some("w2")) => Ok(smallvec::smallvec![*hidden, *intermediate]),
-                (_, s) => Err(format!(
-                    "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
-                    s.unwrap_or("none")
-                )),
-            },
+            } => experts::expected_source(*part, [*experts, *intermediate, *hidden], shard),
             Geometry::PackedExperts { part, dims, .. } => packed_expected(*part, dims, shard),
             Geometry::GptOssExperts {
                 part,

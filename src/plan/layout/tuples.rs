@@ -6,10 +6,47 @@
 //! each shard by itself, so rank r holds `[q_r; k_r; v_r; z_r]`, exactly as if every shard came
 //! alone.
 
-use super::Rank;
 use super::dense::cat;
 use super::types::{RankLayout, Shape, Slice, SlotKey};
+use super::{Geometry, Rank};
 use crate::mapping::rules::ShardId;
+
+/// A `merged_column` layout's geometry: [`Geometry::MergedTuples`] when the mapping lists
+/// tuples (each a run of at least two consecutive shards, ascending: vLLM cuts the tensor at the
+/// shards' offsets in that order), else a plain merged column.
+pub(in crate::plan) fn merged_geometry(
+    sizes: Vec<u64>,
+    inner: Vec<u64>,
+    disable_tp: bool,
+    tuples: &[Vec<u64>],
+) -> Result<Geometry, String> {
+    if tuples.is_empty() {
+        return Ok(Geometry::MergedColumn {
+            sizes,
+            inner,
+            disable_tp,
+        });
+    }
+    if disable_tp {
+        return Err("`tuples` and `disable_tp` do not go together".into());
+    }
+    let ok = |t: &[u64]| {
+        t.len() >= 2
+            && t.windows(2).all(|w| w[1] == w[0] + 1)
+            && t.last().is_some_and(|&k| (k as usize) < sizes.len())
+    };
+    if let Some(bad) = tuples.iter().find(|t| !ok(t)) {
+        return Err(format!(
+            "tuple {bad:?} is not a run of consecutive shards among {}",
+            sizes.len()
+        ));
+    }
+    Ok(Geometry::MergedTuples {
+        sizes,
+        inner,
+        tuples: tuples.to_vec(),
+    })
+}
 
 /// The tuple holding shard `k`, and `k`'s row offset inside that tuple's tensor.
 fn tuple_of<'a>(k: u64, sizes: &[u64], tuples: &'a [Vec<u64>]) -> Option<(&'a Vec<u64>, u64)> {
@@ -106,7 +143,6 @@ pub(super) fn rank_layout(
 
 #[cfg(test)]
 mod tests {
-    use super::super::Geometry;
     use super::super::dense::merged_column;
     use super::*;
 

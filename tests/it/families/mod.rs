@@ -8,6 +8,7 @@ mod gpt_oss;
 mod mappings;
 mod mistral;
 mod qwen2_moe;
+mod qwen3_5;
 mod qwen3_vl;
 mod tied;
 mod vlm_text;
