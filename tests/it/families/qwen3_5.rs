@@ -367,3 +367,19 @@ fn what_vllm_refuses_is_refused_with_its_words() {
     let sizes = wload_json(&["sizes", s(&src), "--max-tp", "8", "--json", LM]);
     assert_eq!(sizes["accepted_tp"], json!([1, 2, 4]), "{sizes:#}");
 }
+
+/// A quantized Qwen3.5 checkpoint is refused, naming in_proj_qkvz: the scales of a tuple shard
+/// are not planned yet, and nothing is written wrong.
+#[test]
+fn a_quantized_checkpoint_is_refused_at_the_tuple_shards() {
+    let q = fixture_with(CASE, |m| {
+        let fp8 = json!({"quant_method": "fp8", "activation_scheme": "dynamic"});
+        m.insert("quantization_config".into(), fp8);
+    });
+    let refused = run(&["plan", s(q.path()), "--tp", "2", LM]);
+    assert_refused(
+        &refused,
+        3,
+        &["layers.0.linear_attn.in_proj_qkvz: a quantized merged column filled by tuple shards"],
+    );
+}
