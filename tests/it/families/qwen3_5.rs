@@ -276,6 +276,15 @@ fn qwen3_next_holds_row_slices_of_its_fused_projections() {
         );
     }
     assert!(!s0.contains_key("model.norm.weight") && s1.contains_key("model.norm.weight"));
+    // Without layer_types, transformers' full_attention_interval pattern (every 4th layer full)
+    // gives the same layers.
+    let mut cfg = text_config("Qwen3NextForCausalLM", "qwen3_next");
+    cfg.as_object_mut().unwrap().remove("layer_types");
+    let by_interval = write_checkpoint(&cfg, &t);
+    let again = sharded(by_interval.path(), tmp.path(), "interval", 2, &[]);
+    for r in 0..2 {
+        assert_eq!(rank_tensors(&again, r), rank_tensors(&out, r), "rank {r}");
+    }
 }
 
 /// The dense Qwen3.5 text model (`Qwen3_5ForCausalLM`): the same layers with a dense MLP
@@ -338,6 +347,34 @@ fn the_dense_text_model_holds_a_dense_mlp() {
             !b.keys().any(|k| k.contains("experts")),
             "rank {r}: no MoE block"
         );
+    }
+    // The same text model in the vision-language wrapper (Qwen3_5ForConditionalGeneration):
+    // under `language_model.`, after the tower.
+    let mut vl: Value =
+        serde_json::from_slice(&std::fs::read(fixture(CASE).join("config.json")).unwrap()).unwrap();
+    vl["architectures"] = json!(["Qwen3_5ForConditionalGeneration"]);
+    vl["model_type"] = json!("qwen3_5");
+    vl["text_config"]["model_type"] = json!("qwen3_5_text");
+    vl["text_config"]["intermediate_size"] = json!(inter);
+    let mut with_tower = t.clone();
+    with_tower.extend(
+        ckpt.iter()
+            .filter(|(k, _)| k.starts_with("model.visual."))
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    let vl = write_checkpoint(&vl, &with_tower);
+    let vl_out = sharded(vl.path(), tmp.path(), "vl", 2, &[]);
+    for r in 0..2 {
+        let (text, both) = (rank_tensors(&out, r), rank_tensors(&vl_out, r));
+        let tower = both.keys().filter(|k| k.starts_with("visual.")).count();
+        assert_eq!(both.len(), text.len() + tower, "rank {r}");
+        assert!(tower > 0, "rank {r}: the tower");
+        for (name, h) in &text {
+            assert!(
+                h == &both[&format!("language_model.{name}")],
+                "rank {r} {name}"
+            );
+        }
     }
 }
 
