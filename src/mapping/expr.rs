@@ -775,6 +775,20 @@ mod tests {
         Expr::parse(src).unwrap().eval(&scope)
     }
 
+    /// `at(list, k)`: an item of a list (Qwen3.5's `layer_types[i]`), null for a null list so
+    /// that a fallback can follow, an error past the end.
+    #[test]
+    fn at_reads_an_item_of_a_list() {
+        assert_eq!(ev("at(layers, 1)").unwrap(), json!(3));
+        assert_eq!(ev("at(head_dim, 7) == null").unwrap(), json!(true));
+        let past = ev("at(layers, 2)").unwrap_err().to_string();
+        assert!(
+            past.contains("index 2 is past the list's 2 items"),
+            "{past}"
+        );
+        assert!(ev("at(hidden_size, 0)").is_err());
+    }
+
     #[test]
     fn conjuncts_split_and_chains_through_substituted_values() {
         let moe = Expr::parse("n > 0 && i >= k && (i % f == 0 || x)").unwrap();
