@@ -599,11 +599,6 @@ mod tests {
                 inner: vec![4],
                 disable_tp: false,
             },
-            Geometry::MergedColumn {
-                sizes: vec![24, 40],
-                inner: vec![4],
-                disable_tp: true,
-            },
             Geometry::Qkv {
                 heads: 8,
                 kv_heads: 2,
@@ -647,6 +642,7 @@ mod tests {
         ]
         .into_iter()
         .chain(packed_layouts())
+        .chain(merged_layouts())
         .chain(
             [
                 GptOssPart::W13Weight,
@@ -688,6 +684,23 @@ mod tests {
             })
         }))
         .collect::<Vec<_>>()
+    }
+
+    /// Merged columns whole on every rank, and Qwen3.5's in_proj_qkvz (shards 0–2 from one
+    /// tensor, 3 from another).
+    fn merged_layouts() -> [Geometry; 2] {
+        [
+            Geometry::MergedColumn {
+                sizes: vec![24, 40],
+                inner: vec![4],
+                disable_tp: true,
+            },
+            Geometry::MergedTuples {
+                sizes: vec![16, 16, 32, 32],
+                inner: vec![2],
+                tuples: vec![vec![0, 1, 2]],
+            },
+        ]
     }
 
     /// The packed formats' own layouts: GPTQ/AWQ experts stored input-major.
