@@ -2,7 +2,7 @@
 //! written over config fields (`hidden_size / num_attention_heads`, `head_dim ?? hidden_size / num_attention_heads`).
 //!
 //! Integers, floats, booleans, `null`, lists and strings; `?? || && ! == != < <= > >= + - * / // %`,
-//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `at(list, k)`, `given('field')`. `/` is exact division: an
+//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `at(list, k)`, `subset(list, allowed)`, `given('field')`. `/` is exact division: an
 //! inexact `/` is an error that quotes the expression, which is how divisibility rules explain
 //! themselves. A missing field is an error, except on the left of `??`.
 
@@ -488,6 +488,14 @@ fn call(f: &str, args: &[Value]) -> Result<Value, EvalError> {
                 "at: {v} is not a list, or the index is not an integer"
             ))),
         },
+        // Whether every item of a list is one of `allowed` (a null list has none).
+        ("subset", 2) => match (&args[0], &args[1]) {
+            (Value::Null, _) => Ok(Value::Bool(true)),
+            (Value::Array(a), Value::Array(allowed)) => Ok(Value::Bool(
+                a.iter().all(|x| allowed.iter().any(|y| loose_eq(x, y))),
+            )),
+            (v, w) => Err(EvalError::Type(format!("subset: {v} or {w} is not a list"))),
+        },
         ("len", 1) => match &args[0] {
             Value::Array(a) => Ok(Value::from(a.len())),
             Value::Null => Ok(Value::from(0)),
@@ -787,6 +795,9 @@ mod tests {
             "{past}"
         );
         assert!(ev("at(hidden_size, 0)").is_err());
+        assert_eq!(ev("subset(layers, [1, 2, 3])").unwrap(), json!(true));
+        assert_eq!(ev("subset(layers, [1])").unwrap(), json!(false));
+        assert_eq!(ev("subset(head_dim, [1])").unwrap(), json!(true));
     }
 
     #[test]

@@ -420,3 +420,23 @@ fn a_quantized_checkpoint_is_refused_at_the_tuple_shards() {
         &["layers.0.linear_attn.in_proj_qkvz: a quantized merged column filled by tuple shards"],
     );
 }
+
+/// A layer type vLLM does not build, or too few layer types, is refused up front.
+#[test]
+fn layer_types_vllm_cannot_build_are_refused() {
+    let src = fixture(CASE);
+    for (types, needle) in [
+        (
+            r#"["linear_attention", "mamba", "linear_attention", "full_attention"]"#,
+            "Invalid layer_type",
+        ),
+        (
+            r#"["linear_attention", "full_attention"]"#,
+            "fewer entries than num_hidden_layers (4)",
+        ),
+    ] {
+        let o = format!(r#"{{"text_config": {{"layer_types": {types}}}}}"#);
+        let refused = run(&["plan", s(&src), "--tp", "2", LM, "--hf-overrides", &o]);
+        assert_refused(&refused, 3, &[needle]);
+    }
+}
