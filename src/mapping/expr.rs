@@ -2,7 +2,7 @@
 //! written over config fields (`hidden_size / num_attention_heads`, `head_dim ?? hidden_size / num_attention_heads`).
 //!
 //! Integers, floats, booleans, `null`, lists and strings; `?? || && ! == != < <= > >= + - * / // %`,
-//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `at`, `given('field')`. `/` is exact division: an
+//! `in`, parentheses and the functions `ceil_div`, `min`, `max`, `len`, `at(list or string, k)`, `subset(list, allowed)`, `given('field')`. `/` is exact division: an
 //! inexact `/` is an error that quotes the expression, which is how divisibility rules explain
 //! themselves. A missing field is an error, except on the left of `??`.
 
@@ -470,15 +470,24 @@ fn call(f: &str, args: &[Value]) -> Result<Value, EvalError> {
         }
         ("min", n) if n > 0 => Ok(Value::from(*ints()?.iter().min().unwrap())),
         ("max", n) if n > 0 => Ok(Value::from(*ints()?.iter().max().unwrap())),
+        // Whether every item of a list is one of `allowed` (a null list has none).
+        ("subset", 2) => match (&args[0], &args[1]) {
+            (Value::Null, _) => Ok(Value::Bool(true)),
+            (Value::Array(a), Value::Array(allowed)) => Ok(Value::Bool(
+                a.iter().all(|x| allowed.iter().any(|y| loose_eq(x, y))),
+            )),
+            (v, w) => Err(EvalError::Type(format!("subset: {v} or {w} is not a list"))),
+        },
         ("len", 1) => match &args[0] {
             Value::Array(a) => Ok(Value::from(a.len())),
             Value::String(t) => Ok(Value::from(t.chars().count())),
             Value::Null => Ok(Value::from(0)),
             v => Err(EvalError::Type(format!("len: {v} is not a list"))),
         },
-        // Python's `seq[k]` for a list or a string (DeepSeek-V3.2's `index_topk_pattern[layer]`,
-        // a string of 'S'/'F'); past either end, `null` rather than an IndexError, so that the
-        // mapping can say what vLLM does there.
+        // Python's `seq[k]` for a list or a string (Qwen3.5's `layer_types[i]`, DeepSeek-V3.2's
+        // `index_topk_pattern[layer]`, a string of 'S'/'F'); past either end, and of a null list,
+        // `null` rather than an IndexError, so that the mapping can say what vLLM does there
+        // (`??` a fallback, or a check on the length).
         ("at", 2) => {
             let k = int(&args[1])
                 .ok_or_else(|| EvalError::Type(format!("at: {} is not an integer", args[1])))?;
@@ -776,6 +785,20 @@ mod tests {
                          "layers": [1, 3], "tie": false});
         let scope = move |k: &str| cfg.get(k).cloned();
         Expr::parse(src).unwrap().eval(&scope)
+    }
+
+    /// `at(list, k)`: an item of a list (Qwen3.5's `layer_types[i]`), null for a null list so
+    /// that a fallback can follow, an error past the end.
+    #[test]
+    fn at_reads_an_item_of_a_list() {
+        assert_eq!(ev("at(layers, 1)").unwrap(), json!(3));
+        assert_eq!(ev("at(head_dim, 7) == null").unwrap(), json!(true));
+        // Past the end is null, as for a null list: the mapping checks the length itself.
+        assert_eq!(ev("at(layers, 2) == null").unwrap(), json!(true));
+        assert!(ev("at(hidden_size, 0)").is_err());
+        assert_eq!(ev("subset(layers, [1, 2, 3])").unwrap(), json!(true));
+        assert_eq!(ev("subset(layers, [1])").unwrap(), json!(false));
+        assert_eq!(ev("subset(head_dim, [1])").unwrap(), json!(true));
     }
 
     #[test]

@@ -206,6 +206,11 @@ pub enum Layout {
         inner: Vec<Expr>,
         #[serde(default)]
         disable_tp: bool,
+        /// Runs of consecutive shards the checkpoint fills with one tensor each (vLLM's tuple
+        /// shard ids: Qwen3.5's `in_proj_qkv` fills `[0, 1, 2]` of `in_proj_qkvz`); every shard
+        /// still TP-sliced by itself.
+        #[serde(default)]
+        tuples: Vec<Vec<u64>>,
     },
     /// q, k, v heads stacked on dim 0; kv heads replicated when tp ≥ kv heads.
     Qkv {

@@ -181,6 +181,10 @@ pub enum ShardId {
     /// `q`, `k`, `v`, `w1`, …: borrowed when the planner names a slot (one per piece, millions
     /// for a large MoE), owned when read from a mapping file.
     Name(std::borrow::Cow<'static, str>),
+    /// Several consecutive output shards of a merged column filled by one checkpoint tensor,
+    /// cut at its own offsets (vLLM's tuple shard id: Qwen3.5's `in_proj_qkv` is `(0, 1, 2)` of
+    /// `in_proj_qkvz`, qwen3_5.py:225–233; `linear.py` MergedColumnParallelLinear.weight_loader).
+    Tuple(Vec<u64>),
 }
 
 impl ShardId {
@@ -190,6 +194,7 @@ impl ShardId {
         match self {
             ShardId::Name(n) => std::borrow::Cow::Borrowed(n),
             ShardId::Index(k) => std::borrow::Cow::Owned(k.to_string()),
+            ShardId::Tuple(_) => std::borrow::Cow::Owned(self.to_string()),
         }
     }
 
@@ -209,6 +214,10 @@ impl fmt::Display for ShardId {
         match self {
             ShardId::Index(i) => write!(f, "{i}"),
             ShardId::Name(s) => f.write_str(s),
+            ShardId::Tuple(ks) => {
+                let parts: Vec<String> = ks.iter().map(u64::to_string).collect();
+                write!(f, "({})", parts.join(", "))
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
-use super::layout::Geometry;
+use super::layout::{Geometry, merged_geometry};
 use super::{MAX_EXPERTS, MAX_LAYERS, MAX_PARAMETERS, PlanError, Planner, Retie};
 use crate::dtype::Dtype;
 use crate::mapping::expr::{EvalError, Scope};
@@ -390,7 +390,8 @@ fn fits(g: &Geometry) -> Result<(), String> {
         Geometry::Replicated { shape } | Geometry::Column { shape } | Geometry::Row { shape } => {
             (product(shape), shape.clone())
         }
-        Geometry::MergedColumn { sizes, inner, .. } => {
+        Geometry::MergedColumn { sizes, inner, .. }
+        | Geometry::MergedTuples { sizes, inner, .. } => {
             let rows = sum(sizes);
             let all = [sizes.as_slice(), inner].concat();
             (
@@ -494,11 +495,9 @@ fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, O
             sizes,
             inner,
             disable_tp,
-        } => Geometry::MergedColumn {
-            sizes: many(sizes)?,
-            inner: many(inner)?,
-            disable_tp: *disable_tp,
-        },
+            tuples,
+        } => merged_geometry(many(sizes)?, many(inner)?, *disable_tp, tuples)
+            .map_err(|m| (m, None))?,
         Layout::Qkv {
             heads,
             kv_heads,

@@ -10,7 +10,9 @@ mod experts;
 pub(super) mod mxfp4;
 mod packed_experts;
 mod scales;
+mod strided;
 mod transposed;
+mod tuples;
 pub(super) mod types;
 mod values;
 
@@ -22,10 +24,11 @@ pub(super) use types::{Rank, Shape, SlotKey};
 use crate::mapping::rules::ShardId;
 use crate::mapping::{ExpertPart, GptOssPart};
 use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
-use experts::{expert_blocks, gpt_oss_experts, gpt_oss_transposed};
+use experts::{expert_blocks, gpt_oss_experts, stacked_experts};
 use packed_experts::{packed_expected, packed_experts, split_size};
-use transposed::{head_rows, transposed_copies, transposed_experts};
-use types::{PerExpertCopies, RankLayout, name};
+use transposed::{head_rows, transposed_experts};
+pub(super) use tuples::merged_geometry;
+use types::{RankLayout, name};
 pub use values::KvScale;
 
 /// A layout with its dimensions evaluated.
@@ -45,6 +48,13 @@ pub enum Geometry {
         inner: Vec<u64>,
         /// Whole on every rank (vLLM's `disable_tp=True`).
         disable_tp: bool,
+    },
+    /// A merged column some of whose shards the checkpoint fills as one tensor (a tuple shard
+    /// id, `tuples.rs`: Qwen3.5's GDN `in_proj_qkvz` from `in_proj_qkv` and `in_proj_z`).
+    MergedTuples {
+        sizes: Vec<u64>,
+        inner: Vec<u64>,
+        tuples: Vec<Vec<u64>>,
     },
     Qkv {
         heads: u64,
@@ -169,7 +179,7 @@ impl Geometry {
             Geometry::MergedColumn {
                 disable_tp: true, ..
             } => vec![],
-            Geometry::MergedColumn { sizes, .. } => sizes
+            Geometry::MergedColumn { sizes, .. } | Geometry::MergedTuples { sizes, .. } => sizes
                 .iter()
                 .filter_map(|s| div("merged output size", *s))
                 .collect(),
@@ -280,6 +290,11 @@ impl Geometry {
                     sizes.len() - 1
                 )),
             },
+            Geometry::MergedTuples {
+                sizes,
+                inner,
+                tuples,
+            } => tuples::expected_source(sizes, inner, tuples, shard),
             Geometry::Qkv {
                 heads,
                 kv_heads,
@@ -295,19 +310,10 @@ impl Geometry {
             },
             Geometry::Experts {
                 part,
+                experts,
                 intermediate,
                 hidden,
-                ..
-            } => match (part, shard.map(ShardId::text).as_deref()) {
-                (ExpertPart::W13, Some("w1" | "w3")) => {
-                    Ok(smallvec::smallvec![*intermediate, *hidden])
-                }
-                (ExpertPart::W2, Some("w2")) => Ok(smallvec::smallvec![*hidden, *intermediate]),
-                (_, s) => Err(format!(
-                    "shard_id must be ['w1','w2','w3'] matching the parameter, got {}",
-                    s.unwrap_or("none")
-                )),
-            },
+            } => experts::expected_source(*part, [*experts, *intermediate, *hidden], shard),
             Geometry::PackedExperts { part, dims, .. } => packed_expected(*part, dims, shard),
             Geometry::GptOssExperts {
                 part,
@@ -366,19 +372,25 @@ impl Geometry {
             Geometry::ExpertTensorScale { part, experts, .. }
             | Geometry::ExpertLastShard { part, experts, .. }
             | Geometry::ExpertBlockScale { part, experts, .. }
-            | Geometry::PackedExperts { part, experts, .. } => Geometry::Experts {
-                part: *part,
-                experts: *experts,
-                intermediate: 0,
-                hidden: 0,
+            | Geometry::PackedExperts { part, experts, .. } => {
+                // Per expert only: a stacked tensor is the unquantized weight's alternative.
+                let per_expert = Geometry::Experts {
+                    part: *part,
+                    experts: *experts,
+                    intermediate: 0,
+                    hidden: 0,
+                };
+                (per_expert.required().0, None)
             }
-            .required(),
             Geometry::MergedColumn { sizes, .. } => (
                 (0..sizes.len() as u64)
                     .map(|k| (Some(ShardId::Index(k)), None))
                     .collect(),
                 Some((None, None)),
             ),
+            Geometry::MergedTuples { sizes, tuples, .. } => {
+                (tuples::slots(sizes.len(), tuples), Some((None, None)))
+            }
             Geometry::Qkv { .. } => (
                 ["q", "k", "v"].iter().map(|s| (name(s), None)).collect(),
                 Some((None, None)),
@@ -392,7 +404,7 @@ impl Geometry {
                     (0..*experts)
                         .flat_map(|e| shards.iter().map(move |s| (name(s), Some(e))))
                         .collect(),
-                    None,
+                    Some((None, None)),
                 )
             }
             _ => (vec![(None, None)], None),
@@ -437,6 +449,12 @@ impl Geometry {
                 inner,
                 disable_tp,
             } => merged_column(sizes, inner, r.without_tp_if(*disable_tp), fused),
+            Geometry::MergedTuples {
+                sizes,
+                inner,
+                tuples,
+            } if !fused => tuples::rank_layout(sizes, inner, tuples, r),
+            Geometry::MergedTuples { sizes, inner, .. } => merged_column(sizes, inner, r, true),
             Geometry::Qkv {
                 heads,
                 kv_heads,
@@ -459,6 +477,12 @@ impl Geometry {
                 intermediate,
                 hidden,
             } => transposed_experts(*part, *experts, *intermediate, *hidden, r),
+            Geometry::Experts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            } if fused => stacked_experts(*part, *experts, *intermediate, *hidden, r),
             Geometry::Experts {
                 part,
                 experts,
@@ -507,70 +531,6 @@ impl Geometry {
             Geometry::Mxfp4Experts { part, dims } => mxfp4::rank_layout(*part, dims, r),
         }
     }
-
-    /// Of [`Geometry::strided`], the copies that repeat expert by expert (expert block scales on
-    /// vLLM's refined grid), as the rank's first expert's and the step to the next; the pieces
-    /// phase keeps them compact. `None` for the others.
-    pub fn strided_per_expert(&self, r: Rank) -> Option<PerExpertCopies> {
-        match self {
-            Geometry::ExpertBlockScale {
-                part,
-                experts,
-                dims,
-                block,
-            } => scales::expert_block_refined(*part, *experts, *dims, *block, r),
-            _ => None,
-        }
-    }
-
-    /// Copies with a source element stride other than 1 that fill rank `r`'s tensor besides
-    /// [`RankLayout::slices`], each with its slot and a description of the region it reads:
-    /// gpt-oss's expert weights (transposed, from the whole checkpoint tensor) and expert block
-    /// scales on vLLM's refined grid (each checkpoint scale repeated).
-    pub fn strided(&self, r: Rank) -> Vec<(SlotKey, Block, crate::plan::types::Region)> {
-        match self {
-            Geometry::GptOssExperts {
-                part,
-                experts,
-                intermediate,
-                hidden,
-            } => gpt_oss_transposed(*part, *experts, *intermediate, *hidden, r)
-                .into_iter()
-                .map(|(b, region)| ((None, None), b, region))
-                .collect(),
-            Geometry::ExpertBlockScale { .. } => self
-                .strided_per_expert(r)
-                .map(each_expert)
-                .unwrap_or_default(),
-            Geometry::TransposedExperts {
-                part,
-                experts,
-                intermediate,
-                hidden,
-            } => transposed_copies(*part, *experts, *intermediate, *hidden, r)
-                .into_iter()
-                .map(|(b, region)| ((None, None), b, region))
-                .collect(),
-            Geometry::Mxfp4Experts { part, dims } => mxfp4::copies(*part, dims, r),
-            _ => Vec::new(),
-        }
-    }
-}
-
-/// The copies of [`Geometry::strided_per_expert`] for every expert of the rank, one after the
-/// other, each from its own slot.
-fn each_expert((each, pe): PerExpertCopies) -> Vec<types::Strided> {
-    (0..pe.count)
-        .flat_map(|j| {
-            each.iter().map(move |((shard, _), b, region)| {
-                let b = Block {
-                    dst_start: b.dst_start + j * pe.dst_step,
-                    ..*b
-                };
-                ((shard.clone(), Some(pe.first + j)), b, *region)
-            })
-        })
-        .collect()
 }
 
 /// `inner` (a layout without per-expert repeats or zero ranges) behind the dimensions `leading`.
@@ -604,11 +564,6 @@ mod tests {
                 sizes: vec![32, 32],
                 inner: vec![4],
                 disable_tp: false,
-            },
-            Geometry::MergedColumn {
-                sizes: vec![24, 40],
-                inner: vec![4],
-                disable_tp: true,
             },
             Geometry::Qkv {
                 heads: 8,
@@ -653,6 +608,7 @@ mod tests {
         ]
         .into_iter()
         .chain(packed_layouts())
+        .chain(merged_layouts())
         .chain(
             [
                 GptOssPart::W13Weight,
@@ -694,6 +650,23 @@ mod tests {
             })
         }))
         .collect::<Vec<_>>()
+    }
+
+    /// Merged columns whole on every rank, and Qwen3.5's in_proj_qkvz (shards 0–2 from one
+    /// tensor, 3 from another).
+    fn merged_layouts() -> [Geometry; 2] {
+        [
+            Geometry::MergedColumn {
+                sizes: vec![24, 40],
+                inner: vec![4],
+                disable_tp: true,
+            },
+            Geometry::MergedTuples {
+                sizes: vec![16, 16, 32, 32],
+                inner: vec![2],
+                tuples: vec![vec![0, 1, 2]],
+            },
+        ]
     }
 
     /// The packed formats' own layouts: GPTQ/AWQ experts stored input-major.

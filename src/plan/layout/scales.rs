@@ -605,7 +605,7 @@ mod tests {
     }
 
     fn expand(c: Option<PerExpertCopies>) -> Vec<(SlotKey, Block, Region)> {
-        super::super::each_expert(c.expect("a refined grid"))
+        super::super::strided::each_expert(c.expect("a refined grid"))
     }
 
     /// vllm-spec §6.3: Qwen3-30B-A3B-FP8 at TP 8 has I_p = 96, refined to 32×32 (×4): w13 scales

@@ -155,6 +155,20 @@ impl<'m> Planner<'m> {
             return None;
         }
         let module = module.as_str();
+        if matches!(p.geometry, Geometry::MergedTuples { .. }) {
+            // Qwen3.5's in_proj_qkvz: a quantized tuple shard's scales (and in_proj_ba, which
+            // vLLM replicates under AWQ/GPTQ on CUDA, qwen_gdn_linear_attn.py:853–869) are not
+            // planned yet; refused rather than written wrong.
+            self.problems.push(Problem {
+                message: format!(
+                    "{module}: a quantized merged column filled by tuple shards (Qwen3.5's GDN in_proj_qkvz) is not supported by wload yet"
+                ),
+                fix: Some("list the module in the quantization config's ignore list if the checkpoint stores it unquantized, or shard an unquantized checkpoint".into()),
+                parameter: Some(p.name.clone()),
+                ..Default::default()
+            });
+            return None;
+        }
         if let Some(s) = gptq::IntScheme::of(q) {
             return self.int_linear(s, p);
         }

@@ -12,6 +12,7 @@ mod mistral;
 mod mistral_large_3;
 mod mla;
 mod qwen2_moe;
+mod qwen3_5;
 mod qwen3_vl;
 mod tied;
 mod vlm_text;
