@@ -177,6 +177,21 @@ impl Expr {
         out
     }
 
+    /// The variables read, each once in order of appearance, also those inside substituted
+    /// values (the config fields a derived `linear_layer` stands for).
+    pub fn vars_through_substitutions(&self) -> Vec<&str> {
+        fn visit<'a>(n: &'a Node, out: &mut Vec<&'a str>) {
+            walk(n, &mut |m| match m {
+                Node::Var(v) if !out.contains(&v.as_str()) => out.push(v),
+                Node::Derived(d) => visit(&d.body, out),
+                _ => {}
+            });
+        }
+        let mut out = Vec::new();
+        visit(&self.node, &mut out);
+        out
+    }
+
     /// Whether a value substituted into the expression is inside it.
     pub fn has_substitutions(&self) -> bool {
         let mut found = false;

@@ -282,10 +282,8 @@ fn attention_layers(
     layer: &[ParamSpec],
     layers: Option<u64>,
 ) -> Option<AttentionLayers> {
-    let qkv = layer
-        .iter()
-        .find(|p| matches!(p.layout, Layout::Qkv { .. }))?;
-    qkv.when.as_ref()?;
+    let qkv = (layer.iter()).find(|p| matches!(p.layout, Layout::Qkv { .. }))?;
+    let when = qkv.when.as_ref()?;
     let (full, layer_rule) = built_on(v, qkv, layers);
     if let (Some(f), Some(n)) = (&full, layers)
         && f.len() as u64 == n
@@ -293,6 +291,15 @@ fn attention_layers(
         return None;
     }
     let linear = full.as_ref().zip(layers).map(|(f, n)| others(f, n));
+    // A hybrid family decides by a derived value (Qwen3.5's `linear_layer`): name the config
+    // fields behind it.
+    let layer_rule = layer_rule.or_else(|| {
+        let parts: Vec<String> = (when.vars_through_substitutions().into_iter())
+            .filter(|k| !matches!(*k, "i" | "num_hidden_layers"))
+            .filter_map(|k| Some(format!("{k} {}", show(v.get(k)?))))
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    });
     Some(AttentionLayers {
         full,
         linear,
@@ -467,12 +474,21 @@ fn fields<'e>(v: &Variables, conds: impl IntoIterator<Item = &'e Expr>) -> Optio
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 
+/// Lists past this many items are shown by their first ones and their length: a 60-layer
+/// `layer_types` is not a readable rule.
+const SHOWN_ITEMS: usize = 6;
+
 fn show(x: &Value) -> String {
     match x {
+        Value::Array(a) if a.len() > SHOWN_ITEMS => {
+            let items: Vec<String> = a.iter().take(3).map(show).collect();
+            format!("[{}, …] ({} items)", items.join(", "), a.len())
+        }
         Value::Array(a) => {
             let items: Vec<String> = a.iter().map(show).collect();
             format!("[{}]", items.join(", "))
         }
+        Value::String(t) => t.clone(),
         other => other.to_string(),
     }
 }

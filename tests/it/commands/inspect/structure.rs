@@ -164,6 +164,33 @@ fn mixtral_and_gpt_oss_structure_has_experts_on_every_layer() {
     assert_eq!(out["structure"]["moe"]["router"]["bias"], true);
 }
 
+/// Qwen3.5's hybrid layers (config.layer_types: three Gated-DeltaNet layers, then gated full
+/// attention), as the mapping builds them: qkv on layer 3 only.
+#[test]
+fn qwen3_5_structure_names_its_linear_and_full_attention_layers() {
+    let dir = fixtures_dir().join("qwen3_5_moe");
+    let human = structure_section(&inspect_human(&dir));
+    assert!(
+        human.contains(
+            "  attention layers     layers 0–2 linear attention, 3 full attention (layer_types [linear_attention, linear_attention, linear_attention, full_attention], full_attention_interval 4)\n"
+        ),
+        "{human}"
+    );
+    let out = wload_json(&["inspect", s(&dir), "--json"]);
+    let a = &out["structure"]["attention_layers"];
+    assert_eq!(a["full"], json!([3]));
+    assert_eq!(a["linear"], json!([0, 1, 2]));
+    // Without layer_types, full_attention_interval decides (2: layers 1 and 3 full).
+    let tmp = fixture_with("qwen3_5_moe", |c| {
+        let text = c["text_config"].as_object_mut().unwrap();
+        text.remove("layer_types");
+        text.insert("full_attention_interval".into(), json!(2));
+    });
+    let out = wload_json(&["inspect", s(tmp.path()), "--json"]);
+    let a = &out["structure"]["attention_layers"];
+    assert_eq!((&a["full"], &a["linear"]), (&json!([1, 3]), &json!([0, 2])));
+}
+
 #[test]
 fn llama_gqa_structure_is_grouped_query_attention_without_experts() {
     let dir = fixtures_dir().join("llama_gqa");
@@ -346,10 +373,13 @@ fn an_absurd_layer_count_is_not_listed() {
 fn the_json_schema_doc_names_every_structure_field() {
     let doc = fs::read_to_string(manifest_dir().join("docs/inspect-json.md")).unwrap();
     let mut keys: Vec<String> = vec!["structure".into()];
-    for fixture in ["deepseek_v3", "qwen2_moe", "llama_gqa"] {
+    for fixture in ["deepseek_v3", "qwen2_moe", "llama_gqa", "qwen3_5_moe"] {
         let out = wload_json(&["inspect", s(&fixtures_dir().join(fixture)), "--json"]);
         let st = &out["structure"];
         let mut objs = vec![st, &st["attention"]];
+        if st["attention_layers"].is_object() {
+            objs.push(&st["attention_layers"]);
+        }
         if st["moe"].is_object() {
             objs.extend([&st["moe"], &st["moe"]["router"]]);
             if st["moe"]["shared_experts"].is_object() {
