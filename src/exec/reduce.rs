@@ -1,7 +1,13 @@
-//! Reductions: destination elements that are each the maximum of a group of consecutive source
-//! elements — the `attn_head` KV cache's q scales, vLLM's `torch.amax(q.view(-1, g), dim=1)`
-//! before the copy into the F32 parameter (compressed_tensors.py:1203–1210). They are one value
-//! per kv head, so each is read whole and reduced on the host, after the copies.
+//! Reductions: destination elements computed from source elements, on the host, after the
+//! copies. Two kinds:
+//! - the maximum of a group of consecutive source elements — the `attn_head` KV cache's q
+//!   scales, vLLM's `torch.amax(q.view(-1, g), dim=1)` before the copy into the F32 parameter
+//!   (compressed_tensors.py:1203–1210), one value per kv head;
+//! - an FP8 E4M3 weight dequantized with its scale (a second source) — DeepSeek-V3.2's FP8
+//!   `indexer.wk`, vLLM's `scaled_dequantize(w, s, group_shape, out_dtype=torch.bfloat16)`
+//!   (deepseek_v2.py:857–913, quant_utils.py:494–505): `(w.float() * s.float()).to(bfloat16)`,
+//!   each scale broadcast over a `[out / s0, in / s1]` block (a 1-D scale: one per row), then
+//!   `param.copy_` into the destination dtype.
 
 use super::copy::Run;
 use super::source::{AlignedBuf, SourceFile};
@@ -19,6 +25,8 @@ pub(super) struct Reduce {
     pub(super) source: usize,
     pub(super) b: Block,
     pub(super) max_of: u64,
+    /// The scale source of a dequantization (then `max_of` is unused).
+    pub(super) dequant: Option<usize>,
 }
 
 impl Run<'_> {
@@ -30,22 +38,90 @@ impl Run<'_> {
         list: &[Reduce],
     ) -> Result<(), ExecError> {
         let mut buf = AlignedBuf::default();
+        let file_of = |src: &SourceTensor| {
+            files[src.file_index]
+                .as_ref()
+                .expect("opened with the sources")
+        };
         for r in list {
             self.stopped()?;
             let src = &sources[r.source];
-            let file = files[src.file_index]
-                .as_ref()
-                .expect("opened with the sources");
+            let grid = match r.dequant {
+                Some(s) => {
+                    let scale = &sources[s];
+                    let len = scale.shape.iter().product::<u64>() * (scale.dtype.bits() / 8);
+                    let bytes = self.read(scale, file_of(scale), &mut buf, scale.offset, len)?;
+                    Some(ScaleGrid::new(&src.shape, scale, bytes))
+                }
+                None => None,
+            };
             let (isz, osz) = (src.dtype.bits() / 8, r.to.bits() / 8);
+            let group = if grid.is_some() { 1 } else { r.max_of };
             for k in 0..r.b.rows {
-                let start = src.offset + (r.b.src_start + k * r.b.src_stride) * isz;
-                let bytes = self.read(src, file, &mut buf, start, r.b.row * r.max_of * isz)?;
-                let out = group_max(src.dtype, r.to, bytes, r.max_of);
+                let first = r.b.src_start + k * r.b.src_stride;
+                let start = src.offset + first * isz;
+                let bytes = self.read(src, file_of(src), &mut buf, start, r.b.row * group * isz)?;
+                let out = match &grid {
+                    Some(g) => g.dequantize(bytes, first, r.to),
+                    None => group_max(src.dtype, r.to, bytes, r.max_of),
+                };
                 let at = r.base + (r.b.dst_start + k * r.b.dst_stride) * osz;
                 self.put(r.out, at, &out)?;
             }
         }
         Ok(())
+    }
+}
+
+/// A weight's scales as `scaled_dequantize` broadcasts them: F32 values, each over a block of
+/// `rows × cols` elements of the `[out, inner]` weight, `per_row` blocks to a row of blocks.
+pub(super) struct ScaleGrid {
+    inner: u64,
+    rows: u64,
+    cols: u64,
+    per_row: u64,
+    values: Vec<f32>,
+}
+
+impl ScaleGrid {
+    /// The grid of `scale` (`bytes`: all its data) over a weight of `shape`, the group shape
+    /// inferred as vLLM infers it (deepseek_v2.py:892–901): a 1-D scale is one per row, a 2-D
+    /// one of `[s0, s1]` covers `[out / s0, in / s1]` blocks. The planner checked the division.
+    pub(super) fn new(shape: &[u64], scale: &SourceTensor, bytes: &[u8]) -> ScaleGrid {
+        let (out, inner) = (shape[0], shape[1..].iter().product::<u64>());
+        let (s0, s1) = match scale.shape[..] {
+            [s0] => (s0, 1),
+            [s0, s1] => (s0, s1),
+            _ => unreachable!("the planner takes 1-D and 2-D scales only"),
+        };
+        let mut wide = Vec::new();
+        convert::convert_into(scale.dtype, Dtype::F32, bytes, &mut wide);
+        let values = (wide.chunks_exact(4))
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        ScaleGrid {
+            inner,
+            rows: out / s0.max(1),
+            cols: inner / s1.max(1),
+            per_row: s1,
+            values,
+        }
+    }
+
+    /// The E4M3 elements `w`, the first at flat index `first` of the weight, times their scales
+    /// in F32, rounded to BF16 as `.to(torch.bfloat16)` rounds a tensor on the CPU (nearest
+    /// even, a NaN → 0xFFFF), then converted to `to`.
+    pub(super) fn dequantize(&self, w: &[u8], first: u64, to: Dtype) -> Vec<u8> {
+        let mut bf = Vec::with_capacity(w.len() * 2);
+        for (e, &b) in (first..).zip(w) {
+            let (row, col) = (e / self.inner, e % self.inner);
+            let s = self.values[((row / self.rows) * self.per_row + col / self.cols) as usize];
+            let x = convert::e4m3_to_f32(b) * s;
+            bf.extend_from_slice(&convert::f32_to_bf16_vectorized(x).to_le_bytes());
+        }
+        let mut out = Vec::new();
+        convert::convert_into(Dtype::Bf16, to, &bf, &mut out);
+        out
     }
 }
 
