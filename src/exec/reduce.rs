@@ -179,6 +179,121 @@ mod tests {
         assert_eq!(got.len(), 8);
     }
 
+    /// E4M3 by bits: a normal code's exponent and mantissa moved into an f32's fields, a
+    /// subnormal `m · 2^-9` (independent of `convert::e4m3_to_f32`).
+    fn e4m3_by_bits(b: u8) -> f32 {
+        let (sign, e, m) = (
+            u32::from(b >> 7),
+            u32::from((b >> 3) & 15),
+            u32::from(b & 7),
+        );
+        if e == 15 && m == 7 {
+            return f32::NAN;
+        }
+        let mag = if e == 0 {
+            m as f32 / 512.0
+        } else {
+            f32::from_bits(((e + 120) << 23) | (m << 20))
+        };
+        if sign == 1 { -mag } else { mag }
+    }
+
+    fn scale_tensor(dtype: Dtype, shape: &[u64]) -> SourceTensor {
+        SourceTensor {
+            name: "s".into(),
+            file: "f".into(),
+            file_index: 0,
+            offset: 0,
+            dtype,
+            shape: shape.into(),
+        }
+    }
+
+    fn bf16_values(b: &[u8]) -> Vec<u16> {
+        (b.chunks_exact(2))
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect()
+    }
+
+    #[test]
+    fn every_e4m3_code_times_each_scale_rounds_to_bf16_as_torch() {
+        let codes: Vec<u8> = (0..=255).collect();
+        for scale in [1.0f32, 0.5, 3.0, 2f32.powi(-10), 1e-3, 448.0, 1.0 / 3.0] {
+            // One scale for the whole [16, 16] weight: a [1, 1] grid.
+            let s = scale_tensor(Dtype::F32, &[1, 1]);
+            let grid = ScaleGrid::new(&[16, 16], &s, &scale.to_le_bytes());
+            let got = bf16_values(&grid.dequantize(&codes, 0, Dtype::Bf16));
+            for (&c, &g) in codes.iter().zip(&got) {
+                let x = e4m3_by_bits(c) * scale;
+                let want = if x.is_nan() { 0xFFFF } else { f32_to_bf16(x) };
+                assert_eq!(g, want, "code {c:#04x} × {scale}");
+            }
+        }
+        // The codes' values themselves: exact, signed zero, the extremes, NaN.
+        let one = ScaleGrid::new(
+            &[16, 16],
+            &scale_tensor(Dtype::F32, &[1, 1]),
+            &1f32.to_le_bytes(),
+        );
+        let got = bf16_values(&one.dequantize(
+            &[0x00, 0x80, 0x01, 0x08, 0x38, 0x7E, 0xFE, 0x7F, 0xFF],
+            0,
+            Dtype::Bf16,
+        ));
+        assert_eq!(
+            got,
+            [
+                0x0000, 0x8000, 0x3B00, 0x3C80, 0x3F80, 0x43E0, 0xC3E0, 0xFFFF, 0xFFFF
+            ]
+        );
+    }
+
+    #[test]
+    fn products_on_a_tie_round_to_even() {
+        // 1.0 × (1 + 2^-8): halfway between bf16 1.0 (even) and 1 + 2^-7 → 1.0;
+        // 1.0 × (1 + 3·2^-8): halfway between 1 + 2^-7 (odd) and 1 + 2^-6 → 1 + 2^-6.
+        for (scale, want) in [
+            (1.0 + 2f32.powi(-8), 0x3F80),
+            (1.0 + 3.0 * 2f32.powi(-8), 0x3F82),
+        ] {
+            let grid = ScaleGrid::new(
+                &[1, 1],
+                &scale_tensor(Dtype::F32, &[1]),
+                &scale.to_le_bytes(),
+            );
+            assert_eq!(
+                bf16_values(&grid.dequantize(&[0x38], 0, Dtype::Bf16)),
+                [want]
+            );
+        }
+    }
+
+    #[test]
+    fn scales_broadcast_over_their_blocks() {
+        // A [4, 4] weight of 1.0 (0x38); a [2, 2] scale grid: 2×2 blocks.
+        let s: Vec<u8> = [1.0f32, 2.0, 4.0, 8.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let grid = ScaleGrid::new(&[4, 4], &scale_tensor(Dtype::F32, &[2, 2]), &s);
+        let got = f32s(&grid.dequantize(&[0x38; 16], 0, Dtype::F32));
+        let want = [
+            1., 1., 2., 2., 1., 1., 2., 2., 4., 4., 8., 8., 4., 4., 8., 8.,
+        ];
+        assert_eq!(got, want);
+        // Rows 2..4 alone, from flat element 8: the same values.
+        assert_eq!(f32s(&grid.dequantize(&[0x38; 8], 8, Dtype::F32)), want[8..]);
+        // A 1-D scale: one per row; E8M0 (U8) 2^(x-127) (0: the subnormal 2^-127), 255 NaN.
+        let grid = ScaleGrid::new(&[4, 2], &scale_tensor(Dtype::U8, &[4]), &[127, 128, 0, 255]);
+        let got = bf16_values(&grid.dequantize(&[0x38; 8], 0, Dtype::Bf16));
+        assert_eq!(
+            got,
+            [
+                0x3F80, 0x3F80, 0x4000, 0x4000, 0x0040, 0x0040, 0xFFFF, 0xFFFF
+            ]
+        );
+    }
+
     #[test]
     fn a_nan_in_a_group_is_its_maximum() {
         let src = bf16s(&[1.0, f32::NAN, 0.5, 0.25]);
