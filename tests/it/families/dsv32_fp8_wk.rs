@@ -178,3 +178,32 @@ fn deepseek_v32_fp8_wk_bad_or_missing_scale_refused() {
         &["has no 'model.layers.1.self_attn.indexer.wk.weight_scale_inv'"],
     );
 }
+
+/// The other sinks take the same reduction: `shard --verify` reads the dequantized rows back,
+/// and `load --device cpu` of the FP8 checkpoint holds what it holds of the shard output.
+#[test]
+fn deepseek_v32_fp8_wk_verify_and_load_agree() {
+    let src = fp8_wk(&[("F32", &[2, 4]), ("U8", &[32, 4])], true);
+    let tmp = TempDir::new().unwrap();
+    shard_ok(src.path(), 2, tmp.path(), &["-q", "--verify"]);
+    let sums = |dir: &std::path::Path| {
+        let o = run(&[
+            "load",
+            s(dir),
+            "--tp",
+            "2",
+            "--device",
+            "cpu",
+            "--checksums",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let lines: Vec<String> = (text.lines())
+            .filter(|l| l.contains("wk_weights_proj"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        lines
+    };
+    assert_eq!(sums(src.path()), sums(tmp.path()));
+}
