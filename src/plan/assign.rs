@@ -113,7 +113,8 @@ impl Planner<'_> {
             skipped: Vec::new(),
         };
         for (m, v) in mapped.tensors.iter().zip(verdicts) {
-            if self.dequant_scale(m.tensor) {
+            // A skipped (MTP) layer's scale is reported with its layer below.
+            if self.dequant_scale(m.tensor) && self.skipped_layer(&m.tensor.name).is_none() {
                 // Read with its FP8 weight (`fill`), or unused.
                 a.skipped.extend(self.unused_scale(&pairs, m));
                 continue;
