@@ -207,3 +207,30 @@ fn deepseek_v32_fp8_wk_verify_and_load_agree() {
     };
     assert_eq!(sums(src.path()), sums(tmp.path()));
 }
+
+/// A `wk.weight_scale_inv` beside a BF16 `wk`: vLLM buffers the scale for an FP8 weight that
+/// never comes and loads `wk` as it is (checked with real vLLM 0.33 as above: byte-identical).
+#[test]
+fn deepseek_v32_scale_of_a_bf16_wk_is_skipped() {
+    let mut ck = checkpoint_tensors(&fixture(DSV32));
+    let scale = format!("{}_scale_inv", wk(0));
+    ck.insert(
+        scale.clone(),
+        Held::new("F32", &[1, 1], 1f32.to_le_bytes().to_vec()),
+    );
+    let text = fs::read(fixture(DSV32).join("config.json")).unwrap();
+    let src = write_checkpoint(&serde_json::from_slice(&text).unwrap(), &ck);
+    let o = run(&["plan", s(src.path()), "--tp", "2", "--json"]);
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let skipped: Vec<&str> = (plan["skipped"].as_array().unwrap().iter())
+        .filter(|t| t["tensor"] == scale.as_str())
+        .map(|t| t["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(skipped[0].contains("unused"), "{skipped:?}");
+    let tmp = TempDir::new().unwrap();
+    shard_ok(src.path(), 2, tmp.path(), &["-q"]);
+    let got = rank_tensors(tmp.path(), 1);
+    let fused = &got["model.layers.0.self_attn.indexer.wk_weights_proj.weight"];
+    assert_eq!(fused.rows(0, OUT), &ck[&wk(0)].data[..]);
+}
