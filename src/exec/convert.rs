@@ -50,6 +50,17 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     ((bits + rounding_bias) >> 16) as u16
 }
 
+/// torch's vectorized CPU cast of a float tensor to bfloat16 (`cvtfp32_bf16`,
+/// ATen/cpu/vec/vec256/vec256_16bit_float.h and vec512_bfloat16.h, every element of a
+/// contiguous tensor, its tail too): round to nearest even, as [`f32_to_bf16`], but a NaN of
+/// either sign → 0xFFFF (checked against real vLLM 0.33 / torch on an AVX-512 CPU).
+pub fn f32_to_bf16_vectorized(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0xFFFF;
+    }
+    f32_to_bf16(x)
+}
+
 /// torch's `c10::Half` from float (`fp16_ieee_from_fp32_value`): round to nearest even, NaN →
 /// sign | 0x7E00.
 pub fn f32_to_f16(x: f32) -> u16 {
@@ -57,6 +68,32 @@ pub fn f32_to_f16(x: f32) -> u16 {
         return ((x.to_bits() >> 16) as u16 & 0x8000) | 0x7E00;
     }
     f16::from_f32(x).to_bits()
+}
+
+/// torch's `float8_e4m3fn` to float (c10 `fp8e4m3fn_to_fp32_value`): exact; exponent bias 7,
+/// subnormals below exponent 1, no infinities, `S.1111.111` NaN.
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = (i32::from((b >> 3) & 0x0F), f32::from(b & 0x07));
+    if e == 0x0F && m == 7.0 {
+        return f32::NAN;
+    }
+    let v = if e == 0 {
+        m * 2f32.powi(-9)
+    } else {
+        (8.0 + m) * 2f32.powi(e - 10)
+    };
+    sign * v
+}
+
+/// torch's `float8_e8m0fnu` to float: `2^(x - 127)`, 0xFF NaN (x = 0 is the subnormal
+/// 2^-127).
+pub fn e8m0_to_f32(b: u8) -> f32 {
+    if b == 0xFF {
+        f32::NAN
+    } else {
+        2f64.powi(i32::from(b) - 127) as f32
+    }
 }
 
 fn to_f64(d: Dtype, c: &[u8]) -> f64 {
@@ -68,6 +105,9 @@ fn to_f64(d: Dtype, c: &[u8]) -> f64 {
         // compressed-tensors MoE `weight_shape`: int64 copied into a model-dtype parameter.
         Dtype::I64 => i64::from_le_bytes(c.try_into().unwrap()) as f64,
         Dtype::I32 => i32::from_le_bytes(c.try_into().unwrap()) as f64,
+        Dtype::F8E4M3 => e4m3_to_f32(c[0]) as f64,
+        // A raw U8 scale is read as E8M0, as vLLM views it (deepseek_v2.py:889–891).
+        Dtype::F8E8M0 | Dtype::U8 => e8m0_to_f32(c[0]) as f64,
         other => unreachable!("the planner never converts from {other}"),
     }
 }

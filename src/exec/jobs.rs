@@ -94,6 +94,7 @@ pub(super) fn jobs_and_fills(
                     source: *source,
                     b: piece.block().expect("a copy piece has a block"),
                     max_of: region.max_of,
+                    dequant: region.dequant,
                 }),
                 Piece::Copy { source, .. } => jobs[*source].push(Job {
                     out: pl.out,

@@ -1,7 +1,13 @@
-//! Reductions: destination elements that are each the maximum of a group of consecutive source
-//! elements — the `attn_head` KV cache's q scales, vLLM's `torch.amax(q.view(-1, g), dim=1)`
-//! before the copy into the F32 parameter (compressed_tensors.py:1203–1210). They are one value
-//! per kv head, so each is read whole and reduced on the host, after the copies.
+//! Reductions: destination elements computed from source elements, on the host, after the
+//! copies. Two kinds:
+//! - the maximum of a group of consecutive source elements — the `attn_head` KV cache's q
+//!   scales, vLLM's `torch.amax(q.view(-1, g), dim=1)` before the copy into the F32 parameter
+//!   (compressed_tensors.py:1203–1210), one value per kv head;
+//! - an FP8 E4M3 weight dequantized with its scale (a second source) — DeepSeek-V3.2's FP8
+//!   `indexer.wk`, vLLM's `scaled_dequantize(w, s, group_shape, out_dtype=torch.bfloat16)`
+//!   (deepseek_v2.py:857–913, quant_utils.py:494–505): `(w.float() * s.float()).to(bfloat16)`,
+//!   each scale broadcast over a `[out / s0, in / s1]` block (a 1-D scale: one per row), then
+//!   `param.copy_` into the destination dtype.
 
 use super::copy::Run;
 use super::source::{AlignedBuf, SourceFile};
@@ -19,6 +25,8 @@ pub(super) struct Reduce {
     pub(super) source: usize,
     pub(super) b: Block,
     pub(super) max_of: u64,
+    /// The scale source of a dequantization (then `max_of` is unused).
+    pub(super) dequant: Option<usize>,
 }
 
 impl Run<'_> {
@@ -30,22 +38,90 @@ impl Run<'_> {
         list: &[Reduce],
     ) -> Result<(), ExecError> {
         let mut buf = AlignedBuf::default();
+        let file_of = |src: &SourceTensor| {
+            files[src.file_index]
+                .as_ref()
+                .expect("opened with the sources")
+        };
         for r in list {
             self.stopped()?;
             let src = &sources[r.source];
-            let file = files[src.file_index]
-                .as_ref()
-                .expect("opened with the sources");
+            let grid = match r.dequant {
+                Some(s) => {
+                    let scale = &sources[s];
+                    let len = scale.shape.iter().product::<u64>() * (scale.dtype.bits() / 8);
+                    let bytes = self.read(scale, file_of(scale), &mut buf, scale.offset, len)?;
+                    Some(ScaleGrid::new(&src.shape, scale, bytes))
+                }
+                None => None,
+            };
             let (isz, osz) = (src.dtype.bits() / 8, r.to.bits() / 8);
+            let group = if grid.is_some() { 1 } else { r.max_of };
             for k in 0..r.b.rows {
-                let start = src.offset + (r.b.src_start + k * r.b.src_stride) * isz;
-                let bytes = self.read(src, file, &mut buf, start, r.b.row * r.max_of * isz)?;
-                let out = group_max(src.dtype, r.to, bytes, r.max_of);
+                let first = r.b.src_start + k * r.b.src_stride;
+                let start = src.offset + first * isz;
+                let bytes = self.read(src, file_of(src), &mut buf, start, r.b.row * group * isz)?;
+                let out = match &grid {
+                    Some(g) => g.dequantize(bytes, first, r.to),
+                    None => group_max(src.dtype, r.to, bytes, r.max_of),
+                };
                 let at = r.base + (r.b.dst_start + k * r.b.dst_stride) * osz;
                 self.put(r.out, at, &out)?;
             }
         }
         Ok(())
+    }
+}
+
+/// A weight's scales as `scaled_dequantize` broadcasts them: F32 values, each over a block of
+/// `rows × cols` elements of the `[out, inner]` weight, `per_row` blocks to a row of blocks.
+pub(super) struct ScaleGrid {
+    inner: u64,
+    rows: u64,
+    cols: u64,
+    per_row: u64,
+    values: Vec<f32>,
+}
+
+impl ScaleGrid {
+    /// The grid of `scale` (`bytes`: all its data) over a weight of `shape`, the group shape
+    /// inferred as vLLM infers it (deepseek_v2.py:892–901): a 1-D scale is one per row, a 2-D
+    /// one of `[s0, s1]` covers `[out / s0, in / s1]` blocks. The planner checked the division.
+    pub(super) fn new(shape: &[u64], scale: &SourceTensor, bytes: &[u8]) -> ScaleGrid {
+        let (out, inner) = (shape[0], shape[1..].iter().product::<u64>());
+        let (s0, s1) = match scale.shape[..] {
+            [s0] => (s0, 1),
+            [s0, s1] => (s0, s1),
+            _ => unreachable!("the planner takes 1-D and 2-D scales only"),
+        };
+        let mut wide = Vec::new();
+        convert::convert_into(scale.dtype, Dtype::F32, bytes, &mut wide);
+        let values = (wide.chunks_exact(4))
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        ScaleGrid {
+            inner,
+            rows: out / s0.max(1),
+            cols: inner / s1.max(1),
+            per_row: s1,
+            values,
+        }
+    }
+
+    /// The E4M3 elements `w`, the first at flat index `first` of the weight, times their scales
+    /// in F32, rounded to BF16 as `.to(torch.bfloat16)` rounds a tensor on the CPU (nearest
+    /// even, a NaN → 0xFFFF), then converted to `to`.
+    pub(super) fn dequantize(&self, w: &[u8], first: u64, to: Dtype) -> Vec<u8> {
+        let mut bf = Vec::with_capacity(w.len() * 2);
+        for (e, &b) in (first..).zip(w) {
+            let (row, col) = (e / self.inner, e % self.inner);
+            let s = self.values[((row / self.rows) * self.per_row + col / self.cols) as usize];
+            let x = convert::e4m3_to_f32(b) * s;
+            bf.extend_from_slice(&convert::f32_to_bf16_vectorized(x).to_le_bytes());
+        }
+        let mut out = Vec::new();
+        convert::convert_into(Dtype::Bf16, to, &bf, &mut out);
+        out
     }
 }
 
@@ -101,6 +177,121 @@ mod tests {
         assert_eq!(got, vec![0.5, 2.0, -0.125, 0.0]);
         let got = f32s(&group_max(Dtype::Bf16, Dtype::F32, &src, 1));
         assert_eq!(got.len(), 8);
+    }
+
+    /// E4M3 by bits: a normal code's exponent and mantissa moved into an f32's fields, a
+    /// subnormal `m · 2^-9` (independent of `convert::e4m3_to_f32`).
+    fn e4m3_by_bits(b: u8) -> f32 {
+        let (sign, e, m) = (
+            u32::from(b >> 7),
+            u32::from((b >> 3) & 15),
+            u32::from(b & 7),
+        );
+        if e == 15 && m == 7 {
+            return f32::NAN;
+        }
+        let mag = if e == 0 {
+            m as f32 / 512.0
+        } else {
+            f32::from_bits(((e + 120) << 23) | (m << 20))
+        };
+        if sign == 1 { -mag } else { mag }
+    }
+
+    fn scale_tensor(dtype: Dtype, shape: &[u64]) -> SourceTensor {
+        SourceTensor {
+            name: "s".into(),
+            file: "f".into(),
+            file_index: 0,
+            offset: 0,
+            dtype,
+            shape: shape.into(),
+        }
+    }
+
+    fn bf16_values(b: &[u8]) -> Vec<u16> {
+        (b.chunks_exact(2))
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect()
+    }
+
+    #[test]
+    fn every_e4m3_code_times_each_scale_rounds_to_bf16_as_torch() {
+        let codes: Vec<u8> = (0..=255).collect();
+        for scale in [1.0f32, 0.5, 3.0, 2f32.powi(-10), 1e-3, 448.0, 1.0 / 3.0] {
+            // One scale for the whole [16, 16] weight: a [1, 1] grid.
+            let s = scale_tensor(Dtype::F32, &[1, 1]);
+            let grid = ScaleGrid::new(&[16, 16], &s, &scale.to_le_bytes());
+            let got = bf16_values(&grid.dequantize(&codes, 0, Dtype::Bf16));
+            for (&c, &g) in codes.iter().zip(&got) {
+                let x = e4m3_by_bits(c) * scale;
+                let want = if x.is_nan() { 0xFFFF } else { f32_to_bf16(x) };
+                assert_eq!(g, want, "code {c:#04x} × {scale}");
+            }
+        }
+        // The codes' values themselves: exact, signed zero, the extremes, NaN.
+        let one = ScaleGrid::new(
+            &[16, 16],
+            &scale_tensor(Dtype::F32, &[1, 1]),
+            &1f32.to_le_bytes(),
+        );
+        let got = bf16_values(&one.dequantize(
+            &[0x00, 0x80, 0x01, 0x08, 0x38, 0x7E, 0xFE, 0x7F, 0xFF],
+            0,
+            Dtype::Bf16,
+        ));
+        assert_eq!(
+            got,
+            [
+                0x0000, 0x8000, 0x3B00, 0x3C80, 0x3F80, 0x43E0, 0xC3E0, 0xFFFF, 0xFFFF
+            ]
+        );
+    }
+
+    #[test]
+    fn products_on_a_tie_round_to_even() {
+        // 1.0 × (1 + 2^-8): halfway between bf16 1.0 (even) and 1 + 2^-7 → 1.0;
+        // 1.0 × (1 + 3·2^-8): halfway between 1 + 2^-7 (odd) and 1 + 2^-6 → 1 + 2^-6.
+        for (scale, want) in [
+            (1.0 + 2f32.powi(-8), 0x3F80),
+            (1.0 + 3.0 * 2f32.powi(-8), 0x3F82),
+        ] {
+            let grid = ScaleGrid::new(
+                &[1, 1],
+                &scale_tensor(Dtype::F32, &[1]),
+                &scale.to_le_bytes(),
+            );
+            assert_eq!(
+                bf16_values(&grid.dequantize(&[0x38], 0, Dtype::Bf16)),
+                [want]
+            );
+        }
+    }
+
+    #[test]
+    fn scales_broadcast_over_their_blocks() {
+        // A [4, 4] weight of 1.0 (0x38); a [2, 2] scale grid: 2×2 blocks.
+        let s: Vec<u8> = [1.0f32, 2.0, 4.0, 8.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let grid = ScaleGrid::new(&[4, 4], &scale_tensor(Dtype::F32, &[2, 2]), &s);
+        let got = f32s(&grid.dequantize(&[0x38; 16], 0, Dtype::F32));
+        let want = [
+            1., 1., 2., 2., 1., 1., 2., 2., 4., 4., 8., 8., 4., 4., 8., 8.,
+        ];
+        assert_eq!(got, want);
+        // Rows 2..4 alone, from flat element 8: the same values.
+        assert_eq!(f32s(&grid.dequantize(&[0x38; 8], 8, Dtype::F32)), want[8..]);
+        // A 1-D scale: one per row; E8M0 (U8) 2^(x-127) (0: the subnormal 2^-127), 255 NaN.
+        let grid = ScaleGrid::new(&[4, 2], &scale_tensor(Dtype::U8, &[4]), &[127, 128, 0, 255]);
+        let got = bf16_values(&grid.dequantize(&[0x38; 8], 0, Dtype::Bf16));
+        assert_eq!(
+            got,
+            [
+                0x3F80, 0x3F80, 0x4000, 0x4000, 0x0040, 0x0040, 0xFFFF, 0xFFFF
+            ]
+        );
     }
 
     #[test]

@@ -44,6 +44,7 @@ struct FileDoc {
     rules: RulesEdit,
     #[serde(default)]
     ignore_unexpected_suffixes: Option<Vec<String>>,
+    dequantize_fp8: Option<Vec<String>>,
     skip_layer: Option<Expr>,
     skip_modules: Option<Vec<SkipModule>>,
     text_prefix: Option<String>,
@@ -112,6 +113,7 @@ struct Composed {
     checks: Vec<Check>,
     rules: Rules,
     ignore_unexpected_suffixes: Vec<String>,
+    dequantize_fp8: Vec<String>,
     skip_layer: Option<Expr>,
     skip_modules: Vec<SkipModule>,
     text_prefix: String,
@@ -203,6 +205,7 @@ impl Composed {
             checks: Vec::new(),
             rules: Rules::default(),
             ignore_unexpected_suffixes: Vec::new(),
+            dequantize_fp8: Vec::new(),
             skip_layer: None,
             skip_modules: Vec::new(),
             text_prefix: String::new(),
@@ -228,6 +231,9 @@ impl Composed {
         doc.rules.apply(&mut self.rules);
         if let Some(s) = doc.ignore_unexpected_suffixes {
             self.ignore_unexpected_suffixes = s;
+        }
+        if let Some(d) = doc.dequantize_fp8 {
+            self.dequantize_fp8 = d;
         }
         if doc.skip_layer.is_some() {
             self.skip_layer = doc.skip_layer;
@@ -374,6 +380,7 @@ impl Composed {
             checks: self.checks,
             rules,
             ignore_unexpected_suffixes: self.ignore_unexpected_suffixes,
+            dequantize_fp8: self.dequantize_fp8,
             skip_layer: self.skip_layer,
             skip_modules: self.skip_modules,
             module_tree: self.module_tree,

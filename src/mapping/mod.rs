@@ -46,6 +46,10 @@ pub struct Mapping {
     /// Checkpoint names with these suffixes are skipped silently when nothing maps them
     /// (vLLM's unexpected-suffix ignore list; `.bias` is always in it).
     pub ignore_unexpected_suffixes: Vec<String>,
+    /// Checkpoint names containing one of these are dequantized at load when stored as FP8
+    /// E4M3 with a `weight_scale…` sibling (vLLM's `_try_load_fp8_indexer_wk`,
+    /// deepseek_v2.py:857–913): the weight fills its slot as `(w · scale)` in BF16.
+    pub dequantize_fp8: Vec<String>,
     /// Checkpoint tensors of `model.layers.{i}.` for which this holds belong to no parameter and
     /// are skipped (vLLM skips speculative-decoding MTP layers beyond `num_hidden_layers`).
     pub skip_layer: Option<Expr>,

@@ -10,6 +10,7 @@ use super::layout::SlotKey;
 use super::params::Param;
 use super::{Planner, Skipped, SourceTensor, convertible, shape_cast};
 use crate::checkpoint::TensorInfo;
+use crate::dtype::Dtype;
 use crate::map::{Conversion, Fate, Mapped, MappedTensor, Target};
 use crate::mapping::Expr;
 use crate::problem::Problem;
@@ -17,6 +18,7 @@ use crate::problem::Problem;
 /// A fast, fixed hasher: slot lookups run once per piece, millions of times for a large MoE.
 type Hasher = foldhash::fast::FixedState;
 
+use super::dequant::Pairs;
 pub(super) use super::slots::{Fed, Feed};
 
 /// What the checkpoint fills.
@@ -99,6 +101,7 @@ impl Planner<'_> {
                 })
                 .collect()
         };
+        let pairs = self.dequant_pairs(mapped);
         // The tensors the plan reads, in load order: the sources, built once all are known.
         let mut read: Vec<&MappedTensor> = Vec::with_capacity(verdicts.len());
         let mut a = Assigned {
@@ -110,6 +113,12 @@ impl Planner<'_> {
             skipped: Vec::new(),
         };
         for (m, v) in mapped.tensors.iter().zip(verdicts) {
+            // A skipped (MTP) layer's scale is reported with its layer below.
+            if self.dequant_scale(m.tensor) && self.skipped_layer(&m.tensor.name).is_none() {
+                // Read with its FP8 weight (`fill`), or unused.
+                a.skipped.extend(self.unused_scale(&pairs, m));
+                continue;
+            }
             match v {
                 Verdict::Dropped(rule) => a.skipped.push(Skipped {
                     tensor: m.tensor.name.to_string(),
@@ -133,7 +142,7 @@ impl Planner<'_> {
                     pi,
                     (m, target),
                     rotary_heads,
-                    &mut a,
+                    (&mut a, &pairs),
                     &mut read,
                 ),
             }
@@ -290,7 +299,10 @@ impl Planner<'_> {
                 )
             });
         }
-        if !convertible(t.dtype, p.dtype) && !shape_cast(t.dtype, p.dtype, &p.name) {
+        // An FP8 tensor vLLM dequantizes to BF16 while loading, then copies into the parameter.
+        let dequantized = self.dequantized_weight(t) && convertible(Dtype::Bf16, p.dtype);
+        if !convertible(t.dtype, p.dtype) && !shape_cast(t.dtype, p.dtype, &p.name) && !dequantized
+        {
             return Some(about(
                 format!(
                     "{file}: tensor '{}' is {}, which cannot be converted to {} for '{}'",
@@ -303,14 +315,9 @@ impl Planner<'_> {
     }
 
     /// What to do about a checkpoint tensor of dtype `t` that cannot fill a parameter of `p`.
-    fn dtype_fix(&self, t: crate::dtype::Dtype, p: crate::dtype::Dtype) -> &'static str {
-        use crate::dtype::Dtype::F8E4M3;
-        if p == F8E4M3 {
+    fn dtype_fix(&self, _t: Dtype, p: Dtype) -> &'static str {
+        if p == Dtype::F8E4M3 {
             "quantization_config says this layer is FP8, but the checkpoint stores it otherwise: list the module in the config's ignored_layers / modules_to_not_convert (fp8) or ignore (compressed-tensors)"
-        } else if t == F8E4M3 && self.quant.is_some() {
-            // DeepSeek-V3.2's indexer.wk in some FP8 releases: vLLM dequantizes it with its
-            // weight_scale_inv into the BF16 wk_weights_proj (deepseek_v2.py:857–913).
-            "vLLM builds this parameter without the quant config and dequantizes such an FP8 tensor with its scale while loading, which wload does not do: use a checkpoint that stores it unquantized"
         } else {
             "a quantized tensor needs its quantization_config in config.json (FP8 is supported); otherwise use the unquantized checkpoint"
         }
@@ -324,12 +331,27 @@ impl Planner<'_> {
         pi: usize,
         (m, target): (&'t MappedTensor<'c>, &Target),
         rotary_heads: Option<u64>,
-        a: &mut Assigned,
+        (a, pairs): (&mut Assigned, &Pairs<'t, 'c>),
         read: &mut Vec<&'t MappedTensor<'c>>,
     ) {
+        let scale = if self.dequantized_weight(m.tensor) {
+            match self.scale_of(pairs, m) {
+                Ok(scale) => Some(scale),
+                Err(message) => {
+                    let problem = self.dequant_problem(m, &p.name, message);
+                    self.problems.push(problem);
+                    a.present.insert((pi, target.slot()));
+                    return;
+                }
+            }
+        } else {
+            None
+        };
         let feed = Feed {
             source: read.len(),
             rotary_heads,
+            // Read right after the weight.
+            dequant: scale.map(|_| read.len() + 1),
         };
         if let Err(prev) = a.fed[pi].fill(target.slot(), feed) {
             let shard_text = target
@@ -354,6 +376,7 @@ impl Planner<'_> {
             return;
         }
         read.push(m);
+        read.extend(scale);
     }
 
     /// The layer index of a `model.layers.{i}.` tensor the mapping's `skip_layer` excludes.

@@ -134,7 +134,13 @@ fn rank_tensor(
             None => {
                 for (slot, b, region) in p.geometry.strided(r) {
                     match fed.get(&slot) {
-                        Some(feed) => pieces.push(copy(feed.source, region, b)),
+                        Some(feed) => {
+                            let region = Region {
+                                dequant: feed.dequant,
+                                ..region
+                            };
+                            pieces.push(copy(feed.source, region, b))
+                        }
                         None => pieces.extend(unfilled(&b, fill)),
                     }
                 }
@@ -369,7 +375,10 @@ fn push_experts(
 /// to its first half and odd rows to its second half.
 fn push_copies(out: &mut Pieces, feed: &Feed, slice: &Slice) {
     let b = slice.block();
-    let region = slice.region();
+    let region = Region {
+        dequant: feed.dequant,
+        ..slice.region()
+    };
     let source = feed.source;
     // The checkpoint tensor's shape, as the assign phase checked it (a 0-d tensor is viewed as
     // one element, so there is always a dim 0).

@@ -15,6 +15,7 @@
 
 mod assign;
 mod build_pieces;
+mod dequant;
 pub mod layout;
 mod params;
 mod pieces;

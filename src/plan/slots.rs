@@ -16,6 +16,9 @@ pub(super) struct Feed {
     /// Rotary permutation over this many heads (Mistral-native q/k), when the mapping asks for
     /// one and its head count evaluates.
     pub rotary_heads: Option<u64>,
+    /// The scale (index into the plan's sources) an FP8 tensor is dequantized with while it
+    /// fills the slot (the mapping's `dequantize_fp8`).
+    pub dequant: Option<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -179,6 +182,7 @@ mod tests {
         Feed {
             source,
             rotary_heads: None,
+            dequant: None,
         }
     }
 

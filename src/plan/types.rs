@@ -96,6 +96,10 @@ pub struct Region {
     /// consecutive source elements (a block's `row` counts destination elements, its source
     /// row spans `row * max_of`); 0 or 1 for a copy. The `attn_head` KV cache's q scales.
     pub max_of: u64,
+    /// Not a copy but a dequantization: the FP8 E4M3 source times its scale, this source (index
+    /// into [`Plan::sources`]), rounded to BF16 and then converted to the destination dtype
+    /// (DeepSeek-V3.2's FP8 `indexer.wk`, vLLM's `scaled_dequantize` at load).
+    pub dequant: Option<usize>,
 }
 
 impl Region {
@@ -105,11 +109,13 @@ impl Region {
         rotary: false,
         transposed: false,
         max_of: 0,
+        dequant: None,
     };
 
-    /// Whether the piece reduces groups of source elements rather than copying them.
+    /// Whether the piece computes its elements (a maximum, a dequantization) rather than
+    /// copying them: an engine reduction.
     pub fn reduces(&self) -> bool {
-        self.max_of > 1
+        self.max_of > 1 || self.dequant.is_some()
     }
 }
 
@@ -131,8 +137,11 @@ impl std::fmt::Display for Region {
         if self.transposed {
             f.write_str(", transposed")?;
         }
-        if self.reduces() {
+        if self.max_of > 1 {
             write!(f, ", max of each {}", self.max_of)?;
+        }
+        if self.dequant.is_some() {
+            f.write_str(", dequantized")?;
         }
         Ok(())
     }

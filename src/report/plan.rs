@@ -107,6 +107,9 @@ fn describe(
         Piece::Copy { source, region, .. } => {
             let src = &p.sources[*source];
             write!(out, "{} {region}", src.name)?;
+            if let Some(scale) = region.dequant {
+                write!(out, " by {}", p.sources[scale].name)?;
+            }
             if src.dtype != o.dtype {
                 write!(out, " {}→{}", src.dtype, o.dtype)?;
             }

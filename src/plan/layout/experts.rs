@@ -233,6 +233,7 @@ pub(super) fn gpt_oss_transposed(
         rotary: false,
         transposed: true,
         max_of: 0,
+        dequant: None,
     };
     local
         .enumerate()

@@ -109,6 +109,7 @@ pub(super) fn transposed_copies(
         rotary: false,
         transposed: true,
         max_of: 0,
+        dequant: None,
     };
     let mut out = Vec::new();
     for (j, e) in local.clone().enumerate() {

@@ -384,8 +384,8 @@ fn dsv32_block_fp8(fp8_wk: bool) -> TempDir {
 }
 
 /// Block FP8: the indexer's `wq_b` is a quantizable ReplicatedLinear (whole weight and scale on
-/// every rank); `wk_weights_proj` is built without the quant config and stays BF16. An FP8 `wk`
-/// (some releases) is dequantized by vLLM at load, which wload does not do: refused, saying so.
+/// every rank); `wk_weights_proj` is built without the quant config and stays BF16, an FP8 `wk`
+/// (some releases) dequantized into it as vLLM does at load.
 #[test]
 fn deepseek_v32_block_fp8_indexer() {
     let src = dsv32_block_fp8(false);
@@ -420,14 +420,16 @@ fn deepseek_v32_block_fp8_indexer() {
             "{ctx}"
         );
     }
+    // An FP8 wk: dequantized with its F32 [1, 4] scale (32×32 blocks) into BF16 rows, the
+    // scale no parameter (families/dsv32_fp8_wk.rs checks the values).
     let src = dsv32_block_fp8(true);
-    let o = run(&["plan", s(src.path()), "--tp", "2"]);
-    assert_refused(
-        &o,
-        3,
-        &[
-            "tensor 'model.layers.0.self_attn.indexer.wk.weight' is F8_E4M3",
-            "dequantizes such an FP8 tensor with its scale while loading, which wload does not do",
-        ],
+    let tmp = TempDir::new().unwrap();
+    shard_ok(src.path(), 2, tmp.path(), &["-q"]);
+    let got = rank_tensors(tmp.path(), 0);
+    let fused = &got[&idx("wk_weights_proj.weight")];
+    assert_eq!(
+        (fused.dtype.as_str(), &fused.shape[..]),
+        ("BF16", &[36, 128][..])
     );
+    assert!(!got.contains_key(&idx("wk_weights_proj.weight_scale_inv")));
 }

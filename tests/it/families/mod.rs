@@ -3,6 +3,7 @@
 mod config_aliases;
 mod config_defaults;
 mod deepseek;
+mod dsv32_fp8_wk;
 mod glm4_moe;
 mod gpt_oss;
 mod llama4;
