@@ -20,6 +20,9 @@ struct Part {
     global_size: u64,
     /// The chunk index: the rank for q and split layers, `rank / replicas` for replicated kv heads.
     chunk: u64,
+    /// For a shard a tuple fills: the sizes of the tuple's shards before it, and the tuple's rows
+    /// (vLLM cuts the tuple's scale at its shards' block-rounded sizes).
+    tuple: Option<(Vec<u64>, u64)>,
 }
 
 /// The logical shards of a linear weight, as slot keys (qkv: q, k, v; merged: 0, 1, …; else one).
@@ -50,6 +53,7 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
         global_off: 0,
         global_size: out,
         chunk,
+        tuple: None,
     };
     Some(match of {
         Geometry::Replicated { shape } if shape.len() == 2 => {
@@ -72,12 +76,34 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
                         global_off: global,
                         global_size: *s,
                         chunk: rk,
+                        tuple: None,
                     };
                     local += s / tp;
                     global += s;
                     p
                 })
                 .collect();
+            (parts, inner[0], inner[0])
+        }
+        Geometry::MergedTuples {
+            sizes,
+            inner,
+            tuples,
+        } if inner.len() == 1 => {
+            let plain = Geometry::MergedColumn {
+                sizes: sizes.clone(),
+                inner: inner.clone(),
+                disable_tp: false,
+            };
+            let (mut parts, _, _) = partitions(&plain, r)?;
+            for (k, p) in parts.iter_mut().enumerate() {
+                if let Some(t) = tuples.iter().find(|t| t.contains(&(k as u64))) {
+                    let of = |j: &u64| sizes[*j as usize];
+                    let before = t.iter().take_while(|&&j| j != k as u64).map(of).collect();
+                    p.slot = (Some(ShardId::Tuple(t.clone())), None);
+                    p.tuple = Some((before, t.iter().map(of).sum()));
+                }
+            }
             (parts, inner[0], inner[0])
         }
         Geometry::Qkv {
@@ -101,6 +127,7 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
                     global_off,
                     global_size,
                     chunk,
+                    tuple: None,
                 };
             let (gq, gkv) = (heads * head_dim, kv_heads * head_dim);
             let parts = vec![
@@ -181,6 +208,11 @@ pub(super) fn block_scale(of: &Geometry, [bn, bk]: [u64; 2], r: Rank, fused: boo
                     total_global.div_ceil(bn),
                     p.global_off.div_ceil(bn),
                 )
+            } else if let Some((before, rows)) = &p.tuple {
+                // weight_loader_v2 with a tuple: the scale's parts by `adjust_block_scale_shard`
+                // of each shard's size, then each part as a lone shard.
+                let base = before.iter().map(|s| s.div_ceil(bn)).sum();
+                (p.slot.clone(), rows.div_ceil(bn), base)
             } else {
                 (p.slot.clone(), p.global_size.div_ceil(bn), 0)
             };
