@@ -252,6 +252,20 @@ pub(super) fn block_scale_check(of: &Geometry, [bn, bk]: [u64; 2], r: Rank) -> V
             parts[0].local_size
         ));
     }
+    // A tuple's part is narrowed out of the tuple's scale first (weight_loader_v2): a rank's
+    // blocks past the part's own fail there, even inside the tuple's scale.
+    for (k, p) in parts.iter().enumerate().filter(|(_, p)| p.tuple.is_some()) {
+        let (size_b, part_b) = (p.local_size.div_ceil(bn), p.global_size.div_ceil(bn));
+        if out.is_empty() && r.tp * size_b > part_b {
+            out.push(format!(
+                "its block scales do not align with this TP size: rank {} would read blocks [{}, {}) of shard {k}'s {part_b} in the tuple's scale (output partitions {:?} are not multiples of block_n = {bn}); vLLM's loader fails on this",
+                r.tp - 1,
+                (r.tp - 1) * size_b,
+                r.tp * size_b,
+                parts.iter().map(|p| p.local_size).collect::<Vec<_>>()
+            ));
+        }
+    }
     // A misaligned layer vLLM lets through still cannot be cut: say so, unless a message above
     // already explains it.
     let layout = block_scale(of, [bn, bk], r, false);
