@@ -89,23 +89,7 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
             sizes,
             inner,
             tuples,
-        } if inner.len() == 1 => {
-            let plain = Geometry::MergedColumn {
-                sizes: sizes.clone(),
-                inner: inner.clone(),
-                disable_tp: false,
-            };
-            let (mut parts, _, _) = partitions(&plain, r)?;
-            for (k, p) in parts.iter_mut().enumerate() {
-                if let Some(t) = tuples.iter().find(|t| t.contains(&(k as u64))) {
-                    let of = |j: &u64| sizes[*j as usize];
-                    let before = t.iter().take_while(|&&j| j != k as u64).map(of).collect();
-                    p.slot = (Some(ShardId::Tuple(t.clone())), None);
-                    p.tuple = Some((before, t.iter().map(of).sum()));
-                }
-            }
-            (parts, inner[0], inner[0])
-        }
+        } if inner.len() == 1 => (tuple_parts(sizes, inner, tuples, r)?, inner[0], inner[0]),
         Geometry::Qkv {
             heads,
             kv_heads,
@@ -139,6 +123,25 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
         }
         _ => return None,
     })
+}
+
+/// A merged column's parts, those a tuple fills taking their rows from the tuple's tensor.
+fn tuple_parts(sizes: &[u64], inner: &[u64], tuples: &[Vec<u64>], r: Rank) -> Option<Vec<Part>> {
+    let plain = Geometry::MergedColumn {
+        sizes: sizes.to_vec(),
+        inner: inner.to_vec(),
+        disable_tp: false,
+    };
+    let (mut parts, _, _) = partitions(&plain, r)?;
+    for (k, p) in parts.iter_mut().enumerate() {
+        if let Some(t) = tuples.iter().find(|t| t.contains(&(k as u64))) {
+            let of = |j: &u64| sizes[*j as usize];
+            let before = t.iter().take_while(|&&j| j != k as u64).map(of).collect();
+            p.slot = (Some(ShardId::Tuple(t.clone())), None);
+            p.tuple = Some((before, t.iter().map(of).sum()));
+        }
+    }
+    Some(parts)
 }
 
 /// Per-tensor scales: `[shards]` F32, the same on every rank; a fused checkpoint tensor's single
