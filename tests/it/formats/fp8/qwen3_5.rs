@@ -6,10 +6,16 @@
 //! rank. `in_proj_a` / `in_proj_b`, listed under their checkpoint names in
 //! `modules_to_not_convert` (`Fp8Config.apply_vllm_mapper` maps them), stay BF16 without scales.
 //!
-//! Checked against real vLLM 0.33 on the CPU (the same quantization with real E4M3 values and
-//! block 16 at TP 2, block 8 at TP 4; `tools/vllm_reload.py --load-format safetensors FOLDER --tp
-//! N --language-model-only --dump DUMP` with `init_fp8_linear_kernel` stubbed, then
-//! `compare_shards.py DUMP OUT --ignore-parts`: IDENTICAL, 184 tensors at TP 2, all ranks).
+//! Checked against real vLLM 0.33 on the CPU, on the same quantization with real E4M3 values
+//! (block 16 at TP 2, block 8 at TP 4; vision tower, routers, `in_proj_a/b` and `lm_head` in
+//! `modules_to_not_convert`): `tools/vllm_reload.py --load-format safetensors FOLDER --tp N
+//! --language-model-only --dump DUMP` (with `quantization.fp8.init_fp8_linear_kernel` stubbed,
+//! selection only), `wload shard FOLDER --tp N --language-model-only -o OUT`, then
+//! `compare_shards.py DUMP OUT --ignore-parts`: "IDENTICAL: 2 ranks, 184 tensors" and
+//! "IDENTICAL: 4 ranks, 368 tensors"; Qwen3-Next built from the same tensors (fused on disk,
+//! `in_proj_ba` ignored) at TP 2: "IDENTICAL: 2 ranks, 184 tensors". Block 32 at TP 2 is refused by
+//! both (vLLM: "Weight input_size_per_partition = 16 is not divisible by weight quantization
+//! block_k = 32.", the shared expert's down_proj).
 
 use super::*;
 
