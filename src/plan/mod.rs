@@ -251,6 +251,7 @@ impl<'m> Planner<'m> {
         if let Some(q) = &mut quant {
             // maybe_update_config: GPTQ's and AWQ's layer lists from the checkpoint's dtypes.
             q.update_from_checkpoint(checkpoint.all_tensors().map(|t| (&*t.name, t.dtype)));
+            q.apply_vllm_mapper(&mapping.rules);
             // get_supported_act_dtypes: vLLM refuses the model before loading.
             if let Err(message) = q.supports(model_dtype) {
                 problems.push(Problem {

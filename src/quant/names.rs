@@ -4,9 +4,26 @@
 
 use super::Quantization;
 use crate::mapping::Mapping;
-use crate::mapping::rules::{RegexRule, Rules};
+use crate::mapping::rules::{Outcome, RegexRule, Rules, Step};
 
 impl Quantization {
+    /// `Fp8Config.apply_vllm_mapper` (quantization/fp8.py:153–155): the ignored names through the
+    /// model's `hf_to_vllm_mapper`, so that a VLM's checkpoint names (Qwen3.5's
+    /// `model.language_model.layers.0.linear_attn.in_proj_a`) match the modules as vLLM builds
+    /// them (`language_model.model.layers.0.linear_attn.in_proj_a`, a part of `in_proj_ba`). The
+    /// mapper is not the stacked params mapping: a part's name stays a part's name. The listed
+    /// names are kept too (wload's rules hold more than vLLM's mapper: aliases, suffixes).
+    pub fn apply_vllm_mapper(&mut self, rules: &Rules) {
+        let Quantization::Fp8(q) = self else {
+            return;
+        };
+        let mapped: Vec<String> = (q.ignored.iter())
+            .filter_map(|n| mapped_module(rules, n))
+            .filter(|m| !q.ignored.contains(m))
+            .collect();
+        q.ignored.extend(mapped);
+    }
+
     /// The rules vLLM's quant config adds to every model's weights mapper
     /// (`get_cache_scale_mapper`, `get_checkpoint_weight_mapper`, models/utils.py:465–468): kv
     /// cache scales renamed onto the Attention layer, `.g_idx` dropped; and the suffixes it lets
@@ -96,6 +113,26 @@ impl Quantization {
             .extend(suffixes.iter().map(|s| s.to_string()));
         m
     }
+}
+
+/// A module name through the model's renames (its weight's name, the stacked rule undone).
+fn mapped_module(rules: &Rules, module: &str) -> Option<String> {
+    let Ok(Outcome::Mapped(m)) = rules.apply(&format!("{module}.weight")) else {
+        return None;
+    };
+    if m.expert.is_some() {
+        return None;
+    }
+    let mut t = m.target.strip_suffix(".weight")?.to_string();
+    for step in m.trace.iter().rev() {
+        if let Step::Stacked(k) = step {
+            let s = &rules.stacked[*k];
+            if let Some(at) = t.rfind(&s.to) {
+                t.replace_range(at..at + s.to.len(), &s.from);
+            }
+        }
+    }
+    Some(rules.built_module(&t))
 }
 
 /// What a checkpoint tensor is for, read from the last part of its name: the spellings vLLM's

@@ -20,6 +20,9 @@ struct Part {
     global_size: u64,
     /// The chunk index: the rank for q and split layers, `rank / replicas` for replicated kv heads.
     chunk: u64,
+    /// For a shard a tuple fills: the sizes of the tuple's shards before it, and the tuple's rows
+    /// (vLLM cuts the tuple's scale at its shards' block-rounded sizes).
+    tuple: Option<(Vec<u64>, u64)>,
 }
 
 /// The logical shards of a linear weight, as slot keys (qkv: q, k, v; merged: 0, 1, …; else one).
@@ -50,6 +53,7 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
         global_off: 0,
         global_size: out,
         chunk,
+        tuple: None,
     };
     Some(match of {
         Geometry::Replicated { shape } if shape.len() == 2 => {
@@ -72,6 +76,7 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
                         global_off: global,
                         global_size: *s,
                         chunk: rk,
+                        tuple: None,
                     };
                     local += s / tp;
                     global += s;
@@ -80,6 +85,11 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
                 .collect();
             (parts, inner[0], inner[0])
         }
+        Geometry::MergedTuples {
+            sizes,
+            inner,
+            tuples,
+        } if inner.len() == 1 => (tuple_parts(sizes, inner, tuples, r)?, inner[0], inner[0]),
         Geometry::Qkv {
             heads,
             kv_heads,
@@ -101,6 +111,7 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
                     global_off,
                     global_size,
                     chunk,
+                    tuple: None,
                 };
             let (gq, gkv) = (heads * head_dim, kv_heads * head_dim);
             let parts = vec![
@@ -112,6 +123,25 @@ fn partitions(of: &Geometry, r: Rank) -> Option<(Vec<Part>, u64, u64)> {
         }
         _ => return None,
     })
+}
+
+/// A merged column's parts, those a tuple fills taking their rows from the tuple's tensor.
+fn tuple_parts(sizes: &[u64], inner: &[u64], tuples: &[Vec<u64>], r: Rank) -> Option<Vec<Part>> {
+    let plain = Geometry::MergedColumn {
+        sizes: sizes.to_vec(),
+        inner: inner.to_vec(),
+        disable_tp: false,
+    };
+    let (mut parts, _, _) = partitions(&plain, r)?;
+    for (k, p) in parts.iter_mut().enumerate() {
+        if let Some(t) = tuples.iter().find(|t| t.contains(&(k as u64))) {
+            let of = |j: &u64| sizes[*j as usize];
+            let before = t.iter().take_while(|&&j| j != k as u64).map(of).collect();
+            p.slot = (Some(ShardId::Tuple(t.clone())), None);
+            p.tuple = Some((before, t.iter().map(of).sum()));
+        }
+    }
+    Some(parts)
 }
 
 /// Per-tensor scales: `[shards]` F32, the same on every rank; a fused checkpoint tensor's single
@@ -181,6 +211,11 @@ pub(super) fn block_scale(of: &Geometry, [bn, bk]: [u64; 2], r: Rank, fused: boo
                     total_global.div_ceil(bn),
                     p.global_off.div_ceil(bn),
                 )
+            } else if let Some((before, rows)) = &p.tuple {
+                // weight_loader_v2 with a tuple: the scale's parts by `adjust_block_scale_shard`
+                // of each shard's size, then each part as a lone shard.
+                let base = before.iter().map(|s| s.div_ceil(bn)).sum();
+                (p.slot.clone(), rows.div_ceil(bn), base)
             } else {
                 (p.slot.clone(), p.global_size.div_ceil(bn), 0)
             };
@@ -219,6 +254,20 @@ pub(super) fn block_scale_check(of: &Geometry, [bn, bk]: [u64; 2], r: Rank) -> V
             "Weight output_partition_size = {} is not divisible by weight quantization block_n = {bn}.",
             parts[0].local_size
         ));
+    }
+    // A tuple's part is narrowed out of the tuple's scale first (weight_loader_v2): a rank's
+    // blocks past the part's own fail there, even inside the tuple's scale.
+    for (k, p) in parts.iter().enumerate().filter(|(_, p)| p.tuple.is_some()) {
+        let (size_b, part_b) = (p.local_size.div_ceil(bn), p.global_size.div_ceil(bn));
+        if out.is_empty() && r.tp * size_b > part_b {
+            out.push(format!(
+                "its block scales do not align with this TP size: rank {} would read blocks [{}, {}) of shard {k}'s {part_b} in the tuple's scale (output partitions {:?} are not multiples of block_n = {bn}); vLLM's loader fails on this",
+                r.tp - 1,
+                (r.tp - 1) * size_b,
+                r.tp * size_b,
+                parts.iter().map(|p| p.local_size).collect::<Vec<_>>()
+            ));
+        }
     }
     // A misaligned layer vLLM lets through still cannot be cut: say so, unless a message above
     // already explains it.

@@ -249,6 +249,77 @@ mod tests {
         );
     }
 
+    /// weight_loader_v2 with Qwen3.5's shard ids on a `BlockQuantScaleParameter` over TP 1–16:
+    /// `in_proj_qkv`'s scale `[(2key + value)/bn, H/bk]` is cut at the block-rounded sizes
+    /// `[key/bn, key/bn, value/bn]` (`adjust_block_scale_shard(size, 0)`) and each part loaded as
+    /// shard k: rank r's block row `o` of part k is row `off_k + r·s_k/tp/bn + o` of the tuple's
+    /// scale (or of z's). Where a part per rank is not whole blocks, the layout is refused.
+    #[test]
+    fn in_proj_qkvz_block_scales_follow_vllms_tuple_loader_over_tp_1_to_16() {
+        let (key, value, h, bn) = (128u64, 256u64, 64u64, 16u64);
+        let sizes = vec![key, key, value, value];
+        let of = Geometry::MergedTuples {
+            sizes: sizes.clone(),
+            inner: vec![h],
+            tuples: vec![vec![0, 1, 2]],
+        };
+        let g = Geometry::BlockScale {
+            of: Box::new(of.clone()),
+            block: [bn, bn],
+        };
+        let qkv = (Some(ShardId::Tuple(vec![0, 1, 2])), None);
+        let z = (Some(ShardId::Index(3)), None);
+        assert_eq!(
+            g.expected_source(qkv.0.as_ref()).unwrap().to_vec(),
+            vec![(2 * key + value) / bn, h / bn]
+        );
+        let cols = h / bn;
+        for tp in 1..=16u64 {
+            let r0 = Rank {
+                tp,
+                rank: 0,
+                ep: false,
+            };
+            // Not divisible: the weight is refused; divisible but not whole blocks (tp 16: 8
+            // rows of a key part): the scale is.
+            if sizes.iter().any(|s| !s.is_multiple_of(tp)) {
+                assert!(!of.check(r0).is_empty(), "tp{tp}");
+                continue;
+            }
+            if sizes.iter().any(|s| !s.is_multiple_of(tp * bn)) {
+                assert!(!g.check(r0).is_empty(), "tp{tp}");
+                continue;
+            }
+            assert!(g.check(r0).is_empty(), "tp{tp}");
+            let mut seen_qkv = vec![0u8; ((2 * key + value) / bn * cols) as usize];
+            let mut seen_z = vec![0u8; (value / bn * cols) as usize];
+            for rank in 0..tp {
+                let r = Rank { rank, ..r0 };
+                let mut want = Vec::new();
+                let offsets = [0, key / bn, 2 * key / bn, 0];
+                for (k, s) in sizes.iter().enumerate() {
+                    let n = s / tp / bn;
+                    for o in 0..n {
+                        let slot = if k < 3 { &qkv } else { &z };
+                        let row = offsets[k] + rank * n + o;
+                        want.extend((0..cols).map(|x| (slot.clone(), row * cols + x)));
+                    }
+                }
+                let got = sources(&g, r, false);
+                assert_eq!(got, want, "tp{tp} r{rank}");
+                for (slot, i) in &got {
+                    let seen = if *slot == qkv {
+                        &mut seen_qkv
+                    } else {
+                        &mut seen_z
+                    };
+                    seen[*i as usize] += 1;
+                }
+            }
+            assert!(seen_qkv.iter().chain(&seen_z).all(|&n| n == 1), "tp{tp}");
+        }
+    }
+
     /// mamba_v2_sharded_weight_loader (mamba_mixer2.py:202–260) with the GDN's shard spec
     /// `[(key, 0, False), (key, 0, False), (value, 0, False)]` (qwen_gdn_linear_attn.py:632–640),
     /// ported line by line, over TP 1–16: the conv1d weight `[conv_dim, 1, K]` as a merged column

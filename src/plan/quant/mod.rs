@@ -155,15 +155,17 @@ impl<'m> Planner<'m> {
             return None;
         }
         let module = module.as_str();
-        if matches!(p.geometry, Geometry::MergedTuples { .. }) {
-            // Qwen3.5's in_proj_qkvz: a quantized tuple shard's scales (and in_proj_ba, which
-            // vLLM replicates under AWQ/GPTQ on CUDA, qwen_gdn_linear_attn.py:853–869) are not
-            // planned yet; refused rather than written wrong.
+        let block_fp8 = matches!(q, Quantization::Fp8(f) if f.block.is_some());
+        if matches!(p.geometry, Geometry::MergedTuples { .. }) && !block_fp8 {
+            // Qwen3.5's in_proj_qkvz: block FP8 is planned (scales.rs cuts the tuple's scale);
+            // other formats' tuple scales (and in_proj_ba, which vLLM replicates under AWQ/GPTQ on
+            // CUDA, qwen_gdn_linear_attn.py:853–869) are not: refused rather than written wrong.
             self.problems.push(Problem {
                 message: format!(
-                    "{module}: a quantized merged column filled by tuple shards (Qwen3.5's GDN in_proj_qkvz) is not supported by wload yet"
+                    "{module}: a merged column filled by tuple shards (Qwen3.5's GDN in_proj_qkvz) quantized as {} is not supported by wload yet (block FP8 is)",
+                    q.describe()
                 ),
-                fix: Some("list the module in the quantization config's ignore list if the checkpoint stores it unquantized, or shard an unquantized checkpoint".into()),
+                fix: Some("list the module in the quantization config's ignore list if the checkpoint stores it unquantized, or shard an unquantized or block-FP8 checkpoint".into()),
                 parameter: Some(p.name.clone()),
                 ..Default::default()
             });

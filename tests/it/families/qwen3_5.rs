@@ -405,8 +405,8 @@ fn what_vllm_refuses_is_refused_with_its_words() {
     assert_eq!(sizes["accepted_tp"], json!([1, 2, 4]), "{sizes:#}");
 }
 
-/// A quantized Qwen3.5 checkpoint is refused, naming in_proj_qkvz: the scales of a tuple shard
-/// are not planned yet, and nothing is written wrong.
+/// A per-tensor FP8 Qwen3.5 checkpoint is refused, naming in_proj_qkvz and the format: only block
+/// FP8's tuple scales are planned, and nothing is written wrong.
 #[test]
 fn a_quantized_checkpoint_is_refused_at_the_tuple_shards() {
     let q = fixture_with(CASE, |m| {
@@ -417,7 +417,10 @@ fn a_quantized_checkpoint_is_refused_at_the_tuple_shards() {
     assert_refused(
         &refused,
         3,
-        &["layers.0.linear_attn.in_proj_qkvz: a quantized merged column filled by tuple shards"],
+        &[
+            "layers.0.linear_attn.in_proj_qkvz: a merged column filled by tuple shards",
+            "quantized as fp8: FP8 per-tensor",
+        ],
     );
 }
 

@@ -25,6 +25,7 @@ mod fused_on_disk;
 mod kv_scales;
 mod loading;
 mod mixtral;
+mod qwen3_5;
 mod refined_grid;
 mod refusals;
 mod spellings;
