@@ -634,7 +634,10 @@ impl Rules {
                 trace.push(Step::Regex(k));
             }
         }
-        for (k, r) in self.substr.iter().enumerate() {
+        // Neither kind fires on a name none of their literals occurs in (a renamed prefix alone:
+        // every name of a VLM's text model, 90,000 in Qwen3.5-397B), one pass says so.
+        let literals = (self.any_literal.as_ref()).is_none_or(|a| a.is_match(inner));
+        for (k, r) in self.substr.iter().enumerate().filter(|_| literals) {
             if inner.contains(&r.from) {
                 let Some(to) = &r.to else {
                     return Ok(Some(Outcome::Dropped {
@@ -645,7 +648,7 @@ impl Rules {
                 trace.push(check(inner, Step::Substr(k))?);
             }
         }
-        for (k, r) in self.stacked.iter().enumerate() {
+        for (k, r) in self.stacked.iter().enumerate().filter(|_| literals) {
             if inner.contains(&r.from) {
                 *inner = inner.replacen(&r.from, &r.to, 1);
                 *shard = Some(r.shard.clone());
