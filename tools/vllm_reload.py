@@ -39,7 +39,8 @@ the goal is the state right after the weight loaders, which is what sharded_stat
   keys differ, vllm-spec §11), and a sparse MLA backend, FLASHMLA_SPARSE (an SM90 candidate), where
   the CPU platform refuses sparse attention: the backend only builds the attention impl, it creates
   no parameter. The workspace manager is set up as the GPU worker does before loading
-  (gpu_worker.py:558; scratch buffers only, the CUDA indexer asks for it).
+  (gpu_worker.py:558): that impl reserves scratch buffers in its `__init__`
+  (flashmla_sparse.py:832), which are in no state_dict.
 
 The state dumped is `ShardedStateLoader._filter_subtensors(model.state_dict())`, the very function
 `save_model` applies, so storage-shared aliases are dropped exactly as vLLM drops them. MLA models
