@@ -72,13 +72,13 @@ for c in "${cases[@]}"; do
     # shellcheck disable=SC2086
     if ! "$wload" -q shard "$fixture" --tp "$tp" -o "$out" ${CASE_FLAGS[$name]:-} \
         > "$work/$name/shard.log" 2>&1; then
-      echo "$c: shard failed: $(grep -m1 -i error "$work/$name/shard.log") ($work/$name/shard.log)"
+      echo "$c: shard failed: $(grep -m1 -i error "$work/$name/shard.log" | cut -c1-120) ($work/$name/shard.log)"
       failed=$((failed + 1)); continue
     fi
   fi
   if ! VLLM_TARGET_DEVICE=cpu "$venv/bin/python" "$here/tools/vllm_reload.py" "$out" --flags-from-folder \
       --dump "$dump" > "$work/$name/reload.log" 2>&1; then
-    echo "$c: vLLM reload failed: $(grep -E 'Error|error' "$work/$name/reload.log" | tail -1)" \
+    echo "$c: vLLM reload failed: $(grep -E 'Error|error' "$work/$name/reload.log" | tail -1 | cut -c1-200)" \
       "($work/$name/reload.log)"
     failed=$((failed + 1)); continue
   fi
