@@ -10,8 +10,8 @@ from the original checkpoint (tests/data/golden/expected/<case>/tp<N>).
 
 `--flags-from-folder` takes the engine flags from the folder itself, so that the reload runs with
 exactly the `vllm serve` line a user is told to run: `wload.json`'s `serve.argv` for a wload output;
-for a folder real vLLM wrote (a golden expected folder, `oracle_meta_rank0.json`) its `tp` and
-`engine_options`. Either way `--config-format mistral` is added where the folder has params.json and
+for a folder real vLLM wrote (a golden expected folder, `oracle_meta_rank0.json`) its `tp`, `pp`,
+`enable_expert_parallel`, `dtype_requested` and `engine_options`. Either way `--config-format mistral` is added where the folder has params.json and
 no config.json (vLLM reads params.json by itself only next to consolidated*.safetensors, which a
 pre-sharded folder never has). Flags given on the command line come after and win.
 
@@ -245,11 +245,17 @@ def folder_flags(folder):
             sys.exit(f"{manifest}: no serve.argv `vllm serve FOLDER ...`")
         flags = serve[3:]  # after `vllm serve FOLDER`
     elif os.path.exists(meta):
-        # A folder real vLLM wrote: the golden oracle's TP size and engine options, which are
-        # EngineArgs fields (`language_model_only`, `mm_encoder_tp_mode`, ...), as CLI flags.
+        # A folder real vLLM wrote: the golden oracle's parallel sizes, dtype and engine options
+        # (EngineArgs fields: `language_model_only`, `mm_encoder_tp_mode`, ...), as CLI flags.
         with open(meta) as f:
             m = json.load(f)
         flags = ["--load-format", "sharded_state", "--tensor-parallel-size", str(m["tp"])]
+        if m.get("pp", 1) > 1:
+            flags += ["--pipeline-parallel-size", str(m["pp"])]
+        if m.get("enable_expert_parallel"):
+            flags.append("--enable-expert-parallel")
+        if m.get("dtype_requested", "auto") != "auto":
+            flags += ["--dtype", m["dtype_requested"]]
         for k, v in (m.get("engine_options") or {}).items():
             flag = "--" + k.replace("_", "-")
             if v is True:

@@ -14,7 +14,7 @@
 #          which proves the harness: it must say IDENTICAL for every case.
 # WORK     where outputs, dumps and logs go (default: a new temporary folder).
 #
-# A case's extra shard flags come from CASE_FLAGS below. The reload takes its engine flags from the
+# A case's shard flags come from its name's suffixes (`__lmonly`, `__ep`, ...) and CASE_FLAGS below. The reload takes its engine flags from the
 # folder (tools/vllm_reload.py --flags-from-folder): the `vllm serve` line wload recorded in
 # wload.json (so `--language-model-only`, `--config-format mistral`, `--moe-backend` are those a user
 # is told to pass, not a second copy kept here), or the golden oracle's options for vLLM's own folder.
@@ -35,12 +35,29 @@ cases=("$@")
   # issue 27: families of late 2026
   minimax_m2/tp2 qwen3_vl/tp2 llama4__lmonly/tp2 qwen3_5_moe__lmonly/tp2 glm4_moe_lite/tp2
   deepseek_v32/tp2 mistral_large_3/tp2)
-# Shard flags a case's name stands for (golden/README.md: `__lmonly` = --language-model-only).
-declare -A CASE_FLAGS=(
-  [gpt_oss_mxfp4]="--moe-backend triton"
-  [llama4__lmonly]="--language-model-only"
-  [qwen3_5_moe__lmonly]="--language-model-only"
-)
+# Shard flags a case needs beyond those its name's suffixes stand for (suffix_flags).
+declare -A CASE_FLAGS=([gpt_oss_mxfp4]="--moe-backend triton")
+
+# The shard flags of a case name's suffixes, as the golden README defines them: `__lmonly`
+# --language-model-only, `__mmdata` --mm-encoder-tp-mode data, `__ep` --enable-expert-parallel,
+# `__ppN` --pp N, `__dtype_D` --dtype D, `__maxsize_B` --max-part-size B.
+suffix_flags() {
+  local s parts flags=()
+  IFS=' ' read -r -a parts <<< "${1//__/ }"
+  for s in "${parts[@]:1}"; do
+    case $s in
+      lmonly) flags+=(--language-model-only) ;;
+      mmdata) flags+=(--mm-encoder-tp-mode data) ;;
+      ep) flags+=(--enable-expert-parallel) ;;
+      pp[0-9]*) flags+=(--pp "${s#pp}") ;;
+      dtype_*) flags+=(--dtype "${s#dtype_}") ;;
+      maxsize_*) flags+=(--max-part-size "${s#maxsize_}") ;;
+      fp8_*) ;;  # llama_gqa__fp8_block: the fixture's name (fixture_of), no flag
+      *) echo "unknown case suffix __$s" >&2; return 1 ;;
+    esac
+  done
+  echo "${flags[*]}"
+}
 
 # The fixture of a case: its own name, or the name with `__` as `_` (llama_gqa__fp8_block comes from
 # llama_gqa_fp8_block), or the name before the suffix (llama4__lmonly comes from llama4).
@@ -69,8 +86,11 @@ for c in "${cases[@]}"; do
       echo "$c: no fixture in $golden/fixtures (set GOLDEN=/work/shared/golden)"
       failed=$((failed + 1)); continue
     fi
+    if ! flags=$(suffix_flags "$name"); then
+      echo "$c: unknown suffix in the case name"; failed=$((failed + 1)); continue
+    fi
     # shellcheck disable=SC2086
-    if ! "$wload" -q shard "$fixture" --tp "$tp" -o "$out" ${CASE_FLAGS[$name]:-} \
+    if ! "$wload" -q shard "$fixture" --tp "$tp" -o "$out" $flags ${CASE_FLAGS[$name]:-} \
         > "$work/$name/shard.log" 2>&1; then
       echo "$c: shard failed: $(grep -m1 -i error "$work/$name/shard.log" | cut -c1-120) ($work/$name/shard.log)"
       failed=$((failed + 1)); continue
