@@ -3,8 +3,17 @@
 rank then holds, before vLLM's own post-processing, for a byte comparison with the state vLLM holds
 from the original checkpoint (tests/data/golden/expected/<case>/tp<N>).
 
+    VLLM_TARGET_DEVICE=cpu python tools/vllm_reload.py OUT --flags-from-folder --dump DUMP
     VLLM_TARGET_DEVICE=cpu python tools/vllm_reload.py OUT --tp 2 --dump DUMP [--moe-backend triton]
     python tests/data/golden/tools/compare_shards.py tests/data/golden/expected/CASE/tp2 DUMP --ignore-parts
+    python tools/compare_digest.py tests/data/golden/expected/CASE/tp2 DUMP   (digest-form cases)
+
+`--flags-from-folder` takes the engine flags from the folder itself, so that the reload runs with
+exactly the `vllm serve` line a user is told to run: `wload.json`'s `serve.argv` for a wload output;
+for a folder real vLLM wrote (a golden expected folder, `oracle_meta_rank0.json`) its `tp`, `pp`,
+`enable_expert_parallel`, `dtype_requested` and `engine_options`. Either way `--config-format mistral` is added where the folder has params.json and
+no config.json (vLLM reads params.json by itself only next to consolidated*.safetensors, which a
+pre-sharded folder never has). Flags given on the command line come after and win.
 
 With `--load-format safetensors`, FOLDER is a HF checkpoint and the dump is the state vLLM's own
 loader makes from it: the reference for a format that has no golden case (compare it with the
@@ -23,7 +32,20 @@ the goal is the state right after the weight loaders, which is what sharded_stat
 - kernel selection that has no CPU implementation (NVFP4, WNA16/Marlin linear kernels): a stub
   object, selection only — parameters are created by the schemes themselves;
 - the MoE backend: the SM90 (H100/H200) default, TRITON, which decides MXFP4 padding, and
-  MARLIN for NVFP4 experts (selection only), which decides their input scales' shape under EP.
+  MARLIN for NVFP4 experts (selection only), which decides their input scales' shape under EP;
+- DSA models (DeepSeek-V3.2, GLM-5.x: `DeepseekV32ForCausalLM`, `GlmMoeDsaForCausalLM`): the
+  class of vLLM's CUDA module tree, `vllm/models/deepseek_v32/nvidia/model.py`, which the golden
+  case records (what an H100/H200 holds; on CPU vLLM would bind the generic DeepSeek-V3 tree, whose
+  keys differ, vllm-spec §11), and a sparse MLA backend, FLASHMLA_SPARSE (an SM90 candidate), where
+  the CPU platform refuses sparse attention: the backend only builds the attention impl, it creates
+  no parameter. The workspace manager is set up as the GPU worker does before loading
+  (gpu_worker.py:558): that impl reserves scratch buffers in its `__init__`
+  (flashmla_sparse.py:832), which are in no state_dict.
+
+The state dumped is `ShardedStateLoader._filter_subtensors(model.state_dict())`, the very function
+`save_model` applies, so storage-shared aliases are dropped exactly as vLLM drops them. MLA models
+(DeepSeek, GLM-4.7-Flash, Mistral Large 3) are dumped before `process_weights_after_loading` like
+every other: the golden MLA cases hold that state (vLLM 0.33 cannot save the post-processed one).
 Needs vLLM 0.33.0 (`pip install vllm==0.33.0` in a venv).
 """
 
@@ -117,20 +139,64 @@ def patch_vllm(moe_backend):
         q_mxfp4.select_mxfp4_moe_backend = select
 
 
+# Architectures vLLM builds from `vllm/models/deepseek_v32` (registry.py:95, 126).
+DSA_ARCHITECTURES = {"DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"}
+
+
+def patch_dsa_cuda_tree():
+    """Make DSA models vLLM's CUDA module tree on the CPU, as the golden oracle did.
+
+    The registry resolves these architectures by `getattr(vllm.models.deepseek_v32, NAME)`, and the
+    package `__init__` binds the generic DeepSeek-V3 class unless `current_platform.is_cuda()`;
+    rebinding the names to the nvidia classes gives the CUDA keys (`self_attn.q_b_proj`, not
+    `self_attn.mla_attn.q_b_proj`). The CPU platform then raises "Sparse Attention is not supported
+    on CPU" when the attention picks its backend: answer FLASHMLA_SPARSE instead, one of SM90's
+    candidates (platforms/cuda.py:140-155; the golden case is byte-identical with another one)."""
+    import vllm.models.deepseek_v32 as dsa
+    import vllm.models.deepseek_v32.nvidia.model as nvidia
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    dsa.DeepseekV32ForCausalLM = nvidia.DeepseekV32ForCausalLM
+    dsa.GlmMoeDsaForCausalLM = nvidia.DeepseekV32ForCausalLM
+    cpu_choice = CpuPlatform.get_attn_backend_cls.__func__
+
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+        if attn_selector_config.use_sparse:
+            return AttentionBackendEnum.FLASHMLA_SPARSE.get_path()
+        return cpu_choice(cls, selected_backend, attn_selector_config, num_heads)
+
+    CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
+
+
+def folder_architectures(folder):
+    """config.json's architectures (a Mistral folder has none: params.json only)."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            return set(json.load(f).get("architectures") or [])
+    except OSError:
+        return set()
+
+
 def rank_main(rank, args, port):
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     patch_vllm(args.moe_backend)
+    if folder_architectures(args.folder) & DSA_ARCHITECTURES:
+        patch_dsa_cuda_tree()
     import torch
     from safetensors.torch import save_file
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model_loader
+    from vllm.model_executor.model_loader.sharded_state_loader import ShardedStateLoader
     from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+    from vllm.v1.worker.workspace import init_workspace_manager
 
     engine = EngineArgs(
         model=args.folder,
         load_format=args.load_format,
         tensor_parallel_size=args.tp,
+        tokenizer_mode=args.tokenizer_mode,
         dtype=args.dtype,
         enforce_eager=True,
         distributed_executor_backend="mp",
@@ -146,21 +212,16 @@ def rank_main(rank, args, port):
         init_worker_distributed_environment(
             config, rank, f"tcp://127.0.0.1:{port}", rank, backend="gloo"
         )
+        init_workspace_manager(torch.device("cpu"))
         loader = get_model_loader(config.load_config)
         model = loader.load_model(vllm_config=config, model_config=config.model_config)
-    # Aliases of one tensor (Qwen3-MoE's router is `mlp.gate` and `mlp.experts.gate`) keep
-    # the smallest name, as `ShardedStateLoader._filter_subtensors` keeps it.
-    state = {}
-    kept = {}
-    for k, t in model.state_dict().items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if t.numel() and key in kept:
-            if k > kept[key]:
-                continue
-            del state[kept[key]]
-        if t.numel():
-            kept[key] = k
-        state[k] = t.detach().contiguous().cpu()
+    # What `ShardedStateLoader.save_model` would write: aliases of one tensor (Qwen3-MoE's router is
+    # `mlp.gate` and `mlp.experts.gate`) and views inside another tensor dropped, the smallest name
+    # kept.
+    state = {
+        k: t.detach().contiguous().cpu()
+        for k, t in ShardedStateLoader._filter_subtensors(model.state_dict()).items()
+    }
     os.makedirs(args.dump, exist_ok=True)
     name = (
         f"model-pp-{rank // args.tp}-tp-{rank % args.tp}-part-0.safetensors"
@@ -172,25 +233,83 @@ def rank_main(rank, args, port):
     torch.distributed.destroy_process_group()
 
 
-def main():
+def folder_flags(folder):
+    """The engine flags the folder asks for (see --flags-from-folder in the module doc)."""
+    manifest = os.path.join(folder, "wload.json")
+    meta = os.path.join(folder, "oracle_meta_rank0.json")
+    flags = []
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            serve = (json.load(f).get("serve") or {}).get("argv")
+        if not serve or serve[:2] != ["vllm", "serve"]:
+            sys.exit(f"{manifest}: no serve.argv `vllm serve FOLDER ...`")
+        flags = serve[3:]  # after `vllm serve FOLDER`
+    elif os.path.exists(meta):
+        # A folder real vLLM wrote: the golden oracle's parallel sizes, dtype and engine options
+        # (EngineArgs fields: `language_model_only`, `mm_encoder_tp_mode`, ...), as CLI flags.
+        with open(meta) as f:
+            m = json.load(f)
+        flags = ["--load-format", "sharded_state", "--tensor-parallel-size", str(m["tp"])]
+        if m.get("pp", 1) > 1:
+            flags += ["--pipeline-parallel-size", str(m["pp"])]
+        if m.get("enable_expert_parallel"):
+            flags.append("--enable-expert-parallel")
+        if m.get("dtype_requested", "auto") != "auto":
+            flags += ["--dtype", m["dtype_requested"]]
+        for k, v in (m.get("engine_options") or {}).items():
+            flag = "--" + k.replace("_", "-")
+            if v is True:
+                flags.append(flag)
+            elif v is not False:
+                flags += [flag, v if isinstance(v, str) else json.dumps(v)]
+    else:
+        sys.exit(f"{folder}: neither wload.json nor oracle_meta_rank0.json to take flags from")
+    has = lambda f: os.path.exists(os.path.join(folder, f))  # noqa: E731
+    if has("params.json") and not has("config.json") and "--config-format" not in flags:
+        flags += ["--config-format", "mistral"]
+    return flags
+
+
+def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder")
-    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--tp", "--tensor-parallel-size", "-tp", type=int)
     p.add_argument("--dump", required=True)
+    p.add_argument(
+        "--flags-from-folder",
+        action="store_true",
+        help="engine flags from FOLDER/wload.json's serve line (or a golden folder's oracle meta)",
+    )
     p.add_argument("--dtype", default="auto")
     p.add_argument("--moe-backend", default=None)
     p.add_argument("--enable-expert-parallel", action="store_true")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks = tp x pp)")
+    p.add_argument(
+        "--pp", "--pipeline-parallel-size", type=int, default=1, help="pipeline stages (ranks = tp x pp)"
+    )
     p.add_argument("--language-model-only", action="store_true")
     p.add_argument("--mm-encoder-tp-mode", default="weights")
     p.add_argument("--config-format", default="auto")
+    p.add_argument("--tokenizer-mode", default="auto")
     p.add_argument("--hf-overrides", type=json.loads, default={}, help="JSON object")
     p.add_argument(
         "--load-format",
         default="sharded_state",
         help="sharded_state (a wload output folder) or safetensors (a HF checkpoint: vLLM's own state)",
     )
+    return p
+
+
+def main():
+    p = parser()
     args = p.parse_args()
+    if args.flags_from_folder:
+        extra = folder_flags(args.folder)
+        print("flags from the folder: " + " ".join(extra), flush=True)
+        # The folder's flags first, the command line's after: the later one wins. A flag of the
+        # serve line this script does not know is an error, not silently dropped.
+        args = p.parse_args(extra + sys.argv[1:])
+    if args.tp is None:
+        p.error("--tp is required (or --flags-from-folder)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -1,41 +1,113 @@
 #!/usr/bin/env bash
-# For each golden case given (default: the quantized formats of issue 26): shard the fixture with
-# wload, reload the output with real vLLM 0.33 (tools/vllm_reload.py, CPU, gloo TP groups) and
-# compare what vLLM then holds with what it holds from the original checkpoint (the golden
-# expected folder), tensor by tensor, byte for byte.
+# For each golden case given (default: the quantized formats of issue 26 and the families of issue
+# 27): shard the fixture with wload, reload the output with real vLLM 0.33 (tools/vllm_reload.py,
+# CPU, gloo TP groups) and compare what vLLM then holds with what it holds from the original
+# checkpoint (the golden expected folder), tensor by tensor, byte for byte.
 #
 #   VENV=/path/to/venv-with-vllm-0.33 WLOAD=target/release/wload tools/vllm_reload_golden.sh [CASE/tpN ...]
 #
-# A case's extra shard flags come from CASE_FLAGS below. Exit status: the number of cases that
-# differ or fail.
+# GOLDEN   the golden set (default tests/data/golden): fixtures/<fixture>, expected/<case>/tp<N>.
+#          The repository keeps issue 27's cases as digests (tensors.json) and lacks some of their
+#          fixtures; GOLDEN=/work/shared/golden has every fixture and vLLM's rank files.
+# SOURCE   wload (default): reload wload's output for the case. vllm: reload the expected folder
+#          itself (vLLM's own sharded_state output, needs rank files: GOLDEN=/work/shared/golden),
+#          which proves the harness: it must say IDENTICAL for every case.
+# WORK     where outputs, dumps and logs go (default: a new temporary folder).
+#
+# A case's shard flags come from its name's suffixes (`__lmonly`, `__ep`, ...) and CASE_FLAGS below. The reload takes its engine flags from the
+# folder (tools/vllm_reload.py --flags-from-folder): the `vllm serve` line wload recorded in
+# wload.json (so `--language-model-only`, `--config-format mistral`, `--moe-backend` are those a user
+# is told to pass, not a second copy kept here), or the golden oracle's options for vLLM's own folder.
+# The comparison is compare_shards.py when the expected folder has rank files, compare_digest.py
+# (SHA-256 per tensor) when it has tensors.json. Exit status: the number of cases that differ or fail.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv=${VENV:?set VENV to a virtualenv with vllm==0.33.0}
 wload=${WLOAD:-$here/target/release/wload}
+golden=${GOLDEN:-$here/tests/data/golden}
+source=${SOURCE:-wload}
 work=${WORK:-$(mktemp -d)}
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(gpt_oss_mxfp4/tp2 llama_gqa_w4a16/tp2 llama_gqa_gptq/tp2
-  llama_gqa_modelopt_nvfp4/tp2 llama_kv2_ct_fp8_kv_head/tp2 llama_gqa_ct_w8a8_int8/tp2)
+[ ${#cases[@]} -gt 0 ] || cases=(
+  # issue 26: quantized formats
+  gpt_oss_mxfp4/tp2 llama_gqa_w4a16/tp2 llama_gqa_gptq/tp2 llama_gqa_modelopt_nvfp4/tp2
+  llama_kv2_ct_fp8_kv_head/tp2 llama_gqa_ct_w8a8_int8/tp2
+  # issue 27: families of late 2026
+  minimax_m2/tp2 qwen3_vl/tp2 llama4__lmonly/tp2 qwen3_5_moe__lmonly/tp2 glm4_moe_lite/tp2
+  deepseek_v32/tp2 mistral_large_3/tp2)
+# Shard flags a case needs beyond those its name's suffixes stand for (suffix_flags).
 declare -A CASE_FLAGS=([gpt_oss_mxfp4]="--moe-backend triton")
+
+# The shard flags of a case name's suffixes, as the golden README defines them: `__lmonly`
+# --language-model-only, `__mmdata` --mm-encoder-tp-mode data, `__ep` --enable-expert-parallel,
+# `__ppN` --pp N, `__dtype_D` --dtype D, `__maxsize_B` --max-part-size B.
+suffix_flags() {
+  local s parts flags=()
+  IFS=' ' read -r -a parts <<< "${1//__/ }"
+  for s in "${parts[@]:1}"; do
+    case $s in
+      lmonly) flags+=(--language-model-only) ;;
+      mmdata) flags+=(--mm-encoder-tp-mode data) ;;
+      ep) flags+=(--enable-expert-parallel) ;;
+      pp[0-9]*) flags+=(--pp "${s#pp}") ;;
+      dtype_*) flags+=(--dtype "${s#dtype_}") ;;
+      maxsize_*) flags+=(--max-part-size "${s#maxsize_}") ;;
+      fp8_*) ;;  # llama_gqa__fp8_block: the fixture's name (fixture_of), no flag
+      *) echo "unknown case suffix __$s" >&2; return 1 ;;
+    esac
+  done
+  echo "${flags[*]}"
+}
+
+# The fixture of a case: its own name, or the name with `__` as `_` (llama_gqa__fp8_block comes from
+# llama_gqa_fp8_block), or the name before the suffix (llama4__lmonly comes from llama4).
+fixture_of() {
+  local n
+  for n in "$1" "${1/__/_}" "${1%%__*}"; do
+    [ -d "$golden/fixtures/$n" ] && { echo "$golden/fixtures/$n"; return; }
+  done
+  return 1
+}
+
 failed=0
 for c in "${cases[@]}"; do
   name=${c%/tp*}; tp=${c##*/tp}
+  expected=$golden/expected/$name/tp$tp
   out=$work/$name/out; dump=$work/$name/dump
   rm -rf "$work/$name"; mkdir -p "$work/$name"
-  # shellcheck disable=SC2086
-  if ! "$wload" -q shard "$here/tests/data/golden/fixtures/$name" --tp "$tp" -o "$out" ${CASE_FLAGS[$name]:-} \
-      > "$work/$name/shard.log" 2>&1; then
-    echo "$c: shard failed ($work/$name/shard.log)"; failed=$((failed + 1)); continue
+  if [ "$source" = vllm ]; then
+    if ! ls "$expected"/model-*.safetensors > /dev/null 2>&1; then
+      echo "$c: no vLLM rank files in $expected (SOURCE=vllm needs GOLDEN=/work/shared/golden)"
+      failed=$((failed + 1)); continue
+    fi
+    cp -r "$expected" "$out"
+  else
+    if ! fixture=$(fixture_of "$name"); then
+      echo "$c: no fixture in $golden/fixtures (set GOLDEN=/work/shared/golden)"
+      failed=$((failed + 1)); continue
+    fi
+    if ! flags=$(suffix_flags "$name"); then
+      echo "$c: unknown suffix in the case name"; failed=$((failed + 1)); continue
+    fi
+    # shellcheck disable=SC2086
+    if ! "$wload" -q shard "$fixture" --tp "$tp" -o "$out" $flags ${CASE_FLAGS[$name]:-} \
+        > "$work/$name/shard.log" 2>&1; then
+      echo "$c: shard failed: $(grep -m1 -i error "$work/$name/shard.log" | cut -c1-120) ($work/$name/shard.log)"
+      failed=$((failed + 1)); continue
+    fi
   fi
-  moe=()
-  [[ "${CASE_FLAGS[$name]:-}" == *triton* ]] && moe=(--moe-backend triton)
-  if ! VLLM_TARGET_DEVICE=cpu "$venv/bin/python" "$here/tools/vllm_reload.py" "$out" --tp "$tp" \
-      --dump "$dump" "${moe[@]}" > "$work/$name/reload.log" 2>&1; then
-    echo "$c: vLLM reload failed: $(grep -E 'Error|error' "$work/$name/reload.log" | tail -1)"
+  if ! VLLM_TARGET_DEVICE=cpu "$venv/bin/python" "$here/tools/vllm_reload.py" "$out" --flags-from-folder \
+      --dump "$dump" > "$work/$name/reload.log" 2>&1; then
+    echo "$c: vLLM reload failed: $(grep -E 'Error|error' "$work/$name/reload.log" | tail -1 | cut -c1-200)" \
+      "($work/$name/reload.log)"
     failed=$((failed + 1)); continue
   fi
-  if python3 "$here/tests/data/golden/tools/compare_shards.py" \
-      "$here/tests/data/golden/expected/$name/tp$tp" "$dump" --ignore-parts > "$work/$name/compare.log" 2>&1; then
+  if ls "$expected"/model-*.safetensors > /dev/null 2>&1; then
+    compare=("$here/tests/data/golden/tools/compare_shards.py" "$expected" "$dump" --ignore-parts)
+  else
+    compare=("$here/tools/compare_digest.py" "$expected" "$dump")
+  fi
+  if python3 "${compare[@]}" > "$work/$name/compare.log" 2>&1; then
     echo "$c: $(tail -1 "$work/$name/compare.log")"
   else
     echo "$c: DIFFERS ($work/$name/compare.log)"; failed=$((failed + 1))
