@@ -72,6 +72,8 @@ def patch_vllm(moe_backend):
             return lambda *a, **k: None
 
     stubs = [
+        # Block FP8 (ScaledMM): no CPU kernel implements the layer; selection only.
+        ("vllm.model_executor.layers.quantization.fp8", "init_fp8_linear_kernel"),
         ("vllm.model_executor.layers.quantization.modelopt", "init_nvfp4_linear_kernel"),
         ("vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_w4a4_nvfp4", "init_nvfp4_linear_kernel"),
         ("vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16", "choose_mp_linear_kernel"),
