@@ -45,6 +45,10 @@ pub struct Rules {
     /// occurs, which holds for nearly every per-expert name.
     #[serde(skip)]
     any_literal: Option<Literals>,
+    /// The same literals, substring rules' first, for finding which rule fires first
+    /// (overlapping search: one literal may hold another, `.gate_proj` in `._layer.gate_proj`).
+    #[serde(skip)]
+    literal_rules: Option<aho_corasick::AhoCorasick>,
     /// When every regex rule is anchored at the end of the name: the endings one of which a
     /// name needs for any of them to match (`.k_scale`, `.g_idx`, …). Comparing endings is
     /// much cheaper than running the regexes over each of 90,000 names.
@@ -247,9 +251,10 @@ pub struct MistralStep {
     pub to: String,
 }
 
-/// The rules that changed a name, in order: rarely more than one, kept inline (one allocation
-/// saved per checkpoint tensor).
-pub type Trace = smallvec::SmallVec<[Step; 1]>;
+/// The rules that changed a name, in order: rarely more than two, kept inline (one allocation
+/// saved per checkpoint tensor). Two, because a VLM's expert names take a prefix rule and an
+/// expert rule each (Qwen3.5-397B: 92,000 of them).
+pub type Trace = smallvec::SmallVec<[Step; 2]>;
 
 /// Where a checkpoint name ends up. `T` holds the parameter name: a `String`, or nothing when
 /// [`Rules::apply_into`] wrote it into the caller's buffer.
@@ -323,14 +328,35 @@ impl Rules {
             .iter()
             .map(|r| LiteralExpert::parse(&r.pattern))
             .collect();
-        let literals =
-            (self.substr.iter().map(|r| &r.from)).chain(self.stacked.iter().map(|r| &r.from));
-        self.any_literal = Some(Literals::new(literals)?);
+        self.index_literals()?;
         self.regex_endings = required_endings(&parsed).map(Endings::new);
         self.expert_shards = (self.experts.iter())
             .map(|r| ShardId::named(&r.shard))
             .collect();
         Ok(())
+    }
+
+    /// The substring and stacked rules' literals, searched for at once; rebuilt whenever those
+    /// rules change, since a literal's index names its rule.
+    fn index_literals(&mut self) -> Result<(), String> {
+        let literals =
+            (self.substr.iter().map(|r| &r.from)).chain(self.stacked.iter().map(|r| &r.from));
+        self.any_literal = Some(Literals::new(literals.clone())?);
+        self.literal_rules = Some(
+            aho_corasick::AhoCorasick::new(literals)
+                .map_err(|e| format!("substring and stacked rules: {e}"))?,
+        );
+        Ok(())
+    }
+
+    /// Keeps the stacked rules `keep` says to (those whose `when` holds for the layout), and
+    /// the literal index in step with them.
+    pub fn retain_stacked(&mut self, keep: impl FnMut(&Stacked) -> bool) {
+        self.stacked.retain(keep);
+        if self.index_literals().is_err() {
+            // Fewer literals than compiled before cannot fail; if it did, one search per rule.
+            (self.any_literal, self.literal_rules) = (None, None);
+        }
     }
 
     /// The rules' count and text within [`limits`]: each rule costs time on every checkpoint
@@ -485,18 +511,20 @@ impl Rules {
             }));
         };
         let mut shard = None;
-        let renamed: std::borrow::Cow<str> = if self.untouched(rest) {
-            key
+        // The name is built in `target` (the caller's buffer): no allocation for the names
+        // a prefix rule alone renames (every name of a VLM's text model).
+        if self.untouched(rest) {
+            target.push_str(&key);
         } else {
-            let mut inner = rest.to_string();
+            target.push_str(rest);
             let inner_limit = limit.saturating_sub(self.scope.len());
-            match self.rename(&mut inner, &mut shard, &mut trace, inner_limit) {
+            match self.rename(target, &mut shard, &mut trace, inner_limit) {
                 Err(step) => return Err(too_long(self.describe(&step))),
                 Ok(Some(dropped)) => return Ok(dropped),
                 Ok(None) => {}
             }
-            format!("{}{inner}", self.scope).into()
-        };
+            target.insert_str(0, &self.scope);
+        }
         if name.ends_with(".weight")
             && let Some(p) = trace.iter().rev().find_map(|st| match st {
                 Step::Stacked(k) => self.stacked[*k].permute.as_ref(),
@@ -505,12 +533,10 @@ impl Rules {
         {
             permute_heads = Some(p.src().to_string());
         }
-        // The name is built once, with the expert rule's replacement spliced in.
-        let expert = match self.expert(&renamed) {
+        // The expert rule's replacement spliced in where it matched.
+        let expert = match self.expert(target) {
             Some(m) => {
-                target.push_str(&renamed[..m.whole.start]);
-                target.push_str(&self.experts[m.rule].replace);
-                target.push_str(&renamed[m.whole.end..]);
+                target.replace_range(m.whole, &self.experts[m.rule].replace);
                 shard = Some(self.expert_shards[m.rule].clone());
                 let step = Step::Expert {
                     rule: m.rule,
@@ -522,10 +548,7 @@ impl Rules {
                 trace.push(step);
                 Some(m.id)
             }
-            None => {
-                target.push_str(&renamed);
-                None
-            }
+            None => None,
         };
         Ok(Outcome::Mapped(Mapped {
             target: (),
@@ -634,25 +657,30 @@ impl Rules {
                 trace.push(Step::Regex(k));
             }
         }
-        // Neither kind fires on a name none of their literals occurs in (a renamed prefix alone:
-        // every name of a VLM's text model, 90,000 in Qwen3.5-397B), one pass says so.
-        let literals = (self.any_literal.as_ref()).is_none_or(|a| a.is_match(inner));
-        for (k, r) in self.substr.iter().enumerate().filter(|_| literals) {
-            if inner.contains(&r.from) {
-                let Some(to) = &r.to else {
-                    return Ok(Some(Outcome::Dropped {
-                        rule: format!("substring '{}' → null", r.from),
-                    }));
-                };
-                *inner = inner.replacen(&r.from, to, 1);
-                trace.push(check(inner, Step::Substr(k))?);
-            }
-        }
-        for (k, r) in self.stacked.iter().enumerate().filter(|_| literals) {
-            if inner.contains(&r.from) {
-                *inner = inner.replacen(&r.from, &r.to, 1);
-                *shard = Some(r.shard.clone());
-                trace.push(check(inner, Step::Stacked(k))?);
+        // Substring rules, then stacked ones, in order, each on what the ones before it left:
+        // the first rule from `next` on whose literal occurs fires. One search over the name
+        // finds it, rather than a search per rule (a VLM's text model: 90,000 names, each
+        // renamed by its prefix, against Qwen3.5's 30 literals).
+        let mut next = 0;
+        while let Some(k) = self.first_literal_rule(inner, next) {
+            next = k + 1;
+            match k.checked_sub(self.substr.len()) {
+                None => {
+                    let r = &self.substr[k];
+                    let Some(to) = &r.to else {
+                        return Ok(Some(Outcome::Dropped {
+                            rule: format!("substring '{}' → null", r.from),
+                        }));
+                    };
+                    *inner = inner.replacen(&r.from, to, 1);
+                    trace.push(check(inner, Step::Substr(k))?);
+                }
+                Some(k) => {
+                    let r = &self.stacked[k];
+                    *inner = inner.replacen(&r.from, &r.to, 1);
+                    *shard = Some(r.shard.clone());
+                    trace.push(check(inner, Step::Stacked(k))?);
+                }
             }
         }
         for (k, r) in self.prefix.iter().enumerate() {
@@ -662,7 +690,8 @@ impl Rules {
                         rule: format!("prefix '{}' → null", r.from),
                     }));
                 };
-                *inner = inner.replacen(&r.from, to, 1);
+                // In place: the prefix is where it was found, and most names have one.
+                inner.replace_range(..r.from.len(), to);
                 trace.push(check(inner, Step::Prefix(k))?);
             }
         }
@@ -673,12 +702,37 @@ impl Rules {
                         rule: format!("suffix '{}' → null", r.from),
                     }));
                 };
-                let cut = inner.len() - r.from.len();
-                *inner = format!("{}{to}", &inner[..cut]);
+                inner.truncate(inner.len() - r.from.len());
+                inner.push_str(to);
                 trace.push(check(inner, Step::Suffix(k))?);
             }
         }
         Ok(None)
+    }
+
+    /// The first substring or stacked rule (substring rules numbered first) at or after `next`
+    /// whose literal occurs in `inner`.
+    fn first_literal_rule(&self, inner: &str, next: usize) -> Option<usize> {
+        if next == 0
+            && self
+                .any_literal
+                .as_ref()
+                .is_some_and(|a| !a.is_match(inner))
+        {
+            return None;
+        }
+        match &self.literal_rules {
+            Some(ac) => (ac.find_overlapping_iter(inner))
+                .map(|m| m.pattern().as_usize())
+                .filter(|&k| k >= next)
+                .min(),
+            // Rules not yet prepared (a mapping built in a test): one search per rule.
+            None => (self.substr.iter().map(|r| &r.from))
+                .chain(self.stacked.iter().map(|r| &r.from))
+                .enumerate()
+                .skip(next)
+                .find_map(|(k, from)| inner.contains(from.as_str()).then_some(k)),
+        }
     }
 
     /// The first expert rule that matches `name`: where, its expert id and which rule.

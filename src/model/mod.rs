@@ -28,7 +28,7 @@ pub fn rules_for(mapping: &Mapping, config: &ModelConfig, parallel: Parallel) ->
     };
     if m.rules.stacked.iter().any(|r| r.when.is_some()) {
         let (env, _) = Env::new(mapping, config, parallel, None);
-        m.rules.stacked.retain(|r| {
+        m.rules.retain_stacked(|r| {
             r.when
                 .as_ref()
                 .is_none_or(|w| w.eval_bool(&env.scope(None)).unwrap_or(true))
