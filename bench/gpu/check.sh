@@ -7,7 +7,8 @@
 # than there are must fail cleanly (exit 1, no crash).
 #
 # Usage: bench/gpu/check.sh [WORKDIR]      (run from anywhere; needs python3, no network)
-# Environment: WLOAD_BIN (default target/release/wload). Writes WORKDIR/check.json.
+# Environment: WLOAD_BIN (default target/release/wload); FIXTURES="a b ..." checks only those
+# fixtures (default: all). Writes WORKDIR/check.json.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -51,6 +52,7 @@ declare -A FLAGS=([llama4]="--language-model-only")
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 for fx in "$fixtures"/*/; do
     name=$(basename "$fx")
+    [[ -z ${FIXTURES:-} || " $FIXTURES " == *" $name "* ]] || continue
     for tp in 1 2; do
         for ((r = 0; r < tp; r++)); do
             # shellcheck disable=SC2086
@@ -61,6 +63,7 @@ done
 for moe in mixtral qwen2_moe qwen3_moe_fp8_block deepseek_v3 gpt_oss minimax_m2 qwen3_5_moe \
     glm4_moe_lite deepseek_v32 mistral_large_3 llama4; do
     [[ -d $fixtures/$moe ]] || continue
+    [[ -z ${FIXTURES:-} || " $FIXTURES " == *" $moe "* ]] || continue
     for r in 0 1; do
         # shellcheck disable=SC2086
         one "$moe tp2 ep rank $r" "$fixtures/$moe" --tp 2 --enable-expert-parallel --ranks "$r" ${FLAGS[$moe]:-}
