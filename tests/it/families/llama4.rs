@@ -208,17 +208,11 @@ fn expert_parallel_places_whole_experts_and_keeps_the_rest_as_tp2() {
     let tmp = TempDir::new().unwrap();
     let ep = sharded(&tmp, "ep", 2, &["--enable-expert-parallel"]);
     let tp = sharded(&tmp, "tp", 2, &[]);
-    for r in 0..2 {
-        let ctx = format!("ep2 rank {r}");
-        let got = rank_tensors(&ep, r as u64);
-        assert_same_tensors(&got, &want_rank(&c, r, 2, true), &ctx);
+    let experts = |got: &Tensors, ctx: &str| {
         let w13 = &got[&layer(1, "feed_forward.experts.routed_experts.w13_weight")];
         assert_eq!(w13.shape, [2, 2 * I as u64, H as u64], "{ctx}");
-        let plain = rank_tensors(&tp, r as u64);
-        for (name, t) in got.iter().filter(|(n, _)| !n.contains("routed_experts")) {
-            assert_eq!(t, &plain[name], "{ctx}: {name} as at TP 2");
-        }
-    }
+    };
+    assert_expert_parallel((&ep, &tp), 2, |r| want_rank(&c, r, 2, true), experts);
     // At TP 4 each rank holds one expert whole.
     let ep4 = sharded(&tmp, "ep4", 4, &["--enable-expert-parallel"]);
     for r in 0..4 {
@@ -234,21 +228,9 @@ fn pipeline_stages_hold_embedding_first_and_head_last() {
     let c = checkpoint();
     let tmp = TempDir::new().unwrap();
     let dir = sharded(&tmp, "pp", 2, &["--pp", "2"]);
-    for p in 0..2usize {
-        for t in 0..2usize {
-            let on_stage = |n: &String| match n.strip_prefix("language_model.model.layers.") {
-                Some(rest) => rest.starts_with(&format!("{p}.")),
-                None if n.contains("embed_tokens") => p == 0,
-                None => p == 1,
-            };
-            let want: Tensors = want_rank(&c, t, 2, false)
-                .into_iter()
-                .filter(|(n, _)| on_stage(n))
-                .collect();
-            let got = stage_tensors(&dir, p as u64, t as u64);
-            assert_same_tensors(&got, &want, &format!("pp stage {p} tp {t}"));
-        }
-    }
+    assert_two_stages(&dir, "language_model.model.layers.", |t| {
+        want_rank(&c, t, 2, false)
+    });
     let first = stage_tensors(&dir, 0, 0);
     assert!(first.contains_key(&ck("model.embed_tokens.weight")));
     assert!(!first.contains_key(&ck("lm_head.weight")));

@@ -241,3 +241,42 @@ pub(crate) fn kv_rows(t: &Held, r: usize, tp: usize, heads: usize, hd: usize) ->
         t.rows(h * hd, (h + 1) * hd)
     }
 }
+
+/// An expert-parallel output against the rules and the plain TP output of the same size: rank
+/// `r` holds exactly `want(r)` (its whole experts), and every tensor but the routed experts as
+/// the TP output's rank `r`. `check` sees each rank's tensors for what a family adds.
+pub(crate) fn assert_expert_parallel(
+    (ep, tp): (&Path, &Path),
+    ranks: usize,
+    want: impl Fn(usize) -> Tensors,
+    check: impl Fn(&Tensors, &str),
+) {
+    for r in 0..ranks {
+        let ctx = format!("ep{ranks} rank {r}");
+        let got = rank_tensors(ep, r as u64);
+        assert_same_tensors(&got, &want(r), &ctx);
+        check(&got, &ctx);
+        let plain = rank_tensors(tp, r as u64);
+        for (name, t) in got.iter().filter(|(n, _)| !n.contains("routed_experts")) {
+            assert_eq!(t, &plain[name], "{ctx}: {name} as at TP {ranks}");
+        }
+    }
+}
+
+/// A `--pp 2 --tp 2` output: stage `p` holds layer `p` (names under `layers`, `model.layers.`)
+/// of `want(t)` for TP rank `t`, the embedding on stage 0 and the rest (final norm, lm_head) on
+/// stage 1, each tensor as the rules say.
+pub(crate) fn assert_two_stages(dir: &Path, layers: &str, want: impl Fn(usize) -> Tensors) {
+    for p in 0..2usize {
+        for t in 0..2usize {
+            let on_stage = |n: &String| match n.strip_prefix(layers) {
+                Some(rest) => rest.starts_with(&format!("{p}.")),
+                None if n.contains("embed_tokens") => p == 0,
+                None => p == 1,
+            };
+            let want: Tensors = want(t).into_iter().filter(|(n, _)| on_stage(n)).collect();
+            let got = stage_tensors(dir, p as u64, t as u64);
+            assert_same_tensors(&got, &want, &format!("pp stage {p} tp {t}"));
+        }
+    }
+}
