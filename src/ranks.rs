@@ -2,6 +2,8 @@
 //! that no input such as `0-18446744073709551615` makes wload allocate before it can say "out of
 //! range"), else the share a launcher (torchrun, srun) gives this process, else all.
 
+pub mod stages;
+
 use std::fmt;
 use std::ops::RangeInclusive;
 use std::str::FromStr;

@@ -289,6 +289,7 @@ fn format_info(r: &Resolved) -> FormatInfo {
 /// or a lone safetensors file.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
+#[allow(clippy::large_enum_variant)] // one per run: boxing would only add an indirection
 pub enum OtherSource {
     PreSharded(crate::commands::inspect::survey::Survey),
     File(LoneFile),

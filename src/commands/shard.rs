@@ -28,7 +28,7 @@ use crate::exec::{Control, ExecError, convert, verify, write};
 use crate::open::Opened;
 use crate::plan::Plan;
 use crate::progress::{Progress, Quiet};
-use crate::sharded::manifest::{MANIFEST, Manifest, ManifestFile};
+use crate::sharded::manifest::{Manifest, ManifestFile};
 
 /// vLLM's example script default (`--max-file-size 5*1024**3`).
 pub const DEFAULT_MAX_PART_SIZE: u64 = 5 << 30;
@@ -59,6 +59,8 @@ pub struct ShardReport {
     /// unchanged, `None` when the source has none (Mistral-native: params.json is a side file).
     pub config_changes: Option<Vec<String>>,
     pub verified: bool,
+    /// What the output lacks that serving may want (no tokenizer), each with what to do.
+    pub warnings: Vec<String>,
     /// Leftover staging folders of dead runs that this run removed.
     pub removed_leftovers: Vec<output::Swept>,
     pub timings: ShardTimings,
@@ -174,16 +176,17 @@ pub fn shard(
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
     manifest.side_tree = side.tree();
     record_config(&mut manifest, &config_changes, &opened.resolved.config_file);
-    manifest.serve = Some(serve_command(&opts.out, &manifest, &plan, &opened.config));
-    write_manifest(tmp, &manifest).map_err(published)?;
+    record_run(tmp, &mut manifest, (&plan, opened), opts).map_err(published)?;
 
     staging.publish(&target)?;
+    let warnings = tokenizer_warning(&manifest, opened).into_iter().collect();
     Ok(ShardReport {
         out: opts.out.display().to_string(),
         bytes: total,
         manifest,
         side_files: side.names(),
         skipped_side_files: side.skipped,
+        warnings,
         config_changes,
         verified: opts.verify,
         removed_leftovers,
@@ -336,7 +339,26 @@ fn manifest_for(
         mm_encoder_tp_mode: plan.mm_encoder_tp_mode.map(str::to_string),
         module_tree: plan.module_tree.clone(),
         config_format: None,
+        pp_layer_partition: partition(plan),
+        source_repo: None,
+        source_commit: None,
+        source_id: None,
+        vllm_versions: Some(crate::sharded::manifest::VLLM_VERSIONS.into()),
+        records: Vec::new(),
     }
+}
+
+/// The plan's stage split as `VLLM_PP_LAYER_PARTITION` counts, when it is not vLLM's even split
+/// (so vLLM must be started with it).
+fn partition(plan: &Plan) -> Option<String> {
+    if plan.pp <= 1 {
+        return None;
+    }
+    let counts: Vec<String> = (plan.stages.iter())
+        .map(|s| (s.end_layer - s.first_layer).to_string())
+        .collect();
+    let p = counts.join(",");
+    (!crate::sharded::layers::is_even_split(&p)).then_some(p)
 }
 
 /// What the manifest says of the config: wload's changes to config.json, and `mistral` when the
@@ -347,10 +369,54 @@ fn record_config(m: &mut Manifest, changes: &Option<Vec<String>>, config_file: &
     m.config_format = (config_file != "config.json").then(|| "mistral".into());
 }
 
-fn write_manifest(tmp: &Path, manifest: &Manifest) -> Result<(), ShardError> {
-    let path = tmp.join(MANIFEST);
+/// Without a tokenizer vLLM does not start from the folder: the serve line passes
+/// `--skip-tokenizer-init` ([`crate::sharded::serve`]), which serves token ids only; this says so.
+fn tokenizer_warning(m: &Manifest, opened: &Opened) -> Option<String> {
+    let side = m.side_files.as_deref().unwrap_or_default();
+    if side
+        .iter()
+        .any(|f| crate::sharded::serve::is_tokenizer_file(f))
+    {
+        return None;
+    }
+    let instead = match &opened.resolved.hub {
+        Some(h) => format!("--tokenizer {}", h.repo),
+        None => "--tokenizer ORG/NAME (the model's hub repo)".into(),
+    };
+    Some(format!(
+        "{} has no tokenizer (tokenizer.json, tokenizer.model, tekken.json, vocab.json, …): the serve line passes --skip-tokenizer-init, so vLLM starts but takes token ids, not text; to serve text, copy the model's tokenizer files into the output folder (`wload inspect` then prints the line without the flag), or serve with {instead} instead",
+        opened.resolved.root.display()
+    ))
+}
+
+/// Where the source came from, as the serve line and merging runs need it: the hub repo (the
+/// name clients send) and an identity that holds wherever a copy of the checkpoint lies.
+fn record_source(m: &mut Manifest, opened: &Opened) {
+    if let Some(hub) = &opened.resolved.hub {
+        m.source_repo = Some(hub.repo.clone());
+        m.source_commit = Some(hub.commit.clone());
+    }
+    m.source_id = Some(crate::sharded::runs::source_id(&opened.checkpoint));
+}
+
+/// The run's record, completed with the source and the serve line, written into `tmp` as
+/// `wload.json`, or for a `--ranks` run as `wload-ranks-*.json` ([`crate::sharded::runs`]).
+fn record_run(
+    tmp: &Path,
+    manifest: &mut Manifest,
+    (plan, opened): (&Plan, &Opened),
+    opts: &ShardOptions,
+) -> Result<(), ShardError> {
+    record_source(manifest, opened);
+    manifest.serve = Some(serve_command(&opts.out, manifest, plan, &opened.config));
+    let record = crate::sharded::runs::record_name(&manifest.ranks, plan.world_size());
+    write_manifest(&tmp.join(record), manifest)
+}
+
+/// A run record at `path`.
+fn write_manifest(path: &Path, manifest: &Manifest) -> Result<(), ShardError> {
     let text = serde_json::to_string_pretty(manifest).expect("manifest serialises") + "\n";
-    fs::write(&path, text).map_err(|e| ShardError::io("writing", &path, e))
+    fs::write(path, text).map_err(|e| ShardError::io("writing", path, e))
 }
 
 /// config.json as vLLM needs it: the bytes planned from, unchanged (not the file read again: it

@@ -23,7 +23,7 @@ pub use crate::escape::{Esc, EscShell, escape};
 pub use inspect::write_inspection;
 pub use load::write_load;
 pub use plan::write_plan;
-pub use shard::write_shard;
+pub use shard::{Detail, write_shard};
 pub use sizes::write_sizes;
 pub use survey::write_other_source;
 

@@ -4,13 +4,75 @@ use std::io::{self, Write};
 
 use super::*;
 
-/// The `shard` summary: where the files went and how long each stage took.
-pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> io::Result<()> {
+/// How much `shard` says: `-q` the serve line alone (what a script captures), the default the
+/// result and how to serve it, `-v` also how the source was read and where the time went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    Quiet,
+    Normal,
+    Verbose,
+}
+
+/// The `shard` summary: what was written where, then how to serve it.
+pub fn write_shard(
+    w: &mut dyn Write,
+    r: &crate::commands::shard::ShardReport,
+    detail: Detail,
+) -> io::Result<()> {
+    let m = &r.manifest;
+    if detail == Detail::Quiet {
+        return match &m.serve {
+            Some(serve) => writeln!(w, "{}", EscShell(&serve.shell)),
+            None => Ok(()),
+        };
+    }
+    write_result(w, r)?;
+    if detail == Detail::Verbose {
+        write_read(w, r)?;
+        write_times(w, r)?;
+    }
+    if let Some(t) = &m.module_tree {
+        let why = "vLLM names this family's modules per platform (wload.json: module_tree)";
+        writeln!(
+            w,
+            "platform: {} module tree: serve on {} only; {why}",
+            Esc(t),
+            Esc(t)
+        )?;
+    }
+    let Some(serve) = &m.serve else {
+        return Ok(());
+    };
+    let world = m.tp.saturating_mul(m.pp);
+    if (m.ranks.len() as u64) < world {
+        // `--ranks`: the other machines' files complete the folder.
+        writeln!(
+            w,
+            "serve with (once all {world} ranks' files are in one folder; `wload inspect` checks): {}",
+            EscShell(&serve.shell)
+        )
+    } else {
+        writeln!(w, "serve with: {}", EscShell(&serve.shell))
+    }
+}
+
+/// What was written, where, how fast, and what else went into OUT.
+fn write_result(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> io::Result<()> {
     let m = &r.manifest;
     let n = m.files.len();
+    let t = &r.timings;
+    let rate = if t.write_s > 0.0 {
+        format!(
+            " in {:.2}s ({}/s)",
+            t.write_s,
+            human_bytes((r.bytes as f64 / t.write_s) as u64)
+        )
+    } else {
+        String::new()
+    };
     writeln!(
         w,
-        "wrote {n} {} ({}) for tp {}{} {} {:?} to {}",
+        "wrote {n} {} ({}) for tp {}{} {} {:?} to {}{rate}",
         if n == 1 { "file" } else { "files" },
         human_bytes(r.bytes),
         m.tp,
@@ -42,16 +104,15 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
             if n == 1 { "file" } else { "files" }
         )?;
     }
-    write_read(w, r)?;
+    Ok(())
+}
+
+/// Where the time went, stage by stage (`-v`).
+fn write_times(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> io::Result<()> {
     let t = &r.timings;
-    let rate = if t.write_s > 0.0 {
-        format!(" ({}/s)", human_bytes((r.bytes as f64 / t.write_s) as u64))
-    } else {
-        String::new()
-    };
     writeln!(
         w,
-        "time: headers {:.3}s, plan {:.3}s, write {:.3}s{rate}, hash {:.3}s after the last write ({:.3}s hashing in all, blocks hashed as written), side files {:.3}s{}",
+        "time: headers {:.3}s, plan {:.3}s, write {:.3}s, hash {:.3}s after the last write ({:.3}s hashing in all, blocks hashed as written), side files {:.3}s{}",
         t.open.headers_s,
         t.open.plan_s,
         t.write_s,
@@ -63,30 +124,7 @@ pub fn write_shard(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -
         } else {
             String::new()
         }
-    )?;
-    if let Some(t) = &m.module_tree {
-        let why = "vLLM names this family's modules per platform (wload.json: module_tree)";
-        writeln!(
-            w,
-            "platform: {} module tree: serve on {} only; {why}",
-            Esc(t),
-            Esc(t)
-        )?;
-    }
-    let Some(serve) = &m.serve else {
-        return Ok(());
-    };
-    let world = m.tp.saturating_mul(m.pp);
-    if (m.ranks.len() as u64) < world {
-        // `--ranks`: the other machines' files complete the folder.
-        writeln!(
-            w,
-            "serve with (once all {world} ranks' files are in one folder; `wload inspect` checks): {}",
-            EscShell(&serve.shell)
-        )
-    } else {
-        writeln!(w, "serve with: {}", EscShell(&serve.shell))
-    }
+    )
 }
 
 /// How the source was read and how much of it the page cache held as writing started: what the

@@ -39,6 +39,24 @@ fn write_survey(
         wf.from,
         Esc(&written_for_facts(wf).join(", "))
     )?;
+    if s.records.len() > 1 {
+        writeln!(
+            w,
+            "runs     {} run records merged: {}",
+            s.records.len(),
+            Esc(&s.records.join(", "))
+        )?;
+    }
+    for st in &s.stages {
+        writeln!(w, "stage {:<3}{}", st.pp_rank, st.describe())?;
+    }
+    if let Some(v) = &s.vllm_versions {
+        writeln!(
+            w,
+            "vllm     {} (the versions whose parameter names and slicing these files follow)",
+            Esc(v)
+        )?;
+    }
     let filtered = s
         .filter
         .as_ref()

@@ -95,8 +95,14 @@ fn refuse_pre_sharded(root: &Path) -> Result<(), ResolveError> {
     Err(ResolveError::PreSharded {
         root: root.to_path_buf(),
         pattern: pre_sharded_pattern(root),
-        serve: crate::sharded::serve::serve_command(root, &files, &written_for, manifest.as_ref())
-            .shell,
+        serve: crate::sharded::serve::serve_command(
+            root,
+            &files,
+            &written_for,
+            manifest.as_ref(),
+            &crate::sharded::layers::of_folder(root, &files),
+        )
+        .shell,
         written_for: Box::new(written_for),
     })
 }

@@ -12,6 +12,10 @@ use super::serve::ServeCommand;
 /// The manifest's file name, next to the part files.
 pub const MANIFEST: &str = "wload.json";
 
+/// The vLLM versions whose parameter names and per-rank slicing wload follows: a folder loads in
+/// these; another version loads it only if its model code keeps the same parameters.
+pub const VLLM_VERSIONS: &str = "0.33.x";
+
 /// What `wload shard` wrote into OUT, as `wload.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
@@ -74,6 +78,27 @@ pub struct Manifest {
     /// `--config-format mistral` even when a config.json was copied beside it. Absent: config.json.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_format: Option<String>,
+    /// `VLLM_PP_LAYER_PARTITION` as the files were planned with it (layer counts per stage);
+    /// vLLM must be started with the same value. Absent: vLLM's even split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_layer_partition: Option<String>,
+    /// For a hub source: the repo id (`org/name`) and commit, so that the serve line keeps the
+    /// name clients send (`--served-model-name`). Absent for a local folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_repo: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_commit: Option<String>,
+    /// What identifies the source wherever it lies ([`super::runs::source_id`]): runs of one
+    /// plan on machines whose copies of the checkpoint sit at other paths still merge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
+    /// The vLLM versions whose parameter names and slicing these files follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm_versions: Option<String>,
+    /// The run records this view was read from (`wload.json`, `wload-ranks-*.json`), in the
+    /// order merged; never written.
+    #[serde(skip)]
+    pub records: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,8 +140,17 @@ impl ManifestFile {
 }
 
 impl Manifest {
-    /// The manifest of folder `dir`, if it has a readable one.
+    /// The manifest of folder `dir`: its run records merged ([`super::runs::read`]), if it has
+    /// a readable one. Records that disagree leave the first one's view; the folder's checks
+    /// report the disagreement ([`super::runs::read`]).
     pub fn read(dir: &Path) -> Option<Manifest> {
-        serde_json::from_slice(&crate::small_file::read(&dir.join(MANIFEST)).ok()?).ok()
+        super::runs::read(dir).manifest
+    }
+
+    /// One record file as written, without merging.
+    pub fn read_record(path: &Path) -> Option<Manifest> {
+        let mut m: Manifest = serde_json::from_slice(&crate::small_file::read(path).ok()?).ok()?;
+        m.records = vec![path.file_name()?.to_string_lossy().into_owned()];
+        Some(m)
     }
 }

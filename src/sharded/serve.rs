@@ -2,7 +2,8 @@
 //! written for (what `shard` prints, what `inspect` and `load` show for a folder), never taken from
 //! a manifest, whose `serve` a folder from elsewhere may fill with any command at all.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -16,9 +17,12 @@ use crate::multimodal::{MmEncoderTpMode, Multimodal};
 /// would infer the same way by itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServeCommand {
+    /// The environment vLLM must run with (`VLLM_PP_LAYER_PARTITION`); empty for most folders.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
     /// The words, unquoted, for a program to run.
     pub argv: Vec<String>,
-    /// The same words quoted for a POSIX shell, to copy and paste.
+    /// The environment and the words quoted for a POSIX shell, to copy and paste.
     pub shell: String,
 }
 
@@ -39,6 +43,10 @@ pub struct ServeLayout<'a> {
     pub multimodal: Multimodal,
     /// Planned from params.json (the manifest's `config_format: mistral`).
     pub mistral_config: bool,
+    /// `VLLM_PP_LAYER_PARTITION` the stages were split with, when not vLLM's even split.
+    pub pp_layer_partition: Option<&'a str>,
+    /// The hub repo id the files came from: the name clients send (`--served-model-name`).
+    pub served_model_name: Option<&'a str>,
 }
 
 impl<'a> ServeLayout<'a> {
@@ -52,18 +60,22 @@ impl<'a> ServeLayout<'a> {
             moe_backend: backend_name(m),
             multimodal: multimodal(m),
             mistral_config: m.config_format.as_deref() == Some("mistral"),
+            pp_layer_partition: partition(m),
+            served_model_name: repo_name(m),
         }
     }
 }
 
 impl ServeCommand {
-    /// The command for folder `out` (as the user named it) holding `m`'s files; `auto_dtype` is
-    /// what vLLM's `--dtype auto` picks from the folder's config.
+    /// The command for folder `out` holding `m`'s files; `auto_dtype` is what vLLM's
+    /// `--dtype auto` picks from the folder's config on a GPU with BF16.
     pub fn new(out: &Path, m: &Manifest, auto_dtype: &str) -> ServeCommand {
         ServeCommand::for_layout(out, &ServeLayout::of(m), auto_dtype)
     }
 
     /// The command for folder `out` holding files of layout `m` (see [`ServeCommand::new`]).
+    /// The folder is named by its absolute path: the line is pasted in other directories, and a
+    /// relative path vLLM does not find there it takes for a hub repo id.
     pub fn for_layout(out: &Path, m: &ServeLayout, auto_dtype: &str) -> ServeCommand {
         let mut argv: Vec<String> = vec!["vllm".into(), "serve".into(), model_arg(out)];
         let mut flag = |f: &str, v: Option<String>| {
@@ -81,10 +93,7 @@ impl ServeCommand {
         if let Some(b) = m.moe_backend {
             flag("--moe-backend", Some(b.into()));
         }
-        if let Some(dtype) = m.dtype
-            && dtype != auto_dtype
-            && let Some(d) = vllm_dtype(dtype)
-        {
+        if let Some(d) = m.dtype.and_then(|d| needs_dtype(d, auto_dtype)) {
             flag("--dtype", Some(d.into()));
         }
         let side = m.side_files;
@@ -99,15 +108,71 @@ impl ServeCommand {
                 flag("--tokenizer-mode", Some("mistral".into()));
             }
         }
+        // vLLM loads the tokenizer from the model folder and refuses to start without one.
+        if !has(&|s| is_tokenizer_file(s)) {
+            flag("--skip-tokenizer-init", None);
+        }
+        if let Some(name) = m.served_model_name {
+            flag("--served-model-name", Some(name.into()));
+        }
         // vLLM's key set depends on these (`--language-model-only`, `--mm-encoder-tp-mode data`).
         argv.extend(m.multimodal.flags());
-        let shell = argv
-            .iter()
-            .map(|a| shell_quote(a))
-            .collect::<Vec<_>>()
-            .join(" ");
-        ServeCommand { argv, shell }
+        let env: BTreeMap<String, String> = (m.pp_layer_partition.iter())
+            .map(|p| (PP_PARTITION_VAR.to_string(), p.to_string()))
+            .collect();
+        let words = argv.iter().map(|a| shell_quote(a));
+        let assignments = env.iter().map(|(k, v)| format!("{k}={}", shell_quote(v)));
+        let shell = assignments.chain(words).collect::<Vec<_>>().join(" ");
+        ServeCommand { env, argv, shell }
     }
+}
+
+/// The variable vLLM splits pipeline stages by (vllm/envs.py).
+pub const PP_PARTITION_VAR: &str = "VLLM_PP_LAYER_PARTITION";
+
+/// The files vLLM's tokenizer loading finds a tokenizer by: Hugging Face's (fast, SentencePiece,
+/// BPE, WordPiece) and Mistral's. One list, also behind `shard`'s warning.
+pub fn is_tokenizer_file(name: &str) -> bool {
+    const NAMES: [&str; 7] = [
+        "tokenizer.json",
+        "tokenizer.model",
+        "tekken.json",
+        "vocab.json",
+        "vocab.txt",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+    ];
+    NAMES.contains(&name) || name.starts_with("tokenizer.model.v")
+}
+
+/// `--dtype` for files of `dtype` (the manifest's spelling) when vLLM's `auto` would load them
+/// as another dtype on some GPU: `auto` takes the config's dtype (`auto_dtype` on a GPU with
+/// BF16), downcasts float32 to the platform's first choice, and falls back to float16 where BF16
+/// is missing (V100, T4), converting the weights with only a warning (config/model.py:2423). Only
+/// float16 files with a float16 config load as themselves everywhere.
+fn needs_dtype(dtype: &str, auto_dtype: &str) -> Option<&'static str> {
+    let d = vllm_dtype(dtype)?;
+    (d != "float16" || dtype != auto_dtype).then_some(d)
+}
+
+/// The partition the manifest records when it is a list of counts: a folder from elsewhere may
+/// record anything, and the value goes into a shell line.
+fn partition(m: &Manifest) -> Option<&str> {
+    let p = m.pp_layer_partition.as_deref()?;
+    (!p.is_empty()
+        && p.split(',')
+            .all(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit())))
+    .then_some(p)
+}
+
+/// The hub repo id the manifest records when it reads like one (`org/name`, Hugging Face's
+/// characters): a folder from elsewhere may record anything.
+fn repo_name(m: &Manifest) -> Option<&str> {
+    let r = m.source_repo.as_deref()?;
+    let ok = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    let mut parts = r.split('/');
+    let valid = parts.clone().count() <= 2 && parts.all(|p| !p.is_empty() && p.chars().all(ok));
+    valid.then_some(r)
 }
 
 /// The manifest's MoE backend when it is a name (vLLM's are lower case and `_`): a folder from
@@ -130,15 +195,18 @@ fn multimodal(m: &Manifest) -> Multimodal {
     }
 }
 
-/// The folder as vLLM's positional model argument: a relative path that starts with `-` would be
-/// read as a flag.
+/// The folder as vLLM's positional model argument: absolute (a relative path is read against
+/// the directory vLLM runs in, and taken for a hub repo id when nothing is there), its real
+/// location when it exists.
 fn model_arg(out: &Path) -> String {
-    let s = out.to_string_lossy().into_owned();
-    if s.starts_with('-') {
-        format!("./{s}")
-    } else {
-        s
-    }
+    absolute(out).to_string_lossy().into_owned()
+}
+
+/// `path` made absolute: its canonical form when it exists, else against the working directory.
+pub fn absolute(path: &Path) -> PathBuf {
+    path.canonicalize()
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// vLLM's `--dtype` spelling of a manifest dtype (`BF16`); `None` for one it has no flag for.
@@ -162,24 +230,29 @@ pub fn shell_quote(word: &str) -> String {
 /// (else its file names show), with wload's own builder ([`ServeCommand::for_layout`], the one
 /// `shard` prints). Never the command a manifest carries: a folder from elsewhere can hold a
 /// wload.json whose `serve` is any command at all (`…; curl … | sh`), and what `inspect` prints
-/// is pasted into shells.
+/// is pasted into shells. Recomputed where the folder is now, from what it holds now: a copied
+/// folder's line names the copy, a tokenizer added since is used, and the stages' layers come
+/// from the rank files themselves.
 pub fn serve_command(
     root: &Path,
     files: &RankFiles,
     w: &WrittenFor,
     manifest: Option<&Manifest>,
+    stages: &[super::layers::StageLayers],
 ) -> ServeCommand {
+    let listed = top_level_files(root);
+    let partition = super::layers::partition(stages).filter(|p| !super::layers::is_even_split(p));
     let layout = ServeLayout {
         tp: w.tp,
         pp: w.pp,
         expert_parallel: w.expert_parallel == Some(true),
         dtype: manifest.map(|m| m.dtype.as_str()),
-        side_files: manifest
-            .and_then(|m| m.side_files.as_deref())
-            .unwrap_or_default(),
+        side_files: &listed,
         moe_backend: manifest.and_then(backend_name),
         multimodal: manifest.map(multimodal).unwrap_or_default(),
         mistral_config: manifest.is_some_and(|m| m.config_format.as_deref() == Some("mistral")),
+        pp_layer_partition: partition.as_deref(),
+        served_model_name: manifest.and_then(repo_name),
     };
     // Only a known dtype can need `--dtype`: reading the folder's config and headers is for that.
     let auto = match layout.dtype {
@@ -187,6 +260,17 @@ pub fn serve_command(
         None => crate::dtype::Dtype::Bf16,
     };
     ServeCommand::for_layout(root, &layout, auto.as_str())
+}
+
+/// The names of the files directly in `root`, sorted.
+fn top_level_files(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names
 }
 
 /// What vLLM's `--dtype auto` loads the folder as, the way `shard` judged it for its serve line:

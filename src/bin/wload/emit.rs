@@ -110,6 +110,9 @@ pub(crate) fn shard_notes(report: &wload::shard::ShardReport) {
             "note: removed {path}, left by wload process {pid} (no longer running)"
         ));
     }
+    for warning in &report.warnings {
+        say(format_args!("warning: {}", Esc(warning)));
+    }
     for name in &report.skipped_side_files {
         say(format_args!(
             "note: left out {} of the source: a wload output or staging folder, not a side file",

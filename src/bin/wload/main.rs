@@ -120,10 +120,17 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     interrupt::install();
     let bar = |total| bars::labelled_bar(total, g.quiet, "writing");
     let report = wload::shard::shard(&opened, plan, &opts, interrupt::flag(), &bar)?;
-    emit::shard_notes(&report);
-    let human: Human = &|w| wload::report::write_shard(w, &report);
+    if !g.quiet {
+        emit::shard_notes(&report);
+    }
+    let detail = match (g.quiet, g.verbose) {
+        (true, _) => wload::report::Detail::Quiet,
+        (false, true) => wload::report::Detail::Verbose,
+        (false, false) => wload::report::Detail::Normal,
+    };
+    let human: Human = &|w| wload::report::write_shard(w, &report, detail);
     let json = json_if(args.json, Some(wload::report::json::SHARD_SCHEMA_VERSION));
-    emit(out, json, &report, (!g.quiet).then_some(human))
+    emit(out, json, &report, Some(human))
 }
 
 fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {

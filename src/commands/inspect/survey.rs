@@ -8,7 +8,8 @@ use serde::Serialize;
 use crate::checkpoint::Checkpoint;
 use crate::plan::pre_sharded::layout_problems;
 use crate::problem::Problem;
-use crate::sharded::manifest::{MANIFEST, Manifest};
+use crate::sharded::layers::{self, StageLayers};
+use crate::sharded::manifest::Manifest;
 use crate::sharded::names::{WrittenFor, in_folder, pattern};
 use crate::sharded::serve::{ServeCommand, serve_command, shell_quote};
 
@@ -34,8 +35,15 @@ pub struct Survey {
     /// every header readable.
     pub complete: bool,
     pub problems: Vec<Problem>,
-    /// `vllm serve` for the folder as wload builds it from the manifest's layout
-    /// ([`serve_command`]); `None` without a manifest.
+    /// The decoder layers each pipeline stage's files hold (empty without stages).
+    pub stages: Vec<StageLayers>,
+    /// The run records read (`wload.json`, `wload-ranks-*.json`: one per `--ranks` run).
+    pub records: Vec<String>,
+    /// The vLLM versions whose parameter names and slicing the files follow, when a record says.
+    pub vllm_versions: Option<String>,
+    /// `vllm serve` for the folder as wload builds it from the manifest's layout, here and now
+    /// ([`serve_command`]); `None` without a manifest, or while the folder is incomplete (vLLM
+    /// would fail on it).
     pub serve: Option<ServeCommand>,
     /// `wload load` for the folder, with the flags only the file names can tell otherwise.
     pub check_with: String,
@@ -77,9 +85,11 @@ pub struct SurveyTotals {
 /// Surveys the pre-sharded folder `root`; `filter` keeps the tensors whose name matches.
 pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
     let files = in_folder(root);
-    let manifest = Manifest::read(root);
+    let runs = crate::sharded::runs::read(root);
+    let manifest = runs.manifest;
     let written_for = WrittenFor::of(&files, manifest.as_ref());
-    let mut problems = layout_problems(&files, &written_for, manifest.as_ref());
+    let mut problems = runs.problems;
+    problems.extend(layout_problems(&files, &written_for, manifest.as_ref()));
     let mut totals = SurveyTotals::default();
     let mut ranks = Vec::new();
     for (&(pp_rank, tp_rank), parts) in &files {
@@ -110,6 +120,8 @@ pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
         ranks.push(rank);
     }
     ranks.sort_by_key(|r| (r.rank, r.pp_rank, r.tp_rank));
+    let stages = layers::of_folder(root, &files);
+    let complete = problems.is_empty();
     let quoted = shell_quote(&root.display().to_string());
     Survey {
         schema_version: super::SCHEMA_VERSION,
@@ -128,11 +140,17 @@ pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
         ranks,
         filter: filter.map(|r| r.as_str().to_string()),
         totals,
-        complete: problems.is_empty(),
+        complete,
         problems,
-        serve: manifest
+        serve: (manifest.as_ref())
+            .filter(|_| complete)
+            .map(|m| serve_command(root, &files, &written_for, Some(m), &stages)),
+        records: manifest
             .as_ref()
-            .map(|m| serve_command(root, &files, &written_for, Some(m))),
+            .map(|m| m.records.clone())
+            .unwrap_or_default(),
+        vllm_versions: manifest.as_ref().and_then(|m| m.vllm_versions.clone()),
+        stages,
         written_for,
     }
 }
@@ -153,7 +171,8 @@ fn survey_file(
     {
         problems.push(Problem {
             message: format!(
-                "{name}: {size} bytes, but {MANIFEST} records {}: the file is truncated or was replaced",
+                "{name}: {size} bytes, but {} records {}: the file is truncated or was replaced",
+                records(manifest),
                 l.size
             ),
             fix: Some("copy the file again, or re-shard".into()),
@@ -163,8 +182,11 @@ fn survey_file(
     }
     if manifest.is_some() && listed.is_none() {
         problems.push(Problem {
-            message: format!("{name}: not listed in {MANIFEST} (left from another run?)"),
-            fix: Some("remove it, or re-shard into an empty folder".into()),
+            message: format!(
+                "{name}: not listed in {} (left from another run, or a --ranks run whose record was not copied?)",
+                records(manifest)
+            ),
+            fix: Some("copy the run record (wload-ranks-*.json) that lists it beside it, remove it, or re-shard into an empty folder".into()),
             file: Some(name.to_string()),
             ..Default::default()
         });
@@ -200,4 +222,9 @@ fn survey_file(
         size_matches_manifest: listed.map(|l| l.size == size),
     };
     (row, counted)
+}
+
+/// The records a merged manifest was read from, for messages.
+fn records(manifest: Option<&Manifest>) -> String {
+    manifest.map_or_else(String::new, |m| m.records.join(", "))
 }

@@ -34,6 +34,8 @@ pub(super) struct Owned {
 impl Owned {
     pub(super) fn of(m: &Manifest) -> Owned {
         let mut files: BTreeSet<String> = m.files.iter().map(|f| f.name.clone()).collect();
+        // Every run record merged into the view (`wload.json`, `wload-ranks-*.json`).
+        files.extend(m.records.iter().cloned());
         files.insert(MANIFEST.to_string());
         files.extend(m.side_files.iter().flatten().cloned());
         // A name no directory entry can have would never match one; dropping them here also

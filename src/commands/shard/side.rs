@@ -19,7 +19,7 @@ use super::ShardError;
 use super::output::{OWNER_FILE, STAGING_TAG};
 use super::space::DiskProblem;
 use crate::exec::{ExecError, write};
-use crate::sharded::manifest::{MANIFEST, Manifest};
+use crate::sharded::manifest::Manifest;
 
 /// One entry to copy, relative to the checkpoint folder.
 #[derive(Debug, Clone)]
@@ -162,7 +162,7 @@ fn copied_at_top(name: &str) -> bool {
 fn is_wload_folder(path: &Path, name: &str, out: Option<&Path>) -> bool {
     (name.starts_with('.') && name.contains(STAGING_TAG))
         || path.join(OWNER_FILE).is_file()
-        || (path.join(MANIFEST).is_file() && Manifest::read(path).is_some())
+        || Manifest::read(path).is_some()
         || out.is_some_and(|o| path.canonicalize().is_ok_and(|c| c == o))
 }
 

@@ -48,7 +48,12 @@ pub fn plan(
     warnings: &mut Vec<String>,
 ) -> Result<Plan, PreShardedError> {
     let root = &opened.resolved.root;
-    let manifest = Manifest::read(root);
+    let runs = crate::sharded::runs::read(root);
+    if !runs.problems.is_empty() {
+        // Files of two plans: checking them against either would only repeat it, file by file.
+        return Err(plan::PlanError::Invalid(runs.problems).into());
+    }
+    let manifest = runs.manifest;
     let expected = match expected_plan(opened, popts, manifest.as_ref()) {
         Ok(p) => p,
         // A --tp the model refuses may still be only a typo of the one the folder records: say
@@ -65,6 +70,10 @@ pub fn plan(
         // Files of another pipeline layout: the per-rank checks would only repeat it, rank by
         // rank, as missing files and keys.
         return Err(plan::PlanError::Invalid(stages).into());
+    }
+    if let Some(p) = partition_problem(root, &expected, files, popts) {
+        // Stages of another split: every rank would be missing layers and holding others.
+        return Err(plan::PlanError::Invalid(vec![p]).into());
     }
     let mut problems = folder_problems(root, popts.tp, files, manifest.as_ref());
     if let Some(m) = &manifest {
@@ -195,6 +204,67 @@ fn stage_problems(
         }),
         ..Default::default()
     }]
+}
+
+/// The stages' files holding other layers than vLLM, with `VLLM_PP_LAYER_PARTITION` as it is
+/// now, splits the model into: the folder was written with another partition, and the fix is the
+/// variable, not a re-shard.
+fn partition_problem(
+    root: &Path,
+    expected: &Plan,
+    files: &RankFiles,
+    popts: &PlanOptions,
+) -> Option<Problem> {
+    use crate::sharded::layers;
+    use crate::sharded::serve::PP_PARTITION_VAR;
+    if expected.pp <= 1 {
+        return None;
+    }
+    let found = layers::of_folder(root, files);
+    let agrees = found.len() == expected.stages.len()
+        && found
+            .iter()
+            .zip(&expected.stages)
+            .all(|(f, e)| f.layers.is_empty() || f.layers.iter().copied().eq(e.layers()));
+    if agrees {
+        return None;
+    }
+    let now = match &popts.pp_partition {
+        Some(p) => format!("{PP_PARTITION_VAR}={p}"),
+        None => format!("{PP_PARTITION_VAR} unset: vLLM's even split"),
+    };
+    let want: Vec<String> = (expected.stages.iter())
+        .map(|s| {
+            format!(
+                "stage {} layers {}–{}",
+                s.pp_rank,
+                s.first_layer,
+                s.end_layer.saturating_sub(1)
+            )
+        })
+        .collect();
+    let have: Vec<String> = (found.iter())
+        .map(|s| format!("stage {} {}", s.pp_rank, s.describe()))
+        .collect();
+    let fix = match layers::partition(&found) {
+        Some(p) if layers::is_even_split(&p) => format!(
+            "unset {PP_PARTITION_VAR}: the files follow vLLM's even split (and serve without it)"
+        ),
+        Some(p) => format!(
+            "set {PP_PARTITION_VAR}={p}, the partition the files were written with: `{PP_PARTITION_VAR}={p} wload load …`, and serve with it (`wload inspect` prints the line)"
+        ),
+        None => "re-shard with the intended --pp and partition".into(),
+    };
+    Some(Problem {
+        message: format!(
+            "{}: the files were written for another pipeline split: they hold {}; vLLM ({now}) builds {}",
+            root.display(),
+            have.join(", "),
+            want.join(", "),
+        ),
+        fix: Some(fix),
+        ..Default::default()
+    })
 }
 
 /// What vLLM's fresh model holds per rank at this TP (names, dtypes, shapes): the checkpoint

@@ -6,7 +6,7 @@
 use std::fs;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -40,8 +40,12 @@ fn readme_transcript() -> Vec<(String, Vec<String>)> {
     steps
 }
 
-/// An output line as the transcript shows it: exactly, or up to a trailing ` …`.
-fn shows(expected: &str, got: &str) -> bool {
+/// The folder the README's transcript runs in, as its lines show it.
+const README_ROOT: &str = "/home/you/wload";
+
+/// An output line as the transcript shows it (run in `root`): exactly, or up to a trailing ` …`.
+fn shows(expected: &str, got: &str, root: &Path) -> bool {
+    let expected = expected.replace(README_ROOT, &root.display().to_string());
     match expected.strip_suffix(" …") {
         Some(head) => got.starts_with(head),
         None => got == expected,
@@ -70,6 +74,8 @@ fn readme_deploy_transcript_runs_as_written() {
     )
     .unwrap();
     let flags_it_could_infer = ["--tp", "--pp", "--dtype", "--config-format"];
+    let root = clone.path().canonicalize().unwrap();
+    let mut serve_lines = Vec::new();
     for (cmd, expected) in &steps {
         if cmd.contains(" load ") || cmd.contains(" inspect ") {
             for f in flags_it_could_infer {
@@ -90,10 +96,74 @@ fn readme_deploy_transcript_runs_as_written() {
         let text = format!("{}{}", stdout(&out), stderr(&out));
         for want in expected {
             assert!(
-                text.lines().any(|got| shows(want, got)),
+                text.lines().any(|got| shows(want, got, &root)),
                 "`{cmd}` should print {want:?}; it printed:\n{text}"
             );
         }
+        serve_lines.extend(
+            text.lines()
+                .filter_map(|l| l.strip_prefix("serve with: "))
+                .map(str::to_string),
+        );
+    }
+    assert_eq!(
+        serve_lines.len(),
+        1,
+        "shard prints one serve line: {serve_lines:?}"
+    );
+    serve_line_would_start_vllm(&serve_lines[0]);
+}
+
+/// Each word of a serve line checked against the folder it names: vLLM would start with it.
+fn serve_line_would_start_vllm(line: &str) {
+    let argv = shell_words(line);
+    assert_eq!(argv[..2], ["vllm", "serve"], "{line}");
+    let folder = Path::new(&argv[2]);
+    assert!(
+        folder.is_absolute() && folder.is_dir(),
+        "{line}: the folder, absolute"
+    );
+    let m: Value = serde_json::from_slice(&fs::read(folder.join("wload.json")).unwrap()).unwrap();
+    let names: Vec<String> = fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut rest = argv[3..].iter().map(String::as_str);
+    let mut seen = Vec::new();
+    while let Some(flag) = rest.next() {
+        seen.push(flag);
+        match flag {
+            "--load-format" => assert_eq!(rest.next(), Some("sharded_state")),
+            "--tensor-parallel-size" => {
+                let tp: u64 = rest.next().unwrap().parse().unwrap();
+                assert_eq!(tp, m["tp"].as_u64().unwrap(), "{line}");
+                for r in 0..tp {
+                    let f = format!("model-rank-{r}-part-0.safetensors");
+                    assert!(names.contains(&f), "{line}: {f} in the folder");
+                }
+            }
+            // The files' dtype, which vLLM's auto would turn into float16 on a V100 or T4.
+            "--dtype" => {
+                assert_eq!(m["dtype"], "BF16", "{line}");
+                assert_eq!(rest.next(), Some("bfloat16"), "{line}");
+            }
+            // vLLM loads the tokenizer from the folder, and the example has none.
+            "--skip-tokenizer-init" => assert!(
+                !names
+                    .iter()
+                    .any(|n| n.starts_with("tokenizer") || n == "tekken.json"),
+                "{line}: {names:?}"
+            ),
+            other => panic!("{line}: unexpected {other}"),
+        }
+    }
+    for needed in [
+        "--load-format",
+        "--tensor-parallel-size",
+        "--dtype",
+        "--skip-tokenizer-init",
+    ] {
+        assert!(seen.contains(&needed), "{line} lacks {needed}");
     }
 }
 
@@ -139,49 +209,96 @@ fn words(s: &[&str]) -> Vec<String> {
     s.iter().map(|w| w.to_string()).collect()
 }
 
-/// Each flag the files depend on, and only those: TP alone for a default dense model; PP, EP and a
-/// dtype other than vLLM's `auto` choice when they apply. The printed line is the manifest's, and
-/// a shell reads it back as the manifest's words.
+/// Each flag the files depend on, and only those: TP; PP and EP when they apply; `--dtype`
+/// unless vLLM's `auto` loads the files as they are on every GPU (only float16 files with a
+/// float16 config: BF16 becomes float16 on a V100 or T4, a float32 config is downcast); and
+/// `--skip-tokenizer-init` while the folder has no tokenizer (vLLM does not start without one).
+/// The printed line is the manifest's, and a shell reads it back as the manifest's words.
 #[test]
 fn serve_command_has_every_flag_the_files_depend_on() {
     let work = TempDir::new().unwrap();
     let base = ["--load-format", "sharded_state", "--tensor-parallel-size"];
-    let cases: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
-        (GQA, vec!["--tp", "2"], vec!["2"]),
+    let bf16 = ["--dtype", "bfloat16"];
+    let no_tok = "--skip-tokenizer-init";
+    let with_tokenizer = work.path().join("gqa-with-tokenizer");
+    copy_dir(&fixture(GQA), &with_tokenizer);
+    fs::write(with_tokenizer.join("tokenizer.json"), "{}").unwrap();
+    let cases: Vec<(PathBuf, Vec<&str>, Vec<&str>)> = vec![
         (
-            GQA,
+            fixture(GQA),
+            vec!["--tp", "2"],
+            vec!["2", bf16[0], bf16[1], no_tok],
+        ),
+        (
+            fixture(GQA),
             vec!["--tp", "1", "--pp", "2"],
-            vec!["1", "--pipeline-parallel-size", "2"],
+            vec![
+                "1",
+                "--pipeline-parallel-size",
+                "2",
+                bf16[0],
+                bf16[1],
+                no_tok,
+            ],
         ),
         (
-            "mixtral",
+            fixture("mixtral"),
             vec!["--tp", "2", "--enable-expert-parallel"],
-            vec!["2", "--enable-expert-parallel"],
+            vec!["2", "--enable-expert-parallel", bf16[0], bf16[1], no_tok],
         ),
         (
-            GQA,
+            fixture(GQA),
             vec!["--tp", "2", "--dtype", "float16"],
-            vec!["2", "--dtype", "float16"],
+            vec!["2", "--dtype", "float16", no_tok],
         ),
-        // bfloat16 is what vLLM's auto picks for a bfloat16 config: no flag needed.
-        (GQA, vec!["--tp", "2", "--dtype", "bfloat16"], vec!["2"]),
-        // float32 configs are downcast to bfloat16 by auto; keeping float32 needs the flag.
-        ("phi3_fp32", vec!["--tp", "1"], vec!["1"]),
+        // A bfloat16 config: auto keeps bfloat16 on an A100 but converts to float16 on a V100.
         (
-            "phi3_fp32",
+            fixture(GQA),
+            vec!["--tp", "2", "--dtype", "bfloat16"],
+            vec!["2", bf16[0], bf16[1], no_tok],
+        ),
+        // float16 files and config: what auto loads everywhere, so no flag.
+        (
+            fixture("llama_tied_fp16"),
+            vec!["--tp", "2"],
+            vec!["2", no_tok],
+        ),
+        // float32 configs are downcast by auto: to bfloat16 files, or kept float32, the flag.
+        (
+            fixture("phi3_fp32"),
+            vec!["--tp", "1"],
+            vec!["1", bf16[0], bf16[1], no_tok],
+        ),
+        (
+            fixture("phi3_fp32"),
             vec!["--tp", "1", "--dtype", "float32"],
-            vec!["1", "--dtype", "float32"],
+            vec!["1", "--dtype", "float32", no_tok],
+        ),
+        // A tokenizer beside the weights is copied, and vLLM loads it.
+        (
+            with_tokenizer.clone(),
+            vec!["--tp", "2"],
+            vec!["2", bf16[0], bf16[1]],
         ),
     ];
-    for (i, (fx, flags, tail)) in cases.iter().enumerate() {
+    for (i, (src, flags, tail)) in cases.iter().enumerate() {
         let out = work.path().join(format!("out{i}"));
-        let (argv, shell, printed) = serve_of(&fixture(fx), &out, flags);
+        let (argv, shell, printed) = serve_of(src, &out, flags);
         let mut want = words(&["vllm", "serve", s(&out)]);
         want.extend(words(&base));
         want.extend(words(tail));
-        assert_eq!(argv, want, "{fx} {flags:?}");
-        assert_eq!(printed, shell, "{fx} {flags:?}");
-        assert_eq!(shell_words(&shell), argv, "{fx} {flags:?}");
+        assert_eq!(argv, want, "{} {flags:?}", src.display());
+        assert_eq!(printed, shell, "{} {flags:?}", src.display());
+        assert_eq!(shell_words(&shell), argv, "{} {flags:?}", src.display());
+    }
+}
+
+/// `src`'s files, copied into a new folder `to`.
+fn copy_dir(src: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
     }
 }
 
@@ -218,7 +335,8 @@ fn serve_command_quotes_hostile_paths() {
         let (argv, shell, _) = serve_of(&fixture(GQA), &out, &["--tp", "2"]);
         assert_eq!(argv[2], s(&out));
         assert_eq!(shell_words(&shell), argv, "{name}");
-        // Relative, as the user typed it: `./-tp8`, not a flag.
+        // Relative as the user typed it, absolute in the line: vLLM run elsewhere finds it, and
+        // `-tp8` is not taken for a flag.
         let o = wload()
             .current_dir(work.path())
             .args(["shard", s(&fixture(GQA)), "--tp", "2", "-o"])
@@ -231,10 +349,13 @@ fn serve_command_quotes_hostile_paths() {
             .find_map(|l| l.strip_prefix("serve with: ").map(str::to_string))
             .unwrap();
         let w = shell_words(&line);
-        assert!(!w[2].starts_with('-'), "{line}");
         assert_eq!(
-            Path::new(&w[2]).file_name().unwrap().to_string_lossy(),
-            format!("rel-{name}")
+            Path::new(&w[2]),
+            work.path()
+                .canonicalize()
+                .unwrap()
+                .join(format!("rel-{name}")),
+            "{line}"
         );
     }
     let o = wload()
@@ -243,8 +364,9 @@ fn serve_command_quotes_hostile_paths() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", context(&o));
+    let abs = work.path().canonicalize().unwrap().join("-x");
     assert!(
-        stdout(&o).contains("serve with: vllm serve ./-x "),
+        stdout(&o).contains(&format!("serve with: vllm serve {} ", abs.display())),
         "{}",
         stdout(&o)
     );

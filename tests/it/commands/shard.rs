@@ -95,10 +95,20 @@ fn compare_files(want: &Path, got: &Path) -> Option<String> {
     ))
 }
 
-/// Checks wload.json in `out` against the files: it lists exactly the part files, each with its
-/// real size and the XXH3-64 of its bytes. Returns the manifest.
+/// Checks the run record in `out` (wload.json, or a `--ranks` run's wload-ranks-*.json: one of
+/// them) against the files: it lists exactly the part files, each with its real size and the
+/// XXH3-64 of its bytes. Returns the manifest.
 fn check_manifest(out: &Path) -> Value {
-    let path = out.join("wload.json");
+    let records: Vec<_> = fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n == "wload.json" || (n.starts_with("wload-ranks-") && n.ends_with(".json"))
+        })
+        .collect();
+    assert_eq!(records.len(), 1, "one run record: {records:?}");
+    let path = &records[0];
     let text = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let m: Value = serde_json::from_slice(&text).expect("wload.json is JSON");
     let files = m["files"].as_array().expect("wload.json has files");
@@ -1061,8 +1071,9 @@ fn verify_confirms_when_it_passes() {
     }
 }
 
-/// The summary says how the source was read and how much of it was cached (the JSON's `io` and
-/// `source_cache`): a write rate means little without them.
+/// With `-v`, the summary says how the source was read and how much of it was cached (the JSON's
+/// `io` and `source_cache`): a write rate means little without them. The default leaves them out
+/// and leads with the result; `-q` prints the serve line alone, for a script to capture.
 #[test]
 fn the_summary_says_how_the_source_was_read() {
     let work = TempDir::new().unwrap();
@@ -1075,7 +1086,7 @@ fn the_summary_says_how_the_source_was_read() {
             .unwrap_or_else(|| panic!("no `read:` line: {}", context(o)))
             .to_string()
     };
-    let o = shard_ok(src, 2, &out, &["--io", "direct"]);
+    let o = shard_ok(src, 2, &out, &["--io", "direct", "-v"]);
     let line = read_line(&o);
     assert!(
         line.starts_with("read: io direct (direct: as asked); source 1.1 MiB, "),
@@ -1087,10 +1098,28 @@ fn the_summary_says_how_the_source_was_read() {
     );
     assert!(!line.contains("--cold"), "{line}");
 
-    let o = shard_ok(src, 2, &out, &["--force", "--cold"]);
+    let o = shard_ok(src, 2, &out, &["--force", "--cold", "--verbose"]);
     let line = read_line(&o);
     assert!(line.starts_with("read: io "), "{line}");
     // How much was cached before depends on what ran before: only that it was evicted.
     assert!(line.contains(", after --cold evicted it from "), "{line}");
     assert!(line.ends_with(" cached)"), "{line}");
+
+    let o = shard_ok(src, 2, &out, &["--force"]);
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("wrote 2 files"), "{}", stdout(&o));
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("read: ") || l.starts_with("time: ")),
+        "{}",
+        stdout(&o)
+    );
+
+    let o = shard_ok(src, 2, &out, &["--force", "-q"]);
+    let serve = format!("vllm serve {} ", out.display());
+    assert!(stdout(&o).starts_with(&serve), "{}", context(&o));
+    assert_eq!(stdout(&o).lines().count(), 1, "{}", context(&o));
+    assert_eq!(stderr(&o), "", "{}", context(&o));
 }

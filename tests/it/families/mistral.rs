@@ -163,8 +163,11 @@ fn a_mistral_native_output_is_served_and_loaded_with_its_config_format() {
             "sharded_state",
             "--tensor-parallel-size",
             "2",
+            "--dtype",
+            "bfloat16",
             "--config-format",
-            "mistral"
+            "mistral",
+            "--skip-tokenizer-init"
         ]
     );
     assert!(

@@ -106,7 +106,9 @@ fn the_output_is_served_with_the_mistral_config_format() {
     assert_eq!(m["family"], ML3);
     let shell = m["serve"]["shell"].as_str().unwrap();
     assert!(
-        shell.ends_with("--tensor-parallel-size 2 --config-format mistral"),
+        shell.ends_with(
+            "--tensor-parallel-size 2 --dtype bfloat16 --config-format mistral --skip-tokenizer-init"
+        ),
         "{shell}"
     );
     assert!(
@@ -218,7 +220,10 @@ fn a_config_json_beside_params_json_still_serves_with_the_mistral_format() {
     );
     assert_eq!(m["config_format"], "mistral");
     let shell = m["serve"]["shell"].as_str().unwrap();
-    assert!(shell.ends_with("--config-format mistral"), "{shell}");
+    assert!(
+        shell.ends_with("--config-format mistral --skip-tokenizer-init"),
+        "{shell}"
+    );
     let l = run(&["load", s(&out), "--dry-run"]);
     assert!(l.status.success(), "{}", context(&l));
     assert!(
