@@ -109,7 +109,7 @@ fn check_manifest(out: &Path) -> Value {
         .collect();
     assert_eq!(records.len(), 1, "one run record: {records:?}");
     let path = &records[0];
-    let text = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let m: Value = serde_json::from_slice(&text).expect("wload.json is JSON");
     let files = m["files"].as_array().expect("wload.json has files");
     let listed: BTreeSet<String> = files
