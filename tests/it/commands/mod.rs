@@ -2,6 +2,7 @@
 
 mod cli;
 mod deploy;
+mod folders;
 mod inspect;
 mod json;
 pub(crate) mod load;

@@ -1,0 +1,239 @@
+//! Output folders after they leave `shard`: copied elsewhere (the serve line names where they are
+//! now, and the pipeline partition they were written with), and put together from `--ranks` runs
+//! on several machines (one complete output; runs of different plans refused, naming the files).
+
+use std::fs;
+use std::path::Path;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::support::*;
+
+const GQA: &str = "llama_gqa";
+const PARTITION: &str = "VLLM_PP_LAYER_PARTITION";
+
+/// `wload ARGS…` with `VLLM_PP_LAYER_PARTITION` set to `partition` (or unset), run in `cwd`.
+fn run_with(cwd: &Path, partition: Option<&str>, args: &[&str]) -> std::process::Output {
+    let mut cmd = wload();
+    cmd.current_dir(cwd).args(args).env_remove(PARTITION);
+    if let Some(p) = partition {
+        cmd.env(PARTITION, p);
+    }
+    cmd.output().unwrap()
+}
+
+/// Every file of `from` copied into `to` (created), as `cp` would.
+fn copy_files(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+/// The environment assignments and the words of a serve line, as a shell reads them.
+fn env_and_words(line: &str) -> (Vec<(String, String)>, Vec<String>) {
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("printf '%s\\0' {line}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(o.stdout).unwrap();
+    let mut words: Vec<String> = text.split('\0').map(str::to_string).collect();
+    words.pop();
+    let n = words.iter().take_while(|w| w.contains('=')).count();
+    let env = words[..n]
+        .iter()
+        .map(|w| {
+            let (k, v) = w.split_once('=').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    (env, words[n..].to_vec())
+}
+
+/// Sharded with a partition, copied elsewhere: `inspect` (run from another directory) prints a
+/// serve line naming the copy's absolute path and the partition, and each stage's layers;
+/// `load --dry-run` with the printed environment passes, and without it names the variable.
+#[test]
+fn a_partitioned_folder_copied_elsewhere_says_how_to_serve_it() {
+    let work = TempDir::new().unwrap();
+    let ck = work.path().join("three-layers");
+    fs::create_dir_all(&ck).unwrap();
+    many_layers_checkpoint(&ck, 3, |n| n);
+    let out = work.path().join("out");
+    let o = run_with(
+        work.path(),
+        Some("1,2"),
+        &[
+            "shard",
+            "three-layers",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "-o",
+            "out",
+        ],
+    );
+    assert!(o.status.success(), "{}", context(&o));
+    let m: Value = serde_json::from_slice(&fs::read(out.join("wload.json")).unwrap()).unwrap();
+    assert_eq!(m["pp_layer_partition"], "1,2", "{m:#}");
+    assert!(
+        stdout(&o).contains(&format!(
+            "serve with: {PARTITION}=1,2 vllm serve {} ",
+            out.display()
+        )),
+        "{}",
+        stdout(&o)
+    );
+
+    let elsewhere = work.path().join("moved/here");
+    copy_files(&out, &elsewhere);
+    fs::remove_dir_all(&out).unwrap();
+    let i = run_with(Path::new("/"), None, &["inspect", s(&elsewhere)]);
+    assert!(i.status.success(), "{}", context(&i));
+    let text = stdout(&i);
+    assert!(text.contains("stage 0  layer 0\n"), "{text}");
+    assert!(text.contains("stage 1  layers 1–2 (2 layers)\n"), "{text}");
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("serve    "))
+        .unwrap_or_else(|| panic!("no serve line: {text}"));
+    let (env, words) = env_and_words(line);
+    assert_eq!(env, [(PARTITION.to_string(), "1,2".to_string())], "{line}");
+    assert_eq!(words[..3], ["vllm", "serve", s(&elsewhere)], "{line}");
+    assert!(
+        words
+            .windows(2)
+            .any(|w| w == ["--pipeline-parallel-size", "2"]),
+        "{line}"
+    );
+    let j = wload_json(&["inspect", s(&elsewhere), "--json"]);
+    assert_eq!(j["serve"]["env"][PARTITION], "1,2", "{j:#}");
+    assert_eq!(j["stages"][1]["layers"], serde_json::json!([1, 2]), "{j:#}");
+
+    // The printed environment loads; without it, the variable is the fix named.
+    let (k, v) = &env[0];
+    let ok = run_with(
+        Path::new("/"),
+        Some(v),
+        &["load", s(&elsewhere), "--dry-run", "--read"],
+    );
+    assert_eq!(k, PARTITION);
+    assert!(ok.status.success(), "{}", context(&ok));
+    let bad = run_with(Path::new("/"), None, &["load", s(&elsewhere), "--dry-run"]);
+    let err = assert_refused(
+        &bad,
+        3,
+        &["another pipeline split", "set VLLM_PP_LAYER_PARTITION=1,2"],
+    );
+    assert_eq!(
+        err.matches("\n  - ").count(),
+        1,
+        "one problem, not one per key: {err}"
+    );
+}
+
+/// Two `--ranks` runs of one TP 8 plan, in two folders (two machines), copied together: one
+/// complete output, byte for byte the single run's, that `inspect` and `load` take as it is.
+#[test]
+fn runs_of_one_plan_copied_together_are_one_output() {
+    let work = TempDir::new().unwrap();
+    let (a, b) = (work.path().join("node0"), work.path().join("node1"));
+    shard_ok(&fixture(GQA), 8, &a, &["--ranks", "0-3"]);
+    shard_ok(&fixture(GQA), 8, &b, &["--ranks", "4-7"]);
+    assert!(a.join("wload-ranks-0-3.json").is_file());
+    assert!(b.join("wload-ranks-4-7.json").is_file());
+    assert!(!a.join("wload.json").exists() && !b.join("wload.json").exists());
+
+    let merged = work.path().join("merged");
+    copy_files(&a, &merged);
+    copy_files(&b, &merged);
+    let v = wload_json(&["inspect", s(&merged), "--json"]);
+    assert_eq!(v["complete"], true, "{v:#}");
+    assert_eq!(
+        v["records"],
+        serde_json::json!(["wload-ranks-0-3.json", "wload-ranks-4-7.json"]),
+        "{v:#}"
+    );
+    assert_eq!(v["problems"], serde_json::json!([]), "{v:#}");
+    let serve = v["serve"]["shell"].as_str().unwrap();
+    assert!(
+        serve.starts_with(&format!("vllm serve {} ", merged.display())),
+        "{serve}"
+    );
+    let l = run(&["load", s(&merged), "--dry-run", "--read"]);
+    assert!(l.status.success(), "{}", context(&l));
+
+    let full = work.path().join("full");
+    shard_ok(&fixture(GQA), 8, &full, &[]);
+    for r in 0..8 {
+        let n = format!("model-rank-{r}-part-0.safetensors");
+        assert_eq!(
+            fs::read(merged.join(&n)).unwrap(),
+            fs::read(full.join(&n)).unwrap(),
+            "{n}"
+        );
+    }
+}
+
+/// Runs of different plans (another dtype; another wload version) copied together are refused by
+/// `inspect` and `load`, naming both records and what differs.
+#[test]
+fn runs_of_different_plans_are_refused_naming_the_files() {
+    let work = TempDir::new().unwrap();
+    let (a, b) = (work.path().join("node0"), work.path().join("node1"));
+    shard_ok(&fixture(GQA), 8, &a, &["--ranks", "0-3"]);
+    shard_ok(
+        &fixture(GQA),
+        8,
+        &b,
+        &["--ranks", "4-7", "--dtype", "float16"],
+    );
+    let merged = work.path().join("merged");
+    copy_files(&a, &merged);
+    copy_files(&b, &merged);
+    let v = wload_json_any(&["inspect", s(&merged), "--json"]);
+    let report = if v["ok"] == false { &v["error"] } else { &v };
+    let text = report.to_string();
+    assert!(
+        text.contains("wload-ranks-4-7.json records a run of another plan than wload-ranks-0-3.json: dtype F16, not BF16"),
+        "{v:#}"
+    );
+    assert_ne!(v["complete"], true, "{v:#}");
+    assert!(
+        v["serve"].is_null(),
+        "no serve line for files of two plans: {v:#}"
+    );
+    let l = run(&["load", s(&merged), "--dry-run"]);
+    assert_refused(
+        &l,
+        3,
+        &[
+            "wload-ranks-4-7.json",
+            "wload-ranks-0-3.json",
+            "dtype F16, not BF16",
+        ],
+    );
+
+    // The same plan written by another wload version.
+    let merged = work.path().join("merged2");
+    copy_files(&a, &merged);
+    let c = work.path().join("node1b");
+    shard_ok(&fixture(GQA), 8, &c, &["--ranks", "4-7"]);
+    let rec = c.join("wload-ranks-4-7.json");
+    let mut m: Value = serde_json::from_slice(&fs::read(&rec).unwrap()).unwrap();
+    m["wload_version"] = "0.0.9".into();
+    fs::write(&rec, serde_json::to_vec(&m).unwrap()).unwrap();
+    copy_files(&c, &merged);
+    let l = run(&["load", s(&merged), "--dry-run"]);
+    assert_refused(&l, 3, &["wload-ranks-4-7.json", "wload version 0.0.9, not"]);
+}
+
+/// `wload ARGS… --json`'s document, whatever the exit status.
+fn wload_json_any(args: &[&str]) -> Value {
+    let o = run(args);
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", context(&o)))
+}
