@@ -242,10 +242,13 @@ def folder_flags(folder):
     flags = []
     if os.path.exists(manifest):
         with open(manifest) as f:
-            serve = (json.load(f).get("serve") or {}).get("argv")
+            line = json.load(f).get("serve") or {}
+        serve = line.get("argv")
         if not serve or serve[:2] != ["vllm", "serve"]:
             sys.exit(f"{manifest}: no serve.argv `vllm serve FOLDER ...`")
         flags = serve[3:]  # after `vllm serve FOLDER`
+        # The environment the line runs with (VLLM_PP_LAYER_PARTITION), for every rank process.
+        os.environ.update(line.get("env") or {})
     elif os.path.exists(meta):
         # A folder real vLLM wrote: the golden oracle's parallel sizes, dtype and engine options
         # (EngineArgs fields: `language_model_only`, `mm_encoder_tp_mode`, ...), as CLI flags.
@@ -292,6 +295,10 @@ def parser():
     p.add_argument("--mm-encoder-tp-mode", default="weights")
     p.add_argument("--config-format", default="auto")
     p.add_argument("--tokenizer-mode", default="auto")
+    # Serve-line flags that change nothing a rank holds: accepted, so that a serve line is taken
+    # whole (a flag this script does not know is an error).
+    p.add_argument("--skip-tokenizer-init", action="store_true")
+    p.add_argument("--served-model-name", default=None)
     p.add_argument("--hf-overrides", type=json.loads, default={}, help="JSON object")
     p.add_argument(
         "--load-format",
