@@ -30,6 +30,7 @@ use crate::support::*;
 
 mod downloads;
 mod lying;
+mod serve;
 mod timeouts;
 
 pub(crate) const REPO: &str = "acme/llama-gqa";
