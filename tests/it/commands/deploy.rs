@@ -59,14 +59,11 @@ fn readme_deploy_transcript_runs_as_written() {
     let steps = readme_transcript();
     assert!(steps.len() >= 3, "shard, inspect and load: {steps:?}");
     let clone = TempDir::new().unwrap();
-    let example = clone.path().join("examples/tiny-llama");
-    fs::create_dir_all(&example).unwrap();
     // The repository's example is a link into the test fixtures; a clone has both.
-    let src = manifest_dir().join("examples/tiny-llama");
-    for e in fs::read_dir(&src).unwrap() {
-        let p = e.unwrap().path();
-        fs::copy(&p, example.join(p.file_name().unwrap())).unwrap();
-    }
+    copy_files(
+        &manifest_dir().join("examples/tiny-llama"),
+        &clone.path().join("examples/tiny-llama"),
+    );
     fs::create_dir_all(clone.path().join("target/release")).unwrap();
     std::os::unix::fs::symlink(
         env!("CARGO_BIN_EXE_wload"),
@@ -221,7 +218,7 @@ fn serve_command_has_every_flag_the_files_depend_on() {
     let bf16 = ["--dtype", "bfloat16"];
     let no_tok = "--skip-tokenizer-init";
     let with_tokenizer = work.path().join("gqa-with-tokenizer");
-    copy_dir(&fixture(GQA), &with_tokenizer);
+    copy_files(&fixture(GQA), &with_tokenizer);
     fs::write(with_tokenizer.join("tokenizer.json"), "{}").unwrap();
     let cases: Vec<(PathBuf, Vec<&str>, Vec<&str>)> = vec![
         (
@@ -290,15 +287,6 @@ fn serve_command_has_every_flag_the_files_depend_on() {
         assert_eq!(argv, want, "{} {flags:?}", src.display());
         assert_eq!(printed, shell, "{} {flags:?}", src.display());
         assert_eq!(shell_words(&shell), argv, "{} {flags:?}", src.display());
-    }
-}
-
-/// `src`'s files, copied into a new folder `to`.
-fn copy_dir(src: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for e in fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
     }
 }
 

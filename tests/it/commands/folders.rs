@@ -23,15 +23,6 @@ fn run_with(cwd: &Path, partition: Option<&str>, args: &[&str]) -> std::process:
     cmd.output().unwrap()
 }
 
-/// Every file of `from` copied into `to` (created), as `cp` would.
-fn copy_files(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for e in fs::read_dir(from).unwrap() {
-        let p = e.unwrap().path();
-        fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
-    }
-}
-
 /// The environment assignments and the words of a serve line, as a shell reads them.
 fn env_and_words(line: &str) -> (Vec<(String, String)>, Vec<String>) {
     let o = std::process::Command::new("sh")

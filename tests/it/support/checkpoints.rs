@@ -28,6 +28,15 @@ pub(crate) fn write_json(path: &Path, v: &Value) {
     write_raw(path, serde_json::to_string_pretty(v).unwrap().as_bytes());
 }
 
+/// Every file directly in `from` copied into `to` (created), as `cp from/* to/` would.
+pub(crate) fn copy_files(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
 /// `n` zero bytes.
 pub(crate) fn zeros(n: usize) -> Vec<u8> {
     vec![0u8; n]
