@@ -249,11 +249,7 @@ impl Checkpoint {
     /// Whether tensor data can be read: every file is on disk. A checkpoint of hub headers only
     /// (`inspect`, `plan`, `sizes`, `load --dry-run`) says which file is not.
     pub fn data_readable(&self) -> Result<(), HeaderError> {
-        match self
-            .files
-            .iter()
-            .find(|f| f.backing != Backing::File)
-        {
+        match self.files.iter().find(|f| f.backing != Backing::File) {
             None => Ok(()),
             Some(f) => Err(HeaderError::HeaderOnly {
                 path: f.path.clone(),

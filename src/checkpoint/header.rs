@@ -20,10 +20,7 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
     let header = read_header_text(&file, path, header_len)?;
     let parsed = parse_header(path, name, file_index, stamp.size, header_len, &header)?;
     check_unchanged(&file, path, &stamp)?;
-    Ok(WeightFile {
-        stamp,
-        ..parsed
-    })
+    Ok(WeightFile { stamp, ..parsed })
 }
 
 /// A header that was not read from a local file (a hub's `Range` answer, or the cache's copy of

@@ -106,7 +106,6 @@ pub struct SizesReport {
     /// For a hub repo id: what this run fetched from the hub (docs/json.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hub_fetched: Option<crate::resolve::hub::Fetched>,
-
 }
 
 /// One layout and vLLM's verdict: accepted, or the first problem that refuses it.

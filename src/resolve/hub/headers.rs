@@ -331,7 +331,8 @@ fn ranged(
                 .headers()
                 .get("Content-Range")
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_string());
-            let ok = value.as_deref().and_then(parse_content_range) == Some((from, to - 1, Some(size)))
+            let ok = value.as_deref().and_then(parse_content_range)
+                == Some((from, to - 1, Some(size)))
                 && announced.is_none_or(|n| n == to - from);
             if !ok {
                 return Err(HttpError::Invalid(format!(

@@ -271,7 +271,14 @@ fn select_and_fetch(
     let got = if req.headers_only {
         let repo_dir = req.env.cache_dir.join(folder_name(req.repo));
         let commit = fetcher.commit();
-        headers::get(req, &repo_dir, snapshot, commit, fetcher.why(), &r.file_names())?
+        headers::get(
+            req,
+            &repo_dir,
+            snapshot,
+            commit,
+            fetcher.why(),
+            &r.file_names(),
+        )?
     } else {
         headers::Got::default()
     };

@@ -29,6 +29,7 @@ use tempfile::TempDir;
 use crate::support::*;
 
 mod downloads;
+mod headers;
 mod lying;
 mod timeouts;
 
@@ -93,6 +94,8 @@ struct Shared {
     stall: Mutex<BTreeMap<String, (u32, bool)>>,
     /// Transfers answer with the whole file, whatever Range was asked (as a CDN may).
     ignore_range: AtomicBool,
+    /// Body bytes written to clients per file (GET answers of `resolve`), decoded names.
+    served: Mutex<BTreeMap<String, u64>>,
     hook: Mutex<Option<Arc<Hook>>>,
 }
 
@@ -113,6 +116,7 @@ impl Hub {
             cut: Mutex::new(BTreeSet::new()),
             stall: Mutex::new(BTreeMap::new()),
             ignore_range: AtomicBool::new(false),
+            served: Mutex::new(BTreeMap::new()),
             hook: Mutex::new(None),
         });
         let sh = shared.clone();
@@ -146,6 +150,16 @@ impl Hub {
 
     pub(crate) fn seen(&self) -> Vec<Seen> {
         self.shared.seen.lock().unwrap().clone()
+    }
+
+    /// Transfers answer 200 with the whole file, whatever Range was asked (as a CDN may).
+    pub(crate) fn ignore_range(&self) {
+        self.shared.ignore_range.store(true, Ordering::SeqCst);
+    }
+
+    /// Body bytes the server wrote for each file (decoded name) so far.
+    pub(crate) fn served(&self) -> BTreeMap<String, u64> {
+        self.shared.served.lock().unwrap().clone()
     }
 
     /// The next transfer of `file` (more than a byte) stops halfway through its body.
@@ -288,7 +302,18 @@ fn serve(sh: &Shared, mut conn: TcpStream) -> std::io::Result<()> {
         return Ok(());
     }
     if method != "HEAD" {
-        conn.write_all(&body)?;
+        // In pieces, counted as each is taken: a client that stops reading closes the
+        // connection, and what it was sent until then is what it cost.
+        let count = |n: usize| {
+            if let Some(f) = file {
+                let f = unquote(f.split_once('?').map_or(f, |(f, _)| f));
+                *sh.served.lock().unwrap().entry(f).or_default() += n as u64;
+            }
+        };
+        for piece in body.chunks(64 << 10) {
+            conn.write_all(piece)?;
+            count(piece.len());
+        }
     }
     conn.flush()
 }
