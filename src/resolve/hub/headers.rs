@@ -308,6 +308,9 @@ fn fetch_header(
     Ok(bytes)
 }
 
+/// The unread rest of a 200 answer's body.
+type Rest = Box<dyn Read + Send>;
+
 /// Bytes `from..to` of the file: a 206 that must be exactly that range of a file of
 /// `meta.size`, or a 200 (the range ignored) whose first `from` bytes are read past; then the
 /// rest of the 200's body, unread, to read on from.
@@ -318,7 +321,7 @@ fn ranged(
     from: u64,
     to: u64,
     fetched: &mut u64,
-) -> Result<(Vec<u8>, Option<Box<dyn Read + Send>>), HttpError> {
+) -> Result<(Vec<u8>, Option<Rest>), HttpError> {
     let size = meta.size;
     let range = format!("bytes={from}-{}", to - 1);
     let response = client.send(url, false, Some(&range), client.download, Follow::All)?;
@@ -356,7 +359,7 @@ fn ranged(
                     meta.size_from
                 )));
             }
-            let mut body: Box<dyn Read + Send> = Box::new(response.into_body().into_reader());
+            let mut body: Rest = Box::new(response.into_body().into_reader());
             read_n(&mut body, from, client, fetched)?;
             let bytes = read_n(&mut body, to - from, client, fetched)?;
             Ok((bytes, Some(body)))
