@@ -538,6 +538,25 @@ fn fails_with(cmd: &mut Command, args: &[&str], code: i32) -> String {
     assert_refused(&run(cmd, args), code, &[])
 }
 
+/// `load REPO --tp 2 --dry-run --read` and `extra`: a run that reads every byte of the weights,
+/// so downloads them whole (`inspect`, `plan`, `sizes` and a plain `--dry-run` fetch only their
+/// headers).
+pub(crate) fn read_all<'a>(repo: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["load", repo, "--tp", "2", "--dry-run", "--read"];
+    a.extend_from_slice(extra);
+    a
+}
+
+/// The files a run downloaded whole, from the `hub_fetched` of its JSON.
+pub(crate) fn fetched_files(v: &Value) -> BTreeSet<String> {
+    v["hub_fetched"]["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no hub_fetched.files: {v:#}"))
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect()
+}
+
 /// Each read weight file's origin, from `inspect --json`.
 fn origins(v: &Value) -> BTreeMap<String, String> {
     v["files"]
