@@ -575,6 +575,46 @@ impl<'de> Visitor<'de> for HeaderVisitor {
 mod tests {
     use super::*;
 
+    /// A file's first bytes: one F32 tensor of 4 elements (16 data bytes).
+    fn remote(lie: Option<u64>, cut: usize) -> RemoteHeader {
+        let text = br#"{"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+        let mut bytes = lie.unwrap_or(text.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(text);
+        let size = bytes.len() as u64 + 16;
+        bytes.truncate(bytes.len() - cut);
+        RemoteHeader {
+            name: "m.safetensors".into(),
+            path: "snap/m.safetensors".into(),
+            size,
+            bytes,
+            etag: "e1".into(),
+        }
+    }
+
+    /// A remote header goes through the local checks, and its checkpoint refuses to be read.
+    #[test]
+    fn remote_headers_are_checked_as_local_ones_and_hold_no_data() {
+        let f = read_remote_header(&remote(None, 0), 0).unwrap();
+        assert_eq!(f.tensors.len(), 1);
+        assert_eq!(f.tensors[0].offset, f.data_start());
+        assert_eq!(f.backing, Backing::HeaderOnly { etag: "e1".into() });
+        let ck = Checkpoint::from_files(vec![f]);
+        match ck.data_readable() {
+            Err(e @ HeaderError::HeaderOnly { .. }) => {
+                assert!(e.to_string().contains("snap/m.safetensors"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            read_remote_header(&remote(Some(1 << 20), 0), 0),
+            Err(HeaderError::HeaderPastEnd { len: 1_048_576, .. })
+        ));
+        assert!(matches!(
+            read_remote_header(&remote(None, 5), 0),
+            Err(HeaderError::Io { .. })
+        ));
+    }
+
     /// The header reader is also what a hub snapshot goes through, without the folder listing's
     /// checks: a FIFO must be refused at once (a blocking open would wait for a writer forever),
     /// a folder named like a weight file likewise, both as the checkpoint's fault.

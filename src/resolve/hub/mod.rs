@@ -19,6 +19,10 @@
 //! name; a Python `.incomplete` file is adopted), download locks are `blobs/<etag>.lock` rather
 //! than `.locks/`, and the file list of each commit is kept in `.wload/<commit>.json`.
 //!
+//! Commands that read no tensor data (`inspect`, `plan`, `sizes`, `load --dry-run`) set
+//! [`HubRequest::headers_only`]: of the selected weight files they fetch only the safetensors
+//! headers (`headers`, kept by `header_cache` in `wload-headers/`, outside the layout above).
+//!
 //! Which files to fetch follows vLLM's selection exactly: [`super::resolve_listing`] runs over the
 //! repo's file list, with the index ([`super::index_to_read`], fetched first) dropping the shards
 //! it does not name; only then are the kept weight files and the config fetched.
@@ -26,7 +30,8 @@
 //! Here: which commit and file list a revision stands for, and in what order files are fetched.
 //! `env` reads the HF_* variables; `cache` knows the cache's layout and wload's file-list
 //! records; `http` makes the requests; `download` links, downloads, resumes, retries and
-//! locks; `progress` feeds the caller's bars; `error` words what went wrong.
+//! locks; `headers` fetches headers alone and `header_cache` keeps them; `progress` feeds the
+//! caller's bars; `error` words what went wrong.
 
 mod cache;
 mod download;

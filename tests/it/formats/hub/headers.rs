@@ -324,3 +324,35 @@ fn shard_still_downloads_the_files() {
         );
     }
 }
+
+/// A range answer that disagrees with what was asked (another total size than the file's) is
+/// refused naming the file and the header; nothing of it is kept.
+#[test]
+fn a_range_answer_that_disagrees_is_refused_naming_the_file() {
+    let (repo, _local, _) = big_repo(|_| {});
+    let refused = etag(&repo.files[FILES[0]]);
+    let hub = Hub::start(one_repo(BIG, repo));
+    hub.hook(Box::new(|seen, reply| {
+        let ours = seen.method == "GET" && resolved_file(&seen.path).as_deref() == Some(FILES[0]);
+        ours.then(|| {
+            let mut head: Vec<(&str, String)> = (reply.1.iter())
+                .filter(|(k, _)| *k != "Content-Range")
+                .map(|(k, v)| (*k, v.clone()))
+                .collect();
+            let n = reply.2.len();
+            head.push(("Content-Range", format!("bytes 0-{}/{}", n - 1, 1u64 << 40)));
+            head.push(("Content-Length", n.to_string()));
+            raw(206, &head, &reply.2)
+        })
+    }));
+    let home = TempDir::new().unwrap();
+    let err = fails_with(&mut wload_hub(Some(&hub), home.path()), &["sizes", BIG], 1);
+    assert!(
+        err.contains(FILES[0]) && err.contains("header") && err.contains("Content-Range"),
+        "{err}"
+    );
+    let kept = home
+        .path()
+        .join("hub/models--acme--big-llama/wload-headers/blobs");
+    assert!(!kept.join(refused).exists());
+}

@@ -4,7 +4,8 @@
 //! touches the real cache or the network.
 //!
 //! What is checked: only the index, the shards it lists and the config are downloaded (and the
-//! side files by `shard`); a second run needs no server; `HF_HUB_OFFLINE=1` opens no connection and names a missing file;
+//! side files by `shard`), of the shards only their headers by the commands that read no tensor
+//! data (`headers.rs`); a second run needs no server; `HF_HUB_OFFLINE=1` opens no connection and names a missing file;
 //! unknown (404) and gated (401) repos fail with exit 1; partial downloads are resumed with a
 //! Range request; a cache laid out by Python's huggingface_hub works as it is; and the cache
 //! folder follows `--download-dir` > `HF_HUB_CACHE` > `$HF_HOME/hub`. Hubs that lie (more bytes
