@@ -108,9 +108,11 @@ pub struct HubSource {
     /// What this run fetched from the hub.
     pub fetched: Fetched,
     /// The weight files of which only the header is here (fetched, or kept by an earlier run),
-    /// by name: the checkpoint is built from them, and their data cannot be read.
+    /// by name: the checkpoint is built from them, and their data cannot be read. Shared: reports
+    /// clone the source, and a large repo's headers are megabytes.
     #[serde(skip)]
-    pub headers: std::collections::BTreeMap<String, crate::checkpoint::RemoteHeader>,
+    pub headers:
+        std::sync::Arc<std::collections::BTreeMap<String, crate::checkpoint::RemoteHeader>>,
 }
 
 /// The repo id SOURCE names, when it is one: not an existing local path, and shaped like
@@ -198,7 +200,7 @@ pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), Resolve
         downloaded,
         note,
         fetched,
-        headers: got.headers,
+        headers: std::sync::Arc::new(got.headers),
     });
     Ok((resolved, pre_sharded))
 }
