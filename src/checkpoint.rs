@@ -1,11 +1,13 @@
 //! Safetensors headers → the tensor table, read and validated by the `safetensors` crate over a
-//! `pread` of each header. Tensor data is never read at this stage.
+//! `pread` of each header, or over a header fetched on its own from the hub ([`RemoteHeader`]:
+//! the checkpoint then has headers only, and its data cannot be read: [`Checkpoint::data_readable`]).
+//! Tensor data is never read at this stage.
 
 mod error;
 mod header;
 
 pub use error::HeaderError;
-pub use header::read_header;
+pub use header::{check_prefix, read_header, read_remote_header};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -75,6 +77,8 @@ pub struct WeightFile {
     /// The file as it was when its header was read: the engine reads its data only while it
     /// still is that file, unchanged.
     pub stamp: FileStamp,
+    /// Where the file's data is: on disk, or nowhere (only its header was fetched).
+    pub backing: Backing,
     pub metadata: Option<BTreeMap<String, String>>,
     /// Tensors in key order (what `safe_open().keys()` gives vLLM).
     pub tensors: Vec<TensorInfo>,
@@ -84,6 +88,35 @@ impl WeightFile {
     pub fn data_start(&self) -> u64 {
         8 + self.header_len
     }
+}
+
+/// Where a weight file's tensor data is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// In the file at [`WeightFile::path`], which the header was read from.
+    File,
+    /// Nowhere on this machine: only the header was fetched (from the hub, by `Range` requests, or
+    /// from the cache's copy of such a header). `path` is where the file would be.
+    HeaderOnly {
+        /// The blob's etag: its content identity on the hub.
+        etag: String,
+    },
+}
+
+/// A file's first `8 + N` bytes (its header) obtained without the file: what
+/// [`read_remote_header`] parses, with the same checks as a local file's.
+#[derive(Debug, Clone)]
+pub struct RemoteHeader {
+    /// File name relative to the checkpoint folder.
+    pub name: String,
+    /// Where the file would be (for messages).
+    pub path: PathBuf,
+    /// The whole file's size, as the server stated it.
+    pub size: u64,
+    /// The file's first bytes: the 8-byte length and the header, or as many as were fetched
+    /// when the length is refused.
+    pub bytes: Vec<u8>,
+    pub etag: String,
 }
 
 /// A name that appears in more than one file. vLLM loads files in order and the last write wins.
@@ -112,10 +145,23 @@ impl Checkpoint {
     /// Reads and validates the headers of `names` (already in load order), in parallel. Every bad
     /// file is reported, in load order.
     pub fn open(root: &Path, names: &[String]) -> Result<Checkpoint, Vec<HeaderError>> {
+        Checkpoint::open_with(root, names, &BTreeMap::new())
+    }
+
+    /// [`Checkpoint::open`], where the files named in `remote` have only their header (fetched
+    /// from the hub): those are parsed from it, the others read from `root`.
+    pub fn open_with(
+        root: &Path,
+        names: &[String],
+        remote: &BTreeMap<String, RemoteHeader>,
+    ) -> Result<Checkpoint, Vec<HeaderError>> {
         let results: Vec<Result<WeightFile, HeaderError>> = names
             .par_iter()
             .enumerate()
-            .map(|(i, name)| read_header(&root.join(name), name, i))
+            .map(|(i, name)| match remote.get(name) {
+                Some(h) => read_remote_header(h, i),
+                None => read_header(&root.join(name), name, i),
+            })
             .collect();
         let mut files = Vec::with_capacity(results.len());
         let mut errors = Vec::new();
@@ -197,6 +243,17 @@ impl Checkpoint {
             winners,
             hasher,
             shadowing,
+        }
+    }
+
+    /// Whether tensor data can be read: every file is on disk. A checkpoint of hub headers only
+    /// (`inspect`, `plan`, `sizes`, `load --dry-run`) says which file is not.
+    pub fn data_readable(&self) -> Result<(), HeaderError> {
+        match self.files.iter().find(|f| f.backing != Backing::File) {
+            None => Ok(()),
+            Some(f) => Err(HeaderError::HeaderOnly {
+                path: f.path.clone(),
+            }),
         }
     }
 

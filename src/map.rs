@@ -183,6 +183,7 @@ mod tests {
             size: 0,
             header_len: 0,
             stamp: Default::default(),
+            backing: crate::checkpoint::Backing::File,
             metadata: None,
             tensors: tensors
                 .iter()

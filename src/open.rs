@@ -46,6 +46,9 @@ pub struct SourceOptions {
     /// as `shard` does: for a hub repo they are downloaded too. Otherwise only the files the
     /// command reads are.
     pub side_files: bool,
+    /// The command reads no tensor data: of a hub repo's weight files, only the safetensors
+    /// headers are fetched (not the files), and the checkpoint's data cannot be read.
+    pub headers_only: bool,
 }
 
 /// A resolved checkpoint: its files, their headers and the model config. No tensor data is read.
@@ -55,6 +58,13 @@ pub struct Opened {
     pub config: config::ModelConfig,
     pub checkpoint: checkpoint::Checkpoint,
     pub timings: Timings,
+}
+
+impl Opened {
+    /// For a hub repo id: what this run fetched from the hub.
+    pub fn hub_fetched(&self) -> Option<resolve::hub::Fetched> {
+        self.resolved.hub.as_ref().map(|h| h.fetched.clone())
+    }
 }
 
 /// Seconds spent in each stage, for reports.
@@ -129,6 +139,7 @@ impl HubSettings {
             env: &self.env,
             progress: &opts.download_progress,
             side_files: opts.side_files,
+            headers_only: opts.headers_only,
         }
     }
 }
@@ -172,8 +183,13 @@ fn finish_open(
     )?;
     let config_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let checkpoint = checkpoint::Checkpoint::open(&resolved.root, &resolved.file_names())
-        .map_err(OpenError::Headers)?;
+    let remote = resolved.hub.as_ref().map(|h| &h.headers);
+    let checkpoint = checkpoint::Checkpoint::open_with(
+        &resolved.root,
+        &resolved.file_names(),
+        remote.unwrap_or(&Default::default()),
+    )
+    .map_err(OpenError::Headers)?;
     let headers_s = t.elapsed().as_secs_f64();
     Ok(Opened {
         resolved,

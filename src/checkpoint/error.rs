@@ -24,6 +24,11 @@ pub enum HeaderError {
         problem: String,
         fix: &'static str,
     },
+    /// Tensor data asked of a file whose header alone was fetched from the hub.
+    #[error(
+        "{path}: only the header of this file was fetched from the hub, so its tensor data cannot be read; run a command that downloads it (`shard`, `load`, `load --dry-run --read`)"
+    )]
+    HeaderOnly { path: PathBuf },
     #[error("{path}: file is empty; a safetensors file starts with an 8-byte header length")]
     Empty { path: PathBuf },
     #[error(
@@ -135,7 +140,9 @@ impl HeaderError {
     /// checkpoint's.
     pub fn exit_status(&self) -> crate::exit::ExitStatus {
         match self {
-            HeaderError::Io { .. } => crate::exit::ExitStatus::Runtime,
+            HeaderError::Io { .. } | HeaderError::HeaderOnly { .. } => {
+                crate::exit::ExitStatus::Runtime
+            }
             _ => crate::exit::ExitStatus::Checkpoint,
         }
     }
@@ -151,6 +158,7 @@ impl From<&HeaderError> for Problem {
             H::Io { path, .. }
             | H::Unreadable { path, .. }
             | H::Empty { path }
+            | H::HeaderOnly { path }
             | H::TooShort { path, .. }
             | H::HeaderPastEnd { path, .. }
             | H::HeaderTooLarge { path, .. }

@@ -15,12 +15,57 @@ use super::*;
 /// read while the file changed is refused, and the stamp goes with the plan so that the engine
 /// reads the data of this very file, unchanged.
 pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightFile, HeaderError> {
-    let p = || path.to_path_buf();
     let file = open_regular(path)?;
     let (stamp, header_len) = read_prefix(&file, path)?;
-    let size = stamp.size;
     let header = read_header_text(&file, path, header_len)?;
-    let text = header.as_slice();
+    let parsed = parse_header(path, name, file_index, stamp.size, header_len, &header)?;
+    check_unchanged(&file, path, &stamp)?;
+    Ok(WeightFile { stamp, ..parsed })
+}
+
+/// A header that was not read from a local file (a hub's `Range` answer, or the cache's copy of
+/// one): parsed and validated by the very checks [`read_header`] makes, against the file's size
+/// as the server stated it. The file has no local data: see [`Backing::HeaderOnly`].
+pub fn read_remote_header(h: &RemoteHeader, file_index: usize) -> Result<WeightFile, HeaderError> {
+    let path = &h.path;
+    let header_len = check_prefix(path, h.size, &h.bytes)?;
+    // At least 8 bytes: `check_prefix` refused a size under 8, and the prefix was read.
+    let text = h.bytes.get(8..).and_then(|t| t.get(..header_len as usize));
+    let Some(text) = text else {
+        return Err(HeaderError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(format!(
+                "the hub sent {} of the header's {} bytes",
+                h.bytes.len(),
+                8 + header_len
+            )),
+        });
+    };
+    let mut parsed = parse_header(path, &h.name, file_index, h.size, header_len, text)?;
+    parsed.stamp = FileStamp {
+        size: h.size,
+        ..FileStamp::default()
+    };
+    parsed.backing = Backing::HeaderOnly {
+        etag: h.etag.clone(),
+    };
+    Ok(parsed)
+}
+
+/// The header's JSON (`text`, `header_len` bytes of a file of `size`) parsed and validated with
+/// the `safetensors` crate's own parser and checks (offsets packed, in bounds, matching shape ×
+/// dtype, the data region ending at the file's end), plus wload's: no duplicate names, dtypes it
+/// can convert, and its own diagnosis when the crate refuses the file. The one place a header is
+/// judged, whether read from a file or from the hub.
+fn parse_header(
+    path: &Path,
+    name: &str,
+    file_index: usize,
+    size: u64,
+    header_len: u64,
+    text: &[u8],
+) -> Result<WeightFile, HeaderError> {
+    let p = || path.to_path_buf();
     let data_len = size - 8 - header_len;
     // Counted (values skipped, nothing built) before the crate builds its tables, which cost
     // about a kilobyte a tensor: a header of a million tiny entries is refused at that cost.
@@ -50,13 +95,13 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
         );
     }
     let tensors = tensor_table(path, &metadata, 8 + header_len, file_index)?;
-    check_unchanged(&file, path, &stamp)?;
     Ok(WeightFile {
         name: name.to_string(),
         path: path.to_path_buf(),
         size,
         header_len,
-        stamp,
+        stamp: FileStamp::default(),
+        backing: Backing::File,
         metadata: metadata
             .metadata()
             .as_ref()
@@ -70,17 +115,33 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
 fn read_prefix(file: &File, path: &Path) -> Result<(FileStamp, u64), HeaderError> {
     let p = || path.to_path_buf();
     let stamp = FileStamp::of_file(file).map_err(|source| HeaderError::Io { path: p(), source })?;
-    let size = stamp.size;
+    let mut len_bytes = [0u8; 8];
+    if stamp.size >= 8 {
+        file.read_exact_at(&mut len_bytes, 0)
+            .map_err(|source| HeaderError::Io { path: p(), source })?;
+    }
+    Ok((stamp, check_prefix(path, stamp.size, &len_bytes)?))
+}
+
+/// The header length that `prefix` (the file's first bytes, at least 8 unless the file is
+/// shorter) states, checked against the file's `size` before any of the header is read. A file
+/// that is not safetensors at all is the checkpoint's fault (exit 3). The one check of a header's
+/// length, for local files and for the hub's.
+pub fn check_prefix(path: &Path, size: u64, prefix: &[u8]) -> Result<u64, HeaderError> {
+    let p = || path.to_path_buf();
     if size == 0 {
         return Err(HeaderError::Empty { path: p() });
     }
     if size < 8 {
         return Err(HeaderError::TooShort { path: p(), size });
     }
-    let mut len_bytes = [0u8; 8];
-    file.read_exact_at(&mut len_bytes, 0)
-        .map_err(|source| HeaderError::Io { path: p(), source })?;
-    let header_len = u64::from_le_bytes(len_bytes);
+    let Some(len_bytes) = prefix.first_chunk::<8>() else {
+        return Err(HeaderError::TooShort {
+            path: p(),
+            size: prefix.len() as u64,
+        });
+    };
+    let header_len = u64::from_le_bytes(*len_bytes);
     // The crate checks these too, but says neither the length nor the file size.
     if header_len > MAX_HEADER_LEN {
         return Err(HeaderError::HeaderTooLarge {
@@ -95,7 +156,7 @@ fn read_prefix(file: &File, path: &Path) -> Result<(FileStamp, u64), HeaderError
             size,
         });
     }
-    Ok((stamp, header_len))
+    Ok(header_len)
 }
 
 /// The header's JSON bytes (at most [`MAX_HEADER_LEN`], checked by [`read_prefix`]). A short
@@ -513,6 +574,46 @@ impl<'de> Visitor<'de> for HeaderVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file's first bytes: one F32 tensor of 4 elements (16 data bytes).
+    fn remote(lie: Option<u64>, cut: usize) -> RemoteHeader {
+        let text = br#"{"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+        let mut bytes = lie.unwrap_or(text.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(text);
+        let size = bytes.len() as u64 + 16;
+        bytes.truncate(bytes.len() - cut);
+        RemoteHeader {
+            name: "m.safetensors".into(),
+            path: "snap/m.safetensors".into(),
+            size,
+            bytes,
+            etag: "e1".into(),
+        }
+    }
+
+    /// A remote header goes through the local checks, and its checkpoint refuses to be read.
+    #[test]
+    fn remote_headers_are_checked_as_local_ones_and_hold_no_data() {
+        let f = read_remote_header(&remote(None, 0), 0).unwrap();
+        assert_eq!(f.tensors.len(), 1);
+        assert_eq!(f.tensors[0].offset, f.data_start());
+        assert_eq!(f.backing, Backing::HeaderOnly { etag: "e1".into() });
+        let ck = Checkpoint::from_files(vec![f]);
+        match ck.data_readable() {
+            Err(e @ HeaderError::HeaderOnly { .. }) => {
+                assert!(e.to_string().contains("snap/m.safetensors"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            read_remote_header(&remote(Some(1 << 20), 0), 0),
+            Err(HeaderError::HeaderPastEnd { len: 1_048_576, .. })
+        ));
+        assert!(matches!(
+            read_remote_header(&remote(None, 5), 0),
+            Err(HeaderError::Io { .. })
+        ));
+    }
 
     /// The header reader is also what a hub snapshot goes through, without the folder listing's
     /// checks: a FIFO must be refused at once (a blocking open would wait for a writer forever),

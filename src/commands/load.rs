@@ -250,6 +250,7 @@ impl Planned {
             ranks,
             bytes: self.bytes(),
             timings: LoadTimings::default(),
+            hub_fetched: self.opened.hub_fetched(),
             warnings: self.warnings.clone(),
             files_read: files,
             io: None,
@@ -267,7 +268,16 @@ fn plan_ranks(
     popts: &PlanOptions,
     lopts: &LoadOptions,
 ) -> Result<Planned, Error> {
+    // A dry run without --read reads no tensor data: of a hub repo, only the headers.
+    let headers_only = lopts.dry_run && !lopts.read;
+    let sopts = &SourceOptions {
+        headers_only,
+        ..sopts.clone()
+    };
     let (mut opened, files) = crate::open::open_detect(sopts)?;
+    if !headers_only {
+        (opened.checkpoint.data_readable()).map_err(|e| Error::Headers(vec![e]))?;
+    }
     let mut warnings = Vec::new();
     let t = Instant::now();
     let (mut plan, kind) = prepare(&opened, &files, popts, lopts.ranks.as_ref(), &mut warnings)?;

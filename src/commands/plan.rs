@@ -58,6 +58,7 @@ pub fn plan_report(
         wload_version: env!("CARGO_PKG_VERSION"),
         source: opened.resolved.root.display().to_string(),
         timings,
+        hub_fetched: opened.hub_fetched(),
         plan: p,
     })
 }
@@ -102,6 +103,9 @@ pub struct SizesReport {
     /// Per PP size checked, the TP sizes accepted with it.
     pub accepted_pp: Vec<PpSizes>,
     pub timings: Timings,
+    /// For a hub repo id: what this run fetched from the hub (docs/json.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub_fetched: Option<crate::resolve::hub::Fetched>,
 }
 
 /// One layout and vLLM's verdict: accepted, or the first problem that refuses it.
@@ -206,6 +210,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
             plan_s: t.elapsed().as_secs_f64(),
             ..opened.timings
         },
+        hub_fetched: opened.hub_fetched(),
     })
 }
 

@@ -17,6 +17,9 @@ pub struct PlanReport {
     pub wload_version: &'static str,
     pub source: String,
     pub timings: crate::open::Timings,
+    /// For a hub repo id: what this run fetched from the hub (docs/json.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub_fetched: Option<crate::resolve::hub::Fetched>,
     #[serde(flatten)]
     pub plan: Plan,
 }

@@ -7,6 +7,7 @@
 //! a mapping, a hub or a manifest) is formatted into a line with [`Esc`], and a [`Table`]
 //! escapes its cells itself.
 
+mod hub;
 mod inspect;
 pub mod json;
 mod load;
@@ -20,6 +21,7 @@ use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
 pub use crate::escape::{Esc, EscShell, escape};
+pub use hub::hub_fetched_line;
 pub use inspect::write_inspection;
 pub use load::write_load;
 pub use plan::write_plan;

@@ -121,6 +121,13 @@ pub(crate) fn shard_notes(report: &wload::shard::ShardReport) {
     }
 }
 
+/// For a hub source, what the run fetched from the hub, on stderr (unless `--quiet`).
+pub(crate) fn hub_fetched(fetched: Option<&wload::resolve::hub::Fetched>, quiet: bool) {
+    if let (Some(f), false) = (fetched, quiet) {
+        say(format_args!("{}", wload::report::hub_fetched_line(f)));
+    }
+}
+
 /// One line on stderr for people, its control characters escaped ([`Terminal`]). stderr may be
 /// closed or full; there is nowhere left to say so.
 pub(crate) fn say(line: std::fmt::Arguments) {

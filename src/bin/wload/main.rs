@@ -75,7 +75,8 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
         let human: Human = &|w| wload::report::write_other_source(w, &other, g.verbose);
         return emit(out, json_if(args.json, None), &other, Some(human));
     }
-    let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let opened = wload::open(&headers_only(source_options(&args.source, g.quiet)?))?;
+    emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
     let report = wload::inspect::inspect_mapped(&opened, filter, args.mapping.as_deref())?;
     let human: Human = &|w| wload::report::write_inspection(w, &report, g.verbose);
     emit(out, json_if(args.json, None), &report, Some(human))?;
@@ -90,7 +91,8 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
 }
 
 fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
-    let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let opened = wload::open(&headers_only(source_options(&args.source, g.quiet)?))?;
+    emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
     let opts = options::plan_options(&args.parallel);
     let report = wload::plan_report(&opened, &opts, args.rank)?;
     let human: Human = &|w| wload::report::write_plan(w, &report, g.verbose);
@@ -98,10 +100,19 @@ fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
 }
 
 fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
-    let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
+    let opened = wload::open(&headers_only(source_options(&args.source, g.quiet)?))?;
+    emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
     let report = wload::commands::plan::sizes(&opened, &options::sizes_options(args))?;
     let human: Human = &|w| wload::report::write_sizes(w, &report);
     emit(out, json_if(args.json, None), &report, Some(human))
+}
+
+/// `inspect`, `plan` and `sizes` read no tensor data: of a hub repo, only the headers.
+fn headers_only(sopts: wload::SourceOptions) -> wload::SourceOptions {
+    wload::SourceOptions {
+        headers_only: true,
+        ..sopts
+    }
 }
 
 fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
@@ -109,6 +120,7 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     // The one command that copies the side files, so the one that downloads them.
     sopts.side_files = true;
     let mut opened = wload::open(&sopts)?;
+    emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
     let opts = options::shard_options(args);
     // OUT and --ranks are checked before planning, which may take a while on a large model.
     let world = options::world(&args.parallel);
@@ -148,6 +160,7 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     };
     let lopts = options::load_options(args);
     let report = wload::load::load(&sopts, &settings.plan, &lopts, interrupt::flag(), &start)?;
+    emit::hub_fetched(report.hub_fetched.as_ref(), g.quiet);
     // After the run: an error, when there is one, comes first on stderr.
     if let (Some(note), false) = (&settings.note, g.quiet) {
         say(format_args!("note: {}", Esc(note)));

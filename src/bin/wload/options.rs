@@ -45,6 +45,7 @@ pub(crate) fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOption
         download_dir: a.download_dir.clone(),
         download_progress: bars::download_bars(quiet),
         side_files: false,
+        headers_only: false,
     })
 }
 

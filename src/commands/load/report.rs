@@ -30,6 +30,9 @@ pub struct LoadReport {
     pub ranks: Vec<RankReport>,
     pub bytes: u64,
     pub timings: LoadTimings,
+    /// For a hub repo id: what this run fetched from the hub (docs/json.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub_fetched: Option<crate::resolve::hub::Fetched>,
     pub warnings: Vec<String>,
     /// Per-file XXH3 from `--dry-run --read`.
     pub files_read: Vec<FileSum>,

@@ -25,6 +25,8 @@ pub(super) struct Fetcher<'a> {
     /// Set when nothing may be downloaded, and why.
     why: Option<Why>,
     pub(super) origins: BTreeMap<String, Origin>,
+    /// Bytes each download of this run transferred (tries that failed included).
+    transferred: Mutex<BTreeMap<String, u64>>,
     /// Made on the first download.
     client: Option<Client>,
 }
@@ -52,8 +54,24 @@ impl<'a> Fetcher<'a> {
             commit,
             why,
             origins: BTreeMap::new(),
+            transferred: Mutex::new(BTreeMap::new()),
             client: None,
         }
+    }
+
+    /// The commit files are fetched from.
+    pub(super) fn commit(&self) -> &str {
+        self.commit
+    }
+
+    /// Why nothing may be downloaded, when so.
+    pub(super) fn why(&self) -> Option<&Why> {
+        self.why.as_ref()
+    }
+
+    /// The files this run transferred bytes of, and how many.
+    pub(super) fn bytes(&self) -> BTreeMap<String, u64> {
+        self.transferred.lock().expect("not poisoned").clone()
     }
 
     /// Whether anything was asked of the hub (a file's metadata or content).
@@ -201,9 +219,14 @@ impl<'a> Fetcher<'a> {
         let len = || fs::metadata(part).map_or(0, |m| m.len());
         let mut bar = Shown::new(self.req.progress, file);
         let mut tries = 0;
+        let count = |from: u64, to: u64| {
+            let mut t = self.transferred.lock().expect("not poisoned");
+            *t.entry(file.to_string()).or_default() += to.saturating_sub(from);
+        };
         loop {
             let before = len();
             let got = client.fetch(url, part, meta, &mut |have| bar.show(meta.size, have));
+            count(before, len());
             let Err(e) = got else {
                 return Ok(());
             };
@@ -331,7 +354,7 @@ fn adopt_partial_downloads(blobs: &Path) {
 /// Asks again, a few times, when the network rather than the request failed. A metadata request
 /// that timed out is not asked again: a hub silent for that long is reported at once, as
 /// huggingface_hub does, rather than after several timeouts.
-fn retried<T>(mut f: impl FnMut() -> Result<T, HttpError>) -> Result<T, HttpError> {
+pub(super) fn retried<T>(mut f: impl FnMut() -> Result<T, HttpError>) -> Result<T, HttpError> {
     let mut tries = 0;
     loop {
         tries += 1;

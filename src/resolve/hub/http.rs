@@ -73,7 +73,7 @@ impl HttpError {
 
     /// A read from the body: ureq wraps its own errors (a per-read timeout among them) in
     /// `io::Error`.
-    fn from_io(e: io::Error, limit: Limit) -> HttpError {
+    pub(super) fn from_io(e: io::Error, limit: Limit) -> HttpError {
         if matches!(
             e.kind(),
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
@@ -140,7 +140,7 @@ pub(super) struct Client {
 
 /// Which redirects a request follows.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Follow {
+pub(super) enum Follow {
     /// Every http(s) redirect.
     All,
     /// Only the hub's own, relative ones (huggingface_hub's `follow_relative_redirects`): a HEAD
@@ -197,7 +197,7 @@ impl Client {
     }
 
     /// Sends the request, following redirects as `follow` allows, one hop at a time.
-    fn send(
+    pub(super) fn send(
         &self,
         url: &str,
         head: bool,
@@ -307,15 +307,7 @@ impl Client {
                 shown(&size)
             ))
         })?;
-        // Names become paths under blobs/: an etag that could lead out of it, or that no file
-        // system takes as a name, is not one.
-        let usable = !etag.is_empty()
-            && etag.len() <= 128
-            && !etag.starts_with('.')
-            && etag
-                .bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\');
-        if !usable {
+        if !usable_etag(&etag) {
             return Err(HttpError::Invalid(format!(
                 "the answer names no usable etag ('{}')",
                 shown(&etag)
@@ -425,6 +417,17 @@ impl Client {
     }
 }
 
+/// Names become paths under blobs/: an etag that could lead out of it, or that no file system
+/// takes as a name, is not one.
+pub(super) fn usable_etag(etag: &str) -> bool {
+    !etag.is_empty()
+        && etag.len() <= 128
+        && !etag.starts_with('.')
+        && etag
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\')
+}
+
 /// Why a bounded copy stopped.
 enum Copy {
     Read(io::Error),
@@ -461,7 +464,7 @@ fn overrun(body: &mut dyn Read) -> io::Result<u64> {
 }
 
 /// A compressed answer's bytes are not the file's, nor its sizes the file's sizes.
-fn refuse_encoded(response: &ureq::http::Response<Body>) -> Result<(), HttpError> {
+pub(super) fn refuse_encoded(response: &ureq::http::Response<Body>) -> Result<(), HttpError> {
     match response.headers().get("Content-Encoding") {
         Some(e) if !e.as_bytes().eq_ignore_ascii_case(b"identity") => {
             Err(HttpError::Invalid(format!(
@@ -503,7 +506,7 @@ fn check_range(
 }
 
 /// `bytes START-END/SIZE` (SIZE may be `*`) as numbers.
-fn parse_content_range(value: &str) -> Option<(u64, u64, Option<u64>)> {
+pub(super) fn parse_content_range(value: &str) -> Option<(u64, u64, Option<u64>)> {
     let (range, total) = value.strip_prefix("bytes ")?.split_once('/')?;
     let (start, end) = range.split_once('-')?;
     let total = match total.trim() {

@@ -19,6 +19,10 @@
 //! name; a Python `.incomplete` file is adopted), download locks are `blobs/<etag>.lock` rather
 //! than `.locks/`, and the file list of each commit is kept in `.wload/<commit>.json`.
 //!
+//! Commands that read no tensor data (`inspect`, `plan`, `sizes`, `load --dry-run`) set
+//! [`HubRequest::headers_only`]: of the selected weight files they fetch only the safetensors
+//! headers (`headers`, kept by `header_cache` in `wload-headers/`, outside the layout above).
+//!
 //! Which files to fetch follows vLLM's selection exactly: [`super::resolve_listing`] runs over the
 //! repo's file list, with the index ([`super::index_to_read`], fetched first) dropping the shards
 //! it does not name; only then are the kept weight files and the config fetched.
@@ -26,12 +30,15 @@
 //! Here: which commit and file list a revision stands for, and in what order files are fetched.
 //! `env` reads the HF_* variables; `cache` knows the cache's layout and wload's file-list
 //! records; `http` makes the requests; `download` links, downloads, resumes, retries and
-//! locks; `progress` feeds the caller's bars; `error` words what went wrong.
+//! locks; `headers` fetches headers alone and `header_cache` keeps them; `progress` feeds the
+//! caller's bars; `error` words what went wrong.
 
 mod cache;
 mod download;
 mod env;
 mod error;
+mod header_cache;
+mod headers;
 mod http;
 mod progress;
 mod url;
@@ -48,17 +55,22 @@ use cache::{State, StateSource};
 use download::Fetcher;
 pub use env::{BadTimeout, HubEnv};
 pub use error::{HubError, Redirected, Stalled, Why};
+pub use headers::Fetched;
 use http::Client;
 pub use progress::DownloadProgress;
 
 /// Where a file of a hub source came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Origin {
     /// Already in the local cache.
     Cache,
     /// Downloaded by this run.
     Download,
+    /// Only its header, fetched by this run (`Range` requests).
+    Header,
+    /// Only its header, kept in the cache by an earlier run.
+    CachedHeader,
 }
 
 impl Origin {
@@ -66,6 +78,8 @@ impl Origin {
         match self {
             Origin::Cache => "cache",
             Origin::Download => "download",
+            Origin::Header => "header",
+            Origin::CachedHeader => "cached-header",
         }
     }
 }
@@ -91,6 +105,14 @@ pub struct HubSource {
     /// Why the cache was used without asking the hub, when it was not by choice.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// What this run fetched from the hub.
+    pub fetched: Fetched,
+    /// The weight files of which only the header is here (fetched, or kept by an earlier run),
+    /// by name: the checkpoint is built from them, and their data cannot be read. Shared: reports
+    /// clone the source, and a large repo's headers are megabytes.
+    #[serde(skip)]
+    pub headers:
+        std::sync::Arc<std::collections::BTreeMap<String, crate::checkpoint::RemoteHeader>>,
 }
 
 /// The repo id SOURCE names, when it is one: not an existing local path, and shaped like
@@ -132,6 +154,10 @@ pub struct HubRequest<'a> {
     /// weights too. Otherwise only what the command reads is fetched: the config, the index and
     /// the selected weights (a pre-sharded repo's rank files, config and manifest).
     pub side_files: bool,
+    /// The command reads no tensor data (`inspect`, `plan`, `sizes`, `load --dry-run`): of the
+    /// weight files not in the cache, only the safetensors headers are fetched (see `headers`).
+    /// A pre-sharded repo's rank files are downloaded whole all the same.
+    pub headers_only: bool,
 }
 
 /// Resolves a repo id to a cache snapshot holding what is needed, downloading what is missing
@@ -147,14 +173,17 @@ pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), Resolve
         None => None,
     };
     let mut fetcher = Fetcher::new(req, &repo_dir, &snapshot, &state.commit, why);
-    let (mut resolved, pre_sharded) =
+    let (mut resolved, pre_sharded, got) =
         select_and_fetch(req, want, &snapshot, &state.listing(), &mut fetcher)?;
     if state.source == StateSource::Hub {
         cache::record(&repo_dir, req.repo, req.revision, &state)?;
     }
     for f in &mut resolved.files {
-        f.origin = fetcher.origins.get(&f.file).copied();
+        f.origin = (got.origins.get(&f.file))
+            .or(fetcher.origins.get(&f.file))
+            .copied();
     }
+    let fetched = fetched(&fetcher, &got, &resolved);
     let downloaded = fetcher
         .origins
         .iter()
@@ -166,12 +195,35 @@ pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), Resolve
         revision: req.revision.to_string(),
         commit: state.commit.clone(),
         cache_dir: req.env.cache_dir.clone(),
-        offline: state.source != StateSource::Hub && !fetcher.asked_hub(),
+        offline: state.source != StateSource::Hub && !fetcher.asked_hub() && !got.asked,
         snapshot,
         downloaded,
         note,
+        fetched,
+        headers: std::sync::Arc::new(got.headers),
     });
     Ok((resolved, pre_sharded))
+}
+
+/// What the run fetched: the downloads' bytes and the headers'.
+fn fetched(fetcher: &Fetcher, got: &headers::Got, resolved: &Resolved) -> Fetched {
+    let weights: std::collections::BTreeSet<&str> =
+        resolved.files.iter().map(|f| f.file.as_str()).collect();
+    let mut f = Fetched {
+        header_bytes: got.bytes,
+        header_files: got.files,
+        ..Fetched::default()
+    };
+    for (name, bytes) in &fetcher.bytes() {
+        f.files.push(name.clone());
+        f.file_bytes += bytes;
+        // A pre-sharded repo's rank files are tensor data too.
+        if weights.contains(name.as_str()) || is_rank_file(name) {
+            f.tensor_data_bytes += bytes;
+        }
+    }
+    f.bytes = f.header_bytes + f.file_bytes;
+    f
 }
 
 /// Selects as vLLM would, fetching first what selection reads (the index decides which weight
@@ -183,7 +235,7 @@ fn select_and_fetch(
     snapshot: &Path,
     listing: &Listing,
     fetcher: &mut Fetcher,
-) -> Result<(Resolved, bool), ResolveError> {
+) -> Result<(Resolved, bool, headers::Got), ResolveError> {
     let top = |keep: fn(&str) -> bool| -> Vec<String> {
         listing.top.iter().filter(|f| keep(f)).cloned().collect()
     };
@@ -199,26 +251,48 @@ fn select_and_fetch(
         let mut needed = rank_files;
         needed.push(config);
         needed.extend(quant_config(listing));
-        if listing.has_top(crate::sharded::manifest::MANIFEST) {
-            needed.push(crate::sharded::manifest::MANIFEST.to_string());
-        }
+        // Every run record: wload.json, and those of `--ranks` runs uploaded together.
+        needed.extend(
+            (listing.top.iter())
+                .filter(|n| crate::sharded::runs::is_record(n))
+                .cloned(),
+        );
         needed.extend(side);
         fetcher.ensure(&needed)?;
         return Ok((
             super::resolve_pre_sharded(snapshot, req.config_format)?,
             true,
+            headers::Got::default(),
         ));
     }
     if let Some(index) = super::index_to_read(listing, req.load_format) {
         fetcher.ensure(&[index.to_string()])?;
     }
     let r = super::resolve_listing(snapshot, listing, req.load_format, req.config_format)?;
-    let mut needed = r.file_names();
+    let mut needed = if req.headers_only {
+        Vec::new()
+    } else {
+        r.file_names()
+    };
     needed.push(r.config_file.clone());
     needed.extend(quant_config(listing));
     needed.extend(side);
     fetcher.ensure(&needed)?;
-    Ok((r, false))
+    let got = if req.headers_only {
+        let repo_dir = req.env.cache_dir.join(folder_name(req.repo));
+        let commit = fetcher.commit();
+        headers::get(
+            req,
+            &repo_dir,
+            snapshot,
+            commit,
+            fetcher.why(),
+            &r.file_names(),
+        )?
+    } else {
+        headers::Got::default()
+    };
+    Ok((r, false, got))
 }
 
 /// `hf_quant_config.json` when the repo has it: vLLM reads the quantization config from it when

@@ -128,6 +128,7 @@ fn open_dir(dir: &std::path::Path, layers_override: Option<u64>) -> wload::Opene
         download_dir: None,
         download_progress: Default::default(),
         side_files: false,
+        headers_only: false,
     })
     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }

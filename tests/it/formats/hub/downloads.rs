@@ -15,7 +15,9 @@ fn downloads_only_what_vllm_reads() {
         &mut wload_hub(Some(&hub), home.path()),
         &["inspect", REPO, "--json"],
     );
-    assert_eq!(origins(&v), all("download"), "{v:#}");
+    // Only the weights' headers: `inspect` reads no tensor data.
+    assert_eq!(origins(&v), all("header"), "{v:#}");
+    assert_eq!(v["hub"]["fetched"]["tensor_data_bytes"], 0);
     assert_eq!(v["source"], REPO);
     assert_eq!(v["hub"]["commit"], SHA);
     assert_eq!(v["hub"]["revision"], "main");
@@ -31,7 +33,7 @@ fn downloads_only_what_vllm_reads() {
         dropped.contains("model-extra.safetensors") && dropped.contains("pytorch_model.bin"),
         "the repo's other weights are listed as not read: {dropped:?}"
     );
-    // `inspect` reads no side file, so fetches none.
+    // `inspect` reads no side file, so fetches none; of the shards, their metadata and headers.
     assert_eq!(hub.resolved(), read_set());
     let downloaded: BTreeSet<String> = v["hub"]["downloaded"]
         .as_array()
@@ -39,7 +41,10 @@ fn downloads_only_what_vllm_reads() {
         .iter()
         .map(|f| f.as_str().unwrap().to_string())
         .collect();
-    assert_eq!(downloaded, read_set());
+    assert_eq!(
+        downloaded,
+        set(&["model.safetensors.index.json", "config.json"])
+    );
     let api: Vec<String> = hub
         .seen()
         .iter()
@@ -48,6 +53,12 @@ fn downloads_only_what_vllm_reads() {
         .collect();
     assert_eq!(api, [format!("/api/models/{REPO}/revision/main")]);
     assert!(hub.seen().iter().all(|s| s.auth.is_none()));
+    // A command that reads the data downloads the shards, and only them.
+    let v = ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &read_all(REPO, &["--json"]),
+    );
+    assert_eq!(fetched_files(&v), set(&SHARDS));
 
     // The layout Python's huggingface_hub writes: refs/main → commit, snapshot links → blobs.
     let cache = home.path().join("hub");
@@ -177,7 +188,7 @@ fn offline_names_the_missing_file() {
     let home = TempDir::new().unwrap();
     ok_json(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO, "--json"],
+        &read_all(REPO, &["--json"]),
     );
     hub.forget();
     let snap = repo_dir(&home.path().join("hub"))
@@ -280,7 +291,7 @@ fn unknown_and_gated_repos() {
         wload_hub(Some(&hub), home.path()).env("HF_TOKEN", "hf_secret"),
         &["inspect", "acme/gated", "--json"],
     );
-    assert_eq!(origins(&v), all("download"));
+    assert_eq!(origins(&v), all("header"));
     assert!(
         hub.seen()
             .iter()
@@ -301,7 +312,7 @@ fn unknown_and_gated_repos() {
             "--json",
         ],
     );
-    assert_eq!(origins(&v), all("download"));
+    assert_eq!(origins(&v), all("header"));
 
     // A hub that is not there at all, with nothing cached.
     let mut gone = Hub::start(BTreeMap::new());
@@ -342,9 +353,9 @@ fn interrupted_downloads_resume() {
 
     let v = ok_json(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO, "--json"],
+        &read_all(REPO, &["--json"]),
     );
-    assert_eq!(origins(&v), all("download"));
+    assert_eq!(fetched_files(&v), read_set());
     let ranges: BTreeMap<String, Vec<String>> =
         hub.seen().iter().fold(BTreeMap::new(), |mut m, s| {
             if let (Some((_, rest)), Some(r)) = (s.path.split_once("/resolve/"), &s.range) {
@@ -386,9 +397,9 @@ fn broken_transfer_resumes_in_the_same_run() {
     let home = TempDir::new().unwrap();
     let v = ok_json(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO, "--json"],
+        &read_all(REPO, &["--json"]),
     );
-    assert_eq!(origins(&v), all("download"));
+    assert_eq!(fetched_files(&v), read_set());
     let repo = llama_repo();
     let data = &repo.files[SHARDS[0]];
     let ranges: Vec<String> = hub
@@ -422,7 +433,7 @@ fn new_commit_reuses_cached_blobs() {
         let hub = Hub::start(one_repo(REPO, llama_repo()));
         ok_json(
             &mut wload_hub(Some(&hub), home.path()),
-            &["inspect", REPO, "--json"],
+            &read_all(REPO, &["--json"]),
         );
     }
     let sha2 = "fedcba9876543210fedcba9876543210fedcba98";
@@ -535,13 +546,14 @@ fn python_cache_layout_is_used_as_is() {
     assert!(err.contains(SHARDS[4]), "{err}");
     assert!(hub.seen().is_empty());
 
-    // Online: only that shard is downloaded (`inspect` reads no side file).
+    // Online: only that shard is asked for, and only its header (`inspect` reads no side file
+    // and no tensor data).
     let v = ok_json(
         wload_hub(Some(&hub), home.path()).env("HF_HUB_CACHE", cache.path()),
         &["inspect", REPO, "--json"],
     );
     assert_eq!(hub.resolved(), set(&[SHARDS[4]]));
-    assert_eq!(origins(&v)[SHARDS[4]], "download");
+    assert_eq!(origins(&v)[SHARDS[4]], "header");
     assert_eq!(origins(&v)[SHARDS[0]], "cache");
 }
 
@@ -570,7 +582,7 @@ fn cache_folder_precedence() {
         &["inspect", REPO, "--json"],
     );
     assert_eq!(where_(&v), hub_cache.path());
-    assert_eq!(origins(&v), all("download"));
+    assert_eq!(origins(&v), all("header"));
     assert!(repo_dir(hub_cache.path()).join("refs/main").is_file());
 
     let v = ok_json(
@@ -584,7 +596,7 @@ fn cache_folder_precedence() {
         ],
     );
     assert_eq!(where_(&v), download.path());
-    assert_eq!(origins(&v), all("download"));
+    assert_eq!(origins(&v), all("header"));
     assert!(repo_dir(download.path()).join("refs/main").is_file());
 }
 
@@ -598,7 +610,7 @@ fn commit_revisions_and_local_folders() {
         &mut wload_hub(Some(&hub), home.path()),
         &["inspect", REPO, "--revision", SHA, "--json"],
     );
-    assert_eq!(origins(&v), all("download"));
+    assert_eq!(origins(&v), all("header"));
     assert!(
         !repo_dir(&home.path().join("hub"))
             .join("refs")
@@ -611,7 +623,8 @@ fn commit_revisions_and_local_folders() {
         &mut wload_hub(Some(&hub), home.path()),
         &["inspect", REPO, "--revision", SHA, "--json"],
     );
-    assert_eq!(origins(&v), all("cache"));
+    // The headers kept by the first run, with no request at all.
+    assert_eq!(origins(&v), all("cached-header"));
     assert!(hub.seen().is_empty(), "{:?}", hub.seen());
 
     // `acme/llama-gqa` as a relative folder: read from disk, no hub involved.

@@ -54,7 +54,7 @@ fn a_hub_never_gets_more_bytes_written_than_it_announced() {
     let home = TempDir::new().unwrap();
     let err = fails_with(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO],
+        &read_all(REPO, &[]),
         1,
     );
     for want in [
@@ -88,7 +88,7 @@ fn a_hub_never_gets_more_bytes_written_than_it_announced() {
     }));
     let err = fails_with(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO],
+        &read_all(REPO, &[]),
         1,
     );
     let announced = format!("announces {} bytes (Content-Length) where {len}", len + 10);
@@ -111,7 +111,7 @@ fn a_hub_never_gets_more_bytes_written_than_it_announced() {
     }));
     let err = fails_with(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO],
+        &read_all(REPO, &[]),
         1,
     );
     assert!(
@@ -133,7 +133,7 @@ fn a_hub_never_gets_more_bytes_written_than_it_announced() {
     }));
     let err = fails_with(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO],
+        &read_all(REPO, &[]),
         1,
     );
     assert!(err.contains("sent 5000 bytes past"), "{err}");
@@ -153,7 +153,7 @@ fn a_hub_never_gets_more_bytes_written_than_it_announced() {
     }));
     ok_json(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO, "--json"],
+        &read_all(REPO, &["--json"]),
     );
     assert_eq!(
         fs::read(blobs_of(home.path()).join(etag(&data))).unwrap(),
@@ -178,7 +178,7 @@ fn a_download_that_cannot_fit_is_refused_first() {
     let home = TempDir::new().unwrap();
     let err = fails_with(
         &mut wload_hub(Some(&hub), home.path()),
-        &["inspect", REPO],
+        &read_all(REPO, &[]),
         1,
     );
     assert!(
@@ -280,7 +280,8 @@ fn the_token_stays_on_the_endpoints_origin() {
         wload_hub(Some(&hub), home.path()).env("HF_TOKEN", "hf_secret"),
         &["inspect", REPO, "--json"],
     );
-    assert_eq!(origins(&v), all("download"));
+    // The headers, by Range requests that follow the same redirects as downloads.
+    assert_eq!(origins(&v), all("header"));
     let to_cdn = cdn.seen();
     assert!(!to_cdn.is_empty(), "the redirect was followed");
     assert!(
@@ -505,8 +506,9 @@ fn the_file_list_is_bounded_in_bytes_entries_and_memory() {
     assert!(b.stderr.contains("more than 100000 files"), "{}", b.stderr);
 }
 
-/// `inspect`, `plan`, `sizes` and `load` download only what they read (config, index, the
-/// shards), not a 1 MiB video beside them; `shard`, which copies the side files, downloads them.
+/// `inspect`, `plan`, `sizes` and `load --dry-run` ask only for what they read (config, index,
+/// the shards' headers), not a 1 MiB video beside them; `shard`, which copies the side files,
+/// downloads them (and the shards, whose headers alone were fetched before).
 #[test]
 fn only_shard_downloads_side_files() {
     let mut repo = llama_repo();
@@ -536,6 +538,7 @@ fn only_shard_downloads_side_files() {
     assert!(o.status.success(), "{}", context(&o));
     let mut side = side_only();
     side.insert("demo.mp4".into());
+    side.extend(SHARDS.map(String::from));
     assert_eq!(hub.resolved(), side);
     assert!(out.join("demo.mp4").is_file());
 }

@@ -4,7 +4,8 @@
 //! touches the real cache or the network.
 //!
 //! What is checked: only the index, the shards it lists and the config are downloaded (and the
-//! side files by `shard`); a second run needs no server; `HF_HUB_OFFLINE=1` opens no connection and names a missing file;
+//! side files by `shard`), of the shards only their headers by the commands that read no tensor
+//! data (`headers.rs`); a second run needs no server; `HF_HUB_OFFLINE=1` opens no connection and names a missing file;
 //! unknown (404) and gated (401) repos fail with exit 1; partial downloads are resumed with a
 //! Range request; a cache laid out by Python's huggingface_hub works as it is; and the cache
 //! folder follows `--download-dir` > `HF_HUB_CACHE` > `$HF_HOME/hub`. Hubs that lie (more bytes
@@ -29,6 +30,7 @@ use tempfile::TempDir;
 use crate::support::*;
 
 mod downloads;
+mod headers;
 mod lying;
 mod serve;
 mod timeouts;
@@ -94,6 +96,8 @@ struct Shared {
     stall: Mutex<BTreeMap<String, (u32, bool)>>,
     /// Transfers answer with the whole file, whatever Range was asked (as a CDN may).
     ignore_range: AtomicBool,
+    /// Body bytes written to clients per file (GET answers of `resolve`), decoded names.
+    served: Mutex<BTreeMap<String, u64>>,
     hook: Mutex<Option<Arc<Hook>>>,
 }
 
@@ -114,6 +118,7 @@ impl Hub {
             cut: Mutex::new(BTreeSet::new()),
             stall: Mutex::new(BTreeMap::new()),
             ignore_range: AtomicBool::new(false),
+            served: Mutex::new(BTreeMap::new()),
             hook: Mutex::new(None),
         });
         let sh = shared.clone();
@@ -147,6 +152,16 @@ impl Hub {
 
     pub(crate) fn seen(&self) -> Vec<Seen> {
         self.shared.seen.lock().unwrap().clone()
+    }
+
+    /// Transfers answer 200 with the whole file, whatever Range was asked (as a CDN may).
+    pub(crate) fn ignore_range(&self) {
+        self.shared.ignore_range.store(true, Ordering::SeqCst);
+    }
+
+    /// Body bytes the server wrote for each file (decoded name) so far.
+    pub(crate) fn served(&self) -> BTreeMap<String, u64> {
+        self.shared.served.lock().unwrap().clone()
     }
 
     /// The next transfer of `file` (more than a byte) stops halfway through its body.
@@ -289,7 +304,18 @@ fn serve(sh: &Shared, mut conn: TcpStream) -> std::io::Result<()> {
         return Ok(());
     }
     if method != "HEAD" {
-        conn.write_all(&body)?;
+        // In pieces, counted as each is taken: a client that stops reading closes the
+        // connection, and what it was sent until then is what it cost.
+        let count = |n: usize| {
+            if let Some(f) = file {
+                let f = unquote(f.split_once('?').map_or(f, |(f, _)| f));
+                *sh.served.lock().unwrap().entry(f).or_default() += n as u64;
+            }
+        };
+        for piece in body.chunks(64 << 10) {
+            conn.write_all(piece)?;
+            count(piece.len());
+        }
     }
     conn.flush()
 }
@@ -512,6 +538,25 @@ fn ok_json(cmd: &mut Command, args: &[&str]) -> Value {
 /// Runs `cmd ARGS…` and asserts a refusal with `code` (see [`assert_refused`]); returns stderr.
 fn fails_with(cmd: &mut Command, args: &[&str], code: i32) -> String {
     assert_refused(&run(cmd, args), code, &[])
+}
+
+/// `load REPO --tp 2 --dry-run --read` and `extra`: a run that reads every byte of the weights,
+/// so downloads them whole (`inspect`, `plan`, `sizes` and a plain `--dry-run` fetch only their
+/// headers).
+pub(crate) fn read_all<'a>(repo: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["load", repo, "--tp", "2", "--dry-run", "--read"];
+    a.extend_from_slice(extra);
+    a
+}
+
+/// The files a run downloaded whole, from the `hub_fetched` of its JSON.
+pub(crate) fn fetched_files(v: &Value) -> BTreeSet<String> {
+    v["hub_fetched"]["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no hub_fetched.files: {v:#}"))
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect()
 }
 
 /// Each read weight file's origin, from `inspect --json`.
