@@ -6,6 +6,7 @@ use regex::Regex;
 use serde::Serialize;
 
 mod quant;
+pub mod support;
 pub mod survey;
 pub mod tower;
 
@@ -36,6 +37,9 @@ pub struct Inspection<'a> {
     pub files: Vec<FileInfo>,
     pub dropped: Vec<DroppedFile>,
     pub config: ConfigSummary,
+    /// Whether wload (and vLLM 0.33, as far as wload knows) supports the architecture, by which
+    /// mapping; for one it does not, the closest names it does and that plan and shard refuse it.
+    pub support: support::Support,
     /// The family's attention, experts and dense layers, read from the config as the mapping does.
     pub structure: Structure,
     /// A multimodal model's encoder (vision tower, projector); absent for a text-only model.
@@ -174,10 +178,14 @@ pub fn inspect_mapped<'a>(
     let (tensors, totals) = tensors_and_totals(checkpoint, re.as_ref());
     // The mapping plan would use. Without --mapping, an architecture wload has no mapping for is
     // still inspected (its structure from the config alone).
-    let chosen = match mapping {
-        Some(file) => Some(crate::mapping::select(Some(file), None)?),
-        None => crate::mapping::select(None, config.architecture()).ok(),
+    let (chosen, refusal) = match mapping {
+        Some(file) => (Some(crate::mapping::select(Some(file), None)?), None),
+        None => match crate::mapping::select(None, config.architecture()) {
+            Ok(m) => (Some(m), None),
+            Err(e) => (None, Some(e)),
+        },
     };
+    let support = support::support(config.architecture(), chosen.as_ref(), refusal, mapping);
 
     Ok(Inspection {
         schema_version: SCHEMA_VERSION,
@@ -200,6 +208,7 @@ pub fn inspect_mapped<'a>(
             ),
             config: config.clone(),
         },
+        support,
         structure: structure::structure(config, chosen.as_ref(), mapping),
         vision_tower: chosen.as_ref().and_then(|m| tower::tower(m, checkpoint)),
         quantization: quant::quant_info(

@@ -19,7 +19,7 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
     write_origin(w, i)?;
     write_files(w, i, verbose)?;
     write_model(w, i)?;
-    write_structure(w, &i.structure)?;
+    write_structure(w, &i.structure, &i.support)?;
     if let Some(t) = &i.vision_tower {
         write_tower(w, t)?;
     }
@@ -72,7 +72,8 @@ fn write_origin(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         f.load_format,
         Esc(&f.pattern)
     )?;
-    writeln!(w, "config  {}", Esc(&f.config_file))
+    writeln!(w, "config  {}", Esc(&f.config_file))?;
+    writeln!(w, "support {}", Esc(&i.support.summary))
 }
 
 fn write_files(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::Result<()> {

@@ -76,8 +76,13 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
         return emit(out, json_if(args.json, None), &other, Some(human));
     }
     let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
-    let report = wload::inspect::inspect_mapped(&opened, filter, args.mapping.as_deref())?;
+    let mut report = wload::inspect::inspect_mapped(&opened, filter, args.mapping.as_deref())?;
+    // An architecture plan refuses: everything printed, then plan's error and its exit status.
+    let refusal = report.support.refusal.take();
     let human: Human = &|w| wload::report::write_inspection(w, &report, g.verbose);
+    if let Some(e) = refusal {
+        return emit::refused(out, args.json, &report, human, e.into());
+    }
     emit(out, json_if(args.json, None), &report, Some(human))?;
     out.flush().map_err(Error::Output)?;
     // A large checkpoint is hundreds of thousands of small allocations (names, shapes, rows);
