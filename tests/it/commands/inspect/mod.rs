@@ -16,6 +16,7 @@ mod checkpoint;
 mod pre_sharded;
 mod quantization;
 mod structure;
+mod support;
 mod weight_files;
 
 /// (name, dtype, shape, file) of one tensor.
