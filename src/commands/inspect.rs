@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use regex::Regex;
 use serde::Serialize;
 
+pub mod config_less;
 mod quant;
 pub mod support;
 pub mod survey;
@@ -160,20 +161,7 @@ pub fn inspect_mapped<'a>(
         checkpoint,
         ..
     } = opened;
-    let files = resolved
-        .files
-        .iter()
-        .zip(&checkpoint.files)
-        .map(|(k, f)| FileInfo {
-            file: f.name.clone(),
-            reason: k.reason.clone(),
-            size: f.size,
-            header_bytes: f.header_len,
-            tensors: f.tensors.len(),
-            metadata: f.metadata.clone(),
-            origin: k.origin,
-        })
-        .collect();
+    let files = file_infos(resolved, checkpoint);
 
     let (tensors, totals) = tensors_and_totals(checkpoint, re.as_ref());
     // The mapping plan would use. Without --mapping, an architecture wload has no mapping for is
@@ -220,6 +208,24 @@ pub fn inspect_mapped<'a>(
         duplicates: checkpoint.duplicates.clone(),
         totals,
     })
+}
+
+/// Each weight file read: why, its size, header and tensor count.
+fn file_infos(resolved: &Resolved, checkpoint: &crate::checkpoint::Checkpoint) -> Vec<FileInfo> {
+    resolved
+        .files
+        .iter()
+        .zip(&checkpoint.files)
+        .map(|(k, f)| FileInfo {
+            file: f.name.clone(),
+            reason: k.reason.clone(),
+            size: f.size,
+            header_bytes: f.header_len,
+            tensors: f.tensors.len(),
+            metadata: f.metadata.clone(),
+            origin: k.origin,
+        })
+        .collect()
 }
 
 /// Every tensor `re` keeps, and their totals by dtype and by role (shadowed copies listed but not

@@ -20,7 +20,7 @@ use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 
 pub use crate::escape::{Esc, EscShell, escape};
-pub use inspect::write_inspection;
+pub use inspect::{write_config_less, write_inspection};
 pub use load::write_load;
 pub use plan::write_plan;
 pub use shard::write_shard;
