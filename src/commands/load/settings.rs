@@ -47,6 +47,9 @@ pub struct LoadSettings {
 /// manifest recording a size of 0 or a flag the file names contradict, 2 when neither flag,
 /// manifest nor file names give a TP size.
 pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, Error> {
+    // A mistyped folder is named as one (with the close name that exists), not as a folder that
+    // records no TP size.
+    crate::resolve::local::refuse_missing_path(source)?;
     let manifest = source.is_dir().then(|| Manifest::read(source)).flatten();
     if manifest.is_none() && source.is_dir() {
         let files = names::in_folder(source);

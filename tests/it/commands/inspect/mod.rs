@@ -15,6 +15,7 @@ use crate::support::*;
 mod checkpoint;
 mod pre_sharded;
 mod quantization;
+mod source_typos;
 mod structure;
 mod support;
 mod weight_files;
