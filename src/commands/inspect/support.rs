@@ -143,10 +143,10 @@ mod tests {
         let c = closest("Qwen3OmniMoeForConditionalGeneration", known);
         assert_eq!(
             c.first().map(String::as_str),
-            Some("Qwen3ForCausalLM"),
+            Some("Qwen3MoeForCausalLM"),
             "{c:?}"
         );
-        assert!(c.contains(&"Qwen3MoeForCausalLM".to_string()), "{c:?}");
+        assert!(c.contains(&"Qwen3ForCausalLM".to_string()), "{c:?}");
         assert_eq!(closest("LLaMAForCausalLM", known), ["LlamaForCausalLM"]);
         assert!(closest("AcmeForCausalLM", known).is_empty());
     }
