@@ -113,19 +113,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         }
     }
     let Some(tp) = tp else {
-        let why = if source.is_dir() {
-            format!(
-                "{} has no {MANIFEST} recording the tensor-parallel size (only `wload shard` outputs have one)",
-                source.display()
-            )
-        } else {
-            // A typo'd folder must not read as "this folder lacks a manifest".
-            format!(
-                "{} is not a local folder (a hub repo id, or a path that does not exist), so no {MANIFEST} records the tensor-parallel size",
-                source.display()
-            )
-        };
-        return Err(Error::Usage(format!("--tp is needed: {why}; pass --tp N")));
+        return Err(tp_needed(source));
     };
     let note = (!taken.is_empty()).then(|| {
         format!(
@@ -149,6 +137,23 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         config_format,
         note,
     })
+}
+
+/// Neither flag nor manifest gives a TP size (exit 2).
+fn tp_needed(source: &Path) -> Error {
+    let why = if source.is_dir() {
+        format!(
+            "{} has no {MANIFEST} recording the tensor-parallel size (only `wload shard` outputs have one)",
+            source.display()
+        )
+    } else {
+        // A typo'd folder must not read as "this folder lacks a manifest".
+        format!(
+            "{} is not a local folder (a hub repo id, or a path that does not exist), so no {MANIFEST} records the tensor-parallel size",
+            source.display()
+        )
+    };
+    Error::Usage(format!("--tp is needed: {why}; pass --tp N"))
 }
 
 /// [`load_settings`] for a folder of rank files without a manifest: TP and PP as the file names
