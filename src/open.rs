@@ -145,6 +145,7 @@ impl HubSettings {
 }
 
 fn hub_request(opts: &SourceOptions) -> Result<Option<HubSettings>, OpenError> {
+    resolve::local::refuse_missing_path(&opts.source)?;
     let Some(repo) = resolve::hub::repo_id(&opts.source) else {
         return Ok(None);
     };

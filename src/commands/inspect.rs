@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use regex::Regex;
 use serde::Serialize;
 
+pub mod config_less;
 mod quant;
+pub mod support;
 pub mod survey;
 pub mod tower;
 
@@ -36,6 +38,9 @@ pub struct Inspection<'a> {
     pub files: Vec<FileInfo>,
     pub dropped: Vec<DroppedFile>,
     pub config: ConfigSummary,
+    /// Whether wload (and vLLM 0.33, as far as wload knows) supports the architecture, by which
+    /// mapping; for one it does not, the closest names it does and that plan and shard refuse it.
+    pub support: support::Support,
     /// The family's attention, experts and dense layers, read from the config as the mapping does.
     pub structure: Structure,
     /// A multimodal model's encoder (vision tower, projector); absent for a text-only model.
@@ -156,28 +161,19 @@ pub fn inspect_mapped<'a>(
         checkpoint,
         ..
     } = opened;
-    let files = resolved
-        .files
-        .iter()
-        .zip(&checkpoint.files)
-        .map(|(k, f)| FileInfo {
-            file: f.name.clone(),
-            reason: k.reason.clone(),
-            size: f.size,
-            header_bytes: f.header_len,
-            tensors: f.tensors.len(),
-            metadata: f.metadata.clone(),
-            origin: k.origin,
-        })
-        .collect();
+    let files = file_infos(resolved, checkpoint);
 
     let (tensors, totals) = tensors_and_totals(checkpoint, re.as_ref());
     // The mapping plan would use. Without --mapping, an architecture wload has no mapping for is
     // still inspected (its structure from the config alone).
-    let chosen = match mapping {
-        Some(file) => Some(crate::mapping::select(Some(file), None)?),
-        None => crate::mapping::select(None, config.architecture()).ok(),
+    let (chosen, refusal) = match mapping {
+        Some(file) => (Some(crate::mapping::select(Some(file), None)?), None),
+        None => match crate::mapping::select(None, config.architecture()) {
+            Ok(m) => (Some(m), None),
+            Err(e) => (None, Some(e)),
+        },
     };
+    let support = support::support(config.architecture(), chosen.as_ref(), refusal, mapping);
 
     Ok(Inspection {
         schema_version: SCHEMA_VERSION,
@@ -200,6 +196,7 @@ pub fn inspect_mapped<'a>(
             ),
             config: config.clone(),
         },
+        support,
         structure: structure::structure(config, chosen.as_ref(), mapping),
         vision_tower: chosen.as_ref().and_then(|m| tower::tower(m, checkpoint)),
         quantization: quant::quant_info(
@@ -211,6 +208,24 @@ pub fn inspect_mapped<'a>(
         duplicates: checkpoint.duplicates.clone(),
         totals,
     })
+}
+
+/// Each weight file read: why, its size, header and tensor count.
+fn file_infos(resolved: &Resolved, checkpoint: &crate::checkpoint::Checkpoint) -> Vec<FileInfo> {
+    resolved
+        .files
+        .iter()
+        .zip(&checkpoint.files)
+        .map(|(k, f)| FileInfo {
+            file: f.name.clone(),
+            reason: k.reason.clone(),
+            size: f.size,
+            header_bytes: f.header_len,
+            tensors: f.tensors.len(),
+            metadata: f.metadata.clone(),
+            origin: k.origin,
+        })
+        .collect()
 }
 
 /// Every tensor `re` keeps, and their totals by dtype and by role (shadowed copies listed but not

@@ -1,12 +1,15 @@
 //! `wload inspect`: files, config, tensors, totals.
 
+mod config_less;
 mod structure;
 
 use std::io::{self, Write};
 
 use super::*;
-use crate::commands::inspect::{Inspection, QuantInfo, RoleTotal, TensorRow};
+use crate::commands::inspect::{FileInfo, Inspection, QuantInfo, RoleTotal, TensorRow};
 use crate::quant::names::TensorRole;
+use crate::resolve::DroppedFile;
+pub use config_less::write_config_less;
 use structure::{write_structure, write_tower};
 
 /// Ignored modules listed before "and N more" (all with `-v`): a real MoE checkpoint leaves
@@ -19,7 +22,7 @@ pub fn write_inspection(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io:
     write_origin(w, i)?;
     write_files(w, i, verbose)?;
     write_model(w, i)?;
-    write_structure(w, &i.structure)?;
+    write_structure(w, &i.structure, &i.support)?;
     if let Some(t) = &i.vision_tower {
         write_tower(w, t)?;
     }
@@ -72,30 +75,42 @@ fn write_origin(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         f.load_format,
         Esc(&f.pattern)
     )?;
-    writeln!(w, "config  {}", Esc(&f.config_file))
+    writeln!(w, "config  {}", Esc(&f.config_file))?;
+    writeln!(w, "support {}", Esc(&i.support.summary))
 }
 
 fn write_files(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::Result<()> {
-    writeln!(w, "\nfiles ({} read)", i.files.len())?;
+    write_file_list(w, &i.files, &i.dropped, i.hub.is_some(), verbose)
+}
+
+/// The files read (and with `verbose` why), then those not read and why.
+fn write_file_list(
+    w: &mut dyn Write,
+    files: &[FileInfo],
+    dropped: &[DroppedFile],
+    hub: bool,
+    verbose: bool,
+) -> io::Result<()> {
+    writeln!(w, "\nfiles ({} read)", files.len())?;
     let mut columns = vec![("FILE", false), ("SIZE", true)];
     if verbose {
         columns.push(("HEADER", true));
     }
     columns.push(("TENSORS", true));
-    if i.hub.is_some() {
+    if hub {
         columns.push(("FROM", false));
     }
     if verbose {
         columns.push(("WHY", false));
     }
     let mut t = Table::new(&columns);
-    for fi in &i.files {
+    for fi in files {
         let mut row = vec![fi.file.clone(), human_bytes(fi.size)];
         if verbose {
             row.push(human_bytes(fi.header_bytes));
         }
         row.push(fi.tensors.to_string());
-        if i.hub.is_some() {
+        if hub {
             row.push(fi.origin.map_or("-", |o| o.as_str()).to_string());
         }
         if verbose {
@@ -104,10 +119,10 @@ fn write_files(w: &mut dyn Write, i: &Inspection, verbose: bool) -> io::Result<(
         t.row(row);
     }
     t.write(w, "  ")?;
-    if !i.dropped.is_empty() {
-        writeln!(w, "\nnot read ({})", i.dropped.len())?;
+    if !dropped.is_empty() {
+        writeln!(w, "\nnot read ({})", dropped.len())?;
         let mut t = Table::new(&[("FILE", false), ("WHY", false)]);
-        for d in &i.dropped {
+        for d in dropped {
             t.row(vec![d.file.clone(), d.reason.clone()]);
         }
         t.write(w, "  ")?;
@@ -315,11 +330,17 @@ fn role_summary(by_role: &[RoleTotal]) -> String {
 /// One row per tensor, 128k for a large checkpoint: sized in a first pass and written in a
 /// second, rather than stored.
 fn write_tensors(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
-    let filtered = i
-        .filter
-        .as_ref()
-        .map_or_else(String::new, |f| format!(" matching /{}/", Esc(f)));
-    writeln!(w, "\ntensors ({}{filtered})", i.tensors.len())?;
+    write_tensor_list(w, &i.tensors, i.filter.as_deref(), &i.duplicates)
+}
+
+fn write_tensor_list(
+    w: &mut dyn Write,
+    tensors: &[TensorRow],
+    filter: Option<&str>,
+    duplicates: &[crate::checkpoint::Duplicate],
+) -> io::Result<()> {
+    let filtered = filter.map_or_else(String::new, |f| format!(" matching /{}/", Esc(f)));
+    writeln!(w, "\ntensors ({}{filtered})", tensors.len())?;
     let mut t = Table::new(&[
         ("NAME", false),
         ("DTYPE", false),
@@ -328,21 +349,21 @@ fn write_tensors(w: &mut dyn Write, i: &Inspection) -> io::Result<()> {
         ("FILE", false),
     ]);
     let mut cells = TensorCells::default();
-    for r in &i.tensors {
+    for r in tensors {
         t.fit(&cells.of(r));
     }
     let mut rows = t.writer(w, "  ")?;
-    for r in &i.tensors {
+    for r in tensors {
         rows.row(&cells.of(r))?;
     }
 
-    if !i.duplicates.is_empty() {
+    if !duplicates.is_empty() {
         writeln!(
             w,
             "\nduplicates ({}): the same name in several files; vLLM keeps the last",
-            i.duplicates.len()
+            duplicates.len()
         )?;
-        for d in &i.duplicates {
+        for d in duplicates {
             writeln!(w, "  {}: {}", Esc(&d.name), Esc(&d.files.join(" → ")))?;
         }
     }

@@ -36,6 +36,32 @@ pub fn success<T: Serialize>(report: &T, schema_version: Option<u32>) -> Success
     }
 }
 
+/// A report printed whole although the command fails (`inspect` of a checkpoint that `plan`
+/// would refuse: an architecture without a mapping, a folder without config.json): the report's
+/// fields with `"ok": false`, the exit status and the error in front, as the error document has
+/// them (docs/json.md).
+#[derive(Serialize)]
+pub struct Refused<'a, T: Serialize> {
+    ok: bool,
+    exit_status: u8,
+    error: ErrorInfo,
+    #[serde(flatten)]
+    report: &'a T,
+}
+
+/// `report` as its `--json` document for a command failing with `e` (exit status `exit_status`).
+pub fn refused<'a, T: Serialize>(report: &'a T, e: &Error, exit_status: u8) -> Refused<'a, T> {
+    Refused {
+        ok: false,
+        exit_status,
+        error: ErrorInfo {
+            kind: e.exit_status().kind(),
+            message: e.to_string(),
+        },
+        report,
+    }
+}
+
 /// Any failure under `--json`: what kind it is (the exit status's name), its message, and the
 /// problems it lists, each with what it names.
 #[derive(Debug, Serialize)]

@@ -22,7 +22,7 @@ use std::io::{self, Write};
 
 pub use crate::escape::{Esc, EscShell, escape};
 pub use hub::hub_fetched_line;
-pub use inspect::write_inspection;
+pub use inspect::{write_config_less, write_inspection};
 pub use load::write_load;
 pub use plan::write_plan;
 pub use shard::{Detail, write_shard};

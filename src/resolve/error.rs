@@ -9,6 +9,21 @@ use super::{hub, local};
 pub enum ResolveError {
     #[error("{path}: no such file or directory")]
     NotFound { path: PathBuf },
+    /// A SOURCE that is no existing path and is not taken for a hub repo id: shaped like a path
+    /// (`./`, `../`, `/`, `~`, several `/`, a trailing `/`), or like `org/name` with a local
+    /// folder of a close name beside where it points.
+    #[error(
+        "{path}: no such folder (no such file or directory){}{}",
+        if *.hub_shaped { "; not asked of the hub as a repo id, since a local path of a close name exists" } else { "" },
+        suggestion.as_ref().map_or_else(String::new, |s| format!("; did you mean {}?", s.display()))
+    )]
+    NoSuchFolder {
+        path: PathBuf,
+        /// The existing path closest to it, each missing component replaced by its nearest sibling.
+        suggestion: Option<PathBuf>,
+        /// It reads `org/name`, which would otherwise have been a hub repo id.
+        hub_shaped: bool,
+    },
     #[error("{path}: not a directory; SOURCE is a checkpoint folder{}", lone_file_hint(.path))]
     NotADirectory { path: PathBuf },
     #[error("{path}: cannot read: {source}")]
@@ -114,7 +129,9 @@ impl ResolveError {
     pub fn exit_status(&self) -> crate::exit::ExitStatus {
         use crate::exit::ExitStatus;
         match self {
-            ResolveError::NotFound { .. } | ResolveError::NotADirectory { .. } => ExitStatus::Usage,
+            ResolveError::NotFound { .. }
+            | ResolveError::NoSuchFolder { .. }
+            | ResolveError::NotADirectory { .. } => ExitStatus::Usage,
             // An index past the small-file limit is the checkpoint's fault, like a malformed one.
             ResolveError::Io { source, .. } if crate::small_file::is_too_large(source) => {
                 ExitStatus::Checkpoint

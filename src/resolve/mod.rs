@@ -115,11 +115,31 @@ pub fn resolve_listing(
     requested: LoadFormat,
     config_format: ConfigFormat,
 ) -> Result<Resolved, ResolveError> {
+    resolve_with_config(root, listing, requested, Some(config_format))
+}
+
+/// The weight files vLLM would select in a local folder that has no config (`config_file` empty):
+/// what `inspect` lists when [`resolve_local`] refuses with [`ResolveError::NoConfig`].
+pub fn resolve_local_weights(root: &Path, requested: LoadFormat) -> Result<Resolved, ResolveError> {
+    let listing = local::list(root).map_err(|(path, source)| ResolveError::Io { path, source })?;
+    resolve_with_config(root, &listing, requested, None)
+}
+
+/// [`resolve_listing`]; without a config format, the config is not looked for.
+fn resolve_with_config(
+    root: &Path,
+    listing: &local::Listing,
+    requested: LoadFormat,
+    config_format: Option<ConfigFormat>,
+) -> Result<Resolved, ResolveError> {
     let (format, has_consolidated) = effective_format(listing, requested);
     let mut sel = select(root, listing, format)?;
     sel.files.sort_by(|a, b| natural_cmp(a, b));
     explain_the_rest(listing, format, &mut sel);
-    let (config_format, config_file) = pick_config(root, listing, config_format, has_consolidated)?;
+    let (config_format, config_file) = match config_format {
+        Some(f) => pick_config(root, listing, f, has_consolidated)?,
+        None => (ConfigFormat::Hf, String::new()),
+    };
     refuse_unreadable(root, listing, &sel)?;
     let reason = sel.reason;
     Ok(Resolved {

@@ -139,11 +139,32 @@ fn error_tp_not_dividing_the_heads() {
     );
 }
 
+/// vLLM's own qwen2 folder at its TP (read from the file names), against a config whose MLP is
+/// twice as wide: only the shapes tell.
 #[test]
 fn error_shape_mismatch() {
     let dir = expected("qwen2", 4);
+    let wider = r#"{"intermediate_size": 512}"#;
     check(
         "error_shape_mismatch",
+        &[
+            "load",
+            s(&dir),
+            "--device",
+            "cpu",
+            "--dry-run",
+            "--hf-overrides",
+            wider,
+        ],
+    );
+}
+
+/// vLLM's own folder (no wload.json) loaded with a `--tp` its file names contradict.
+#[test]
+fn error_tp_disagrees_with_the_file_names() {
+    let dir = expected("qwen2", 4);
+    check(
+        "error_tp_disagrees_with_the_file_names",
         &["load", s(&dir), "--tp", "2", "--device", "cpu", "--dry-run"],
     );
 }

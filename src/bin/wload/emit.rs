@@ -47,11 +47,38 @@ pub(crate) fn emit<T: serde::Serialize>(
     }
 }
 
-/// A failed command: its JSON document with `--json` (unless stdout itself failed), then the
-/// message on stderr.
+/// Set once a report went to stdout as the `--json` document of a failing command
+/// ([`refused`]): the failure then prints no second document.
+static DOCUMENT_PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A report printed whole although the command fails with `e` (`inspect` of what `plan` would
+/// refuse): with `--json` the report's document with `"ok": false` and the error, else the human
+/// report; then `Err(e)`, for the binary to print on stderr and exit with its status.
+pub(crate) fn refused<T: serde::Serialize>(
+    out: &mut dyn Write,
+    json: bool,
+    report: &T,
+    human: Human,
+    e: Error,
+) -> Result<(), Error> {
+    if json {
+        let doc = wload::report::json::refused(report, &e, e.exit_status() as u8);
+        serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| Error::Output(e.into()))?;
+        writeln!(out).map_err(Error::Output)?;
+        DOCUMENT_PRINTED.store(true, std::sync::atomic::Ordering::Relaxed);
+    } else {
+        emit(out, None, report, Some(human))?;
+    }
+    out.flush().map_err(Error::Output)?;
+    Err(e)
+}
+
+/// A failed command: its JSON document with `--json` (unless stdout itself failed, or already
+/// carries the report's document), then the message on stderr.
 pub(crate) fn failure(e: &Error, status: u8, json: bool) {
+    let printed = DOCUMENT_PRINTED.load(std::sync::atomic::Ordering::Relaxed);
     // A failed write to stdout leaves nowhere to put a document.
-    if json && !matches!(e, Error::Output(_)) {
+    if json && !printed && !matches!(e, Error::Output(_)) {
         print_json(&wload::report::json::failure(e, status));
     }
     say(format_args!("error: {}", e.for_terminal()));

@@ -14,6 +14,7 @@ mod options;
 
 use wload::cli::{Cli, Command, InspectArgs, LoadArgs, PlanArgs, ShardArgs, SizesArgs};
 use wload::escape::Esc;
+use wload::resolve::ResolveError;
 use wload::{Error, ExitStatus};
 
 use emit::{Human, emit, json_if, say};
@@ -75,10 +76,24 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
         let human: Human = &|w| wload::report::write_other_source(w, &other, g.verbose);
         return emit(out, json_if(args.json, None), &other, Some(human));
     }
-    let opened = wload::open(&headers_only(source_options(&args.source, g.quiet)?))?;
+    let sopts = headers_only(source_options(&args.source, g.quiet)?);
+    let opened = match wload::open(&sopts) {
+        // A local folder without its config: listed all the same, then refused (exit 3).
+        Err(wload::open::OpenError::Resolve(e @ ResolveError::NoConfig { .. }))
+            if sopts.source.is_dir() =>
+        {
+            return inspect_config_less(args, g, &sopts, e, out);
+        }
+        r => r?,
+    };
     emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
-    let report = wload::inspect::inspect_mapped(&opened, filter, args.mapping.as_deref())?;
+    let mut report = wload::inspect::inspect_mapped(&opened, filter, args.mapping.as_deref())?;
+    // An architecture plan refuses: everything printed, then plan's error and its exit status.
+    let refusal = report.support.refusal.take();
     let human: Human = &|w| wload::report::write_inspection(w, &report, g.verbose);
+    if let Some(e) = refusal {
+        return emit::refused(out, args.json, &report, human, e.into());
+    }
     emit(out, json_if(args.json, None), &report, Some(human))?;
     out.flush().map_err(Error::Output)?;
     // A large checkpoint is hundreds of thousands of small allocations (names, shapes, rows);
@@ -88,6 +103,22 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
     std::mem::forget(report);
     std::mem::forget(opened);
     Ok(())
+}
+
+/// `inspect` of a folder without its config: its files and tensors, then `refusal`.
+fn inspect_config_less(
+    args: &InspectArgs,
+    g: Globals,
+    sopts: &wload::open::SourceOptions,
+    refusal: ResolveError,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    use wload::inspect::config_less;
+    let (resolved, checkpoint) = config_less::open(&sopts.source, sopts.load_format)?;
+    let note = refusal.to_string();
+    let report = config_less::config_less(&resolved, &checkpoint, args.filter.as_deref(), note)?;
+    let human: Human = &|w| wload::report::write_config_less(w, &report, g.verbose);
+    emit::refused(out, args.json, &report, human, refusal.into())
 }
 
 fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {

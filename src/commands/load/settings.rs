@@ -1,5 +1,6 @@
 //! What `load` runs with: its flags, completed from a pre-sharded SOURCE's `wload.json` (a flag
-//! left out takes the recorded value).
+//! left out takes the recorded value), or for vLLM's own sharded_state output (no manifest) from
+//! its file names, read as `inspect` reads them ([`WrittenFor::of`]).
 
 use std::path::Path;
 
@@ -10,6 +11,7 @@ use crate::multimodal::{MmEncoderTpMode, Multimodal};
 use crate::plan::PlanOptions;
 use crate::quant::mxfp4::MoeBackend;
 use crate::sharded::manifest::{MANIFEST, Manifest};
+use crate::sharded::names::{self, WrittenFor};
 
 /// `load`'s parallel and format flags as given (`None`: absent), before a manifest fills them in.
 #[derive(Debug, Clone)]
@@ -38,10 +40,23 @@ pub struct LoadSettings {
 
 /// Completes `flags` from the manifest of `source` (a local folder written by `wload shard`): a
 /// flag left out takes the recorded value. A flag given that disagrees is kept, for the
-/// pre-sharded check to refuse with everything else wrong (see [`disagreements`]). Exit 3 for a
-/// manifest recording a size of 0, 2 when neither flag nor manifest gives a TP size.
+/// pre-sharded check to refuse with everything else wrong (see [`disagreements`]). Without a
+/// manifest, a folder of rank files (vLLM's sharded_state output) gives `--tp` and `--pp` by its
+/// file names, and a flag they contradict (files of ranks or stages beyond it, or the other
+/// pattern's names) is refused here, naming both. Exit 3 for a
+/// manifest recording a size of 0 or a flag the file names contradict, 2 when neither flag,
+/// manifest nor file names give a TP size.
 pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, Error> {
+    // A mistyped folder is named as one (with the close name that exists), not as a folder that
+    // records no TP size.
+    crate::resolve::local::refuse_missing_path(source)?;
     let manifest = source.is_dir().then(|| Manifest::read(source)).flatten();
+    if manifest.is_none() && source.is_dir() {
+        let files = names::in_folder(source);
+        if !files.is_empty() {
+            return from_file_names(source, flags, &files);
+        }
+    }
     let at = source.join(MANIFEST);
     let mut taken: Vec<String> = Vec::new();
     let mut fill = |flag: &str, given: Option<u64>, recorded: Option<u64>| {
@@ -98,19 +113,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         }
     }
     let Some(tp) = tp else {
-        let why = if source.is_dir() {
-            format!(
-                "{} has no {MANIFEST} recording the tensor-parallel size (only `wload shard` outputs have one)",
-                source.display()
-            )
-        } else {
-            // A typo'd folder must not read as "this folder lacks a manifest".
-            format!(
-                "{} is not a local folder (a hub repo id, or a path that does not exist), so no {MANIFEST} records the tensor-parallel size",
-                source.display()
-            )
-        };
-        return Err(Error::Usage(format!("--tp is needed: {why}; pass --tp N")));
+        return Err(tp_needed(source));
     };
     let note = (!taken.is_empty()).then(|| {
         format!(
@@ -132,6 +135,122 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             multimodal,
         },
         config_format,
+        note,
+    })
+}
+
+/// Neither flag nor manifest gives a TP size (exit 2).
+fn tp_needed(source: &Path) -> Error {
+    let why = if source.is_dir() {
+        format!(
+            "{} has no {MANIFEST} recording the tensor-parallel size (only `wload shard` outputs have one)",
+            source.display()
+        )
+    } else {
+        // A typo'd folder must not read as "this folder lacks a manifest".
+        format!(
+            "{} is not a local folder (a hub repo id, or a path that does not exist), so no {MANIFEST} records the tensor-parallel size",
+            source.display()
+        )
+    };
+    Error::Usage(format!("--tp is needed: {why}; pass --tp N"))
+}
+
+/// [`load_settings`] for a folder of rank files without a manifest: TP and PP as the file names
+/// say (the sizes `inspect` reports for it), the other flags as given.
+fn from_file_names(
+    source: &Path,
+    flags: &LoadFlags,
+    files: &names::RankFiles,
+) -> Result<LoadSettings, Error> {
+    let named = WrittenFor::of(files, None);
+    let pattern = names::pattern(files);
+    let ranks = |of: fn(&(Option<u64>, u64)) -> Option<u64>| {
+        let set: std::collections::BTreeSet<u64> = files.keys().filter_map(of).collect();
+        match (set.first(), set.last()) {
+            (Some(a), Some(b)) if a == b => format!("{a}"),
+            (Some(a), Some(b)) => format!("{a}–{b}"),
+            _ => "none".into(),
+        }
+    };
+    let mut problems = Vec::new();
+    let mut refuse = |flag: &str, given: u64, named_size: u64, what: String| {
+        problems.push(crate::problem::Problem {
+            message: format!(
+                "{flag} {given} disagrees with the file names in {}: its {pattern} files are {what}, written for {flag} {named_size}",
+                source.display()
+            ),
+            fix: Some(format!(
+                "load with {flag} {named_size}, or leave {flag} out: load reads it from the file names"
+            )),
+            file: Some(source.display().to_string()),
+            ..Default::default()
+        });
+    };
+    // Fewer ranks named than the flag's size prove nothing (a node may hold only its own ranks'
+    // files, or one is missing, which the pre-sharded check names); files of ranks beyond it do.
+    if let Some(tp) = flags.tp.filter(|&t| t < named.tp) {
+        refuse(
+            "--tp",
+            tp,
+            named.tp,
+            format!("for TP ranks {}", ranks(|k| Some(k.1))),
+        );
+    }
+    let staged = pattern == names::PP_GLOB;
+    // TP-only names are read only with PP off, and PP names only with it on.
+    let contradicts = |p: u64| {
+        if staged {
+            p < named.pp || p == 1
+        } else {
+            p != 1
+        }
+    };
+    if let Some(pp) = flags.pp.filter(|&p| contradicts(p)) {
+        let what = if staged {
+            format!("for pipeline stages {}", ranks(|k| k.0))
+        } else {
+            "named without a pipeline stage (vLLM names them so only when pipeline parallelism is off)".into()
+        };
+        refuse("--pp", pp, named.pp, what);
+    }
+    if !problems.is_empty() {
+        return Err(crate::plan::PlanError::Invalid(problems).into());
+    }
+    let mut taken = Vec::new();
+    let tp = flags.tp.unwrap_or_else(|| {
+        taken.push(format!("--tp {}", named.tp));
+        named.tp
+    });
+    let pp = flags.pp.unwrap_or_else(|| {
+        if named.pp > 1 {
+            taken.push(format!("--pp {}", named.pp));
+        }
+        named.pp
+    });
+    let note = (!taken.is_empty()).then(|| {
+        format!(
+            "{} taken from the file names in {} ({pattern}; no {MANIFEST})",
+            taken.join(" "),
+            source.display()
+        )
+    });
+    Ok(LoadSettings {
+        plan: PlanOptions {
+            tp,
+            pp,
+            pp_partition: flags.pp_partition.clone(),
+            expert_parallel: flags.expert_parallel,
+            dtype: flags.dtype.unwrap_or(DtypeChoice::Auto),
+            mapping: flags.mapping.clone(),
+            shapes_only: false,
+            moe_backend: flags.moe_backend,
+            multimodal: Multimodal {
+                language_model_only: flags.language_model_only,
+                mm_encoder_tp_mode: flags.mm_encoder_tp_mode.unwrap_or_default(),
+            },
+        },
+        config_format: flags.config_format,
         note,
     })
 }

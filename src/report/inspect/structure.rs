@@ -8,8 +8,22 @@ use crate::report::{Esc, thousands};
 use crate::units::plural;
 
 /// What a deployer weighs before picking `--tp` / `--enable-expert-parallel`: one line per item.
-pub(super) fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()> {
-    writeln!(w, "\nstructure")?;
+/// Without a mapping (`support.structure_from` "config.json") the section says so in its title,
+/// and claims nothing the config does not state (no "dense MLP" for an absent expert count).
+pub(super) fn write_structure(
+    w: &mut dyn Write,
+    s: &Structure,
+    support: &crate::commands::inspect::support::Support,
+) -> io::Result<()> {
+    let guessed = support.structure_from != "mapping";
+    if guessed {
+        writeln!(
+            w,
+            "\nstructure (read from config.json only: without a mapping, the family's defaults and derived sizes are unknown)"
+        )?;
+    } else {
+        writeln!(w, "\nstructure")?;
+    }
     let mut rows = attention_rows(&s.attention);
     if let Some(a) = &s.attention_layers {
         let layers = match (&a.full, &a.linear) {
@@ -25,6 +39,7 @@ pub(super) fn write_structure(w: &mut dyn Write, s: &Structure) -> io::Result<()
     }
     match &s.moe {
         Some(m) => rows.extend(moe_rows(m)),
+        None if guessed => rows.push(("experts", "none named in config.json".into())),
         None => rows.push(("experts", "none (a dense MLP on every layer)".into())),
     }
     rows.extend(mtp_row(s).map(|n| ("mtp", n)));

@@ -466,23 +466,18 @@ fn load_without_manifest_or_tp_is_a_usage_error() {
         2,
         &["--tp is needed", "wload.json", "pass --tp N"],
     );
-    // A vLLM-written folder (no wload.json) likewise.
-    let work = TempDir::new().unwrap();
-    let out = work.path().join("out");
-    shard_ok(&fixture(GQA), 2, &out, &["-q"]);
-    fs::remove_file(out.join("wload.json")).unwrap();
-    assert_refused(
-        &run(&["load", s(&out), "--dry-run"]),
-        2,
-        &["--tp is needed"],
-    );
-    let o = run(&["load", s(&out), "--dry-run", "--tp", "2"]);
-    assert!(o.status.success(), "{}", context(&o));
+    // A vLLM-written folder (no wload.json) has its TP in its file names (vllm_folders.rs).
     // A mistyped folder is named as not being one, not as a folder that lacks a manifest.
+    let work = TempDir::new().unwrap();
+    fs::create_dir(work.path().join("out")).unwrap();
+    let typo = work.path().join("ouy");
     assert_refused(
-        &run(&["load", s(&work.path().join("ouy")), "--dry-run"]),
+        &run(&["load", s(&typo), "--dry-run"]),
         2,
-        &["--tp is needed", "is not a local folder", "pass --tp N"],
+        &[
+            &format!("{}: no such folder", s(&typo)),
+            &format!("did you mean {}?", s(&work.path().join("out"))),
+        ],
     );
 }
 

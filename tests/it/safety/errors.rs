@@ -196,9 +196,58 @@ case!(duplicate_key_in_header, SHARD, "twice", |d| {
     raw.write(&shard(d));
 });
 
-case!(missing_config_json, "config.json", "no config.json", |d| {
+/// No config.json: `inspect` still lists the weight files vLLM would select, every tensor and the
+/// totals, says the config is missing, and exits 3 with the refusal plan gives; `--json` is that
+/// listing with `"ok": false`. plan and shard refuse with nothing on stdout.
+#[test]
+fn missing_config_json() {
+    let tmp = copy_fixture("llama_gqa");
+    let d = tmp.path();
     fs::remove_file(d.join("config.json")).unwrap();
-});
+    let out = wload()
+        .args(["inspect", s(d)])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let want = format!(
+        "error: {}: no config.json; vLLM needs the model's config to build it\n",
+        s(d)
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", context(&out));
+    assert_eq!(stderr(&out), want);
+    let human = stdout(&out);
+    for needle in [
+        "config  none: no model, structure or support verdict (",
+        "\nfiles (6 read)\n",
+        "\ntensors (21)\n",
+        "model.layers.1.post_attention_layernorm.weight",
+        "\ntotals\n",
+        "  all         21     551,552  1.1 MiB",
+    ] {
+        assert!(human.contains(needle), "{needle:?} in {human}");
+    }
+    assert!(!human.contains("\nstructure"), "{human}");
+
+    let out = run(&["inspect", s(d), "--json", "--filter", "norm"]);
+    assert_eq!(out.status.code(), Some(3), "{}", context(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["ok"].clone(), v["exit_status"].clone()),
+        (json!(false), json!(3))
+    );
+    assert_eq!(v["error"]["kind"], "checkpoint");
+    assert_eq!(v["kind"], "no-config");
+    assert_eq!(v["files"].as_array().unwrap().len(), 6);
+    assert_eq!(v["totals"]["tensors"], 5, "the filter applies: {v:#}");
+    assert!(v["note"].as_str().unwrap().contains("no config.json"));
+
+    for cmd in [
+        &["plan", s(d), "--tp", "2"][..],
+        &["shard", s(d), "--tp", "2", "-o", "x"],
+    ] {
+        assert_refused(&run(cmd), 3, &["no config.json"]);
+    }
+}
 
 case!(config_json_not_json, "config.json", "JSON", |d| {
     write_raw(&d.join("config.json"), b"{\"hidden_size\": 128,");

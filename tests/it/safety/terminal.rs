@@ -282,7 +282,7 @@ fn error_messages_escape_the_names_they_embed() {
     write_json(&cfg.join("config.json"), &c);
     run_clean(
         &["inspect", s(&cfg)],
-        0,
+        3,
         "inspect of an unknown architecture",
     );
     run_clean(

@@ -15,7 +15,9 @@ use crate::support::*;
 mod checkpoint;
 mod pre_sharded;
 mod quantization;
+mod source_typos;
 mod structure;
+mod support;
 mod weight_files;
 
 /// (name, dtype, shape, file) of one tensor.

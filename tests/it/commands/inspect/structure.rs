@@ -494,9 +494,21 @@ fn a_family_only_its_mapping_file_knows_gets_its_structure_from_the_file() {
     assert_eq!(st["moe"]["shared_experts"]["count"], 2);
     assert_eq!(st["mtp_layers"], 2);
 
-    // Without the file wload has no mapping for the architecture: the config's experts only.
-    let (human, st) = structure_with(&dir, overrides);
+    // Without the file wload has no mapping for the architecture: the config's experts only,
+    // under a title that says so, and exit 3 (support.rs has the rest of that refusal).
+    let out = run(&["inspect", s(&dir), "--hf-overrides", overrides]);
+    assert_eq!(out.status.code(), Some(3), "{}", context(&out));
+    let human = stdout(&out);
+    assert!(
+        human.contains("\nstructure (read from config.json only: "),
+        "{human}"
+    );
     assert!(human.contains("layers               unknown"), "{human}");
+    let v: Value = serde_json::from_slice(
+        &run(&["inspect", s(&dir), "--json", "--hf-overrides", overrides]).stdout,
+    )
+    .unwrap();
+    let st = v["structure"].clone();
     assert_eq!(st["moe"]["routed_experts"], 8);
     assert_eq!(st["moe"]["moe_layers"], Value::Null);
 

@@ -108,7 +108,8 @@ fn pre_sharded_rank_file_that_is_a_dangling_link() {
     }
 }
 
-/// vLLM's folder (no manifest to say its TP) at the wrong TP: only the shapes tell.
+/// vLLM's folder (no manifest to say its TP) at the wrong TP: its file names say the TP it was
+/// written for, and the refusal names both (vllm_folders.rs has the rest).
 #[test]
 fn vllm_folder_with_the_wrong_tp() {
     let dir = expected("qwen2", 4);
@@ -116,7 +117,11 @@ fn vllm_folder_with_the_wrong_tp() {
         &[s(&dir), "--tp", "2", "--device", "cpu", "--dry-run"],
         &[],
         3,
-        &["beyond --tp 2", "shape", "needs"],
+        &[
+            "--tp 2 disagrees with the file names",
+            "TP ranks 0–3",
+            "--tp 4",
+        ],
     );
 }
 

@@ -20,6 +20,7 @@ mod cuda;
 mod faults;
 pub(crate) mod golden;
 mod human;
+mod vllm_folders;
 
 use cuda::stub_driver;
 mod launchers;
