@@ -74,6 +74,13 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
     let filter = args.filter.as_deref();
     if let Some(other) = wload::inspect::other_source(&args.source.source, filter)? {
         let human: Human = &|w| wload::report::write_other_source(w, &other, g.verbose);
+        // An incomplete pre-sharded folder: reported whole, then refused as `load` would be.
+        if let wload::inspect::OtherSource::PreSharded(s) = &other
+            && !s.complete
+        {
+            let e = wload::plan::PlanError::Invalid(s.problems.clone());
+            return emit::refused(out, args.json, &other, human, e.into());
+        }
         return emit(out, json_if(args.json, None), &other, Some(human));
     }
     let sopts = headers_only(source_options(&args.source, g.quiet)?);

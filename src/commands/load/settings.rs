@@ -57,7 +57,12 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             return from_file_names(source, flags, &files);
         }
     }
-    let at = source.join(MANIFEST);
+    // The run records read: wload.json, or those of the `--ranks` runs copied together.
+    let at = match manifest.as_ref().map(|m| m.records.as_slice()) {
+        Some([one]) => source.join(one).display().to_string(),
+        Some(many) if !many.is_empty() => format!("{} ({})", source.display(), many.join(", ")),
+        _ => source.join(MANIFEST).display().to_string(),
+    };
     let mut taken: Vec<String> = Vec::new();
     let mut fill = |flag: &str, given: Option<u64>, recorded: Option<u64>| {
         given.or_else(|| {
@@ -83,12 +88,12 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             return Err(crate::plan::PlanError::Invalid(vec![crate::problem::Problem {
                 message: format!(
                     "{} records tp {} and pp {}, and no folder is written for a size of 0: the manifest is damaged",
-                    at.display(),
+                    at,
                     m.tp,
                     m.pp
                 ),
                 fix: Some("re-shard, or remove wload.json and pass --tp (and --pp)".into()),
-                file: Some(at.display().to_string()),
+                file: Some(at.clone()),
                 ..Default::default()
             }])
             .into());
@@ -119,7 +124,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         format!(
             "{} taken from {} (written by wload shard)",
             taken.join(" "),
-            at.display()
+            at
         )
     });
     Ok(LoadSettings {

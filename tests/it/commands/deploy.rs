@@ -302,7 +302,7 @@ fn serve_line_of_a_partial_run_says_to_complete_the_folder() {
         "{}",
         stdout(&o)
     );
-    let v = wload_json(&["inspect", s(&out), "--json"]);
+    let v = wload_json_exit(&["inspect", s(&out), "--json"], 3);
     assert_eq!(v["complete"], false);
     assert!(
         v["problems"][0]["message"]

@@ -186,9 +186,8 @@ fn runs_of_different_plans_are_refused_naming_the_files() {
     let merged = work.path().join("merged");
     copy_files(&a, &merged);
     copy_files(&b, &merged);
-    let v = wload_json_any(&["inspect", s(&merged), "--json"]);
-    let report = if v["ok"] == false { &v["error"] } else { &v };
-    let text = report.to_string();
+    let v = wload_json_exit(&["inspect", s(&merged), "--json"], 3);
+    let text = v.to_string();
     assert!(
         text.contains("wload-ranks-4-7.json records a run of another plan than wload-ranks-0-3.json: dtype F16, not BF16"),
         "{v:#}"
@@ -221,10 +220,4 @@ fn runs_of_different_plans_are_refused_naming_the_files() {
     copy_files(&c, &merged);
     let l = run(&["load", s(&merged), "--dry-run"]);
     assert_refused(&l, 3, &["wload-ranks-4-7.json", "wload version 0.0.9, not"]);
-}
-
-/// `wload ARGS… --json`'s document, whatever the exit status.
-fn wload_json_any(args: &[&str]) -> Value {
-    let o = run(args);
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", context(&o)))
 }

@@ -62,6 +62,26 @@ pub(crate) fn wload_json(args: &[&str]) -> Value {
     })
 }
 
+/// Runs `wload <args>`, expects exit status `code`, and parses stdout as JSON: with `--json`, a
+/// report that ends in a refusal (an incomplete folder) is still the one document, `"ok": false`.
+pub(crate) fn wload_json_exit(args: &[&str], code: i32) -> Value {
+    let out = run(args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "wload {args:?}: {}",
+        context(&out)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "wload {args:?}: stdout is not JSON ({e}): {}",
+            context(&out)
+        )
+    });
+    assert_eq!(v["ok"], code == 0, "{v:#}");
+    v
+}
+
 /// `wload shard SOURCE --tp TP -o OUT EXTRA…`, run to completion.
 pub(crate) fn shard(source: &Path, tp: u64, out: &Path, extra: &[&str]) -> Output {
     let tp = tp.to_string();

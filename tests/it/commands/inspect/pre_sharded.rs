@@ -91,8 +91,14 @@ fn an_incomplete_pre_sharded_folder_says_what_is_missing() {
         b"not safetensors",
     )
     .unwrap();
-    let v = wload_json(&["inspect", s(&out), "--json"]);
+    // Reported whole, then refused as `load` would refuse it (exit 3).
+    let v = wload_json_exit(&["inspect", s(&out), "--json"], 3);
     assert_eq!(v["complete"], false);
+    assert_eq!(
+        v["serve"],
+        Value::Null,
+        "no serve line for an incomplete folder"
+    );
     let problems: Vec<String> = v["problems"]
         .as_array()
         .unwrap()
@@ -116,8 +122,11 @@ fn an_incomplete_pre_sharded_folder_says_what_is_missing() {
         has("wload.json lists files that are gone: model-rank-2-part-0.safetensors"),
         "{problems:#?}"
     );
-    let human = stdout(&run(&["inspect", s(&out)]));
+    let o = run(&["inspect", s(&out)]);
+    assert_eq!(o.status.code(), Some(3), "{}", context(&o));
+    let human = stdout(&o);
     assert!(human.contains("complete no, "), "{human}");
+    assert!(!human.contains("\nserve "), "{human}");
     assert!(human.contains("unreadable"), "{human}");
 }
 
@@ -148,7 +157,7 @@ fn a_pre_sharded_folder_without_manifest_is_inferred_from_names() {
     assert_eq!(v["serve"], Value::Null);
 
     fs::remove_file(out.join("model-rank-0-part-1.safetensors")).unwrap();
-    let v = wload_json(&["inspect", s(&out), "--json"]);
+    let v = wload_json_exit(&["inspect", s(&out), "--json"], 3);
     assert_eq!(v["complete"], false);
     assert!(
         v["problems"][0]["message"]
@@ -163,9 +172,7 @@ fn a_pre_sharded_folder_without_manifest_is_inferred_from_names() {
         out.join("model-rank-18446744073709551615-part-0.safetensors"),
     )
     .unwrap();
-    let o = run(&["inspect", s(&out), "--json"]);
-    assert!(o.status.success(), "{}", context(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = wload_json_exit(&["inspect", s(&out), "--json"], 3);
     assert_eq!(v["complete"], false);
     // Both patterns, stages and TP ranks near u64::MAX.
     fs::copy(
@@ -174,7 +181,7 @@ fn a_pre_sharded_folder_without_manifest_is_inferred_from_names() {
     )
     .unwrap();
     let o = run(&["inspect", s(&out)]);
-    assert!(o.status.success(), "{}", context(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", context(&o));
     assert!(stdout(&o).contains("mixes"), "{}", stdout(&o));
 }
 
@@ -189,7 +196,7 @@ fn a_manifest_claiming_tp_zero_does_not_crash_inspect() {
     m["tp"] = json!(0);
     m["pp"] = json!(0);
     fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
-    let v = wload_json(&["inspect", s(&out), "--json"]);
+    let v = wload_json_exit(&["inspect", s(&out), "--json"], 3);
     assert_eq!(v["written_for"]["tp"], 1);
     assert_eq!(v["complete"], false, "{v:#}");
     assert!(
