@@ -436,12 +436,15 @@ impl RankCheck<'_> {
                     "{}: tensor '{}' has shape {:?}, but rank {r} of {arch} at tp {tp} needs {:?}",
                     f.name, t.name, t.shape, w.shape
                 ),
-                fix: Some(if t.name.contains("experts") {
-                    "the folder was probably sharded for another --tp or with(out) --enable-expert-parallel; load it the same way".into()
-                } else {
-                    "the folder was probably sharded for another --tp; load it with that TP size"
-                        .into()
-                }),
+                // The TP size may come from the file names themselves, so not only it is suspect.
+                fix: Some(format!(
+                    "the files were sharded for another model config (config.json, --hf-overrides){}: load them with the settings they were sharded with, or re-shard from the original checkpoint",
+                    if t.name.contains("experts") {
+                        ", TP size or with(out) --enable-expert-parallel"
+                    } else {
+                        " or TP size"
+                    }
+                )),
                 file: Some(f.name.clone()),
                 tensor: Some(t.name.to_string()),
                 parameter: Some(w.name.clone()),
