@@ -34,12 +34,30 @@ wload resolves a checkpoint (safetensors files in a folder or a Hugging Face Hub
 names onto vLLM's parameters, and computes what every tensor-parallel rank must hold."
 )]
 pub struct Cli {
-    /// Print more detail (resolution reasons, per-file header sizes)
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    /// Print more detail: how things were found and read, not only what
+    #[arg(
+        short,
+        long,
+        global = true,
+        action = clap::ArgAction::Count,
+        long_help = "Print more detail: how things were found and read, not only what.\n\n\
+inspect: why each file was or was not chosen, per-file header sizes. plan: the skipped tensors \
+one by one, the file of every source tensor. load: where the bytes came from (page-cache share, \
+--io mode and why, storage and host-to-device rates, staging memory)."
+    )]
     pub verbose: u8,
 
-    /// Print nothing but results and errors
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    /// Print only results and errors: no progress bars, notes or warnings
+    #[arg(
+        short,
+        long,
+        global = true,
+        conflicts_with = "verbose",
+        long_help = "Print only results and errors: no progress bars, notes or warnings.\n\n\
+plan: the verdict and totals line (problems still go to stderr). load: the one result line \
+(what was loaded, how fast; with --checksums, the checksums too). shard: nothing on success. \
+Errors always go to stderr, and the exit status says the outcome; --json is unaffected."
+    )]
     pub quiet: bool,
 
     #[command(subcommand)]
@@ -122,8 +140,13 @@ when vLLM would load it, 3 with every problem listed otherwise.",
         /// The shell to generate for
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) to stdout: wload(1), or with a subcommand's name its own page
-    #[command(hide = true)]
+    /// Show the manual: wload(1), or with a subcommand's name its own page
+    #[command(
+        long_about = "Show the manual: wload(1), or with a subcommand's name its own page (wload-plan(1) for plan).\n\n\
+On a terminal the page is shown formatted, through `man -l -`, else as plain text through \
+$MANPAGER, $PAGER or `less -R`. When stdout is not a terminal the page is printed as roff, to \
+install it: wload man > wload.1; wload man plan > wload-plan.1"
+    )]
     Man {
         /// The subcommand whose page to print (wload-inspect(1) for inspect)
         command: Option<String>,
@@ -227,6 +250,7 @@ pub struct ParallelArgs {
         long,
         short = 't',
         value_name = "N",
+        value_parser = Count::<u64>::at_least(1),
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: u64,
@@ -236,7 +260,7 @@ pub struct ParallelArgs {
         long,
         value_name = "N",
         default_value_t = 1,
-        value_parser = clap::value_parser!(u64).range(1..),
+        value_parser = Count::<u64>::at_least(1),
         visible_alias = "pipeline-parallel-size"
     )]
     pub pp: u64,
@@ -409,11 +433,11 @@ pub struct SizesArgs {
     pub source: SourceArgs,
 
     /// The largest tensor-parallel size to check
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = Count::<u64>::new(1, 4096))]
     pub max_tp: u64,
 
     /// The largest pipeline-parallel size to check (never more than the layers)
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = Count::<u64>::new(1, 1024))]
     pub max_pp: u64,
 
     #[command(flatten)]
@@ -503,7 +527,7 @@ pub struct LoadArgs {
     pub io: IoArgs,
 
     /// Load N times and report min/median/max (with --cold, each load starts cold)
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "dry_run")]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = Count::<u32>::new(1, 1000), conflicts_with = "dry_run")]
     pub repeat: u32,
 
     /// Print one JSON document instead of tables (schema: docs/load-json.md)
@@ -519,6 +543,7 @@ pub struct LoadParallelArgs {
         long,
         short = 't',
         value_name = "N",
+        value_parser = Count::<u64>::at_least(1),
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: Option<u64>,
@@ -527,7 +552,7 @@ pub struct LoadParallelArgs {
     #[arg(
         long,
         value_name = "N",
-        value_parser = clap::value_parser!(u64).range(1..),
+        value_parser = Count::<u64>::at_least(1),
         visible_alias = "pipeline-parallel-size"
     )]
     pub pp: Option<u64>,
@@ -561,14 +586,87 @@ pub struct LoadParallelArgs {
 /// How source files are read; shared by `load` and `shard`, so that both measure the same way.
 #[derive(Debug, Args)]
 pub struct IoArgs {
-    /// How to read the source: auto (direct when it is mostly out of the page cache, else
-    /// buffered), buffered, direct (O_DIRECT), or mmap
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = IoMode::Auto)]
+    /// How to read the source: auto, buffered, direct (O_DIRECT), or mmap
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        default_value_t = IoMode::Auto,
+        long_help = "How to read the source: auto, buffered (pread through the page cache), direct \
+(O_DIRECT), or mmap.\n\n\
+auto: for load, direct when under half of the source is in the page cache, else buffered (and \
+buffered where the filesystem has no O_DIRECT); for shard, always buffered, since its \
+file-to-file copies beat direct reads even cold. The report says which mode was used and why."
+    )]
     pub io: IoMode,
 
     /// Drop the source files from the page cache first (posix_fadvise), checked with mincore
     #[arg(long)]
     pub cold: bool,
+}
+
+/// A count flag (`--tp`, `--pp`, `--max-tp`, `--repeat`) whose range error says what the flag
+/// needs (`--pp must be at least 1, not 0`), not clap's `0 is not in 1..18446744073709551615`.
+#[derive(Debug, Clone, Copy)]
+pub struct Count<T> {
+    min: u64,
+    max: u64,
+    kind: std::marker::PhantomData<T>,
+}
+
+impl<T> Count<T> {
+    /// `min` and up (to the type's largest value).
+    pub const fn at_least(min: u64) -> Self {
+        Count::new(min, u64::MAX)
+    }
+
+    pub const fn new(min: u64, max: u64) -> Self {
+        Count {
+            min,
+            max,
+            kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T> clap::builder::TypedValueParser for Count<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+{
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        let flag = arg
+            .and_then(|a| a.get_long())
+            .map_or("the value".into(), |l| format!("--{l}"));
+        let text = value.to_string_lossy();
+        let refuse = |why: String| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n"))
+                .with_cmd(cmd)
+        };
+        let n: u64 = text.trim().parse().map_err(|_| {
+            refuse(format!(
+                "{flag} takes a whole number, such as 2, not '{}'",
+                crate::escape::escape(&text)
+            ))
+        })?;
+        match (n < self.min, n > self.max) {
+            (true, _) if self.max == u64::MAX => Err(refuse(format!(
+                "{flag} must be at least {}, not {n}",
+                self.min
+            ))),
+            (true, _) | (_, true) => Err(refuse(format!(
+                "{flag} must be between {} and {}, not {n}",
+                self.min, self.max
+            ))),
+            _ => T::try_from(n).map_err(|_| refuse(format!("{flag} is too large: {n}"))),
+        }
+    }
 }
 
 #[cfg(test)]

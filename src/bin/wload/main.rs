@@ -10,6 +10,7 @@ mod alloc;
 mod bars;
 mod emit;
 mod interrupt;
+mod man;
 mod options;
 
 use wload::cli::{Cli, Command, InspectArgs, LoadArgs, PlanArgs, ShardArgs, SizesArgs};
@@ -64,7 +65,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Load(args) => load(&args, g, &mut out)?,
         Command::Sizes(args) => sizes(&args, g, &mut out)?,
         Command::Completions { shell } => emit::completions(shell, &mut out)?,
-        Command::Man { command } => emit::man_page(command.as_deref(), &mut out)?,
+        Command::Man { command } => man::man(command.as_deref(), &mut out)?,
     }
     out.flush().map_err(Error::Output)
 }
