@@ -94,7 +94,7 @@ fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     let opened = wload::open(&source_options(&args.source, g.quiet)?)?;
     let opts = options::plan_options(&args.parallel);
     let report = wload::plan_report(&opened, &opts, args.rank)?;
-    let human: Human = &|w| wload::report::write_plan(w, &report, g.verbose);
+    let human: Human = &|w| wload::report::write_plan(w, &report, g.verbose, g.quiet);
     emit(out, json_if(args.json, None), &report, Some(human))
 }
 
