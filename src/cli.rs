@@ -14,6 +14,12 @@ use crate::quant::mxfp4::MoeBackend;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
 
+mod count;
+mod pp_partition;
+
+pub use count::Count;
+pub use pp_partition::PpPartitionArg;
+
 const EXIT_CODES: &str = "\
 Exit status:
   0  success
@@ -331,59 +337,6 @@ fn parse_moe_backend(s: &str) -> Result<MoeBackend, String> {
 const MAPPING_HELP: &str =
     "Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)";
 
-/// `VLLM_PP_LAYER_PARTITION`, which vLLM reads from its environment (vllm/envs.py) and so does
-/// wload: clap reads it with the rest of the command line, as the hidden argument
-/// [`PpPartitionArg::arg`] of the subcommands in [`PpPartitionArg::SUBCOMMANDS`].
-///
-/// The argument is added by [`Cli::parse_args`] only, not by `Cli::command()`: clap_complete
-/// lists hidden flags too, and the completions and man pages describe the command line people
-/// type. Empty counts as set, as in vLLM's `os.getenv`; a value that is not UTF-8 as unset.
-#[derive(Debug, Clone, Default)]
-pub struct PpPartitionArg(Option<OsString>);
-
-impl PpPartitionArg {
-    const ID: &str = "vllm_pp_layer_partition";
-
-    /// The subcommands that plan, so the ones that read the variable.
-    pub const SUBCOMMANDS: [&str; 4] = ["plan", "shard", "sizes", "load"];
-
-    /// The partition as the planner takes it: `None` when unset or not UTF-8.
-    pub fn get(&self) -> Option<String> {
-        self.0.clone()?.into_string().ok()
-    }
-
-    /// The hidden argument, set from the environment (or as `--vllm-pp-layer-partition`).
-    pub fn arg() -> clap::Arg {
-        clap::Arg::new(Self::ID)
-            .long("vllm-pp-layer-partition")
-            .env("VLLM_PP_LAYER_PARTITION")
-            .hide(true)
-            .value_parser(clap::value_parser!(OsString))
-    }
-}
-
-/// Nothing to add to `Cli::command()` (see [`PpPartitionArg`]); the value is read from the
-/// matches when [`Cli::parse_args`] added the argument.
-impl Args for PpPartitionArg {
-    fn augment_args(cmd: clap::Command) -> clap::Command {
-        cmd
-    }
-    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        cmd
-    }
-}
-
-impl clap::FromArgMatches for PpPartitionArg {
-    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        let value = m.try_get_one::<OsString>(Self::ID).ok().flatten();
-        Ok(PpPartitionArg(value.cloned()))
-    }
-    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
-        *self = Self::from_arg_matches(m)?;
-        Ok(())
-    }
-}
-
 impl Cli {
     /// The command that parses: `Cli::command()` plus the arguments read from the environment
     /// ([`PpPartitionArg`]).
@@ -603,70 +556,6 @@ file-to-file copies beat direct reads even cold. The report says which mode was 
     /// Drop the source files from the page cache first (posix_fadvise), checked with mincore
     #[arg(long)]
     pub cold: bool,
-}
-
-/// A count flag (`--tp`, `--pp`, `--max-tp`, `--repeat`) whose range error says what the flag
-/// needs (`--pp must be at least 1, not 0`), not clap's `0 is not in 1..18446744073709551615`.
-#[derive(Debug, Clone, Copy)]
-pub struct Count<T> {
-    min: u64,
-    max: u64,
-    kind: std::marker::PhantomData<T>,
-}
-
-impl<T> Count<T> {
-    /// `min` and up (to the type's largest value).
-    pub const fn at_least(min: u64) -> Self {
-        Count::new(min, u64::MAX)
-    }
-
-    pub const fn new(min: u64, max: u64) -> Self {
-        Count {
-            min,
-            max,
-            kind: std::marker::PhantomData,
-        }
-    }
-}
-
-impl<T> clap::builder::TypedValueParser for Count<T>
-where
-    T: TryFrom<u64> + Clone + Send + Sync + 'static,
-{
-    type Value = T;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<T, clap::Error> {
-        let flag = arg
-            .and_then(|a| a.get_long())
-            .map_or("the value".into(), |l| format!("--{l}"));
-        let text = value.to_string_lossy();
-        let refuse = |why: String| {
-            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n"))
-                .with_cmd(cmd)
-        };
-        let n: u64 = text.trim().parse().map_err(|_| {
-            refuse(format!(
-                "{flag} takes a whole number, such as 2, not '{}'",
-                crate::escape::escape(&text)
-            ))
-        })?;
-        match (n < self.min, n > self.max) {
-            (true, _) if self.max == u64::MAX => Err(refuse(format!(
-                "{flag} must be at least {}, not {n}",
-                self.min
-            ))),
-            (true, _) | (_, true) => Err(refuse(format!(
-                "{flag} must be between {} and {}, not {n}",
-                self.min, self.max
-            ))),
-            _ => T::try_from(n).map_err(|_| refuse(format!("{flag} is too large: {n}"))),
-        }
-    }
 }
 
 #[cfg(test)]

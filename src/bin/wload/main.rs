@@ -147,6 +147,6 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         say(format_args!("note: {}", Esc(note)));
     }
     let json = json_if(args.json, Some(wload::report::json::LOAD_SCHEMA_VERSION));
-    let human: Human = &|w| wload::report::write_load(w, &report, g.quiet);
+    let human: Human = &|w| wload::report::write_load(w, &report, g.verbose, g.quiet);
     emit(out, json, &report, Some(human))
 }
