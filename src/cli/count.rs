@@ -47,7 +47,7 @@ where
         let n: u64 = text.trim().parse().map_err(|_| {
             refuse(format!(
                 "{flag} takes a whole number, such as 2, not '{}'",
-                crate::escape::escape(&text)
+                text
             ))
         })?;
         match (n < self.min, n > self.max) {

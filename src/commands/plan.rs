@@ -25,6 +25,21 @@ pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Erro
     }
 }
 
+/// [`refuse_dense_expert_parallel`] with the mapping `opts` selects, for a pre-sharded folder
+/// (whose planning reports a mapping that cannot be selected itself).
+pub fn refuse_expert_parallel_without_experts(
+    opened: &Opened,
+    opts: &PlanOptions,
+) -> Result<(), Error> {
+    if !opts.expert_parallel {
+        return Ok(());
+    }
+    match mapping::select(opts.mapping.as_deref(), opened.config.architecture()) {
+        Ok(m) => refuse_dense_expert_parallel(opened, &m, opts),
+        Err(_) => Ok(()),
+    }
+}
+
 /// `--enable-expert-parallel` for a model without experts is a usage error: vLLM ignores the
 /// flag there, and a folder recording it would pass it on to the serve line for nothing.
 pub fn refuse_dense_expert_parallel(

@@ -370,6 +370,12 @@ fn expert_parallel_on_a_dense_model_is_a_usage_error() {
         );
     }
     assert!(!work.path().join("out").exists());
+    // A pre-sharded folder of the dense model, without the wload.json that would refuse it too.
+    let sharded = work.path().join("tp2");
+    shard_ok(&fx, 2, &sharded, &[]);
+    std::fs::remove_file(sharded.join("wload.json")).unwrap();
+    let args = ["load", s(&sharded), "--tp", "2", "--dry-run", ep];
+    assert_refused(&run(&args), 2, &["has no experts"]);
     // A MoE takes it.
     let moe = fixtures_dir().join("mixtral");
     let out = run(&["plan", s(&moe), "--tp", "2", ep, "-q"]);
