@@ -14,6 +14,12 @@ use crate::quant::mxfp4::MoeBackend;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
 
+mod count;
+mod pp_partition;
+
+pub use count::Count;
+pub use pp_partition::PpPartitionArg;
+
 const EXIT_CODES: &str = "\
 Exit status:
   0  success
@@ -34,12 +40,30 @@ wload resolves a checkpoint (safetensors files in a folder or a Hugging Face Hub
 names onto vLLM's parameters, and computes what every tensor-parallel rank must hold."
 )]
 pub struct Cli {
-    /// Print more detail (resolution reasons, per-file header sizes)
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    /// Print more detail: how things were found and read, not only what
+    #[arg(
+        short,
+        long,
+        global = true,
+        action = clap::ArgAction::Count,
+        long_help = "Print more detail: how things were found and read, not only what.\n\n\
+inspect: why each file was or was not chosen, per-file header sizes. plan: the skipped tensors \
+one by one, the file of every source tensor. load: where the bytes came from (page-cache share, \
+--io mode and why, storage and host-to-device rates, staging memory)."
+    )]
     pub verbose: u8,
 
-    /// Print nothing but results and errors
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    /// Print only results and errors: no progress bars, notes or warnings
+    #[arg(
+        short,
+        long,
+        global = true,
+        conflicts_with = "verbose",
+        long_help = "Print only results and errors: no progress bars, notes or warnings.\n\n\
+plan: the verdict and totals line (problems still go to stderr). load: the one result line \
+(what was loaded, how fast; with --checksums, the checksums too). shard: nothing on success. \
+Errors always go to stderr, and the exit status says the outcome; --json is unaffected."
+    )]
     pub quiet: bool,
 
     #[command(subcommand)]
@@ -122,8 +146,13 @@ when vLLM would load it, 3 with every problem listed otherwise.",
         /// The shell to generate for
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) to stdout: wload(1), or with a subcommand's name its own page
-    #[command(hide = true)]
+    /// Show the manual: wload(1), or with a subcommand's name its own page
+    #[command(
+        long_about = "Show the manual: wload(1), or with a subcommand's name its own page (wload-plan(1) for plan).\n\n\
+On a terminal the page is shown formatted, through `man -l -`, else as plain text through \
+$MANPAGER, $PAGER or `less -R`. When stdout is not a terminal the page is printed as roff, to \
+install it: wload man > wload.1; wload man plan > wload-plan.1"
+    )]
     Man {
         /// The subcommand whose page to print (wload-inspect(1) for inspect)
         command: Option<String>,
@@ -227,6 +256,7 @@ pub struct ParallelArgs {
         long,
         short = 't',
         value_name = "N",
+        value_parser = Count::<u64>::at_least(1),
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: u64,
@@ -236,7 +266,7 @@ pub struct ParallelArgs {
         long,
         value_name = "N",
         default_value_t = 1,
-        value_parser = clap::value_parser!(u64).range(1..),
+        value_parser = Count::<u64>::at_least(1),
         visible_alias = "pipeline-parallel-size"
     )]
     pub pp: u64,
@@ -307,59 +337,6 @@ fn parse_moe_backend(s: &str) -> Result<MoeBackend, String> {
 const MAPPING_HELP: &str =
     "Mapping file to use instead of the built-in one for the architecture (docs/mapping-format.md)";
 
-/// `VLLM_PP_LAYER_PARTITION`, which vLLM reads from its environment (vllm/envs.py) and so does
-/// wload: clap reads it with the rest of the command line, as the hidden argument
-/// [`PpPartitionArg::arg`] of the subcommands in [`PpPartitionArg::SUBCOMMANDS`].
-///
-/// The argument is added by [`Cli::parse_args`] only, not by `Cli::command()`: clap_complete
-/// lists hidden flags too, and the completions and man pages describe the command line people
-/// type. Empty counts as set, as in vLLM's `os.getenv`; a value that is not UTF-8 as unset.
-#[derive(Debug, Clone, Default)]
-pub struct PpPartitionArg(Option<OsString>);
-
-impl PpPartitionArg {
-    const ID: &str = "vllm_pp_layer_partition";
-
-    /// The subcommands that plan, so the ones that read the variable.
-    pub const SUBCOMMANDS: [&str; 4] = ["plan", "shard", "sizes", "load"];
-
-    /// The partition as the planner takes it: `None` when unset or not UTF-8.
-    pub fn get(&self) -> Option<String> {
-        self.0.clone()?.into_string().ok()
-    }
-
-    /// The hidden argument, set from the environment (or as `--vllm-pp-layer-partition`).
-    pub fn arg() -> clap::Arg {
-        clap::Arg::new(Self::ID)
-            .long("vllm-pp-layer-partition")
-            .env("VLLM_PP_LAYER_PARTITION")
-            .hide(true)
-            .value_parser(clap::value_parser!(OsString))
-    }
-}
-
-/// Nothing to add to `Cli::command()` (see [`PpPartitionArg`]); the value is read from the
-/// matches when [`Cli::parse_args`] added the argument.
-impl Args for PpPartitionArg {
-    fn augment_args(cmd: clap::Command) -> clap::Command {
-        cmd
-    }
-    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        cmd
-    }
-}
-
-impl clap::FromArgMatches for PpPartitionArg {
-    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        let value = m.try_get_one::<OsString>(Self::ID).ok().flatten();
-        Ok(PpPartitionArg(value.cloned()))
-    }
-    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
-        *self = Self::from_arg_matches(m)?;
-        Ok(())
-    }
-}
-
 impl Cli {
     /// The command that parses: `Cli::command()` plus the arguments read from the environment
     /// ([`PpPartitionArg`]).
@@ -409,11 +386,11 @@ pub struct SizesArgs {
     pub source: SourceArgs,
 
     /// The largest tensor-parallel size to check
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = Count::<u64>::new(1, 4096))]
     pub max_tp: u64,
 
     /// The largest pipeline-parallel size to check (never more than the layers)
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = Count::<u64>::new(1, 1024))]
     pub max_pp: u64,
 
     #[command(flatten)]
@@ -503,7 +480,7 @@ pub struct LoadArgs {
     pub io: IoArgs,
 
     /// Load N times and report min/median/max (with --cold, each load starts cold)
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "dry_run")]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = Count::<u32>::new(1, 1000), conflicts_with = "dry_run")]
     pub repeat: u32,
 
     /// Print one JSON document instead of tables (schema: docs/load-json.md)
@@ -519,6 +496,7 @@ pub struct LoadParallelArgs {
         long,
         short = 't',
         value_name = "N",
+        value_parser = Count::<u64>::at_least(1),
         visible_alias = "tensor-parallel-size"
     )]
     pub tp: Option<u64>,
@@ -527,7 +505,7 @@ pub struct LoadParallelArgs {
     #[arg(
         long,
         value_name = "N",
-        value_parser = clap::value_parser!(u64).range(1..),
+        value_parser = Count::<u64>::at_least(1),
         visible_alias = "pipeline-parallel-size"
     )]
     pub pp: Option<u64>,
@@ -561,9 +539,18 @@ pub struct LoadParallelArgs {
 /// How source files are read; shared by `load` and `shard`, so that both measure the same way.
 #[derive(Debug, Args)]
 pub struct IoArgs {
-    /// How to read the source: auto (direct when it is mostly out of the page cache, else
-    /// buffered), buffered, direct (O_DIRECT), or mmap
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = IoMode::Auto)]
+    /// How to read the source: auto, buffered, direct (O_DIRECT), or mmap
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        default_value_t = IoMode::Auto,
+        long_help = "How to read the source: auto, buffered (pread through the page cache), direct \
+(O_DIRECT), or mmap.\n\n\
+auto: for load, direct when under half of the source is in the page cache, else buffered (and \
+buffered where the filesystem has no O_DIRECT); for shard, always buffered, since its \
+file-to-file copies beat direct reads even cold. The report says which mode was used and why."
+    )]
     pub io: IoMode,
 
     /// Drop the source files from the page cache first (posix_fadvise), checked with mincore

@@ -101,6 +101,8 @@ pub fn prepare(
         ));
     }
     let plan = pre_sharded::plan(opened, popts, files, given_ranks, warnings)?;
+    // After the folder's own checks, which name the manifest when it records no experts.
+    crate::commands::plan::refuse_expert_parallel_without_experts(opened, popts)?;
     Ok((plan, InputKind::PreSharded))
 }
 

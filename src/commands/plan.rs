@@ -8,13 +8,116 @@ use crate::open::{Opened, Timings};
 use crate::plan::PlanOptions;
 use crate::{map, mapping, plan};
 
-/// Picks the mapping, maps the checkpoint's names and plans every rank.
+/// Picks the mapping, maps the checkpoint's names and plans every rank. A refusal whose fix is
+/// another `--tp` names the TP sizes that work ([`with_working_tp`]).
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
-    let mapping = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
-    let mapping = rules_for(&mapping, &opened.config, opts.parallel());
+    let base = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
+    refuse_dense_expert_parallel(opened, &base, opts)?;
+    let mapping = rules_for(&base, &opened.config, opts.parallel());
     let mapped = map::map(&mapping, &opened.checkpoint)?;
-    let p = plan::plan_mapped(&mapping, &opened.config, &mapped, opts)?;
-    Ok(p)
+    match plan::plan_mapped(&mapping, &opened.config, &mapped, opts) {
+        Ok(p) => Ok(p),
+        Err(plan::PlanError::Invalid(problems)) => {
+            let problems = with_working_tp(problems, &base, opened, opts);
+            Err(plan::PlanError::Invalid(problems).into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// [`refuse_dense_expert_parallel`] with the mapping `opts` selects, for a pre-sharded folder
+/// (whose planning reports a mapping that cannot be selected itself).
+pub fn refuse_expert_parallel_without_experts(
+    opened: &Opened,
+    opts: &PlanOptions,
+) -> Result<(), Error> {
+    if !opts.expert_parallel {
+        return Ok(());
+    }
+    match mapping::select(opts.mapping.as_deref(), opened.config.architecture()) {
+        Ok(m) => refuse_dense_expert_parallel(opened, &m, opts),
+        Err(_) => Ok(()),
+    }
+}
+
+/// `--enable-expert-parallel` for a model without experts is a usage error: vLLM ignores the
+/// flag there, and a folder recording it would pass it on to the serve line for nothing.
+pub fn refuse_dense_expert_parallel(
+    opened: &Opened,
+    mapping: &mapping::Mapping,
+    opts: &PlanOptions,
+) -> Result<(), Error> {
+    if !opts.expert_parallel {
+        return Ok(());
+    }
+    let shape = structure::structure(&opened.config, Some(mapping), opts.mapping.as_deref());
+    if shape.moe.is_some() {
+        return Ok(());
+    }
+    let arch = opened.config.architecture().unwrap_or(&mapping.family);
+    Err(Error::Usage(format!(
+        "--enable-expert-parallel: {arch} (mapping {}) has no experts, so there is nothing to \
+         spread over the ranks; leave the flag out (it is for MoE models)",
+        mapping.family
+    )))
+}
+
+/// The largest TP size a refusal's fix looks at.
+const WORKING_TP_MAX: u64 = 64;
+
+/// `problems` with every fix that says to choose another `--tp` completed with the TP sizes that
+/// work (with the other flags as given), found as `wload sizes` finds them: by the planner's
+/// checks at each candidate size. Left as they are when a check fails for another reason.
+fn with_working_tp(
+    mut problems: Vec<crate::problem::Problem>,
+    base: &mapping::Mapping,
+    opened: &Opened,
+    opts: &PlanOptions,
+) -> Vec<crate::problem::Problem> {
+    let about_tp =
+        |fix: &str| fix.starts_with("choose a --tp") || fix.starts_with("choose another --tp");
+    if !problems
+        .iter()
+        .any(|p| p.fix.as_deref().is_some_and(about_tp))
+    {
+        return problems;
+    }
+    let heads = opened.config.num_attention_heads;
+    let max = WORKING_TP_MAX.max(opts.tp);
+    let layouts = (tp_candidates(heads, max).into_iter())
+        .filter(|&tp| tp != opts.tp)
+        .map(|tp| PlanOptions { tp, ..opts.clone() })
+        .collect();
+    let mut maps = Mappings {
+        base,
+        opened,
+        entries: Vec::new(),
+    };
+    let Ok(verdicts) = maps.check_all(layouts) else {
+        return problems;
+    };
+    let working: Vec<u64> = verdicts
+        .iter()
+        .filter(|v| v.accepted)
+        .map(|v| v.tp)
+        .collect();
+    let pp = if opts.pp > 1 {
+        format!(" at --pp {}", opts.pp)
+    } else {
+        String::new()
+    };
+    let sizes = if working.is_empty() {
+        format!("no TP size up to {max} works{pp}; `wload sizes` says why")
+    } else {
+        let list: Vec<String> = working.iter().map(u64::to_string).collect();
+        format!("TP sizes that work{pp}: {}", list.join(", "))
+    };
+    for p in &mut problems {
+        if let Some(fix) = p.fix.as_mut().filter(|f| about_tp(f)) {
+            *fix = format!("{fix}; {sizes}");
+        }
+    }
+    problems
 }
 
 /// The plan as `wload plan` prints it, optionally for one rank.
@@ -50,6 +153,7 @@ pub fn plan_report(
         plan_s: t.elapsed().as_secs_f64(),
         ..opened.timings
     };
+    let totals = plan::PlanTotals::of(&p.ranks);
     if let Some(r) = rank {
         p.ranks.retain(|x| x.rank == r);
     }
@@ -60,6 +164,8 @@ pub fn plan_report(
         timings,
         hub_fetched: opened.hub_fetched(),
         plan: p,
+        verdict: "accepted",
+        totals,
     })
 }
 
@@ -102,10 +208,23 @@ pub struct SizesReport {
     pub accepted_tp_expert_parallel: Option<Vec<u64>>,
     /// Per PP size checked, the TP sizes accepted with it.
     pub accepted_pp: Vec<PpSizes>,
+    /// The candidate layouts not checked, each with the reason, so that every size missing from
+    /// the lists above has one (the table's rows give the reasons of the sizes refused).
+    pub not_checked: Vec<NotChecked>,
     pub timings: Timings,
     /// For a hub repo id: what this run fetched from the hub (docs/json.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hub_fetched: Option<crate::resolve::hub::Fetched>,
+}
+
+/// A layout `wload sizes` did not ask the planner about, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NotChecked {
+    /// `None`: every TP size.
+    pub tp: Option<u64>,
+    pub pp: u64,
+    pub expert_parallel: bool,
+    pub reason: String,
 }
 
 /// One layout and vLLM's verdict: accepted, or the first problem that refuses it.
@@ -171,14 +290,29 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
     let shape = structure::structure(config, Some(&mapping), opts.mapping.as_deref());
     let experts = shape.moe.as_ref().and_then(|m| m.routed_experts);
     let moe = shape.moe.is_some();
+    let mut not_checked = Vec::new();
     if moe {
         // At TP 1 expert parallelism changes nothing, and a size that splits attention heads is
         // refused whatever happens to the experts (the rows above say so).
         let heads = config.num_attention_heads;
-        let ep = tps.iter().filter(|&&tp| tp > 1 && heads.is_multiple_of(tp));
-        checked.extend(maps.check_all(ep.map(|&tp| layout(tp, 1, true)).collect())?);
+        let (ep, skip): (Vec<u64>, Vec<u64>) =
+            (tps.iter()).partition(|&&tp| tp > 1 && heads.is_multiple_of(tp));
+        not_checked.extend(skip.into_iter().map(|tp| NotChecked {
+            tp: Some(tp),
+            pp: 1,
+            expert_parallel: true,
+            reason: ep_not_checked(tp, heads),
+        }));
+        checked.extend(maps.check_all(ep.iter().map(|&tp| layout(tp, 1, true)).collect())?);
     }
     let (pps, pp_tps) = pp_layouts(opts, config.num_hidden_layers, &tps, &accepted_tp);
+    not_checked.extend(pp_not_checked(
+        opts,
+        config.num_hidden_layers,
+        &pps,
+        &pp_tps,
+        &tps,
+    ));
     let pp_layouts = pps
         .iter()
         .flat_map(|&pp| pp_tps.iter().map(move |&tp| (tp, pp)));
@@ -206,6 +340,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         accepted_tp,
         accepted_pp,
         checked,
+        not_checked,
         timings: Timings {
             plan_s: t.elapsed().as_secs_f64(),
             ..opened.timings
@@ -235,6 +370,56 @@ fn pp_layouts(
             ((2..=max_pp).collect(), accepted_tp.to_vec())
         }
     }
+}
+
+/// Why `tp` is not checked with `--enable-expert-parallel`.
+fn ep_not_checked(tp: u64, heads: u64) -> String {
+    if tp == 1 {
+        // vllm/model_executor/layers/fused_moe/config.py, FusedMoEParallelConfig.make: `use_ep =
+        // dp_size * pcp_size * tp_size > 1 and enable_expert_parallel`.
+        "vLLM uses expert parallelism only when TP × DP > 1: at TP 1 the flag changes nothing"
+            .into()
+    } else {
+        format!(
+            "the size does not divide the {heads} attention heads, which expert parallelism does not change"
+        )
+    }
+}
+
+/// The PP layouts not checked: at the TP sizes refused alone, and above the layer count.
+fn pp_not_checked(
+    opts: &SizesOptions,
+    layers: u64,
+    pps: &[u64],
+    pp_tps: &[u64],
+    tps: &[u64],
+) -> Vec<NotChecked> {
+    if opts.pp_partition.is_some() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for &pp in pps {
+        let refused = tps.iter().filter(|tp| !pp_tps.contains(tp));
+        out.extend(refused.map(|&tp| NotChecked {
+            tp: Some(tp),
+            pp,
+            expert_parallel: false,
+            reason:
+                "refused without --pp, and each stage splits its tensors as TP alone does".into(),
+        }));
+    }
+    if opts.max_pp > layers {
+        out.push(NotChecked {
+            tp: None,
+            pp: layers + 1,
+            expert_parallel: false,
+            reason: format!(
+                "--pp {} and above: the model has {layers} layers, and vLLM gives each stage at least one",
+                layers + 1
+            ),
+        });
+    }
+    out
 }
 
 /// The checkpoint's names mapped once per distinct set of rules: a mapping's rules depend on the

@@ -39,8 +39,8 @@ use crate::ranks::World;
 use pieces::Pieces;
 pub use stages::{Stage, split_layers};
 pub use types::{
-    OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, RankPlan, Region, Retie,
-    SCHEMA_VERSION, Skipped, SourceTensor,
+    OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Region,
+    Retie, SCHEMA_VERSION, Skipped, SourceTensor,
 };
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint

@@ -22,6 +22,41 @@ pub struct PlanReport {
     pub hub_fetched: Option<crate::resolve::hub::Fetched>,
     #[serde(flatten)]
     pub plan: Plan,
+    /// Always `"accepted"`: a refused plan is the error document (docs/json.md).
+    pub verdict: &'static str,
+    /// Over every rank of the plan, also with `--rank` (whose `ranks` holds one).
+    pub totals: PlanTotals,
+}
+
+/// A plan's size: its ranks, tensors and bytes.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanTotals {
+    /// `tp × pp`.
+    pub ranks: u64,
+    /// Tensors of all ranks together, and the fewest and most of one rank.
+    pub tensors: u64,
+    pub tensors_per_rank_min: u64,
+    pub tensors_per_rank_max: u64,
+    /// Data bytes of all ranks together, and the fewest and most of one rank.
+    pub bytes: u64,
+    pub bytes_per_rank_min: u64,
+    pub bytes_per_rank_max: u64,
+}
+
+impl PlanTotals {
+    pub fn of(ranks: &[RankPlan]) -> PlanTotals {
+        let tensors = || ranks.iter().map(|r| r.tensors.len() as u64);
+        let bytes = || ranks.iter().map(|r| r.bytes);
+        PlanTotals {
+            ranks: ranks.len() as u64,
+            tensors: tensors().sum(),
+            tensors_per_rank_min: tensors().min().unwrap_or(0),
+            tensors_per_rank_max: tensors().max().unwrap_or(0),
+            bytes: bytes().sum(),
+            bytes_per_rank_min: bytes().min().unwrap_or(0),
+            bytes_per_rank_max: bytes().max().unwrap_or(0),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -1,20 +1,35 @@
-//! `wload load`: per rank, bytes and copy time; the stage timings.
+//! `wload load`: the result first (what was loaded, how fast), then per rank bytes and rates and
+//! the stage timings; `-v` adds where the bytes came from, `-q` leaves the result line alone.
 
 use std::io::{self, Write};
 
 use super::*;
 
-/// The `load` report: per-rank bytes and copy rates, then where the time went.
+/// The `load` report: the result line, then (unless `quiet`) per-rank bytes and copy rates and
+/// where the time went, with `verbose` where the bytes came from. `--checksums` are results:
+/// printed with `quiet` too.
 pub fn write_load(
     w: &mut dyn Write,
     r: &crate::commands::load::LoadReport,
+    verbose: bool,
     quiet: bool,
 ) -> io::Result<()> {
     if r.dry_run {
-        write_dry_run(w, r)?;
+        write_dry_run(w, r, quiet)?;
     } else {
-        write_ranks(w, r)?;
-        write_transfer(w, r)?;
+        write_result(w, r)?;
+        if !quiet {
+            if r.checked {
+                write_checked(w, r)?;
+            }
+            if verbose {
+                write_source(w, r)?;
+            }
+            writeln!(w)?;
+            write_ranks(w, r)?;
+            write_timings(w, r)?;
+        }
+        write_checksums(w, r)?;
     }
     if !quiet {
         for warn in &r.warnings {
@@ -25,7 +40,11 @@ pub fn write_load(
 }
 
 /// `--dry-run`: the verdict, and with `--read` each file's checksum against wload.json.
-fn write_dry_run(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
+fn write_dry_run(
+    w: &mut dyn Write,
+    r: &crate::commands::load::LoadReport,
+    quiet: bool,
+) -> io::Result<()> {
     writeln!(
         w,
         "ok: vLLM would load {} at tp {}{} ({} ranks checked, {}, {})",
@@ -43,7 +62,7 @@ fn write_dry_run(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io
             crate::commands::load::InputKind::PreSharded => "pre-sharded",
         }
     )?;
-    for f in &r.files_read {
+    for f in r.files_read.iter().filter(|_| !quiet) {
         let m = match f.matches_manifest {
             Some(true) => " (matches wload.json)",
             Some(false) => " (DIFFERS from wload.json)",
@@ -88,33 +107,77 @@ fn write_ranks(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::
     tab.write(w, "")
 }
 
-/// The transfer's totals, the source's cache state and I/O path, the timings, and checksums.
-fn write_transfer(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
+/// The one result line: what was loaded where, how fast, and how much of the source was in the
+/// page cache (so that warm and cold figures are never confused); with `--repeat`, the spread.
+fn write_result(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
     let t = &r.timings;
-    writeln!(
-        w,
-        "\nloaded {} in {:.3}s: {:.2} GB/s (read, convert and copy overlapped; sync included)",
-        human_bytes(r.bytes),
-        t.transfer_s + t.sync_s,
-        t.gbps(r.bytes)
-    )?;
-    if r.checked {
-        write_checked(w, r)?;
-    }
-    write_source(w, r)?;
-    if let Some(rep) = &r.repeats {
-        writeln!(
-            w,
-            "  {} runs: {:.2} / {:.2} / {:.2} GB/s min / median / max ({:.3} / {:.3} / {:.3} s); the rest is the last run",
+    let tensors: usize = r.ranks.iter().map(|k| k.tensors).sum();
+    let pp = if r.pp > 1 {
+        format!(" × PP {}", r.pp)
+    } else {
+        String::new()
+    };
+    let cache = match &r.cache {
+        Some(c) => format!(
+            ", source {:.0}% in the page cache{}",
+            c.resident_share * 100.0,
+            if c.evicted_from_bytes.is_some() {
+                " (--cold)"
+            } else {
+                ""
+            }
+        ),
+        None => String::new(),
+    };
+    let repeats = match &r.repeats {
+        Some(rep) => format!(
+            "; {} runs: {:.2} / {:.2} / {:.2} GB/s min / median / max",
             rep.runs.len(),
             rep.gbps_min,
             rep.gbps_median,
-            rep.gbps_max,
+            rep.gbps_max
+        ),
+        None => String::new(),
+    };
+    let mut devices: Vec<&str> = r.ranks.iter().map(|k| k.device.as_str()).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    let onto = match (r.device, devices.len()) {
+        (crate::commands::load::DeviceKind::Cpu, _) => "into host memory".to_string(),
+        (_, 1) => "onto 1 GPU".to_string(),
+        (_, n) => format!("onto {n} GPUs"),
+    };
+    writeln!(
+        w,
+        "loaded {} ({} tensors, {} {} of TP {}{pp}) {onto} in {:.3}s: {:.2} GB/s{cache}{repeats}",
+        human_bytes(r.bytes),
+        thousands(tensors as u64),
+        r.ranks.len(),
+        if r.ranks.len() == 1 { "rank" } else { "ranks" },
+        r.tp,
+        t.transfer_s + t.sync_s,
+        t.gbps(r.bytes)
+    )
+}
+
+/// Where the time went, stage by stage.
+fn write_timings(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
+    let t = &r.timings;
+    if let Some(rep) = &r.repeats {
+        writeln!(
+            w,
+            "\n{} runs: {:.3} / {:.3} / {:.3} s min / median / max; the rest is the last run",
+            rep.runs.len(),
             rep.seconds_min,
             rep.seconds_median,
             rep.seconds_max
         )?;
     }
+    writeln!(
+        w,
+        "\ntransfer {:.3}s: read, convert and copy overlapped, sync included",
+        t.transfer_s + t.sync_s
+    )?;
     let rows: [(&str, f64, &str); 10] = [
         ("resolve", t.open.resolve_s, "wall"),
         ("config", t.open.config_s, "wall"),
@@ -130,12 +193,16 @@ fn write_transfer(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> i
     for (k, v, how) in rows {
         writeln!(w, "  {k:<15} {v:>9.3}s  {how}")?;
     }
-    writeln!(w, "  {:<15} {:>9.3}s  wall", "total", t.total_s)?;
+    writeln!(w, "  {:<15} {:>9.3}s  wall", "total", t.total_s)
+}
+
+/// `--checksums`: one line per tensor.
+fn write_checksums(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
     for k in &r.ranks {
         for s in k.checksums.iter().flatten() {
             writeln!(
                 w,
-                "  rank {} {} {} {}",
+                "rank {} {} {} {}",
                 k.rank,
                 Esc(&s.name),
                 shape(&s.shape),
@@ -168,8 +235,8 @@ fn rate(bytes: u64, gbps: f64) -> String {
     }
 }
 
-/// Where the bytes came from: the page cache's share before the load (always), the eviction,
-/// the I/O mode and why, the staging memory.
+/// `-v`: where the bytes came from: the page cache's share before the load, the eviction, the
+/// I/O mode and why, the staging memory, the storage and host-to-device rates.
 fn write_source(w: &mut dyn Write, r: &crate::commands::load::LoadReport) -> io::Result<()> {
     if let Some(c) = &r.cache {
         let evicted = match c.evicted_from_bytes {

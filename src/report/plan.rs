@@ -5,8 +5,74 @@ use std::io::{self, Write};
 use super::*;
 use crate::plan::{Piece, PlanReport};
 
-/// The `plan` report: a summary, then per rank its tensors and where they come from.
-pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Result<()> {
+/// The `plan` report: the model and layout, a table of the ranks, per rank its tensors and where
+/// they come from, and last the verdict with the totals. `quiet`: the verdict line only.
+pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool, quiet: bool) -> io::Result<()> {
+    if !quiet {
+        write_header(w, r, verbose)?;
+        write_rank_table(w, &r.plan)?;
+        for rank in &r.plan.ranks {
+            write_rank(w, &r.plan, rank, verbose)?;
+        }
+        writeln!(w)?;
+    }
+    write_verdict(w, r)
+}
+
+/// `ok: TP 8 × PP 1, 8 ranks, 1,283 tensors per rank, 17.2 GiB per rank (max), 137.4 GiB in
+/// all; vLLM would load this`. A refused plan never gets here: its problems are the error.
+fn write_verdict(w: &mut dyn Write, r: &PlanReport) -> io::Result<()> {
+    let (p, t) = (&r.plan, &r.totals);
+    let ep = if p.expert_parallel { " + EP" } else { "" };
+    let tensors = if t.tensors_per_rank_min == t.tensors_per_rank_max {
+        thousands(t.tensors_per_rank_max)
+    } else {
+        format!(
+            "{}–{}",
+            thousands(t.tensors_per_rank_min),
+            thousands(t.tensors_per_rank_max)
+        )
+    };
+    let shown = match &p.ranks[..] {
+        [one] if t.ranks > 1 => format!(" (rank {} shown)", one.rank),
+        _ => String::new(),
+    };
+    writeln!(
+        w,
+        "ok: TP {} × PP {}{ep}, {} {}{shown}, {tensors} tensors per rank, {} per rank (max), {} in all; vLLM would load this",
+        p.tp,
+        p.pp,
+        thousands(t.ranks),
+        if t.ranks == 1 { "rank" } else { "ranks" },
+        human_bytes(t.bytes_per_rank_max),
+        human_bytes(t.bytes),
+    )
+}
+
+/// One row per rank (those shown): its stage, tensors and bytes.
+fn write_rank_table(w: &mut dyn Write, p: &crate::plan::Plan) -> io::Result<()> {
+    let staged = p.pp > 1;
+    let mut columns = vec![("RANK", true)];
+    if staged {
+        columns.extend([("STAGE", true), ("TP RANK", true)]);
+    }
+    columns.extend([("TENSORS", true), ("BYTES", true)]);
+    let mut t = Table::new(&columns);
+    for rank in &p.ranks {
+        t.cell_fmt(format_args!("{}", rank.rank));
+        if staged {
+            t.cell_fmt(format_args!("{}", rank.pp_rank));
+            t.cell_fmt(format_args!("{}", rank.tp_rank));
+        }
+        t.cell(&thousands(rank.tensors.len() as u64));
+        t.cell(&human_bytes(rank.bytes));
+    }
+    writeln!(w)?;
+    t.write(w, "")
+}
+
+/// Source, model, layout, dtype and tying; the skipped tensors (each one with `verbose`).
+fn write_header(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Result<()> {
     let p = &r.plan;
     writeln!(w, "source        {}", Esc(&r.source))?;
     writeln!(
@@ -54,44 +120,51 @@ pub fn write_plan(w: &mut dyn Write, r: &PlanReport, verbose: bool) -> io::Resul
             }
         }
     }
-    for rank in &p.ranks {
-        let stage = if p.pp > 1 {
-            format!(" (stage {}, tp rank {})", rank.pp_rank, rank.tp_rank)
-        } else {
-            String::new()
-        };
-        writeln!(
-            w,
-            "\nrank {}{stage} ({} tensors, {})",
-            rank.rank,
-            rank.tensors.len(),
-            human_bytes(rank.bytes)
-        )?;
-        let mut t = Table::new(&[
-            ("NAME", false),
-            ("DTYPE", false),
-            ("SHAPE", false),
-            ("BYTES", true),
-            ("FROM", false),
-        ]);
-        for o in &rank.tensors {
-            let mut from = ExpertGroups::default();
-            for piece in o.pieces.iter() {
-                from.next.clear();
-                describe(&mut from.next, &piece, p, o, verbose).map_err(io::Error::other)?;
-                from.take();
-            }
-            t.row(vec![
-                o.name.clone(),
-                o.dtype.to_string(),
-                shape(&o.shape),
-                human_bytes(o.bytes),
-                from.finish().join(" + "),
-            ]);
-        }
-        t.write(w, "  ")?;
-    }
     Ok(())
+}
+
+/// A rank's tensors and where each comes from.
+fn write_rank(
+    w: &mut dyn Write,
+    p: &crate::plan::Plan,
+    rank: &crate::plan::RankPlan,
+    verbose: bool,
+) -> io::Result<()> {
+    let stage = if p.pp > 1 {
+        format!(" (stage {}, tp rank {})", rank.pp_rank, rank.tp_rank)
+    } else {
+        String::new()
+    };
+    writeln!(
+        w,
+        "\nrank {}{stage} ({} tensors, {})",
+        rank.rank,
+        rank.tensors.len(),
+        human_bytes(rank.bytes)
+    )?;
+    let mut t = Table::new(&[
+        ("NAME", false),
+        ("DTYPE", false),
+        ("SHAPE", false),
+        ("BYTES", true),
+        ("FROM", false),
+    ]);
+    for o in &rank.tensors {
+        let mut from = ExpertGroups::default();
+        for piece in o.pieces.iter() {
+            from.next.clear();
+            describe(&mut from.next, &piece, p, o, verbose).map_err(io::Error::other)?;
+            from.take();
+        }
+        t.row(vec![
+            o.name.clone(),
+            o.dtype.to_string(),
+            shape(&o.shape),
+            human_bytes(o.bytes),
+            from.finish().join(" + "),
+        ]);
+    }
+    t.write(w, "  ")
 }
 
 /// One piece as the FROM column says it: `NAME REGION[ DTYPE→DTYPE][ (FILE)]`, or `fill VALUE`.

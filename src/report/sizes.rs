@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use super::*;
-use crate::commands::plan::{SizesReport, Verdict};
+use crate::commands::plan::{NotChecked, SizesReport, Verdict};
 
 /// The model's shape, a table of every layout checked, and the accepted sizes summed up.
 pub fn write_sizes(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {
@@ -42,9 +42,35 @@ pub fn write_sizes(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {
     writeln!(w, "vLLM accepts --tp {}", list(&r.accepted_tp))?;
     if let Some(ep) = &r.accepted_tp_expert_parallel {
         writeln!(w, "  with --enable-expert-parallel: --tp {}", list(ep))?;
+        write_not_checked(w, r, |n| n.expert_parallel)?;
     }
     for p in &r.accepted_pp {
         writeln!(w, "  with --pp {}: --tp {}", p.pp, list(&p.tp))?;
+        write_not_checked(w, r, |n| n.pp == p.pp && n.tp.is_some())?;
+    }
+    for n in r.not_checked.iter().filter(|n| n.tp.is_none()) {
+        writeln!(w, "  not checked: {}", Esc(&n.reason))?;
+    }
+    Ok(())
+}
+
+/// The layouts of one list that were not checked, one line per reason: `not checked: --tp 3, 5
+/// (REASON)`.
+fn write_not_checked(
+    w: &mut dyn Write,
+    r: &SizesReport,
+    of: impl Fn(&NotChecked) -> bool,
+) -> io::Result<()> {
+    let mut groups: Vec<(&str, Vec<u64>)> = Vec::new();
+    for n in r.not_checked.iter().filter(|n| of(n)) {
+        let Some(tp) = n.tp else { continue };
+        match groups.iter_mut().find(|g| g.0 == n.reason) {
+            Some(g) => g.1.push(tp),
+            None => groups.push((&n.reason, vec![tp])),
+        }
+    }
+    for (reason, tps) in groups {
+        writeln!(w, "    not checked: --tp {} ({})", list(&tps), Esc(reason))?;
     }
     Ok(())
 }

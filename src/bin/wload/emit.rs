@@ -1,5 +1,5 @@
 //! Everything the binary writes: reports as one `--json` document or as text for people,
-//! failures and notes on stderr, completions and man pages. Kept apart from `main.rs` so that
+//! failures and notes on stderr, completions (man pages: [`crate::man`]). Kept apart from `main.rs` so that
 //! one file holds the rule of the output streams.
 //!
 //! Every text for people leaves through [`wload::escape::Terminal`]: the human reports (in
@@ -177,32 +177,4 @@ pub(crate) fn completions(shell: clap_complete::Shell, out: &mut dyn Write) -> R
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "wload", &mut script);
     out.write_all(&script).map_err(Error::Output)
-}
-
-/// wload(1), or a subcommand's page: wload-inspect(1) and so on, the names wload(1) refers to.
-pub(crate) fn man_page(name: Option<&str>, out: &mut dyn Write) -> Result<(), Error> {
-    let mut cli = Cli::command();
-    // Builds the subcommands' names (wload-inspect, "wload inspect") and global flags.
-    cli.build();
-    let page = match name {
-        None => cli,
-        Some(name) => {
-            let pages = || {
-                let visible = cli.get_subcommands().filter(|c| !c.is_hide_set());
-                visible.map(|c| c.get_name()).collect::<Vec<_>>().join(", ")
-            };
-            let sub = cli.find_subcommand(name).filter(|c| !c.is_hide_set());
-            sub.cloned().ok_or_else(|| {
-                Error::Usage(format!(
-                    "man: no page for '{name}'; there are pages for {}",
-                    pages()
-                ))
-            })?
-        }
-    };
-    // The footer names the program and version on every page, not the subcommand's name.
-    clap_mangen::Man::new(page)
-        .source(format!("wload {}", env!("CARGO_PKG_VERSION")))
-        .render(out)
-        .map_err(Error::Output)
 }

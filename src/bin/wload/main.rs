@@ -10,6 +10,7 @@ mod alloc;
 mod bars;
 mod emit;
 mod interrupt;
+mod man;
 mod options;
 
 use wload::cli::{Cli, Command, InspectArgs, LoadArgs, PlanArgs, ShardArgs, SizesArgs};
@@ -65,7 +66,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Load(args) => load(&args, g, &mut out)?,
         Command::Sizes(args) => sizes(&args, g, &mut out)?,
         Command::Completions { shell } => emit::completions(shell, &mut out)?,
-        Command::Man { command } => emit::man_page(command.as_deref(), &mut out)?,
+        Command::Man { command } => man::man(command.as_deref(), &mut out)?,
     }
     out.flush().map_err(Error::Output)
 }
@@ -133,7 +134,7 @@ fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
     let opts = options::plan_options(&args.parallel);
     let report = wload::plan_report(&opened, &opts, args.rank)?;
-    let human: Human = &|w| wload::report::write_plan(w, &report, g.verbose);
+    let human: Human = &|w| wload::report::write_plan(w, &report, g.verbose, g.quiet);
     emit(out, json_if(args.json, None), &report, Some(human))
 }
 
@@ -204,6 +205,6 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         say(format_args!("note: {}", Esc(note)));
     }
     let json = json_if(args.json, Some(wload::report::json::LOAD_SCHEMA_VERSION));
-    let human: Human = &|w| wload::report::write_load(w, &report, g.quiet);
+    let human: Human = &|w| wload::report::write_load(w, &report, g.verbose, g.quiet);
     emit(out, json, &report, Some(human))
 }

@@ -171,6 +171,7 @@ fn help_lists_the_subcommands_but_not_the_hidden_ones() {
             "shard",
             "load",
             "completions",
+            "man",
             "help"
         ],
         "subcommands in --help:\n{text}"
@@ -270,4 +271,184 @@ fn test_hooks_stay_out_of_normal_builds() {
         with_dev.contains("wload feature \"test-hooks\""),
         "{with_dev}"
     );
+}
+
+/// A count flag out of range says what it needs, not clap's `0 is not in 1..18446744073709551615`.
+#[test]
+fn numeric_flags_say_their_range_in_words() {
+    let src = "examples/tiny-llama";
+    for (args, says) in [
+        (
+            &["plan", src, "--tp", "0"][..],
+            "error: --tp must be at least 1, not 0",
+        ),
+        (
+            &["plan", src, "--tp", "2", "--pp", "0"],
+            "error: --pp must be at least 1, not 0",
+        ),
+        (
+            &["load", src, "--tp", "0", "--device", "cpu"],
+            "error: --tp must be at least 1, not 0",
+        ),
+        (
+            &["load", src, "--pp", "0", "--device", "cpu"],
+            "error: --pp must be at least 1, not 0",
+        ),
+        (
+            &["shard", src, "--tp", "2", "--pp", "0", "-o", "x"],
+            "error: --pp must be at least 1, not 0",
+        ),
+        (
+            &["sizes", src, "--max-tp", "0"],
+            "error: --max-tp must be between 1 and 4096, not 0",
+        ),
+        (
+            &["sizes", src, "--max-pp", "5000"],
+            "error: --max-pp must be between 1 and 1024, not 5000",
+        ),
+        (
+            &["load", src, "--tp", "1", "--repeat", "0"],
+            "error: --repeat must be between 1 and 1000, not 0",
+        ),
+        (
+            &["plan", src, "--tp", "two"],
+            "error: --tp takes a whole number, such as 2, not 'two'",
+        ),
+    ] {
+        let out = run(args);
+        let err = assert_refused(&out, 2, &[says]);
+        assert!(!err.contains("18446744073709551615"), "{args:?}: {err}");
+    }
+}
+
+/// `shard --io` and `load --io` say what `auto` does for each, as the code does it: shard stays
+/// buffered (src/commands/shard.rs `source_io`), load goes direct for a mostly cold source.
+#[test]
+fn io_help_says_what_auto_does_for_each_command() {
+    for cmd in ["shard", "load"] {
+        let out = run(&[cmd, "--help"]);
+        let text = stdout(&out);
+        assert!(
+            text.contains("for shard, always") && text.contains("buffered, since its"),
+            "{cmd} --help:\n{text}"
+        );
+        assert!(text.contains("for load, direct when under half"), "{text}");
+    }
+}
+
+/// -q and -v say in --help what each leaves out or adds.
+#[test]
+fn help_documents_quiet_and_verbose() {
+    let text = stdout(&run(&["--help"]));
+    for needle in [
+        "plan: the verdict and totals line",
+        "load: the one result line",
+        "load: where the bytes came from",
+    ] {
+        assert!(text.contains(needle), "{needle:?} in --help:\n{text}");
+    }
+}
+
+/// wload(1) has EXAMPLES and an ENVIRONMENT section naming every variable wload reads; a
+/// subcommand's page has its own examples.
+#[test]
+fn the_man_page_has_examples_and_environment() {
+    let page = stdout(&run(&["man"]));
+    let section = |name: &str| {
+        let start = page
+            .find(&format!("\n.SH {name}\n"))
+            .unwrap_or_else(|| panic!("no {name} section:\n{page}"));
+        let rest = &page[start + 1..];
+        let end = rest[1..].find("\n.SH ").map_or(rest.len(), |e| e + 1);
+        rest[..end].replace("\\-", "-")
+    };
+    let env = section("ENVIRONMENT");
+    for var in [
+        "VLLM_PP_LAYER_PARTITION",
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_HUB_OFFLINE",
+        "HF_TOKEN",
+        "HF_ENDPOINT",
+        "HF_HUB_ETAG_TIMEOUT",
+        "HF_HUB_DOWNLOAD_TIMEOUT",
+        "RANK, WORLD_SIZE, LOCAL_RANK",
+        "SLURM_PROCID",
+        "WLOAD_NO_COPY_FILE_RANGE",
+        "NO_COLOR",
+    ] {
+        assert!(env.contains(var), "{var} in ENVIRONMENT:\n{env}");
+    }
+    let examples = section("EXAMPLES");
+    for cmd in ["wload sizes ", "wload plan ", "wload shard ", "wload load "] {
+        assert!(examples.contains(cmd), "{cmd:?} in EXAMPLES:\n{examples}");
+    }
+    let plan = stdout(&run(&["man", "plan"]));
+    assert!(plan.contains(".SH EXAMPLES"), "{plan}");
+    assert!(
+        !plan.contains("wload shard "),
+        "plan's examples only:\n{plan}"
+    );
+    assert!(!plan.contains(".SH ENVIRONMENT"), "{plan}");
+}
+
+/// `wload man` on a terminal shows the page: through `man -l -` reading the roff on its stdin,
+/// else as plain text through $PAGER. Run under script(1) for a terminal, with a PATH holding
+/// only what each case needs.
+#[test]
+fn man_on_a_terminal_goes_through_man_or_a_pager() {
+    const TEST: &str = "man_on_a_terminal_goes_through_man_or_a_pager";
+    let script = std::path::Path::new("/usr/bin/script");
+    if !script.exists() {
+        missing_environment(TEST, "script(1) from util-linux is needed for a terminal");
+        return;
+    }
+    let bin = tempfile::TempDir::new().unwrap();
+    let got = bin.path().join("got");
+    std::os::unix::fs::symlink("/bin/sh", bin.path().join("sh")).unwrap();
+    let on_terminal = |path: &std::path::Path, pager: &str| {
+        let out = std::process::Command::new(script)
+            .args([
+                "-qec",
+                &format!("{} man", env!("CARGO_BIN_EXE_wload")),
+                "/dev/null",
+            ])
+            .env("PATH", path)
+            .env("PAGER", pager)
+            .env_remove("MANPAGER")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", context(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // No man(1): the plain text goes to $PAGER, and nothing is printed as roff.
+    let shown = on_terminal(bin.path(), &format!("/bin/cat > {}", got.display()));
+    let text = fs::read_to_string(&got).unwrap();
+    assert!(text.starts_with("Shard and load LLM checkpoints"), "{text}");
+    assert!(
+        text.contains("Examples:") && text.contains("Environment:"),
+        "{text}"
+    );
+    assert!(!shown.contains(".TH"), "{shown}");
+    // A man(1) that records its arguments and stdin.
+    let man = bin.path().join("man");
+    fs::write(
+        &man,
+        format!(
+            "#!/bin/sh\necho \"$@\" > {0}.args\n/bin/cat > {0}\n",
+            got.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&man, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let shown = on_terminal(bin.path(), "false");
+    let args = fs::read_to_string(got.with_extension("args")).unwrap();
+    assert_eq!(args.trim(), "-l -");
+    let roff = fs::read_to_string(&got).unwrap();
+    assert!(
+        roff.contains(".TH wload 1") && roff.contains(".SH EXAMPLES"),
+        "{roff}"
+    );
+    assert!(!shown.contains(".TH"), "{shown}");
 }

@@ -143,7 +143,7 @@ fn plan_prints_one_document_either_way() {
         "2 problems found; vLLM would refuse this checkpoint or load it wrongly"
     );
     assert_eq!(
-        doc["problems"][0]["fix"], "choose a --tp that divides 8",
+        doc["problems"][0]["fix"], "choose a --tp that divides 8; TP sizes that work: 1, 2, 4, 8",
         "{doc}"
     );
 
@@ -466,7 +466,11 @@ fn problems_carry_their_file_tensor_parameter_and_shapes_as_fields() {
         "checkpoint",
     );
     // The down projection's wrong shape is a problem too; this one is the split.
-    let split = problem_with(&doc, "fix", "choose another --tp (now 2)");
+    let split = problem_with(
+        &doc,
+        "fix",
+        "choose another --tp (now 2); no TP size up to 64 works; `wload sizes` says why",
+    );
     assert_eq!(keys(split), ["message", "fix", "parameter"], "{split}");
     assert_eq!(split["parameter"], "model.layers.0.mlp.gate_up_proj.weight");
     assert_eq!(

@@ -222,3 +222,168 @@ fn a_config_claiming_thousands_of_missing_layers_is_refused_in_linear_time() {
     }
     assert_linear("a checkpoint that does not fit", secs[0], secs[1]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The verdict, the totals and the rank table
+
+/// `wload plan` on a terminal ends with its verdict and totals (not on the last tensor row),
+/// lists the ranks in a table before their tensors, and with `-q` prints the verdict line alone.
+#[test]
+fn the_human_plan_ends_with_its_verdict_and_totals() {
+    let fx = fixtures_dir().join("llama_gqa");
+    let src = s(&fx);
+    let verdict = "ok: TP 2 × PP 1, 2 ranks, 23 tensors per rank, 545.3 KiB per rank (max), 1.1 MiB in all; vLLM would load this";
+    let out = run(&["plan", src, "--tp", "2"]);
+    assert!(out.status.success(), "{}", context(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&verdict), "{text}");
+    let table = lines
+        .iter()
+        .position(|l| l.split_whitespace().eq(["RANK", "TENSORS", "BYTES"]))
+        .unwrap_or_else(|| panic!("a rank table:\n{text}"));
+    assert_eq!(
+        lines[table + 1].split_whitespace().collect::<Vec<_>>(),
+        ["0", "23", "545.3", "KiB"]
+    );
+    let first_rank = lines.iter().position(|l| l.starts_with("rank 0 ")).unwrap();
+    assert!(
+        table < first_rank,
+        "the table comes before the tensors:\n{text}"
+    );
+
+    let quiet = run(&["plan", src, "--tp", "2", "-q"]);
+    assert!(quiet.status.success(), "{}", context(&quiet));
+    assert_eq!(stdout(&quiet), format!("{verdict}\n"));
+
+    // Stages hold different tensors: the range, and the table's stage columns.
+    let out = run(&["plan", src, "--tp", "2", "--pp", "2"]);
+    let text = stdout(&out);
+    assert!(
+        text.lines().last().unwrap().starts_with(
+            "ok: TP 2 × PP 2, 4 ranks, 11–12 tensors per rank, 272.8 KiB per rank (max), 1.1 MiB in all"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l
+            .split_whitespace()
+            .eq(["RANK", "STAGE", "TP", "RANK", "TENSORS", "BYTES"])),
+        "{text}"
+    );
+    // --rank shows one rank; the totals stay the plan's.
+    let one = run(&["plan", src, "--tp", "4", "--rank", "2", "-q"]);
+    assert!(
+        stdout(&one).starts_with("ok: TP 4 × PP 1, 4 ranks (rank 2 shown), 23 tensors per rank"),
+        "{}",
+        context(&one)
+    );
+}
+
+/// `plan --json` carries the same verdict and totals, over every rank even with `--rank`.
+#[test]
+fn plan_json_has_the_verdict_and_totals() {
+    let fx = fixtures_dir().join("llama_gqa");
+    let p = wload_json(&["plan", s(&fx), "--tp", "2", "--pp", "2", "--json"]);
+    assert_eq!(p["schema_version"], 1);
+    assert_eq!(p["verdict"], "accepted");
+    let t = &p["totals"];
+    let ranks = p["ranks"].as_array().unwrap();
+    let counts: Vec<u64> = ranks
+        .iter()
+        .map(|r| r["tensors"].as_array().unwrap().len() as u64)
+        .collect();
+    let bytes: Vec<u64> = ranks.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(t["ranks"], 4);
+    assert_eq!(t["tensors"], counts.iter().sum::<u64>());
+    assert_eq!(t["tensors_per_rank_min"], *counts.iter().min().unwrap());
+    assert_eq!(t["tensors_per_rank_max"], *counts.iter().max().unwrap());
+    assert_eq!(t["bytes"], bytes.iter().sum::<u64>());
+    assert_eq!(t["bytes_per_rank_min"], *bytes.iter().min().unwrap());
+    assert_eq!(t["bytes_per_rank_max"], *bytes.iter().max().unwrap());
+    assert_ne!(t["tensors_per_rank_min"], t["tensors_per_rank_max"]);
+
+    let one = wload_json(&[
+        "plan",
+        s(&fx),
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--rank",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(one["ranks"].as_array().unwrap().len(), 1);
+    assert_eq!(one["totals"], p["totals"], "--rank keeps the plan's totals");
+}
+
+/// A refusal whose fix is another `--tp` lists the sizes that work, found by the planner's own
+/// checks (the heads of llama_gqa at TP 3; block-FP8 scales that do not split at TP 4).
+#[test]
+fn a_refused_tp_names_the_sizes_that_work() {
+    let gqa = fixtures_dir().join("llama_gqa");
+    let out = run(&["plan", s(&gqa), "--tp", "3"]);
+    assert_refused(
+        &out,
+        3,
+        &["fix: choose a --tp that divides 8; TP sizes that work: 1, 2, 4, 8"],
+    );
+    let fp8 = fixtures_dir().join("llama_gqa_fp8_block");
+    let out = run(&["plan", s(&fp8), "--tp", "4"]);
+    assert_refused(
+        &out,
+        3,
+        &["choose another --tp (now 4); TP sizes that work: 1, 2"],
+    );
+    // The JSON's fixes say the same; and each size named does plan.
+    let doc: Value =
+        serde_json::from_slice(&run(&["plan", s(&fp8), "--tp", "4", "--json"]).stdout).unwrap();
+    let fix = doc["problems"][0]["fix"].as_str().unwrap();
+    assert!(fix.ends_with("TP sizes that work: 1, 2"), "{fix}");
+    for tp in ["1", "2"] {
+        assert!(run(&["plan", s(&fp8), "--tp", tp, "-q"]).status.success());
+    }
+}
+
+/// `--enable-expert-parallel` on a model without experts is refused (exit 2) by every command
+/// that plans, naming the model, instead of passing into wload.json and the serve line.
+#[test]
+fn expert_parallel_on_a_dense_model_is_a_usage_error() {
+    let fx = fixtures_dir().join("llama_gqa");
+    let work = tempfile::TempDir::new().unwrap();
+    let o = work.path().join("out");
+    let (src, o) = (s(&fx), o.to_str().unwrap());
+    let ep = "--enable-expert-parallel";
+    for args in [
+        &["plan", src, "--tp", "2", ep][..],
+        &["shard", src, "--tp", "2", "-o", o, ep],
+        &["load", src, "--tp", "2", "--device", "cpu", "--dry-run", ep],
+    ] {
+        let out = run(args);
+        assert_refused(
+            &out,
+            2,
+            &[
+                "--enable-expert-parallel: LlamaForCausalLM",
+                "has no experts",
+            ],
+        );
+    }
+    assert!(!work.path().join("out").exists());
+    // A pre-sharded folder of the dense model, without the wload.json that would refuse it too.
+    let sharded = work.path().join("tp2");
+    shard_ok(&fx, 2, &sharded, &[]);
+    std::fs::remove_file(sharded.join("wload.json")).unwrap();
+    let args = ["load", s(&sharded), "--tp", "2", "--dry-run", ep];
+    assert_refused(&run(&args), 2, &["has no experts"]);
+    // A MoE takes it.
+    let moe = fixtures_dir().join("mixtral");
+    let out = run(&["plan", s(&moe), "--tp", "2", ep, "-q"]);
+    assert!(out.status.success(), "{}", context(&out));
+    assert!(
+        stdout(&out).starts_with("ok: TP 2 × PP 1 + EP, 2 ranks"),
+        "{}",
+        context(&out)
+    );
+}

@@ -39,7 +39,19 @@ fn agrees_with_plan(source: &str, doc: &Value) {
         if v["accepted"] == false {
             assert_eq!(out.status.code(), Some(3), "{args:?}");
             assert_eq!(plan["problems"][0]["message"], v["reason"], "{args:?}");
-            assert_eq!(plan["problems"][0]["fix"], v["fix"], "{args:?}");
+            // plan completes a "choose another --tp" fix with the sizes that work; sizes' lists
+            // give those, so its fix is plan's without that tail.
+            let fix = plan["problems"][0]["fix"].as_str().map(|f| {
+                let cut = ["; TP sizes that work", "; no TP size up to"]
+                    .iter()
+                    .find_map(|tail| f.find(tail));
+                f[..cut.unwrap_or(f.len())].to_string()
+            });
+            assert_eq!(
+                fix.map(Value::from).unwrap_or(Value::Null),
+                v["fix"],
+                "{args:?}"
+            );
             assert_eq!(plan["problem_count"], v["problems"], "{args:?}");
         } else {
             assert_eq!(v["reason"], Value::Null, "{v}");
@@ -237,4 +249,67 @@ fn sizes_of_a_config_with_too_many_layers_answers_at_once() {
             .contains("at most 4096"),
         "{tp1}"
     );
+}
+
+/// Every candidate size missing from a list carries its reason: TP 1 and the sizes that split
+/// the heads are not checked with expert parallelism (vLLM's FusedMoEParallelConfig uses EP only
+/// when TP × DP > 1), the TP sizes refused alone are not checked with --pp, and PP sizes above
+/// the layers are not checked at all; the human summary says each.
+#[test]
+fn every_size_left_out_of_a_list_says_why() {
+    let fx = fixtures_dir().join("qwen2_moe");
+    let src = s(&fx);
+    let doc = sizes_json(src, &["--max-tp", "8", "--max-pp", "4"]);
+    let not_checked = doc["not_checked"].as_array().expect("not_checked");
+    let skipped = |tp: u64, pp: u64, ep: bool| {
+        not_checked
+            .iter()
+            .find(|n| n["tp"] == tp && n["pp"] == pp && n["expert_parallel"] == ep)
+            .map(|n| n["reason"].as_str().unwrap().to_string())
+    };
+    let checked = |tp: u64, pp: u64, ep: bool| {
+        doc["checked"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["tp"] == tp && v["pp"] == pp && v["expert_parallel"] == ep)
+    };
+    let tps: Vec<u64> = (1..=8).collect();
+    for &tp in &tps {
+        assert!(checked(tp, 1, false), "tp {tp} alone: {doc}");
+        assert!(
+            checked(tp, 1, true) != skipped(tp, 1, true).is_some(),
+            "tp {tp} with EP: checked or not checked with a reason, once: {doc}"
+        );
+        assert!(
+            checked(tp, 2, false) != skipped(tp, 2, false).is_some(),
+            "tp {tp} at --pp 2: {doc}"
+        );
+    }
+    let tp1 = skipped(1, 1, true).expect("EP at TP 1 is not checked");
+    assert!(tp1.contains("TP × DP > 1"), "{tp1}");
+    let tp3 = skipped(3, 1, true).expect("EP at TP 3 is not checked");
+    assert!(tp3.contains("8 attention heads"), "{tp3}");
+    assert!(
+        skipped(3, 2, false)
+            .unwrap()
+            .contains("refused without --pp")
+    );
+    // Two layers: --pp 3 and 4 are left out, once, for every TP size.
+    let beyond: Vec<&Value> = not_checked.iter().filter(|n| n["tp"].is_null()).collect();
+    assert_eq!(beyond.len(), 1, "{doc}");
+    assert_eq!(beyond[0]["pp"], 3);
+    assert!(beyond[0]["reason"].as_str().unwrap().contains("2 layers"));
+
+    let out = run(&["sizes", src, "--max-tp", "8", "--max-pp", "4"]);
+    let text = stdout(&out);
+    for line in [
+        "  with --enable-expert-parallel: --tp 2, 4, 8",
+        "    not checked: --tp 1 (vLLM uses expert parallelism only when TP × DP > 1: at TP 1 the flag changes nothing)",
+        "    not checked: --tp 3, 5, 6, 7 (the size does not divide the 8 attention heads, which expert parallelism does not change)",
+        "    not checked: --tp 3, 5, 6, 7 (refused without --pp, and each stage splits its tensors as TP alone does)",
+        "  not checked: --pp 3 and above: the model has 2 layers, and vLLM gives each stage at least one",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in:\n{text}");
+    }
 }

@@ -77,7 +77,7 @@ fn cold_load_evicts_the_source_and_says_so() {
     assert_eq!(cold["timings"]["bytes_read"], warm["timings"]["bytes_read"]);
 
     let out = wload()
-        .args(["load", d, "--tp", "2", "--device", "cpu", "--cold"])
+        .args(["load", d, "--tp", "2", "--device", "cpu", "--cold", "-v"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", context(&out));

@@ -840,7 +840,7 @@ fn a_fix_shared_by_many_problems_is_printed_once() {
         .collect();
     assert_eq!(
         fixes,
-        ["    fix (the 6 above): choose another --tp (now 4)"],
+        ["    fix (the 6 above): choose another --tp (now 4); TP sizes that work: 1, 2"],
         "{}",
         r.context()
     );
@@ -852,7 +852,7 @@ fn a_fix_shared_by_many_problems_is_printed_once() {
     assert!(
         problems
             .iter()
-            .all(|p| p["fix"] == "choose another --tp (now 4)"),
+            .all(|p| p["fix"] == "choose another --tp (now 4); TP sizes that work: 1, 2"),
         "{doc}"
     );
 }

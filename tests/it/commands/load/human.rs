@@ -110,6 +110,63 @@ fn human_output_shows_ranks_and_stages() {
     );
 }
 
+/// The default summary leads with the result (what was loaded, how fast, how warm the source
+/// was); `-q` leaves exactly that line (and with `--checksums`, the checksums), `-v` adds where
+/// the bytes came from (page cache, I/O mode, rates), which the default leaves out.
+#[test]
+fn quiet_leaves_the_result_and_verbose_adds_the_io_detail() {
+    let fx = fixtures_dir().join(GQA);
+    let base = [s(&fx), "--tp", "2", "--device", "cpu"];
+    let result = |text: &str| {
+        let first = text.lines().next().unwrap_or_default().to_string();
+        assert!(
+            first.starts_with("loaded 1.1 MiB (46 tensors, 2 ranks of TP 2) into host memory in ")
+                && first.contains(" GB/s, source ")
+                && first.ends_with("% in the page cache"),
+            "the result first:\n{text}"
+        );
+        first
+    };
+    let io_detail = ["storage -> host", "  io ", "  source 1.1 MiB: "];
+
+    let out = load(&base);
+    assert!(out.status.success(), "{}", context(&out));
+    let text = stdout(&out);
+    result(&text);
+    for d in io_detail {
+        assert!(!text.contains(d), "{d:?} only with -v:\n{text}");
+    }
+    assert!(
+        text.contains("copy to device"),
+        "stage timings by default:\n{text}"
+    );
+
+    let quiet = load(&[&base[..], &["-q"]].concat());
+    assert!(quiet.status.success(), "{}", context(&quiet));
+    let text = stdout(&quiet);
+    result(&text);
+    assert_eq!(text.lines().count(), 1, "-q: the result line only:\n{text}");
+
+    let sums = load(&[&base[..], &["-q", "--checksums"]].concat());
+    let text = stdout(&sums);
+    result(&text);
+    let rest: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rest.len(), 46, "one checksum per tensor:\n{text}");
+    assert!(rest.iter().all(|l| l.starts_with("rank ")), "{text}");
+
+    let verbose = load(&[&base[..], &["-v"]].concat());
+    let text = stdout(&verbose);
+    result(&text);
+    for d in io_detail {
+        assert!(text.contains(d), "{d:?} with -v:\n{text}");
+    }
+
+    let dry = load(&[&base[..], &["-q", "--dry-run", "--read"]].concat());
+    let text = stdout(&dry);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.starts_with("ok: vLLM would load "), "{text}");
+}
+
 /// The GPU benchmark's wload steps (bench/gpu/run.sh with SKIP_TORCH=1: generate, load warm and
 /// cold with --repeat and --check, write the JSON) against the stub GPU, so that the script is
 /// known to work before it meets a real one.
