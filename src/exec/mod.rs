@@ -8,6 +8,7 @@ pub mod cuda;
 pub mod device;
 mod gather;
 pub(crate) mod hooks;
+pub mod host_ptr;
 pub mod io_choice;
 pub mod jobs;
 pub mod load;

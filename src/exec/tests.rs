@@ -21,11 +21,11 @@ use crate::plan::{OutTensor, Piece, Plan, RankPlan, SourceTensor};
 use crate::progress::Quiet;
 
 const CHUNKS: [u64; 5] = [1, 7, 64, 4096, CHUNK_BYTES];
-const SEED: u64 = 0x5eed_0009_c4c4_1e57;
+pub(super) const SEED: u64 = 0x5eed_0009_c4c4_1e57;
 const ROUNDS: usize = 6;
 
 /// splitmix64: a fixed, dependency-free stream of test data.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -52,7 +52,7 @@ fn item(d: Dtype) -> u64 {
 
 /// A source tensor as the test holds it: its bytes in memory (the reference reads these, never
 /// the file), and where they sit in the checkpoint.
-struct Src {
+pub(super) struct Src {
     rows: u64,
     cols: u64,
     dtype: Dtype,
@@ -92,7 +92,7 @@ fn random_bytes(rng: &mut Rng, dtype: Dtype, n: u64) -> Vec<u8> {
 }
 
 /// The naive reference: the whole tensor, piece by piece, row by row, from the in-memory sources.
-fn reference_tensor(t: &OutTensor, srcs: &[Src]) -> Vec<u8> {
+pub(super) fn reference_tensor(t: &OutTensor, srcs: &[Src]) -> Vec<u8> {
     let osz = item(t.dtype) as usize;
     let mut out = vec![0u8; t.bytes as usize];
     for p in t.pieces.iter() {
@@ -201,7 +201,7 @@ fn stamps(root: &Path, sources: &[SourceTensor]) -> Vec<crate::file_stamp::FileS
 }
 
 /// One random problem: a checkpoint of two files under `root` and a plan of two ranks.
-fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
+pub(super) fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
     let (sources, srcs) = random_checkpoint(rng, root);
     let mut ranks = Vec::new();
     for rank in 0..2u64 {
