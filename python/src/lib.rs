@@ -1,0 +1,549 @@
+//! `wload._wload`: the Python binding of wload's plan and engine. `wload.plan(...)` resolves and
+//! plans a source as `wload load` does (a checkpoint folder, a hub repo id, or a pre-sharded
+//! folder of wload's or vLLM's), `Plan.tensors(rank)` lists what a rank holds, and
+//! `Plan.load(rank, dests)` fills caller-owned host memory given as raw addresses, through the
+//! same engine as `wload load --device cpu`. The Python package (`wload/__init__.py`) re-exports
+//! these; python/README.md documents the API.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+use wload::commands::load::InputKind;
+use wload::commands::load::settings::{LoadFlags, load_settings};
+use wload::config::ConfigFormat;
+use wload::dtype::DtypeChoice;
+use wload::exec::host_ptr::HostPtrSink;
+use wload::exec::source::IoMode;
+use wload::exec::{Control, ExecOptions, Placement, Stats, io_choice};
+use wload::multimodal::MmEncoderTpMode;
+use wload::progress::Quiet;
+use wload::quant::mxfp4::MoeBackend;
+use wload::{Error, ExitStatus, SourceOptions};
+
+create_exception!(
+    _wload,
+    WloadError,
+    PyRuntimeError,
+    "A wload failure that is not the checkpoint's or the caller's: I/O, network, a source that \
+     changed while being read. After a failed load the destinations hold partial data."
+);
+create_exception!(
+    _wload,
+    PlanError,
+    PyValueError,
+    "wload cannot plan the source with these options (vLLM would refuse it too): str() is \
+     wload's full message, `.problems` each problem as wload's JSON lists it."
+);
+
+/// The problem fields every dict in `PlanError.problems` has (None when not about one).
+const PROBLEM_KEYS: [&str; 7] = [
+    "message",
+    "fix",
+    "file",
+    "tensor",
+    "parameter",
+    "shape",
+    "expected_shape",
+];
+
+/// `e` as a Python exception: PlanError for what is wrong with the source or the options
+/// (wload's exit statuses 2 and 3), WloadError for the rest.
+fn to_py(py: Python<'_>, e: &Error) -> PyErr {
+    let status = e.exit_status();
+    let message = e.to_string();
+    if !matches!(status, ExitStatus::Checkpoint | ExitStatus::Usage) {
+        return WloadError::new_err(message);
+    }
+    let err = PlanError::new_err(message.clone());
+    let problems = problem_dicts(py, e, &message).unwrap_or_else(|_| PyList::empty(py));
+    // Setting an attribute on a fresh exception object does not fail.
+    let _ = err.value(py).setattr("problems", problems);
+    err
+}
+
+/// The problems of `e` as wload's JSON has them, or one problem carrying `message`.
+fn problem_dicts<'py>(py: Python<'py>, e: &Error, message: &str) -> PyResult<Bound<'py, PyList>> {
+    let failure = wload::report::json::failure(e, e.exit_status() as u8);
+    let mut problems = serde_json::to_value(&failure.problems).unwrap_or_default();
+    if failure.problems.is_empty() {
+        problems = serde_json::json!([{ "message": message }]);
+    }
+    let loaded = py
+        .import("json")?
+        .call_method1("loads", (problems.to_string(),))?;
+    let list = loaded.downcast_into::<PyList>()?;
+    for d in list.iter() {
+        let d = d.downcast::<PyDict>()?;
+        for k in PROBLEM_KEYS {
+            if !d.contains(k)? {
+                d.set_item(k, py.None())?;
+            }
+        }
+    }
+    Ok(list)
+}
+
+fn usage(py: Python<'_>, message: String) -> PyErr {
+    to_py(py, &Error::Usage(message))
+}
+
+/// One tensor a rank holds: vLLM's parameter name, safetensors dtype, shape and size.
+#[pyclass(frozen, module = "wload")]
+struct Tensor {
+    #[pyo3(get)]
+    name: String,
+    #[pyo3(get)]
+    dtype: String,
+    shape: Vec<u64>,
+    #[pyo3(get)]
+    nbytes: u64,
+}
+
+#[pymethods]
+impl Tensor {
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Tensor(name={:?}, dtype={:?}, shape={:?}, nbytes={})",
+            self.name, self.dtype, self.shape, self.nbytes
+        )
+    }
+}
+
+/// A source planned for a TP × PP layout: what every rank holds, and how to fill it.
+#[pyclass(frozen, module = "wload")]
+struct Plan {
+    plan: wload::plan::Plan,
+    root: PathBuf,
+    kind: InputKind,
+    warnings: Vec<String>,
+    note: Option<String>,
+}
+
+impl Plan {
+    /// The index of global rank `rank` in the plan.
+    fn rank_index(&self, rank: u64) -> PyResult<usize> {
+        (self.plan.ranks.iter().position(|r| r.rank == rank)).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "rank {rank} is not in the plan: ranks are 0 to {} (tp {} × pp {})",
+                self.plan.world_size().saturating_sub(1),
+                self.plan.tp,
+                self.plan.pp
+            ))
+        })
+    }
+
+    /// Each tensor's destination, in the rank's tensor order; ValueError naming every unknown or
+    /// missing name (or bad address), before anything is read.
+    fn destinations(&self, j: usize, dests: &Bound<'_, PyDict>) -> PyResult<Vec<(*mut u8, usize)>> {
+        let tensors = &self.plan.ranks[j].tensors;
+        let index: HashMap<&str, usize> = (tensors.iter().enumerate())
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
+        let mut addr: Vec<Option<usize>> = vec![None; tensors.len()];
+        let mut unknown = Vec::new();
+        let mut bad = Vec::new();
+        for (k, v) in dests.iter() {
+            let name: String = k.extract().map_err(|_| {
+                PyValueError::new_err(format!("destination keys are tensor names, not {k:?}"))
+            })?;
+            let Some(&i) = index.get(name.as_str()) else {
+                unknown.push(name);
+                continue;
+            };
+            match v.extract::<usize>() {
+                Ok(a) if a != 0 || tensors[i].bytes == 0 => addr[i] = Some(a),
+                _ => bad.push(format!("'{name}': {v}")),
+            }
+        }
+        let rank = self.plan.ranks[j].rank;
+        let missing: Vec<&str> = (addr.iter().zip(tensors))
+            .filter(|(a, _)| a.is_none())
+            .map(|(_, t)| t.name.as_str())
+            .filter(|n| !bad.iter().any(|b| b.starts_with(&format!("'{n}'"))))
+            .collect();
+        let mut msgs = Vec::new();
+        if !unknown.is_empty() {
+            msgs.push(format!(
+                "rank {rank} has no tensor named {}",
+                quoted(unknown.iter().map(String::as_str))
+            ));
+        }
+        if !missing.is_empty() {
+            msgs.push(format!(
+                "no destination for rank {rank}'s {}",
+                quoted(missing.into_iter())
+            ));
+        }
+        if !bad.is_empty() {
+            msgs.push(format!(
+                "destinations must be non-zero integer addresses: {}",
+                bad.join(", ")
+            ));
+        }
+        if !msgs.is_empty() {
+            return Err(PyValueError::new_err(format!(
+                "{}; nothing was written",
+                msgs.join("; ")
+            )));
+        }
+        Ok((addr.into_iter().zip(tensors))
+            .map(|(a, t)| (a.expect("checked above") as *mut u8, t.bytes as usize))
+            .collect())
+    }
+}
+
+fn quoted<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    names.map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
+}
+
+/// What one load did, for the returned dict.
+struct LoadDone {
+    io: IoMode,
+    stats: Stats,
+    read_own_bytes: u64,
+    read_own_s: f64,
+    copy_bytes: u64,
+    copy_s: f64,
+    cache_s: f64,
+    transfer_s: f64,
+}
+
+#[pymethods]
+impl Plan {
+    #[getter]
+    fn tp(&self) -> u64 {
+        self.plan.tp
+    }
+
+    #[getter]
+    fn pp(&self) -> u64 {
+        self.plan.pp
+    }
+
+    #[getter]
+    fn world_size(&self) -> u64 {
+        self.plan.world_size()
+    }
+
+    #[getter]
+    fn expert_parallel(&self) -> bool {
+        self.plan.expert_parallel
+    }
+
+    /// The model's dtype as wload spells it ("BF16").
+    #[getter]
+    fn dtype(&self) -> String {
+        self.plan.dtype.to_string()
+    }
+
+    #[getter]
+    fn architecture(&self) -> String {
+        self.plan.architecture.clone()
+    }
+
+    /// The resolved folder the tensors are read from.
+    #[getter]
+    fn root(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    /// "checkpoint" or "pre-sharded".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.kind {
+            InputKind::Checkpoint => "checkpoint",
+            InputKind::PreSharded => "pre-sharded",
+        }
+    }
+
+    /// What `wload load` would warn about (a pre-sharded file's dtype that vLLM converts, ...).
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
+    /// Options taken from a pre-sharded folder's wload.json, in a sentence; None otherwise.
+    #[getter]
+    fn note(&self) -> Option<String> {
+        self.note.clone()
+    }
+
+    /// Rank `rank`'s tensors, in the plan's order.
+    fn tensors(&self, rank: u64) -> PyResult<Vec<Tensor>> {
+        let j = self.rank_index(rank)?;
+        Ok((self.plan.ranks[j].tensors.iter())
+            .map(|t| Tensor {
+                name: t.name.clone(),
+                dtype: t.dtype.to_string(),
+                shape: t.shape.clone(),
+                nbytes: t.bytes,
+            })
+            .collect())
+    }
+
+    /// Reads rank `rank`'s tensors into `dests` (name → address of a writable, contiguous buffer
+    /// of exactly the tensor's nbytes). Unsafe like any raw-pointer API: the caller guarantees
+    /// the sizes and keeps the buffers alive and untouched until this returns.
+    #[pyo3(signature = (rank, dests, device="cpu", device_index=0, stream=0, io="auto"))]
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        rank: u64,
+        dests: &Bound<'py, PyDict>,
+        device: &str,
+        device_index: u64,
+        stream: u64,
+        io: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let io = choice::<IoMode>(py, "io", io)?;
+        if device != "cpu" {
+            return Err(PyValueError::new_err(
+                "device must be 'cpu' (CUDA destinations: not yet)",
+            ));
+        }
+        let _ = (device_index, stream);
+        let j = self.rank_index(rank)?;
+        let dests = self.destinations(j, dests)?;
+        let t_all = Instant::now();
+        let dests: Vec<(usize, usize)> = dests.into_iter().map(|(p, n)| (p as usize, n)).collect();
+        let done = py
+            .detach(|| self.run(j, dests, io))
+            .map_err(|e| {
+                WloadError::new_err(format!(
+                    "loading rank {rank} failed, its destinations hold partial data: {}",
+                    e
+                ))
+            })?;
+        let total_s = t_all.elapsed().as_secs_f64();
+        let r = &self.plan.ranks[j];
+        let d = PyDict::new(py);
+        d.set_item("rank", rank)?;
+        d.set_item("tensors", r.tensors.len())?;
+        d.set_item("bytes", r.bytes)?;
+        d.set_item("seconds", total_s)?;
+        d.set_item("gbps", gbps(r.bytes, done.transfer_s))?;
+        d.set_item("io", PyString::new(py, &done.io.to_string()))?;
+        d.set_item("cache_s", done.cache_s)?;
+        d.set_item("transfer_s", done.transfer_s)?;
+        d.set_item("read_s", Stats::secs(&done.stats.read_ns))?;
+        d.set_item("convert_s", Stats::secs(&done.stats.convert_ns))?;
+        d.set_item("copy_s", Stats::secs(&done.stats.put_ns))?;
+        let engine_read = done.stats.bytes_read.load(Ordering::Relaxed);
+        d.set_item("bytes_read", engine_read + done.read_own_bytes)?;
+        d.set_item("direct_read_bytes", done.read_own_bytes)?;
+        d.set_item("direct_read_s", done.read_own_s)?;
+        d.set_item("host_copy_bytes", done.copy_bytes)?;
+        d.set_item("host_copy_s", done.copy_s)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Plan(architecture={:?}, tp={}, pp={}, dtype={:?}, kind={:?}, root={:?})",
+            self.plan.architecture,
+            self.plan.tp,
+            self.plan.pp,
+            self.plan.dtype.to_string(),
+            self.kind(),
+            self.root.display().to_string()
+        )
+    }
+}
+
+impl Plan {
+    /// Runs the engine for rank index `j` into `dests` (addresses as integers, so that the
+    /// closure is Send), reading as `wload load --io IO` does.
+    fn run(
+        &self,
+        j: usize,
+        dests: Vec<(usize, usize)>,
+        io: IoMode,
+    ) -> Result<LoadDone, wload::exec::ExecError> {
+        let t = Instant::now();
+        let files = wload::exec::source_files(&self.plan, &self.root);
+        let (_, choice) = io_choice::prepare(&files, io, false)?;
+        let cache_s = t.elapsed().as_secs_f64();
+        let placements: Vec<Placement> = (0..self.plan.ranks[j].tensors.len())
+            .map(|ti| Placement {
+                rank: j,
+                tensor: ti,
+                out: ti,
+                offset: 0,
+            })
+            .collect();
+        let dests = dests.into_iter().map(|(p, n)| (p as *mut u8, n)).collect();
+        // SAFETY: the caller of `Plan.load` guarantees each address is writable for the tensor's
+        // nbytes and untouched until the load returns (the documented contract of the API).
+        let sink = unsafe { HostPtrSink::new(dests) };
+        let cancel = AtomicBool::new(false);
+        let opts = ExecOptions {
+            io: choice.used,
+            ..ExecOptions::for_run()
+        };
+        let ctl = Control::new(&cancel, &Quiet).with_options(opts);
+        let t = Instant::now();
+        wload::exec::execute(&self.plan, &self.root, &placements, &sink, &ctl)?;
+        let transfer_s = t.elapsed().as_secs_f64();
+        let st = sink.stages();
+        Ok(LoadDone {
+            io: choice.used,
+            read_own_bytes: st.read.bytes(),
+            read_own_s: st.read.busy_s(),
+            copy_bytes: st.upload.bytes(),
+            copy_s: st.upload.busy_s(),
+            stats: ctl.stats,
+            cache_s,
+            transfer_s,
+        })
+    }
+}
+
+fn gbps(bytes: u64, s: f64) -> f64 {
+    if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 }
+}
+
+/// `hf_overrides` as a dict or a JSON string, into wload's JSON object.
+fn overrides(
+    py: Python<'_>,
+    v: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<serde_json::Map<String, serde_json::Value>>> {
+    let Some(v) = v.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let text: String = match v.extract::<String>() {
+        Ok(s) => s,
+        Err(_) => py
+            .import("json")?
+            .call_method1("dumps", (v,))?
+            .extract()?,
+    };
+    wload::config::parse_overrides(&text)
+        .map(Some)
+        .map_err(|e| to_py(py, &Error::Config(e)))
+}
+
+/// One of a clap value enum's names, or a usage error listing them.
+fn choice<T: clap::ValueEnum>(py: Python<'_>, what: &str, s: &str) -> PyResult<T> {
+    T::from_str(s, true).map_err(|_| {
+        let names: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
+            .collect();
+        usage(py, format!("{what} {s:?}: expected one of {}", names.join(", ")))
+    })
+}
+
+/// Resolves and plans `source` as `wload load` does: a checkpoint folder or hub repo id is
+/// planned for the layout, a pre-sharded folder (wload's or vLLM's) is checked against it and
+/// its files copied whole. `tp`, `pp` and `dtype` may be None to take a pre-sharded folder's
+/// recorded values.
+#[pyfunction]
+#[pyo3(signature = (
+    source, tp=Some(1), pp=Some(1), expert_parallel=false, dtype=Some("auto"), hf_overrides=None,
+    revision=None, download_dir=None, language_model_only=false, mm_encoder_tp_mode="weights",
+    pp_partition=None, config_format="auto", moe_backend=None, load_format="auto", mapping=None,
+))]
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    py: Python<'_>,
+    source: PathBuf,
+    tp: Option<u64>,
+    pp: Option<u64>,
+    expert_parallel: bool,
+    dtype: Option<&str>,
+    hf_overrides: Option<&Bound<'_, PyAny>>,
+    revision: Option<String>,
+    download_dir: Option<PathBuf>,
+    language_model_only: bool,
+    mm_encoder_tp_mode: &str,
+    pp_partition: Option<&Bound<'_, PyAny>>,
+    config_format: &str,
+    moe_backend: Option<&str>,
+    load_format: &str,
+    mapping: Option<PathBuf>,
+) -> PyResult<Plan> {
+    let pp_partition = match pp_partition.filter(|v| !v.is_none()) {
+        None => None,
+        Some(v) => Some(match v.extract::<String>() {
+            Ok(s) => s,
+            Err(_) => (v.extract::<Vec<u64>>()?.iter())
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        }),
+    };
+    let moe_backend = match moe_backend {
+        None => None,
+        Some(s) => Some(MoeBackend::parse(s).map_err(|m| usage(py, m))?),
+    };
+    let flags = LoadFlags {
+        tp,
+        pp,
+        expert_parallel,
+        dtype: dtype.map(|d| choice::<DtypeChoice>(py, "dtype", d)).transpose()?,
+        config_format: choice::<ConfigFormat>(py, "config_format", config_format)?,
+        pp_partition,
+        mapping,
+        moe_backend,
+        language_model_only,
+        mm_encoder_tp_mode: Some(choice::<MmEncoderTpMode>(
+            py,
+            "mm_encoder_tp_mode",
+            mm_encoder_tp_mode,
+        )?),
+    };
+    let sopts = SourceOptions {
+        source: source.clone(),
+        load_format: choice(py, "load_format", load_format)?,
+        config_format: ConfigFormat::Auto,
+        hf_overrides: overrides(py, hf_overrides)?,
+        revision: Some(revision.unwrap_or_else(|| "main".into())),
+        download_dir,
+        download_progress: Default::default(),
+        side_files: false,
+        headers_only: false,
+    };
+    let planned = py.detach(|| -> Result<Plan, Error> {
+        let settings = load_settings(&source, &flags)?;
+        let sopts = SourceOptions {
+            config_format: settings.config_format,
+            ..sopts
+        };
+        let (opened, files) = wload::open_detect(&sopts)?;
+        (opened.checkpoint.data_readable()).map_err(|e| Error::Headers(vec![e]))?;
+        let mut warnings = Vec::new();
+        let (plan, kind) =
+            wload::commands::load::prepare(&opened, &files, &settings.plan, None, &mut warnings)?;
+        Ok(Plan {
+            plan,
+            root: opened.resolved.root.clone(),
+            kind,
+            warnings,
+            note: settings.note,
+        })
+    });
+    planned.map_err(|e| to_py(py, &e))
+}
+
+#[pymodule]
+fn _wload(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_class::<Plan>()?;
+    m.add_class::<Tensor>()?;
+    m.add("WloadError", m.py().get_type::<WloadError>())?;
+    m.add("PlanError", m.py().get_type::<PlanError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,299 @@
+"""The Python package against real vLLM 0.33: every golden case of tests/data/golden (the same
+enumeration as tests/it/support/golden.rs) is planned from its fixture with the case's flags, every
+rank is loaded into numpy buffers full of garbage through `Plan.load`, and each tensor must be,
+byte for byte, what vLLM held: the rank files' bytes, or for cases kept as digests (tensors.json)
+their SHA-256. Also: vLLM's own folders load as pre-sharded sources, and bad destinations, bad
+options and a failed load raise what the API promises.
+
+    python -m pytest -q python/tests        (after `pip install ./python numpy pytest`)
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+import wload
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GOLDEN = os.path.join(REPO, "tests", "data", "golden")
+EXPECTED = os.path.join(GOLDEN, "expected")
+FIXTURES = os.path.join(GOLDEN, "fixtures")
+# Not a byte any plan writes everywhere: a byte the load forgets stays visible.
+GARBAGE = 0xA5
+
+
+class Case:
+    """One golden case, `expected/<case>/tp<N>`: its fixture and the flags vLLM ran with."""
+
+    def __init__(self, cname, tp_dir):
+        self.name = f"{cname}/{tp_dir}"
+        self.dir = os.path.join(EXPECTED, cname, tp_dir)
+        self.tp = int(tp_dir[2:])
+        parts = cname.split("__")
+        fixture = parts.pop(0)
+        # `llama_gqa__fp8_block` was made from the fixture `llama_gqa_fp8_block` (golden README).
+        if parts and parts[0].startswith("fp8_"):
+            fixture += "_" + parts.pop(0)
+        self.fixture = os.path.join(FIXTURES, fixture)
+        self.kw = {}
+        self.pp = 1
+        for p in parts:
+            if p.startswith("dtype_"):
+                self.kw["dtype"] = p[len("dtype_"):]
+            elif p == "ep":
+                self.kw["expert_parallel"] = True
+            elif re.fullmatch(r"pp\d+", p):
+                self.pp = int(p[2:])
+                self.kw["pp"] = self.pp
+            elif p == "lmonly":
+                self.kw["language_model_only"] = True
+            elif p == "mmdata":
+                self.kw["mm_encoder_tp_mode"] = "data"
+            elif p.startswith("maxsize_"):
+                pass  # a part size limit: what vLLM wrote, not what a rank holds
+            else:
+                raise AssertionError(f"unknown golden case suffix {p} in {cname}")
+        # A Mistral-native fixture: read as `vllm serve --config-format mistral` reads it.
+        if os.path.isfile(os.path.join(self.fixture, "params.json")) and not os.path.exists(
+            os.path.join(self.fixture, "config.json")
+        ):
+            self.kw["config_format"] = "mistral"
+        backend = oracle_moe_backend(self.dir)
+        if backend:
+            self.kw["moe_backend"] = backend
+        self.digests = os.path.isfile(os.path.join(self.dir, "tensors.json"))
+
+    def rank_prefix(self, rank):
+        if self.pp > 1:
+            return f"model-pp-{rank // self.tp}-tp-{rank % self.tp}-part-"
+        return f"model-rank-{rank}-part-"
+
+    def vllm_rank(self, rank):
+        """{name: (dtype, shape, bytes or None, sha256 or None)} of what vLLM held on `rank`."""
+        prefix = self.rank_prefix(rank)
+        held = {}
+        if self.digests:
+            with open(os.path.join(self.dir, "tensors.json")) as f:
+                files = json.load(f)["files"]
+            for fname in sorted(files):
+                if is_part(fname, prefix):
+                    for t in files[fname]["tensors"]:
+                        held[t["name"]] = (t["dtype"], tuple(t["shape"]), None, t["sha256"])
+        else:
+            for fname in sorted(os.listdir(self.dir)):
+                if is_part(fname, prefix):
+                    for name, t in read_safetensors(os.path.join(self.dir, fname)).items():
+                        held[name] = (t[0], t[1], t[2], None)
+        assert held, f"{self.name}: no files for rank {rank}"
+        return held
+
+
+def is_part(fname, prefix):
+    return re.fullmatch(re.escape(prefix) + r"\d+\.safetensors", fname) is not None
+
+
+def oracle_moe_backend(case_dir):
+    """The MXFP4 MoE backend the oracle pinned (its `patches`), as golden.rs reads it."""
+    try:
+        with open(os.path.join(case_dir, "oracle_meta_rank0.json")) as f:
+            patches = json.load(f).get("patches") or []
+    except FileNotFoundError:
+        return None
+    for p in patches:
+        if not isinstance(p, str) or "select_mxfp4_moe_backend ->" not in p:
+            continue
+        rest = p.split("select_mxfp4_moe_backend ->", 1)[1]
+        for group in rest.split("(")[1:]:
+            if "," not in group:
+                continue
+            name = group.split(",", 1)[0]
+            if name and all(c.isupper() or c == "_" for c in name):
+                return name.lower()
+    return None
+
+
+def read_safetensors(path):
+    """{name: (dtype, shape, bytes)} of a safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        out[name] = (t["dtype"], tuple(t["shape"]), data[base + a:base + b])
+    return out
+
+
+def golden_cases():
+    cases = []
+    for cname in sorted(os.listdir(EXPECTED)):
+        for tp_dir in sorted(os.listdir(os.path.join(EXPECTED, cname))):
+            cases.append(Case(cname, tp_dir))
+    return cases
+
+
+CASES = golden_cases()
+
+
+def load_rank(p, rank):
+    """Rank `rank` of plan `p` loaded into fresh numpy buffers full of garbage."""
+    bufs = {t.name: np.full(t.nbytes, GARBAGE, dtype=np.uint8) for t in p.tensors(rank)}
+    timings = p.load(rank, {n: b.ctypes.data for n, b in bufs.items()})
+    assert timings["bytes"] == sum(b.nbytes for b in bufs.values())
+    assert timings["seconds"] >= 0
+    return bufs
+
+
+def compare(case, p, label):
+    """Every rank of `p`, loaded, against what vLLM held; the differences, one line each."""
+    failures = []
+    assert p.world_size == case.tp * case.pp, f"{label}: world size {p.world_size}"
+    for rank in range(p.world_size):
+        want = case.vllm_rank(rank)
+        tensors = {t.name: t for t in p.tensors(rank)}
+        for n in sorted(set(want) - set(tensors)):
+            failures.append(f"{label}: rank {rank}: '{n}' missing (vLLM has it)")
+        for n in sorted(set(tensors) - set(want)):
+            failures.append(f"{label}: rank {rank}: '{n}' unexpected (vLLM has no such tensor)")
+        bufs = load_rank(p, rank)
+        for name, (dtype, shape, data, sha) in want.items():
+            t = tensors.get(name)
+            if t is None:
+                continue
+            if (t.dtype, tuple(t.shape)) != (dtype, shape):
+                failures.append(
+                    f"{label}: rank {rank}: '{name}': {t.dtype} {t.shape}, vLLM {dtype} {shape}"
+                )
+                continue
+            got = bufs[name].tobytes()
+            same = got == data if sha is None else hashlib.sha256(got).hexdigest() == sha
+            if not same:
+                failures.append(f"{label}: rank {rank}: '{name}': bytes differ from vLLM's")
+    return failures
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_fixture_loads_exactly_what_vllm_held(case):
+    p = wload.plan(case.fixture, tp=case.tp, **case.kw)
+    assert p.kind == "checkpoint"
+    failures = compare(case, p, case.name)
+    assert not failures, "\n".join(failures)
+
+
+# vLLM's own rank files, where the case keeps them (a digest case has only their SHA-256: the
+# Rust suite rebuilds those folders from wload's output, tests/it/support/digests.rs).
+FOLDER_CASES = [c for c in CASES if not c.digests]
+
+
+@pytest.mark.parametrize("case", FOLDER_CASES, ids=[c.name for c in FOLDER_CASES])
+def test_vllm_folder_loads_as_pre_sharded(case):
+    p = wload.plan(case.dir, tp=case.tp, **case.kw)
+    assert p.kind == "pre-sharded"
+    assert p.warnings == []
+    failures = compare(case, p, case.name + " (vLLM's folder)")
+    assert not failures, "\n".join(failures)
+
+
+def test_every_golden_case_is_enumerated():
+    """The case list is every folder (as the Rust suite's `every_golden_folder_has_an_entry`)."""
+    folders = {
+        f"{c}/{t}" for c in os.listdir(EXPECTED) for t in os.listdir(os.path.join(EXPECTED, c))
+    }
+    assert {c.name for c in CASES} == folders
+    assert len(CASES) >= 30
+    assert any(c.digests for c in CASES) and FOLDER_CASES
+
+
+GQA = os.path.join(FIXTURES, "llama_gqa")
+
+
+def test_plan_properties():
+    p = wload.plan(GQA, tp=2)
+    assert (p.tp, p.pp, p.world_size) == (2, 1, 2)
+    assert p.dtype == "BF16" and p.architecture == "LlamaForCausalLM"
+    assert p.root == os.path.realpath(GQA) or p.root == GQA
+    t = p.tensors(1)[0]
+    assert isinstance(t.shape, tuple) and all(isinstance(d, int) for d in t.shape)
+    assert t.nbytes == int(np.prod(t.shape)) * 2
+
+
+def test_a_refused_plan_raises_plan_error_with_every_problem():
+    with pytest.raises(wload.PlanError) as e:
+        wload.plan(GQA, tp=3)
+    assert isinstance(e.value, ValueError)
+    msg = str(e.value)
+    assert "num_attention_heads (8) is not divisible by tp (3)" in msg
+    assert "fix:" in msg
+    problems = e.value.problems
+    assert len(problems) >= 2
+    for prob in problems:
+        assert set(prob) >= {"message", "fix", "file", "tensor", "parameter", "shape",
+                             "expected_shape"}
+        assert prob["message"] in msg
+
+
+def test_a_missing_source_is_a_plan_error_naming_it(tmp_path):
+    with pytest.raises(wload.PlanError, match="nope"):
+        wload.plan(str(tmp_path / "nope"), tp=1)
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(wload.PlanError, match="dtype"):
+        wload.plan(GQA, tp=2, dtype="float8")
+    with pytest.raises(ValueError, match="rank 2 is not in the plan"):
+        wload.plan(GQA, tp=2).tensors(2)
+
+
+def test_destinations_must_match_the_rank_exactly():
+    p = wload.plan(GQA, tp=2)
+    names = [t.name for t in p.tensors(0)]
+    bufs = {t.name: np.full(t.nbytes, GARBAGE, np.uint8) for t in p.tensors(0)}
+    dests = {n: b.ctypes.data for n, b in bufs.items()}
+    missing = dict(dests)
+    del missing[names[3]]
+    with pytest.raises(ValueError, match=re.escape(f"'{names[3]}'")):
+        p.load(0, missing)
+    with pytest.raises(ValueError, match="'no.such.tensor'"):
+        p.load(0, {**dests, "no.such.tensor": dests[names[0]]})
+    with pytest.raises(ValueError, match="device must be 'cpu'"):
+        p.load(0, dests, device="cuda")
+    # Nothing was written by the refused calls.
+    assert all((b == GARBAGE).all() for b in bufs.values())
+    p.load(0, dests)
+    assert not all((b == GARBAGE).all() for b in bufs.values())
+
+
+def test_a_failed_load_raises_wload_error(tmp_path):
+    src = tmp_path / "gqa"
+    shutil.copytree(GQA, src)
+    p = wload.plan(str(src), tp=1)
+    # A weight file cut short after planning: the load must fail, and say so.
+    part = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))[0]
+    with open(src / part, "r+b") as f:
+        f.truncate(os.path.getsize(src / part) // 2)
+    bufs = {t.name: np.zeros(t.nbytes, np.uint8) for t in p.tensors(0)}
+    with pytest.raises(wload.WloadError) as e:
+        p.load(0, {n: b.ctypes.data for n, b in bufs.items()})
+    assert isinstance(e.value, RuntimeError)
+    assert "loading rank 0 failed" in str(e.value) and part in str(e.value)
+
+
+def test_io_modes_give_the_same_bytes():
+    p = wload.plan(GQA, tp=2)
+    got = []
+    for io in ["buffered", "direct", "mmap"]:
+        bufs = {t.name: np.full(t.nbytes, GARBAGE, np.uint8) for t in p.tensors(1)}
+        r = p.load(1, {n: b.ctypes.data for n, b in bufs.items()}, io=io)
+        assert r["io"] == io
+        got.append({n: b.tobytes() for n, b in bufs.items()})
+    assert got[0] == got[1] == got[2]

@@ -1,0 +1,15 @@
+"""wload: plan and load LLM safetensors checkpoints exactly as vLLM 0.33 holds them per rank.
+
+    import wload
+    p = wload.plan("/models/Llama-3.1-8B", tp=2)
+    for t in p.tensors(0):
+        ...  # t.name, t.dtype ("BF16"), t.shape, t.nbytes
+    timings = p.load(0, {t.name: address_of_buffer(t) for t in p.tensors(0)})
+
+`Plan.load` writes through raw addresses: each must point to writable, contiguous memory of
+exactly the tensor's `nbytes`, alive and untouched until `load` returns. See python/README.md.
+"""
+
+from ._wload import Plan, PlanError, Tensor, WloadError, __version__, plan
+
+__all__ = ["Plan", "PlanError", "Tensor", "WloadError", "__version__", "plan"]
