@@ -205,7 +205,10 @@ impl Plan {
 }
 
 fn quoted<'a>(names: impl Iterator<Item = &'a str>) -> String {
-    names.map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
+    names
+        .map(|n| format!("'{n}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What one load did, for the returned dict.
@@ -297,6 +300,7 @@ impl Plan {
     /// of exactly the tensor's nbytes). Unsafe like any raw-pointer API: the caller guarantees
     /// the sizes and keeps the buffers alive and untouched until this returns.
     #[pyo3(signature = (rank, dests, device="cpu", device_index=0, stream=0, io="auto"))]
+    #[allow(clippy::too_many_arguments)]
     fn load<'py>(
         &self,
         py: Python<'py>,
@@ -318,14 +322,12 @@ impl Plan {
         let dests = self.destinations(j, dests)?;
         let t_all = Instant::now();
         let dests: Vec<(usize, usize)> = dests.into_iter().map(|(p, n)| (p as usize, n)).collect();
-        let done = py
-            .detach(|| self.run(j, dests, io))
-            .map_err(|e| {
-                WloadError::new_err(format!(
-                    "loading rank {rank} failed, its destinations hold partial data: {}",
-                    e
-                ))
-            })?;
+        let done = py.detach(|| self.run(j, dests, io)).map_err(|e| {
+            WloadError::new_err(format!(
+                "loading rank {rank} failed, its destinations hold partial data: {}",
+                e
+            ))
+        })?;
         let total_s = t_all.elapsed().as_secs_f64();
         let r = &self.plan.ranks[j];
         let d = PyDict::new(py);
@@ -424,10 +426,7 @@ fn overrides(
     };
     let text: String = match v.extract::<String>() {
         Ok(s) => s,
-        Err(_) => py
-            .import("json")?
-            .call_method1("dumps", (v,))?
-            .extract()?,
+        Err(_) => py.import("json")?.call_method1("dumps", (v,))?.extract()?,
     };
     wload::config::parse_overrides(&text)
         .map(Some)
@@ -441,7 +440,10 @@ fn choice<T: clap::ValueEnum>(py: Python<'_>, what: &str, s: &str) -> PyResult<T
             .iter()
             .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
             .collect();
-        usage(py, format!("{what} {s:?}: expected one of {}", names.join(", ")))
+        usage(
+            py,
+            format!("{what} {s:?}: expected one of {}", names.join(", ")),
+        )
     })
 }
 
@@ -492,7 +494,9 @@ fn plan(
         tp,
         pp,
         expert_parallel,
-        dtype: dtype.map(|d| choice::<DtypeChoice>(py, "dtype", d)).transpose()?,
+        dtype: dtype
+            .map(|d| choice::<DtypeChoice>(py, "dtype", d))
+            .transpose()?,
         config_format: choice::<ConfigFormat>(py, "config_format", config_format)?,
         pp_partition,
         mapping,
