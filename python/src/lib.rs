@@ -199,7 +199,11 @@ impl Plan {
             )));
         }
         Ok((addr.into_iter().zip(tensors))
-            .map(|(a, t)| (a.expect("checked above") as *mut u8, t.bytes as usize))
+            .map(|(a, t)| match a.expect("checked above") {
+                // Nothing is written to an empty tensor, but a slice is never made from null.
+                0 => (std::ptr::NonNull::<u8>::dangling().as_ptr(), 0),
+                a => (a as *mut u8, t.bytes as usize),
+            })
             .collect())
     }
 }

@@ -297,3 +297,26 @@ def test_io_modes_give_the_same_bytes():
         assert r["io"] == io
         got.append({n: b.tobytes() for n, b in bufs.items()})
     assert got[0] == got[1] == got[2]
+
+
+def test_options_reach_the_planner():
+    # VLLM_PP_LAYER_PARTITION, as a list or vLLM's string.
+    p = wload.plan(GQA, tp=1, pp=2, pp_partition=[1, 1])
+    assert (p.pp, p.world_size) == (2, 2)
+    with pytest.raises(wload.PlanError, match=r"sum\(partitions\)=8 does not match"):
+        wload.plan(GQA, tp=1, pp=2, pp_partition="3,5")
+    # --hf-overrides, as a dict: the shapes no longer fit, and every tensor says so.
+    with pytest.raises(wload.PlanError) as e:
+        wload.plan(GQA, tp=2, hf_overrides={"num_attention_heads": 6})
+    assert any(pr["expected_shape"] and pr["tensor"] for pr in e.value.problems)
+    with pytest.raises(wload.PlanError, match="expected a JSON object"):
+        wload.plan(GQA, tp=2, hf_overrides="[1]")
+
+
+def test_a_pre_sharded_folder_gives_its_own_layout():
+    folder = os.path.join(EXPECTED, "llama_gqa", "tp2")
+    p = wload.plan(folder, tp=None, pp=None, dtype=None)
+    assert (p.kind, p.tp, p.pp) == ("pre-sharded", 2, 1)
+    assert "--tp 2" in p.note
+    with pytest.raises(wload.PlanError):
+        wload.plan(folder, tp=4)
