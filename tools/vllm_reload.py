@@ -194,6 +194,12 @@ def rank_main(rank, args, port):
     from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
     from vllm.v1.worker.workspace import init_workspace_manager
 
+    if args.load_format == "wload":
+        # The wload plugin registers its load format through the `vllm.general_plugins` entry
+        # point, which vLLM's workers load at start; this harness makes the workers itself.
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
     engine = EngineArgs(
         model=args.folder,
         load_format=args.load_format,
@@ -303,7 +309,7 @@ def parser():
     p.add_argument(
         "--load-format",
         default="sharded_state",
-        help="sharded_state (a wload output folder) or safetensors (a HF checkpoint: vLLM's own state)",
+        help="sharded_state (a wload output folder), safetensors (a HF checkpoint: vLLM's own state) or wload (the checkpoint through the wload plugin: pip install ./python)",
     )
     return p
 

@@ -1,0 +1,225 @@
+"""`vllm serve MODEL --load-format wload`: wload's plan and engine as a vLLM model loader.
+
+Registered through the `vllm.general_plugins` entry point (`register`), which vLLM loads in every
+process. vLLM builds the empty model and, after `load_weights`, runs every layer's
+`process_weights_after_loading` itself (model_loader/base_loader.py:63-115), so this loader only
+has to fill the freshly created parameters exactly as vLLM's weight loaders would: which is what
+wload's plan for this worker's rank is, byte for byte (the sharded_state contract,
+sharded_state_loader.py:190-252).
+
+For the worker's TP, PP and EP rank (vLLM's parallel state) it plans MODEL — a checkpoint folder, a
+hub repo id (vLLM's `--revision` and `--download-dir`), or a pre-sharded wload/vLLM folder — checks
+every planned tensor against the model's `state_dict` (key present, same dtype, same shape or a
+leading slice of it, as sharded_state narrows) and every parameter against the plan, and reports
+every disagreement at once before a byte is read. Then each rank reads only its own bytes into
+the parameters: no full checkpoint tensor is materialised.
+"""
+
+from __future__ import annotations
+
+import time
+
+LOAD_FORMAT = "wload"
+
+# wload's dtype names (safetensors spelling) as torch dtype attribute names.
+_TORCH_DTYPES = {
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F32": "float32",
+    "F64": "float64",
+    "I8": "int8",
+    "U8": "uint8",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+
+def register():
+    """The entry point: adds the `wload` load format to vLLM."""
+    from vllm.model_executor.model_loader import register_model_loader
+
+    register_model_loader(LOAD_FORMAT)(_loader_class())
+
+
+class WloadLoadError(ValueError):
+    """The model cannot be filled from the plan: every reason at once, and what to do."""
+
+
+def _loader_class():
+    # Built lazily: importing vLLM (and torch) only where vLLM is loading plugins.
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    class WloadModelLoader(BaseModelLoader):
+        """Fills vLLM's parameters from wload's plan of the checkpoint for this worker's rank."""
+
+        def download_model(self, model_config) -> None:
+            # Planning fetches what the rank reads (headers first for a hub id); nothing else.
+            _plan_for_worker(self.load_config, model_config)
+
+        def load_weights(self, model, model_config) -> None:
+            import torch
+
+            from vllm.logger import init_logger
+
+            log = init_logger(__name__)
+            t0 = time.perf_counter()
+            plan, rank = _plan_for_worker(self.load_config, model_config)
+            t_plan = time.perf_counter() - t0
+            state = _parameters(model)
+            targets = _check(plan, rank, state, model_config.model)
+            device = next(iter(state.values())).device if state else torch.device("cpu")
+            stats, t_fill = _fill(plan, rank, targets, device)
+            log.info(
+                "wload: rank %d of %s filled %d tensors (%.1f MiB) in %.3fs (plan %.3fs, "
+                "read and copy %.3fs%s)",
+                rank,
+                plan.root,
+                len(targets),
+                stats.get("bytes", 0) / 2**20,
+                time.perf_counter() - t0,
+                t_plan,
+                t_fill,
+                "".join(
+                    f", {k} {v:.3f}s"
+                    for k, v in sorted(stats.items())
+                    if k.endswith("_s") and isinstance(v, float)
+                ),
+            )
+
+    return WloadModelLoader
+
+
+def _worker_layout():
+    """This worker's TP size and rank, PP size and stage, and whether experts are parallel."""
+    from vllm.config import get_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    pp_group = ps.get_pp_group()
+    parallel = get_current_vllm_config().parallel_config
+    return (
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_tensor_model_parallel_rank(),
+        pp_group.world_size,
+        pp_group.rank_in_group,
+        bool(parallel.enable_expert_parallel),
+    )
+
+
+def _plan_for_worker(load_config, model_config):
+    """wload's plan of MODEL for this worker's layout, and this worker's global rank in it."""
+    import vllm.envs as envs
+    import wload
+
+    tp, tp_rank, pp, pp_rank, ep = _worker_layout()
+    mm = getattr(model_config, "multimodal_config", None)
+    overrides = model_config.hf_overrides
+    if callable(overrides):
+        raise WloadLoadError(
+            "--load-format wload takes --hf-overrides as a JSON object, not a function; "
+            "use --load-format auto"
+        )
+    source = model_config.model_weights or model_config.model
+    try:
+        plan = wload.plan(
+            source,
+            tp=tp,
+            pp=pp,
+            expert_parallel=ep,
+            dtype=str(model_config.dtype).removeprefix("torch."),
+            hf_overrides=dict(overrides) or None,
+            revision=model_config.revision,
+            download_dir=load_config.download_dir,
+            language_model_only=bool(mm and mm.language_model_only),
+            mm_encoder_tp_mode=(mm.mm_encoder_tp_mode if mm else None) or "weights",
+            pp_partition=envs.VLLM_PP_LAYER_PARTITION,
+        )
+    except wload.PlanError as e:
+        raise WloadLoadError(
+            f"wload cannot plan {source} at tp {tp} pp {pp}"
+            f"{' with expert parallelism' if ep else ''}:\n{e}\n"
+            "use --load-format auto to load it with vLLM's own loader"
+        ) from e
+    return plan, pp_rank * tp + tp_rank
+
+
+def _parameters(model):
+    """The model's tensors by name, aliases and views inside other tensors dropped, as the
+    sharded_state loader sees them."""
+    from vllm.model_executor.model_loader.sharded_state_loader import ShardedStateLoader
+
+    return ShardedStateLoader._filter_subtensors(model.state_dict())
+
+
+def _check(plan, rank, state, model_name):
+    """Each planned tensor against its parameter, each parameter against the plan; every
+    disagreement at once. Returns [(planned tensor, destination tensor)]."""
+    import torch
+
+    problems = []
+    targets = []
+    planned = plan.tensors(rank)
+    seen = set()
+    for t in planned:
+        seen.add(t.name)
+        param = state.get(t.name)
+        if param is None:
+            problems.append(f"{t.name}: planned for rank {rank}, but the model has no such parameter")
+            continue
+        want = getattr(torch, _TORCH_DTYPES.get(t.dtype, ""), None)
+        if want is None or param.dtype != want:
+            problems.append(
+                f"{t.name}: wload plans {t.dtype}, the model's parameter is {param.dtype}"
+            )
+            continue
+        shape = tuple(t.shape)
+        if len(shape) != param.dim() or any(s > p for s, p in zip(shape, param.shape)):
+            problems.append(
+                f"{t.name}: wload plans shape {list(shape)}, the model's parameter is "
+                f"{list(param.shape)}"
+            )
+            continue
+        dest = param.data
+        for dim, size in enumerate(shape):
+            if size < dest.shape[dim]:
+                dest = dest.narrow(dim, 0, size)
+        targets.append((t, dest))
+    missing = [k for k in state if k not in seen]
+    for k in missing:
+        problems.append(f"{k}: the model's parameter is in no tensor wload plans for rank {rank}")
+    if problems:
+        raise WloadLoadError(
+            f"wload's plan of {model_name} does not fit vLLM's model on rank {rank} "
+            f"({len(problems)} problem{'s' if len(problems) != 1 else ''}):\n  - "
+            + "\n  - ".join(problems)
+            + "\nuse --load-format auto to load it with vLLM's own loader"
+        )
+    return targets
+
+
+def _fill(plan, rank, targets, device):
+    """Reads the rank's bytes into the destinations. Contiguous CPU parameters are filled in
+    place; others (narrowed views, GPU memory) through one host buffer each, then copied. A failed
+    read raises: vLLM then never serves the half-filled model."""
+    import torch
+
+    t0 = time.perf_counter()
+    dests = {}
+    staged = []
+    for t, dest in targets:
+        if dest.device.type == "cpu" and dest.is_contiguous():
+            dests[t.name] = dest.data_ptr()
+        else:
+            host = torch.empty(tuple(t.shape), dtype=dest.dtype, device="cpu")
+            dests[t.name] = host.data_ptr()
+            staged.append((host, dest))
+    stats = plan.load(rank, dests, device="cpu")
+    for host, dest in staged:
+        dest.copy_(host)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return stats, time.perf_counter() - t0

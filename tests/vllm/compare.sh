@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# vLLM 0.33 on the CPU loads golden fixtures twice, with `--load-format wload` (the plugin of
+# `pip install ./python`) and with its own loader (`safetensors`), one process per rank with gloo
+# groups (tools/vllm_reload.py), and the two states must be byte-identical, tensor by tensor
+# (tests/data/golden/tools/compare_shards.py). Both states are taken after the weight loaders and
+# before vLLM's post-processing, which the PyPI wheel cannot run on a CPU for MoE and quantized
+# layers (tools/vllm_reload.py's patches, as the golden oracle's). Then a model wload cannot plan
+# must be refused before loading, saying to use `--load-format auto`.
+#
+#   tests/vllm/compare.sh [CASE/tpN ...]       (default: the cases below)
+#
+# VENV  a virtualenv with vllm==0.33.0 (default .venv-vllm, created when missing: about 3 minutes
+#       and 9.4 GB); this repository's Python package is installed into it on every run.
+# WORK  where dumps and logs go (default: a new temporary folder).
+# Exit status: the number of cases that differ or fail.
+set -u
+here=$(cd "$(dirname "$0")/../.." && pwd)
+venv=${VENV:-$here/.venv-vllm}
+work=${WORK:-$(mktemp -d)}
+golden=$here/tests/data/golden
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || cases=(
+  llama_gqa/tp1 llama_gqa/tp2 llama_gqa__pp2/tp1 llama_gqa__dtype_float16/tp2 mixtral/tp2
+  mixtral__ep/tp2 qwen2_moe/tp2 deepseek_v3/tp2 llama_gqa__fp8_block/tp2 llama_gqa_w4a16/tp2
+  llama_gqa_gptq/tp2 gpt_oss_mxfp4/tp2)
+declare -A CASE_FLAGS=([gpt_oss_mxfp4]="--moe-backend triton")
+
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv" && "$venv/bin/pip" install -q vllm==0.33.0 || exit 100
+fi
+"$venv/bin/pip" install -q "$here/python" || exit 101
+py=$venv/bin/python
+export VLLM_TARGET_DEVICE=cpu
+
+# The engine flags of a case name's suffixes (tests/data/golden/README.md).
+suffix_flags() {
+  local s parts flags=()
+  IFS=' ' read -r -a parts <<< "${1//__/ }"
+  for s in "${parts[@]:1}"; do
+    case $s in
+      lmonly) flags+=(--language-model-only) ;;
+      mmdata) flags+=(--mm-encoder-tp-mode data) ;;
+      ep) flags+=(--enable-expert-parallel) ;;
+      pp[0-9]*) flags+=(--pp "${s#pp}") ;;
+      dtype_*) flags+=(--dtype "${s#dtype_}") ;;
+      fp8_*) ;;  # llama_gqa__fp8_block: the fixture's name, no flag
+      *) echo "unknown case suffix __$s" >&2; return 1 ;;
+    esac
+  done
+  echo "${flags[*]}"
+}
+
+fixture_of() {
+  local n
+  for n in "$1" "${1/__/_}" "${1%%__*}"; do
+    [ -d "$golden/fixtures/$n" ] && { echo "$golden/fixtures/$n"; return; }
+  done
+  return 1
+}
+
+failed=0
+for c in "${cases[@]}"; do
+  name=${c%/tp*}; tp=${c##*/tp}
+  dir=$work/$name-tp$tp; rm -rf "$dir"; mkdir -p "$dir"
+  fixture=$(fixture_of "$name") || { echo "$c: no fixture"; failed=$((failed + 1)); continue; }
+  flags=$(suffix_flags "$name") || { failed=$((failed + 1)); continue; }
+  flags="$flags ${CASE_FLAGS[$name]:-}"
+  [ -f "$fixture/params.json" ] && [ ! -f "$fixture/config.json" ] && flags="$flags --config-format mistral"
+  ok=1
+  for fmt in safetensors wload; do
+    # shellcheck disable=SC2086
+    if ! "$py" "$here/tools/vllm_reload.py" "$fixture" --load-format $fmt --tp "$tp" $flags \
+        --dump "$dir/$fmt" > "$dir/$fmt.log" 2>&1; then
+      echo "$c: --load-format $fmt failed: $(grep -E 'Error|error' "$dir/$fmt.log" | tail -1) ($dir/$fmt.log)"
+      ok=0
+    fi
+  done
+  if [ $ok = 1 ] && "$py" "$golden/tools/compare_shards.py" "$dir/safetensors" "$dir/wload" > "$dir/compare.log" 2>&1; then
+    echo "$c: $(grep IDENTICAL "$dir/compare.log")"
+  else
+    [ $ok = 1 ] && { echo "$c: DIFFERENT"; cat "$dir/compare.log"; }
+    failed=$((failed + 1))
+  fi
+done
+
+# A model wload cannot plan: the old spelling `LLaMAForCausalLM`, which vLLM builds as Llama and
+# wload has no mapping for. Refused before any weight is read, naming the way out.
+unknown=$work/unknown-arch; rm -rf "$unknown"; cp -r "$golden/fixtures/llama_gqa" "$unknown"
+sed -i 's/"LlamaForCausalLM"/"LLaMAForCausalLM"/' "$unknown/config.json"
+if "$py" "$here/tools/vllm_reload.py" "$unknown" --load-format wload --tp 1 --dump "$work/unknown-dump" \
+    > "$work/unknown.log" 2>&1; then
+  echo "refusal: a model wload cannot plan was loaded"; failed=$((failed + 1))
+elif grep -q "use --load-format auto" "$work/unknown.log"; then
+  echo "refusal: refused before loading, saying to use --load-format auto"
+else
+  echo "refusal: failed without wload's message ($work/unknown.log)"; failed=$((failed + 1))
+fi
+echo "$failed case(s) failed; logs in $work"
+exit $failed
