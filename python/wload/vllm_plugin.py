@@ -66,7 +66,8 @@ def _loader_class():
 
             from vllm.logger import init_logger
 
-            log = init_logger(__name__)
+            # Under vLLM's logger, whose handler and level the server configures.
+            log = init_logger("vllm.wload")
             t0 = time.perf_counter()
             plan, rank = _plan_for_worker(self.load_config, model_config)
             t_plan = time.perf_counter() - t0
