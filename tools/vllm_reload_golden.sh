@@ -38,36 +38,8 @@ cases=("$@")
 # Shard flags a case needs beyond those its name's suffixes stand for (suffix_flags).
 declare -A CASE_FLAGS=([gpt_oss_mxfp4]="--moe-backend triton")
 
-# The shard flags of a case name's suffixes, as the golden README defines them: `__lmonly`
-# --language-model-only, `__mmdata` --mm-encoder-tp-mode data, `__ep` --enable-expert-parallel,
-# `__ppN` --pp N, `__dtype_D` --dtype D, `__maxsize_B` --max-part-size B.
-suffix_flags() {
-  local s parts flags=()
-  IFS=' ' read -r -a parts <<< "${1//__/ }"
-  for s in "${parts[@]:1}"; do
-    case $s in
-      lmonly) flags+=(--language-model-only) ;;
-      mmdata) flags+=(--mm-encoder-tp-mode data) ;;
-      ep) flags+=(--enable-expert-parallel) ;;
-      pp[0-9]*) flags+=(--pp "${s#pp}") ;;
-      dtype_*) flags+=(--dtype "${s#dtype_}") ;;
-      maxsize_*) flags+=(--max-part-size "${s#maxsize_}") ;;
-      fp8_*) ;;  # llama_gqa__fp8_block: the fixture's name (fixture_of), no flag
-      *) echo "unknown case suffix __$s" >&2; return 1 ;;
-    esac
-  done
-  echo "${flags[*]}"
-}
-
-# The fixture of a case: its own name, or the name with `__` as `_` (llama_gqa__fp8_block comes from
-# llama_gqa_fp8_block), or the name before the suffix (llama4__lmonly comes from llama4).
-fixture_of() {
-  local n
-  for n in "$1" "${1/__/_}" "${1%%__*}"; do
-    [ -d "$golden/fixtures/$n" ] && { echo "$golden/fixtures/$n"; return; }
-  done
-  return 1
-}
+# suffix_flags, fixture_of
+source "$here/tools/golden_cases.sh"
 
 failed=0
 for c in "${cases[@]}"; do

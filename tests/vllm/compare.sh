@@ -32,38 +32,15 @@ fi
 py=$venv/bin/python
 export VLLM_TARGET_DEVICE=cpu
 
-# The engine flags of a case name's suffixes (tests/data/golden/README.md).
-suffix_flags() {
-  local s parts flags=()
-  IFS=' ' read -r -a parts <<< "${1//__/ }"
-  for s in "${parts[@]:1}"; do
-    case $s in
-      lmonly) flags+=(--language-model-only) ;;
-      mmdata) flags+=(--mm-encoder-tp-mode data) ;;
-      ep) flags+=(--enable-expert-parallel) ;;
-      pp[0-9]*) flags+=(--pp "${s#pp}") ;;
-      dtype_*) flags+=(--dtype "${s#dtype_}") ;;
-      fp8_*) ;;  # llama_gqa__fp8_block: the fixture's name, no flag
-      *) echo "unknown case suffix __$s" >&2; return 1 ;;
-    esac
-  done
-  echo "${flags[*]}"
-}
-
-fixture_of() {
-  local n
-  for n in "$1" "${1/__/_}" "${1%%__*}"; do
-    [ -d "$golden/fixtures/$n" ] && { echo "$golden/fixtures/$n"; return; }
-  done
-  return 1
-}
+# suffix_flags, fixture_of
+source "$here/tools/golden_cases.sh"
 
 failed=0
 for c in "${cases[@]}"; do
   name=${c%/tp*}; tp=${c##*/tp}
   dir=$work/$name-tp$tp; rm -rf "$dir"; mkdir -p "$dir"
   fixture=$(fixture_of "$name") || { echo "$c: no fixture"; failed=$((failed + 1)); continue; }
-  flags=$(suffix_flags "$name") || { failed=$((failed + 1)); continue; }
+  flags=$(suffix_flags "$name" engine) || { failed=$((failed + 1)); continue; }
   flags="$flags ${CASE_FLAGS[$name]:-}"
   [ -f "$fixture/params.json" ] && [ ! -f "$fixture/config.json" ] && flags="$flags --config-format mistral"
   ok=1
