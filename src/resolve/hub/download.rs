@@ -166,18 +166,7 @@ impl<'a> Fetcher<'a> {
         // Pinned to the commit, so that every file comes from the same one even if the branch
         // moves meanwhile.
         let url = client.file_url(self.req.repo, self.commit, file);
-        let fail = |e| http_error(self.req, Some(file), self.commit, e);
-        let meta = retried(|| client.metadata(&url)).map_err(fail)?;
-        if meta.commit != self.commit {
-            return Err(HubError::Download {
-                repo: self.req.repo.to_string(),
-                file: file.to_string(),
-                message: format!(
-                    "the hub answered for commit {} rather than {}",
-                    meta.commit, self.commit
-                ),
-            });
-        }
+        let meta = pinned_metadata(client, &url, self.req, self.commit, file)?;
         let blobs = self.repo_dir.join("blobs");
         let blob = blobs.join(&meta.etag);
         // huggingface_hub asks for the etag first and only links a blob it already has (the
@@ -354,6 +343,30 @@ fn adopt_partial_downloads(blobs: &Path) {
 /// Asks again, a few times, when the network rather than the request failed. A metadata request
 /// that timed out is not asked again: a hub silent for that long is reported at once, as
 /// huggingface_hub does, rather than after several timeouts.
+/// `file`'s metadata at `url`, pinned to `commit`: a hub that answers for another commit (the
+/// branch moved meanwhile) is refused, so that every file of a run comes from one commit.
+pub(super) fn pinned_metadata(
+    client: &Client,
+    url: &str,
+    req: &HubRequest,
+    commit: &str,
+    file: &str,
+) -> Result<Meta, HubError> {
+    let meta =
+        retried(|| client.metadata(url)).map_err(|e| http_error(req, Some(file), commit, e))?;
+    if meta.commit != commit {
+        return Err(HubError::Download {
+            repo: req.repo.to_string(),
+            file: file.to_string(),
+            message: format!(
+                "the hub answered for commit {} rather than {commit}",
+                meta.commit
+            ),
+        });
+    }
+    Ok(meta)
+}
+
 pub(super) fn retried<T>(mut f: impl FnMut() -> Result<T, HttpError>) -> Result<T, HttpError> {
     let mut tries = 0;
     loop {

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::Serialize;
 
 use super::cache;
-use super::download::retried;
+use super::download::{pinned_metadata, retried};
 use super::error::http_error;
 use super::header_cache::{Entry, HeaderCache};
 use super::http::{Client, Follow, HttpError, Meta, parse_content_range, refuse_encoded};
@@ -216,17 +216,7 @@ impl Asker<'_> {
         let client = &self.client;
         let url = client.file_url(self.req.repo, self.commit, file);
         let fail = |e| http_error(self.req, Some(file), self.commit, e);
-        let meta = retried(|| client.metadata(&url)).map_err(fail)?;
-        if meta.commit != self.commit {
-            return Err(HubError::Download {
-                repo: self.req.repo.to_string(),
-                file: file.to_string(),
-                message: format!(
-                    "the hub answered for commit {} rather than {}",
-                    meta.commit, self.commit
-                ),
-            });
-        }
+        let meta = pinned_metadata(client, &url, self.req, self.commit, file)?;
         let blob = self.repo_dir.join("blobs").join(&meta.etag);
         if std::fs::metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == meta.size) {
             cache::link(self.snapshot, file, &meta.etag)?;
