@@ -60,6 +60,22 @@ for c in "${cases[@]}"; do
   fi
 done
 
+# A pre-sharded folder as MODEL (wload's own output of llama_gqa at TP 2), with WLOAD (default
+# target/release/wload) to write it: the same state as vLLM's loader on the original checkpoint.
+wload_bin=${WLOAD:-$here/target/release/wload}
+[ -x "$wload_bin" ] || (cd "$here" && cargo build --release --locked -q) || exit 102
+pre=$work/pre-sharded; rm -rf "$pre" "$pre-dump"
+if "$wload_bin" shard "$golden/fixtures/llama_gqa" --tp 2 -o "$pre" -q > /dev/null \
+    && "$py" "$here/tools/vllm_reload.py" "$pre" --load-format wload --tp 2 --dump "$pre-dump" \
+      > "$work/pre-sharded.log" 2>&1 \
+    && "$py" "$here/tools/vllm_reload.py" "$golden/fixtures/llama_gqa" --load-format safetensors \
+      --tp 2 --dump "$pre-auto" > "$work/pre-sharded-auto.log" 2>&1 \
+    && "$py" "$golden/tools/compare_shards.py" "$pre-auto" "$pre-dump" > "$work/pre-sharded.cmp" 2>&1; then
+  echo "pre-sharded llama_gqa/tp2: $(grep IDENTICAL "$work/pre-sharded.cmp")"
+else
+  echo "pre-sharded llama_gqa/tp2: failed or DIFFERENT (logs in $work)"; failed=$((failed + 1))
+fi
+
 # A model wload cannot plan: the old spelling `LLaMAForCausalLM`, which vLLM builds as Llama and
 # wload has no mapping for. Refused before any weight is read, naming the way out.
 unknown=$work/unknown-arch; rm -rf "$unknown"; cp -r "$golden/fixtures/llama_gqa" "$unknown"
