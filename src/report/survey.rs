@@ -151,9 +151,9 @@ fn write_completeness(
             plural(s.world_size),
             wf.flags(),
             if wf.from == "file names" {
-                ""
+                String::new()
             } else {
-                ", at the sizes wload.json records"
+                format!(", at the sizes {} records", Esc(&wf.from))
             }
         )?;
     } else {

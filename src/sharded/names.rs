@@ -160,8 +160,9 @@ pub struct WrittenFor {
     /// the same everywhere, or unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub module_tree: Option<String>,
-    /// "wload.json" or "file names".
-    pub from: &'static str,
+    /// The run records read ("wload.json", or "wload-ranks-0-3.json, wload-ranks-4-7.json"), or
+    /// "file names".
+    pub from: String,
 }
 
 impl WrittenFor {
@@ -178,7 +179,11 @@ impl WrittenFor {
                 source_checkpoint: Some(m.source.clone()),
                 multimodal: super::serve::ServeLayout::of(m).multimodal.flags(),
                 module_tree: m.module_tree.clone(),
-                from: super::manifest::MANIFEST,
+                from: if m.records.is_empty() {
+                    super::manifest::MANIFEST.to_string()
+                } else {
+                    m.records.join(", ")
+                },
             };
         }
         let staged = files.keys().all(|(pp, _)| pp.is_some());
@@ -203,7 +208,7 @@ impl WrittenFor {
             dtype: None,
             architecture: None,
             source_checkpoint: None,
-            from: "file names",
+            from: "file names".into(),
         }
     }
 
