@@ -29,7 +29,7 @@ impl PpPartitionArg {
     pub fn arg() -> clap::Arg {
         clap::Arg::new(Self::ID)
             .long("vllm-pp-layer-partition")
-            .env("VLLM_PP_LAYER_PARTITION")
+            .env(crate::ranks::stages::PP_PARTITION_VAR)
             .hide(true)
             .value_parser(clap::value_parser!(OsString))
     }

@@ -4,6 +4,9 @@
 
 use std::ops::Range;
 
+/// The variable vLLM reads a partition from (vllm/envs.py): layer counts per stage.
+pub const PP_PARTITION_VAR: &str = "VLLM_PP_LAYER_PARTITION";
+
 use serde::Serialize;
 
 /// One pipeline stage: its index and the layers it holds (global numbers, as in the keys).

@@ -147,6 +147,16 @@ impl Manifest {
         super::runs::read(dir).manifest
     }
 
+    /// The run records this view was read from, for messages: `wload.json`, or
+    /// `wload-ranks-0-3.json, wload-ranks-4-7.json`.
+    pub fn record_names(&self) -> String {
+        if self.records.is_empty() {
+            MANIFEST.to_string()
+        } else {
+            self.records.join(", ")
+        }
+    }
+
     /// One record file as written, without merging.
     pub fn read_record(path: &Path) -> Option<Manifest> {
         let mut m: Manifest = serde_json::from_slice(&crate::small_file::read(path).ok()?).ok()?;

@@ -179,11 +179,7 @@ impl WrittenFor {
                 source_checkpoint: Some(m.source.clone()),
                 multimodal: super::serve::ServeLayout::of(m).multimodal.flags(),
                 module_tree: m.module_tree.clone(),
-                from: if m.records.is_empty() {
-                    super::manifest::MANIFEST.to_string()
-                } else {
-                    m.records.join(", ")
-                },
+                from: m.record_names(),
             };
         }
         let staged = files.keys().all(|(pp, _)| pp.is_some());

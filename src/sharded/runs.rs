@@ -167,7 +167,7 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
         ("--tp", base.tp.to_string(), r.tp.to_string()),
         ("--pp", base.pp.to_string(), r.pp.to_string()),
         (
-            "VLLM_PP_LAYER_PARTITION",
+            crate::ranks::stages::PP_PARTITION_VAR,
             opt(&base.pp_layer_partition),
             opt(&r.pp_layer_partition),
         ),

@@ -12,6 +12,7 @@ use super::names::{RankFiles, WrittenFor};
 use crate::checkpoint::Checkpoint;
 use crate::dtype::{DtypeChoice, resolve_dtype};
 use crate::multimodal::{MmEncoderTpMode, Multimodal};
+use crate::ranks::stages::PP_PARTITION_VAR;
 
 /// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM
 /// would infer the same way by itself.
@@ -126,9 +127,6 @@ impl ServeCommand {
         ServeCommand { env, argv, shell }
     }
 }
-
-/// The variable vLLM splits pipeline stages by (vllm/envs.py).
-pub const PP_PARTITION_VAR: &str = "VLLM_PP_LAYER_PARTITION";
 
 /// The files vLLM's tokenizer loading finds a tokenizer by: Hugging Face's (fast, SentencePiece,
 /// BPE, WordPiece) and Mistral's. One list, also behind `shard`'s warning.

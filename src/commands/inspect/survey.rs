@@ -166,13 +166,13 @@ fn survey_file(
 ) -> (SurveyFile, Option<(usize, u64, u64)>) {
     let size = std::fs::metadata(root.join(name)).map_or(0, |m| m.len());
     let listed = manifest.and_then(|m| m.files.iter().find(|f| f.name == name));
-    if let Some(l) = listed
+    if let (Some(m), Some(l)) = (manifest, listed)
         && l.size != size
     {
         problems.push(Problem {
             message: format!(
                 "{name}: {size} bytes, but {} records {}: the file is truncated or was replaced",
-                records(manifest),
+                m.record_names(),
                 l.size
             ),
             fix: Some("copy the file again, or re-shard".into()),
@@ -180,11 +180,11 @@ fn survey_file(
             ..Default::default()
         });
     }
-    if manifest.is_some() && listed.is_none() {
+    if let (Some(m), None) = (manifest, listed) {
         problems.push(Problem {
             message: format!(
                 "{name}: not listed in {} (left from another run, or a --ranks run whose record was not copied?)",
-                records(manifest)
+                m.record_names()
             ),
             fix: Some("copy the run record (wload-ranks-*.json) that lists it beside it, remove it, or re-shard into an empty folder".into()),
             file: Some(name.to_string()),
@@ -222,9 +222,4 @@ fn survey_file(
         size_matches_manifest: listed.map(|l| l.size == size),
     };
     (row, counted)
-}
-
-/// The records a merged manifest was read from, for messages.
-fn records(manifest: Option<&Manifest>) -> String {
-    manifest.map_or_else(String::new, |m| m.records.join(", "))
 }

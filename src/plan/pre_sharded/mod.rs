@@ -215,8 +215,8 @@ fn partition_problem(
     files: &RankFiles,
     popts: &PlanOptions,
 ) -> Option<Problem> {
+    use crate::ranks::stages::PP_PARTITION_VAR;
     use crate::sharded::layers;
-    use crate::sharded::serve::PP_PARTITION_VAR;
     if expected.pp <= 1 {
         return None;
     }

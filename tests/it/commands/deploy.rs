@@ -185,23 +185,6 @@ fn serve_of(source: &Path, out: &Path, extra: &[&str]) -> (Vec<String>, String, 
     (argv, shell, printed)
 }
 
-/// What a POSIX shell makes of `line`: its words.
-fn shell_words(line: &str) -> Vec<String> {
-    let o = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("printf '%s\\0' {line}"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", context(&o));
-    let mut words: Vec<String> = String::from_utf8(o.stdout)
-        .unwrap()
-        .split('\0')
-        .map(str::to_string)
-        .collect();
-    words.pop();
-    words
-}
-
 fn words(s: &[&str]) -> Vec<String> {
     s.iter().map(|w| w.to_string()).collect()
 }

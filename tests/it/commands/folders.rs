@@ -25,14 +25,7 @@ fn run_with(cwd: &Path, partition: Option<&str>, args: &[&str]) -> std::process:
 
 /// The environment assignments and the words of a serve line, as a shell reads them.
 fn env_and_words(line: &str) -> (Vec<(String, String)>, Vec<String>) {
-    let o = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("printf '%s\\0' {line}"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8(o.stdout).unwrap();
-    let mut words: Vec<String> = text.split('\0').map(str::to_string).collect();
-    words.pop();
+    let words = shell_words(line);
     let n = words.iter().take_while(|w| w.contains('=')).count();
     let env = words[..n]
         .iter()

@@ -179,3 +179,20 @@ pub(crate) fn skipped_tensors(plan: &Value, why: &str) -> Vec<String> {
     skipped.sort();
     skipped
 }
+
+/// What a POSIX shell makes of `line`: its words (environment assignments included).
+pub(crate) fn shell_words(line: &str) -> Vec<String> {
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("printf '%s\\0' {line}"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", context(&o));
+    let mut words: Vec<String> = String::from_utf8(o.stdout)
+        .unwrap()
+        .split('\0')
+        .map(str::to_string)
+        .collect();
+    words.pop();
+    words
+}
