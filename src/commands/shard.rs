@@ -351,14 +351,15 @@ fn manifest_for(
 /// The plan's stage split as `VLLM_PP_LAYER_PARTITION` counts, when it is not vLLM's even split
 /// (so vLLM must be started with it).
 fn partition(plan: &Plan) -> Option<String> {
-    if plan.pp <= 1 {
+    let layers = plan.stages.last()?.end_layer;
+    let even = crate::ranks::stages::split_layers(layers, plan.pp, None).ok();
+    if plan.pp <= 1 || even.as_deref() == Some(&plan.stages[..]) {
         return None;
     }
     let counts: Vec<String> = (plan.stages.iter())
         .map(|s| (s.end_layer - s.first_layer).to_string())
         .collect();
-    let p = counts.join(",");
-    (!crate::sharded::layers::is_even_split(&p)).then_some(p)
+    Some(counts.join(","))
 }
 
 /// What the manifest says of the config: wload's changes to config.json, and `mistral` when the

@@ -40,10 +40,10 @@ impl StageLayers {
 /// checks name them. Empty without pipeline stages in the names.
 pub fn of_folder(root: &Path, files: &RankFiles) -> Vec<StageLayers> {
     let mut by_stage: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
-    for (&(pp, tp), parts) in files {
+    // Keys in (stage, TP rank) order: a stage's first entry is its first TP rank.
+    for (&(pp, _), parts) in files {
         let Some(pp) = pp else { continue };
-        let first_tp = files.keys().filter(|k| k.0 == Some(pp)).map(|k| k.1).min();
-        if Some(tp) != first_tp {
+        if by_stage.contains_key(&pp) {
             continue;
         }
         let layers = by_stage.entry(pp).or_default();
