@@ -1,14 +1,16 @@
 //! `wload._wload`: the Python binding of wload's plan and engine. `wload.plan(...)` resolves and
 //! plans a source as `wload load` does (a checkpoint folder, a hub repo id, or a pre-sharded
 //! folder of wload's or vLLM's), `Plan.tensors(rank)` lists what a rank holds, and
-//! `Plan.load(rank, dests)` fills caller-owned host memory given as raw addresses, through the
-//! same engine as `wload load --device cpu`. The Python package (`wload/__init__.py`) re-exports
+//! `Plan.load(rank, dests)` fills caller-owned host or CUDA memory given as raw addresses,
+//! through the same engine as `wload load` (`fill.rs`). The Python package (`wload/__init__.py`) re-exports
 //! these; python/README.md documents the API.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+mod fill;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -19,11 +21,9 @@ use wload::commands::load::InputKind;
 use wload::commands::load::settings::{LoadFlags, load_settings};
 use wload::config::ConfigFormat;
 use wload::dtype::DtypeChoice;
-use wload::exec::host_ptr::HostPtrSink;
+use wload::exec::Stats;
 use wload::exec::source::IoMode;
-use wload::exec::{Control, ExecOptions, Placement, Stats, io_choice};
 use wload::multimodal::MmEncoderTpMode;
-use wload::progress::Quiet;
 use wload::quant::mxfp4::MoeBackend;
 use wload::{Error, ExitStatus, SourceOptions};
 
@@ -215,18 +215,6 @@ fn quoted<'a>(names: impl Iterator<Item = &'a str>) -> String {
         .join(", ")
 }
 
-/// What one load did, for the returned dict.
-struct LoadDone {
-    io: IoMode,
-    stats: Stats,
-    read_own_bytes: u64,
-    read_own_s: f64,
-    copy_bytes: u64,
-    copy_s: f64,
-    cache_s: f64,
-    transfer_s: f64,
-}
-
 #[pymethods]
 impl Plan {
     #[getter]
@@ -301,9 +289,12 @@ impl Plan {
     }
 
     /// Reads rank `rank`'s tensors into `dests` (name → address of a writable, contiguous buffer
-    /// of exactly the tensor's nbytes). Unsafe like any raw-pointer API: the caller guarantees
-    /// the sizes and keeps the buffers alive and untouched until this returns.
-    #[pyo3(signature = (rank, dests, device="cpu", device_index=0, stream=0, io="auto"))]
+    /// of exactly the tensor's nbytes): host memory with device "cpu", memory of GPU
+    /// `device_index` with device "cuda" (or "cuda:N"), the copies queued on `stream` (torch's
+    /// `current_stream().cuda_stream`; 0 is the legacy default stream) and landed when this
+    /// returns. Unsafe like any raw-pointer API: the caller guarantees the sizes and keeps the
+    /// buffers alive and untouched until this returns.
+    #[pyo3(signature = (rank, dests, device="cpu", device_index=None, stream=0, io="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn load<'py>(
         &self,
@@ -311,38 +302,44 @@ impl Plan {
         rank: u64,
         dests: &Bound<'py, PyDict>,
         device: &str,
-        device_index: u64,
+        device_index: Option<usize>,
         stream: u64,
         io: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
         let io = choice::<IoMode>(py, "io", io)?;
-        if device != "cpu" {
-            return Err(PyValueError::new_err(
-                "device must be 'cpu' (CUDA destinations: not yet)",
-            ));
-        }
-        let _ = (device_index, stream);
+        let target = target(device, device_index, stream)?;
         let j = self.rank_index(rank)?;
         let dests = self.destinations(j, dests)?;
         let t_all = Instant::now();
         let dests: Vec<(usize, usize)> = dests.into_iter().map(|(p, n)| (p as usize, n)).collect();
-        let done = py.detach(|| self.run(j, dests, io)).map_err(|e| {
-            WloadError::new_err(format!(
-                "loading rank {rank} failed, its destinations hold partial data: {}",
-                e
-            ))
+        let r = &self.plan.ranks[j];
+        let done = fill::fill(py, &self.plan, &self.root, j, dests, io, target).map_err(|e| {
+            match e {
+                fill::FillError::Destinations(problems) => PyValueError::new_err(format!(
+                    "rank {rank}'s destinations cannot be filled from {device}: {}; nothing was read",
+                    (problems.iter())
+                        .map(|(i, p)| format!("'{}': {p}", r.tensors[*i].name))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )),
+                fill::FillError::Exec(e) => WloadError::new_err(format!(
+                    "loading rank {rank} failed, its destinations hold partial data: {e}"
+                )),
+                fill::FillError::Interrupted(e) => e,
+            }
         })?;
         let total_s = t_all.elapsed().as_secs_f64();
-        let r = &self.plan.ranks[j];
         let d = PyDict::new(py);
         d.set_item("rank", rank)?;
+        d.set_item("device", PyString::new(py, &target.to_string()))?;
         d.set_item("tensors", r.tensors.len())?;
         d.set_item("bytes", r.bytes)?;
         d.set_item("seconds", total_s)?;
-        d.set_item("gbps", gbps(r.bytes, done.transfer_s))?;
+        d.set_item("gbps", gbps(r.bytes, done.transfer_s + done.sync_s))?;
         d.set_item("io", PyString::new(py, &done.io.to_string()))?;
         d.set_item("cache_s", done.cache_s)?;
         d.set_item("transfer_s", done.transfer_s)?;
+        d.set_item("sync_s", done.sync_s)?;
         d.set_item("read_s", Stats::secs(&done.stats.read_ns))?;
         d.set_item("convert_s", Stats::secs(&done.stats.convert_ns))?;
         d.set_item("copy_s", Stats::secs(&done.stats.put_ns))?;
@@ -352,6 +349,11 @@ impl Plan {
         d.set_item("direct_read_s", done.read_own_s)?;
         d.set_item("host_copy_bytes", done.copy_bytes)?;
         d.set_item("host_copy_s", done.copy_s)?;
+        if let fill::Target::Cuda { .. } = target {
+            d.set_item("device_copy_s", done.device_copy_s)?;
+            d.set_item("staging_wait_s", done.wait_s)?;
+            d.set_item("staging_bytes", done.staging_bytes)?;
+        }
         Ok(d)
     }
 
@@ -368,52 +370,39 @@ impl Plan {
     }
 }
 
-impl Plan {
-    /// Runs the engine for rank index `j` into `dests` (addresses as integers, so that the
-    /// closure is Send), reading as `wload load --io IO` does.
-    fn run(
-        &self,
-        j: usize,
-        dests: Vec<(usize, usize)>,
-        io: IoMode,
-    ) -> Result<LoadDone, wload::exec::ExecError> {
-        let t = Instant::now();
-        let files = wload::exec::source_files(&self.plan, &self.root);
-        let (_, choice) = io_choice::prepare(&files, io, false)?;
-        let cache_s = t.elapsed().as_secs_f64();
-        let placements: Vec<Placement> = (0..self.plan.ranks[j].tensors.len())
-            .map(|ti| Placement {
-                rank: j,
-                tensor: ti,
-                out: ti,
-                offset: 0,
-            })
-            .collect();
-        let dests = dests.into_iter().map(|(p, n)| (p as *mut u8, n)).collect();
-        // SAFETY: the caller of `Plan.load` guarantees each address is writable for the tensor's
-        // nbytes and untouched until the load returns (the documented contract of the API).
-        let sink = unsafe { HostPtrSink::new(dests) };
-        let cancel = AtomicBool::new(false);
-        let opts = ExecOptions {
-            io: choice.used,
-            ..ExecOptions::for_run()
-        };
-        let ctl = Control::new(&cancel, &Quiet).with_options(opts);
-        let t = Instant::now();
-        wload::exec::execute(&self.plan, &self.root, &placements, &sink, &ctl)?;
-        let transfer_s = t.elapsed().as_secs_f64();
-        let st = sink.stages();
-        Ok(LoadDone {
-            io: choice.used,
-            read_own_bytes: st.read.bytes(),
-            read_own_s: st.read.busy_s(),
-            copy_bytes: st.upload.bytes(),
-            copy_s: st.upload.busy_s(),
-            stats: ctl.stats,
-            cache_s,
-            transfer_s,
-        })
-    }
+/// `device` and `device_index` as a target: "cpu", "cuda" (GPU `device_index`, else 0) or
+/// "cuda:N" (`device_index`, if given, must agree), as torch spells devices.
+fn target(device: &str, device_index: Option<usize>, stream: u64) -> PyResult<fill::Target> {
+    let bad = |why: String| PyValueError::new_err(why);
+    let ordinal = match device.split_once(':') {
+        None if device == "cpu" => {
+            if stream != 0 || device_index.is_some() {
+                return Err(bad(
+                    "stream and device_index are for device=\"cuda\", not \"cpu\"".into(),
+                ));
+            }
+            return Ok(fill::Target::Host);
+        }
+        None if device == "cuda" => device_index.unwrap_or(0),
+        Some(("cuda", n)) => {
+            let n: usize = n
+                .parse()
+                .map_err(|_| bad(format!("device {device:?}: expected cuda:N")))?;
+            if device_index.is_some_and(|i| i != n) {
+                return Err(bad(format!(
+                    "device {device:?} and device_index={} disagree",
+                    device_index.unwrap_or(n)
+                )));
+            }
+            n
+        }
+        _ => {
+            return Err(bad(format!(
+                "device {device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\""
+            )));
+        }
+    };
+    Ok(fill::Target::Cuda { ordinal, stream })
 }
 
 fn gbps(bytes: u64, s: f64) -> f64 {

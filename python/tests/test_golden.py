@@ -265,8 +265,12 @@ def test_destinations_must_match_the_rank_exactly():
         p.load(0, missing)
     with pytest.raises(ValueError, match="'no.such.tensor'"):
         p.load(0, {**dests, "no.such.tensor": dests[names[0]]})
-    with pytest.raises(ValueError, match="device must be 'cpu'"):
-        p.load(0, dests, device="cuda")
+    with pytest.raises(ValueError, match="expected \"cpu\", \"cuda\" or \"cuda:N\""):
+        p.load(0, dests, device="gpu")
+    with pytest.raises(ValueError, match="disagree"):
+        p.load(0, dests, device="cuda:1", device_index=0)
+    with pytest.raises(ValueError, match="for device=\"cuda\""):
+        p.load(0, dests, stream=7)
     # Nothing was written by the refused calls.
     assert all((b == GARBAGE).all() for b in bufs.values())
     p.load(0, dests)

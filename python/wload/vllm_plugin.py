@@ -203,24 +203,38 @@ def _check(plan, rank, state, model_name):
 
 
 def _fill(plan, rank, targets, device):
-    """Reads the rank's bytes into the destinations. Contiguous CPU parameters are filled in
-    place; others (narrowed views, GPU memory) through one host buffer each, then copied. A failed
-    read raises: vLLM then never serves the half-filled model."""
+    """Reads the rank's bytes into the destinations: contiguous parameters on `device` in place
+    (CPU memory directly, GPU memory through wload's pinned staging ring on torch's current
+    stream); a narrowed, non-contiguous view, or a parameter elsewhere (--cpu-offload-gb), through
+    a contiguous buffer on `device`, then copied. A failed read raises: vLLM then never serves the
+    half-filled model."""
     import torch
 
     t0 = time.perf_counter()
     dests = {}
     staged = []
     for t, dest in targets:
-        if dest.device.type == "cpu" and dest.is_contiguous():
+        if dest.is_contiguous() and dest.device == device:
             dests[t.name] = dest.data_ptr()
         else:
-            host = torch.empty(tuple(t.shape), dtype=dest.dtype, device="cpu")
-            dests[t.name] = host.data_ptr()
-            staged.append((host, dest))
-    stats = plan.load(rank, dests, device="cpu")
-    for host, dest in staged:
-        dest.copy_(host)
+            buf = torch.empty(tuple(t.shape), dtype=dest.dtype, device=device)
+            dests[t.name] = buf.data_ptr()
+            staged.append((buf, dest))
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = torch.cuda.current_stream(index)
+        # The copies are queued on `stream` and have landed when load returns.
+        stats = plan.load(rank, dests, device="cuda", device_index=index,
+                          stream=stream.cuda_stream)
+    elif device.type == "cpu":
+        stats = plan.load(rank, dests, device="cpu")
+    else:
+        raise WloadLoadError(
+            f"--load-format wload fills CPU or CUDA parameters, not {device.type}; "
+            "use --load-format auto"
+        )
+    for buf, dest in staged:
+        dest.copy_(buf)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return stats, time.perf_counter() - t0

@@ -75,6 +75,10 @@ struct Pool {
 
 /// One GPU: its primary context, one stream (copies on it run one after another, so each
 /// copy's event time is its own), device buffers, and the staging pool.
+///
+/// Made by [`CudaDevice::new`] it owns all of these. Made by [`CudaDevice::borrowing`] the
+/// buffers and the stream are the caller's (the Python binding's torch tensors and torch's
+/// stream): they are filled and waited on, never freed or destroyed, and not zeroed first.
 pub struct CudaDevice {
     ordinal: usize,
     name: String,
@@ -82,6 +86,8 @@ pub struct CudaDevice {
     ctx: sys::CUcontext,
     stream: sys::CUstream,
     bufs: Vec<(sys::CUdeviceptr, u64)>,
+    /// The buffers and the stream belong to the caller.
+    borrowed: bool,
     pool: Pool,
     slots: usize,
     /// Bytes one slot carries ([`SLOT_BYTES`] but in tests).
@@ -97,18 +103,97 @@ unsafe impl Send for CudaDevice {}
 impl CudaDevice {
     /// Device `ordinal`, with a pool of `slots` pinned staging slots.
     pub fn new(ordinal: usize, slots: usize) -> Result<CudaDevice, DeviceError> {
+        let mut d = CudaDevice::open(ordinal)?;
+        d.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| err(ordinal, "creating a stream", e))?;
+        d.add_slots(slots)?;
+        Ok(d)
+    }
+
+    /// Device `ordinal` filling the caller's buffers `bufs` (device address, bytes) by copies
+    /// queued on the caller's `stream` (0: the legacy default stream), in the device's primary
+    /// context: the one the CUDA runtime, and so torch and CuPy, allocate in.
+    ///
+    /// # Safety
+    /// Each buffer must be device memory of this device valid for writes of its length (see
+    /// [`CudaDevice::destination_problem`]), the buffers must not overlap, and nothing else may
+    /// use them until the device has been synchronised; `stream` must be a stream of this
+    /// device's primary context that outlives the device.
+    pub unsafe fn borrowing(
+        ordinal: usize,
+        slots: usize,
+        stream: u64,
+        bufs: Vec<(u64, u64)>,
+    ) -> Result<CudaDevice, DeviceError> {
+        let mut d = CudaDevice::open(ordinal)?;
+        d.borrowed = true;
+        d.stream = stream as sys::CUstream;
+        d.bufs = bufs;
+        d.add_slots(slots)?;
+        Ok(d)
+    }
+
+    /// Why buffer `buf` cannot be filled from this device (it is not device memory, or it is
+    /// another GPU's), in words; `None` when it can. Asked of the driver, so that a wrong
+    /// address is refused before a byte is read instead of failing a copy halfway.
+    pub fn destination_problem(&self, buf: usize) -> Option<String> {
+        let (ptr, len) = self.bufs[buf];
+        if len == 0 {
+            return None;
+        }
+        if let Err(e) = self.bind() {
+            return Some(e.to_string());
+        }
+        let attr = |a: sys::CUpointer_attribute| -> Result<u32, DriverError> {
+            let mut v = 0u32;
+            // SAFETY: both attributes asked are 32-bit values written to `v`; any address may be
+            // asked about.
+            unsafe {
+                sys::cuPointerGetAttribute((&raw mut v).cast(), a, ptr).result()?;
+            }
+            Ok(v)
+        };
+        use sys::CUpointer_attribute::{
+            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        };
+        let kind = match attr(CU_POINTER_ATTRIBUTE_MEMORY_TYPE) {
+            Ok(k) => k,
+            Err(e) => {
+                return Some(format!(
+                    "address {ptr:#x} is not memory CUDA knows ({e}); pass a CUDA tensor's data_ptr()"
+                ));
+            }
+        };
+        if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Some(format!(
+                "address {ptr:#x} is host memory, not device memory; load it with device=\"cpu\""
+            ));
+        }
+        match attr(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
+            Ok(o) if o as usize == self.ordinal => None,
+            Ok(o) => Some(format!(
+                "address {ptr:#x} is memory of cuda:{o}, not cuda:{}; pass device_index={o}",
+                self.ordinal
+            )),
+            Err(e) => Some(format!("address {ptr:#x}: asking its device: {e}")),
+        }
+    }
+
+    /// The device's primary context, bound to this thread; no stream, buffers or slots yet.
+    fn open(ordinal: usize) -> Result<CudaDevice, DeviceError> {
         let e = |op| move |e: DriverError| err(ordinal, op, e);
         result::init().map_err(e("initialising the driver"))?;
         let dev = result::device::get(ordinal as i32).map_err(e("opening the device"))?;
         // SAFETY: `dev` came from device::get.
         let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(e("creating a context"))?;
-        let mut d = CudaDevice {
+        let d = CudaDevice {
             ordinal,
             name: result::device::get_name(dev).unwrap_or_else(|_| "GPU".into()),
             dev,
             ctx,
             stream: std::ptr::null_mut(),
             bufs: Vec::new(),
+            borrowed: false,
             pool: Pool {
                 free: Mutex::new(VecDeque::new()),
                 back: Condvar::new(),
@@ -119,21 +204,25 @@ impl CudaDevice {
         };
         // From here on Drop releases whatever was made.
         d.bind()?;
-        d.stream = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map_err(e("creating a stream"))?;
-        let mut free = VecDeque::with_capacity(slots);
-        for _ in 0..slots {
-            free.push_back(d.new_slot()?);
-        }
-        d.slots = slots;
-        d.pool.free = Mutex::new(free);
         Ok(d)
     }
 
-    fn new_slot(&self) -> Result<Slot, DeviceError> {
-        let e = |op| move |e: DriverError| err(self.ordinal, op, e);
+    /// Allocates the staging pool: `slots` pinned buffers.
+    fn add_slots(&mut self, slots: usize) -> Result<(), DeviceError> {
+        let free = self.pool.free.get_mut().expect("staging pool lock");
+        for _ in 0..slots {
+            // Pushed one by one, so that Drop frees those made before a failure.
+            let slot = CudaDevice::new_slot_in(self.ordinal, self.slot_bytes)?;
+            free.push_back(slot);
+            self.slots += 1;
+        }
+        Ok(())
+    }
+
+    fn new_slot_in(ordinal: usize, slot_bytes: usize) -> Result<Slot, DeviceError> {
+        let e = |op| move |e: DriverError| err(ordinal, op, e);
         // SAFETY: pinned allocation in the bound context; page-aligned, as O_DIRECT needs.
-        let host = unsafe { result::malloc_host(staging_len(self.slot_bytes), 0) }
+        let host = unsafe { result::malloc_host(staging_len(slot_bytes), 0) }
             .map_err(e("allocating pinned memory"))? as *mut u8;
         let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let done = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -153,7 +242,7 @@ impl CudaDevice {
                     }
                 }
                 Err(err(
-                    self.ordinal,
+                    ordinal,
                     "creating an event",
                     a.err().or(b.err()).expect("one failed"),
                 ))
@@ -271,6 +360,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&mut self, sizes: &[u64]) -> Result<(), DeviceError> {
+        assert!(!self.borrowed, "a borrowing CudaDevice allocates nothing");
         self.bind()?;
         for &n in sizes {
             // SAFETY: plain allocation in the bound context; freed in Drop.
@@ -369,6 +459,10 @@ impl Device for CudaDevice {
         Ok(out)
     }
 
+    fn starts_zeroed(&self) -> bool {
+        !self.borrowed
+    }
+
     fn stages(&self) -> &Stages {
         &self.stages
     }
@@ -383,14 +477,17 @@ impl Drop for CudaDevice {
         if self.bind().is_err() {
             return;
         }
-        // SAFETY: every handle below was made by this device and is used by nothing after this;
-        // the stream is drained first, so no copy reads a slot or writes a buffer being freed.
+        // SAFETY: every handle below was made by this device (the borrowed buffers and stream
+        // are left alone) and is used by nothing after this; the stream is drained first, so no
+        // copy reads a slot or writes a buffer being freed.
         unsafe {
-            if !self.stream.is_null() {
+            if self.borrowed || !self.stream.is_null() {
                 let _ = result::stream::synchronize(self.stream);
             }
-            for (ptr, _) in self.bufs.drain(..) {
-                let _ = result::free_sync(ptr);
+            if !self.borrowed {
+                for (ptr, _) in self.bufs.drain(..) {
+                    let _ = result::free_sync(ptr);
+                }
             }
             let q = self
                 .pool
@@ -403,7 +500,7 @@ impl Drop for CudaDevice {
                 let _ = result::event::destroy(slot.start);
                 let _ = result::event::destroy(slot.done);
             }
-            if !self.stream.is_null() {
+            if !self.borrowed && !self.stream.is_null() {
                 let _ = result::stream::destroy(self.stream);
             }
             let _ = result::primary_ctx::release(self.dev);

@@ -37,6 +37,11 @@ pub trait Device: Send + Sync {
     ) -> Result<bool, DeviceError> {
         Ok(false)
     }
+    /// Its buffers start as zeros (fresh allocations), so zero fills can be skipped; not so for
+    /// memory a caller lends.
+    fn starts_zeroed(&self) -> bool {
+        true
+    }
     /// Host memory: small uploads are as cheap as large ones.
     fn is_host(&self) -> bool {
         false

@@ -16,7 +16,7 @@ pub(crate) fn chunk_bytes() -> Option<u64> {
 }
 
 #[cfg(not(feature = "test-hooks"))]
-pub fn chunk_bytes() -> Option<u64> {
+pub(crate) fn chunk_bytes() -> Option<u64> {
     None
 }
 
@@ -32,7 +32,7 @@ pub(crate) fn slot_bytes() -> Option<usize> {
 }
 
 #[cfg(not(feature = "test-hooks"))]
-pub fn slot_bytes() -> Option<usize> {
+pub(crate) fn slot_bytes() -> Option<usize> {
     None
 }
 
@@ -68,7 +68,7 @@ pub(crate) fn at(point: Point) {
 }
 
 #[cfg(not(feature = "test-hooks"))]
-pub fn at(_point: Point) {}
+pub(crate) fn at(_point: Point) {}
 
 /// Where [`at`] runs.
 #[derive(Debug, Clone, Copy)]

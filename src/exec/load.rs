@@ -48,7 +48,7 @@ impl Sink for LoadSink<'_> {
     }
 
     fn starts_zeroed(&self) -> bool {
-        true
+        self.devices.iter().all(|d| d.starts_zeroed())
     }
 
     fn cheap_small_puts(&self) -> bool {
