@@ -5,15 +5,18 @@ copies to any address at or above 64 KiB); copies queued on a stream land only w
 or a later event is synchronised, so a load that returned before its copies landed, or reused a
 staging slot too early, leaves garbage or wrong bytes that the comparison sees.
 
-    python stub_gpu.py golden|refusals      prints every failure; exit 1 if any
+    python stub_gpu.py golden|refusals|interrupt      prints every failure; exit 1 if any
 """
 
 import ctypes
 import hashlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 
 import numpy as np
 
@@ -134,8 +137,34 @@ def refusals():
     return failures
 
 
+def interrupt():
+    """Ctrl-C during a load stops the engine within a chunk and raises KeyboardInterrupt, instead
+    of finishing the rank first (the stub makes each copy take STUB_SLOW_MS)."""
+    failures = []
+    p = wload.plan(GQA, tp=1)
+    bufs = {t.name: np.zeros(t.nbytes, np.uint8) for t in p.tensors(0)}
+    dests = {n: b.ctypes.data for n, b in bufs.items()}
+    os.environ["STUB_SLOW_MS"] = "100"
+    t = time.perf_counter()
+    p.load(0, dests, device="cuda")
+    whole = time.perf_counter() - t
+    if whole < 1.5:
+        failures.append(f"an uninterrupted slow load took {whole:.2f}s: too fast to interrupt")
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    t = time.perf_counter()
+    try:
+        p.load(0, dests, device="cuda")
+        failures.append("the interrupted load returned normally")
+    except KeyboardInterrupt:
+        stopped = time.perf_counter() - t
+        if stopped > whole / 2:
+            failures.append(f"interrupted at 0.3s, it stopped at {stopped:.2f}s of {whole:.2f}s")
+    del os.environ["STUB_SLOW_MS"]
+    return failures
+
+
 if __name__ == "__main__":
-    failures = {"golden": golden, "refusals": refusals}[sys.argv[1]]()
+    failures = {"golden": golden, "refusals": refusals, "interrupt": interrupt}[sys.argv[1]]()
     for f in failures:
         print(f)
     sys.exit(1 if failures else 0)

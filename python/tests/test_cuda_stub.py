@@ -32,7 +32,7 @@ def stub_env(tmp_path_factory):
     return env
 
 
-@pytest.mark.parametrize("what", ["golden", "refusals"])
+@pytest.mark.parametrize("what", ["golden", "refusals", "interrupt"])
 def test_cuda_destinations_through_the_stub_driver(stub_env, what):
     r = subprocess.run(
         [sys.executable, os.path.join(HERE, "stub_gpu.py"), what],

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 typedef unsigned long long CUdeviceptr;
 static int env_int(const char *k, int d) { const char *v = getenv(k); return v ? atoi(v) : d; }
 static const char *text(int e) {
@@ -111,6 +112,10 @@ size_t stub_stream_ops(struct stream *s) {
     return n;
 }
 int cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, struct stream *s) {
+    /* STUB_SLOW_MS: each copy takes that long to queue, so that a load lasts long enough to be
+     * interrupted. */
+    int slow = env_int("STUB_SLOW_MS", 0);
+    if (slow > 0) usleep((useconds_t)slow * 1000);
     s = real(s);
     pthread_mutex_lock(&s->mu);
     if (s->len == s->cap) {
