@@ -124,6 +124,8 @@ pub(crate) fn fill(
             own_stages(sink.stages(), transfer_s, 0.0, 0)
         }
         Target::Cuda { ordinal, stream } => {
+            // Declared first, dropped last: the device's Drop binds its context here too.
+            let _caller = cuda::ContextGuard::save();
             let slots = cuda::slots_per_device(
                 1,
                 wload::exec::worker_threads(choice.used),

@@ -44,11 +44,19 @@ def load_on_gpu(p, rank, stream):
     return bufs, r, CU.stub_stream_ops(stream) - before
 
 
+def current_context():
+    c = ctypes.c_void_p()
+    assert CU.cuCtxGetCurrent(ctypes.byref(c)) == 0
+    return c.value
+
+
 def golden():
     """Every golden case, every rank, filled through the staging ring on the caller's stream
     (the legacy default stream and a stream of its own, in turn), against what vLLM held."""
     failures = []
     streams = [0, new_stream()]
+    # The caller's context (torch's current device) is current again after every load.
+    assert CU.cuCtxSetCurrent(ctypes.c_void_p(0xC0DE)) == 0
     n = 0
     for case in CASES:
         p = wload.plan(case.fixture, tp=case.tp, **case.kw)
@@ -60,6 +68,8 @@ def golden():
             label = f"{case.name} rank {rank} (stream {stream:#x})"
             if r["device"] != "cuda:0" or r["staging_bytes"] <= 0:
                 failures.append(f"{label}: reported {r}")
+            if current_context() != 0xC0DE:
+                failures.append(f"{label}: the caller's context is no longer current")
             # Every byte went through the caller's stream (garbage in = a copy not queued).
             if queued == 0 and r["bytes"] > 0:
                 failures.append(f"{label}: nothing was queued on the caller's stream")

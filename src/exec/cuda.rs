@@ -44,6 +44,36 @@ pub fn device_count() -> Result<usize, DeviceError> {
     Ok(result::device::get_count().map_err(drv)? as usize)
 }
 
+/// The calling thread's current CUDA context, made current again when this is dropped: a
+/// [`CudaDevice`] binds its own on every thread it runs on, and a caller such as torch (whose
+/// `current_device()` is the current context's device) must find its thread as it left it.
+pub struct ContextGuard(Option<sys::CUcontext>);
+
+impl ContextGuard {
+    pub fn save() -> ContextGuard {
+        // SAFETY: only tries to dlopen libcuda; no driver call is made without it.
+        if !unsafe { sys::is_culib_present() } {
+            return ContextGuard(None);
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle. Before cuInit it fails: then no context is current.
+        if unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().is_err() {
+            ctx = std::ptr::null_mut();
+        }
+        ContextGuard(Some(ctx))
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0 {
+            // SAFETY: the context was current on this thread when saved (or none was: null
+            // unbinds); the caller still holds it.
+            let _ = unsafe { sys::cuCtxSetCurrent(ctx) };
+        }
+    }
+}
+
 /// How many staging slots each of `devices` GPUs gets when the engine runs `threads` workers:
 /// the pool is shared out so that host memory stays bounded by the threads, not by the ranks;
 /// and a device receiving `bytes` gets no more than those bytes fill.

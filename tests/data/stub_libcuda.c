@@ -47,7 +47,10 @@ int cuDevicePrimaryCtxRetain(void **ctx, int dev) {
     return 0;
 }
 int cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return 0; }
-int cuCtxSetCurrent(void *ctx) { (void)ctx; return 0; }
+/* The calling thread's current context, as the driver keeps it. */
+static __thread void *current;
+int cuCtxSetCurrent(void *ctx) { current = ctx; return 0; }
+int cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
 int cuGetErrorString(int err, const char **s) { *s = text(err); return 0; }
 int cuGetErrorName(int err, const char **s) { *s = name(err); return 0; }
 
