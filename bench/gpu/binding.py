@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -123,11 +124,10 @@ def storage_read_rate(files):
             buf.close()
 
     t = time.perf_counter()
-    threads = [threading.Thread(target=work) for _ in range(READERS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    # Through futures, so that a reader's exception is raised here, not lost with its thread.
+    with ThreadPoolExecutor(READERS) as pool:
+        for f in [pool.submit(work) for _ in range(READERS)]:
+            f.result()
     return total[0] / (time.perf_counter() - t) / 1e9
 
 
