@@ -151,19 +151,23 @@ def interrupt():
     """Ctrl-C during a load stops the engine within a chunk and raises KeyboardInterrupt, instead
     of finishing the rank first (the stub makes each copy take STUB_SLOW_MS)."""
     failures = []
+    # Two workers (set before the engine's first run), as on CI's 2 cores: each stops after the
+    # copy it is in, and the stub queues copies one at a time, so more threads would only queue
+    # more of them ahead of the stop.
+    os.environ["RAYON_NUM_THREADS"] = "2"
     p = wload.plan(GQA, tp=1)
     bufs = {t.name: np.zeros(t.nbytes, np.uint8) for t in p.tensors(0)}
     dests = {n: b.ctypes.data for n, b in bufs.items()}
     os.environ["STUB_SLOW_MS"] = "100"
     t = time.perf_counter()
-    p.load(0, dests, device="cuda")
+    p.load(0, dests, device="cuda", io="buffered")
     whole = time.perf_counter() - t
     if whole < 1.5:
         failures.append(f"an uninterrupted slow load took {whole:.2f}s: too fast to interrupt")
     threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     t = time.perf_counter()
     try:
-        p.load(0, dests, device="cuda")
+        p.load(0, dests, device="cuda", io="buffered")
         failures.append("the interrupted load returned normally")
     except KeyboardInterrupt:
         stopped = time.perf_counter() - t

@@ -115,12 +115,12 @@ size_t stub_stream_ops(struct stream *s) {
     return n;
 }
 int cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, struct stream *s) {
-    /* STUB_SLOW_MS: each copy takes that long to queue, so that a load lasts long enough to be
-     * interrupted. */
+    /* STUB_SLOW_MS: each copy takes that long to queue, one at a time per stream (as one copy
+     * engine), so that a load lasts long enough to be interrupted however many threads feed it. */
     int slow = env_int("STUB_SLOW_MS", 0);
-    if (slow > 0) usleep((useconds_t)slow * 1000);
     s = real(s);
     pthread_mutex_lock(&s->mu);
+    if (slow > 0) usleep((useconds_t)slow * 1000);
     if (s->len == s->cap) {
         s->cap = s->cap ? 2 * s->cap : 256;
         s->ops = realloc(s->ops, s->cap * sizeof *s->ops);
