@@ -63,6 +63,9 @@ pub(crate) struct LoadDone {
 pub(crate) enum FillError {
     /// Destinations the driver says cannot be filled: (tensor index, why). Nothing was read.
     Destinations(Vec<(usize, String)>),
+    /// Failed before a byte was written: sources that cannot be opened, no driver, no such GPU.
+    NotStarted(ExecError),
+    /// Failed while filling: the destinations hold partial data.
     Exec(ExecError),
     /// A signal (Ctrl-C) arrived: the engine was stopped, then Python's exception is raised.
     Interrupted(PyErr),
@@ -70,7 +73,11 @@ pub(crate) enum FillError {
 
 impl From<ExecError> for FillError {
     fn from(e: ExecError) -> FillError {
-        FillError::Exec(e)
+        match e {
+            // The engine opens every source before it reads a byte (exec::stamps::open_sources).
+            ExecError::Open(_) => FillError::NotStarted(e),
+            e => FillError::Exec(e),
+        }
     }
 }
 
@@ -78,6 +85,11 @@ impl From<DeviceError> for FillError {
     fn from(e: DeviceError) -> FillError {
         FillError::Exec(ExecError::Device(e))
     }
+}
+
+/// Errors of the steps before any byte is written.
+fn not_started(e: impl Into<ExecError>) -> FillError {
+    FillError::NotStarted(e.into())
 }
 
 /// Reads rank index `j` of `plan` into `dests` (address, bytes; in the rank's tensor order),
@@ -160,23 +172,23 @@ fn open_gpu(
     stream: u64,
     dests: Vec<(usize, usize)>,
 ) -> Result<CudaDevice, FillError> {
-    let found = cuda::device_count()?;
+    let found = cuda::device_count().map_err(not_started)?;
     if ordinal >= found {
-        return Err(DeviceError::Driver {
+        return Err(not_started(DeviceError::Driver {
             device: format!("cuda:{ordinal}"),
             op: "opening the device",
             message: format!(
                 "only {found} GPU{} visible (CUDA_VISIBLE_DEVICES counts)",
                 if found == 1 { " is" } else { "s are" }
             ),
-        }
-        .into());
+        }));
     }
     let bufs = dests.iter().map(|&(p, n)| (p as u64, n as u64)).collect();
     // SAFETY: the caller of `Plan.load` guarantees the buffers (see `fill`) and that `stream` is
     // a live stream of the device's primary context (torch's current stream is); the driver
     // confirms below that each address is this GPU's memory before anything is copied.
-    let gpu = unsafe { CudaDevice::borrowing(ordinal, slots, stream, bufs) }?;
+    let gpu =
+        unsafe { CudaDevice::borrowing(ordinal, slots, stream, bufs) }.map_err(not_started)?;
     let problems: Vec<(usize, String)> = (0..dests.len())
         .filter_map(|i| gpu.destination_problem(i).map(|p| (i, p)))
         .collect();

@@ -21,8 +21,9 @@ use wload::commands::load::InputKind;
 use wload::commands::load::settings::{LoadFlags, load_settings};
 use wload::config::ConfigFormat;
 use wload::dtype::DtypeChoice;
-use wload::exec::Stats;
+use wload::exec::device::DeviceError;
 use wload::exec::source::IoMode;
+use wload::exec::{ExecError, Stats};
 use wload::multimodal::MmEncoderTpMode;
 use wload::quant::mxfp4::MoeBackend;
 use wload::{Error, ExitStatus, SourceOptions};
@@ -313,21 +314,8 @@ impl Plan {
         let t_all = Instant::now();
         let dests: Vec<(usize, usize)> = dests.into_iter().map(|(p, n)| (p as usize, n)).collect();
         let r = &self.plan.ranks[j];
-        let done = fill::fill(py, &self.plan, &self.root, j, dests, io, target).map_err(|e| {
-            match e {
-                fill::FillError::Destinations(problems) => PyValueError::new_err(format!(
-                    "rank {rank}'s destinations cannot be filled from {device}: {}; nothing was read",
-                    (problems.iter())
-                        .map(|(i, p)| format!("'{}': {p}", r.tensors[*i].name))
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                )),
-                fill::FillError::Exec(e) => WloadError::new_err(format!(
-                    "loading rank {rank} failed, its destinations hold partial data: {e}"
-                )),
-                fill::FillError::Interrupted(e) => e,
-            }
-        })?;
+        let done = fill::fill(py, &self.plan, &self.root, j, dests, io, target)
+            .map_err(|e| fill_error(e, rank, target, &r.tensors))?;
         let total_s = t_all.elapsed().as_secs_f64();
         let d = PyDict::new(py);
         d.set_item("rank", rank)?;
@@ -367,6 +355,37 @@ impl Plan {
             self.kind(),
             self.root.display().to_string()
         )
+    }
+}
+
+/// A failed `Plan.load` as the Python exception it raises, saying whether anything was written.
+fn fill_error(
+    e: fill::FillError,
+    rank: u64,
+    target: fill::Target,
+    tensors: &[wload::plan::OutTensor],
+) -> PyErr {
+    match e {
+        fill::FillError::Destinations(problems) => PyValueError::new_err(format!(
+            "rank {rank}'s destinations cannot be filled on {target}: {}; nothing was read",
+            (problems.iter())
+                .map(|(i, p)| format!("'{}': {p}", tensors[*i].name))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+        fill::FillError::NotStarted(ExecError::Device(DeviceError::NoDriver)) => {
+            WloadError::new_err(format!(
+                "cannot load rank {rank} onto {target}: no CUDA driver found (libcuda.so could \
+                 not be loaded); load into host memory with device=\"cpu\"; nothing was written"
+            ))
+        }
+        fill::FillError::NotStarted(e) => WloadError::new_err(format!(
+            "cannot load rank {rank} onto {target}: {e}; nothing was written"
+        )),
+        fill::FillError::Exec(e) => WloadError::new_err(format!(
+            "loading rank {rank} failed, its destinations hold partial data: {e}"
+        )),
+        fill::FillError::Interrupted(e) => e,
     }
 }
 

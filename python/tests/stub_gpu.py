@@ -120,7 +120,7 @@ def refusals():
     if not all((b == GARBAGE).all() for b in bufs.values()):
         failures.append("a refused load wrote to its destinations")
     expect(failures, "a GPU that is not there", wload.WloadError,
-           ["cuda:3", "only 1 GPU is visible"],
+           ["cuda:3", "only 1 GPU is visible", "nothing was written"],
            lambda: p.load(0, dests, device="cuda:3"))
     # The same destinations then load: the refusals left nothing behind.
     p.load(0, dests, device="cuda", device_index=0)
@@ -142,7 +142,7 @@ def refusals():
     # A driver whose initialisation fails: its own words, as WloadError.
     os.environ["STUB_CU_INIT"] = "100"
     expect(failures, "a failing driver", wload.WloadError,
-           ["CUDA_ERROR_NO_DEVICE", "initialising"],
+           ["CUDA_ERROR_NO_DEVICE", "initialising", "nothing was written"],
            lambda: p.load(0, dests, device="cuda"))
     return failures
 

@@ -292,6 +292,19 @@ def test_a_failed_load_raises_wload_error(tmp_path):
     assert "loading rank 0 failed" in str(e.value) and part in str(e.value)
 
 
+def test_a_source_gone_before_the_load_writes_nothing(tmp_path):
+    src = tmp_path / "gqa"
+    shutil.copytree(GQA, src)
+    p = wload.plan(str(src), tp=1)
+    part = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))[0]
+    os.remove(src / part)
+    bufs = {t.name: np.full(t.nbytes, GARBAGE, np.uint8) for t in p.tensors(0)}
+    with pytest.raises(wload.WloadError) as e:
+        p.load(0, {n: b.ctypes.data for n, b in bufs.items()}, io="buffered")
+    assert part in str(e.value) and "nothing was written" in str(e.value)
+    assert all((b == GARBAGE).all() for b in bufs.values())
+
+
 def test_io_modes_give_the_same_bytes():
     p = wload.plan(GQA, tp=2)
     got = []

@@ -220,19 +220,26 @@ def _fill(plan, rank, targets, device):
             buf = torch.empty(tuple(t.shape), dtype=dest.dtype, device=device)
             dests[t.name] = buf.data_ptr()
             staged.append((buf, dest))
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(index)
-        # The copies are queued on `stream` and have landed when load returns.
-        stats = plan.load(rank, dests, device="cuda", device_index=index,
-                          stream=stream.cuda_stream)
-    elif device.type == "cpu":
-        stats = plan.load(rank, dests, device="cpu")
-    else:
-        raise WloadLoadError(
-            f"--load-format wload fills CPU or CUDA parameters, not {device.type}; "
-            "use --load-format auto"
-        )
+    import wload
+
+    try:
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            stream = torch.cuda.current_stream(index)
+            # The copies are queued on `stream` and have landed when load returns.
+            stats = plan.load(rank, dests, device="cuda", device_index=index,
+                              stream=stream.cuda_stream)
+        elif device.type == "cpu":
+            stats = plan.load(rank, dests, device="cpu")
+        else:
+            raise WloadLoadError(
+                f"--load-format wload fills CPU or CUDA parameters, not {device.type}; "
+                "use --load-format auto"
+            )
+    except wload.WloadError as e:
+        # No driver, a short read, a source that changed, a CUDA error: vLLM must not go on
+        # with this model; its own loader may still load the checkpoint.
+        raise WloadLoadError(f"{e}\nuse --load-format auto to load it with vLLM's own loader") from e
     for buf, dest in staged:
         dest.copy_(buf)
     if device.type == "cuda":
