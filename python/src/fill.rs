@@ -42,21 +42,43 @@ impl std::fmt::Display for Target {
 /// What one load did, for the returned dict.
 pub(crate) struct LoadDone {
     pub io: IoMode,
+    /// The engine's stages.
     pub stats: Stats,
-    /// The sink's own reads (straight into the destination or the staging ring).
-    pub read_own_bytes: u64,
-    pub read_own_s: f64,
+    /// The sink's own work.
+    pub sink: SinkStages,
+    pub cache_s: f64,
+    pub transfer_s: f64,
+    /// Waiting for the last copies to land (GPUs).
+    pub sync_s: f64,
+}
+
+/// What the sink did itself, from its [`Stages`].
+pub(crate) struct SinkStages {
+    /// Its own reads (straight into the destination or the staging ring).
+    pub read_bytes: u64,
+    pub read_s: f64,
     /// Host-side copies: into host destinations, or staging and queueing for a GPU.
     pub copy_bytes: u64,
     pub copy_s: f64,
     /// GPU copy time as the GPU's events measured it, and time spent waiting for a staging slot.
     pub device_copy_s: f64,
     pub wait_s: f64,
+    /// Pinned memory held for staging.
     pub staging_bytes: u64,
-    pub cache_s: f64,
-    pub transfer_s: f64,
-    /// Waiting for the last copies to land (GPUs).
-    pub sync_s: f64,
+}
+
+impl SinkStages {
+    fn of(st: &Stages, staging_bytes: u64) -> SinkStages {
+        SinkStages {
+            read_bytes: st.read.bytes(),
+            read_s: st.read.busy_s(),
+            copy_bytes: st.upload.bytes(),
+            copy_s: st.upload.busy_s(),
+            device_copy_s: st.device_copy_s(),
+            wait_s: st.wait_s(),
+            staging_bytes,
+        }
+    }
 }
 
 /// Why a load did not complete.
@@ -126,14 +148,14 @@ pub(crate) fn fill(
     // Phase 2: the sink, and the engine run.
     let cancel = AtomicBool::new(false);
     let ctl = Control::new(&cancel, &Quiet).with_options(opts);
-    let mut done = match target {
+    let (sink, transfer_s, sync_s) = match target {
         Target::Host => {
             let dests = dests.into_iter().map(|(p, n)| (p as *mut u8, n)).collect();
             // SAFETY: the caller of `Plan.load` guarantees each address is writable for the
             // tensor's nbytes and untouched until the load returns (the API's contract).
             let sink = unsafe { HostPtrSink::new(dests) };
             let transfer_s = run(py, plan, root, &placements, &sink, &ctl)?;
-            own_stages(sink.stages(), transfer_s, 0.0, 0)
+            (SinkStages::of(sink.stages(), 0), transfer_s, 0.0)
         }
         Target::Cuda { ordinal, stream } => {
             // Declared first, dropped last: the device's Drop binds its context here too.
@@ -150,18 +172,22 @@ pub(crate) fn fill(
             let t = Instant::now();
             py.detach(|| devices[0].synchronize())?;
             let sync_s = t.elapsed().as_secs_f64();
-            own_stages(
-                devices[0].stages(),
+            let d = &devices[0];
+            (
+                SinkStages::of(d.stages(), d.staging_bytes()),
                 transfer_s,
                 sync_s,
-                devices[0].staging_bytes(),
             )
         }
     };
-    done.io = choice.used;
-    done.cache_s = cache_s;
-    done.stats = ctl.stats;
-    Ok(done)
+    Ok(LoadDone {
+        io: choice.used,
+        stats: ctl.stats,
+        sink,
+        cache_s,
+        transfer_s,
+        sync_s,
+    })
 }
 
 /// GPU `ordinal` borrowing `dests` and `stream`, once the driver has confirmed that every
@@ -237,21 +263,4 @@ fn run(
             }
         }
     })
-}
-
-fn own_stages(st: &Stages, transfer_s: f64, sync_s: f64, staging_bytes: u64) -> LoadDone {
-    LoadDone {
-        io: IoMode::Buffered,
-        stats: Stats::default(),
-        read_own_bytes: st.read.bytes(),
-        read_own_s: st.read.busy_s(),
-        copy_bytes: st.upload.bytes(),
-        copy_s: st.upload.busy_s(),
-        device_copy_s: st.device_copy_s(),
-        wait_s: st.wait_s(),
-        staging_bytes,
-        cache_s: 0.0,
-        transfer_s,
-        sync_s,
-    }
 }

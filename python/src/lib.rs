@@ -332,15 +332,15 @@ impl Plan {
         d.set_item("convert_s", Stats::secs(&done.stats.convert_ns))?;
         d.set_item("copy_s", Stats::secs(&done.stats.put_ns))?;
         let engine_read = done.stats.bytes_read.load(Ordering::Relaxed);
-        d.set_item("bytes_read", engine_read + done.read_own_bytes)?;
-        d.set_item("direct_read_bytes", done.read_own_bytes)?;
-        d.set_item("direct_read_s", done.read_own_s)?;
-        d.set_item("host_copy_bytes", done.copy_bytes)?;
-        d.set_item("host_copy_s", done.copy_s)?;
+        d.set_item("bytes_read", engine_read + done.sink.read_bytes)?;
+        d.set_item("direct_read_bytes", done.sink.read_bytes)?;
+        d.set_item("direct_read_s", done.sink.read_s)?;
+        d.set_item("host_copy_bytes", done.sink.copy_bytes)?;
+        d.set_item("host_copy_s", done.sink.copy_s)?;
         if let fill::Target::Cuda { .. } = target {
-            d.set_item("device_copy_s", done.device_copy_s)?;
-            d.set_item("staging_wait_s", done.wait_s)?;
-            d.set_item("staging_bytes", done.staging_bytes)?;
+            d.set_item("device_copy_s", done.sink.device_copy_s)?;
+            d.set_item("staging_wait_s", done.sink.wait_s)?;
+            d.set_item("staging_bytes", done.sink.staging_bytes)?;
         }
         Ok(d)
     }

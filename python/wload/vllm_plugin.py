@@ -210,6 +210,8 @@ def _fill(plan, rank, targets, device):
     half-filled model."""
     import torch
 
+    import wload
+
     t0 = time.perf_counter()
     dests = {}
     staged = []
@@ -220,8 +222,6 @@ def _fill(plan, rank, targets, device):
             buf = torch.empty(tuple(t.shape), dtype=dest.dtype, device=device)
             dests[t.name] = buf.data_ptr()
             staged.append((buf, dest))
-    import wload
-
     try:
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
