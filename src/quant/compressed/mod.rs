@@ -27,7 +27,8 @@ pub struct Compressed {
     pub kv_cache: Option<KvCacheStrategy>,
     /// `ignore`: module names, or `re:` regexes, kept unquantized (as written, for reports).
     pub ignore: Vec<String>,
-    /// The `re:` entries, compiled once (whole-name matches), for every linear layer's lookup.
+    /// The `re:` entries, compiled once (matched at the start of the name, as Python's
+    /// `re.match`), for every linear layer's lookup.
     pub(in crate::quant) ignore_patterns: Vec<fancy_regex::Regex>,
 }
 
@@ -131,7 +132,7 @@ impl Compressed {
                 Ok(false) => {}
                 Err(e) => {
                     let p = r.as_str();
-                    let p = p.strip_prefix("^(?:").and_then(|p| p.strip_suffix(")$"));
+                    let p = p.strip_prefix("^(?:").and_then(|p| p.strip_suffix(')'));
                     return Err((
                         format!(
                             "quantization_config.ignore entry `re:{}` cannot be matched \
@@ -221,11 +222,14 @@ fn check_actorder(group: &Value, at: &dyn Fn(&str) -> String) -> Result<(), Quan
 /// refused when it hits this, in milliseconds, instead of running for hours.
 pub const IGNORE_BACKTRACK_LIMIT: usize = 100_000;
 
-/// A compressed-tensors `ignore` entry's `re:` pattern, compiled for whole-name matches. vLLM
-/// matches these with Python's `re`, whose lookahead, lookbehind and backreferences the regex
-/// crate lacks: fancy-regex has them, and hands the rest of a pattern to the regex crate.
+/// A compressed-tensors `ignore` entry's `re:` pattern, compiled as vLLM matches it:
+/// `regex.match(pattern, name)` (config_utils.py `is_equal_or_regex_match`), anchored at the
+/// start of the name only, so `re:model\.layers\.0\.self_attn` ignores every module under
+/// that attention and `re:model\.layers\.1` every module of layers 1, 10, 11, ….
+/// Python's lookahead, lookbehind and backreferences are beyond the regex crate: fancy-regex
+/// has them, and hands the rest of a pattern to the regex crate.
 fn python_regex(re: &str) -> Result<fancy_regex::Regex, QuantError> {
-    fancy_regex::RegexBuilder::new(&format!("^(?:{re})$"))
+    fancy_regex::RegexBuilder::new(&format!("^(?:{re})"))
         .backtrack_limit(IGNORE_BACKTRACK_LIMIT)
         .delegate_size_limit(crate::mapping::limits::REGEX_SIZE)
         .delegate_dfa_size_limit(crate::mapping::limits::REGEX_DFA_SIZE)
@@ -286,6 +290,19 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// vLLM matches `re:` entries with `regex.match`: at the start of the name, not the whole
+    /// name and not anywhere in it.
+    #[test]
+    fn ignore_patterns_match_at_the_start_like_re_match() {
+        let got = compressed(json!([r"re:model\.layers\.1", r"re:mlp"]))
+            .expect("a valid config")
+            .expect("quantized");
+        let quantized = |m: &str| got.linear_quantized(m, &[]).expect("decided");
+        assert!(!quantized("model.layers.1.self_attn.o_proj"));
+        assert!(!quantized("model.layers.10.mlp.down_proj"));
+        assert!(quantized("model.layers.2.mlp.down_proj"));
     }
 
     /// A pattern that backtracks exponentially is stopped at the limit and reported, naming

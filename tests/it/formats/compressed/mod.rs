@@ -8,6 +8,7 @@
 //! golden cases (byte-identical to vLLM) run with the other golden cases.
 
 mod experts;
+mod ignore;
 mod int8;
 mod kv_head;
 mod refusals;
