@@ -35,36 +35,67 @@ pub fn check_regular(path: &Path) -> io::Result<fs::Metadata> {
     ))
 }
 
-/// A file past [`LIMIT`]: carried inside the `io::Error` [`read`] returns, so that a caller can
-/// tell the file's fault (a checkpoint's config or index that no real model has) from a failure
-/// to read it ([`is_too_large`]).
+/// A file past the limit it was read under: carried inside the `io::Error` [`read`] and
+/// [`read_at_most`] return (kind `FileTooLarge`), so that a caller can tell the file's fault (a
+/// checkpoint's config or index that no real model has) from a failure to read it
+/// ([`is_too_large`]).
 #[derive(Debug)]
-pub struct TooLarge;
+pub struct TooLarge {
+    limit: u64,
+    /// Read by [`read`], for a checkpoint's or the command line's files: the message says how
+    /// far real ones are from the limit.
+    checkpoint_file: bool,
+}
 
 impl std::fmt::Display for TooLarge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "is larger than {} MiB, the limit for such a file (a 400B model's index is about 5 MB)",
-            LIMIT >> 20
-        )
+        if self.checkpoint_file {
+            write!(
+                f,
+                "is larger than {} MiB, the limit for such a file (a 400B model's index is about 5 MB)",
+                LIMIT >> 20
+            )
+        } else {
+            write!(
+                f,
+                "is larger than {}, wload's limit",
+                crate::units::human_bytes(self.limit)
+            )
+        }
     }
 }
 
 impl std::error::Error for TooLarge {}
 
-/// Whether [`read`] refused the file for its size: the file's fault, not an I/O failure.
+/// Whether [`read`] or [`read_at_most`] refused the file for its size: the file's fault, not an
+/// I/O failure.
 pub fn is_too_large(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<TooLarge>())
 }
 
 /// The whole file, if it is a regular file of at most [`LIMIT`] bytes.
 pub fn read(path: &Path) -> io::Result<Vec<u8>> {
+    read_capped(path, LIMIT, true)
+}
+
+/// The whole file, if it is a regular file of at most `limit` bytes: for files smaller than
+/// [`LIMIT`] by nature (a ref, a cache record), whose size cap is theirs.
+pub fn read_at_most(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    read_capped(path, limit, false)
+}
+
+fn read_capped(path: &Path, limit: u64, checkpoint_file: bool) -> io::Result<Vec<u8>> {
     check_regular(path)?;
     let mut buf = Vec::new();
-    File::open(path)?.take(LIMIT + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > LIMIT {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, TooLarge));
+    File::open(path)?.take(limit + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            TooLarge {
+                limit,
+                checkpoint_file,
+            },
+        ));
     }
     Ok(buf)
 }

@@ -96,7 +96,8 @@ pub(super) fn saved_listing(
         message,
         why: why.clone(),
     };
-    let text = read_capped(&path, MAX_LISTING_BYTES).map_err(|e| bad(e.to_string()))?;
+    let text = crate::small_file::read_at_most(&path, MAX_LISTING_BYTES)
+        .map_err(|e| bad(e.to_string()))?;
     let saved: SavedListing =
         serde_json::from_slice(&text).map_err(|e| bad(format!("not wload's JSON: {e}")))?;
     if saved.commit != commit {
@@ -145,7 +146,7 @@ pub(super) fn cached_state(req: &HubRequest, repo_dir: &Path, why: Why) -> Resul
     } else {
         let path = repo_dir.join("refs").join(req.revision);
         // A ref is 40 bytes; a longer one is shown cut, and refused all the same.
-        let text = match read_capped(&path, 4096) {
+        let text = match crate::small_file::read_at_most(&path, 4096) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_cached()),
             Err(e) if e.kind() == io::ErrorKind::FileTooLarge => b"(more than 4096 bytes)".to_vec(),
             Err(e) => return Err(HubError::Io { path, source: e }),
@@ -241,26 +242,6 @@ pub(super) fn link(snapshot: &Path, file: &str, etag: &str) -> Result<(), HubErr
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists && link.is_file() => Ok(()),
         other => other.map_err(io),
     }
-}
-
-/// The whole file, if it is a regular file of at most `limit` bytes.
-fn read_capped(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    crate::small_file::check_regular(path)?;
-    let mut buf = Vec::new();
-    fs::File::open(path)?
-        .take(limit + 1)
-        .read_to_end(&mut buf)?;
-    if buf.len() as u64 > limit {
-        return Err(io::Error::new(
-            io::ErrorKind::FileTooLarge,
-            format!(
-                "it is larger than {}, wload's limit",
-                crate::units::human_bytes(limit)
-            ),
-        ));
-    }
-    Ok(buf)
 }
 
 /// Writes a small file whole or not at all.

@@ -122,6 +122,14 @@ pub enum HubError {
         why: Why,
     },
     #[error(
+        "{path}: wload's record of the headers kept for this commit cannot be read ({message}); remove it (an online run fetches the headers and writes it again){why}"
+    )]
+    BadHeaderRecord {
+        path: PathBuf,
+        message: String,
+        why: Why,
+    },
+    #[error(
         "{path}: a link in the Hugging Face cache that leads to {target}, outside the repo's blobs and snapshots; refusing to read it: remove the link (an online run downloads the file again)"
     )]
     LinkEscapes { path: PathBuf, target: PathBuf },

@@ -8,9 +8,12 @@
 //!   whose header is kept, so that an offline run finds the etag (and the whole file's size, which
 //!   validation checks offsets against) without asking the hub.
 //!
-//! Both are written to a temporary name and renamed into place. Anything that cannot be read, or
-//! that does not hold a whole header, is as if absent: it is fetched again (online) or named as
-//! not cached (offline).
+//! Both are written to a temporary name and renamed into place, and read as every small file is
+//! (a regular file, under a size cap: a named pipe or a link to /dev/zero can neither block a run
+//! nor fill its memory). A kept header that cannot be read, or that does not hold a whole header,
+//! is as if absent: it is fetched again (online) or named as not cached (offline). A commit record
+//! that cannot be used is replaced online, and refused by name offline (it would otherwise pass
+//! for "nothing kept", hiding why).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -21,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::HubError;
 use super::http::{MAX_LISTING_BYTES, usable_etag};
 use crate::checkpoint::MAX_HEADER_LEN;
+use crate::small_file;
 
 /// A kept header: which blob a file of a commit is, and that blob's size.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,7 +45,7 @@ impl HeaderCache {
         }
     }
 
-    fn commit_path(&self, commit: &str) -> PathBuf {
+    pub(super) fn commit_path(&self, commit: &str) -> PathBuf {
         self.dir.join("commits").join(format!("{commit}.json"))
     }
 
@@ -49,27 +53,27 @@ impl HeaderCache {
         self.dir.join("blobs").join(etag)
     }
 
-    /// The files of `commit` whose header is kept; empty when none is, or the record cannot be
-    /// read. Entries whose etag could lead out of the folder are left out.
-    pub(super) fn entries(&self, commit: &str) -> BTreeMap<String, Entry> {
+    /// The files of `commit` whose header is kept: empty when no record is kept, `Err` (why, in
+    /// words) when one is there but cannot be used — a named pipe, a device, a folder, more than
+    /// [`MAX_LISTING_BYTES`], not wload's JSON — read as every other small file is, so that it
+    /// can neither block nor fill memory. Entries whose etag could lead out of the folder are
+    /// left out.
+    pub(super) fn entries(&self, commit: &str) -> Result<BTreeMap<String, Entry>, String> {
         let path = self.commit_path(commit);
-        let small = fs::metadata(&path).is_ok_and(|m| m.len() <= MAX_LISTING_BYTES);
-        let read = small.then(|| fs::read(&path).ok()).flatten();
-        let mut entries: BTreeMap<String, Entry> = read
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        if path.symlink_metadata().is_err() {
+            return Ok(BTreeMap::new());
+        }
+        let bytes =
+            small_file::read_at_most(&path, MAX_LISTING_BYTES).map_err(|e| e.to_string())?;
+        let mut entries: BTreeMap<String, Entry> =
+            serde_json::from_slice(&bytes).map_err(|e| format!("not wload's JSON: {e}"))?;
         entries.retain(|_, e| usable_etag(&e.etag));
-        entries
+        Ok(entries)
     }
 
     /// The kept header of blob `etag`, when it holds exactly a whole header.
     pub(super) fn header(&self, etag: &str) -> Option<Vec<u8>> {
-        let path = self.header_path(etag);
-        let len = fs::metadata(&path).ok()?.len();
-        if !(8..=8 + MAX_HEADER_LEN).contains(&len) {
-            return None;
-        }
-        let bytes = fs::read(&path).ok()?;
+        let bytes = small_file::read_at_most(&self.header_path(etag), 8 + MAX_HEADER_LEN).ok()?;
         let n = u64::from_le_bytes(*bytes.first_chunk::<8>()?);
         (bytes.len() as u64 == n.checked_add(8)?).then_some(bytes)
     }
@@ -88,7 +92,8 @@ impl HeaderCache {
         if new.is_empty() {
             return Ok(());
         }
-        let mut all = self.entries(commit);
+        // A record that cannot be used is replaced (renamed over), not merged with.
+        let mut all = self.entries(commit).unwrap_or_default();
         all.extend(new.iter().map(|(k, v)| (k.clone(), v.clone())));
         let text = serde_json::to_vec_pretty(&all).expect("strings and numbers serialise");
         write_atomically(&self.commit_path(commit), &text)
@@ -134,10 +139,10 @@ mod tests {
             .unwrap();
         c.record("c1", &BTreeMap::from([("b".to_string(), e("../x"))]))
             .unwrap();
-        let got = c.entries("c1");
+        let got = c.entries("c1").unwrap();
         assert_eq!(got.get("a"), Some(&e("abc")));
         // An etag that could lead out of the folder is dropped.
         assert!(!got.contains_key("b"));
-        assert!(c.entries("other").is_empty());
+        assert!(c.entries("other").unwrap().is_empty());
     }
 }

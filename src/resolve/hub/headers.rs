@@ -92,7 +92,12 @@ pub(super) fn get(
     files: &[String],
 ) -> Result<Got, ResolveError> {
     let kept = HeaderCache::new(repo_dir);
-    let entries = kept.entries(commit);
+    // A record that cannot be used is as if absent online (the headers are fetched again and
+    // the record rewritten), and refused by name offline, where it is the reason.
+    let (entries, bad_record) = match kept.entries(commit) {
+        Ok(e) => (e, None),
+        Err(message) => (BTreeMap::new(), Some(message)),
+    };
     let mut got = Got::default();
     let mut missing = Vec::new();
     for f in files {
@@ -116,6 +121,14 @@ pub(super) fn get(
         return Ok(got);
     }
     if let Some(why) = why {
+        if let Some(message) = bad_record {
+            return Err(HubError::BadHeaderRecord {
+                path: kept.commit_path(commit),
+                message,
+                why: why.clone(),
+            }
+            .into());
+        }
         return Err(HubError::FilesNotCached {
             repo: req.repo.to_string(),
             revision: req.revision.to_string(),

@@ -378,3 +378,62 @@ fn a_range_answer_that_disagrees_is_refused_naming_the_file() {
         .join("hub/models--acme--big-llama/wload-headers/blobs");
     assert!(!kept.join(refused).exists());
 }
+
+/// The commit record of the header cache is read as every small file is: a named pipe or a link
+/// to /dev/zero in its place neither hangs nor fills memory. Offline it is refused by name (it
+/// is why nothing is cached); online the hub is asked again and the record replaced.
+#[test]
+fn a_commit_record_that_is_not_a_file_is_refused_offline_and_replaced_online() {
+    let (repo, _local, _) = big_repo(|_| {});
+    let hub = Hub::start(one_repo(BIG, repo));
+    let home = TempDir::new().unwrap();
+    ok_json(
+        &mut wload_hub(Some(&hub), home.path()),
+        &["inspect", BIG, "--json"],
+    );
+    let record = home
+        .path()
+        .join("hub/models--acme--big-llama/wload-headers/commits")
+        .join(format!("{BIG_SHA}.json"));
+    assert!(record.is_file(), "{} was not written", record.display());
+    let fifo = |p: &Path| {
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    };
+    type Make<'a> = &'a dyn Fn(&Path);
+    let bad: [(&str, Make); 3] = [
+        ("a named pipe", &fifo),
+        ("a device", &|p: &Path| {
+            std::os::unix::fs::symlink("/dev/zero", p).unwrap()
+        }),
+        ("not wload's JSON", &|p: &Path| {
+            fs::write(p, b"{\"x\":").unwrap()
+        }),
+    ];
+    for (what, make) in bad {
+        fs::remove_file(&record).unwrap();
+        make(&record);
+        let mut offline = wload_hub(Some(&hub), home.path());
+        offline
+            .env("HF_HUB_OFFLINE", "1")
+            .timeout(Duration::from_secs(20));
+        let err = fails_with(&mut offline, &["inspect", BIG], 1);
+        assert!(
+            err.contains(&record.display().to_string())
+                && err.contains(what)
+                && err.contains("remove it"),
+            "{what}: {err}"
+        );
+        // Online, the hub is asked again and the record written over the bad one, so that
+        // the next offline run works.
+        let mut online = wload_hub(Some(&hub), home.path());
+        online.timeout(Duration::from_secs(20));
+        ok_json(&mut online, &["inspect", BIG, "--json"]);
+        let meta = fs::symlink_metadata(&record).unwrap();
+        assert!(meta.is_file(), "{what}: the record was not replaced");
+        let mut offline = wload_hub(Some(&hub), home.path());
+        offline.env("HF_HUB_OFFLINE", "1");
+        ok_json(&mut offline, &["inspect", BIG, "--json"]);
+    }
+}
