@@ -213,15 +213,49 @@ pub fn vllm_dtype(manifest_dtype: &str) -> Option<&'static str> {
 }
 
 /// One word for a POSIX shell: unchanged when it has nothing the shell would interpret, else in
-/// single quotes (a quote inside written `'\''`). Not `shlex::try_quote`: shlex 2 switches to
-/// double quotes for some words and refuses others, and the terminal layer
-/// ([`crate::escape::EscShell`]) relies on this one single-quoted form.
+/// single quotes (a quote inside written `'\''`), or, when it holds a control character
+/// ([`crate::escape::is_control`]: a newline, U+0085, U+202E, …), in `$'…'` with each of those
+/// written as an escape ([`ansi_c_quote`]). Inside single quotes such a character would reach a
+/// terminal raw, and the terminal layer ([`crate::escape::EscShell`]) would print its visible
+/// escape, which the shell then takes literally: `SERVE=$(wload shard … -q)` would name another
+/// folder. Not `shlex::try_quote`: shlex 2 switches to double quotes for some words and refuses
+/// others.
 pub fn shell_quote(word: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
     if !word.is_empty() && word.chars().all(plain) {
         return word.to_string();
     }
+    if word.chars().any(crate::escape::is_control) {
+        return ansi_c_quote(word);
+    }
     format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// `word` as `$'…'` (bash, zsh, ksh and POSIX.1-2024 sh; Debian 12's dash 0.5.12 lacks it):
+/// exact, since every control is written as the escapes of its UTF-8 bytes (`\xe2\x80\xae`,
+/// which the shell turns back into those bytes whatever the locale), and visible, since the word
+/// then holds no control character at all.
+fn ansi_c_quote(word: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(word.len() + 8);
+    out.push_str("$'");
+    for c in word.chars() {
+        match c {
+            '\\' => out.push_str(r"\\"),
+            '\'' => out.push_str(r"\'"),
+            '\n' => out.push_str(r"\n"),
+            '\t' => out.push_str(r"\t"),
+            '\r' => out.push_str(r"\r"),
+            c if crate::escape::is_control(c) => {
+                for b in c.encode_utf8(&mut [0; 4]).bytes() {
+                    write!(out, "\\x{b:02x}").expect("writing to a String does not fail");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
 }
 
 /// `vllm serve` for the pre-sharded folder `root`, built from the layout its manifest records

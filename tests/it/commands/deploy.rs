@@ -297,11 +297,21 @@ fn serve_line_of_a_partial_run_says_to_complete_the_folder() {
 }
 
 /// Paths with spaces, quotes, `$` and a leading `-` survive the copy and paste into a shell, and
-/// one that starts with `-` is not taken for a flag by vLLM.
+/// one that starts with `-` is not taken for a flag by vLLM. Control characters (a newline,
+/// U+0085, U+202E) are written `$'…'` escapes: exact when the shell reads them, visible on a
+/// terminal.
 #[test]
 fn serve_command_quotes_hostile_paths() {
     let work = TempDir::new().unwrap();
-    for name in ["my model", "it's $HOME `x`", "-tp8", "tab\there"] {
+    for name in [
+        "my model",
+        "it's $HOME `x`",
+        "-tp8",
+        "tab\there",
+        "new\nline",
+        "nel\u{85}x",
+        "rlo\u{202e}x 'q' \\",
+    ] {
         let out = work.path().join(name);
         let (argv, shell, _) = serve_of(&fixture(GQA), &out, &["--tp", "2"]);
         assert_eq!(argv[2], s(&out));
@@ -328,6 +338,34 @@ fn serve_command_quotes_hostile_paths() {
                 .join(format!("rel-{name}")),
             "{line}"
         );
+        // `SERVE=$(wload shard … -q)`: the line alone, on a pipe, as exact as `serve.argv` and
+        // with no control character for a terminal to act on.
+        let quiet = work.path().join(format!("q-{name}"));
+        let o = wload()
+            .args([
+                "shard",
+                s(&fixture(GQA)),
+                "--tp",
+                "2",
+                "-q",
+                "-o",
+                s(&quiet),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", context(&o));
+        let line = stdout(&o).trim_end_matches('\n').to_string();
+        assert!(
+            !line
+                .chars()
+                .any(|c| c.is_control() || ('\u{2028}'..='\u{202e}').contains(&c)),
+            "{line:?}"
+        );
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(quiet.join("wload.json")).unwrap()).unwrap();
+        let recorded: Vec<String> = serde_json::from_value(m["serve"]["argv"].clone()).unwrap();
+        assert_eq!(shell_words(&line), recorded, "{line}");
+        assert_eq!(recorded[2], s(&quiet), "{line}");
     }
     let o = wload()
         .current_dir(work.path())

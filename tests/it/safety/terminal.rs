@@ -135,7 +135,9 @@ fn shard_and_load_of_a_hostile_out_escape_it_and_the_serve_line_is_wloads() {
         .lines()
         .find_map(|l| l.strip_prefix("serve with: ").map(str::to_string))
         .unwrap_or_else(|| panic!("no serve line: {}", context(&o)));
-    assert!(serve.starts_with("vllm serve '"), "{serve}");
+    // The name's controls as `$'…'` escapes: the shell reads back exactly OUT.
+    assert!(serve.starts_with("vllm serve $'"), "{serve}");
+    assert_eq!(shell_words(&serve)[2], s(&out_dir), "{serve}");
     run_clean(&["load", s(&out_dir), "--dry-run", "--read"], 0, "load OUT");
     let i = run_clean(&["inspect", s(&out_dir), "-v"], 0, "inspect OUT");
     // inspect rebuilds the same command shard printed.

@@ -180,9 +180,10 @@ pub(crate) fn skipped_tensors(plan: &Value, why: &str) -> Vec<String> {
     skipped
 }
 
-/// What a POSIX shell makes of `line`: its words (environment assignments included).
+/// What bash makes of `line`: its words (environment assignments included). bash, not `sh`:
+/// a word with a control character in it is quoted `$'…'`, which Debian's dash lacks.
 pub(crate) fn shell_words(line: &str) -> Vec<String> {
-    let o = std::process::Command::new("sh")
+    let o = std::process::Command::new("bash")
         .arg("-c")
         .arg(format!("printf '%s\\0' {line}"))
         .output()
