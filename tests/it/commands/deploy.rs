@@ -341,19 +341,7 @@ fn serve_command_quotes_hostile_paths() {
         // `SERVE=$(wload shard … -q)`: the line alone, on a pipe, as exact as `serve.argv` and
         // with no control character for a terminal to act on.
         let quiet = work.path().join(format!("q-{name}"));
-        let o = wload()
-            .args([
-                "shard",
-                s(&fixture(GQA)),
-                "--tp",
-                "2",
-                "-q",
-                "-o",
-                s(&quiet),
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", context(&o));
+        let o = shard_ok(&fixture(GQA), 2, &quiet, &["-q"]);
         let line = stdout(&o).trim_end_matches('\n').to_string();
         assert!(
             !line
