@@ -334,3 +334,29 @@ fn runs_of_two_checkpoints_with_one_tensor_table_are_refused() {
     let l = run(&["load", s(&merged), "--dry-run", "--read"]);
     assert!(l.status.success(), "{}", context(&l));
 }
+
+/// A record without `source_data` (written before wload recorded its source's data) cannot show
+/// that its run read the same checkpoint: it is not merged with another, and the refusal says to
+/// re-shard; alone, it still loads.
+#[test]
+fn a_record_without_source_data_is_not_merged() {
+    let work = TempDir::new().unwrap();
+    let (a, b) = two_runs(work.path(), &fixture(GQA));
+    let rec = b.join("wload-ranks-4-7.json");
+    let mut m: Value = serde_json::from_slice(&fs::read(&rec).unwrap()).unwrap();
+    m.as_object_mut().unwrap().remove("source_data").unwrap();
+    fs::write(&rec, serde_json::to_vec(&m).unwrap()).unwrap();
+    let merged = work.path().join("merged");
+    copy_files(&a, &merged);
+    copy_files(&b, &merged);
+    let v = wload_json_exit(&["inspect", s(&merged), "--json"], 3);
+    assert!(
+        v.to_string()
+            .contains("re-shard the ranks of wload-ranks-4-7.json"),
+        "{v:#}"
+    );
+    let l = run(&["load", s(&merged), "--dry-run", "--read"]);
+    assert_refused(&l, 3, &["wload-ranks-4-7.json", "records no source data"]);
+    let l = run(&["load", s(&b), "--dry-run", "--ranks", "4-7", "--read"]);
+    assert!(l.status.success(), "{}", context(&l));
+}
