@@ -306,7 +306,7 @@ fn dry_run(planned: &Planned, lopts: &LoadOptions) -> Result<LoadReport, Error> 
             .iter()
             .filter(|f| f.matches_manifest == Some(false))
             .map(|f| Problem {
-                message: format!("{}: checksum {} differs from the manifest (wload.json): the file changed or is corrupt", f.file, f.xxh3_64k),
+                message: format!("{}: checksum {} differs from the manifest (the run record that lists it): the file changed or is corrupt", f.file, f.xxh3_64k),
                 fix: Some("re-shard, or copy the file again".into()),
                 file: Some(f.file.clone()),
                 ..Default::default()

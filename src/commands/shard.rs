@@ -343,6 +343,7 @@ fn manifest_for(
         source_repo: None,
         source_commit: None,
         source_id: None,
+        source_data: None,
         vllm_versions: Some(crate::sharded::manifest::VLLM_VERSIONS.into()),
         records: Vec::new(),
     }
@@ -391,13 +392,19 @@ fn tokenizer_warning(m: &Manifest, opened: &Opened) -> Option<String> {
 }
 
 /// Where the source came from, as the serve line and merging runs need it: the hub repo (the
-/// name clients send) and an identity that holds wherever a copy of the checkpoint lies.
-fn record_source(m: &mut Manifest, opened: &Opened) {
+/// name clients send) and identities of its tensor table and its data that hold wherever a copy
+/// of the checkpoint lies ([`crate::sharded::source`]).
+fn record_source(m: &mut Manifest, opened: &Opened) -> Result<(), ShardError> {
+    use crate::sharded::source;
     if let Some(hub) = &opened.resolved.hub {
         m.source_repo = Some(hub.repo.clone());
         m.source_commit = Some(hub.commit.clone());
     }
-    m.source_id = Some(crate::sharded::runs::source_id(&opened.checkpoint));
+    m.source_id = Some(source::table_id(&opened.checkpoint));
+    let data = source::data_id(&opened.checkpoint, &opened.config.file_bytes);
+    let root = &opened.resolved.root;
+    m.source_data = Some(data.map_err(|e| ShardError::io("sampling the data of", root, e))?);
+    Ok(())
 }
 
 /// The run's record, completed with the source and the serve line, written into `tmp` as
@@ -408,7 +415,7 @@ fn record_run(
     (plan, opened): (&Plan, &Opened),
     opts: &ShardOptions,
 ) -> Result<(), ShardError> {
-    record_source(manifest, opened);
+    record_source(manifest, opened)?;
     manifest.serve = Some(serve_command(&opts.out, manifest, plan, &opened.config));
     let record = crate::sharded::runs::record_name(&manifest.ranks, plan.world_size());
     write_manifest(&tmp.join(record), manifest)

@@ -88,10 +88,16 @@ pub struct Manifest {
     pub source_repo: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_commit: Option<String>,
-    /// What identifies the source wherever it lies ([`super::runs::source_id`]): runs of one
-    /// plan on machines whose copies of the checkpoint sit at other paths still merge.
+    /// What identifies the source's tensor table wherever it lies ([`super::source::table_id`]):
+    /// runs of one plan on machines whose copies of the checkpoint sit at other paths still merge.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_id: Option<String>,
+    /// What identifies the source's data ([`super::source::data_id`]: config, headers and
+    /// samples of every tensor's bytes), so that runs of two checkpoints with one tensor table (a
+    /// fine-tune and its base) do not merge. Absent in records of wload before it was added:
+    /// such a record is not merged with another ([`super::runs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_data: Option<String>,
     /// The vLLM versions whose parameter names and slicing these files follow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vllm_versions: Option<String>,
@@ -158,9 +164,21 @@ impl Manifest {
     }
 
     /// One record file as written, without merging.
-    pub fn read_record(path: &Path) -> Option<Manifest> {
-        let mut m: Manifest = serde_json::from_slice(&crate::small_file::read(path).ok()?).ok()?;
-        m.records = vec![path.file_name()?.to_string_lossy().into_owned()];
-        Some(m)
+    pub fn read_record(path: &Path) -> Result<Manifest, RecordError> {
+        let mut m: Manifest = serde_json::from_slice(&crate::small_file::read(path)?)?;
+        let name = path.file_name().unwrap_or(path.as_os_str());
+        m.records = vec![name.to_string_lossy().into_owned()];
+        Ok(m)
     }
+}
+
+/// Why a run record cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Not a regular file (a folder, a pipe), permission denied, too large.
+    #[error("cannot be read: {0}")]
+    Unreadable(#[from] io::Error),
+    /// Truncated in the copy, edited, or not wload's.
+    #[error("is not a run record's JSON (cut short in the copy, or edited?): {0}")]
+    Malformed(#[from] serde_json::Error),
 }

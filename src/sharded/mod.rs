@@ -7,3 +7,4 @@ pub mod manifest;
 pub mod names;
 pub mod runs;
 pub mod serve;
+pub mod source;

@@ -4,12 +4,18 @@
 //! folder leave one record each, none written over another, and read back as one manifest: the
 //! union of their ranks and files. Runs of different plans (another source, TP, PP, dtype or
 //! wload version) are not merged: the disagreement is a problem that names both records.
+//!
+//! [`check`] is the one verdict on whether a folder's records and rank files are one complete,
+//! consistent output: `inspect`, `load` (with or without `--dry-run`) and the planner of
+//! pre-sharded folders (so the Python binding and the vLLM plugin) all take it, so that none
+//! accepts a folder another refuses. A record that cannot be read, or a rank file no record
+//! lists, is a problem naming the file, never skipped: the unlisted file's checksum is unknown.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use super::manifest::{MANIFEST, Manifest};
-use crate::checkpoint::Checkpoint;
+use super::manifest::{MANIFEST, Manifest, RecordError};
+use super::names::RankFiles;
 use crate::problem::Problem;
 
 /// The file-name prefix of a `--ranks` run's record.
@@ -54,11 +60,27 @@ pub fn is_record(name: &str) -> bool {
 pub struct Runs {
     /// The merged view; `None` without a readable record.
     pub manifest: Option<Manifest>,
-    /// Records of other plans, or that list one file differently.
+    /// Records that cannot be read, of other plans, or that list one file differently; with
+    /// [`check`], also rank files no record lists and listed files that are gone.
     pub problems: Vec<Problem>,
 }
 
-/// The records in `dir`, `wload.json` first, then by name, merged into one view.
+/// The folder `dir` with rank files `files` as one output: its records merged, and every problem
+/// that makes them not one complete, consistent output. A folder without any record (vLLM's own
+/// save_sharded_state) has none of these problems: its files are checked by their headers only.
+pub fn check(dir: &Path, files: &RankFiles) -> Runs {
+    let mut runs = read(dir);
+    // Files of a record that is unreadable or of another plan would be named again here, as
+    // unlisted: that record is the problem to fix first.
+    if let Some(m) = runs.manifest.as_ref().filter(|_| runs.problems.is_empty()) {
+        runs.problems.extend(unlisted(dir, files, m));
+        runs.problems.extend(gone(dir, files, m));
+    }
+    runs
+}
+
+/// The records in `dir`, `wload.json` first, then by name, merged into one view; a record that
+/// cannot be read is a problem naming it.
 pub fn read(dir: &Path) -> Runs {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Runs::default();
@@ -68,20 +90,99 @@ pub fn read(dir: &Path) -> Runs {
         .filter(|n| is_record(n))
         .collect();
     names.sort_by_key(|n| (n != MANIFEST, n.clone()));
-    let records = names
+    let mut unreadable = Vec::new();
+    let records: Vec<Manifest> = names
         .iter()
-        .filter_map(|n| Manifest::read_record(&dir.join(n)));
-    merge(dir, records)
+        .filter_map(|n| match Manifest::read_record(&dir.join(n)) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                unreadable.push(unreadable_record(dir, n, &e));
+                None
+            }
+        })
+        .collect();
+    let mut runs = merge(dir, records);
+    unreadable.append(&mut runs.problems);
+    runs.problems = unreadable;
+    runs
 }
 
-fn merge(dir: &Path, records: impl Iterator<Item = Manifest>) -> Runs {
+/// A record that cannot be read: the rank files it lists cannot be checked, so the folder is not
+/// one known output until it is copied again or its run repeated.
+fn unreadable_record(dir: &Path, name: &str, e: &RecordError) -> Problem {
+    Problem {
+        message: format!("{}: run record {name} {e}", dir.display()),
+        fix: Some(format!(
+            "copy {name} again from the machine that ran that `wload shard --ranks` run, or re-shard those ranks into the folder"
+        )),
+        file: Some(dir.join(name).display().to_string()),
+        ..Default::default()
+    }
+}
+
+/// Rank files that no readable record lists: left from another run, or written by a run whose
+/// record was not copied. Their checksums are unknown, so they cannot be part of the output.
+fn unlisted(dir: &Path, files: &RankFiles, m: &Manifest) -> Option<Problem> {
+    let listed: BTreeSet<&str> = m.files.iter().map(|f| f.name.as_str()).collect();
+    let names: Vec<&str> = (files.values().flatten())
+        .map(|(_, n)| n.as_str())
+        .filter(|n| !listed.contains(n))
+        .collect();
+    let first = *names.first()?;
+    Some(Problem {
+        message: format!(
+            "{}: {} listed in no run record ({}): left from another run, or a --ranks run whose record was not copied",
+            dir.display(),
+            some_names(&names),
+            m.record_names(),
+        ),
+        fix: Some("copy the run record (wload-ranks-*.json) that lists them beside them, remove them, or re-shard into an empty folder".into()),
+        file: Some(first.to_string()),
+        ..Default::default()
+    })
+}
+
+/// Files the records list that are not in the folder.
+fn gone(dir: &Path, files: &RankFiles, m: &Manifest) -> Option<Problem> {
+    let present: BTreeSet<&str> = (files.values().flatten())
+        .map(|(_, n)| n.as_str())
+        .collect();
+    let names: Vec<&str> = (m.files.iter())
+        .map(|f| f.name.as_str())
+        .filter(|n| !present.contains(n))
+        .collect();
+    let first = *names.first()?;
+    Some(Problem {
+        message: format!(
+            "{}: {} lists files that are gone: {}",
+            dir.display(),
+            m.record_names(),
+            some_names(&names)
+        ),
+        fix: Some("copy them again, or re-shard".into()),
+        file: Some(first.to_string()),
+        ..Default::default()
+    })
+}
+
+/// The first names of a list, for a message: eight, then how many more.
+fn some_names(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    let mut s = names[..names.len().min(SHOWN)].join(", ");
+    if names.len() > SHOWN {
+        s += &format!(" and {} more", names.len() - SHOWN);
+    }
+    s
+}
+
+fn merge(dir: &Path, records: Vec<Manifest>) -> Runs {
     let mut runs = Runs::default();
     for r in records {
         let Some(base) = &mut runs.manifest else {
             runs.manifest = Some(r);
             continue;
         };
-        if let Some(p) = disagreement(dir, base, &r) {
+        if let Some(p) = disagreement(dir, base, &r).or_else(|| data_disagreement(dir, base, &r)) {
             runs.problems.push(p);
             continue;
         }
@@ -206,25 +307,52 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
     })
 }
 
-/// The source's identity wherever its copy lies: XXH3-64 of its weight files' names and sizes
-/// and every tensor's name, dtype, shape and place. Two copies of one checkpoint agree; a changed
-/// tensor table does not. (The data is not read: that would double a run's reading.)
-pub fn source_id(ck: &Checkpoint) -> String {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for f in &ck.files {
-        h.update(f.name.as_bytes());
-        h.update(&f.size.to_le_bytes());
-        for t in &f.tensors {
-            h.update(t.name.as_bytes());
-            h.update(t.dtype.as_str().as_bytes());
-            for d in &t.shape {
-                h.update(&d.to_le_bytes());
-            }
-            h.update(&t.offset.to_le_bytes());
-            h.update(&t.len.to_le_bytes());
+/// `r` a run of another checkpoint than `base` with the same tensor table ([`super::source`]),
+/// or a record that cannot tell: one written before wload recorded its source's data. Such a
+/// record is not merged at all (wload has not been released without the field, so only folders
+/// of development builds are affected, and a silent merge of two checkpoints is what the field
+/// prevents); a folder of one such record alone needs no merge and still loads.
+fn data_disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
+    let record = r.records.first().cloned().unwrap_or_default();
+    let (message, fix) = match (&base.source_data, &r.source_data) {
+        (Some(a), Some(b)) if a == b => return None,
+        (Some(a), Some(b)) => (
+            format!(
+                "{}: {record} records a run of another checkpoint than {}, with the same tensors but other data (source data {b}, not {a}: a fine-tune and its base, or two releases of one model)",
+                dir.display(),
+                base.records.join(", "),
+            ),
+            format!(
+                "keep the files of one checkpoint in a folder: move {record} and the rank files it lists elsewhere, or re-shard those ranks from the same checkpoint"
+            ),
+        ),
+        _ => {
+            let old: Vec<&str> = [base, r]
+                .into_iter()
+                .filter(|m| m.source_data.is_none())
+                .flat_map(|m| m.records.iter().map(String::as_str))
+                .collect();
+            (
+                format!(
+                    "{}: {record} and {} cannot be merged: {} records no source data (written by an earlier wload), so the runs may be of two checkpoints",
+                    dir.display(),
+                    base.records.join(", "),
+                    old.join(", ")
+                ),
+                format!(
+                    "re-shard the ranks of {} with this wload ({})",
+                    old.join(", "),
+                    env!("CARGO_PKG_VERSION")
+                ),
+            )
         }
-    }
-    format!("{:016x}", h.digest())
+    };
+    Some(Problem {
+        message,
+        fix: Some(fix),
+        file: Some(dir.join(&record).display().to_string()),
+        ..Default::default()
+    })
 }
 
 #[cfg(test)]

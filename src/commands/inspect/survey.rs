@@ -85,7 +85,7 @@ pub struct SurveyTotals {
 /// Surveys the pre-sharded folder `root`; `filter` keeps the tensors whose name matches.
 pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
     let files = in_folder(root);
-    let runs = crate::sharded::runs::read(root);
+    let runs = crate::sharded::runs::check(root, &files);
     let manifest = runs.manifest;
     let written_for = WrittenFor::of(&files, manifest.as_ref());
     let mut problems = runs.problems;
@@ -176,17 +176,6 @@ fn survey_file(
                 l.size
             ),
             fix: Some("copy the file again, or re-shard".into()),
-            file: Some(name.to_string()),
-            ..Default::default()
-        });
-    }
-    if let (Some(m), None) = (manifest, listed) {
-        problems.push(Problem {
-            message: format!(
-                "{name}: not listed in {} (left from another run, or a --ranks run whose record was not copied?)",
-                m.record_names()
-            ),
-            fix: Some("copy the run record (wload-ranks-*.json) that lists it beside it, remove it, or re-shard into an empty folder".into()),
             file: Some(name.to_string()),
             ..Default::default()
         });

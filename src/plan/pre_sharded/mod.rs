@@ -48,9 +48,11 @@ pub fn plan(
     warnings: &mut Vec<String>,
 ) -> Result<Plan, PreShardedError> {
     let root = &opened.resolved.root;
-    let runs = crate::sharded::runs::read(root);
+    // The verdict `inspect` gives too: records unreadable, of two plans, or not listing every
+    // rank file (whose checksum would be unknown) refuse the folder here as there.
+    let runs = crate::sharded::runs::check(root, files);
     if !runs.problems.is_empty() {
-        // Files of two plans: checking them against either would only repeat it, file by file.
+        // Checking the files against either plan would only repeat it, file by file.
         return Err(plan::PlanError::Invalid(runs.problems).into());
     }
     let manifest = runs.manifest;

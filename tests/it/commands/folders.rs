@@ -214,3 +214,149 @@ fn runs_of_different_plans_are_refused_naming_the_files() {
     let l = run(&["load", s(&merged), "--dry-run"]);
     assert_refused(&l, 3, &["wload-ranks-4-7.json", "wload version 0.0.9, not"]);
 }
+
+/// Two `--ranks` runs of one TP 8 plan of `source` (ranks 0-3 and 4-7) in `work/node0` and
+/// `work/node1`; returns the two folders.
+fn two_runs(work: &Path, source: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (a, b) = (work.join("node0"), work.join("node1"));
+    fs::create_dir_all(work).unwrap();
+    shard_ok(source, 8, &a, &["--ranks", "0-3"]);
+    shard_ok(source, 8, &b, &["--ranks", "4-7"]);
+    (a, b)
+}
+
+/// The last data byte of `path` changed: a rank file corrupted in the copy.
+fn corrupt_last_byte(path: &Path) {
+    let mut bytes = fs::read(path).unwrap();
+    *bytes.last_mut().unwrap() ^= 0x5a;
+    fs::write(path, bytes).unwrap();
+}
+
+/// A folder gathered from `--ranks` runs whose second run record is missing, truncated or a
+/// folder: `inspect` and `load --dry-run --read` both refuse it, naming the record (or, when it is
+/// gone, the rank files no record lists), so that rank 5's corrupted file is never read unchecked.
+#[test]
+fn a_gathered_folder_without_a_readable_record_is_refused_by_inspect_and_load() {
+    let work = TempDir::new().unwrap();
+    let (a, b) = two_runs(work.path(), &fixture(GQA));
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage, &str); 3] = [
+        (
+            "missing",
+            |p| fs::remove_file(p).unwrap(),
+            "model-rank-5-part-0.safetensors",
+        ),
+        (
+            "truncated",
+            |p| {
+                let text = fs::read(p).unwrap();
+                fs::write(p, &text[..text.len() / 2]).unwrap();
+            },
+            "wload-ranks-4-7.json",
+        ),
+        (
+            "a folder",
+            |p| {
+                fs::remove_file(p).unwrap();
+                fs::create_dir(p).unwrap();
+            },
+            "wload-ranks-4-7.json",
+        ),
+    ];
+    for (case, damage, named) in cases {
+        let merged = work.path().join(case.replace(' ', "-"));
+        copy_files(&a, &merged);
+        copy_files(&b, &merged);
+        damage(&merged.join("wload-ranks-4-7.json"));
+        corrupt_last_byte(&merged.join("model-rank-5-part-0.safetensors"));
+        let v = wload_json_exit(&["inspect", s(&merged), "--json"], 3);
+        assert_eq!(v["complete"], false, "{case}: {v:#}");
+        assert!(v.to_string().contains(named), "{case}: {v:#}");
+        let l = run(&["load", s(&merged), "--dry-run", "--read"]);
+        assert_refused(&l, 3, &[named]);
+    }
+}
+
+/// `dir`'s safetensors files with the data of the tensors whose name contains `which` changed
+/// (every byte, as a fine-tune changes them), the headers (so the tensor table) unchanged.
+fn change_weights(dir: &Path, which: &str) {
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let mut raw = RawFile::read(&p);
+        for t in raw.header().iter().filter(|(n, _)| n.contains(which)) {
+            let Some(span) = t.1["data_offsets"].as_array() else {
+                continue;
+            };
+            let (from, to) = (span[0].as_u64().unwrap(), span[1].as_u64().unwrap());
+            for byte in &mut raw.data[from as usize..to as usize] {
+                *byte ^= 1;
+            }
+        }
+        raw.write(&p);
+    }
+}
+
+/// Runs of two checkpoints with the same tensor table (a fine-tune of every weight; a re-release
+/// that fixed one tensor) copied together are refused by `inspect` and `load`, naming both
+/// records; runs of two copies of one checkpoint (another path, other modification times) merge.
+#[test]
+fn runs_of_two_checkpoints_with_one_tensor_table_are_refused() {
+    let work = TempDir::new().unwrap();
+    let (a, _) = two_runs(&work.path().join("base"), &fixture(GQA));
+    for (case, which) in [("fine-tune", "."), ("re-release", "lm_head")] {
+        let other = copy_fixture(GQA);
+        change_weights(other.path(), which);
+        let b = work.path().join(case);
+        shard_ok(other.path(), 8, &b, &["--ranks", "4-7"]);
+        let merged = work.path().join(format!("{case}-merged"));
+        copy_files(&a, &merged);
+        copy_files(&b, &merged);
+        let v = wload_json_exit(&["inspect", s(&merged), "--json"], 3);
+        let text = v.to_string();
+        for n in ["wload-ranks-4-7.json", "wload-ranks-0-3.json"] {
+            assert!(text.contains(n), "{case}: {v:#}");
+        }
+        let l = run(&["load", s(&merged), "--dry-run", "--read"]);
+        assert_refused(&l, 3, &["wload-ranks-4-7.json", "wload-ranks-0-3.json"]);
+    }
+    // A copy of the checkpoint elsewhere (new path, new modification times) is the same source.
+    let copy = copy_fixture(GQA);
+    let b = work.path().join("copy");
+    shard_ok(copy.path(), 8, &b, &["--ranks", "4-7"]);
+    let merged = work.path().join("copy-merged");
+    copy_files(&a, &merged);
+    copy_files(&b, &merged);
+    let v = wload_json(&["inspect", s(&merged), "--json"]);
+    assert_eq!(v["complete"], true, "{v:#}");
+    let l = run(&["load", s(&merged), "--dry-run", "--read"]);
+    assert!(l.status.success(), "{}", context(&l));
+}
+
+/// A record without `source_data` (written before wload recorded its source's data) cannot show
+/// that its run read the same checkpoint: it is not merged with another, and the refusal says to
+/// re-shard; alone, it still loads.
+#[test]
+fn a_record_without_source_data_is_not_merged() {
+    let work = TempDir::new().unwrap();
+    let (a, b) = two_runs(work.path(), &fixture(GQA));
+    let rec = b.join("wload-ranks-4-7.json");
+    let mut m: Value = serde_json::from_slice(&fs::read(&rec).unwrap()).unwrap();
+    m.as_object_mut().unwrap().remove("source_data").unwrap();
+    fs::write(&rec, serde_json::to_vec(&m).unwrap()).unwrap();
+    let merged = work.path().join("merged");
+    copy_files(&a, &merged);
+    copy_files(&b, &merged);
+    let v = wload_json_exit(&["inspect", s(&merged), "--json"], 3);
+    assert!(
+        v.to_string()
+            .contains("re-shard the ranks of wload-ranks-4-7.json"),
+        "{v:#}"
+    );
+    let l = run(&["load", s(&merged), "--dry-run", "--read"]);
+    assert_refused(&l, 3, &["wload-ranks-4-7.json", "records no source data"]);
+    let l = run(&["load", s(&b), "--dry-run", "--ranks", "4-7", "--read"]);
+    assert!(l.status.success(), "{}", context(&l));
+}

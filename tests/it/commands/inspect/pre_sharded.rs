@@ -115,7 +115,7 @@ fn an_incomplete_pre_sharded_folder_says_what_is_missing() {
         "{problems:#?}"
     );
     assert!(
-        has("model-rank-3-part-1.safetensors: not listed in wload.json"),
+        has("model-rank-3-part-1.safetensors listed in no run record (wload.json)"),
         "{problems:#?}"
     );
     assert!(

@@ -30,6 +30,7 @@ use wload::resolve::{self, LoadFormat};
 use wload::{Error, checkpoint};
 
 mod hub;
+mod runs;
 
 /// No single input may take longer than this (the bound), in CPU time of the thread that
 /// checks it: the suite is one process whose other tests share the cores, and wall time would
