@@ -20,7 +20,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
 import wload
 from test_golden import EXPECTED, FIXTURES, Case
 from wload import vllm_plugin
@@ -212,6 +211,78 @@ def test_a_source_wload_cannot_plan_is_refused_with_the_plan_error(torch):
     assert "num_attention_heads (8) is not divisible by tp (3)" in msg
     assert msg.endswith("use --load-format auto to load it with vLLM's own loader")
     assert all(untouched(t) for t in state.values())
+
+
+# Online quantization (`--quantization fp8_per_tensor` on a BF16 checkpoint): vLLM 0.33's online
+# methods create each quantized layer's weight on the meta device (quantization/online/fp8.py:
+# 169-183, online/moe_base.py:59-105) for its own weight loaders to materialise and quantize.
+ONLINE_LAYERS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def online_state(torch, case, rank):
+    state = rank_state(torch, case, rank)
+    for name, t in state.items():
+        if any(f".{layer}.weight" in name for layer in ONLINE_LAYERS):
+            state[name] = garbage(torch, t.dtype, t.shape, device="meta")
+    return state
+
+
+def test_online_quantization_is_refused_before_planning_saying_why(torch, monkeypatch):
+    case = Case("llama_gqa", "tp2")
+    state = online_state(torch, case, 1)
+    # vLLM's ModelConfig after `--quantization fp8_per_tensor` (engine/arg_utils.py:922-926 fills
+    # quantization_config from the shorthand).
+    mc = model_config(torch, GQA, quantization="fp8_per_tensor",
+                      quantization_config=SimpleNamespace(linear="fp8_per_tensor_static"))
+
+    def no_planning(*a, **k):
+        raise AssertionError("planned a model that online quantization fills")
+
+    monkeypatch.setattr(wload, "plan", no_planning)
+    with pytest.raises(vllm_plugin.WloadLoadError) as e:
+        load(torch, state, mc, tp=2, tp_rank=1)
+    msg = str(e.value)
+    assert "online quantization (--quantization fp8_per_tensor)" in msg
+    assert "8 parameters on the meta device" in msg
+    meta = [k for k, t in state.items() if t.device.type == "meta"]
+    assert f"({meta[0]}, {meta[1]}, {meta[2]} and 5 more)" in msg
+    assert "no such parameter" not in msg
+    assert "use --load-format auto" in msg
+    assert "quantize the checkpoint offline" in msg
+    assert all(untouched(t) for t in state.values() if t.device.type != "meta")
+
+
+def test_online_quantization_on_top_of_a_quantized_checkpoint_is_refused(torch):
+    """`--quantization-config` on a pre-quantized checkpoint: vLLM quantizes online the layers the
+    checkpoint's own method leaves unquantized (weight_utils.py:219-229)."""
+    case = Case("llama_gqa", "tp2")
+    state = online_state(torch, case, 0)
+    mc = model_config(
+        torch, GQA, quantization="fp8",
+        quantization_config=SimpleNamespace(linear="fp8_per_block_static"),
+        hf_config=SimpleNamespace(quantization_config={"quant_method": "fp8"}),
+    )
+    with pytest.raises(vllm_plugin.WloadLoadError) as e:
+        load(torch, state, mc, tp=2, tp_rank=0)
+    msg = str(e.value)
+    assert ("online quantization (--quantization-config, on top of the checkpoint's own fp8 "
+            "quantization)") in msg
+    assert "use --load-format auto" in msg
+
+
+def test_a_parameter_on_the_meta_device_is_refused_without_a_guessed_cause(torch, monkeypatch):
+    """Meta parameters without an online quantization flag (no configuration this plugin knows
+    of): still nothing wload can fill, refused before planning, but no cause is claimed."""
+    case = Case("llama_gqa", "tp2")
+    state = rank_state(torch, case, 0)
+    state["model.norm.weight"] = garbage(torch, torch.bfloat16, (128,), device="meta")
+    monkeypatch.setattr(wload, "plan", lambda *a, **k: pytest.fail("planned"))
+    with pytest.raises(vllm_plugin.WloadLoadError) as e:
+        load(torch, state, model_config(torch, GQA), tp=2, tp_rank=0)
+    msg = str(e.value)
+    assert "vLLM creates 1 parameter on the meta device (model.norm.weight)" in msg
+    assert "quantiz" not in msg
+    assert msg.endswith("use --load-format auto to load it with vLLM's own loader")
 
 
 def presharded_variants(tmp_path):

@@ -12,7 +12,7 @@ Only the CPU and meta devices exist here: anything else (CUDA) fails loudly rath
 
 import numpy as _np
 
-__all__ = ["device", "dtype", "empty", "Tensor"]
+__all__ = ["Tensor", "device", "dtype", "empty"]
 
 
 class dtype:
@@ -38,7 +38,7 @@ uint8 = dtype("uint8", 1)
 int16 = dtype("int16", 2)
 int32 = dtype("int32", 4)
 int64 = dtype("int64", 8)
-bool = dtype("bool", 1)  # noqa: A001 - torch's own name
+bool = dtype("bool", 1)  # torch.bool: the builtin is not used below
 float8_e4m3fn = dtype("float8_e4m3fn", 1)
 float8_e5m2 = dtype("float8_e5m2", 1)
 float8_e8m0fnu = dtype("float8_e8m0fnu", 1)
@@ -49,7 +49,7 @@ _default_dtype = float32
 class device:
     """`torch.device("cpu")`, `torch.device("meta")`, `torch.device("cuda", 0)`."""
 
-    def __init__(self, type, index=None):  # noqa: A002 - torch's own name
+    def __init__(self, type, index=None):
         if isinstance(type, device):
             type, index = type.type, type.index
         if ":" in type:
@@ -67,7 +67,8 @@ class device:
         return hash((self.type, self.index))
 
     def __repr__(self):
-        return f"device(type='{self.type}'" + (f", index={self.index})" if self.index is not None else ")")
+        index = f", index={self.index}" if self.index is not None else ""
+        return f"device(type='{self.type}'{index})"
 
 
 def _contiguous_strides(shape):
@@ -182,7 +183,7 @@ class Tensor:
         return f"tensor(shape={list(self.shape)}, dtype={self.dtype}, device={self.device})"
 
 
-def empty(*size, dtype=None, device=None):  # noqa: A002 - torch's own names
+def empty(*size, dtype=None, device=None):
     shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
     dt = dtype or _default_dtype
     dev = globals()["device"](device or "cpu")
@@ -198,9 +199,3 @@ def empty(*size, dtype=None, device=None):  # noqa: A002 - torch's own names
         raise RuntimeError(f"the fake torch has no {dev.type} memory")
     return Tensor(buf, 0, shape, _contiguous_strides(shape), dt, dev)
 
-
-def frombuffer_bytes(data, dtype, shape):
-    """A CPU tensor holding `data` (bytes), for the tests (torch would use frombuffer + view)."""
-    t = empty(tuple(shape), dtype=dtype)
-    t._bytes_view()[...] = _np.frombuffer(data, dtype=_np.uint8).reshape(t.shape + (dtype.itemsize,))
-    return t
