@@ -155,20 +155,29 @@ def _plan_for_worker(load_config, model_config):
 def _refuse_online_quantization(model, model_config):
     """Refuses a model whose parameters vLLM means to fill itself, before anything is planned.
 
-    vLLM 0.33's online quantization (`--quantization fp8_per_tensor`, `fp8_per_block`,
-    `fp8_per_channel`, `mxfp8`, `mxfp4`, `int8_per_channel_weight_only`, `nvfp4_per_token`, the
-    deprecated `fp8` and `experts_int8` on an unquantized checkpoint, or `--quantization-config`,
-    also on top of a quantized checkpoint's own method) creates each quantized layer's
-    full-precision weight on the meta device (quantization/online/fp8.py:143-185,
-    online/moe_base.py:59-105) and materialises and quantizes it inside its own weight loaders,
-    layer by layer, as they receive the checkpoint's tensors (model_loader/reload/layerwise.py:
-    120-223). Such a parameter has no memory for wload to fill. Left to `_check`, the refusal would
-    be misleading: `_filter_subtensors` sees every meta tensor at address 0 and keeps only one, so
-    each layer would read "the model has no such parameter".
+    vLLM 0.33's online quantization creates each quantized layer's full-precision weight on the
+    meta device (quantization/online/fp8.py:169-183, online/moe_base.py:59-105) and materialises
+    and quantizes it inside its own weight loaders, layer by layer, as they receive the
+    checkpoint's tensors (model_loader/reload/layerwise.py:120-223). Such a parameter has no
+    memory for wload to fill. Left to `_check`, the refusal would be misleading:
+    `_filter_subtensors` sees every meta tensor at address 0 and keeps only one, so each layer
+    would read "the model has no such parameter".
 
-    The test is the meta device itself, not the flag's spelling: it is exactly what wload cannot
-    fill, whichever of vLLM's configurations put it there (vLLM asks the quant methods the same
-    question, `uses_meta_device`, base_loader.py:170-176). The flags only word the reason.
+    Which flags do that depends on the checkpoint as well as the name, so the test is the meta
+    device itself, not the flag's spelling:
+    - `--quantization fp8_per_tensor`, `fp8_per_block`, `fp8_per_channel`, or `online` with
+      `--quantization-config`: always (config/quantization.py:195-234);
+    - `mxfp4`, `mxfp8`: only on a checkpoint without quantization metadata; on an MXFP4/MXFP8
+      checkpoint they name its own method, which wload plans (quantization.py:236-272);
+    - `fp8` (deprecated): online fp8_per_tensor only on a checkpoint without a quantization
+      config (model_loader/weight_utils.py:355-363); on an FP8 checkpoint, its own method;
+    - `int8_per_channel_weight_only`, `nvfp4_per_token`, `experts_int8`: MoE experts only, so
+      nothing on the meta device in a dense model, which vLLM then loads unquantized too;
+    - `--quantization-config` on top of a quantized checkpoint: the layers its own method
+      leaves unquantized (weight_utils.py:219-229).
+    A parameter on the meta device is exactly what wload cannot fill, whichever of these put it
+    there (vLLM asks its quant methods the same question, `uses_meta_device`,
+    base_loader.py:170-176). The flags only word the reason.
     """
     meta = [k for k, t in model.state_dict().items() if t.device.type == "meta"]
     if not meta:
