@@ -214,6 +214,7 @@ def rank_main(rank, args, port):
         mm_encoder_tp_mode=args.mm_encoder_tp_mode,
         config_format=args.config_format,
         hf_overrides=args.hf_overrides,
+        quantization=args.quantization,
     )
     config = engine.create_engine_config()
     with set_current_vllm_config(config):
@@ -306,6 +307,10 @@ def parser():
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--hf-overrides", type=json.loads, default={}, help="JSON object")
+    p.add_argument(
+        "--quantization", default=None,
+        help="vLLM's --quantization (fp8_per_tensor: online quantization, which the wload plugin refuses)",
+    )
     p.add_argument(
         "--load-format",
         default="sharded_state",

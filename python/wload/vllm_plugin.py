@@ -13,6 +13,9 @@ every planned tensor against the model's `state_dict` (key present, same dtype, 
 leading slice of it, as sharded_state narrows) and every parameter against the plan, and reports
 every disagreement at once before a byte is read. Then each rank reads only its own bytes into
 the parameters: no full checkpoint tensor is materialised.
+
+Online quantization (`--quantization fp8_per_tensor`, ...) is refused first, before planning: vLLM
+then creates weights on the meta device that only its own weight loaders can fill.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def _loader_class():
             # Under vLLM's logger, whose handler and level the server configures.
             log = init_logger("vllm.wload")
             t0 = time.perf_counter()
+            _refuse_online_quantization(model, model_config)
             plan, rank = _plan_for_worker(self.load_config, model_config)
             t_plan = time.perf_counter() - t0
             state = _parameters(model)
@@ -146,6 +150,91 @@ def _plan_for_worker(load_config, model_config):
             "use --load-format auto to load it with vLLM's own loader"
         ) from e
     return plan, pp_rank * tp + tp_rank
+
+
+def _refuse_online_quantization(model, model_config):
+    """Refuses a model whose parameters vLLM means to fill itself, before anything is planned.
+
+    vLLM 0.33's online quantization creates each quantized layer's full-precision weight on the
+    meta device (quantization/online/fp8.py:169-183, online/moe_base.py:59-105) and materialises
+    and quantizes it inside its own weight loaders, layer by layer, as they receive the
+    checkpoint's tensors (model_loader/reload/layerwise.py:120-223). Such a parameter has no
+    memory for wload to fill. Left to `_check`, the refusal would be misleading:
+    `_filter_subtensors` sees every meta tensor at address 0 and keeps only one, so each layer
+    would read "the model has no such parameter".
+
+    Which flags do that depends on the checkpoint as well as the name, so the test is the meta
+    device itself, not the flag's spelling:
+    - `--quantization fp8_per_tensor`, `fp8_per_block`, `fp8_per_channel`, or `online` with
+      `--quantization-config`: always (config/quantization.py:195-234);
+    - `mxfp4`, `mxfp8`: only on a checkpoint without quantization metadata; on an MXFP4/MXFP8
+      checkpoint they name its own method, which wload plans (quantization.py:236-272);
+    - `fp8` (deprecated): online fp8_per_tensor only on a checkpoint without a quantization
+      config (model_loader/weight_utils.py:355-363); on an FP8 checkpoint, its own method;
+    - `int8_per_channel_weight_only`, `nvfp4_per_token`, `experts_int8`: MoE experts only, so
+      nothing on the meta device in a dense model, which vLLM then loads unquantized too;
+    - `--quantization-config` on top of a quantized checkpoint: the layers its own method
+      leaves unquantized (weight_utils.py:219-229).
+    A parameter on the meta device is exactly what wload cannot fill, whichever of these put it
+    there (vLLM asks its quant methods the same question, `uses_meta_device`,
+    base_loader.py:170-176). The flags only word the reason.
+    """
+    meta = [k for k, t in model.state_dict().items() if t.device.type == "meta"]
+    if not meta:
+        return
+    how = _online_quantization_flags(model_config)
+    names = ", ".join(meta[:3]) + (f" and {len(meta) - 3} more" if len(meta) > 3 else "")
+    created = (
+        f"vLLM creates {len(meta)} parameter{'s' if len(meta) != 1 else ''} on the meta device "
+        f"({names}) and fills them only through its own weight loaders"
+    )
+    cannot = (
+        "wload fills parameters with the checkpoint's bytes as they are, and these have no "
+        "memory to fill"
+    )
+    if how is None:
+        # Not a configuration this module knows: say what is seen, claim no cause.
+        raise WloadLoadError(
+            f"--load-format wload cannot fill {model_config.model}: {created}; {cannot}.\n"
+            "use --load-format auto to load it with vLLM's own loader"
+        )
+    raise WloadLoadError(
+        f"--load-format wload cannot fill {model_config.model} with online quantization ({how}): "
+        f"{created}, which quantize the checkpoint's full-precision weights layer by layer as "
+        f"they read them; {cannot}.\n"
+        "use --load-format auto (vLLM's own loader quantizes as it loads), or quantize the "
+        "checkpoint offline (for example with llm-compressor) and serve that checkpoint, or "
+        "`wload shard`'s output of it, with --load-format wload"
+    )
+
+
+def _online_quantization_flags(model_config):
+    """The flags that asked for online quantization, as the user wrote them; None if none did.
+
+    `model_config.quantization_config` is set only from the user's `--quantization` shorthand or
+    `--quantization-config` (engine/arg_utils.py:922-926, config/quantization.py:241-286); the
+    checkpoint's own method is `hf_config.quantization_config` (or `compression_config`), as
+    vLLM's get_quant_config reads it (weight_utils.py:239-247)."""
+    hf = getattr(model_config, "hf_config", None)
+    own = None
+    for holder in (hf, getattr(hf, "text_config", None)):
+        cfg = getattr(holder, "quantization_config", None) or getattr(
+            holder, "compression_config", None
+        )
+        if cfg:
+            own = cfg.get("quant_method") if isinstance(cfg, dict) else getattr(
+                cfg, "quant_method", None
+            )
+            break
+    if own and model_config.quantization_config is not None:
+        # The checkpoint's method for its layers, vLLM's online one for the layers it leaves
+        # unquantized (weight_utils.py:219-229).
+        return f"--quantization-config, on top of the checkpoint's own {own} quantization"
+    if model_config.quantization:
+        return f"--quantization {model_config.quantization}"
+    if model_config.quantization_config is not None:
+        return "--quantization-config"
+    return None
 
 
 def _parameters(model):

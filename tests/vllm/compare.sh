@@ -4,8 +4,9 @@
 # groups (tools/vllm_reload.py), and the two states must be byte-identical, tensor by tensor
 # (tests/data/golden/tools/compare_shards.py). Both states are taken after the weight loaders and
 # before vLLM's post-processing, which the PyPI wheel cannot run on a CPU for MoE and quantized
-# layers (tools/vllm_reload.py's patches, as the golden oracle's). Then a model wload cannot plan
-# must be refused before loading, saying to use `--load-format auto`.
+# layers (tools/vllm_reload.py's patches, as the golden oracle's). Then a model wload cannot plan,
+# and online quantization (`--quantization fp8_per_tensor`), must be refused before loading, saying
+# to use `--load-format auto`.
 #
 #   tests/vllm/compare.sh [CASE/tpN ...]       (default: the cases below)
 #
@@ -87,6 +88,20 @@ elif grep -q "use --load-format auto" "$work/unknown.log"; then
   echo "refusal: refused before loading, saying to use --load-format auto"
 else
   echo "refusal: failed without wload's message ($work/unknown.log)"; failed=$((failed + 1))
+fi
+# Online quantization: `--quantization fp8_per_tensor` on a BF16 checkpoint. vLLM creates the
+# quantized layers' weights on the meta device for its own weight loaders to quantize; the plugin
+# must refuse before planning, saying that online quantization is why (not "no such parameter")
+# and what to do instead.
+if "$py" "$here/tools/vllm_reload.py" "$golden/fixtures/llama_gqa" --load-format wload --tp 2 \
+    --quantization fp8_per_tensor --dump "$work/online-dump" > "$work/online.log" 2>&1; then
+  echo "online quantization: loaded, not refused"; failed=$((failed + 1))
+elif grep -q "with online quantization (--quantization fp8_per_tensor)" "$work/online.log" \
+    && grep -q "use --load-format auto" "$work/online.log" \
+    && ! grep -q "no such parameter" "$work/online.log"; then
+  echo "online quantization: refused before planning, naming it and --load-format auto"
+else
+  echo "online quantization: failed without wload's message ($work/online.log)"; failed=$((failed + 1))
 fi
 echo "$failed case(s) failed; logs in $work"
 exit $failed
