@@ -119,7 +119,7 @@ def battery():
     """Hostile values, each a fresh object per call (some mutate state)."""
     return [
         None, True, False, -1, 2**64, 2**70, -(2**70), math.nan, math.inf, -math.inf, 0.5,
-        "", "x" * 1_000_000, "a\0b", "\udcff", "cuda:" + "9" * 30, "cuda:-1", b"bytes",
+        "", "x" * 100_000, "a\0b", "\udcff", "cuda:" + "9" * 30, "cuda:-1", b"bytes",
         bytearray(b"ba"), [], [-1, 3], [True, False], [2**70], (1.5,), {}, {"a": math.nan},
         {1: 2}, set(), object(), RaisesEverywhere(), Mutates(), LyingDict(a=1), NegativeLen(),
         HugeIndex(), StrSub("llama"), np.int64(-1), np.uint64(2**64 - 1), np.bool_(True),
