@@ -47,13 +47,27 @@ static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
 static ACTIVE: Mutex<usize> = Mutex::new(0);
 
 /// The SIGBUS action wload's handler replaced, for faults that are not in a watched mapping.
-/// Written only under `ACTIVE`'s lock while wload's handler is not installed (so the handler,
-/// which only reads it, cannot run concurrently); `PREVIOUS_SET` publishes it.
-struct Previous(UnsafeCell<std::mem::MaybeUninit<libc::sigaction>>);
-// SAFETY: see `PREVIOUS`: one writer under a lock, while no reader can run.
+/// Two copies: `install` (under `ACTIVE`'s lock) writes the one not in use and then publishes it
+/// in `PREVIOUS_AT`, so that the handler, which may run on another thread meanwhile (a load
+/// already under way when the host replaced wload's handler), never reads a half-written one.
+struct Previous([UnsafeCell<std::mem::MaybeUninit<libc::sigaction>>; 2]);
+// SAFETY: see `Previous`: one writer at a time, under a lock, and never into the copy published.
 unsafe impl Sync for Previous {}
-static PREVIOUS: Previous = Previous(UnsafeCell::new(std::mem::MaybeUninit::uninit()));
-static PREVIOUS_SET: AtomicBool = AtomicBool::new(false);
+static PREVIOUS: Previous = Previous([
+    UnsafeCell::new(std::mem::MaybeUninit::uninit()),
+    UnsafeCell::new(std::mem::MaybeUninit::uninit()),
+]);
+/// Which copy of `PREVIOUS` holds the action; `NONE_KEPT` until one was kept.
+static PREVIOUS_AT: AtomicUsize = AtomicUsize::new(NONE_KEPT);
+const NONE_KEPT: usize = usize::MAX;
+
+/// The kept action, if any.
+fn previous() -> Option<*const libc::sigaction> {
+    match PREVIOUS_AT.load(Ordering::Acquire) {
+        NONE_KEPT => None,
+        i => Some(PREVIOUS.0[i].get().cast_const().cast()),
+    }
+}
 
 /// A mapping watched for vanished pages while it lives.
 #[derive(Debug)]
@@ -69,7 +83,12 @@ impl Watch {
             return None;
         }
         let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
-        if *active == 0 && !install() {
+        // Checked at every new mapping, not only the first of a load: the host may have set its
+        // handler while another load (another thread's) was under way.
+        if !install() {
+            if *active == 0 {
+                restore();
+            }
             return None;
         }
         let start = start as usize;
@@ -113,49 +132,47 @@ impl Drop for Watch {
     }
 }
 
-/// Installs wload's handler, keeping the action it replaces; false when it could not be set.
-/// Called under `ACTIVE`'s lock with no watch alive.
+/// Installs wload's handler unless it is the current one, keeping the action it replaces;
+/// false when it could not be set. Called under `ACTIVE`'s lock.
 fn install() -> bool {
     // SAFETY: a zeroed sigaction is a valid start; the handler is async-signal-safe (atomics,
-    // mmap, sigaction only). No watch is alive, so the handler is not running and `PREVIOUS` has
-    // no reader while it is written.
+    // mmap, sigaction only). The kept action is written into the copy not published (see
+    // `Previous`), under the lock.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = handler as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO;
         libc::sigemptyset(&mut sa.sa_mask);
+        // Swapped in one call, so that an action the host sets meanwhile is not lost between a
+        // look and a set.
         let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
+        if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {
             return false;
         }
-        // Ours already (a restore that failed, or a fault outside the mappings that handed
-        // over and was set back): what it replaced is already kept.
         if old.sa_sigaction != handler as *const () as usize {
-            (*PREVIOUS.0.get()).write(old);
-            PREVIOUS_SET.store(true, Ordering::Release);
+            let next = match PREVIOUS_AT.load(Ordering::Acquire) {
+                0 => 1,
+                _ => 0,
+            };
+            (*PREVIOUS.0[next].get()).write(old);
+            PREVIOUS_AT.store(next, Ordering::Release);
         }
-        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) == 0
+        true
     }
 }
 
 /// Puts back the action wload's handler replaced, unless something replaced wload's own since
 /// (that one is left alone). Called under `ACTIVE`'s lock with no watch alive.
 fn restore() {
-    if !PREVIOUS_SET.load(Ordering::Acquire) {
-        return;
-    }
-    // SAFETY: `PREVIOUS` was written by `install` under the same lock; sigaction with valid
+    let Some(previous) = previous() else { return };
+    // SAFETY: the kept action was written whole before it was published; sigaction with valid
     // pointers has no other precondition.
     unsafe {
         let mut cur: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) == 0
             && cur.sa_sigaction == handler as *const () as usize
         {
-            libc::sigaction(
-                libc::SIGBUS,
-                (*PREVIOUS.0.get()).as_ptr(),
-                std::ptr::null_mut(),
-            );
+            libc::sigaction(libc::SIGBUS, previous, std::ptr::null_mut());
         }
     }
 }
@@ -191,17 +208,16 @@ extern "C" fn handler(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut 
     // Not ours, or the page could not be replaced: the action wload's replaced (faulthandler's
     // traceback, the default's core dump), as if wload's were not installed. The fault repeats
     // when this returns and meets that action.
-    // SAFETY: sigaction and signal are async-signal-safe; `PREVIOUS` is not written while a
-    // watch is alive, which it is while this handler is installed.
+    // SAFETY: sigaction and signal are async-signal-safe; the kept action was written whole
+    // before it was published and its copy is not written again until another is published.
     unsafe {
-        if PREVIOUS_SET.load(Ordering::Acquire) {
-            libc::sigaction(
-                libc::SIGBUS,
-                (*PREVIOUS.0.get()).as_ptr(),
-                std::ptr::null_mut(),
-            );
-        } else {
-            libc::signal(libc::SIGBUS, libc::SIG_DFL);
+        match previous() {
+            Some(previous) => {
+                libc::sigaction(libc::SIGBUS, previous, std::ptr::null_mut());
+            }
+            None => {
+                libc::signal(libc::SIGBUS, libc::SIG_DFL);
+            }
         }
     }
 }
@@ -286,7 +302,11 @@ mod tests {
         assert_eq!(map[48 << 10], 0, "the vanished page reads as zeros");
         assert!(watch.lost_pages());
         drop(watch);
-        assert_eq!(current_action(), other_handler as *const () as usize);
+        // Other tests of this process may hold watches; with none alive (checked under the lock
+        // that restores), the host's handler is back.
+        if *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()) == 0 {
+            assert_eq!(current_action(), other_handler as *const () as usize);
+        }
         // SAFETY: back to the default for the rest of the test process.
         unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
         drop(map);
