@@ -15,8 +15,8 @@
 //! The handler is installed while any mapping is watched, not once for the process: a host
 //! process may set its own SIGBUS handler after wload's (Python's `faulthandler.enable()`, which
 //! vLLM's watchdog and torch elastic call), and a handler set once would then be lost for every
-//! later load. So the first watch of a load installs it (again), keeping the action it replaced,
-//! the last one to end puts that action back, and a SIGBUS outside the watched mappings is
+//! later load. So each new watch installs it again if it is not the current one, keeping the action
+//! it replaced, the last watch to end puts that action back, and a SIGBUS outside the watched mappings is
 //! handed to it.
 
 use std::cell::UnsafeCell;
@@ -132,7 +132,7 @@ impl Drop for Watch {
     }
 }
 
-/// Installs wload's handler unless it is the current one, keeping the action it replaces;
+/// Installs wload's handler (again, if the host replaced it), keeping the action it replaces;
 /// false when it could not be set. Called under `ACTIVE`'s lock.
 fn install() -> bool {
     // SAFETY: a zeroed sigaction is a valid start; the handler is async-signal-safe (atomics,
