@@ -13,9 +13,9 @@ use std::time::Instant;
 mod fill;
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
 
 use wload::commands::load::InputKind;
 use wload::commands::load::settings::{LoadFlags, load_settings};
@@ -95,6 +95,108 @@ fn usage(py: Python<'_>, message: String) -> PyErr {
     to_py(py, &Error::Usage(message))
 }
 
+/// `v`'s repr for a message, cut to 80 characters; its type's name when its repr raises (a
+/// caller's object may do anything), without reporting that exception as unraisable as pyo3's
+/// `Display` would.
+fn show(v: &Bound<'_, PyAny>) -> String {
+    match v.repr().and_then(|r| r.extract::<String>()) {
+        Ok(r) if r.chars().count() > 80 => format!("{}...", r.chars().take(77).collect::<String>()),
+        Ok(r) => r,
+        Err(_) => {
+            let ty = (v.get_type().name()).map_or_else(|_| "object".into(), |n| n.to_string());
+            format!("<{ty} object>")
+        }
+    }
+}
+
+/// A non-negative integer argument (a rank, `tp`, a stream, ...). A bool, or anything not an
+/// int, is a TypeError as Python's own conversions give it (pyo3 adds the argument's name); an
+/// int out of range is kept as its repr, so that the function, which knows the argument's name
+/// and what it means, refuses it with the documented exception (PlanError for `wload.plan`'s
+/// options, ValueError for `Plan`'s), not the OverflowError pyo3 would raise.
+struct UInt(Result<u64, String>);
+
+impl<'py> FromPyObject<'py> for UInt {
+    fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if ob.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(format!(
+                "expected an int, not the bool {}",
+                show(ob)
+            )));
+        }
+        match ob.extract::<u64>() {
+            Ok(n) => Ok(UInt(Ok(n))),
+            Err(e) if e.is_instance_of::<PyOverflowError>(ob.py()) => Ok(UInt(Err(show(ob)))),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl UInt {
+    /// The value, or `refuse(repr)` when it is negative or not below 2^64.
+    fn get(self, refuse: impl FnOnce(&str) -> PyErr) -> PyResult<u64> {
+        self.0.map_err(|n| refuse(&n))
+    }
+}
+
+/// The ValueError for a `Plan` argument that is a negative or too large integer.
+fn out_of_range(what: &str, n: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "{what}={n}: expected a whole number from 0 to {}",
+        u64::MAX
+    ))
+}
+
+/// A plan option that must be a non-negative integer, or the PlanError naming it.
+fn option_uint(py: Python<'_>, what: &str, v: Option<UInt>) -> PyResult<Option<u64>> {
+    v.map(|v| {
+        v.get(|n| {
+            usage(
+                py,
+                format!("{what}={n}: expected a whole number from 0 to {}", u64::MAX),
+            )
+        })
+    })
+    .transpose()
+}
+
+/// `pp_partition` as vLLM's VLLM_PP_LAYER_PARTITION string: given as one ("3,5") or as a
+/// sequence of layer counts. A sequence that is not all non-negative ints (a bool, -1, a float)
+/// is a PlanError naming the option, as any other bad option is.
+fn pp_partition_text(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(s) = v.extract::<String>() {
+        return Ok(s);
+    }
+    let bad = |why: String| {
+        usage(
+            py,
+            format!(
+                "pp_partition {why}: expected the layer count of each pipeline stage, as a list \
+                 of non-negative ints ([3, 5]) or a string (\"3,5\")"
+            ),
+        )
+    };
+    // Bytes are a sequence of ints to Python, not a list of layer counts.
+    if v.is_instance_of::<pyo3::types::PyBytes>() || v.is_instance_of::<pyo3::types::PyByteArray>()
+    {
+        return Err(bad(show(v)));
+    }
+    let items = v.try_iter().map_err(|_| bad(show(v)))?;
+    let mut counts = Vec::new();
+    for item in items {
+        let item = item?;
+        match item.extract::<UInt>() {
+            Ok(UInt(Ok(n))) => counts.push(n.to_string()),
+            Ok(UInt(Err(_))) => return Err(bad(format!("has {}", show(&item)))),
+            Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+                return Err(bad(format!("has {}", show(&item))));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(counts.join(","))
+}
+
 /// One tensor a rank holds: vLLM's parameter name, safetensors dtype, shape and size.
 #[pyclass(frozen, module = "wload")]
 struct Tensor {
@@ -134,15 +236,19 @@ struct Plan {
 
 impl Plan {
     /// The index of global rank `rank` in the plan.
-    fn rank_index(&self, rank: u64) -> PyResult<usize> {
-        (self.plan.ranks.iter().position(|r| r.rank == rank)).ok_or_else(|| {
+    fn rank_index(&self, rank: UInt) -> PyResult<(u64, usize)> {
+        let not_in = |rank: &str| {
             PyValueError::new_err(format!(
                 "rank {rank} is not in the plan: ranks are 0 to {} (tp {} × pp {})",
                 self.plan.world_size().saturating_sub(1),
                 self.plan.tp,
                 self.plan.pp
             ))
-        })
+        };
+        let rank = rank.get(not_in)?;
+        let j = (self.plan.ranks.iter().position(|r| r.rank == rank))
+            .ok_or_else(|| not_in(&rank.to_string()))?;
+        Ok((rank, j))
     }
 
     /// Each tensor's destination, in the rank's tensor order; ValueError naming every unknown or
@@ -155,17 +261,31 @@ impl Plan {
         let mut addr: Vec<Option<usize>> = vec![None; tensors.len()];
         let mut unknown = Vec::new();
         let mut bad = Vec::new();
-        for (k, v) in dests.iter() {
+        // A snapshot of the items: iterating the dict itself would panic (pyo3 asserts the size
+        // does not change) when a key's or an address's `__index__` mutates it.
+        for kv in dests.items().iter() {
+            let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = kv.extract()?;
             let name: String = k.extract().map_err(|_| {
-                PyValueError::new_err(format!("destination keys are tensor names, not {k:?}"))
+                PyValueError::new_err(format!(
+                    "destination keys are tensor names, not {}",
+                    show(&k)
+                ))
             })?;
             let Some(&i) = index.get(name.as_str()) else {
                 unknown.push(name);
                 continue;
             };
+            // A bool is an int to Python, but True as address 1 is a bug in the caller's code.
+            if v.is_instance_of::<PyBool>() {
+                return Err(PyTypeError::new_err(format!(
+                    "destination '{name}' is {}, a bool: give the integer address of its buffer \
+                     (numpy a.ctypes.data, torch t.data_ptr()); nothing was written",
+                    show(&v)
+                )));
+            }
             match v.extract::<usize>() {
                 Ok(a) if a != 0 || tensors[i].bytes == 0 => addr[i] = Some(a),
-                _ => bad.push(format!("'{name}': {v}")),
+                _ => bad.push(format!("'{name}': {}", show(&v))),
             }
         }
         let rank = self.plan.ranks[j].rank;
@@ -277,8 +397,8 @@ impl Plan {
     }
 
     /// Rank `rank`'s tensors, in the plan's order.
-    fn tensors(&self, rank: u64) -> PyResult<Vec<Tensor>> {
-        let j = self.rank_index(rank)?;
+    fn tensors(&self, rank: UInt) -> PyResult<Vec<Tensor>> {
+        let (_, j) = self.rank_index(rank)?;
         Ok((self.plan.ranks[j].tensors.iter())
             .map(|t| Tensor {
                 name: t.name.clone(),
@@ -295,21 +415,25 @@ impl Plan {
     /// `current_stream().cuda_stream`; 0 is the legacy default stream) and landed when this
     /// returns. Unsafe like any raw-pointer API: the caller guarantees the sizes and keeps the
     /// buffers alive and untouched until this returns.
-    #[pyo3(signature = (rank, dests, device="cpu", device_index=None, stream=0, io="auto"))]
+    #[pyo3(signature = (rank, dests, device="cpu", device_index=None, stream=UInt(Ok(0)), io="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn load<'py>(
         &self,
         py: Python<'py>,
-        rank: u64,
+        rank: UInt,
         dests: &Bound<'py, PyDict>,
         device: &str,
-        device_index: Option<usize>,
-        stream: u64,
+        device_index: Option<UInt>,
+        stream: UInt,
         io: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
         let io = choice::<IoMode>(py, "io", io)?;
+        let device_index = (device_index.map(|i| i.get(|n| out_of_range("device_index", n))))
+            .transpose()?
+            .map(|i| usize::try_from(i).unwrap_or(usize::MAX));
+        let stream = stream.get(|n| out_of_range("stream", n))?;
         let target = target(device, device_index, stream)?;
-        let j = self.rank_index(rank)?;
+        let (rank, j) = self.rank_index(rank)?;
         let dests = self.destinations(j, dests)?;
         let t_all = Instant::now();
         let dests: Vec<(usize, usize)> = dests.into_iter().map(|(p, n)| (p as usize, n)).collect();
@@ -438,7 +562,27 @@ fn overrides(
     };
     let text: String = match v.extract::<String>() {
         Ok(s) => s,
-        Err(_) => py.import("json")?.call_method1("dumps", (v,))?.extract()?,
+        Err(_) => {
+            let dumped = (py.import("json")?.call_method1("dumps", (v,)))
+                .and_then(|t| t.extract::<String>());
+            match dumped {
+                Ok(t) => t,
+                // What json cannot write (a set, a circular dict, one changed while written)
+                // is a bad option; the cause stays attached. KeyboardInterrupt and the like
+                // are not Exceptions and go through as they are.
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyException>(py) => {
+                    let err = usage(
+                        py,
+                        format!(
+                            "hf_overrides cannot be written as JSON: {e}; give a dict of JSON values or a JSON string"
+                        ),
+                    );
+                    err.set_cause(py, Some(e));
+                    return Err(err);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     };
     wload::config::parse_overrides(&text)
         .map(Some)
@@ -465,7 +609,7 @@ fn choice<T: clap::ValueEnum>(py: Python<'_>, what: &str, s: &str) -> PyResult<T
 /// recorded values.
 #[pyfunction]
 #[pyo3(signature = (
-    source, tp=Some(1), pp=Some(1), expert_parallel=false, dtype=Some("auto"), hf_overrides=None,
+    source, tp=Some(UInt(Ok(1))), pp=Some(UInt(Ok(1))), expert_parallel=false, dtype=Some("auto"), hf_overrides=None,
     revision=None, download_dir=None, language_model_only=false, mm_encoder_tp_mode="weights",
     pp_partition=None, config_format="auto", moe_backend=None, load_format="auto", mapping=None,
 ))]
@@ -473,8 +617,8 @@ fn choice<T: clap::ValueEnum>(py: Python<'_>, what: &str, s: &str) -> PyResult<T
 fn plan(
     py: Python<'_>,
     source: PathBuf,
-    tp: Option<u64>,
-    pp: Option<u64>,
+    tp: Option<UInt>,
+    pp: Option<UInt>,
     expert_parallel: bool,
     dtype: Option<&str>,
     hf_overrides: Option<&Bound<'_, PyAny>>,
@@ -488,16 +632,11 @@ fn plan(
     load_format: &str,
     mapping: Option<PathBuf>,
 ) -> PyResult<Plan> {
-    let pp_partition = match pp_partition.filter(|v| !v.is_none()) {
-        None => None,
-        Some(v) => Some(match v.extract::<String>() {
-            Ok(s) => s,
-            Err(_) => (v.extract::<Vec<u64>>()?.iter())
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-        }),
-    };
+    let tp = option_uint(py, "tp", tp)?;
+    let pp = option_uint(py, "pp", pp)?;
+    let pp_partition = (pp_partition.filter(|v| !v.is_none()))
+        .map(|v| pp_partition_text(py, v))
+        .transpose()?;
     let moe_backend = match moe_backend {
         None => None,
         Some(s) => Some(MoeBackend::parse(s).map_err(|m| usage(py, m))?),

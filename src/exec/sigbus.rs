@@ -11,8 +11,16 @@
 //!
 //! The registry is a fixed table of atomics, because a signal handler may not lock or allocate;
 //! a file that finds the table full is read with `pread` instead of being mapped.
+//!
+//! The handler is installed while any mapping is watched, not once for the process: a host
+//! process may set its own SIGBUS handler after wload's (Python's `faulthandler.enable()`, which
+//! vLLM's watchdog and torch elastic call), and a handler set once would then be lost for every
+//! later load. So each new watch installs it again if it is not the current one, keeping the action
+//! it replaced, the last watch to end puts that action back, and a SIGBUS outside the watched mappings is
+//! handed to it.
 
-use std::sync::Once;
+use std::cell::UnsafeCell;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Mappings watched at once; more files than this are read without a map.
@@ -34,8 +42,32 @@ const FREE: Slot = Slot {
     lost: AtomicBool::new(false),
 };
 static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
-static INSTALL: Once = Once::new();
-static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Watches alive, under the lock that installs and restores the handler.
+static ACTIVE: Mutex<usize> = Mutex::new(0);
+
+/// The SIGBUS action wload's handler replaced, for faults that are not in a watched mapping.
+/// Two copies: `install` (under `ACTIVE`'s lock) writes the one not in use and then publishes it
+/// in `PREVIOUS_AT`, so that the handler, which may run on another thread meanwhile (a load
+/// already under way when the host replaced wload's handler), never reads a half-written one.
+struct Previous([UnsafeCell<std::mem::MaybeUninit<libc::sigaction>>; 2]);
+// SAFETY: see `Previous`: one writer at a time, under a lock, and never into the copy published.
+unsafe impl Sync for Previous {}
+static PREVIOUS: Previous = Previous([
+    UnsafeCell::new(std::mem::MaybeUninit::uninit()),
+    UnsafeCell::new(std::mem::MaybeUninit::uninit()),
+]);
+/// Which copy of `PREVIOUS` holds the action; `NONE_KEPT` until one was kept.
+static PREVIOUS_AT: AtomicUsize = AtomicUsize::new(NONE_KEPT);
+const NONE_KEPT: usize = usize::MAX;
+
+/// The kept action, if any.
+fn previous() -> Option<*const libc::sigaction> {
+    match PREVIOUS_AT.load(Ordering::Acquire) {
+        NONE_KEPT => None,
+        i => Some(PREVIOUS.0[i].get().cast_const().cast()),
+    }
+}
 
 /// A mapping watched for vanished pages while it lives.
 #[derive(Debug)]
@@ -47,8 +79,16 @@ impl Watch {
     /// Watches `[start, start + len)`; `None` when the handler could not be installed or the
     /// table is full (the caller then does not map the file).
     pub(super) fn new(start: *const u8, len: usize) -> Option<Watch> {
-        INSTALL.call_once(install);
-        if !INSTALLED.load(Ordering::Acquire) || len == 0 {
+        if len == 0 {
+            return None;
+        }
+        let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
+        // Checked at every new mapping, not only the first of a load: the host may have set its
+        // handler while another load (another thread's) was under way.
+        if !install() {
+            if *active == 0 {
+                restore();
+            }
             return None;
         }
         let start = start as usize;
@@ -63,8 +103,12 @@ impl Watch {
             {
                 s.lost.store(false, Ordering::Relaxed);
                 s.start.store(start, Ordering::Release);
+                *active += 1;
                 return Some(Watch { slot: i });
             }
+        }
+        if *active == 0 {
+            restore();
         }
         None
     }
@@ -80,20 +124,55 @@ impl Drop for Watch {
         let s = &TABLE[self.slot];
         s.start.store(0, Ordering::Release);
         s.end.store(0, Ordering::Release);
+        let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
+        *active -= 1;
+        if *active == 0 {
+            restore();
+        }
     }
 }
 
-fn install() {
+/// Installs wload's handler (again, if the host replaced it), keeping the action it replaces;
+/// false when it could not be set. Called under `ACTIVE`'s lock.
+fn install() -> bool {
     // SAFETY: a zeroed sigaction is a valid start; the handler is async-signal-safe (atomics,
-    // mmap, sigaction only) and the previous action is not needed (wload sets no other SIGBUS
-    // handler).
+    // mmap, sigaction only). The kept action is written into the copy not published (see
+    // `Previous`), under the lock.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = handler as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO;
         libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) == 0 {
-            INSTALLED.store(true, Ordering::Release);
+        // Swapped in one call, so that an action the host sets meanwhile is not lost between a
+        // look and a set.
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {
+            return false;
+        }
+        if old.sa_sigaction != handler as *const () as usize {
+            let next = match PREVIOUS_AT.load(Ordering::Acquire) {
+                0 => 1,
+                _ => 0,
+            };
+            (*PREVIOUS.0[next].get()).write(old);
+            PREVIOUS_AT.store(next, Ordering::Release);
+        }
+        true
+    }
+}
+
+/// Puts back the action wload's handler replaced, unless something replaced wload's own since
+/// (that one is left alone). Called under `ACTIVE`'s lock with no watch alive.
+fn restore() {
+    let Some(previous) = previous() else { return };
+    // SAFETY: the kept action was written whole before it was published; sigaction with valid
+    // pointers has no other precondition.
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) == 0
+            && cur.sa_sigaction == handler as *const () as usize
+        {
+            libc::sigaction(libc::SIGBUS, previous, std::ptr::null_mut());
         }
     }
 }
@@ -126,11 +205,20 @@ extern "C" fn handler(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut 
             break;
         }
     }
-    // Not ours, or the page could not be replaced: the default action, as if no handler were
-    // installed (the fault repeats when the handler returns).
-    // SAFETY: resetting a signal's action is async-signal-safe.
+    // Not ours, or the page could not be replaced: the action wload's replaced (faulthandler's
+    // traceback, the default's core dump), as if wload's were not installed. The fault repeats
+    // when this returns and meets that action.
+    // SAFETY: sigaction and signal are async-signal-safe; the kept action was written whole
+    // before it was published and its copy is not written again until another is published.
     unsafe {
-        libc::signal(libc::SIGBUS, libc::SIG_DFL);
+        match previous() {
+            Some(previous) => {
+                libc::sigaction(libc::SIGBUS, previous, std::ptr::null_mut());
+            }
+            None => {
+                libc::signal(libc::SIGBUS, libc::SIG_DFL);
+            }
+        }
     }
 }
 
@@ -146,8 +234,12 @@ mod tests {
 
     /// A mapped file cut short under its map reads zeros where its pages were, and the watch
     /// says so, instead of the process dying of SIGBUS.
+    /// The tests set the process's SIGBUS action: one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
     #[test]
     fn a_truncated_mapped_file_reads_zeros_and_is_reported() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::TempDir::new().unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, vec![7u8; 64 << 10]).unwrap();
@@ -167,6 +259,56 @@ mod tests {
         assert_eq!(map[0], 7, "the page still in the file reads as before");
         assert!(watch.lost_pages());
         drop(watch);
+        drop(map);
+    }
+
+    /// A host process's handler that ends the process as faulthandler's does (after its
+    /// traceback): the test binary dies with 135 if wload's guard is not the one called.
+    extern "C" fn other_handler(_sig: libc::c_int) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(135) }
+    }
+
+    fn current_action() -> usize {
+        // SAFETY: reading the action with valid pointers.
+        unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur), 0);
+            cur.sa_sigaction
+        }
+    }
+
+    /// A handler the host process sets after wload's (Python's faulthandler) does not make the
+    /// next load's truncated mapping fatal, and is the action again once the load is over.
+    #[test]
+    fn a_handler_set_after_wloads_does_not_unguard_later_maps() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = tempfile::TempDir::new().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![7u8; 64 << 10]).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        // SAFETY: the test owns the file; shrinking it under the map is the point.
+        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        drop(Watch::new(map.as_ptr(), map.len()).expect("a slot"));
+        // SAFETY: setting a handler of the host's, as faulthandler.enable() sets its own.
+        unsafe { libc::signal(libc::SIGBUS, other_handler as *const () as usize) };
+        let watch = Watch::new(map.as_ptr(), map.len()).expect("a slot");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        assert_eq!(map[48 << 10], 0, "the vanished page reads as zeros");
+        assert!(watch.lost_pages());
+        drop(watch);
+        // Other tests of this process may hold watches; with none alive (checked under the lock
+        // that restores), the host's handler is back.
+        if *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()) == 0 {
+            assert_eq!(current_action(), other_handler as *const () as usize);
+        }
+        // SAFETY: back to the default for the rest of the test process.
+        unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
         drop(map);
     }
 }
