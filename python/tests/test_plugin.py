@@ -305,6 +305,8 @@ def _run_record(folder, rank, **change):
         wload_version=wload.__version__,
         format="vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)",
         source=GQA,
+        # Runs of one checkpoint record one source identity (runs.rs merges only those).
+        source_data="0123456789abcdef",
         architecture="LlamaForCausalLM",
         family="llama",
         tp=2,
