@@ -16,6 +16,7 @@ pub mod escape;
 pub mod exec;
 pub mod exit;
 pub mod file_stamp;
+pub mod layout;
 pub mod map;
 pub mod mapping;
 pub mod model;

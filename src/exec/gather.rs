@@ -3,7 +3,7 @@
 //! `w2_weight`: 368,640 rows per layer and rank), so anything done per row (a clock read, a
 //! call through the conversion match) costs more than the bytes.
 
-use crate::plan::layout::Block;
+use crate::layout::Block;
 
 /// Appends to `out` the bytes of rows `k_lo..k_hi` of `b` that lie in source elements
 /// `[c0, c1)`, whose bytes from element `c0` on are in `buf` (`isz` bytes an element), and

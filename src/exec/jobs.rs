@@ -7,7 +7,7 @@ use super::reduce::Reduce;
 use super::source::ALIGN;
 use super::{ExecOptions, Placement, Sink};
 use crate::dtype::Dtype;
-use crate::plan::layout::{Block, ZeroRows};
+use crate::layout::{Block, ZeroRows};
 use crate::plan::{OutTensor, Piece, Plan, SourceTensor};
 
 /// One copy piece, placed: output `out`, tensor data at byte `base`, converted to `to`.

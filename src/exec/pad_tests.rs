@@ -11,7 +11,7 @@ use super::parts;
 use super::source::IoMode;
 use super::{CHUNK_BYTES, Control, ExecOptions, Placement, verify, write};
 use crate::dtype::Dtype;
-use crate::plan::layout::ZeroRows;
+use crate::layout::ZeroRows;
 use crate::plan::{OutTensor, Piece, Plan, RankPlan, Region, SourceTensor};
 use crate::progress::Quiet;
 

@@ -13,8 +13,8 @@ use super::copy::Run;
 use super::source::{AlignedBuf, SourceFile};
 use super::{ExecError, convert};
 use crate::dtype::Dtype;
+use crate::layout::Block;
 use crate::plan::SourceTensor;
-use crate::plan::layout::Block;
 
 /// One reducing piece, placed: output `out`, tensor data at byte `base`, in dtype `to`; each
 /// of the block's `row` destination elements is the maximum of `max_of` source elements.

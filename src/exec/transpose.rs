@@ -9,8 +9,8 @@ use super::convert;
 use super::copy::Run;
 use super::jobs::Job;
 use super::timing::add_since;
+use crate::layout::Block;
 use crate::plan::SourceTensor;
-use crate::plan::layout::Block;
 
 impl Run<'_> {
     /// The elements of transposed `job` that lie in source elements `[c0, c1)`, held in

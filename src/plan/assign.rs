@@ -6,11 +6,11 @@ use std::collections::{HashMap, HashSet};
 
 use rayon::prelude::*;
 
-use super::layout::SlotKey;
 use super::params::Param;
 use super::{Planner, Skipped, SourceTensor, convertible, shape_cast};
 use crate::checkpoint::TensorInfo;
 use crate::dtype::Dtype;
+use crate::layout::SlotKey;
 use crate::map::{Conversion, Fate, Mapped, MappedTensor, Target};
 use crate::mapping::Expr;
 use crate::problem::Problem;

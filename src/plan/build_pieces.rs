@@ -7,13 +7,13 @@ use std::sync::{Arc, OnceLock};
 use rayon::prelude::*;
 
 use super::assign::Assigned;
-use super::layout::Geometry;
-use super::layout::types::{Block, PerExpert, PerExpertCopies, Rank, Slice};
 use super::params::Param;
 use super::pieces::{Pieces, copy};
 use super::slots::{Fed, Feed};
 use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan, Region};
+use crate::layout::Geometry;
+use crate::layout::types::{Block, PerExpert, PerExpertCopies, Rank, Slice};
 use crate::mapping::rules::ShardId;
 
 impl Planner<'_> {
@@ -315,7 +315,7 @@ fn push_strided_experts(out: &mut Pieces, (each, pe): PerExpertCopies, fed: &Fed
 }
 
 /// Copies for every expert of a fused expert tensor: `slices` (the first expert's) repeated
-/// expert by expert, as [`super::layout::types::RankLayout::all_slices`] would list them, each block
+/// expert by expert, as [`crate::layout::types::RankLayout::all_slices`] would list them, each block
 /// and region worked out once. `all` holds the sources for all the parameter's experts when
 /// every one is a plain copy: the copies are then kept compact.
 fn push_experts(

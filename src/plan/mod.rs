@@ -7,7 +7,7 @@
 //! (`params.rs`: specs instantiated per layer), assign (`assign.rs`: mapped tensors into parameter
 //! slots), validate (`validate.rs`: everything filled, divisibility), pieces (`build_pieces.rs`:
 //! per-rank tensors, each a `Pieces` list from `pieces.rs`). The geometry of each layout kind is
-//! `layout/`.
+//! `crate::layout`.
 //!
 //! Vocabulary: a *slice* is which region of a checkpoint tensor feeds which region of a parameter;
 //! flattened, it is a *block* (rows × row with strides: what a pwrite, a memcpy and a 2-D device
@@ -16,7 +16,6 @@
 mod assign;
 mod build_pieces;
 mod dequant;
-pub mod layout;
 mod params;
 mod pieces;
 pub mod pre_sharded;
@@ -29,6 +28,7 @@ mod validate;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::dtype::{Dtype, resolve_dtype};
+pub use crate::layout::Region;
 use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
 use crate::model::env::{Env, EnvProblem, Parallel};
@@ -39,8 +39,8 @@ use crate::ranks::World;
 use pieces::Pieces;
 pub use stages::{Stage, split_layers};
 pub use types::{
-    OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Region,
-    Retie, SCHEMA_VERSION, Skipped, SourceTensor,
+    OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Retie,
+    SCHEMA_VERSION, Skipped, SourceTensor,
 };
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint

@@ -9,9 +9,9 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
-use super::layout::{Geometry, merged_geometry};
 use super::{MAX_EXPERTS, MAX_LAYERS, MAX_PARAMETERS, PlanError, Planner, Retie};
 use crate::dtype::Dtype;
+use crate::layout::{Geometry, merged_geometry};
 use crate::mapping::expr::{EvalError, Scope};
 use crate::mapping::{Expr, Layout, ParamSpec, Tied};
 use crate::problem::Problem;

@@ -5,8 +5,8 @@
 
 use serde::{Serialize, Serializer};
 
-use super::layout::types::{Block, ZeroRows};
 use super::{Piece, Region};
+use crate::layout::types::{Block, ZeroRows};
 
 #[derive(Debug, Clone, Default)]
 pub struct Pieces(Vec<Item>);

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::layout::types::SlotKey;
+use crate::layout::types::SlotKey;
 use crate::mapping::rules::ShardId;
 
 /// The checkpoint tensor that fills one slot of a parameter.

@@ -5,8 +5,8 @@ use rayon::prelude::*;
 
 use super::Planner;
 use super::assign::Assigned;
-use super::layout::Rank;
 use super::params::Param;
+use crate::layout::Rank;
 use crate::mapping::rules::ShardId;
 use crate::problem::Problem;
 

@@ -8,8 +8,7 @@ use serde_json::Value;
 
 use super::{QuantError, refuse, string_list};
 
-/// MXFP4 groups 32 values under one E8M0 scale (`OCP_MX_BLOCK_SIZE`); two E2M1 values a byte.
-pub const MX_BLOCK: u64 = 32;
+pub use crate::layout::mxfp4::MX_BLOCK;
 
 /// `GptOssMxfp4Config`: only the routed experts are quantized.
 #[derive(Debug, Clone, PartialEq)]

@@ -32,7 +32,7 @@ const LAYERS: &[&[&str]] = &[
     // 2 find and open
     &["resolve", "open"],
     // 3 the family's view of the model
-    &["mapping", "quant", "model"],
+    &["mapping", "layout", "quant", "model"],
     // 4 map
     &["map"],
     // 5 plan

@@ -2,9 +2,9 @@
 //! head or tail module), and the `whole:` override (vLLM's `disable_tp=True`).
 
 use super::at_layer;
+use crate::layout::Geometry;
 use crate::mapping::ParamSpec;
 use crate::mapping::expr::Scope;
-use crate::plan::layout::Geometry;
 use crate::problem::Problem;
 
 /// Where a spec is instantiated: once (head, tail), at layer `i`, or as instance `j` of a

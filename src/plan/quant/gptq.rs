@@ -8,11 +8,11 @@
 //! ([`Geometry::PackedExperts`]).
 
 use super::super::Planner;
-use super::super::layout::Geometry;
 use super::super::params::Param;
 use super::Extra;
 use super::linear::LinearShape;
 use crate::dtype::Dtype;
+use crate::layout::Geometry;
 use crate::mapping::ExpertPart;
 use crate::problem::Problem;
 use crate::quant::Quantization;

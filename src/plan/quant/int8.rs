@@ -3,10 +3,10 @@
 //! int8 weights; a static input scale is one `[1]` value (`BasevLLMParameter`) that every shard
 //! of a fused layer overwrites, so the last loaded stays.
 
-use super::super::layout::Geometry;
 use super::super::params::Param;
 use super::{Extra, F32_MIN, per_channel};
 use crate::dtype::Dtype;
+use crate::layout::Geometry;
 use crate::quant::compressed::Int8;
 
 /// `p` becomes `weight` I8, then `weight_scale` F32 (`[N_r, 1]` per channel, `[parts]` per

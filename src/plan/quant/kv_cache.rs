@@ -4,10 +4,10 @@
 //! points in the model dtype that the loader never fills from the checkpoint.
 
 use super::super::Planner;
-use super::super::layout::{Geometry, KvScale};
 use super::super::params::Params;
 use super::Extra;
 use crate::dtype::Dtype;
+use crate::layout::{Geometry, KvScale};
 use crate::problem::Problem;
 
 impl Planner<'_> {

@@ -4,7 +4,7 @@
 //! columns, `K/g` groups, `N/8` packed rows), and with the output on dim 0 (compressed-tensors,
 //! ModelOpt: `[N, K']`) or on dim 1 (GPTQ, AWQ: `[K', N]`).
 
-use super::super::layout::Geometry;
+use crate::layout::Geometry;
 
 /// The output parts of a linear weight.
 #[derive(Debug, Clone, PartialEq)]
@@ -256,8 +256,8 @@ fn n_of(out: &Out) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::layout::Rank;
     use super::*;
+    use crate::layout::Rank;
 
     fn qkv() -> Geometry {
         Geometry::Qkv {

@@ -18,9 +18,9 @@ mod nvfp4;
 mod wna16;
 
 use super::Planner;
-use super::layout::Geometry;
 use super::params::{Param, Params};
 use crate::dtype::Dtype;
+use crate::layout::Geometry;
 use crate::mapping::{ExpertPart, QuantRole};
 use crate::problem::Problem;
 use crate::quant::Quantization;

@@ -9,10 +9,10 @@
 
 use super::Extra;
 use crate::dtype::Dtype;
+use crate::layout::Geometry;
+use crate::layout::mxfp4::{Mxfp4Dims, Mxfp4Part};
 use crate::mapping::GptOssPart;
 use crate::plan::Planner;
-use crate::plan::layout::Geometry;
-use crate::plan::layout::mxfp4::{Mxfp4Dims, Mxfp4Part};
 use crate::plan::params::Param;
 
 impl<'m> Planner<'m> {

@@ -8,11 +8,11 @@
 //! the names, W4A16's input scale and the experts' input scales under EP differ ([`Nvfp4Names`]).
 
 use super::super::Planner;
-use super::super::layout::Geometry;
 use super::super::params::Param;
 use super::linear::LinearShape;
 use super::{Extra, part_name};
 use crate::dtype::Dtype;
+use crate::layout::Geometry;
 use crate::mapping::ExpertPart;
 use crate::problem::Problem;
 use crate::quant::compressed::Nvfp4;

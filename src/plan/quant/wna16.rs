@@ -6,11 +6,11 @@
 //! the geometry is the weight's with its sizes divided by the packing and group factors.
 
 use super::super::Planner;
-use super::super::layout::Geometry;
 use super::super::params::Param;
 use super::Extra;
 use super::linear::{LinearShape, Style};
 use crate::dtype::Dtype;
+use crate::layout::Geometry;
 use crate::mapping::ExpertPart;
 use crate::problem::Problem;
 use crate::quant::compressed::Wna16;

@@ -14,7 +14,7 @@ use crate::mapping::rules::ShardId;
 /// A `merged_column` layout's geometry: [`Geometry::MergedTuples`] when the mapping lists
 /// tuples (each a run of at least two consecutive shards, ascending: vLLM cuts the tensor at the
 /// shards' offsets in that order), else a plain merged column.
-pub(in crate::plan) fn merged_geometry(
+pub(crate) fn merged_geometry(
     sizes: Vec<u64>,
     inner: Vec<u64>,
     disable_tp: bool,

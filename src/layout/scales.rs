@@ -6,9 +6,9 @@
 use super::Geometry;
 use super::experts::local_experts;
 use super::types::{Block, PerExpert, PerExpertCopies, Rank, RankLayout, Slice, SlotKey, name};
+use crate::layout::Region;
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
-use crate::plan::types::Region;
 
 /// One output partition of a linear weight on one rank, in rows: where it sits in the rank's
 /// tensor, where the checkpoint holds it, and which chunk of the checkpoint shard it takes.

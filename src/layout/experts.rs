@@ -202,7 +202,7 @@ pub(super) fn gpt_oss_transposed(
     intermediate: u64,
     hidden: u64,
     r: Rank,
-) -> Vec<(Block, crate::plan::types::Region)> {
+) -> Vec<(Block, crate::layout::Region)> {
     let (local, ip, moe_rank) = gpt_oss_split(experts, intermediate, r);
     // Per expert: destination rows and their length, the expert's source size, where row 0
     // starts in it, the source distance between a row's elements, and the intermediate range.
@@ -224,7 +224,7 @@ pub(super) fn gpt_oss_transposed(
         GptOssPart::W13Bias | GptOssPart::W2Bias => return Vec::new(),
     };
     // One description for every expert's copy: reports show the tensor's source region once.
-    let region = crate::plan::types::Region {
+    let region = crate::layout::Region {
         range: Some(match part {
             GptOssPart::W13Weight => (1, first, first + rows),
             _ => (0, ip * moe_rank, ip * (moe_rank + 1)),

@@ -7,19 +7,21 @@
 
 mod dense;
 mod experts;
-pub(super) mod mxfp4;
+pub(crate) mod mxfp4;
 mod packed_experts;
+mod region;
 mod scales;
 mod strided;
 mod transposed;
 mod tuples;
-pub(super) mod types;
+pub(crate) mod types;
 mod values;
 
 // Named through this path by `exec/` (Block, ZeroRows: row padding) and by plan's `types.rs`, `assign.rs` and
 // `validate.rs`.
+pub use region::Region;
 pub use types::{Block, ZeroRows};
-pub(super) use types::{Rank, Shape, SlotKey};
+pub(crate) use types::{Rank, Shape, SlotKey};
 
 use crate::mapping::rules::ShardId;
 use crate::mapping::{ExpertPart, GptOssPart};
@@ -27,7 +29,7 @@ use dense::{cat, merged_column, qkv, replicated, split, vocab_rows};
 use experts::{expert_blocks, gpt_oss_experts, stacked_experts};
 use packed_experts::{packed_expected, packed_experts, split_size};
 use transposed::{head_rows, transposed_experts};
-pub(super) use tuples::merged_geometry;
+pub(crate) use tuples::merged_geometry;
 use types::{RankLayout, name};
 pub use values::KvScale;
 

@@ -6,9 +6,9 @@
 use super::Geometry;
 use super::scales::logical_shards;
 use super::types::{RankLayout, Shape, Slice, SlotKey, name};
+use crate::layout::Rank;
 use crate::mapping::ExpertPart;
 use crate::mapping::rules::ShardId;
-use crate::plan::layout::Rank;
 
 /// Which of an Attention layer's cache scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

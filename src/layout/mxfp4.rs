@@ -11,8 +11,10 @@
 use std::ops::Range;
 
 use super::types::{Block, Rank, RankLayout, SlotKey, ZeroRows};
-use crate::plan::types::Region;
-use crate::quant::mxfp4::MX_BLOCK;
+use crate::layout::Region;
+
+/// MXFP4 groups 32 values under one E8M0 scale (`OCP_MX_BLOCK_SIZE`); two E2M1 values a byte.
+pub const MX_BLOCK: u64 = 32;
 
 /// Which of the six parameters of `GptOssMxfp4MoEMethod`, in its registration order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,8 @@ use super::Geometry;
 use super::dense::{cat, whole_slot};
 use super::experts::local_experts;
 use super::types::{Block, Rank, RankLayout};
+use crate::layout::Region;
 use crate::mapping::ExpertPart;
-use crate::plan::types::Region;
 
 /// Rank `r`'s heads of `heads`: `[r·n/tp, …)` when tp ≤ n, else head `r // (tp/n)` (the kv
 /// head map of `QKVParallelLinear`, which MiniMax-M2 gives its k_norm through

@@ -32,7 +32,7 @@ impl Rank {
 pub(crate) type SlotKey = (Option<ShardId>, Option<u64>);
 
 /// A copy with its slot and the region of the checkpoint tensor it reads.
-pub(crate) type Strided = (SlotKey, Block, crate::plan::types::Region);
+pub(crate) type Strided = (SlotKey, Block, crate::layout::Region);
 
 /// The rank's first expert's copies, repeated by every local expert `dst_step` further on.
 pub(crate) type PerExpertCopies = (Vec<Strided>, PerExpert);
@@ -107,11 +107,11 @@ impl Slice {
         }
     }
 
-    pub fn region(&self) -> crate::plan::types::Region {
+    pub fn region(&self) -> crate::layout::Region {
         let full = self.from == 0 && self.to == self.src_shape.get(self.dim).copied().unwrap_or(1);
-        crate::plan::types::Region {
+        crate::layout::Region {
             range: (!full).then_some((usize::from(self.dim != 0), self.from, self.to)),
-            ..crate::plan::types::Region::ALL
+            ..crate::layout::Region::ALL
         }
     }
 }
