@@ -7,10 +7,12 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 mod fill;
+mod interruptible;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
@@ -26,6 +28,7 @@ use wload::exec::source::IoMode;
 use wload::exec::{ExecError, Stats};
 use wload::multimodal::MmEncoderTpMode;
 use wload::quant::mxfp4::MoeBackend;
+use wload::resolve::hub::DownloadProgress;
 use wload::{Error, ExitStatus, SourceOptions};
 
 create_exception!(
@@ -659,6 +662,8 @@ fn plan(
             mm_encoder_tp_mode,
         )?),
     };
+    // Set by Ctrl-C: a hub download stops at its next read.
+    let stop = Arc::new(AtomicBool::new(false));
     let sopts = SourceOptions {
         source: source.clone(),
         load_format: choice(py, "load_format", load_format)?,
@@ -666,11 +671,11 @@ fn plan(
         hf_overrides: overrides(py, hf_overrides)?,
         revision: Some(revision.unwrap_or_else(|| "main".into())),
         download_dir,
-        download_progress: Default::default(),
+        download_progress: DownloadProgress::default().stopped_by(stop.clone()),
         side_files: false,
         headers_only: false,
     };
-    let planned = py.detach(|| -> Result<Plan, Error> {
+    let planned = interruptible::run(py, stop, move || -> Result<Plan, Error> {
         let settings = load_settings(&source, &flags)?;
         let sopts = SourceOptions {
             config_format: settings.config_format,
@@ -688,7 +693,7 @@ fn plan(
             warnings,
             note: settings.note,
         })
-    });
+    })?;
     planned.map_err(|e| to_py(py, &e))
 }
 

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -163,6 +164,9 @@ impl<'a> Fetcher<'a> {
     /// content under another commit), else a download into `blobs/<etag>.part`, resumed from
     /// what is there, renamed to the blob when complete.
     fn download_one(&self, client: &Client, file: &str) -> Result<Origin, HubError> {
+        if self.req.progress.stopped() {
+            return Err(self.stopped(file, None));
+        }
         // Pinned to the commit, so that every file comes from the same one even if the branch
         // moves meanwhile.
         let url = client.file_url(self.req.repo, self.commit, file);
@@ -214,7 +218,13 @@ impl<'a> Fetcher<'a> {
         };
         loop {
             let before = len();
-            let got = client.fetch(url, part, meta, &mut |have| bar.show(meta.size, have));
+            let got = client.fetch(url, part, meta, &mut |have| {
+                bar.show(meta.size, have);
+                match self.req.progress.stopped() {
+                    true => ControlFlow::Break(()),
+                    false => ControlFlow::Continue(()),
+                }
+            });
             count(before, len());
             let Err(e) = got else {
                 return Ok(());
@@ -228,6 +238,7 @@ impl<'a> Fetcher<'a> {
             tries = if len() > before { 1 } else { tries + 1 };
             if !retry || tries >= DOWNLOAD_ATTEMPTS {
                 return Err(match e {
+                    HttpError::Stopped => self.stopped(file, Some((len(), meta.size, part))),
                     HttpError::Timeout(limit) => HubError::DownloadStalled(Box::new(Stalled {
                         repo: self.req.repo.to_string(),
                         file: file.to_string(),
@@ -242,6 +253,18 @@ impl<'a> Fetcher<'a> {
                 });
             }
             backoff(&e, tries);
+            if self.req.progress.stopped() {
+                return Err(self.stopped(file, Some((len(), meta.size, part))));
+            }
+        }
+    }
+
+    /// The error of a download the caller stopped, with what it left for the next run.
+    fn stopped(&self, file: &str, part: Option<(u64, u64, &Path)>) -> HubError {
+        HubError::Stopped {
+            repo: self.req.repo.to_string(),
+            file: file.to_string(),
+            kept: part.map(|(have, size, part)| (have, size, part.to_path_buf())),
         }
     }
 
@@ -289,6 +312,9 @@ impl<'a> Fetcher<'a> {
             // SAFETY: flock on a descriptor this function owns; no memory is involved.
             if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 return Ok(lock);
+            }
+            if self.req.progress.stopped() {
+                return Err(self.stopped(file, None));
             }
             if len() != seen {
                 (seen, since) = (len(), Instant::now());

@@ -149,13 +149,27 @@ pub enum HubError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "{repo}: downloading {file}: stopped (interrupted){kept}",
+        kept = kept.as_ref().map_or_else(String::new, |(have, size, part)| format!("; the {have} of {size} bytes that arrived are kept in {} and the next run resumes from there", part.display()))
+    )]
+    Stopped {
+        repo: String,
+        file: String,
+        /// The partial file and how much of the file it holds, when one was begun.
+        kept: Option<(u64, u64, PathBuf)>,
+    },
 }
 
 impl HubError {
     /// Everything the hub answers, or fails to, is a runtime failure (exit 1): the command line
-    /// was fine, the network or the repo's access was not.
+    /// was fine, the network or the repo's access was not. A download the caller stopped was
+    /// interrupted (130).
     pub fn exit_status(&self) -> crate::exit::ExitStatus {
-        crate::exit::ExitStatus::Runtime
+        match self {
+            HubError::Stopped { .. } => crate::exit::ExitStatus::Interrupted,
+            _ => crate::exit::ExitStatus::Runtime,
+        }
     }
 }
 
@@ -269,6 +283,11 @@ pub(super) fn http_error(
             location,
             why,
         })),
+        HttpError::Stopped => HubError::Stopped {
+            repo,
+            file: file_name.unwrap_or_else(|| "the repo's file list".into()),
+            kept: None,
+        },
         HttpError::Invalid(message) if file.is_none() => HubError::BadListing {
             repo,
             endpoint,

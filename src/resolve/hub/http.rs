@@ -20,6 +20,7 @@ use super::url::{is_relative, quote, resolve_location, same_origin, shown};
 use std::fmt;
 use std::fs::OpenOptions;
 use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -59,6 +60,8 @@ pub(super) enum HttpError {
     Redirect { location: String, why: String },
     /// The partial file could not be written.
     Local(PathBuf, io::Error),
+    /// The caller asked the transfer to stop.
+    Stopped,
 }
 
 impl HttpError {
@@ -92,7 +95,10 @@ impl HttpError {
         match self {
             HttpError::Status(s) => *s >= 500 || *s == 408 || *s == 429,
             HttpError::Timeout(_) | HttpError::Transport(_) => true,
-            HttpError::Invalid(_) | HttpError::Redirect { .. } | HttpError::Local(..) => false,
+            HttpError::Invalid(_)
+            | HttpError::Redirect { .. }
+            | HttpError::Local(..)
+            | HttpError::Stopped => false,
         }
     }
 }
@@ -323,13 +329,14 @@ impl Client {
 
     /// One try at completing `part` (the file's first bytes, or none) from `url`: asks for the
     /// rest with a `Range` request and appends what arrives, reporting the partial file's length
-    /// as it grows. Done when `part` holds `meta.size` bytes; never holds more.
+    /// as it grows; `progress` breaks to stop the transfer there. Done when `part` holds
+    /// `meta.size` bytes; never holds more.
     pub(super) fn fetch(
         &self,
         url: &str,
         part: &Path,
         meta: &Meta,
-        progress: &mut dyn FnMut(u64),
+        progress: &mut dyn FnMut(u64) -> ControlFlow<()>,
     ) -> Result<(), HttpError> {
         let size = meta.size;
         let local = |e| HttpError::Local(part.to_path_buf(), e);
@@ -344,9 +351,12 @@ impl Client {
             file.set_len(0).map_err(local)?;
             have = 0;
         }
-        progress(have);
+        let go_on = progress(have);
         if have == size {
             return Ok(());
+        }
+        if go_on.is_break() {
+            return Err(HttpError::Stopped);
         }
         let limit = self.download;
         let range = format!("bytes={have}-");
@@ -365,7 +375,9 @@ impl Client {
         if from == 0 && have > 0 {
             file.set_len(0).map_err(local)?;
             have = 0;
-            progress(0);
+            if progress(0).is_break() {
+                return Err(HttpError::Stopped);
+            }
         }
         let want = size - have;
         let announced = response.body().content_length();
@@ -383,6 +395,7 @@ impl Client {
         .map_err(|e| match e {
             Copy::Read(e) => HttpError::from_io(e, limit),
             Copy::Write(e) => local(e),
+            Copy::Stopped => HttpError::Stopped,
         })?;
         if have < size {
             return Err(HttpError::Transport(format!(
@@ -432,14 +445,17 @@ pub(super) fn usable_etag(etag: &str) -> bool {
 enum Copy {
     Read(io::Error),
     Write(io::Error),
+    /// `wrote` said to stop.
+    Stopped,
 }
 
-/// Copies at most `n` bytes from `from` to `to`, reporting each write's length.
+/// Copies at most `n` bytes from `from` to `to`, reporting each write's length; stops when the
+/// report breaks.
 fn copy_exactly(
     from: &mut dyn Read,
     to: &mut dyn Write,
     n: u64,
-    wrote: &mut dyn FnMut(u64),
+    wrote: &mut dyn FnMut(u64) -> ControlFlow<()>,
 ) -> Result<(), Copy> {
     let mut buf = vec![0; 1 << 16];
     let mut left = n;
@@ -453,7 +469,9 @@ fn copy_exactly(
         };
         to.write_all(&buf[..got]).map_err(Copy::Write)?;
         left -= got as u64;
-        wrote(got as u64);
+        if wrote(got as u64).is_break() {
+            return Err(Copy::Stopped);
+        }
     }
     Ok(())
 }

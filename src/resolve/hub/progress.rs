@@ -1,24 +1,50 @@
-//! Download progress: the caller's bars, fed the most of each file that has arrived.
+//! The caller's hold on a download: its bars, fed the most of each file that has arrived, and a
+//! flag that stops it (the Python package's Ctrl-C; the binary's default signal action already
+//! ends the process).
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::progress::{Progress, Quiet};
 
-/// Makes the progress reporter for one download, given the file name and its size in bytes.
-/// The binary draws bars on a terminal; the default reports nothing.
+/// Makes the progress reporter for one download, given the file name and its size in bytes, and
+/// holds the flag that stops downloads. The binary draws bars on a terminal; the default reports
+/// nothing and is never stopped.
 #[derive(Clone, Default)]
-pub struct DownloadProgress(Option<Arc<DownloadBar>>);
+pub struct DownloadProgress {
+    bars: Option<Arc<DownloadBar>>,
+    stop: Option<Arc<AtomicBool>>,
+}
 
 type DownloadBar = dyn Fn(&str, u64) -> Box<dyn Progress> + Send + Sync;
 
 impl DownloadProgress {
     pub fn new(f: impl Fn(&str, u64) -> Box<dyn Progress> + Send + Sync + 'static) -> Self {
-        DownloadProgress(Some(Arc::new(f)))
+        DownloadProgress {
+            bars: Some(Arc::new(f)),
+            stop: None,
+        }
+    }
+
+    /// Downloads stop, between two reads of the network, once `flag` is set: what arrived stays
+    /// in the partial file for the next run to resume.
+    pub fn stopped_by(self, flag: Arc<AtomicBool>) -> Self {
+        DownloadProgress {
+            stop: Some(flag),
+            ..self
+        }
+    }
+
+    /// Whether the caller asked the downloads to stop.
+    pub(super) fn stopped(&self) -> bool {
+        self.stop
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed))
     }
 
     fn start(&self, file: &str, size: u64) -> Box<dyn Progress> {
-        match &self.0 {
+        match &self.bars {
             Some(f) => f(file, size),
             None => Box::new(Quiet),
         }
@@ -27,7 +53,7 @@ impl DownloadProgress {
 
 impl fmt::Debug for DownloadProgress {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.bars.is_some() {
             "DownloadProgress(bars)"
         } else {
             "DownloadProgress(quiet)"
