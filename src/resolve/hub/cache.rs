@@ -71,7 +71,7 @@ impl State {
 struct SavedListing {
     repo: String,
     commit: String,
-    #[serde(deserialize_with = "super::http::capped_strings")]
+    #[serde(deserialize_with = "super::capped::capped_strings")]
     files: Vec<String>,
 }
 

@@ -34,6 +34,7 @@
 //! caller's bars; `error` words what went wrong.
 
 mod cache;
+mod capped;
 mod download;
 mod env;
 mod error;
