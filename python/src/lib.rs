@@ -283,8 +283,16 @@ impl Plan {
                     show(&v)
                 )));
             }
+            let bytes = tensors[i].bytes;
             match v.extract::<usize>() {
-                Ok(a) if a != 0 || tensors[i].bytes == 0 => addr[i] = Some(a),
+                // No buffer wraps around the end of the address space: such an address (numpy's
+                // uint64 max, say) is refused here instead of being written through.
+                Ok(a) if usize::try_from(bytes).is_ok_and(|n| a.checked_add(n).is_none()) => bad
+                    .push(format!(
+                        "'{name}': {} (its {bytes} bytes would end past the address space)",
+                        show(&v)
+                    )),
+                Ok(a) if a != 0 || bytes == 0 => addr[i] = Some(a),
                 _ => bad.push(format!("'{name}': {}", show(&v))),
             }
         }
