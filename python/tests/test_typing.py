@@ -1,7 +1,7 @@
 """The package's types, as typed Python packages ship them (safetensors, pydantic-core): the stubs
 of the Rust extension (`wload/_wload.pyi`) and the `py.typed` marker are installed, agree with the
 built module (`mypy.stubtest`: every name, parameter, default and kind; docstrings too), and a
-typed use of the package passes `mypy --strict` (typing/usage.py, whose `type: ignore`s are the
+typed use of the package passes `mypy --strict` (typed/usage.py, whose `type: ignore`s are the
 misuses the stubs must reject).
 
 mypy is installed with the tests (README's test command): nothing here is skipped.
@@ -21,8 +21,8 @@ import wload
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The mypy configuration of the package ([tool.mypy]: strict; vLLM and torch not installed).
 CONFIG = os.path.join(HERE, "..", "pyproject.toml")
-ALLOWLIST = os.path.join(HERE, "typing", "stubtest-allowlist.txt")
-USAGE = os.path.join(HERE, "typing", "usage.py")
+ALLOWLIST = os.path.join(HERE, "typed", "stubtest-allowlist.txt")
+USAGE = os.path.join(HERE, "typed", "usage.py")
 INSTALLED = os.path.dirname(wload.__file__)
 
 
