@@ -118,13 +118,43 @@ impl Dtype {
         }
     }
 
-    /// Bits per element; sub-byte types (F4, F6) are packed.
+    /// The `torch` attribute naming this type (`"bfloat16"`, `"float8_e4m3fn"`), as
+    /// safetensors' torch loader maps a header's dtype: what the Python package tells its
+    /// callers (`Tensor.torch_dtype`), so that the vLLM plugin compares a parameter's dtype
+    /// without a table of its own. `None` for the sub-byte types, which torch has no
+    /// one-element type for (its `float4_e2m1fn_x2` packs two F4 values per element).
+    pub fn torch_name(self) -> Option<&'static str> {
+        Some(match self {
+            Dtype::Bool => "bool",
+            Dtype::F4 | Dtype::F6E2M3 | Dtype::F6E3M2 => return None,
+            Dtype::U8 => "uint8",
+            Dtype::I8 => "int8",
+            Dtype::F8E5M2 => "float8_e5m2",
+            Dtype::F8E4M3 => "float8_e4m3fn",
+            Dtype::F8E8M0 => "float8_e8m0fnu",
+            Dtype::F8E4M3Fnuz => "float8_e4m3fnuz",
+            Dtype::F8E5M2Fnuz => "float8_e5m2fnuz",
+            Dtype::I16 => "int16",
+            Dtype::U16 => "uint16",
+            Dtype::F16 => "float16",
+            Dtype::Bf16 => "bfloat16",
+            Dtype::I32 => "int32",
+            Dtype::U32 => "uint32",
+            Dtype::F32 => "float32",
+            Dtype::C64 => "complex64",
+            Dtype::F64 => "float64",
+            Dtype::I64 => "int64",
+            Dtype::U64 => "uint64",
+        })
+    }
+
     /// A 16-, 32- or 64-bit float: what unquantized weights are stored as (FP8 and the packed
     /// integer types are quantized).
     pub fn is_float(self) -> bool {
         matches!(self, Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64)
     }
 
+    /// Bits per element; sub-byte types (F4, F6) are packed.
     pub fn bits(self) -> u64 {
         match self {
             Dtype::F4 => 4,
@@ -327,6 +357,23 @@ mod tests {
             assert_eq!(d.as_str().parse::<Dtype>(), Ok(d));
         }
         assert!("bf16".parse::<Dtype>().is_err());
+    }
+
+    /// torch names a type by its element, so every whole-byte type has a name of its own and
+    /// its width is torch's `itemsize`.
+    #[test]
+    fn torch_names_are_distinct_and_whole_byte() {
+        let named: Vec<(Dtype, &str)> = (Dtype::ALL.into_iter())
+            .filter_map(|d| d.torch_name().map(|n| (d, n)))
+            .collect();
+        assert_eq!(named.len(), 19);
+        for (d, n) in &named {
+            assert_eq!(d.bits() % 8, 0, "{d} is named {n}");
+            assert_eq!(named.iter().filter(|(_, m)| m == n).count(), 1, "{n} twice");
+        }
+        assert_eq!(Dtype::Bf16.torch_name(), Some("bfloat16"));
+        assert_eq!(Dtype::F8E4M3.torch_name(), Some("float8_e4m3fn"));
+        assert_eq!(Dtype::F4.torch_name(), None);
     }
 
     /// vLLM's pick for a config without a dtype, on the mixes checkpoints ship.

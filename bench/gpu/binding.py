@@ -147,8 +147,8 @@ def load_runs(torch, plan, dests, files, runs, cold):
         last = plan.load(0, dests, device="cuda", device_index=torch.cuda.current_device(),
                          stream=stream.cuda_stream)
         torch.cuda.synchronize()
-        calls.append(last["bytes"] / (time.perf_counter() - t) / 1e9)
-        rates.append(last["bytes"] / (last["transfer_s"] + last["sync_s"]) / 1e9)
+        calls.append(last.bytes / (time.perf_counter() - t) / 1e9)
+        rates.append(last.bytes / (last.transfer_s + last.sync_s) / 1e9)
     return rates, calls, last
 
 
@@ -199,13 +199,13 @@ def main():
 
     res = {
         "device": torch.cuda.get_device_name(),
-        "bytes": warm_last["bytes"],
+        "bytes": warm_last.bytes,
         "pinned_h2d_gbps": pinned,
         "storage_read_gbps": storage,
         "warm_gbps": warm, "warm_median_gbps": statistics.median(warm),
-        "warm_call_gbps": warm_calls, "warm_last": warm_last,
+        "warm_call_gbps": warm_calls, "warm_last": warm_last.to_dict(),
         "cold_gbps": cold, "cold_median_gbps": statistics.median(cold),
-        "cold_call_gbps": cold_calls, "cold_last": cold_last,
+        "cold_call_gbps": cold_calls, "cold_last": cold_last.to_dict(),
         "mismatched_tensors": bad,
     }
     res["warm_vs_pinned"] = res["warm_median_gbps"] / pinned
@@ -223,13 +223,13 @@ def main():
     ):
         med = statistics.median(rates)
         print(f"Plan.load(cuda) {label}            {med:6.2f} GB/s median (min {min(rates):.2f}, "
-              f"max {max(rates):.2f}) = {100 * med / ceiling:.0f}% of {cname}; io {last['io']}")
+              f"max {max(rates):.2f}) = {100 * med / ceiling:.0f}% of {cname}; io {last.io}")
         print(f"  whole call (device opened, pinned ring allocated): "
               f"{statistics.median(calls):.2f} GB/s median")
-        print(f"  stages: read {last['read_s'] + last['direct_read_s']:.3f}s, staging "
-              f"{last['host_copy_s']:.3f}s, on the GPU {last['device_copy_s']:.3f}s, waited "
-              f"{last['staging_wait_s']:.3f}s for slots, sync {last['sync_s']:.3f}s, "
-              f"{last['staging_bytes'] / 2**20:.0f} MiB pinned")
+        print(f"  stages: read {last.read_s + last.direct_read_s:.3f}s, staging "
+              f"{last.host_copy_s:.3f}s, on the GPU {last.device_copy_s:.3f}s, waited "
+              f"{last.staging_wait_s:.3f}s for slots, sync {last.sync_s:.3f}s, "
+              f"{last.staging_bytes / 2**20:.0f} MiB pinned")
     print(f"bytes: {'every tensor equal to the host load' if not bad else f'{len(bad)} differ: {bad[:5]}'}")
     print("targets: warm >= 90% of pinned H2D, cold >= 90% of storage")
     print("PASS" if res["pass"] else "FAIL")

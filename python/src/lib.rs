@@ -8,28 +8,31 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 mod fill;
 mod interruptible;
+mod report;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
 
 use wload::commands::load::InputKind;
 use wload::commands::load::settings::{LoadFlags, load_settings};
 use wload::config::ConfigFormat;
 use wload::dtype::DtypeChoice;
+use wload::exec::ExecError;
 use wload::exec::device::DeviceError;
 use wload::exec::source::IoMode;
-use wload::exec::{ExecError, Stats};
 use wload::multimodal::MmEncoderTpMode;
 use wload::quant::mxfp4::MoeBackend;
 use wload::resolve::hub::DownloadProgress;
 use wload::{Error, ExitStatus, SourceOptions};
+
+use report::LoadReport;
 
 create_exception!(
     _wload,
@@ -200,13 +203,21 @@ fn pp_partition_text(py: Python<'_>, v: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(counts.join(","))
 }
 
-/// One tensor a rank holds: vLLM's parameter name, safetensors dtype, shape and size.
+/// One tensor a rank holds: vLLM's parameter name, safetensors dtype (and torch's name for it),
+/// shape and size.
 #[pyclass(frozen, module = "wload")]
 struct Tensor {
+    /// vLLM's parameter name.
     #[pyo3(get)]
     name: String,
+    /// The safetensors spelling: "BF16", "F32", "F8_E4M3", "I32", "U8", ...
     #[pyo3(get)]
     dtype: String,
+    // From `Dtype::torch_name`, the one home of these names: the plugin has no table of them.
+    /// torch's name for the dtype ("bfloat16", "float8_e4m3fn"), for
+    /// `getattr(torch, t.torch_dtype)`; None for F4 and F6, which torch has no one-element type for.
+    #[pyo3(get)]
+    torch_dtype: Option<&'static str>,
     shape: Vec<u64>,
     #[pyo3(get)]
     nbytes: u64,
@@ -286,8 +297,16 @@ impl Plan {
                     show(&v)
                 )));
             }
+            let bytes = tensors[i].bytes;
             match v.extract::<usize>() {
-                Ok(a) if a != 0 || tensors[i].bytes == 0 => addr[i] = Some(a),
+                // No buffer wraps around the end of the address space: such an address (numpy's
+                // uint64 max, say) is refused here instead of being written through.
+                Ok(a) if usize::try_from(bytes).is_ok_and(|n| a.checked_add(n).is_none()) => bad
+                    .push(format!(
+                        "'{name}': {} (its {bytes} bytes would end past the address space)",
+                        show(&v)
+                    )),
+                Ok(a) if a != 0 || bytes == 0 => addr[i] = Some(a),
                 _ => bad.push(format!("'{name}': {}", show(&v))),
             }
         }
@@ -406,6 +425,7 @@ impl Plan {
             .map(|t| Tensor {
                 name: t.name.clone(),
                 dtype: t.dtype.to_string(),
+                torch_dtype: t.dtype.torch_name(),
                 shape: t.shape.clone(),
                 nbytes: t.bytes,
             })
@@ -418,7 +438,11 @@ impl Plan {
     /// `current_stream().cuda_stream`; 0 is the legacy default stream) and landed when this
     /// returns. Unsafe like any raw-pointer API: the caller guarantees the sizes and keeps the
     /// buffers alive and untouched until this returns.
-    #[pyo3(signature = (rank, dests, device="cpu", device_index=None, stream=UInt(Ok(0)), io="auto"))]
+    // The text signature gives `stream`'s default as Python sees it (pyo3 would show `...`).
+    #[pyo3(
+        signature = (rank, dests, device="cpu", device_index=None, stream=UInt(Ok(0)), io="auto"),
+        text_signature = "($self, rank, dests, device='cpu', device_index=None, stream=0, io='auto')"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn load<'py>(
         &self,
@@ -429,7 +453,7 @@ impl Plan {
         device_index: Option<UInt>,
         stream: UInt,
         io: &str,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<LoadReport> {
         let io = choice::<IoMode>(py, "io", io)?;
         let device_index = (device_index.map(|i| i.get(|n| out_of_range("device_index", n))))
             .transpose()?
@@ -444,32 +468,13 @@ impl Plan {
         let done = fill::fill(py, &self.plan, &self.root, j, dests, io, target)
             .map_err(|e| fill_error(e, rank, target, &r.tensors))?;
         let total_s = t_all.elapsed().as_secs_f64();
-        let d = PyDict::new(py);
-        d.set_item("rank", rank)?;
-        d.set_item("device", PyString::new(py, &target.to_string()))?;
-        d.set_item("tensors", r.tensors.len())?;
-        d.set_item("bytes", r.bytes)?;
-        d.set_item("seconds", total_s)?;
-        d.set_item("gbps", gbps(r.bytes, done.transfer_s + done.sync_s))?;
-        d.set_item("io", PyString::new(py, &done.io.to_string()))?;
-        d.set_item("cache_s", done.cache_s)?;
-        d.set_item("transfer_s", done.transfer_s)?;
-        d.set_item("sync_s", done.sync_s)?;
-        d.set_item("read_s", Stats::secs(&done.stats.read_ns))?;
-        d.set_item("convert_s", Stats::secs(&done.stats.convert_ns))?;
-        d.set_item("copy_s", Stats::secs(&done.stats.put_ns))?;
-        let engine_read = done.stats.bytes_read.load(Ordering::Relaxed);
-        d.set_item("bytes_read", engine_read + done.sink.read_bytes)?;
-        d.set_item("direct_read_bytes", done.sink.read_bytes)?;
-        d.set_item("direct_read_s", done.sink.read_s)?;
-        d.set_item("host_copy_bytes", done.sink.copy_bytes)?;
-        d.set_item("host_copy_s", done.sink.copy_s)?;
-        if let fill::Target::Cuda { .. } = target {
-            d.set_item("device_copy_s", done.sink.device_copy_s)?;
-            d.set_item("staging_wait_s", done.sink.wait_s)?;
-            d.set_item("staging_bytes", done.sink.staging_bytes)?;
-        }
-        Ok(d)
+        Ok(LoadReport::new(
+            rank,
+            target,
+            (r.tensors.len(), r.bytes),
+            total_s,
+            &done,
+        ))
     }
 
     fn __repr__(&self) -> String {
@@ -551,10 +556,6 @@ fn target(device: &str, device_index: Option<usize>, stream: u64) -> PyResult<fi
     Ok(fill::Target::Cuda { ordinal, stream })
 }
 
-fn gbps(bytes: u64, s: f64) -> f64 {
-    if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 }
-}
-
 /// `hf_overrides` as a dict or a JSON string, into wload's JSON object.
 fn overrides(
     py: Python<'_>,
@@ -616,6 +617,14 @@ fn choice<T: clap::ValueEnum>(py: Python<'_>, what: &str, s: &str) -> PyResult<T
     revision=None, download_dir=None, language_model_only=false, mm_encoder_tp_mode="weights",
     pp_partition=None, config_format="auto", moe_backend=None, load_format="auto", mapping=None,
 ))]
+// The defaults as Python sees them (pyo3 shows `...` for `Some(..)`); stubtest checks both agree
+// with `_wload.pyi`.
+#[pyo3(
+    text_signature = "(source, tp=1, pp=1, expert_parallel=False, dtype='auto', \
+    hf_overrides=None, revision=None, download_dir=None, language_model_only=False, \
+    mm_encoder_tp_mode='weights', pp_partition=None, config_format='auto', moe_backend=None, \
+    load_format='auto', mapping=None)"
+)]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
@@ -702,6 +711,7 @@ fn _wload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_class::<Plan>()?;
     m.add_class::<Tensor>()?;
+    m.add_class::<LoadReport>()?;
     m.add("WloadError", m.py().get_type::<WloadError>())?;
     m.add("PlanError", m.py().get_type::<PlanError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_golden import CASES, GARBAGE, GQA  # noqa: E402
+from test_golden import CASES, CUDA_REPORT_KEYS, GARBAGE, GQA, REPORT_KEYS  # noqa: E402
 
 import wload  # noqa: E402
 
@@ -66,12 +66,15 @@ def golden():
             want = case.vllm_rank(rank)
             bufs, r, queued = load_on_gpu(p, rank, stream)
             label = f"{case.name} rank {rank} (stream {stream:#x})"
-            if r["device"] != "cuda:0" or r["staging_bytes"] <= 0:
+            if r.device != "cuda:0" or not r.staging_bytes or r.device_copy_s is None:
                 failures.append(f"{label}: reported {r}")
+            # The CUDA figures are attributes and keys too (the report was a dict).
+            if list(r) != REPORT_KEYS + CUDA_REPORT_KEYS or r["staging_bytes"] != r.staging_bytes:
+                failures.append(f"{label}: the report's keys are {list(r)}")
             if current_context() != 0xC0DE:
                 failures.append(f"{label}: the caller's context is no longer current")
             # Every byte went through the caller's stream (garbage in = a copy not queued).
-            if queued == 0 and r["bytes"] > 0:
+            if queued == 0 and r.bytes > 0:
                 failures.append(f"{label}: nothing was queued on the caller's stream")
             for name, (dtype, shape, data, sha) in want.items():
                 if name not in bufs:

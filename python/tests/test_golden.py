@@ -5,7 +5,7 @@ byte for byte, what vLLM held: the rank files' bytes, or for cases kept as diges
 their SHA-256. Also: vLLM's own folders load as pre-sharded sources, and bad destinations, bad
 options and a failed load raise what the API promises.
 
-    python -m pytest -q python/tests        (after `pip install ./python numpy pytest`)
+    python -m pytest -q python/tests        (after `pip install ./python numpy pytest mypy`)
 """
 
 import hashlib
@@ -145,12 +145,31 @@ def golden_cases():
 CASES = golden_cases()
 
 
+# vLLM's rank files' dtypes as torch names them (safetensors' torch loader): the witness for
+# `Tensor.torch_dtype`, which wload computes (Dtype::torch_name) and the vLLM plugin relies on.
+TORCH_NAMES = {
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F32": "float32",
+    "F64": "float64",
+    "I8": "int8",
+    "U8": "uint8",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+
 def load_rank(p, rank):
     """Rank `rank` of plan `p` loaded into fresh numpy buffers full of garbage."""
     bufs = {t.name: np.full(t.nbytes, GARBAGE, dtype=np.uint8) for t in p.tensors(rank)}
-    timings = p.load(rank, {n: b.ctypes.data for n, b in bufs.items()})
-    assert timings["bytes"] == sum(b.nbytes for b in bufs.values())
-    assert timings["seconds"] >= 0
+    report = p.load(rank, {n: b.ctypes.data for n, b in bufs.items()})
+    assert report.bytes == sum(b.nbytes for b in bufs.values())
+    assert report.seconds >= 0
     return bufs
 
 
@@ -175,6 +194,8 @@ def compare(case, p, label):
                     f"{label}: rank {rank}: '{name}': {t.dtype} {t.shape}, vLLM {dtype} {shape}"
                 )
                 continue
+            if t.torch_dtype != TORCH_NAMES[dtype]:
+                failures.append(f"{label}: rank {rank}: '{name}': torch_dtype {t.torch_dtype}")
             got = bufs[name].tobytes()
             same = got == data if sha is None else hashlib.sha256(got).hexdigest() == sha
             if not same:
@@ -225,6 +246,46 @@ def test_plan_properties():
     t = p.tensors(1)[0]
     assert isinstance(t.shape, tuple) and all(isinstance(d, int) for d in t.shape)
     assert t.nbytes == int(np.prod(t.shape)) * 2
+
+
+# `Plan.load`'s report: its attributes, which are also its keys (it was a dict of them), in order;
+# the CUDA figures only for a load onto a GPU (stub_gpu.py checks those).
+REPORT_KEYS = [
+    "rank", "device", "tensors", "bytes", "seconds", "gbps", "io", "cache_s", "transfer_s",
+    "sync_s", "read_s", "convert_s", "copy_s", "bytes_read", "direct_read_bytes", "direct_read_s",
+    "host_copy_bytes", "host_copy_s",
+]
+CUDA_REPORT_KEYS = ["device_copy_s", "staging_wait_s", "staging_bytes"]
+
+
+def test_the_load_report_is_typed_and_reads_as_the_dict_it_was():
+    p = wload.plan(GQA, tp=2)
+    bufs = {t.name: np.full(t.nbytes, GARBAGE, np.uint8) for t in p.tensors(1)}
+    r = p.load(1, {n: b.ctypes.data for n, b in bufs.items()}, io="buffered")
+    assert isinstance(r, wload.LoadReport)
+    assert (r.rank, r.device, r.io, r.tensors) == (1, "cpu", "buffered", len(bufs))
+    assert r.bytes == sum(b.nbytes for b in bufs.values()) and r.bytes_read > 0
+    floats = [k for k in REPORT_KEYS if k.endswith("_s")] + ["seconds", "gbps"]
+    for k in REPORT_KEYS:
+        want = str if k in ("device", "io") else float if k in floats else int
+        assert type(getattr(r, k)) is want, k
+    assert all(getattr(r, k) is None for k in CUDA_REPORT_KEYS)
+    # The mapping: the same names and values, the CUDA figures absent as keys on the CPU.
+    assert list(r) == r.keys() == REPORT_KEYS and len(r) == len(REPORT_KEYS)
+    assert r.values() == [getattr(r, k) for k in REPORT_KEYS]
+    assert r.items() == list(zip(REPORT_KEYS, r.values()))
+    assert r.to_dict() == dict(r) == dict(r.items())
+    assert json.loads(json.dumps(r.to_dict())) == r.to_dict()
+    assert all(r[k] == getattr(r, k) and k in r for k in REPORT_KEYS)
+    assert "device_copy_s" not in r and 3 not in r
+    with pytest.raises(KeyError, match="staging_bytes"):
+        r["staging_bytes"]
+    assert r.get("bytes") == r.bytes and r.get("staging_bytes") is None
+    assert r.get("staging_bytes", 0) == 0
+    # Frozen, as Plan and Tensor are.
+    with pytest.raises(AttributeError):
+        r.bytes = 0
+    assert repr(r).startswith("LoadReport(rank=1, device='cpu', tensors=")
 
 
 def test_a_refused_plan_raises_plan_error_with_every_problem():
@@ -311,7 +372,7 @@ def test_io_modes_give_the_same_bytes():
     for io in ["buffered", "direct", "mmap"]:
         bufs = {t.name: np.full(t.nbytes, GARBAGE, np.uint8) for t in p.tensors(1)}
         r = p.load(1, {n: b.ctypes.data for n, b in bufs.items()}, io=io)
-        assert r["io"] == io
+        assert r.io == io
         got.append({n: b.tobytes() for n, b in bufs.items()})
     assert got[0] == got[1] == got[2]
 

@@ -165,12 +165,20 @@ PLAN_ARGS = [
 LOAD_ARGS = ["rank", "dests", "device", "device_index", "stream", "io"]
 PLAN_PROPS = ["tp", "pp", "world_size", "expert_parallel", "dtype", "architecture", "root", "kind",
               "warnings", "note"]
-TENSOR_PROPS = ["name", "dtype", "shape", "nbytes"]
+TENSOR_PROPS = ["name", "dtype", "torch_dtype", "shape", "nbytes"]
+REPORT_PROPS = [
+    "rank", "device", "tensors", "bytes", "seconds", "gbps", "io", "cache_s", "transfer_s",
+    "sync_s", "read_s", "convert_s", "copy_s", "bytes_read", "direct_read_bytes", "direct_read_s",
+    "host_copy_bytes", "host_copy_s", "device_copy_s", "staging_wait_s", "staging_bytes",
+]
+REPORT_METHODS = ["keys", "values", "items", "get", "to_dict"]
 
 COVERED = (
-    {"plan", "Plan", "Tensor", "Plan.tensors", "Plan.load", "Plan.__repr__", "Tensor.__repr__"}
+    {"plan", "Plan", "Tensor", "LoadReport", "Plan.tensors", "Plan.load", "Plan.__repr__",
+     "Tensor.__repr__", "LoadReport.__repr__"}
     | {f"Plan.{a}" for a in PLAN_PROPS}
     | {f"Tensor.{a}" for a in TENSOR_PROPS}
+    | {f"LoadReport.{a}" for a in REPORT_PROPS + REPORT_METHODS}
 )
 
 
@@ -292,3 +300,26 @@ def test_tensors_and_properties_with_hostile_values(plan):
     for v in battery():
         check(lambda: wload.Plan(v), f"Plan({r(v)})")
         check(lambda: wload.Tensor(v), f"Tensor({r(v)})")
+        check(lambda: wload.LoadReport(v), f"LoadReport({r(v)})")
+
+
+def test_the_load_report_with_hostile_keys(plan):
+    bufs, dests = dests_for(plan)
+    report = plan.load(0, dests)
+    # A missing key is a KeyError, as a dict's; a key that is no str is a TypeError (or not in it).
+    allowed = (KeyError, TypeError, Hostile)
+    for v in battery():
+        check(lambda: report[v], f"LoadReport[{r(v)}]", allowed)
+        check(lambda: v in report, f"{r(v)} in LoadReport", allowed)
+        check(lambda: report.get(v), f"LoadReport.get({r(v)})", allowed)
+        check(lambda: report.get("bytes", v), f"LoadReport.get('bytes', {r(v)})", allowed)
+        check(lambda: report.get(v, v), f"LoadReport.get({r(v)}, {r(v)})", allowed)
+        for m in REPORT_METHODS:
+            check(lambda: getattr(report, m)(v), f"LoadReport.{m}({r(v)})", allowed)
+    for a in REPORT_PROPS:
+        check(lambda: getattr(report, a), f"LoadReport.{a}")
+        check(lambda: setattr(report, a, RaisesEverywhere()), f"LoadReport.{a} = hostile",
+              (AttributeError,))
+    for call in [len, list, iter, repr, dict]:
+        check(lambda: call(report), f"{call.__name__}(LoadReport)")
+    del bufs

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import wload
-from test_golden import EXPECTED, FIXTURES, Case
+from test_golden import EXPECTED, FIXTURES, TORCH_NAMES, Case
 from wload import vllm_plugin
 
 STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_vllm")
@@ -65,7 +65,9 @@ class Model:
 
 
 def torch_dtype(torch, st_dtype):
-    return getattr(torch, vllm_plugin._TORCH_DTYPES[st_dtype])
+    """The torch dtype of a vLLM rank file's tensor, by the tests' own table (the plugin takes
+    wload's `Tensor.torch_dtype`)."""
+    return getattr(torch, TORCH_NAMES[st_dtype])
 
 
 def garbage(torch, dtype, shape, device="cpu"):

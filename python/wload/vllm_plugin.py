@@ -21,28 +21,15 @@ then creates weights on the meta device that only its own weight loaders can fil
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._wload import LoadReport, Plan, Tensor
 
 LOAD_FORMAT = "wload"
 
-# wload's dtype names (safetensors spelling) as torch dtype attribute names.
-_TORCH_DTYPES = {
-    "BF16": "bfloat16",
-    "F16": "float16",
-    "F32": "float32",
-    "F64": "float64",
-    "I8": "int8",
-    "U8": "uint8",
-    "I16": "int16",
-    "I32": "int32",
-    "I64": "int64",
-    "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-}
 
-
-def register():
+def register() -> None:
     """The entry point: adds the `wload` load format to vLLM."""
     from vllm.model_executor.model_loader import register_model_loader
 
@@ -53,18 +40,19 @@ class WloadLoadError(ValueError):
     """The model cannot be filled from the plan: every reason at once, and what to do."""
 
 
-def _loader_class():
+def _loader_class() -> type:
     # Built lazily: importing vLLM (and torch) only where vLLM is loading plugins.
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-    class WloadModelLoader(BaseModelLoader):
+    # vLLM is not typed for mypy here: its base class is Any.
+    class WloadModelLoader(BaseModelLoader):  # type: ignore[misc]
         """Fills vLLM's parameters from wload's plan of the checkpoint for this worker's rank."""
 
-        def download_model(self, model_config) -> None:
+        def download_model(self, model_config: Any) -> None:
             # Planning fetches what the rank reads (headers first for a hub id); nothing else.
             _plan_for_worker(self.load_config, model_config)
 
-        def load_weights(self, model, model_config) -> None:
+        def load_weights(self, model: Any, model_config: Any) -> None:
             import torch
 
             from vllm.logger import init_logger
@@ -85,7 +73,7 @@ def _loader_class():
                 rank,
                 plan.root,
                 len(targets),
-                stats.get("bytes", 0) / 2**20,
+                stats.bytes / 2**20,
                 time.perf_counter() - t0,
                 t_plan,
                 t_fill,
@@ -99,7 +87,7 @@ def _loader_class():
     return WloadModelLoader
 
 
-def _worker_layout():
+def _worker_layout() -> tuple[int, int, int, int, bool]:
     """This worker's TP size and rank, PP size and stage, and whether experts are parallel."""
     from vllm.config import get_current_vllm_config
     from vllm.distributed import parallel_state as ps
@@ -115,7 +103,7 @@ def _worker_layout():
     )
 
 
-def _plan_for_worker(load_config, model_config):
+def _plan_for_worker(load_config: Any, model_config: Any) -> tuple[Plan, int]:
     """wload's plan of MODEL for this worker's layout, and this worker's global rank in it."""
     import vllm.envs as envs
     import wload
@@ -152,7 +140,7 @@ def _plan_for_worker(load_config, model_config):
     return plan, pp_rank * tp + tp_rank
 
 
-def _refuse_online_quantization(model, model_config):
+def _refuse_online_quantization(model: Any, model_config: Any) -> None:
     """Refuses a model whose parameters vLLM means to fill itself, before anything is planned.
 
     vLLM 0.33's online quantization creates each quantized layer's full-precision weight on the
@@ -208,7 +196,7 @@ def _refuse_online_quantization(model, model_config):
     )
 
 
-def _online_quantization_flags(model_config):
+def _online_quantization_flags(model_config: Any) -> str | None:
     """The flags that asked for online quantization, as the user wrote them; None if none did.
 
     `model_config.quantization_config` is set only from the user's `--quantization` shorthand or
@@ -237,15 +225,18 @@ def _online_quantization_flags(model_config):
     return None
 
 
-def _parameters(model):
+def _parameters(model: Any) -> dict[str, Any]:
     """The model's tensors by name, aliases and views inside other tensors dropped, as the
     sharded_state loader sees them."""
     from vllm.model_executor.model_loader.sharded_state_loader import ShardedStateLoader
 
-    return ShardedStateLoader._filter_subtensors(model.state_dict())
+    filtered: dict[str, Any] = ShardedStateLoader._filter_subtensors(model.state_dict())
+    return filtered
 
 
-def _check(plan, rank, state, model_name):
+def _check(
+    plan: Plan, rank: int, state: dict[str, Any], model_name: str
+) -> list[tuple[Tensor, Any]]:
     """Each planned tensor against its parameter, each parameter against the plan; every
     disagreement at once. Returns [(planned tensor, destination tensor)]."""
     import torch
@@ -260,7 +251,9 @@ def _check(plan, rank, state, model_name):
         if param is None:
             problems.append(f"{t.name}: planned for rank {rank}, but the model has no such parameter")
             continue
-        want = getattr(torch, _TORCH_DTYPES.get(t.dtype, ""), None)
+        # torch's name for wload's dtype comes from wload (Dtype::torch_name); None for a type
+        # torch has no one-element type for, and an old torch may lack a newer name.
+        want = getattr(torch, t.torch_dtype, None) if t.torch_dtype else None
         if want is None or param.dtype != want:
             problems.append(
                 f"{t.name}: wload plans {t.dtype}, the model's parameter is {param.dtype}"
@@ -291,7 +284,9 @@ def _check(plan, rank, state, model_name):
     return targets
 
 
-def _fill(plan, rank, targets, device):
+def _fill(
+    plan: Plan, rank: int, targets: list[tuple[Tensor, Any]], device: Any
+) -> tuple[LoadReport, float]:
     """Reads the rank's bytes into the destinations: contiguous parameters on `device` in place
     (CPU memory directly, GPU memory through wload's pinned staging ring on torch's current
     stream); a narrowed, non-contiguous view, or a parameter elsewhere (--cpu-offload-gb), through
