@@ -160,7 +160,7 @@ impl<'m> Planner<'m> {
         let module = module.as_str();
         let block_fp8 = matches!(q, Quantization::Fp8(f) if f.block.is_some());
         if matches!(p.geometry, Geometry::MergedTuples(MergedTuples { .. })) && !block_fp8 {
-            // Qwen3.5's in_proj_qkvz: block FP8 is planned (scales.rs cuts the tuple's scale);
+            // Qwen3.5's in_proj_qkvz: block FP8 is planned (block_scale.rs cuts the tuple's scale);
             // other formats' tuple scales (and in_proj_ba, which vLLM replicates under AWQ/GPTQ on
             // CUDA, qwen_gdn_linear_attn.py:853–869) are not: refused rather than written wrong.
             self.problems.push(Problem {
