@@ -1,37 +1,115 @@
-//! The fused experts' geometry: vLLM's fused MoE weights, split over the ranks or spread whole
-//! with expert parallelism, and gpt-oss's stacked experts, whose weights are transposing copies
-//! (vLLM 0.33 `layers/fused_moe/`, `models/gpt_oss.py`).
+//! The `experts` kind: vLLM's fused MoE weights from per-expert tensors (or one stacked tensor a
+//! layer), split over the ranks or spread whole with expert parallelism (vLLM 0.33
+//! `layers/fused_moe/`), and the shard ids every per-expert kind takes.
 
-use super::dense::{replicated, whole_slot};
-use super::types::{Block, Rank, RankLayout, Slice, name};
-use crate::mapping::{ExpertPart, GptOssPart};
+use serde::Deserialize;
 
-/// Linear expert placement (vLLM's `determine_expert_map`): extra experts go to the first ranks.
-pub(super) fn local_experts(experts: u64, ep_size: u64, ep_rank: u64) -> std::ops::Range<u64> {
-    let base = experts / ep_size;
-    let rem = experts % ep_size;
-    let count = base + u64::from(ep_rank < rem);
-    let start = ep_rank * base + ep_rank.min(rem);
-    start..start + count
+use super::dense::whole_slot;
+use super::types::{ExpertPart, RankLayout, Shape, Slice, SlotKey, name, not_divisible};
+use super::{Dim, Eval, Kind, Rank, ShardId, size};
+
+/// Fused routed experts: `w13` = [E_loc, 2·I_p, H] from w1 (gate) and w3 (up), or `w2` =
+/// [E_loc, H, I_p]; split by tp, or by expert with expert parallelism.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experts<D = u64> {
+    pub part: ExpertPart,
+    pub experts: D,
+    pub intermediate: D,
+    pub hidden: D,
+}
+
+impl<D> Experts<D> {
+    pub(super) fn try_map<E, X>(&self, f: &mut Eval<D, E, X>) -> Result<Experts<E>, X> {
+        Ok(Experts {
+            part: self.part,
+            experts: f(&self.experts, Dim::Experts)?,
+            intermediate: f(&self.intermediate, Dim::Size)?,
+            hidden: f(&self.hidden, Dim::Size)?,
+        })
+    }
+}
+
+impl Kind for Experts {
+    fn check(&self, r: Rank) -> Vec<String> {
+        if r.ep {
+            return vec![];
+        }
+        not_divisible("expert intermediate size", self.intermediate, r.tp)
+            .into_iter()
+            .collect()
+    }
+
+    fn expected_source(&self, shard: Option<&ShardId>) -> Result<Shape, String> {
+        expected_source(
+            self.part,
+            [self.experts, self.intermediate, self.hidden],
+            shard,
+        )
+    }
+
+    fn required(&self) -> (Vec<SlotKey>, Option<SlotKey>) {
+        (self.part.slots(self.experts), Some((None, None)))
+    }
+
+    fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {
+        let Experts {
+            part,
+            experts,
+            intermediate,
+            hidden,
+        } = *self;
+        if fused {
+            stacked_experts(part, experts, intermediate, hidden, r)
+        } else {
+            expert_blocks(part, experts, intermediate, hidden, r)
+        }
+    }
+
+    fn expert_count(&self) -> Option<u64> {
+        Some(self.experts)
+    }
+
+    fn fits(&self) -> Result<(), Vec<u64>> {
+        size::experts(self.experts, self.intermediate, self.hidden)
+    }
+
+    #[cfg(test)]
+    fn samples() -> Vec<super::Geometry> {
+        [(ExpertPart::W13, 4), (ExpertPart::W2, 5)]
+            .map(|(part, experts)| {
+                Experts {
+                    part,
+                    experts,
+                    intermediate: 16,
+                    hidden: 4,
+                }
+                .into()
+            })
+            .to_vec()
+    }
+}
+
+/// Whether `shard` is an id that fills one expert of `part` (no shard id: a stacked tensor),
+/// for the kinds that take the experts' shard ids.
+pub(super) fn check_shard(part: ExpertPart, shard: Option<&ShardId>) -> Result<(), String> {
+    expected_source(part, [0, 0, 0], shard).map(drop)
 }
 
 /// Fused expert weights: every expert's intermediate split over the ranks, or with expert
 /// parallelism whole experts spread over them.
-pub(super) fn expert_blocks(
+fn expert_blocks(
     part: ExpertPart,
     experts: u64,
     intermediate: u64,
     hidden: u64,
     r: Rank,
 ) -> RankLayout {
-    let (local, moe_tp, moe_rank) = if r.ep {
-        (local_experts(experts, r.tp, r.rank), 1, 0)
-    } else {
-        (0..experts, r.tp, r.rank)
-    };
-    let ip = intermediate / moe_tp;
-    let e_loc = local.end - local.start;
-    let (from, to) = (moe_rank * ip, (moe_rank + 1) * ip);
+    let share = r.experts(experts);
+    let ip = share.of(intermediate);
+    let e_loc = share.count();
+    let (from, to) = (share.rank * ip, (share.rank + 1) * ip);
+    let local = share.local;
     let first = Some(local.start);
     match part {
         ExpertPart::W13 => {
@@ -70,12 +148,12 @@ pub(super) fn expert_blocks(
 /// The checkpoint shape a fused expert parameter's shard expects: one expert's `w1`/`w3`
 /// `[I, H]` or `w2` `[H, I]`, or, without a shard id, one stacked tensor for every expert
 /// ([`stacked_experts`]).
-pub(super) fn expected_source(
+fn expected_source(
     part: ExpertPart,
     [experts, intermediate, hidden]: [u64; 3],
-    shard: Option<&crate::mapping::rules::ShardId>,
-) -> Result<super::types::Shape, String> {
-    let shape = |s: &[u64]| Ok(super::types::Shape::from_slice(s));
+    shard: Option<&ShardId>,
+) -> Result<Shape, String> {
+    let shape = |s: &[u64]| Ok(Shape::from_slice(s));
     match (part, shard.map(|s| s.text()).as_deref()) {
         (ExpertPart::W13, Some("w1" | "w3")) => shape(&[intermediate, hidden]),
         (ExpertPart::W13, None) => shape(&[experts, 2 * intermediate, hidden]),
@@ -95,7 +173,7 @@ pub(super) fn expected_source(
 /// (`fused_moe/routed_experts.py:1004–1075`), so the rank's tensor is the per-expert layout's:
 /// `[gate_r; up_r]` / columns `I_r·rank…` of every expert, or whole experts with expert
 /// parallelism (one run of the tensor's leading rows).
-pub(super) fn stacked_experts(
+fn stacked_experts(
     part: ExpertPart,
     experts: u64,
     intermediate: u64,
@@ -104,7 +182,7 @@ pub(super) fn stacked_experts(
 ) -> RankLayout {
     let (i, h) = (intermediate, hidden);
     if r.ep {
-        let local = local_experts(experts, r.tp, r.rank);
+        let local = r.experts(experts).local;
         let n = local.end - local.start;
         let per = 2 * i * h / if part == ExpertPart::W13 { 1 } else { 2 };
         let shape = match part {
@@ -141,225 +219,18 @@ pub(super) fn stacked_experts(
     RankLayout::new(shape, slices, Vec::new())
 }
 
-/// gpt-oss's expert placement (gpt_oss.py `_load_weights_other`): this rank's experts, its share of
-/// the intermediate size, and its rank within the experts' tensor parallelism.
-fn gpt_oss_split(experts: u64, intermediate: u64, r: Rank) -> (std::ops::Range<u64>, u64, u64) {
-    if r.ep {
-        // Every rank E / tp experts, as the loader slices them (check() refuses a remainder).
-        let per = experts / r.tp;
-        (r.rank * per..(r.rank + 1) * per, intermediate, 0)
-    } else {
-        (0..experts, intermediate / r.tp, r.rank)
-    }
-}
-
-/// Rank `r`'s gpt-oss expert tensor: with TP every expert's intermediate share (columns
-/// `[2·I_r·r, 2·I_r·(r+1))` of the interleaved gate/up, so the interleaving is kept), with EP
-/// whole experts. The weights are filled by [`gpt_oss_transposed`]; the biases are sliced, except
-/// the down bias under TP: whole on rank 0 and zeros elsewhere, so that the all-reduce adds it
-/// once.
-pub(super) fn gpt_oss_experts(
-    part: GptOssPart,
-    experts: u64,
-    intermediate: u64,
-    hidden: u64,
-    r: Rank,
-) -> RankLayout {
-    let (local, ip, moe_rank) = gpt_oss_split(experts, intermediate, r);
-    let e_loc = local.end - local.start;
-    let layout = RankLayout::new;
-    let by_expert = |inner: u64, out: Vec<u64>| {
-        let slice = whole_slot(vec![experts, inner], 0, local.start, local.end, out.clone());
-        layout(out, vec![slice], vec![])
-    };
-    match part {
-        GptOssPart::W13Weight => layout(vec![e_loc, 2 * ip, hidden], vec![], vec![]),
-        GptOssPart::W2Weight => layout(vec![e_loc, hidden, ip], vec![], vec![]),
-        GptOssPart::W13Bias if r.ep => by_expert(2 * intermediate, vec![e_loc, 2 * intermediate]),
-        GptOssPart::W13Bias => {
-            let out = vec![experts, 2 * ip];
-            let slice = whole_slot(
-                vec![experts, 2 * intermediate],
-                1,
-                2 * ip * moe_rank,
-                2 * ip * (moe_rank + 1),
-                out.clone(),
-            );
-            layout(out, vec![slice], vec![])
-        }
-        GptOssPart::W2Bias if r.ep => by_expert(hidden, vec![e_loc, hidden]),
-        GptOssPart::W2Bias if r.rank == 0 => replicated(&[experts, hidden]),
-        GptOssPart::W2Bias => layout(vec![experts, hidden], vec![], vec![(0, experts * hidden)]),
-    }
-}
-
-/// The transposed copies of gpt-oss's expert weights, one per local expert (`permute(0, 2, 1)`
-/// of the rank's slice): `w13[j][c][h] = gate_up_proj[e][h][2·I_r·r + c]` and
-/// `w2[j][h][i] = down_proj[e][I_r·r + i][h]`.
-pub(super) fn gpt_oss_transposed(
-    part: GptOssPart,
-    experts: u64,
-    intermediate: u64,
-    hidden: u64,
-    r: Rank,
-) -> Vec<(Block, crate::layout::Region)> {
-    let (local, ip, moe_rank) = gpt_oss_split(experts, intermediate, r);
-    // Per expert: destination rows and their length, the expert's source size, where row 0
-    // starts in it, the source distance between a row's elements, and the intermediate range.
-    let (rows, row, per_src, first, elem_stride) = match part {
-        GptOssPart::W13Weight => (
-            2 * ip,
-            hidden,
-            hidden * 2 * intermediate,
-            2 * ip * moe_rank,
-            2 * intermediate,
-        ),
-        GptOssPart::W2Weight => (
-            hidden,
-            ip,
-            intermediate * hidden,
-            ip * moe_rank * hidden,
-            hidden,
-        ),
-        GptOssPart::W13Bias | GptOssPart::W2Bias => return Vec::new(),
-    };
-    // One description for every expert's copy: reports show the tensor's source region once.
-    let region = crate::layout::Region {
-        range: Some(match part {
-            GptOssPart::W13Weight => (1, first, first + rows),
-            _ => (0, ip * moe_rank, ip * (moe_rank + 1)),
-        }),
-        experts: Some((local.start, local.end)),
-        rotary: false,
-        transposed: true,
-        max_of: 0,
-        dequant: None,
-    };
-    local
-        .enumerate()
-        .map(|(j, e)| {
-            let b = Block {
-                rows,
-                row,
-                src_start: e * per_src + first,
-                src_stride: 1,
-                dst_start: j as u64 * rows * row,
-                dst_stride: row,
-                src_elem_stride: elem_stride,
-            };
-            (b, region)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::Geometry;
     use super::*;
+    use crate::layout::Geometry;
 
-    /// Rank `r`'s gpt-oss expert tensor, computed element by element from the checkpoint
-    /// tensor `src` (element i holds i) by moving its blocks and slices.
-    fn gpt_oss_rank(g: &Geometry, r: Rank) -> (Vec<u64>, Vec<i64>) {
-        let l = g.rank_layout(r, false);
-        let mut out = vec![-1i64; l.shape.iter().product::<u64>() as usize];
-        let blocks = l
-            .slices
-            .iter()
-            .map(Slice::block)
-            .chain(g.strided(r).into_iter().map(|(_, b, _)| b));
-        for b in blocks {
-            for k in 0..b.rows {
-                for x in 0..b.row {
-                    let s = b.src_start + k * b.src_stride + x * b.src_elem_stride;
-                    out[(b.dst_start + k * b.dst_stride + x) as usize] = s as i64;
-                }
-            }
-        }
-        for (at, n) in l.zeros {
-            out[at as usize..(at + n) as usize].fill(0);
-        }
-        (l.shape, out)
-    }
-
-    /// gpt_oss.py `_load_weights_other` on `arange` tensors: TP keeps the gate/up interleaving
-    /// of each rank's columns and transposes; the down bias is rank 0's alone; EP takes whole
-    /// experts and every rank its biases.
-    #[test]
-    fn gpt_oss_experts_follow_vllms_loader() {
-        let (e, i, h) = (4u64, 6u64, 5u64);
-        let g = |part| Geometry::GptOssExperts {
-            part,
-            experts: e,
-            intermediate: i,
-            hidden: h,
-        };
-        let at = |idx: &[u64], shape: &[u64]| -> i64 {
-            idx.iter().zip(shape).fold(0, |acc, (x, n)| acc * n + x) as i64
-        };
-        for (tp, ep) in [(1, false), (2, false), (3, false), (2, true), (4, true)] {
-            for rank in 0..tp {
-                let r = Rank { tp, rank, ep };
-                let (experts, ir, t) = if ep {
-                    let n = e / tp;
-                    ((rank * n..(rank + 1) * n).collect::<Vec<_>>(), i, 0)
-                } else {
-                    ((0..e).collect(), i / tp, rank)
-                };
-                let ctx = format!("tp{tp} r{rank} ep{ep}");
-                let (shape, w13) = gpt_oss_rank(&g(GptOssPart::W13Weight), r);
-                assert_eq!(shape, vec![experts.len() as u64, 2 * ir, h], "{ctx}");
-                let (_, w2) = gpt_oss_rank(&g(GptOssPart::W2Weight), r);
-                let (_, b13) = gpt_oss_rank(&g(GptOssPart::W13Bias), r);
-                let (_, b2) = gpt_oss_rank(&g(GptOssPart::W2Bias), r);
-                for (j, &ex) in experts.iter().enumerate() {
-                    let j = j as u64;
-                    for c in 0..2 * ir {
-                        for hh in 0..h {
-                            let want = at(&[ex, hh, 2 * ir * t + c], &[e, h, 2 * i]);
-                            let got = w13[at(&[j, c, hh], &[e, 2 * ir, h]) as usize];
-                            assert_eq!(got, want, "{ctx} w13 [{j}, {c}, {hh}]");
-                        }
-                        let want = at(&[ex, 2 * ir * t + c], &[e, 2 * i]);
-                        assert_eq!(b13[at(&[j, c], &[e, 2 * ir]) as usize], want, "{ctx}");
-                    }
-                    for hh in 0..h {
-                        for x in 0..ir {
-                            let want = at(&[ex, ir * t + x], &[e, i]) * h as i64 + hh as i64;
-                            let got = w2[at(&[j, hh, x], &[e, h, ir]) as usize];
-                            assert_eq!(got, want, "{ctx} w2 [{j}, {hh}, {x}]");
-                        }
-                        let want = if ep || rank == 0 {
-                            at(&[ex, hh], &[e, h])
-                        } else {
-                            0
-                        };
-                        assert_eq!(b2[at(&[j, hh], &[e, h]) as usize], want, "{ctx}");
-                    }
-                }
-            }
-        }
-        // vLLM's loader gives each EP rank E / tp experts; a remainder would not load.
-        let r = Rank {
-            tp: 3,
-            rank: 0,
-            ep: true,
-        };
-        assert_eq!(
-            g(GptOssPart::W13Weight).check(r),
-            ["number of experts (4) is not divisible by tp (3)"]
-        );
-        // MLPBlock asserts the intermediate size divides, expert parallel or not.
-        assert_eq!(
-            g(GptOssPart::W2Bias).check(Rank { tp: 4, ..r }),
-            ["expert intermediate size (6) is not divisible by tp (4)"]
-        );
-    }
-
+    /// vLLM's linear expert map: extra experts go to the first ranks.
     #[test]
     fn extra_experts_go_to_the_first_ranks() {
-        assert_eq!(local_experts(5, 2, 0), 0..3);
-        assert_eq!(local_experts(5, 2, 1), 3..5);
-        assert_eq!(local_experts(8, 8, 7), 7..8);
+        let local = |n, tp, rank| Rank { tp, rank, ep: true }.experts(n).local;
+        assert_eq!(local(5, 2, 0), 0..3);
+        assert_eq!(local(5, 2, 1), 3..5);
+        assert_eq!(local(8, 8, 7), 7..8);
     }
 
     /// A fused 3-D expert tensor (`gate_up_proj` `[E, 2I, H]`, `down_proj` `[E, H, I]`) loads,
@@ -370,12 +241,12 @@ mod tests {
     fn stacked_experts_load_what_per_expert_tensors_load_over_tp_1_to_16() {
         let (e, i, h) = (5u64, 16u64, 3u64);
         for part in [ExpertPart::W13, ExpertPart::W2] {
-            let g = Geometry::Experts {
+            let g = Geometry::Experts(Experts {
                 part,
                 experts: e,
                 intermediate: i,
                 hidden: h,
-            };
+            });
             for tp in 1..=16u64 {
                 for ep in [false, true] {
                     if !ep && !i.is_multiple_of(tp) {

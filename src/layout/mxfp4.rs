@@ -1,4 +1,4 @@
-//! gpt-oss's MXFP4 experts (vLLM 0.33 `models/gpt_oss.py` `_load_weights_mxfp4`,
+//! The `mxfp4_experts` kind: gpt-oss's MXFP4 experts (vLLM 0.33 `models/gpt_oss.py` `_load_weights_mxfp4`,
 //! `quantization/mxfp4.py` `GptOssMxfp4MoEMethod.create_weights`): each rank's share of the
 //! intermediate size is whole 32-element blocks, `cdiv(I/32, tp)` of them, so the last ranks may
 //! hold less or nothing; with expert parallelism whole experts, E / tp a rank. The real slice
@@ -10,8 +10,8 @@
 
 use std::ops::Range;
 
-use super::types::{Block, Rank, RankLayout, SlotKey, ZeroRows};
-use crate::layout::Region;
+use super::types::{Block, RankLayout, Shape, Strided, ZeroRows, unstacked};
+use super::{Kind, Rank, Region, ShardId};
 
 /// MXFP4 groups 32 values under one E8M0 scale (`OCP_MX_BLOCK_SIZE`); two E2M1 values a byte.
 pub const MX_BLOCK: u64 = 32;
@@ -60,6 +60,53 @@ pub struct Mxfp4Dims {
     pub align: [u64; 2],
 }
 
+/// gpt-oss's MXFP4 experts: whole 32-element blocks per rank, the real slice in the leading
+/// corner of a parameter the MoE backend may pad.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mxfp4Experts {
+    pub part: Mxfp4Part,
+    pub dims: Mxfp4Dims,
+}
+
+impl Kind for Mxfp4Experts {
+    fn check(&self, r: Rank) -> Vec<String> {
+        check(&self.dims, r)
+    }
+
+    fn expected_source(&self, shard: Option<&ShardId>) -> Result<Shape, String> {
+        unstacked(&source_shape(self.part, &self.dims), shard)
+    }
+
+    fn rank_layout(&self, r: Rank, _: bool) -> RankLayout {
+        rank_layout(self.part, &self.dims, r)
+    }
+
+    fn strided(&self, r: Rank) -> Vec<Strided> {
+        copies(self.part, &self.dims, r)
+    }
+
+    #[cfg(test)]
+    fn samples() -> Vec<super::Geometry> {
+        Mxfp4Part::ALL
+            .into_iter()
+            .flat_map(|part| {
+                [[1, 1], [1, 64], [256, 128]].map(|align| {
+                    Mxfp4Experts {
+                        part,
+                        dims: Mxfp4Dims {
+                            experts: 8,
+                            intermediate: 224,
+                            hidden: 96,
+                            align,
+                        },
+                    }
+                    .into()
+                })
+            })
+            .collect()
+    }
+}
+
 /// Where rank `r`'s data comes from and what its parameters hold.
 struct Split {
     local: Range<u64>,
@@ -76,8 +123,7 @@ fn split(d: &Mxfp4Dims, r: Rank) -> Split {
     let hp = d.hidden.next_multiple_of(ha);
     if r.ep {
         // Every rank E / tp whole experts (the loader's slice; check() refuses a remainder).
-        let per = d.experts / r.tp;
-        let local = r.rank * per..(r.rank + 1) * per;
+        let local = r.experts(d.experts).local;
         let ip = d.intermediate.next_multiple_of(ia);
         return Split {
             local,
@@ -109,7 +155,7 @@ fn split(d: &Mxfp4Dims, r: Rank) -> Split {
 }
 
 /// Divisibility and fit rules vLLM asserts, as messages.
-pub(super) fn check(d: &Mxfp4Dims, r: Rank) -> Vec<String> {
+fn check(d: &Mxfp4Dims, r: Rank) -> Vec<String> {
     let mut v = Vec::new();
     for (what, n) in [
         ("intermediate_size", d.intermediate),
@@ -139,7 +185,7 @@ pub(super) fn check(d: &Mxfp4Dims, r: Rank) -> Vec<String> {
 }
 
 /// The checkpoint tensor's shape.
-pub(super) fn source_shape(part: Mxfp4Part, d: &Mxfp4Dims) -> Vec<u64> {
+fn source_shape(part: Mxfp4Part, d: &Mxfp4Dims) -> Vec<u64> {
     let (e, i, h) = (d.experts, d.intermediate, d.hidden);
     match part {
         Mxfp4Part::W13Weight => vec![e, 2 * i, h / MX_BLOCK, 16],
@@ -213,7 +259,7 @@ fn corner(part: Mxfp4Part, d: &Mxfp4Dims, r: Rank) -> (Split, Corner) {
 
 /// Rank `r`'s tensor: its shape and the zeros around every expert's corner (the copies are
 /// [`copies`]).
-pub(super) fn rank_layout(part: Mxfp4Part, d: &Mxfp4Dims, r: Rank) -> RankLayout {
+fn rank_layout(part: Mxfp4Part, d: &Mxfp4Dims, r: Rank) -> RankLayout {
     let (s, c) = corner(part, d, r);
     let e_loc = s.local.end - s.local.start;
     let shape = match part {
@@ -252,7 +298,7 @@ pub(super) fn rank_layout(part: Mxfp4Part, d: &Mxfp4Dims, r: Rank) -> RankLayout
 /// The copies that fill rank `r`'s tensor from the checkpoint tensor, as few blocks as the
 /// shapes allow: one for the whole tensor when rows and columns are all taken, one per run of
 /// rows that are evenly spaced in both.
-pub(super) fn copies(part: Mxfp4Part, d: &Mxfp4Dims, r: Rank) -> Vec<(SlotKey, Block, Region)> {
+fn copies(part: Mxfp4Part, d: &Mxfp4Dims, r: Rank) -> Vec<Strided> {
     let (s, c) = corner(part, d, r);
     let (nr, nc) = (c.rows.end - c.rows.start, c.cols.end - c.cols.start);
     if nr == 0 || nc == 0 || s.local.is_empty() {

@@ -1,8 +1,12 @@
-//! What a layout's geometry is made of: a rank's placement ([`Rank`]), slot keys, shapes, the
-//! slices of checkpoint tensors that fill a rank's tensor and the strided [`Block`] moves they
-//! flatten into.
+//! What a layout's geometry is made of: a rank's placement ([`Rank`]) and its share of fused
+//! experts ([`ExpertShare`]), slot keys, shapes, the slices of checkpoint tensors that fill a
+//! rank's tensor and the strided [`Block`] moves they flatten into.
 
-use crate::mapping::rules::ShardId;
+use std::ops::Range;
+
+use serde::Deserialize;
+
+use super::ShardId;
 
 /// Tensor-parallel placement of one rank.
 #[derive(Debug, Clone, Copy)]
@@ -25,6 +29,81 @@ impl Rank {
         } else {
             self
         }
+    }
+
+    /// The experts this rank holds of `n` fused experts, and its slice of each one's
+    /// intermediate size: with expert parallelism whole experts placed linearly (vLLM's
+    /// `determine_expert_map`: the first `n % tp` ranks one more), else every expert, split by
+    /// TP. The one placement rule of every expert layout (gpt-oss's loader hands each rank
+    /// `n / tp`, the same ranges: its kinds' `check` refuses a remainder, and no rank layout is
+    /// built once a check has failed).
+    pub fn experts(self, n: u64) -> ExpertShare {
+        if self.ep {
+            let (base, rem) = (n / self.tp, n % self.tp);
+            let start = self.rank * base + self.rank.min(rem);
+            let count = base + u64::from(self.rank < rem);
+            ExpertShare {
+                local: start..start + count,
+                tp: 1,
+                rank: 0,
+            }
+        } else {
+            ExpertShare {
+                local: 0..n,
+                tp: self.tp,
+                rank: self.rank,
+            }
+        }
+    }
+}
+
+/// A rank's experts and its place in the experts' tensor parallelism ([`Rank::experts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertShare {
+    /// The global ids of the experts the rank holds.
+    pub local: Range<u64>,
+    /// The TP size the experts' intermediate size is split by (1 with expert parallelism), and
+    /// the rank's index in it.
+    pub tp: u64,
+    pub rank: u64,
+}
+
+impl ExpertShare {
+    /// How many experts the rank holds.
+    pub fn count(&self) -> u64 {
+        self.local.end - self.local.start
+    }
+
+    /// The rank's share of an intermediate size.
+    pub fn of(&self, intermediate: u64) -> u64 {
+        intermediate / self.tp
+    }
+}
+
+/// Which of a fused expert layer's two weights: `w13` (gate and up, from `w1` and `w3`) or `w2`
+/// (down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpertPart {
+    W13,
+    W2,
+}
+
+impl ExpertPart {
+    /// The shard ids that fill one expert of this part.
+    pub(super) fn shards(self) -> &'static [&'static str] {
+        match self {
+            ExpertPart::W13 => &["w1", "w3"],
+            ExpertPart::W2 => &["w2"],
+        }
+    }
+
+    /// One slot per shard of every expert: what a fused expert parameter needs when filled
+    /// expert by expert.
+    pub(super) fn slots(self, experts: u64) -> Vec<SlotKey> {
+        (0..experts)
+            .flat_map(|e| self.shards().iter().map(move |s| (name(s), Some(e))))
+            .collect()
     }
 }
 
@@ -206,4 +285,26 @@ impl RankLayout {
 /// The slot key's shard id of a shard named `s`.
 pub(super) fn name(s: &'static str) -> Option<ShardId> {
     Some(ShardId::Name(std::borrow::Cow::Borrowed(s)))
+}
+
+/// `[lead, inner...]`.
+pub(super) fn cat(lead: u64, inner: &[u64]) -> Vec<u64> {
+    let mut s = vec![lead];
+    s.extend_from_slice(inner);
+    s
+}
+
+/// The expected source of a parameter that is not stacked: `shape`, without a shard id.
+pub(super) fn unstacked(shape: &[u64], shard: Option<&ShardId>) -> Result<Shape, String> {
+    match shard {
+        None => Ok(Shape::from_slice(shape)),
+        Some(s) => Err(format!(
+            "shard id {s} given to a parameter that is not stacked"
+        )),
+    }
+}
+
+/// vLLM's divisibility assert on `v`, as a message when it fails.
+pub(super) fn not_divisible(what: &str, v: u64, tp: u64) -> Option<String> {
+    (!v.is_multiple_of(tp)).then(|| format!("{what} ({v}) is not divisible by tp ({tp})"))
 }

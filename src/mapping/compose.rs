@@ -357,9 +357,7 @@ impl Composed {
                 ));
             }
             let name = spec.name.clone();
-            for e in spec.exprs_mut() {
-                refuse(&name, e)?;
-            }
+            spec.rewrite_exprs(&mut |e| refuse(&name, e).map(|_| e.clone()))?;
         }
         let mut layer = prefixed(self.layer);
         for spec in &mut layer {

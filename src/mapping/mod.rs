@@ -13,6 +13,7 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 use serde_json::Value;
 
+pub use crate::layout::{ExpertPart, GptOssPart};
 pub use expr::Expr;
 
 /// The family files shipped in the binary, by file name: every `mappings/*.yaml` but
@@ -171,11 +172,8 @@ impl ParamSpec {
             return r;
         }
         match self.layout {
-            Layout::Experts { .. } => QuantRole::Experts,
-            Layout::Column { .. }
-            | Layout::Row { .. }
-            | Layout::MergedColumn { .. }
-            | Layout::Qkv { .. }
+            Layout::Experts(_) => QuantRole::Experts,
+            Layout::Column(_) | Layout::Row(_) | Layout::MergedColumn(_) | Layout::Qkv(_)
                 if self.name.ends_with(".weight") =>
             {
                 QuantRole::Linear
@@ -192,164 +190,29 @@ pub struct Tied {
     pub when: Expr,
 }
 
-/// How a parameter is split across tensor-parallel ranks (vLLM 0.33 `layers/linear.py`, `layers/vocab_parallel_embedding.py`, `layers/fused_moe/`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Layout {
-    /// Full copy on every rank.
-    Replicated { shape: Vec<Expr> },
-    /// Split along dim 0.
-    Column { shape: Vec<Expr> },
-    /// Split along dim 1.
-    Row { shape: Vec<Expr> },
-    /// Several column-parallel outputs stacked on dim 0, each split by tp (gate_up_proj); with
-    /// `disable_tp` whole on every rank (vLLM's `disable_tp=True`: DeepSeek's fused_qkv_a_proj).
-    MergedColumn {
-        sizes: Vec<Expr>,
-        #[serde(default)]
-        inner: Vec<Expr>,
-        #[serde(default)]
-        disable_tp: bool,
-        /// Runs of consecutive shards the checkpoint fills with one tensor each (vLLM's tuple
-        /// shard ids: Qwen3.5's `in_proj_qkv` fills `[0, 1, 2]` of `in_proj_qkvz`); every shard
-        /// still TP-sliced by itself.
-        #[serde(default)]
-        tuples: Vec<Vec<u64>>,
-    },
-    /// q, k, v heads stacked on dim 0; kv heads replicated when tp ≥ kv heads.
-    Qkv {
-        heads: Expr,
-        kv_heads: Expr,
-        head_dim: Expr,
-        #[serde(default)]
-        inner: Vec<Expr>,
-    },
-    /// Rows of whole heads, split as the k rows of `qkv`: rank r holds heads `[r·n/tp, …)`, or
-    /// with tp > n head `r // (tp/n)` (MiniMax-M2's TP-sharded q/k norms, rms_norm_tp.py).
-    Heads {
-        heads: Expr,
-        head_dim: Expr,
-        #[serde(default)]
-        inner: Vec<Expr>,
-    },
-    /// Vocabulary rows padded to a multiple of `padding` (64) and split by tp; padding rows are zero.
-    Vocab {
-        vocab: Expr,
-        #[serde(default)]
-        inner: Vec<Expr>,
-        #[serde(default = "default_vocab_padding")]
-        padding: u64,
-    },
-    /// Fused routed experts: `w13` = [E_loc, 2·I_p, H] from w1 (gate) and w3 (up), or `w2` =
-    /// [E_loc, H, I_p]; split by tp, or by expert with expert parallelism.
-    Experts {
-        part: ExpertPart,
-        experts: Expr,
-        intermediate: Expr,
-        hidden: Expr,
-    },
-    /// gpt-oss's fused experts from the stacked tensors of its HF checkpoint (gpt_oss.py
-    /// `_load_weights_other`): `w13_weight` [E_loc, 2·I_p, H] transposed from `gate_up_proj`
-    /// [E, H, 2I] (gate and up interleaved, kept so), `w2_weight` [E_loc, H, I_p] from `down_proj`
-    /// [E, I, H], and their biases; split by tp, or by expert with expert parallelism.
-    GptOssExperts {
-        part: GptOssPart,
-        experts: Expr,
-        intermediate: Expr,
-        hidden: Expr,
-    },
-    /// Fused experts stored transposed, one tensor a layer (Llama 4, llama4.py
-    /// `load_moe_expert_weights`): `w13_weight` [E_loc, 2·I_p, H] from `gate_up_proj` [E, H, 2I]
-    /// (gate the first I columns, up the last), `w2_weight` [E_loc, H, I_p] from `down_proj`
-    /// [E, I, H]; split by tp, or by expert with expert parallelism.
-    TransposedExperts {
-        part: ExpertPart,
-        experts: Expr,
-        intermediate: Expr,
-        hidden: Expr,
-    },
-}
-
-fn default_vocab_padding() -> u64 {
-    64
-}
-
-impl Layout {
-    /// Every expression in the layout, for rewriting.
-    fn exprs_mut(&mut self) -> Vec<&mut Expr> {
-        match self {
-            Layout::Replicated { shape } | Layout::Column { shape } | Layout::Row { shape } => {
-                shape.iter_mut().collect()
-            }
-            Layout::MergedColumn { sizes, inner, .. } => sizes.iter_mut().chain(inner).collect(),
-            Layout::Qkv {
-                heads,
-                kv_heads,
-                head_dim,
-                inner,
-            } => [heads, kv_heads, head_dim]
-                .into_iter()
-                .chain(inner.iter_mut())
-                .collect(),
-            Layout::Heads {
-                heads,
-                head_dim,
-                inner,
-            } => [heads, head_dim]
-                .into_iter()
-                .chain(inner.iter_mut())
-                .collect(),
-            Layout::Vocab { vocab, inner, .. } => std::iter::once(vocab).chain(inner).collect(),
-            Layout::Experts {
-                experts,
-                intermediate,
-                hidden,
-                ..
-            }
-            | Layout::GptOssExperts {
-                experts,
-                intermediate,
-                hidden,
-                ..
-            }
-            | Layout::TransposedExperts {
-                experts,
-                intermediate,
-                hidden,
-                ..
-            } => vec![experts, intermediate, hidden],
-        }
-    }
-}
+/// How a parameter is split across tensor-parallel ranks, as the mapping writes it: the YAML
+/// layout kinds with their dimensions as expressions (each kind's file in `layout/` says what
+/// it means).
+pub type Layout = crate::layout::Layout<Expr>;
 
 impl ParamSpec {
-    /// Every expression of the parameter (`when`, the layout's, `tied_to.when`), for rewriting.
-    fn exprs_mut(&mut self) -> Vec<&mut Expr> {
-        let mut out = self.layout.exprs_mut();
-        out.extend(self.when.as_mut());
-        out.extend(self.tied_to.as_mut().map(|t| &mut t.when));
-        out.extend(self.pp_stage.as_mut());
-        out.extend(self.repeat.as_mut());
-        out.extend(self.whole.as_mut());
-        out
+    /// Every expression of the parameter (the layout's, `when`, `tied_to.when`, …) rewritten by
+    /// `f`, in that order; the first error stops it.
+    fn rewrite_exprs(
+        &mut self,
+        f: &mut dyn FnMut(&Expr) -> Result<Expr, String>,
+    ) -> Result<(), String> {
+        self.layout = self.layout.try_map(&mut |e, _| f(e))?;
+        let others = (self.when.iter_mut())
+            .chain(self.tied_to.as_mut().map(|t| &mut t.when))
+            .chain(self.pp_stage.as_mut())
+            .chain(self.repeat.as_mut())
+            .chain(self.whole.as_mut());
+        for e in others {
+            *e = f(e)?;
+        }
+        Ok(())
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ExpertPart {
-    W13,
-    W2,
-}
-
-/// Which of gpt-oss's four fused expert tensors a [`Layout::GptOssExperts`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GptOssPart {
-    W13Weight,
-    W13Bias,
-    W2Weight,
-    W2Bias,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -236,9 +236,7 @@ fn attention(c: &ModelConfig, v: &Variables, layer: &[ParamSpec]) -> Attention {
     }
     // As the family's qkv layout computes them (its defaults for fields the config leaves out).
     let qkv = layer.iter().find_map(|p| match &p.layout {
-        Layout::Qkv {
-            head_dim, kv_heads, ..
-        } => Some((head_dim, kv_heads)),
+        Layout::Qkv(q) => Some((&q.head_dim, &q.kv_heads)),
         _ => None,
     });
     let head_dim = match qkv {
@@ -315,7 +313,7 @@ fn others(of: &[u64], n: u64) -> Vec<u64> {
 fn is_experts(p: &ParamSpec) -> bool {
     matches!(
         p.layout,
-        Layout::Experts { .. } | Layout::GptOssExperts { .. } | Layout::TransposedExperts { .. }
+        Layout::Experts(_) | Layout::GptOssExperts(_) | Layout::TransposedExperts(_)
     )
 }
 
@@ -338,26 +336,18 @@ fn moe(v: &Variables, layer: &[ParamSpec], layers: Option<u64>) -> Option<Moe> {
         return None;
     }
     let probe = moe_layers.as_ref().and_then(|m| m.first().copied());
-    let (count, intermediate) = match &experts.layout {
-        Layout::Experts {
-            experts,
-            intermediate,
-            ..
-        }
-        | Layout::GptOssExperts {
-            experts,
-            intermediate,
-            ..
-        }
-        | Layout::TransposedExperts {
-            experts,
-            intermediate,
-            ..
-        } => (
+    let dims = match &experts.layout {
+        Layout::Experts(k) => Some((&k.experts, &k.intermediate)),
+        Layout::GptOssExperts(k) => Some((&k.experts, &k.intermediate)),
+        Layout::TransposedExperts(k) => Some((&k.experts, &k.intermediate)),
+        _ => None,
+    };
+    let (count, intermediate) = match dims {
+        Some((experts, intermediate)) => (
             v.eval_u64(experts, probe).ok(),
             v.eval_u64(intermediate, probe).ok(),
         ),
-        _ => (None, None),
+        None => (None, None),
     };
     let built: Vec<&ParamSpec> = layer.iter().filter(|p| may_build(v, p, probe)).collect();
     let named = |suffix: &str| built.iter().any(|p| p.name.ends_with(suffix));
@@ -386,10 +376,8 @@ fn moe(v: &Variables, layer: &[ParamSpec], layers: Option<u64>) -> Option<Moe> {
 /// default), one when the family has no such field.
 fn shared_experts(v: &Variables, built: &[&ParamSpec]) -> Option<SharedExperts> {
     let fused = built.iter().find_map(|p| match &p.layout {
-        Layout::MergedColumn { sizes, .. }
-            if p.name.contains("shared_expert") && p.tied_to.is_none() =>
-        {
-            Some(sizes.first().and_then(|s| v.eval_u64(s, None).ok()))
+        Layout::MergedColumn(m) if p.name.contains("shared_expert") && p.tied_to.is_none() => {
+            Some(m.sizes.first().and_then(|s| v.eval_u64(s, None).ok()))
         }
         _ => None,
     })?;

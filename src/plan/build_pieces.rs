@@ -12,8 +12,8 @@ use super::pieces::{Pieces, copy};
 use super::slots::{Fed, Feed};
 use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan, Region};
-use crate::layout::Geometry;
 use crate::layout::types::{Block, PerExpert, PerExpertCopies, Rank, Slice};
+use crate::layout::{ExpertLastShard, ExpertTensorScale, Geometry, LastShard};
 use crate::mapping::rules::ShardId;
 
 impl Planner<'_> {
@@ -160,9 +160,9 @@ fn rank_tensor(
         }
         if matches!(
             p.geometry,
-            Geometry::ExpertTensorScale { input: true, .. }
-                | Geometry::LastShard { .. }
-                | Geometry::ExpertLastShard { .. }
+            Geometry::ExpertTensorScale(ExpertTensorScale { input: true, .. })
+                | Geometry::LastShard(LastShard { .. })
+                | Geometry::ExpertLastShard(ExpertLastShard { .. })
         ) {
             let mut list: Vec<Piece> = pieces.iter().collect();
             keep_last_loaded(&mut list);

@@ -11,11 +11,11 @@ use hashbrown::hash_table::Entry;
 
 use super::{MAX_EXPERTS, MAX_LAYERS, MAX_PARAMETERS, PlanError, Planner, Retie};
 use crate::dtype::Dtype;
-use crate::layout::{Geometry, merged_geometry};
+use crate::layout::{Dim, Geometry};
 use crate::mapping::expr::{EvalError, Scope};
 use crate::mapping::{Expr, Layout, ParamSpec, Tied};
 use crate::problem::Problem;
-use place::{At, whole, whole_geometry};
+use place::{At, whole};
 
 /// A parameter instance: one spec at one layer index, with its geometry evaluated.
 pub(super) struct Param<'m> {
@@ -228,7 +228,7 @@ impl<'m> Planner<'m> {
             }
         };
         let geometry = match evaluate_layout(&spec.layout, &scope) {
-            Ok(g) if whole => whole_geometry(g),
+            Ok(g) if whole => g.whole(),
             Ok(g) => g,
             Err((text, err)) => {
                 let otherwise = "check config.json, or pass the field with --hf-overrides";
@@ -241,7 +241,7 @@ impl<'m> Planner<'m> {
                 return None;
             }
         };
-        if let Err(values) = fits(&geometry) {
+        if let Err(values) = geometry.fits() {
             self.problems.push(Problem {
                 message: format!(
                     "{name}: its shape ({values}) needs more than 2^56 elements, far past any \
@@ -367,198 +367,18 @@ fn at_layer(name: &str, i: Option<u64>) -> String {
     }
 }
 
-/// A layout's dimensions evaluated; the error names the expression that failed, and keeps why
-/// (for its fix).
-/// The most elements one parameter may have: 2^56, millions of times the largest real tensor
-/// (a 512-expert fused weight has about 2^35), and far enough below 2^64 that every size the
-/// layouts derive from it (bytes at 8 a value, padding, kv-head replication) stays in range. A
-/// geometry within it is what lets `layout.rs` compute with plain arithmetic.
-const MAX_NUMEL: u64 = 1 << 56;
-
-/// Whether `g`'s whole tensor, as every size `layout.rs` derives from it, is within
-/// [`MAX_NUMEL`] elements; else the values that are not, for the message. Checked before the
-/// geometry is used, so that an overflowing config is a problem, never a wrap or a panic.
-fn fits(g: &Geometry) -> Result<(), String> {
-    let product = |dims: &[u64]| {
-        dims.iter().try_fold(1u64, |a, &d| {
-            a.checked_mul(d)
-                .filter(|&n| n <= MAX_NUMEL && d <= MAX_NUMEL)
-        })
-    };
-    let sum = |dims: &[u64]| dims.iter().try_fold(0u64, |a, &d| a.checked_add(d));
-    let (numel, values): (Option<u64>, Vec<u64>) = match g {
-        Geometry::Replicated { shape } | Geometry::Column { shape } | Geometry::Row { shape } => {
-            (product(shape), shape.clone())
-        }
-        Geometry::MergedColumn { sizes, inner, .. }
-        | Geometry::MergedTuples { sizes, inner, .. } => {
-            let rows = sum(sizes);
-            let all = [sizes.as_slice(), inner].concat();
-            (
-                rows.and_then(|r| product(&[&[r], inner.as_slice()].concat())),
-                all,
-            )
-        }
-        Geometry::Qkv {
-            heads,
-            kv_heads,
-            head_dim,
-            inner,
-        } => {
-            let heads_all = kv_heads.checked_mul(2).and_then(|k| k.checked_add(*heads));
-            let all = [&[*heads, *kv_heads, *head_dim], inner.as_slice()].concat();
-            let n = heads_all.and_then(|h| product(&[&[h, *head_dim], inner.as_slice()].concat()));
-            (n, all)
-        }
-        Geometry::Heads {
-            heads,
-            head_dim,
-            inner,
-        } => {
-            let all = [&[*heads, *head_dim], inner.as_slice()].concat();
-            (product(&all), all)
-        }
-        Geometry::Vocab {
-            vocab,
-            inner,
-            padding,
-        } => {
-            let padded = vocab.checked_next_multiple_of(*padding);
-            let all = [&[*vocab], inner.as_slice()].concat();
-            (
-                padded.and_then(|v| product(&[&[v], inner.as_slice()].concat())),
-                all,
-            )
-        }
-        Geometry::Experts {
-            experts,
-            intermediate,
-            hidden,
-            ..
-        }
-        | Geometry::GptOssExperts {
-            experts,
-            intermediate,
-            hidden,
-            ..
-        }
-        | Geometry::TransposedExperts {
-            experts,
-            intermediate,
-            hidden,
-            ..
-        } => {
-            let all = vec![*experts, *intermediate, *hidden];
-            (product(&[*experts, 2, *intermediate, *hidden]), all)
-        }
-        // Scales are derived from a weight's geometry that was checked here first.
-        _ => return Ok(()),
-    };
-    match numel {
-        Some(_) => Ok(()),
-        None => Err(values
-            .iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(" × ")),
-    }
-}
-
+/// A layout's dimensions evaluated, the expert counts bounded by [`MAX_EXPERTS`]; the error
+/// names the expression that failed, and keeps why (for its fix).
 fn evaluate_layout(l: &Layout, scope: &dyn Scope) -> Result<Geometry, (String, Option<EvalError>)> {
-    let one = |e: &Expr| {
-        e.eval_u64(scope)
-            .map_err(|err| (format!("`{e}`: {err}"), Some(err)))
-    };
-    let many = |v: &[Expr]| v.iter().map(one).collect::<Result<Vec<_>, _>>();
-    let expert_count = |e: &Expr| match one(e)? {
-        n if n > MAX_EXPERTS => Err((
-            format!("`{e}` gives {n} experts; wload plans at most {MAX_EXPERTS} a layer"),
-            None,
-        )),
-        n => Ok(n),
-    };
-    Ok(match l {
-        Layout::Replicated { shape } => Geometry::Replicated {
-            shape: many(shape)?,
-        },
-        Layout::Column { shape } => Geometry::Column {
-            shape: many(shape)?,
-        },
-        Layout::Row { shape } => {
-            let shape = many(shape)?;
-            if shape.len() != 2 {
-                return Err(("a row-parallel parameter needs a 2-D shape".into(), None));
-            }
-            Geometry::Row { shape }
+    let evaluated = l.try_map(&mut |e: &Expr, dim| {
+        let n = (e.eval_u64(scope)).map_err(|err| (format!("`{e}`: {err}"), Some(err)))?;
+        match dim {
+            Dim::Experts if n > MAX_EXPERTS => Err((
+                format!("`{e}` gives {n} experts; wload plans at most {MAX_EXPERTS} a layer"),
+                None,
+            )),
+            _ => Ok(n),
         }
-        Layout::MergedColumn {
-            sizes,
-            inner,
-            disable_tp,
-            tuples,
-        } => merged_geometry(many(sizes)?, many(inner)?, *disable_tp, tuples)
-            .map_err(|m| (m, None))?,
-        Layout::Qkv {
-            heads,
-            kv_heads,
-            head_dim,
-            inner,
-        } => Geometry::Qkv {
-            heads: one(heads)?,
-            kv_heads: one(kv_heads)?,
-            head_dim: one(head_dim)?,
-            inner: many(inner)?,
-        },
-        Layout::Heads {
-            heads,
-            head_dim,
-            inner,
-        } => Geometry::Heads {
-            heads: one(heads)?,
-            head_dim: one(head_dim)?,
-            inner: many(inner)?,
-        },
-        Layout::Vocab {
-            vocab,
-            inner,
-            padding,
-        } => Geometry::Vocab {
-            vocab: one(vocab)?,
-            inner: many(inner)?,
-            padding: (*padding).max(1),
-        },
-        Layout::Experts {
-            part,
-            experts,
-            intermediate,
-            hidden,
-        } => Geometry::Experts {
-            part: *part,
-            experts: expert_count(experts)?,
-            intermediate: one(intermediate)?,
-            hidden: one(hidden)?,
-        },
-        Layout::GptOssExperts {
-            part,
-            experts,
-            intermediate,
-            hidden,
-        } => Geometry::GptOssExperts {
-            part: *part,
-            experts: expert_count(experts)?,
-            intermediate: one(intermediate)?,
-            hidden: one(hidden)?,
-        },
-        Layout::TransposedExperts {
-            part,
-            experts,
-            intermediate,
-            hidden,
-        } => Geometry::TransposedExperts {
-            part: *part,
-            experts: expert_count(experts)?,
-            intermediate: one(intermediate)?,
-            hidden: one(hidden)?,
-        },
-    })
+    })?;
+    evaluated.into_geometry().map_err(|m| (m, None))
 }

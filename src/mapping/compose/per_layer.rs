@@ -71,10 +71,7 @@ impl PerLayer {
 
     /// Writes the per-layer values into every expression of a `layer` parameter.
     pub(super) fn write_into(&self, spec: &mut ParamSpec) -> Result<(), String> {
-        for e in spec.exprs_mut() {
-            *e = self.written(e)?;
-        }
-        Ok(())
+        spec.rewrite_exprs(&mut |e| self.written(e))
     }
 
     /// The first per-layer value `e` reads, if any.
@@ -142,7 +139,8 @@ mod tests {
         )
         .unwrap();
         let x = m.parameters.layer.iter().find(|s| s.name == "x").unwrap();
-        let crate::mapping::Layout::Replicated { shape } = &x.layout else {
+        let crate::mapping::Layout::Replicated(crate::layout::Replicated { shape }) = &x.layout
+        else {
             panic!()
         };
         // The config's `every` (2) plus the layer.

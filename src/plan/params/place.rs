@@ -2,7 +2,6 @@
 //! head or tail module), and the `whole:` override (vLLM's `disable_tp=True`).
 
 use super::at_layer;
-use crate::layout::Geometry;
 use crate::mapping::ParamSpec;
 use crate::mapping::expr::Scope;
 use crate::problem::Problem;
@@ -54,65 +53,38 @@ pub(super) fn whole(
     })
 }
 
-/// A dense layout as vLLM builds it with `disable_tp=True`: the whole tensor on every rank
-/// (`layers/linear.py`: tp size 1). A fused qkv keeps its stored `[q; k; v]` rows.
-pub(super) fn whole_geometry(g: Geometry) -> Geometry {
-    match g {
-        Geometry::Column { shape } | Geometry::Row { shape } => Geometry::Replicated { shape },
-        Geometry::Qkv {
-            heads,
-            kv_heads,
-            head_dim,
-            inner,
-        } => Geometry::MergedColumn {
-            sizes: vec![
-                heads.saturating_mul(head_dim),
-                kv_heads.saturating_mul(head_dim),
-                kv_heads.saturating_mul(head_dim),
-            ],
-            inner,
-            disable_tp: true,
-        },
-        Geometry::MergedColumn { sizes, inner, .. } => Geometry::MergedColumn {
-            sizes,
-            inner,
-            disable_tp: true,
-        },
-        other => other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{Column, Geometry, MergedColumn, Qkv, Replicated, Row};
 
-    /// `whole:` turns each split layout into the whole tensor on every rank, a fused qkv keeping
+    /// `whole:` (`Geometry::whole`) turns each split layout into the whole tensor on every rank, a fused qkv keeping
     /// its stored `[q; k; v]` rows; `{j}` names the instance of a repeated module.
     #[test]
     fn whole_layouts_hold_the_whole_tensor_and_repeats_are_named_by_instance() {
-        let qkv = Geometry::Qkv {
+        let qkv = Geometry::Qkv(Qkv {
             heads: 4,
             kv_heads: 4,
             head_dim: 16,
             inner: vec![64],
-        };
+        });
         // MergedColumn with disable_tp: every shard whole on every rank (its own geometry tests
         // in layout/ cover the ranks).
         assert_eq!(
-            whole_geometry(qkv),
-            Geometry::MergedColumn {
+            qkv.whole(),
+            Geometry::MergedColumn(MergedColumn {
                 sizes: vec![64, 64, 64],
                 inner: vec![64],
                 disable_tp: true,
-            }
+            })
         );
         for g in [
-            Geometry::Column { shape: vec![8, 4] },
-            Geometry::Row { shape: vec![8, 4] },
+            Geometry::Column(Column { shape: vec![8, 4] }),
+            Geometry::Row(Row { shape: vec![8, 4] }),
         ] {
             assert_eq!(
-                whole_geometry(g),
-                Geometry::Replicated { shape: vec![8, 4] }
+                g.whole(),
+                Geometry::Replicated(Replicated { shape: vec![8, 4] })
             );
         }
         assert_eq!(

@@ -12,7 +12,7 @@ use super::super::params::Param;
 use super::Extra;
 use super::linear::LinearShape;
 use crate::dtype::Dtype;
-use crate::layout::Geometry;
+use crate::layout::{Experts, Geometry, PackedExperts};
 use crate::mapping::ExpertPart;
 use crate::problem::Problem;
 use crate::quant::Quantization;
@@ -131,12 +131,12 @@ impl<'m> Planner<'m> {
     pub(super) fn int_experts(&mut self, s: IntScheme, p: &mut Param<'m>) -> Option<Vec<Extra>> {
         let (module, _) = p.name.split_once(".routed_experts.")?;
         let module = module.to_string();
-        let Geometry::Experts {
+        let Geometry::Experts(Experts {
             part,
             experts,
             intermediate: i,
             hidden: h,
-        } = p.geometry
+        }) = p.geometry
         else {
             return None;
         };
@@ -145,11 +145,13 @@ impl<'m> Planner<'m> {
             self.marlin_moe_supported(s, &module, i, h);
         }
         let pack = s.pack();
-        let packed = |part, dims: Vec<u64>, split| Geometry::PackedExperts {
-            part,
-            experts,
-            dims,
-            split,
+        let packed = |part, dims: Vec<u64>, split| {
+            Geometry::PackedExperts(PackedExperts {
+                part,
+                experts,
+                dims,
+                split,
+            })
         };
         let base = p.name.strip_suffix(part_weight(part))?.to_string();
         p.dtype = Dtype::I32;

@@ -6,7 +6,7 @@
 use super::super::params::Param;
 use super::{Extra, F32_MIN, per_channel};
 use crate::dtype::Dtype;
-use crate::layout::Geometry;
+use crate::layout::{Geometry, LastShard, TensorScale};
 use crate::quant::compressed::Int8;
 
 /// `p` becomes `weight` I8, then `weight_scale` F32 (`[N_r, 1]` per channel, `[parts]` per
@@ -19,7 +19,7 @@ pub(super) fn linear(i: &Int8, p: &mut Param<'_>, module: &str) -> Option<Vec<Ex
     let scale = if i.channel {
         per_channel(&p.geometry)?
     } else {
-        Geometry::TensorScale { of: of.clone() }
+        Geometry::TensorScale(TensorScale { of: of.clone() })
     };
     p.dtype = Dtype::I8;
     let mut out = vec![Extra::required(
@@ -29,9 +29,11 @@ pub(super) fn linear(i: &Int8, p: &mut Param<'_>, module: &str) -> Option<Vec<Ex
         F32_MIN,
     )];
     if i.static_input {
-        let one = || Geometry::LastShard {
-            of: of.clone(),
-            shape: vec![1],
+        let one = || {
+            Geometry::LastShard(LastShard {
+                of: of.clone(),
+                shape: vec![1],
+            })
         };
         if !i.input_symmetric {
             out.push(Extra::required(

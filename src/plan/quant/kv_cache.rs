@@ -7,7 +7,7 @@ use super::super::Planner;
 use super::super::params::Params;
 use super::Extra;
 use crate::dtype::Dtype;
-use crate::layout::{Geometry, KvScale};
+use crate::layout::{Geometry, KvHeadScale, KvScale, Qkv, Replicated};
 use crate::problem::Problem;
 
 impl Planner<'_> {
@@ -19,9 +19,9 @@ impl Planner<'_> {
         // The heads are the attention's qkv layer's: the sibling weight with that layout.
         let parent = module.rsplit_once('.').map_or("", |(m, _)| m);
         let heads = params.list.iter().rev().find_map(|p| match p.geometry {
-            Geometry::Qkv {
+            Geometry::Qkv(Qkv {
                 heads, kv_heads, ..
-            } if p.name.starts_with(parent) && p.name[parent.len()..].starts_with('.') => {
+            }) if p.name.starts_with(parent) && p.name[parent.len()..].starts_with('.') => {
                 Some((heads, kv_heads))
             }
             _ => None,
@@ -45,11 +45,11 @@ impl Planner<'_> {
         };
         let scale = |s: &str, which| Extra {
             name: format!("{module}.{s}"),
-            geometry: Geometry::KvHeadScale {
+            geometry: Geometry::KvHeadScale(KvHeadScale {
                 heads,
                 kv_heads,
                 which,
-            },
+            }),
             dtype: Dtype::F32,
             fill: 1.0,
             optional: true,
@@ -57,7 +57,7 @@ impl Planner<'_> {
         };
         let zero = |s: &str| Extra {
             name: format!("{module}.{s}"),
-            geometry: Geometry::Replicated { shape: vec![n] },
+            geometry: Geometry::Replicated(Replicated { shape: vec![n] }),
             dtype: self.model_dtype,
             fill: 0.0,
             optional: true,

@@ -4,7 +4,7 @@
 //! columns, `K/g` groups, `N/8` packed rows), and with the output on dim 0 (compressed-tensors,
 //! ModelOpt: `[N, K']`) or on dim 1 (GPTQ, AWQ: `[K', N]`).
 
-use crate::layout::Geometry;
+use crate::layout::{Column, Geometry, MergedColumn, Qkv, Replicated, Row, WithLeading};
 
 /// The output parts of a linear weight.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,12 +53,12 @@ impl LinearShape {
             _ => None,
         };
         match g {
-            Geometry::Qkv {
+            Geometry::Qkv(Qkv {
                 heads,
                 kv_heads,
                 head_dim,
                 inner,
-            } => match inner[..] {
+            }) => match inner[..] {
                 [k] => Some(LinearShape {
                     out: Out::Qkv {
                         heads: *heads,
@@ -70,11 +70,11 @@ impl LinearShape {
                 }),
                 _ => None,
             },
-            Geometry::MergedColumn {
+            Geometry::MergedColumn(MergedColumn {
                 sizes,
                 inner,
                 disable_tp,
-            } => match inner[..] {
+            }) => match inner[..] {
                 [k] => Some(LinearShape {
                     out: Out::Merged {
                         sizes: sizes.clone(),
@@ -85,9 +85,9 @@ impl LinearShape {
                 }),
                 _ => None,
             },
-            Geometry::Column { shape } => single(shape, Style::Column),
-            Geometry::Row { shape } => single(shape, Style::Row),
-            Geometry::Replicated { shape } => single(shape, Style::Replicated),
+            Geometry::Column(Column { shape }) => single(shape, Style::Column),
+            Geometry::Row(Row { shape }) => single(shape, Style::Row),
+            Geometry::Replicated(Replicated { shape }) => single(shape, Style::Replicated),
             _ => None,
         }
     }
@@ -146,26 +146,28 @@ impl LinearShape {
                     kv_heads,
                     head_dim,
                 },
-            ) => Geometry::Qkv {
+            ) => Geometry::Qkv(Qkv {
                 heads,
                 kv_heads,
                 head_dim,
                 inner,
-            },
-            (Style::Column, Out::Merged { sizes, disable_tp }) => Geometry::MergedColumn {
-                sizes,
-                inner,
-                disable_tp,
-            },
-            (Style::Column, Out::Single(n)) => Geometry::Column {
+            }),
+            (Style::Column, Out::Merged { sizes, disable_tp }) => {
+                Geometry::MergedColumn(MergedColumn {
+                    sizes,
+                    inner,
+                    disable_tp,
+                })
+            }
+            (Style::Column, Out::Single(n)) => Geometry::Column(Column {
                 shape: vec![n, cols],
-            },
-            (Style::Row, out) => Geometry::Row {
+            }),
+            (Style::Row, out) => Geometry::Row(Row {
                 shape: vec![n_of(&out), cols],
-            },
-            (Style::Replicated, out) => Geometry::Replicated {
+            }),
+            (Style::Replicated, out) => Geometry::Replicated(Replicated {
                 shape: vec![n_of(&out), cols],
-            },
+            }),
         }
     }
 
@@ -176,19 +178,19 @@ impl LinearShape {
         let n = n_of(&out);
         let of = match (self.style, out) {
             (Style::Row, _) => {
-                return Geometry::Column {
+                return Geometry::Column(Column {
                     shape: vec![rows, n],
-                };
+                });
             }
             (Style::Replicated, _) => {
-                return Geometry::Replicated {
+                return Geometry::Replicated(Replicated {
                     shape: vec![rows, n],
-                };
+                });
             }
             (Style::Column, Out::Single(_)) => {
-                return Geometry::Row {
+                return Geometry::Row(Row {
                     shape: vec![rows, n],
-                };
+                });
             }
             (
                 Style::Column,
@@ -197,31 +199,33 @@ impl LinearShape {
                     kv_heads,
                     head_dim,
                 },
-            ) => Geometry::Qkv {
+            ) => Geometry::Qkv(Qkv {
                 heads,
                 kv_heads,
                 head_dim,
                 inner: vec![],
-            },
-            (Style::Column, Out::Merged { sizes, disable_tp }) => Geometry::MergedColumn {
-                sizes,
-                inner: vec![],
-                disable_tp,
-            },
+            }),
+            (Style::Column, Out::Merged { sizes, disable_tp }) => {
+                Geometry::MergedColumn(MergedColumn {
+                    sizes,
+                    inner: vec![],
+                    disable_tp,
+                })
+            }
         };
-        Geometry::WithLeading {
+        Geometry::WithLeading(WithLeading {
             leading: vec![rows],
             of: Box::new(of),
-        }
+        })
     }
 
     /// A parameter `[N/out_div, cols]` whole on a row-parallel layer (vLLM's channel scales and
     /// `marlin_repeat_scales_on_all_ranks`), otherwise laid out as [`LinearShape::rows_first`].
     pub(super) fn rows_first_whole_on_row(&self, out_div: u64, cols: u64) -> Geometry {
         match self.style {
-            Style::Row => Geometry::Replicated {
+            Style::Row => Geometry::Replicated(Replicated {
                 shape: vec![self.n() / out_div, cols],
-            },
+            }),
             _ => self.rows_first(out_div, cols),
         }
     }
@@ -229,9 +233,9 @@ impl LinearShape {
     /// [`LinearShape::cols_last`], but whole on a row-parallel layer.
     pub(super) fn cols_last_whole_on_row(&self, rows: u64, out_div: u64) -> Geometry {
         match self.style {
-            Style::Row => Geometry::Replicated {
+            Style::Row => Geometry::Replicated(Replicated {
                 shape: vec![rows, self.n() / out_div],
-            },
+            }),
             _ => self.cols_last(rows, out_div),
         }
     }
@@ -260,12 +264,12 @@ mod tests {
     use crate::layout::Rank;
 
     fn qkv() -> Geometry {
-        Geometry::Qkv {
+        Geometry::Qkv(Qkv {
             heads: 8,
             kv_heads: 4,
             head_dim: 16,
             inner: vec![128],
-        }
+        })
     }
 
     /// GPTQ's `qzeros [K/g, N/8]` of a qkv layer at TP 2: each rank's q, k and v packed columns,
@@ -291,9 +295,9 @@ mod tests {
 
     #[test]
     fn row_parallel_packed_columns_split_and_channel_scales_stay_whole() {
-        let l = LinearShape::of(&Geometry::Row {
+        let l = LinearShape::of(&Geometry::Row(Row {
             shape: vec![128, 256],
-        })
+        }))
         .unwrap();
         let r = Rank {
             tp: 4,

@@ -20,7 +20,10 @@ mod wna16;
 use super::Planner;
 use super::params::{Param, Params};
 use crate::dtype::Dtype;
-use crate::layout::Geometry;
+use crate::layout::{
+    BlockScale, Column, ExpertBlockScale, ExpertTensorScale, Experts, Geometry, MergedColumn,
+    MergedTuples, Qkv, Replicated, Row, TensorScale,
+};
 use crate::mapping::{ExpertPart, QuantRole};
 use crate::problem::Problem;
 use crate::quant::Quantization;
@@ -156,8 +159,8 @@ impl<'m> Planner<'m> {
         }
         let module = module.as_str();
         let block_fp8 = matches!(q, Quantization::Fp8(f) if f.block.is_some());
-        if matches!(p.geometry, Geometry::MergedTuples { .. }) && !block_fp8 {
-            // Qwen3.5's in_proj_qkvz: block FP8 is planned (scales.rs cuts the tuple's scale);
+        if matches!(p.geometry, Geometry::MergedTuples(MergedTuples { .. })) && !block_fp8 {
+            // Qwen3.5's in_proj_qkvz: block FP8 is planned (block_scale.rs cuts the tuple's scale);
             // other formats' tuple scales (and in_proj_ba, which vLLM replicates under AWQ/GPTQ on
             // CUDA, qwen_gdn_linear_attn.py:853–869) are not: refused rather than written wrong.
             self.problems.push(Problem {
@@ -190,14 +193,14 @@ impl<'m> Planner<'m> {
         p.dtype = Dtype::F8E4M3;
         let of = Box::new(p.geometry.clone());
         let per_tensor = |name: &str| {
-            let g = Geometry::TensorScale { of: of.clone() };
+            let g = Geometry::TensorScale(TensorScale { of: of.clone() });
             Extra::required(format!("{module}.{name}"), g, Dtype::F32, F32_MIN)
         };
         let block_scale = |name: &str, block: [u64; 2]| {
-            let g = Geometry::BlockScale {
+            let g = Geometry::BlockScale(BlockScale {
                 of: of.clone(),
                 block,
-            };
+            });
             Extra::required(format!("{module}.{name}"), g, Dtype::F32, F32_MIN)
         };
         let (weight_scale, static_input) = match q {
@@ -270,10 +273,10 @@ impl<'m> Planner<'m> {
                 Scheme::Fp8(_) | Scheme::Int8(_) => {
                     let w13 = matches!(
                         p.geometry,
-                        Geometry::Experts {
+                        Geometry::Experts(Experts {
                             part: ExpertPart::W13,
                             ..
-                        }
+                        })
                     );
                     if w13 {
                         self.problems.push(Problem {
@@ -300,12 +303,12 @@ impl<'m> Planner<'m> {
         module: &str,
         p: &mut Param<'m>,
     ) -> Option<Vec<Extra>> {
-        let Geometry::Experts {
+        let Geometry::Experts(Experts {
             part,
             experts,
             intermediate,
             hidden,
-        } = p.geometry
+        }) = p.geometry
         else {
             return None;
         };
@@ -325,33 +328,33 @@ impl<'m> Planner<'m> {
         let mut out: Vec<Extra> = match fp8.block {
             Some(block) => parts
                 .map(|part| {
-                    let g = Geometry::ExpertBlockScale {
+                    let g = Geometry::ExpertBlockScale(ExpertBlockScale {
                         part,
                         experts,
                         dims: [intermediate, hidden],
                         block,
-                    };
+                    });
                     scale(part, "weight_scale_inv", g)
                 })
                 .into(),
             None => parts
                 .map(|part| {
-                    let g = Geometry::ExpertTensorScale {
+                    let g = Geometry::ExpertTensorScale(ExpertTensorScale {
                         part,
                         experts,
                         input: false,
-                    };
+                    });
                     scale(part, "weight_scale", g)
                 })
                 .into(),
         };
         if fp8.static_activations {
             out.extend(parts.map(|part| {
-                let g = Geometry::ExpertTensorScale {
+                let g = Geometry::ExpertTensorScale(ExpertTensorScale {
                     part,
                     experts,
                     input: true,
-                };
+                });
                 scale(part, "input_scale", g)
             }));
         }
@@ -374,7 +377,7 @@ impl<'m> Planner<'m> {
         }
         let scalar = |name: &str, shape: Vec<u64>, dtype, fill| Extra {
             name: format!("{module}.{name}"),
-            geometry: Geometry::Replicated { shape },
+            geometry: Geometry::Replicated(Replicated { shape }),
             dtype,
             fill,
             optional: true,
@@ -442,30 +445,32 @@ fn part_name(part: ExpertPart) -> &'static str {
 /// a row-parallel layer keeps them whole.
 fn per_channel(weight: &Geometry) -> Option<Geometry> {
     Some(match weight {
-        Geometry::Qkv {
+        Geometry::Qkv(Qkv {
             heads,
             kv_heads,
             head_dim,
             ..
-        } => Geometry::Qkv {
+        }) => Geometry::Qkv(Qkv {
             heads: *heads,
             kv_heads: *kv_heads,
             head_dim: *head_dim,
             inner: vec![1],
-        },
-        Geometry::MergedColumn {
+        }),
+        Geometry::MergedColumn(MergedColumn {
             sizes, disable_tp, ..
-        } => Geometry::MergedColumn {
+        }) => Geometry::MergedColumn(MergedColumn {
             sizes: sizes.clone(),
             inner: vec![1],
             disable_tp: *disable_tp,
-        },
-        Geometry::Column { shape } => Geometry::Column {
+        }),
+        Geometry::Column(Column { shape }) => Geometry::Column(Column {
             shape: vec![*shape.first()?, 1],
-        },
-        Geometry::Row { shape } | Geometry::Replicated { shape } => Geometry::Replicated {
-            shape: vec![*shape.first()?, 1],
-        },
+        }),
+        Geometry::Row(Row { shape }) | Geometry::Replicated(Replicated { shape }) => {
+            Geometry::Replicated(Replicated {
+                shape: vec![*shape.first()?, 1],
+            })
+        }
         _ => return None,
     })
 }

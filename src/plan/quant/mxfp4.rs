@@ -9,8 +9,8 @@
 
 use super::Extra;
 use crate::dtype::Dtype;
-use crate::layout::Geometry;
 use crate::layout::mxfp4::{Mxfp4Dims, Mxfp4Part};
+use crate::layout::{Geometry, GptOssExperts, Mxfp4Experts};
 use crate::mapping::GptOssPart;
 use crate::plan::Planner;
 use crate::plan::params::Param;
@@ -19,12 +19,12 @@ impl<'m> Planner<'m> {
     /// `p`, the layer's `w13_weight`, made MXFP4; the layer's other five parameters after it.
     /// `None` for the mapping's other expert parameters, which the first brought already.
     pub(super) fn mxfp4_experts(&mut self, p: &mut Param<'m>) -> Option<Vec<Extra>> {
-        let Geometry::GptOssExperts {
+        let Geometry::GptOssExperts(GptOssExperts {
             part: GptOssPart::W13Weight,
             experts,
             intermediate,
             hidden,
-        } = p.geometry
+        }) = p.geometry
         else {
             return None;
         };
@@ -35,7 +35,7 @@ impl<'m> Planner<'m> {
             hidden,
             align: self.opts.moe_backend.map_or([1, 1], |b| b.alignment()),
         };
-        let geometry = |part| Geometry::Mxfp4Experts { part, dims };
+        let geometry = |part| Geometry::Mxfp4Experts(Mxfp4Experts { part, dims });
         p.geometry = geometry(Mxfp4Part::W13Weight);
         p.dtype = Dtype::U8;
         let extras = Mxfp4Part::ALL[1..].iter().map(|&part| {

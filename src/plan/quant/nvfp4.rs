@@ -12,7 +12,7 @@ use super::super::params::Param;
 use super::linear::LinearShape;
 use super::{Extra, part_name};
 use crate::dtype::Dtype;
-use crate::layout::Geometry;
+use crate::layout::{ExpertTensorScale, Experts, Geometry, TensorScale};
 use crate::mapping::ExpertPart;
 use crate::problem::Problem;
 use crate::quant::compressed::Nvfp4;
@@ -141,7 +141,7 @@ impl<'m> Planner<'m> {
         p.dtype = Dtype::U8;
         p.geometry = shape.rows_first(1, shape.k / PER_BYTE);
         let per_part = |name: &str| {
-            let g = Geometry::TensorScale { of: of.clone() };
+            let g = Geometry::TensorScale(TensorScale { of: of.clone() });
             Extra::required(format!("{module}.{name}"), g, Dtype::F32, 0.0)
         };
         let mut out = vec![
@@ -175,30 +175,30 @@ impl<'m> Planner<'m> {
         m: Nvfp4Method,
         p: &mut Param<'m>,
     ) -> Option<Vec<Extra>> {
-        let Geometry::Experts {
+        let Geometry::Experts(Experts {
             part,
             experts,
             intermediate,
             hidden,
-        } = p.geometry
+        }) = p.geometry
         else {
             return None;
         };
         let g = m.group;
         let packed = |over: u64| match part {
             // w13 `[E, 2I, H/over]`; w2 `[E, H, I/over]`: the input dim is the last.
-            ExpertPart::W13 => Geometry::Experts {
+            ExpertPart::W13 => Geometry::Experts(Experts {
                 part,
                 experts,
                 intermediate,
                 hidden: hidden / over,
-            },
-            ExpertPart::W2 => Geometry::Experts {
+            }),
+            ExpertPart::W2 => Geometry::Experts(Experts {
                 part,
                 experts,
                 intermediate: intermediate / over,
                 hidden,
-            },
+            }),
         };
         let local_in = match part {
             ExpertPart::W13 => hidden,
@@ -263,17 +263,19 @@ fn expert_scales(
     [experts, intermediate, hidden]: [u64; 3],
     w2_scale: Geometry,
 ) -> Vec<Extra> {
-    let w13_scale = Geometry::Experts {
+    let w13_scale = Geometry::Experts(Experts {
         part: ExpertPart::W13,
         experts,
         intermediate,
         hidden: hidden / m.group,
-    };
+    });
     let named = |part: ExpertPart, suffix: &str| format!("{base}{}_{suffix}", part_name(part));
-    let per_expert = |part: ExpertPart| Geometry::ExpertTensorScale {
-        part,
-        experts,
-        input: false,
+    let per_expert = |part: ExpertPart| {
+        Geometry::ExpertTensorScale(ExpertTensorScale {
+            part,
+            experts,
+            input: false,
+        })
     };
     let block = |part: ExpertPart, geometry: Geometry| {
         Extra::required(

@@ -10,7 +10,7 @@ use super::super::params::Param;
 use super::Extra;
 use super::linear::{LinearShape, Style};
 use crate::dtype::Dtype;
-use crate::layout::Geometry;
+use crate::layout::{ExpertLastShard, Experts, Geometry, LastShard};
 use crate::mapping::ExpertPart;
 use crate::problem::Problem;
 use crate::quant::compressed::Wna16;
@@ -81,10 +81,10 @@ impl<'m> Planner<'m> {
             // Every shard copies its own global shape whole: the fused layer keeps the last.
             Extra::required(
                 name("weight_shape"),
-                Geometry::LastShard {
+                Geometry::LastShard(LastShard {
                     of: Box::new(of),
                     shape: vec![2],
-                },
+                }),
                 Dtype::I64,
                 0.0,
             ),
@@ -153,12 +153,12 @@ impl<'m> Planner<'m> {
         p: &mut Param<'m>,
         module: &str,
     ) -> Option<Vec<Extra>> {
-        let Geometry::Experts {
+        let Geometry::Experts(Experts {
             part,
             experts,
             intermediate: i,
             hidden: h,
-        } = p.geometry
+        }) = p.geometry
         else {
             return None;
         };
@@ -174,11 +174,13 @@ impl<'m> Planner<'m> {
         if !self.wna16_experts_fit(module, (i, h, i_r), w) && w.group.is_none() {
             return None;
         }
-        let experts_of = |part, intermediate, hidden| Geometry::Experts {
-            part,
-            experts,
-            intermediate,
-            hidden,
+        let experts_of = |part, intermediate, hidden| {
+            Geometry::Experts(Experts {
+                part,
+                experts,
+                intermediate,
+                hidden,
+            })
         };
         let base = p.name.rsplit_once('.').map(|(b, _)| b.to_string())?;
         p.dtype = Dtype::I32;
@@ -225,11 +227,11 @@ impl<'m> Planner<'m> {
             ));
         }
         for part in [w2, w13] {
-            let shape = Geometry::ExpertLastShard {
+            let shape = Geometry::ExpertLastShard(ExpertLastShard {
                 part,
                 experts,
                 width: 2,
-            };
+            });
             let n = format!("{}_weight_shape", super::part_name(part));
             out.push(Extra::required(name(&n), shape, model, 0.0));
         }

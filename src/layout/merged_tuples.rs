@@ -1,4 +1,4 @@
-//! A merged column whose shards the checkpoint fills partly as runs (vLLM's tuple shard ids,
+//! The merged column whose shards the checkpoint fills partly as runs (vLLM's tuple shard ids,
 //! `layers/linear.py` `MergedColumnParallelLinear.weight_loader`): Qwen3.5's GDN `in_proj_qkvz`
 //! has the output sizes `[key, key, value, value]` (`layers/mamba/gdn/qwen_gdn_linear_attn.py:
 //! 803–827`) and is filled by `in_proj_qkv` as shards `(0, 1, 2)` and `in_proj_z` as shard 3
@@ -6,46 +6,60 @@
 //! each shard by itself, so rank r holds `[q_r; k_r; v_r; z_r]`, exactly as if every shard came
 //! alone.
 
-use super::dense::cat;
-use super::types::{RankLayout, Shape, Slice, SlotKey};
-use super::{Geometry, Rank};
-use crate::mapping::rules::ShardId;
+use super::merged_column::merged_column;
+use super::types::{RankLayout, Shape, Slice, SlotKey, cat, not_divisible};
+use super::{Kind, Rank, ShardId, size};
 
-/// A `merged_column` layout's geometry: [`Geometry::MergedTuples`] when the mapping lists
-/// tuples (each a run of at least two consecutive shards, ascending: vLLM cuts the tensor at the
-/// shards' offsets in that order), else a plain merged column.
-pub(crate) fn merged_geometry(
-    sizes: Vec<u64>,
-    inner: Vec<u64>,
-    disable_tp: bool,
-    tuples: &[Vec<u64>],
-) -> Result<Geometry, String> {
-    if tuples.is_empty() {
-        return Ok(Geometry::MergedColumn {
-            sizes,
-            inner,
-            disable_tp,
-        });
+/// A merged column some of whose shards the checkpoint fills as one tensor (a tuple shard id:
+/// Qwen3.5's GDN `in_proj_qkvz` from `in_proj_qkv` and `in_proj_z`). Made from a mapping's
+/// `merged_column` that lists `tuples` ([`super::MergedColumnSpec`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergedTuples {
+    pub sizes: Vec<u64>,
+    pub inner: Vec<u64>,
+    pub tuples: Vec<Vec<u64>>,
+}
+
+impl Kind for MergedTuples {
+    fn check(&self, r: Rank) -> Vec<String> {
+        (self.sizes.iter())
+            .filter_map(|s| not_divisible("merged output size", *s, r.tp))
+            .collect()
     }
-    if disable_tp {
-        return Err("`tuples` and `disable_tp` do not go together".into());
+
+    fn expected_source(&self, shard: Option<&ShardId>) -> Result<Shape, String> {
+        expected_source(&self.sizes, &self.inner, &self.tuples, shard)
     }
-    let ok = |t: &[u64]| {
-        t.len() >= 2
-            && t.windows(2).all(|w| w[1] == w[0] + 1)
-            && t.last().is_some_and(|&k| (k as usize) < sizes.len())
-    };
-    if let Some(bad) = tuples.iter().find(|t| !ok(t)) {
-        return Err(format!(
-            "tuple {bad:?} is not a run of consecutive shards among {}",
-            sizes.len()
-        ));
+
+    fn required(&self) -> (Vec<SlotKey>, Option<SlotKey>) {
+        (slots(self.sizes.len(), &self.tuples), Some((None, None)))
     }
-    Ok(Geometry::MergedTuples {
-        sizes,
-        inner,
-        tuples: tuples.to_vec(),
-    })
+
+    fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {
+        if fused {
+            merged_column(&self.sizes, &self.inner, r, true)
+        } else {
+            rank_layout(&self.sizes, &self.inner, &self.tuples, r)
+        }
+    }
+
+    fn fits(&self) -> Result<(), Vec<u64>> {
+        let all = [self.sizes.as_slice(), &self.inner].concat();
+        size::rows_of(size::sum(&self.sizes), &self.inner, all)
+    }
+
+    #[cfg(test)]
+    fn samples() -> Vec<super::Geometry> {
+        // Qwen3.5's in_proj_qkvz: shards 0–2 from one tensor, 3 from another.
+        vec![
+            MergedTuples {
+                sizes: vec![16, 16, 32, 32],
+                inner: vec![2],
+                tuples: vec![vec![0, 1, 2]],
+            }
+            .into(),
+        ]
+    }
 }
 
 /// The tuple holding shard `k`, and `k`'s row offset inside that tuple's tensor.
@@ -61,7 +75,7 @@ fn tuple_of<'a>(k: u64, sizes: &[u64], tuples: &'a [Vec<u64>]) -> Option<(&'a Ve
 
 /// The slots a complete parameter needs when filled shard by shard: each tuple once, and every
 /// shard no tuple covers.
-pub(super) fn slots(n: usize, tuples: &[Vec<u64>]) -> Vec<SlotKey> {
+fn slots(n: usize, tuples: &[Vec<u64>]) -> Vec<SlotKey> {
     let mut out: Vec<SlotKey> = Vec::new();
     for k in 0..n as u64 {
         match tuples.iter().find(|t| t.contains(&k)) {
@@ -75,7 +89,7 @@ pub(super) fn slots(n: usize, tuples: &[Vec<u64>]) -> Vec<SlotKey> {
 
 /// The checkpoint shape each shard id must have: a tuple's shards stacked, a lone shard its own
 /// size, no shard id the whole fused tensor.
-pub(super) fn expected_source(
+fn expected_source(
     sizes: &[u64],
     inner: &[u64],
     tuples: &[Vec<u64>],
@@ -105,12 +119,7 @@ pub(super) fn expected_source(
 
 /// Rank `r`'s rows: for each shard its `1/tp` part, read from the tuple's tensor at the shard's
 /// offset there, or from the shard's own tensor.
-pub(super) fn rank_layout(
-    sizes: &[u64],
-    inner: &[u64],
-    tuples: &[Vec<u64>],
-    r: Rank,
-) -> RankLayout {
+fn rank_layout(sizes: &[u64], inner: &[u64], tuples: &[Vec<u64>], r: Rank) -> RankLayout {
     let total: u64 = sizes.iter().map(|s| s / r.tp).sum();
     let out = cat(total, inner);
     let mut at = 0;
@@ -143,8 +152,9 @@ pub(super) fn rank_layout(
 
 #[cfg(test)]
 mod tests {
-    use super::super::dense::merged_column;
     use super::*;
+    use crate::layout::merged_column::merged_column;
+    use crate::layout::{BlockScale, Geometry, MergedColumn};
 
     /// For each element of rank `r`'s tensor, the slot and source element (row-major) that fills
     /// it; every element filled exactly once.
@@ -182,11 +192,11 @@ mod tests {
     fn in_proj_qkvz_follows_vllms_tuple_loader_over_tp_1_to_16() {
         let (key, value, h) = (32u64, 64u64, 3u64);
         let sizes = vec![key, key, value, value];
-        let g = Geometry::MergedTuples {
+        let g = Geometry::MergedTuples(MergedTuples {
             sizes: sizes.clone(),
             inner: vec![h],
             tuples: vec![vec![0, 1, 2]],
-        };
+        });
         let qkv = (Some(ShardId::Tuple(vec![0, 1, 2])), None);
         let z = (Some(ShardId::Index(3)), None);
         assert_eq!(g.required().0, vec![qkv.clone(), z.clone()]);
@@ -258,15 +268,15 @@ mod tests {
     fn in_proj_qkvz_block_scales_follow_vllms_tuple_loader_over_tp_1_to_16() {
         let (key, value, h, bn) = (128u64, 256u64, 64u64, 16u64);
         let sizes = vec![key, key, value, value];
-        let of = Geometry::MergedTuples {
+        let of = Geometry::MergedTuples(MergedTuples {
             sizes: sizes.clone(),
             inner: vec![h],
             tuples: vec![vec![0, 1, 2]],
-        };
-        let g = Geometry::BlockScale {
+        });
+        let g = Geometry::BlockScale(BlockScale {
             of: Box::new(of.clone()),
             block: [bn, bn],
-        };
+        });
         let qkv = (Some(ShardId::Tuple(vec![0, 1, 2])), None);
         let z = (Some(ShardId::Index(3)), None);
         assert_eq!(
@@ -327,11 +337,11 @@ mod tests {
     #[test]
     fn conv1d_follows_the_mamba_v2_loader_over_tp_1_to_16() {
         let (key, value, kernel) = (48u64, 96u64, 4u64);
-        let g = Geometry::MergedColumn {
+        let g = Geometry::MergedColumn(MergedColumn {
             sizes: vec![key, key, value],
             inner: vec![1, kernel],
             disable_tp: false,
-        };
+        });
         for tp in 1..=16u64 {
             if !key.is_multiple_of(tp) || !value.is_multiple_of(tp) {
                 continue;
