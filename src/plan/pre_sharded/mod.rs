@@ -280,7 +280,7 @@ fn expected_plan(
     let empty = Checkpoint::from_files(Vec::new());
     Ok(plan::plan(
         &mapping,
-        &opened.config,
+        &crate::model::Model::new(&opened.config),
         &empty,
         &PlanOptions {
             expert_parallel: popts.expert_parallel || manifest.is_some_and(|m| m.expert_parallel),
@@ -547,6 +547,7 @@ impl Built {
             language_model_only: expected.language_model_only,
             mm_encoder_tp_mode: expected.mm_encoder_tp_mode,
             module_tree: expected.module_tree,
+            quantization: expected.quantization,
         }
     }
 }
