@@ -75,7 +75,7 @@ pub struct PlanOptions {
     pub shapes_only: bool,
     /// `--moe-backend`: pad MXFP4 experts as this vLLM MoE backend does; `None`: the real
     /// slices, which every backend loads.
-    pub moe_backend: Option<crate::quant::mxfp4::MoeBackend>,
+    pub moe_backend: Option<crate::quant::MoeBackend>,
     /// `--language-model-only` and `--mm-encoder-tp-mode`: which encoder tensors a rank holds.
     pub multimodal: crate::multimodal::Multimodal,
 }

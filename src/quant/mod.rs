@@ -42,6 +42,9 @@ use cx::{Cx, Weight};
 use extra::Extra;
 use info::QuantInfo;
 
+/// `--moe-backend`: the MoE backend whose padding gpt-oss MXFP4 experts get.
+pub use mxfp4::MoeBackend;
+
 /// One quantization method as vLLM 0.33 runs it: what its config says, which layers it
 /// quantizes, the parameters it registers (in vLLM's order, with vLLM's initial values), what
 /// `inspect` says of it and what an output's config must say for vLLM to reload it. Parsing is

@@ -287,7 +287,7 @@ fn expected_plan(
             shapes_only: true,
             moe_backend: popts.moe_backend.or_else(|| {
                 let recorded = manifest.and_then(|m| m.moe_backend.as_deref())?;
-                crate::quant::mxfp4::MoeBackend::parse(recorded).ok()
+                crate::quant::MoeBackend::parse(recorded).ok()
             }),
             ..popts.clone()
         },
