@@ -1,6 +1,6 @@
 //! Quantized checkpoints: what `quantization_config` says, in the terms vLLM 0.33 acts on, and
 //! the parameters each method creates. A method is a [`Method`]: one file or folder here, and
-//! one line in [`METHODS`]. The planner, `inspect` and `shard` call it through the trait and
+//! one entry in [`METHODS`]. The planner, `inspect` and `shard` call it through the trait and
 //! never name a method.
 //!
 //! Supported: `quant_method: fp8` (`fp8/`: per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8
@@ -11,8 +11,8 @@
 //! it as unquantized would be wrong; methods vLLM 0.33 removed or deprecated are refused in its
 //! words (`removed.rs`).
 //!
-//! What the methods share: the small context they plan in and the parameters they add
-//! (`cx.rs`), a linear weight's geometry read for packed parameters (`linear.rs`), NVFP4's
+//! What the methods share: the small context they plan in (`cx.rs`), the parameters they add
+//! (`extra.rs`), a linear weight's geometry read for packed parameters (`linear.rs`), NVFP4's
 //! parameters under its two spellings (`nvfp4.rs`), what `inspect` says (`info.rs`), and the
 //! name rules every method adds to the mapping (`names.rs`). This file holds the trait, the
 //! table and the config helpers.
@@ -181,7 +181,7 @@ fn boxed<M: Method + 'static>(m: Result<M, QuantError>) -> Result<Box<dyn Method
 }
 
 /// Every method wload writes, in the order refusals list them. Adding a method is its file and
-/// one line here.
+/// one entry here.
 const METHODS: &[Entry] = &[
     Entry {
         names: &["fp8"],
