@@ -10,7 +10,7 @@ use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
 use crate::exec::source::IoMode;
 use crate::multimodal::{MmEncoderTpMode, Multimodal};
-use crate::quant::mxfp4::MoeBackend;
+use crate::quant::MoeBackend;
 use crate::ranks::RankList;
 use crate::resolve::LoadFormat;
 

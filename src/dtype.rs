@@ -5,6 +5,10 @@ use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
 
+/// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its
+/// post-processing reads as "not loaded".
+pub const F32_MIN: f64 = f32::MIN as f64;
+
 /// A safetensors element type. The set, the spellings and the declaration order are those of
 /// safetensors 0.8: the order matters, because safetensors writes tensors sorted by dtype (this
 /// order, descending) then name, and wload's files must be byte-identical to vLLM's.

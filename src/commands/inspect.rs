@@ -6,18 +6,16 @@ use regex::Regex;
 use serde::Serialize;
 
 pub mod config_less;
-mod quant;
 pub mod support;
 pub mod survey;
 pub mod tower;
-
-pub use quant::{QuantInfo, Refusal};
 
 use crate::commands::error::Error;
 use crate::config::ModelConfig;
 use crate::dtype::Dtype;
 use crate::model::structure::{self, Structure};
 use crate::open::Opened;
+use crate::quant::info::QuantInfo;
 use crate::quant::names::{TensorRole, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
 
@@ -199,10 +197,13 @@ pub fn inspect_mapped<'a>(
         support,
         structure: structure::structure(config, chosen.as_ref(), mapping),
         vision_tower: chosen.as_ref().and_then(|m| tower::tower(m, checkpoint)),
-        quantization: quant::quant_info(
-            config.quantization_config.as_ref(),
-            config.model_type.as_deref(),
-        ),
+        quantization: {
+            let model = crate::model::Model::new(config);
+            crate::quant::info::quant_info(
+                config.quantization_config.as_ref(),
+                model.quant.as_ref().map(Option::as_ref),
+            )
+        },
         filter: filter.map(str::to_string),
         tensors,
         duplicates: checkpoint.duplicates.clone(),

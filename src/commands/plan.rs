@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use crate::commands::error::Error;
-use crate::model::{rules_for, structure};
+use crate::model::{Model, rules_for, structure};
 use crate::open::{Opened, Timings};
 use crate::plan::PlanOptions;
 use crate::{map, mapping, plan};
@@ -13,12 +13,13 @@ use crate::{map, mapping, plan};
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
     let base = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
     refuse_dense_expert_parallel(opened, &base, opts)?;
-    let mapping = rules_for(&base, &opened.config, opts.parallel());
+    let model = Model::new(&opened.config);
+    let mapping = rules_for(&base, &model, opts.parallel());
     let mapped = map::map(&mapping, &opened.checkpoint)?;
-    match plan::plan_mapped(&mapping, &opened.config, &mapped, opts) {
+    match plan::plan_mapped(&mapping, &model, &mapped, opts) {
         Ok(p) => Ok(p),
         Err(plan::PlanError::Invalid(problems)) => {
-            let problems = with_working_tp(problems, &base, opened, opts);
+            let problems = with_working_tp(problems, &base, opened, &model, opts);
             Err(plan::PlanError::Invalid(problems).into())
         }
         Err(e) => Err(e.into()),
@@ -72,6 +73,7 @@ fn with_working_tp(
     mut problems: Vec<crate::problem::Problem>,
     base: &mapping::Mapping,
     opened: &Opened,
+    model: &Model,
     opts: &PlanOptions,
 ) -> Vec<crate::problem::Problem> {
     let about_tp =
@@ -91,6 +93,7 @@ fn with_working_tp(
     let mut maps = Mappings {
         base,
         opened,
+        model,
         entries: Vec::new(),
     };
     let Ok(verdicts) = maps.check_all(layouts) else {
@@ -276,9 +279,11 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         moe_backend: None,
         multimodal: opts.multimodal,
     };
+    let model = Model::new(config);
     let mut maps = Mappings {
         base: &mapping,
         opened,
+        model: &model,
         entries: Vec::new(),
     };
     let tps = tp_candidates(config.num_attention_heads, opts.max_tp.max(1));
@@ -428,6 +433,7 @@ fn pp_not_checked(
 struct Mappings<'a> {
     base: &'a mapping::Mapping,
     opened: &'a Opened,
+    model: &'a Model<'a>,
     /// The stacked rules in effect (their debug text, which shows every field), the mapping, and
     /// the checkpoint mapped with it.
     entries: Vec<(String, mapping::Mapping, map::Mapped<'a>)>,
@@ -436,7 +442,7 @@ struct Mappings<'a> {
 impl Mappings<'_> {
     /// The entry for `opts`'s rules, mapped now if no earlier layout had them.
     fn entry(&mut self, opts: &PlanOptions) -> Result<usize, Error> {
-        let m = rules_for(self.base, &self.opened.config, opts.parallel());
+        let m = rules_for(self.base, self.model, opts.parallel());
         let key = format!("{:?}", m.rules.stacked);
         if let Some(i) = self.entries.iter().position(|e| e.0 == key) {
             return Ok(i);
@@ -453,11 +459,11 @@ impl Mappings<'_> {
         let at = (layouts.iter())
             .map(|o| self.entry(o))
             .collect::<Result<Vec<usize>, _>>()?;
-        let (entries, opened) = (&self.entries, self.opened);
+        let (entries, model) = (&self.entries, self.model);
         layouts
             .into_par_iter()
             .zip(at)
-            .map(|(o, i)| verdict(&entries[i].1, &entries[i].2, opened, o))
+            .map(|(o, i)| verdict(&entries[i].1, &entries[i].2, model, o))
             .collect()
     }
 }
@@ -475,10 +481,10 @@ fn accepted(checked: &[Verdict], pp: u64, expert_parallel: bool) -> Vec<u64> {
 fn verdict(
     mapping: &mapping::Mapping,
     mapped: &map::Mapped,
-    opened: &Opened,
+    model: &Model,
     opts: PlanOptions,
 ) -> Result<Verdict, Error> {
-    let result = plan::check_mapped(mapping, &opened.config, mapped, &opts);
+    let result = plan::check_mapped(mapping, model, mapped, &opts);
     let (accepted, first, problems) = match result {
         Ok(()) => (true, None, 0),
         Err(plan::PlanError::Invalid(ps)) => {

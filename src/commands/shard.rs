@@ -2,7 +2,6 @@
 //! temporary sibling folder and renamed into place only when complete (and verified).
 
 mod error;
-mod gptq_config;
 mod mounts;
 pub mod output;
 mod owned;
@@ -430,7 +429,8 @@ fn write_manifest(path: &Path, manifest: &Manifest) -> Result<(), ShardError> {
 /// config.json as vLLM needs it: the bytes planned from, unchanged (not the file read again: it
 /// may have changed since), except that when lm_head stays a tensor of its own,
 /// `tie_word_embeddings` must say false (the sharded loader builds the module tree from it),
-/// and a GPTQ config must list its quantized modules (`gptq_config.rs`). Returns the changes made (none: copied), or `None` without a config.json.
+/// and the quantization method may need it to say more (GPTQ: its quantized modules, see
+/// `quant/gptq/output_config.rs`). Returns the changes made (none: copied), or `None` without a config.json.
 fn write_config(
     root: &Path,
     opened: &crate::open::Opened,
@@ -467,7 +467,10 @@ fn write_config(
             changes.push(untie(t, "text_config.tie_word_embeddings", why));
         }
     }
-    changes.extend(gptq_config::add_quantized_modules(&mut cfg, plan));
+    // What the method needs the output's config to say (GPTQ: its quantized modules).
+    if let (Some(q), Some(qc)) = (&plan.quantization, cfg.get_mut("quantization_config")) {
+        changes.extend(q.output_config(qc, &|| plan.written()));
+    }
     if !changes.is_empty() {
         let text = serde_json::to_string_pretty(&cfg).expect("config serialises") + "\n";
         fs::write(&dst, text).map_err(|e| ShardError::io("writing", &dst, e))?;

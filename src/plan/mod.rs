@@ -26,13 +26,12 @@ mod types;
 mod validate;
 
 use crate::checkpoint::Checkpoint;
-use crate::config::ModelConfig;
 use crate::dtype::{Dtype, resolve_dtype};
 pub use crate::layout::Region;
 use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
 use crate::model::env::{Env, EnvProblem, Parallel};
-use crate::model::rules_for;
+use crate::model::{Model, rules_for};
 use crate::problem::{Problem, Problems};
 use crate::quant::Quantization;
 use crate::ranks::World;
@@ -64,12 +63,12 @@ pub const MAX_EXPERTS: u64 = 1 << 16;
 /// then [`plan_mapped`].
 pub fn plan(
     mapping: &Mapping,
-    config: &ModelConfig,
+    model: &Model,
     ckpt: &Checkpoint,
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
-    let mapping = rules_for(mapping, config, opts.parallel());
-    plan_mapped(&mapping, config, &map::map(&mapping, ckpt)?, opts)
+    let mapping = rules_for(mapping, model, opts.parallel());
+    plan_mapped(&mapping, model, &map::map(&mapping, ckpt)?, opts)
 }
 
 impl PlanOptions {
@@ -101,7 +100,7 @@ impl From<EnvProblem> for Problem {
 /// Builds the plan for `opts.tp` ranks from the mapped checkpoint, or every problem found.
 pub fn plan_mapped(
     mapping: &Mapping,
-    config: &ModelConfig,
+    model: &Model,
     mapped: &Mapped,
     opts: &PlanOptions,
 ) -> Result<Plan, PlanError> {
@@ -118,7 +117,7 @@ pub fn plan_mapped(
         on_stages,
         assigned,
         fused,
-    } = checked(mapping, config, mapped, opts)?;
+    } = checked(mapping, model, mapped, opts)?;
     let ranks = planner.ranks(&params.list, &assigned, &fused, &stages, &on_stages);
     Ok(Plan {
         family: mapping.family.clone(),
@@ -138,6 +137,7 @@ pub fn plan_mapped(
         language_model_only: opts.multimodal.language_model_only,
         mm_encoder_tp_mode: opts.multimodal.recorded_mode(),
         module_tree: mapping.module_tree.clone(),
+        quantization: planner.quant,
     })
 }
 
@@ -146,7 +146,7 @@ pub fn plan_mapped(
 /// `wload sizes` asks it about many sizes.
 pub fn check_mapped(
     mapping: &Mapping,
-    config: &ModelConfig,
+    model: &Model,
     mapped: &Mapped,
     opts: &PlanOptions,
 ) -> Result<(), PlanError> {
@@ -156,7 +156,7 @@ pub fn check_mapped(
     if opts.pp == 0 {
         return Err(PlanError::BadPp);
     }
-    checked(mapping, config, mapped, opts).map(drop)
+    checked(mapping, model, mapped, opts).map(drop)
 }
 
 /// The phases before the ranks' tensors are built, and what they found.
@@ -173,11 +173,11 @@ struct Checked<'m> {
 /// validation; the problems they found, or what building the ranks needs.
 fn checked<'m>(
     mapping: &'m Mapping,
-    config: &ModelConfig,
+    model: &Model,
     mapped: &'m Mapped,
     opts: &'m PlanOptions,
 ) -> Result<Checked<'m>, PlanError> {
-    let mut planner = Planner::new(mapping, config, mapped.checkpoint, opts)?;
+    let mut planner = Planner::new(mapping, model, mapped.checkpoint, opts)?;
     let params = planner.parameters()?;
     let stages = planner.stages(params.layers);
     planner.stage_needs(&stages);
@@ -226,18 +226,19 @@ impl<'m> Planner<'m> {
     /// anything else.
     fn new(
         mapping: &'m Mapping,
-        config: &ModelConfig,
+        model: &Model,
         checkpoint: &'m Checkpoint,
         opts: &'m PlanOptions,
     ) -> Result<Planner<'m>, PlanError> {
+        let config = model.config;
         let mut problems = Problems::default();
-        let qc = config.quantization_config.as_ref();
-        let mut quant = match Quantization::for_model(qc, config.model_type.as_deref()) {
-            Ok(q) => q,
+        // The model's method, copied: what the checkpoint and mapping say is this plan's.
+        let mut quant = match &model.quant {
+            Ok(q) => q.clone(),
             Err(e) => {
                 problems.push(Problem {
-                    message: e.message,
-                    fix: Some(e.fix),
+                    message: e.message.clone(),
+                    fix: Some(e.fix.clone()),
                     ..Default::default()
                 });
                 return Err(PlanError::Invalid(problems.list));
@@ -250,7 +251,7 @@ impl<'m> Planner<'m> {
         );
         if let Some(q) = &mut quant {
             // maybe_update_config: GPTQ's and AWQ's layer lists from the checkpoint's dtypes.
-            q.update_from_checkpoint(checkpoint.all_tensors().map(|t| (&*t.name, t.dtype)));
+            q.update_from_checkpoint(&mut checkpoint.all_tensors().map(|t| (&*t.name, t.dtype)));
             q.apply_vllm_mapper(&mapping.rules);
             // get_supported_act_dtypes: vLLM refuses the model before loading.
             if let Err(message) = q.supports(model_dtype) {
@@ -269,7 +270,7 @@ impl<'m> Planner<'m> {
             }
         }
         if let Some(b) = opts.moe_backend
-            && !matches!(quant, Some(Quantization::GptOssMxfp4(_)))
+            && !quant.as_ref().is_some_and(|q| q.pads_for_moe_backend())
         {
             problems.push(Problem {
                 message: format!(
@@ -325,6 +326,7 @@ fn shape_cast(from: Dtype, to: Dtype, parameter: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ModelConfig;
 
     fn problem(m: &str) -> Problem {
         Problem {
@@ -388,7 +390,7 @@ mod tests {
             rule: "a test".into(),
         };
         let Err(PlanError::Invalid(problems)) =
-            plan_mapped(&mapping, &config, &mapped, &options(2))
+            plan_mapped(&mapping, &Model::new(&config), &mapped, &options(2))
         else {
             panic!("a dropped norm leaves its parameter empty");
         };
@@ -405,10 +407,11 @@ mod tests {
     fn planning_a_checkpoint_is_mapping_it_then_planning_the_result() {
         let (config, ckpt) = llama_gqa();
         let mapping = crate::mapping::select(None, config.architecture()).expect("mapping");
-        let direct = plan(&mapping, &config, &ckpt, &options(2)).expect("plan");
+        let model = Model::new(&config);
+        let direct = plan(&mapping, &model, &ckpt, &options(2)).expect("plan");
         let staged = plan_mapped(
             &mapping,
-            &config,
+            &model,
             &map::map(&mapping, &ckpt).expect("maps"),
             &options(2),
         )

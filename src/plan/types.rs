@@ -75,7 +75,7 @@ pub struct PlanOptions {
     pub shapes_only: bool,
     /// `--moe-backend`: pad MXFP4 experts as this vLLM MoE backend does; `None`: the real
     /// slices, which every backend loads.
-    pub moe_backend: Option<crate::quant::mxfp4::MoeBackend>,
+    pub moe_backend: Option<crate::quant::MoeBackend>,
     /// `--language-model-only` and `--mm-encoder-tp-mode`: which encoder tensors a rank holds.
     pub multimodal: crate::multimodal::Multimodal,
 }
@@ -168,6 +168,23 @@ pub struct RankPlan {
 }
 
 impl Plan {
+    /// What the first TP rank of each stage holds, each tensor with the checkpoint tensors it
+    /// is copied from, for [`crate::quant::Method::output_config`].
+    pub fn written(&self) -> Vec<crate::quant::Written> {
+        let ranks = self.ranks.iter().filter(|r| r.tp_rank == 0);
+        (ranks.flat_map(|r| &r.tensors))
+            .map(|t| crate::quant::Written {
+                name: t.name.clone(),
+                sources: (t.pieces.iter())
+                    .filter_map(|p| match p {
+                        Piece::Copy { source, .. } => Some(self.sources[source].name.to_string()),
+                        Piece::Fill { .. } => None,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
     /// How many ranks the plan has: `tp × pp`.
     pub fn world_size(&self) -> u64 {
         self.world().size()
@@ -235,6 +252,10 @@ pub struct Plan {
     /// DeepSeek-V3.2); absent: the same on every platform.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub module_tree: Option<String>,
+    /// The quantization method the plan was made with, as the planner read it (the checkpoint's
+    /// headers included): what an output's config must say is the method's (`shard`).
+    #[serde(skip)]
+    pub quantization: Option<std::sync::Arc<crate::quant::Quantization>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -1,11 +1,16 @@
 //! `quant_method: awq`: vLLM 0.33's `AutoAWQConfig` (`layers/quantization/auto_awq.py`): 4-bit
 //! weights in groups with zero points, and the modules it leaves unconverted —
 //! `modules_to_not_convert` when the config lists them, else every checkpoint module without an
-//! integer tensor (`maybe_update_config`), matched as substrings of a layer's name.
+//! integer tensor (`maybe_update_config`), matched as substrings of a layer's name. Its
+//! parameters are GPTQ's packed ones with the output packed (`gptq/params.rs`).
 
 use serde_json::Value;
 
-use super::{QuantError, refuse, string_list};
+use super::cx::{Cx, Weight};
+use super::extra::{Extra, experts_module};
+use super::gptq::params::{self, IntScheme};
+use super::info::QuantInfo;
+use super::{Method, QuantError, refuse, refuse_dtype, string_list};
 use crate::dtype::Dtype;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -70,20 +75,9 @@ impl Awq {
         })
     }
 
-    /// One line for reports: method, bits, group size, zero points, unconverted modules.
-    pub(super) fn describe(&self) -> String {
-        format!(
-            "awq: INT{} (qweight/qzeros/scales), group size {}, zero points {}, {} module(s) not converted",
-            self.bits,
-            self.group,
-            if self.zero_point { "on" } else { "off" },
-            self.not_converted.len()
-        )
-    }
-
     /// `maybe_update_config`: without listed modules, every checkpoint module none of whose
     /// tensors is of a type other than F16, BF16 and F32.
-    pub fn update_from_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
+    pub(super) fn read_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
         if !self.not_converted.is_empty() {
             return;
         }
@@ -119,6 +113,82 @@ impl Awq {
     }
 }
 
+impl Awq {
+    fn scheme(&self) -> IntScheme {
+        IntScheme {
+            gptq: false,
+            bits: self.bits,
+            group: Some(self.group),
+        }
+    }
+}
+
+impl Method for Awq {
+    fn name(&self) -> &'static str {
+        "awq"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "awq: INT{} (qweight/qzeros/scales), group size {}, zero points {}, {} module(s) not converted",
+            self.bits,
+            self.group,
+            if self.zero_point { "on" } else { "off" },
+            self.not_converted.len()
+        )
+    }
+
+    fn supports(&self, dtype: Dtype) -> Result<(), String> {
+        refuse_dtype(dtype, "auto_awq", "[torch.float16, torch.bfloat16]", false)
+    }
+
+    fn update_from_checkpoint(&mut self, tensors: &mut dyn Iterator<Item = (&str, Dtype)>) {
+        self.read_checkpoint(tensors);
+    }
+
+    fn linear_quantized(
+        &self,
+        module: &str,
+        shards: &[String],
+    ) -> Result<bool, (String, &'static str)> {
+        self.skips(module, shards).map(|s| !s)
+    }
+
+    fn linear(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        params::linear(self.scheme(), w, cx)
+    }
+
+    fn experts(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        let module = experts_module(w.name)?;
+        if self.skips(module, &[]).unwrap_or(true) {
+            return None;
+        }
+        params::experts(self.scheme(), w, cx)
+    }
+
+    /// No kv-cache method: the Attention layer keeps only its scale buffers.
+    fn kv_cache(&self, _attention: &str, _cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        None
+    }
+
+    fn inspect(&self) -> QuantInfo {
+        QuantInfo {
+            scheme: Some("group"),
+            bits: Some(self.bits),
+            group_size: Some(self.group),
+            symmetric: Some(!self.zero_point),
+            weights: Some(format!(
+                "INT{} packed 8/int32 on the output dim (qweight, qzeros, scales), groups of {}, zero points {}",
+                self.bits,
+                self.group,
+                if self.zero_point { "on" } else { "off" }
+            )),
+            ignored: self.not_converted.clone(),
+            ..QuantInfo::of(self.name())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{QuantError, Quantization};
@@ -143,13 +213,11 @@ mod tests {
 
     #[test]
     fn unconverted_modules_are_the_checkpoints_float_only_modules() {
-        let Some(Quantization::Awq(mut a)) =
-            q(json!({"quant_method": "awq", "w_bit": 4, "q_group_size": 32, "zero_point": true}))
-                .unwrap()
-        else {
-            panic!()
-        };
-        a.update_from_checkpoint(
+        let mut a = Awq::parse(
+            &json!({"quant_method": "awq", "w_bit": 4, "q_group_size": 32, "zero_point": true}),
+        )
+        .unwrap();
+        a.read_checkpoint(
             [
                 ("model.layers.0.self_attn.q_proj.qweight", Dtype::I32),
                 ("model.layers.0.self_attn.q_proj.scales", Dtype::F16),

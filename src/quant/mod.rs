@@ -1,59 +1,225 @@
-//! Quantized checkpoints: what `quantization_config` says, in the terms vLLM 0.33 acts on
-//! (`layers/quantization/fp8.py` `Fp8Config`, `compressed_tensors/compressed_tensors.py`), which
-//! modules it leaves unquantized, and the checkpoint-name rules its config adds to every model's
-//! mapper. The parameters each scheme creates are the planner's (`plan/quant/`).
+//! Quantized checkpoints: what `quantization_config` says, in the terms vLLM 0.33 acts on, and
+//! the parameters each method creates. A method is a [`Method`]: one file or folder here, and
+//! one entry in [`METHODS`]. The planner, `inspect` and `shard` call it through the trait and
+//! never name a method.
 //!
-//! Supported: `quant_method: fp8` (per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8 style),
-//! `compressed-tensors` (`compressed/`: 8-bit float weights per tensor, channel or block, packed
-//! INT4/INT8 weight-only W4A16 / W8A16, INT8 W8A8, FP8 `kv_cache_scheme`s), ModelOpt NVFP4
-//! (`modelopt.rs`), GPTQ (`gptq.rs`) and AWQ (`awq.rs`). Everything else is refused with its name before anything is
-//! planned: writing it as unquantized would be wrong; methods vLLM 0.33 removed or deprecated
-//! are refused in its words (`removed.rs`).
+//! Supported: `quant_method: fp8` (`fp8/`: per-tensor and block, AutoFP8 / DeepSeek / Qwen FP8
+//! style), `compressed-tensors` (`compressed/`: 8-bit float weights per tensor, channel or block,
+//! packed INT4/INT8 weight-only W4A16 / W8A16, INT8 W8A8, NVFP4, FP8 `kv_cache_scheme`s),
+//! ModelOpt NVFP4 (`modelopt.rs`), GPTQ (`gptq/`), AWQ (`awq.rs`) and gpt-oss MXFP4
+//! (`mxfp4.rs`). Everything else is refused with its name before anything is planned: writing
+//! it as unquantized would be wrong; methods vLLM 0.33 removed or deprecated are refused in its
+//! words (`removed.rs`).
 //!
-//! One file per method: its config read as vLLM reads it, and its ignore list (`fp8.rs`,
-//! `compressed/`, `modelopt.rs`, `gptq.rs`, `awq.rs`); the name rules every method adds to the
-//! mapping, and what a tensor is for
-//! (`names.rs`). This file dispatches on the method and holds the config helpers they share.
+//! What the methods share: the small context they plan in (`cx.rs`), the parameters they add
+//! (`extra.rs`), a linear weight's geometry read for packed parameters (`linear.rs`), NVFP4's
+//! parameters under its two spellings (`nvfp4.rs`), what `inspect` says (`info.rs`), and the
+//! name rules every method adds to the mapping (`names.rs`). This file holds the trait, the
+//! table and the config helpers.
 
 pub mod awq;
 pub mod compressed;
+pub mod cx;
+pub mod extra;
 pub mod fp8;
 pub mod gptq;
+pub mod info;
+mod linear;
 pub mod modelopt;
 pub mod mxfp4;
 pub mod names;
+mod nvfp4;
 mod removed;
+
+use std::fmt::Debug;
+use std::sync::LazyLock;
 
 use serde_json::Value;
 
 use crate::dtype::Dtype;
-use awq::Awq;
-use compressed::Compressed;
-use fp8::Fp8;
-use gptq::Gptq;
-use modelopt::ModelOptNvFp4;
-use mxfp4::GptOssMxfp4;
+use crate::mapping::rules::Rules;
+use cx::{Cx, Weight};
+use extra::Extra;
+use info::QuantInfo;
 
-/// A quantization scheme wload writes the pre-processing state of.
-#[derive(Debug, Clone)]
-pub enum Quantization {
-    /// `quant_method: fp8` (`Fp8Config`).
-    Fp8(Fp8),
-    /// `quant_method: compressed-tensors`: FP8 (`CompressedTensorsW8A8Fp8`), packed integer
-    /// weight-only (`CompressedTensorsWNA16`) or INT8 (`CompressedTensorsW8A8Int8`), with an
-    /// optional `kv_cache_scheme`.
-    Compressed(Compressed),
-    /// ModelOpt NVFP4 (`ModelOptNvFp4Config`, `modelopt_fp4`): packed FP4 weights, F8_E4M3
-    /// block scales and F32 global scales.
-    ModelOptNvFp4(ModelOptNvFp4),
-    /// `quant_method: gptq` / `gptq_marlin` / `marlin` (`AutoGPTQConfig`).
-    Gptq(Gptq),
-    /// `quant_method: awq` (`AutoAWQConfig`).
-    Awq(Awq),
-    /// `quant_method: mxfp4` on gpt-oss (`GptOssMxfp4Config`, `gpt_oss_mxfp4`): MXFP4 experts,
-    /// everything else unquantized.
-    GptOssMxfp4(GptOssMxfp4),
+/// `--moe-backend`: the MoE backend whose padding gpt-oss MXFP4 experts get.
+pub use mxfp4::MoeBackend;
+
+/// One quantization method as vLLM 0.33 runs it: what its config says, which layers it
+/// quantizes, the parameters it registers (in vLLM's order, with vLLM's initial values), what
+/// `inspect` says of it and what an output's config must say for vLLM to reload it. Parsing is
+/// the method's own function, named in [`METHODS`].
+pub trait Method: CloneMethod + Debug + Send + Sync {
+    /// The method's name as vLLM's config names it (`fp8`, `compressed-tensors`, `modelopt_fp4`).
+    fn name(&self) -> &'static str;
+
+    /// One line for reports: method, scheme, block, activations, ignored modules.
+    fn describe(&self) -> String;
+
+    /// Whether vLLM's config class accepts the model dtype `dtype` (`get_supported_act_dtypes`);
+    /// `Err` holds vLLM's refusal.
+    fn supports(&self, dtype: Dtype) -> Result<(), String>;
+
+    /// What vLLM's `maybe_update_config` reads from the checkpoint's headers (GPTQ's quantized
+    /// modules, AWQ's unconverted ones), when the config does not list them.
+    fn update_from_checkpoint(&mut self, _tensors: &mut dyn Iterator<Item = (&str, Dtype)>) {}
+
+    /// The method's ignore list through the model's renames (`Fp8Config.apply_vllm_mapper`).
+    fn apply_vllm_mapper(&mut self, _rules: &Rules) {}
+
+    /// Checkpoint-name rules this method adds to the ones every method adds (`names.rs`):
+    /// regex and replacement (`None`: dropped).
+    fn name_rules(&self) -> Vec<(&'static str, Option<&'static str>)> {
+        Vec::new()
+    }
+
+    /// Whether the linear layer `module` (vLLM's name, e.g. `model.layers.0.self_attn.qkv_proj`)
+    /// is quantized. `shards` are the checkpoint names of a fused layer's parts (`q_proj`, …):
+    /// vLLM matches those, and all must agree (`is_layer_skipped`). `Err` holds the message and
+    /// the fix.
+    fn linear_quantized(
+        &self,
+        module: &str,
+        shards: &[String],
+    ) -> Result<bool, (String, &'static str)>;
+
+    /// Whether the method plans a merged column filled by tuple shards (Qwen3.5's GDN
+    /// `in_proj_qkvz`): its scales must be cut per tuple (`layout/block_scale.rs`).
+    fn plans_tuple_columns(&self) -> bool {
+        false
+    }
+
+    /// Whether its experts are padded for `--moe-backend` (gpt-oss MXFP4).
+    fn pads_for_moe_backend(&self) -> bool {
+        false
+    }
+
+    /// A quantized linear layer's weight `w` (named `<module>.weight`): its dtype, name and
+    /// geometry as the method registers it, and the parameters that follow it. `None`: the
+    /// layer stays as it is (a refusal is then in `cx.problems`).
+    fn linear(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>>;
+
+    /// A fused expert weight (`…routed_experts.w13_weight`, `w2_weight`): as [`Method::linear`],
+    /// for the experts layer, when the method quantizes it.
+    fn experts(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>>;
+
+    /// The kv-cache parameters of the Attention layer `attention` (`….self_attn.attn`), before
+    /// its scale buffers; `None`: it keeps only those.
+    fn kv_cache(&self, attention: &str, cx: &mut Cx<'_>) -> Option<Vec<Extra>>;
+
+    /// What `inspect` says of the method.
+    fn inspect(&self) -> QuantInfo;
+
+    /// What the output's config.json must say for vLLM to reload the rank files:
+    /// `quantization_config` (`qc`) edited, and the change in words. `written` lists what the
+    /// plan writes (found only when asked).
+    fn output_config(
+        &self,
+        _qc: &mut Value,
+        _written: &dyn Fn() -> Vec<Written>,
+    ) -> Option<String> {
+        None
+    }
 }
+
+/// One tensor the plan writes on the first rank of each stage, and the checkpoint tensors it is
+/// filled from, for [`Method::output_config`].
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub name: String,
+    pub sources: Vec<String>,
+}
+
+/// `Clone` for boxed methods (a method's state changes per plan: [`Method::update_from_checkpoint`]).
+pub trait CloneMethod {
+    fn clone_method(&self) -> Box<dyn Method>;
+}
+
+impl<T: Method + Clone + 'static> CloneMethod for T {
+    fn clone_method(&self) -> Box<dyn Method> {
+        Box::new(self.clone())
+    }
+}
+
+/// A parsed `quantization_config`: the method it names.
+#[derive(Debug)]
+pub struct Quantization(Box<dyn Method>);
+
+impl Clone for Quantization {
+    fn clone(&self) -> Quantization {
+        Quantization(self.0.clone_method())
+    }
+}
+
+impl std::ops::Deref for Quantization {
+    type Target = dyn Method;
+    fn deref(&self) -> &(dyn Method + 'static) {
+        &*self.0
+    }
+}
+
+impl std::ops::DerefMut for Quantization {
+    fn deref_mut(&mut self) -> &mut (dyn Method + 'static) {
+        &mut *self.0
+    }
+}
+
+/// A method's parser: the config, and the model's `model_type`.
+type Parse = fn(&Value, Option<&str>) -> Result<Box<dyn Method>, QuantError>;
+
+/// One method wload writes: the `quant_method` names vLLM normalises to it, its parser, and how
+/// refusals name it (in the list of what wload writes, and of the releases to use instead).
+struct Entry {
+    names: &'static [&'static str],
+    parse: Parse,
+    label: &'static str,
+    formats: &'static str,
+}
+
+fn boxed<M: Method + 'static>(m: Result<M, QuantError>) -> Result<Box<dyn Method>, QuantError> {
+    m.map(|m| Box::new(m) as Box<dyn Method>)
+}
+
+/// Every method wload writes, in the order refusals list them. Adding a method is its file and
+/// one entry here.
+const METHODS: &[Entry] = &[
+    Entry {
+        names: &["fp8"],
+        parse: |qc, _| boxed(fp8::Fp8::parse(qc)),
+        label: "fp8",
+        formats: "fp8",
+    },
+    Entry {
+        names: &["compressed-tensors"],
+        parse: |qc, _| boxed(compressed::Compressed::parse(qc)),
+        label: "compressed-tensors",
+        formats: "compressed-tensors FP8, W4A16/W8A16, W8A8 INT8",
+    },
+    Entry {
+        names: &["gptq", "gptq_marlin", "marlin"],
+        parse: |qc, _| boxed(gptq::Gptq::parse(qc)),
+        label: "GPTQ",
+        formats: "GPTQ",
+    },
+    Entry {
+        names: &["awq"],
+        parse: |qc, _| boxed(awq::Awq::parse(qc)),
+        label: "AWQ",
+        formats: "AWQ",
+    },
+    Entry {
+        names: &["mxfp4", "gpt_oss_mxfp4"],
+        parse: |qc, t| boxed(mxfp4::GptOssMxfp4::parse(qc, t)),
+        label: "gpt-oss MXFP4",
+        formats: "gpt-oss MXFP4",
+    },
+    Entry {
+        names: &["modelopt", "modelopt_fp4"],
+        parse: |qc, _| boxed(modelopt::ModelOptNvFp4::parse(qc)),
+        label: "ModelOpt NVFP4",
+        formats: "ModelOpt NVFP4",
+    },
+];
 
 /// Why a `quantization_config` is refused, and what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,7 +236,21 @@ fn refuse(message: String, fix: &str) -> QuantError {
     }
 }
 
-const USE_UNQUANTIZED: &str = "use the unquantized (bf16) checkpoint, or a release in a format wload writes (fp8; compressed-tensors FP8, W4A16/W8A16, W8A8 INT8; GPTQ; AWQ; gpt-oss MXFP4; ModelOpt NVFP4)";
+/// The fix of a refused scheme: the releases wload writes, from [`METHODS`].
+static USE_UNQUANTIZED: LazyLock<String> = LazyLock::new(|| {
+    let formats: Vec<&str> = METHODS.iter().map(|e| e.formats).collect();
+    format!(
+        "use the unquantized (bf16) checkpoint, or a release in a format wload writes ({})",
+        formats.join("; ")
+    )
+});
+
+/// "unquantized, fp8, …, GPTQ and ModelOpt NVFP4": what wload writes, from [`METHODS`].
+fn writes() -> String {
+    let labels: Vec<&str> = METHODS.iter().map(|e| e.label).collect();
+    let (last, rest) = labels.split_last().expect("methods");
+    format!("unquantized, {} and {last}", rest.join(", "))
+}
 
 impl Quantization {
     /// The scheme `quantization_config` describes, read without knowing the model (as vLLM
@@ -86,21 +266,11 @@ impl Quantization {
         model_type: Option<&str>,
     ) -> Result<Option<Quantization>, QuantError> {
         let Some(qc) = qc else { return Ok(None) };
-        match normalized_method(qc).as_str() {
-            "fp8" => Fp8::parse(qc).map(|q| Some(Quantization::Fp8(q))),
-            "mxfp4" | "gpt_oss_mxfp4" => {
-                GptOssMxfp4::parse(qc, model_type).map(|q| Some(Quantization::GptOssMxfp4(q)))
-            }
-            "compressed-tensors" => {
-                Compressed::parse(qc).map(|q| Some(Quantization::Compressed(q)))
-            }
-            "modelopt" | "modelopt_fp4" => {
-                ModelOptNvFp4::parse(qc).map(|q| Some(Quantization::ModelOptNvFp4(q)))
-            }
-            "gptq" | "gptq_marlin" | "marlin" => {
-                Gptq::parse(qc).map(|q| Some(Quantization::Gptq(q)))
-            }
-            "awq" => Awq::parse(qc).map(|q| Some(Quantization::Awq(q))),
+        let method = normalized_method(qc);
+        if let Some(e) = METHODS.iter().find(|e| e.names.contains(&method.as_str())) {
+            return (e.parse)(qc, model_type).map(|m| Some(Quantization(m)));
+        }
+        match method.as_str() {
             m @ ("bitsandbytes" | "fbgemm_fp8" | "fp_quant") => Err(removed::refusal(m)),
             "" => Err(refuse(
                 "config.json has a quantization_config without a quant_method".into(),
@@ -108,184 +278,54 @@ impl Quantization {
             )),
             other => Err(refuse(
                 format!(
-                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes unquantized, fp8, compressed-tensors, GPTQ, AWQ, gpt-oss MXFP4 and ModelOpt NVFP4 checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong"
+                    "quantization_config.quant_method = \"{other}\" is not supported: wload writes {} checkpoints; {other} weights have their own packed layouts, and writing them as anything else would be wrong",
+                    writes()
                 ),
-                USE_UNQUANTIZED,
+                &USE_UNQUANTIZED,
             )),
         }
     }
+}
 
-    /// The method's name as vLLM's config names it (`fp8`, `compressed-tensors`, `modelopt_fp4`).
-    pub fn method(&self) -> &'static str {
-        match self {
-            Quantization::Fp8(_) => "fp8",
-            Quantization::Compressed(_) => "compressed-tensors",
-            Quantization::ModelOptNvFp4(_) => "modelopt_fp4",
-            Quantization::Gptq(_) => "gptq",
-            Quantization::Awq(_) => "awq",
-            Quantization::GptOssMxfp4(_) => "mxfp4",
-        }
-    }
+/// vLLM's refusal of the model dtype `dtype` for a method that runs in `list` only
+/// (`get_supported_act_dtypes`): F32 for every method that lists no F32, and F16 too for
+/// `bf16_only` ones.
+fn refuse_dtype(dtype: Dtype, name: &str, list: &str, bf16_only: bool) -> Result<(), String> {
+    let torch = match dtype {
+        Dtype::F32 => "torch.float32",
+        Dtype::F16 if bf16_only => "torch.float16",
+        _ => return Ok(()),
+    };
+    Err(format!(
+        "{torch} is not supported for quantization method {name}. Supported dtypes: {list}"
+    ))
+}
 
-    /// What vLLM's `maybe_update_config` reads from the checkpoint's headers: GPTQ's quantized
-    /// modules and AWQ's unconverted ones, when the config does not list them.
-    pub fn update_from_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
-        match self {
-            Quantization::Gptq(g) => g.update_from_checkpoint(tensors),
-            Quantization::Awq(a) => a.update_from_checkpoint(tensors),
-            Quantization::Fp8(_)
-            | Quantization::Compressed(_)
-            | Quantization::ModelOptNvFp4(_)
-            | Quantization::GptOssMxfp4(_) => {}
-        }
-    }
+/// One line for reports: `method: scheme, activations, N module pattern(s) left unquantized`;
+/// `static_input` `None` for a weight-only scheme.
+fn describe_line(name: &str, scheme: &str, static_input: Option<bool>, ignored: usize) -> String {
+    let act = match static_input {
+        Some(true) => "static activation scales",
+        Some(false) => "dynamic activations",
+        None => "weight-only",
+    };
+    format!("{name}: {scheme}, {act}, {ignored} module pattern(s) left unquantized")
+}
 
-    /// Whether vLLM's config class accepts the model dtype `dtype` (`get_supported_act_dtypes`);
-    /// `Err` holds vLLM's refusal.
-    pub fn supports(&self, dtype: Dtype) -> Result<(), String> {
-        let torch = match dtype {
-            Dtype::F32 => "torch.float32",
-            Dtype::F16 => "torch.float16",
-            _ => return Ok(()),
-        };
-        let (name, list) = match self {
-            // GptOssMxfp4Config: bfloat16 only.
-            Quantization::GptOssMxfp4(_) => ("gpt_oss_mxfp4", "[torch.bfloat16]"),
-            _ if dtype != Dtype::F32 => return Ok(()),
-            Quantization::Fp8(_) => ("fp8", "[torch.bfloat16, torch.float16]"),
-            Quantization::Gptq(_) => ("auto_gptq", "[torch.float16, torch.bfloat16]"),
-            Quantization::Awq(_) => ("auto_awq", "[torch.float16, torch.bfloat16]"),
-            Quantization::ModelOptNvFp4(_) => (
-                "modelopt_fp4",
-                "[torch.bfloat16, torch.float16, torch.float8_e4m3fn]",
-            ),
-            Quantization::Compressed(_) => return Ok(()),
-        };
-        Err(format!(
-            "{torch} is not supported for quantization method {name}. Supported dtypes: {list}"
-        ))
-    }
-
-    /// One line for reports: method, scheme, block, activations, ignored modules.
-    pub fn describe(&self) -> String {
-        let (scheme, act, ignored) = match self {
-            Quantization::Gptq(g) => return g.describe(),
-            Quantization::Awq(a) => return a.describe(),
-            Quantization::Fp8(q) => (
-                match q.block {
-                    Some([n, k]) => format!("FP8 block {n}×{k} (weight_scale_inv)"),
-                    None => "FP8 per-tensor (weight_scale)".to_string(),
-                },
-                Some(q.static_activations),
-                q.ignored.len(),
-            ),
-            Quantization::Compressed(q) => (q.describe_scheme(), q.static_input(), q.ignore.len()),
-            Quantization::ModelOptNvFp4(q) => {
-                return format!(
-                    "{}: NVFP4 weights (packed E2M1, F8_E4M3 scale per {} elements, F32 global scale per part), {}, {} module pattern(s) excluded{}",
-                    self.method(),
-                    q.group_size,
-                    if q.activations {
-                        "NVFP4 activations (W4A4)"
-                    } else {
-                        "16-bit activations (W4A16)"
-                    },
-                    q.exclude.len(),
-                    if q.exclude.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", q.exclude.join(", "))
-                    }
-                );
-            }
-            Quantization::GptOssMxfp4(q) => {
-                return format!(
-                    "mxfp4 (gpt_oss_mxfp4): MXFP4 experts (U8 E2M1 blocks, E8M0 scales per 32), every linear layer unquantized, {} module pattern(s) listed in modules_to_not_convert",
-                    q.not_converted.len()
-                );
-            }
-        };
-        let act = match act {
-            Some(true) => "static activation scales",
-            Some(false) => "dynamic activations",
-            None => "weight-only",
-        };
-        format!(
-            "{}: {scheme}, {act}, {ignored} module pattern(s) left unquantized",
-            self.method()
-        )
-    }
-
-    /// Whether the linear layer `module` (vLLM's name, e.g. `model.layers.0.self_attn.qkv_proj`)
-    /// is quantized. `shards` are the checkpoint names of a fused layer's parts (`q_proj`, …):
-    /// vLLM matches those, and all must agree (`is_layer_skipped`).
-    /// `Err` holds the message and the fix.
-    pub fn linear_quantized(
-        &self,
-        module: &str,
-        shards: &[String],
-    ) -> Result<bool, (String, &'static str)> {
-        match self {
-            Quantization::Gptq(g) => return g.quantizes(module, shards),
-            Quantization::Awq(a) => return a.skips(module, shards).map(|s| !s),
-            // Mxfp4Config.get_quant_method: UnquantizedLinearMethod for every linear layer.
-            Quantization::GptOssMxfp4(_) => return Ok(false),
-            _ => {}
-        }
-        let exact = self.skipped_exactly(module, shards)?;
-        Ok(match self {
-            Quantization::ModelOptNvFp4(m) => !m.excludes(module, exact),
-            _ => !exact,
-        })
-    }
-
-    /// vLLM's `is_layer_skipped` with the method's own match: the module listed, or all of its
-    /// fused parts (some but not all is an error, as in vLLM).
-    fn skipped_exactly(
-        &self,
-        module: &str,
-        shards: &[String],
-    ) -> Result<bool, (String, &'static str)> {
-        by_parts(
-            module,
-            shards,
-            true,
-            |name| self.ignores(name),
-            "list every part of the fused layer in the quantization config's ignore list, or none",
-        )
-    }
-
-    /// Whether the experts module `module` (`model.layers.1.mlp.experts`) is quantized: vLLM
-    /// skips it when an ignored name containing "experts" contains it.
-    pub fn experts_quantized(&self, module: &str) -> bool {
-        match self {
-            Quantization::Fp8(q) => !q
-                .ignored
-                .iter()
-                .any(|l| l.contains("experts") && l.contains(module)),
-            // Compressed-tensors experts are refused before this is asked (plan/quant.rs).
-            Quantization::Compressed(_) => !self.ignores(module).unwrap_or(true),
-            Quantization::ModelOptNvFp4(m) => !m.excludes(module, m.lists(module)),
-            // AutoGPTQConfig quantizes every RoutedExperts (only `dynamic` rules, refused, skip).
-            Quantization::Gptq(_) => true,
-            Quantization::Awq(a) => !a.skips(module, &[]).unwrap_or(true),
-            // Every RoutedExperts layer gets GptOssMxfp4MoEMethod.
-            Quantization::GptOssMxfp4(_) => true,
-        }
-    }
-
-    /// Whether `name` is left unquantized; `Err` when an `ignore` pattern cannot decide within
-    /// [`compressed::IGNORE_BACKTRACK_LIMIT`] (then neither answer would be safe to write).
-    fn ignores(&self, name: &str) -> Result<bool, (String, &'static str)> {
-        match self {
-            Quantization::Fp8(q) => Ok(q.ignores(name)),
-            Quantization::Compressed(q) => q.ignores(name),
-            Quantization::ModelOptNvFp4(q) => Ok(q.lists(name)),
-            Quantization::Gptq(g) => g.quantizes(name, &[]).map(|q| !q),
-            Quantization::Awq(a) => a.skips(name, &[]),
-            Quantization::GptOssMxfp4(_) => Ok(true),
-        }
-    }
+/// vLLM's `is_layer_skipped` with a method's own match `ignores`: the module listed, or all of
+/// its fused parts (some but not all is an error, as in vLLM).
+fn skipped_exactly(
+    module: &str,
+    shards: &[String],
+    ignores: impl Fn(&str) -> Result<bool, (String, &'static str)>,
+) -> Result<bool, (String, &'static str)> {
+    by_parts(
+        module,
+        shards,
+        true,
+        ignores,
+        "list every part of the fused layer in the quantization config's ignore list, or none",
+    )
 }
 
 /// vLLM's rule for fused layers (`is_layer_skipped`, `is_layer_gptq_quantized`): a layer whose

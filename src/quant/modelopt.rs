@@ -2,14 +2,32 @@
 //! `hf_quant_config.json` (`{"producer": {"name": "modelopt"}, "quantization": {...}}`) or from
 //! config.json's flat `{"quant_method": "modelopt", "quant_algo": "NVFP4", ...}`, as
 //! `ModelOptQuantConfigBase.from_config` reads either (`layers/quantization/modelopt.py:313–408`),
-//! and its `exclude_modules`, matched as `is_layer_excluded` matches them (l.198–236).
+//! and its `exclude_modules`, matched as `is_layer_excluded` matches them (l.198–236). Its
+//! parameters are NVFP4's (`nvfp4.rs`) under ModelOpt's names, its kv-cache scales FP8's.
 
 use serde_json::Value;
 
-use super::{QuantError, refuse, string_list};
+use super::cx::{Cx, Weight};
+use super::extra::{Extra, experts_module};
+use super::info::QuantInfo;
+use super::nvfp4::{self, Nvfp4Method, Nvfp4Names};
+use super::{Method, QuantError, refuse, refuse_dtype, skipped_exactly, string_list};
+use crate::dtype::Dtype;
 
 /// What to do instead of a ModelOpt algorithm wload does not write.
 const OTHER_MODELOPT: &str = "wload writes ModelOpt NVFP4 (quant_algo NVFP4 or W4A16_NVFP4); use that release, or the unquantized checkpoint";
+
+/// ModelOpt's names for NVFP4's parameters (`ModelOptNvFp4LinearMethod`, `ModelOptNvFp4FusedMoE`).
+const MODELOPT: Nvfp4Names = Nvfp4Names {
+    method: "ModelOpt NVFP4",
+    packed_suffix: "",
+    global: "weight_scale_2",
+    input: "input_scale",
+    a16_input: true,
+    backend_input_scales: true,
+    k16_refusal: "Unsupported model when in features size is not multiple of 16",
+    exclude_fix: "list the module in exclude_modules if the checkpoint stores it unquantized",
+};
 
 #[derive(Debug, Clone)]
 pub struct ModelOptNvFp4 {
@@ -225,6 +243,83 @@ fn fnmatch_regex(pattern: &str) -> regex::Regex {
     })
 }
 
+impl ModelOptNvFp4 {
+    fn method(&self) -> Nvfp4Method {
+        Nvfp4Method::new(&MODELOPT, self.activations, self.group_size)
+    }
+}
+
+impl Method for ModelOptNvFp4 {
+    fn name(&self) -> &'static str {
+        "modelopt_fp4"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{}: NVFP4 weights (packed E2M1, F8_E4M3 scale per {} elements, F32 global scale per part), {}, {} module pattern(s) excluded{}",
+            self.name(),
+            self.group_size,
+            if self.activations {
+                "NVFP4 activations (W4A4)"
+            } else {
+                "16-bit activations (W4A16)"
+            },
+            self.exclude.len(),
+            if self.exclude.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", self.exclude.join(", "))
+            }
+        )
+    }
+
+    fn supports(&self, dtype: Dtype) -> Result<(), String> {
+        let list = "[torch.bfloat16, torch.float16, torch.float8_e4m3fn]";
+        refuse_dtype(dtype, "modelopt_fp4", list, false)
+    }
+
+    fn linear_quantized(
+        &self,
+        module: &str,
+        shards: &[String],
+    ) -> Result<bool, (String, &'static str)> {
+        let exact = skipped_exactly(module, shards, |n| Ok(self.lists(n)))?;
+        Ok(!self.excludes(module, exact))
+    }
+
+    fn linear(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        nvfp4::linear(self.method(), w, cx)
+    }
+
+    fn experts(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        let module = experts_module(w.name)?;
+        if self.excludes(module, self.lists(module)) {
+            return None;
+        }
+        nvfp4::experts(self.method(), w, cx)
+    }
+
+    fn kv_cache(&self, attention: &str, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        Some(super::fp8::params::kv_scales(attention, cx.model_dtype))
+    }
+
+    fn inspect(&self) -> QuantInfo {
+        QuantInfo {
+            scheme: Some("group"),
+            bits: Some(4),
+            group_size: Some(self.group_size),
+            weights: Some(format!(
+                "NVFP4: E2M1 packed two a byte (weight U8), an F8_E4M3 scale per {} elements (weight_scale) and an F32 global scale per part (weight_scale_2)",
+                self.group_size
+            )),
+            // W4A4 quantizes activations per group at run time, from a static global scale.
+            activation_scheme: Some(if self.activations { "nvfp4" } else { "none" }.into()),
+            ignored: self.exclude.clone(),
+            ..QuantInfo::of(self.name())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{QuantError, Quantization};
@@ -243,17 +338,14 @@ mod tests {
 
     #[test]
     fn both_config_spellings_read_as_vllm_reads_them() {
-        let Some(Quantization::ModelOptNvFp4(m)) = q(legacy("nvfp4", json!(["lm_head"]))).unwrap()
-        else {
-            panic!("NVFP4")
-        };
+        assert!(q(legacy("nvfp4", json!(["lm_head"]))).unwrap().is_some());
+        let m = ModelOptNvFp4::parse(&legacy("nvfp4", json!(["lm_head"]))).unwrap();
         assert!(m.activations && m.group_size == 16 && m.exclude == ["lm_head"]);
         let flat = json!({"quant_method": "modelopt", "quant_algo": "NVFP4",
             "ignore": ["lm_head", "model.layers.0.mlp*"],
             "config_groups": {"g": {"weights": {"num_bits": 4}, "input_activations": null}}});
-        let Some(Quantization::ModelOptNvFp4(m)) = q(flat).unwrap() else {
-            panic!("NVFP4")
-        };
+        assert_eq!(q(flat.clone()).unwrap().unwrap().name(), "modelopt_fp4");
+        let m = ModelOptNvFp4::parse(&flat).unwrap();
         assert!(!m.activations, "no activation groups: W4A16");
         assert_eq!(
             m.exclude,
@@ -263,7 +355,7 @@ mod tests {
 
     #[test]
     fn exclusions_match_exactly_by_substring_and_by_fnmatch() {
-        let Some(Quantization::ModelOptNvFp4(m)) = q(legacy(
+        let m = ModelOptNvFp4::parse(&legacy(
             "NVFP4",
             json!([
                 "lm_head",
@@ -272,9 +364,7 @@ mod tests {
                 "model.layers.[!0].x?"
             ]),
         ))
-        .unwrap() else {
-            panic!()
-        };
+        .unwrap();
         assert!(m.excludes("model.layers.1.self_attn.qkv_proj", false));
         assert!(!m.excludes("model.layers.0.self_attn.qkv_proj", false));
         assert!(m.excludes("model.layers.3.mlp.gate", false));

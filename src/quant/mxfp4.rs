@@ -3,10 +3,25 @@
 //! with E8M0 U8 scales and whose linear layers stay unquantized; on any other model the generic
 //! `Mxfp4Config`, which wload refuses. And the MoE backends whose padding of the experts'
 //! parameters `--moe-backend` reproduces (`fused_moe/oracle/mxfp4.py:837–916`).
+//!
+//! Its parameters (`GptOssMxfp4MoEMethod.create_weights`, `quantization/mxfp4.py:200–292`): a
+//! routed experts layer becomes six zero-initialised parameters in this order: `w13_weight` U8
+//! `[E, 2·I_p, H/2]`, `w13_weight_scale` U8 `[E, 2·I_p, H/32]`, `w2_weight` U8
+//! `[E, H, I_p/2]`, `w2_weight_scale` U8 `[E, H, I_p/32]`, then the biases in BF16 whatever the
+//! model dtype. The mapping's four bf16 expert parameters stand for the layer: its first brings
+//! all six, and the planner leaves out the mapping's others (`plan/params.rs`). `I_p`, `H_p`:
+//! the real slice (no `--moe-backend`), or the padding of the backend named.
 
 use serde_json::Value;
 
-use super::{QuantError, refuse, string_list};
+use super::cx::{Cx, Weight};
+use super::extra::Extra;
+use super::info::QuantInfo;
+use super::{Method, QuantError, refuse, refuse_dtype, string_list};
+use crate::dtype::Dtype;
+use crate::layout::mxfp4::{Mxfp4Dims, Mxfp4Part};
+use crate::layout::{Geometry, GptOssExperts, Mxfp4Experts};
+use crate::mapping::GptOssPart;
 
 pub use crate::layout::mxfp4::MX_BLOCK;
 
@@ -36,6 +51,93 @@ impl GptOssMxfp4 {
             Some(v) => string_list(v, "modules_to_not_convert")?,
         };
         Ok(GptOssMxfp4 { not_converted })
+    }
+}
+
+impl Method for GptOssMxfp4 {
+    fn name(&self) -> &'static str {
+        "mxfp4"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "mxfp4 (gpt_oss_mxfp4): MXFP4 experts (U8 E2M1 blocks, E8M0 scales per 32), every linear layer unquantized, {} module pattern(s) listed in modules_to_not_convert",
+            self.not_converted.len()
+        )
+    }
+
+    /// GptOssMxfp4Config: bfloat16 only.
+    fn supports(&self, dtype: Dtype) -> Result<(), String> {
+        refuse_dtype(dtype, "gpt_oss_mxfp4", "[torch.bfloat16]", true)
+    }
+
+    /// `Mxfp4Config.get_quant_method`: UnquantizedLinearMethod for every linear layer.
+    fn linear_quantized(&self, _: &str, _: &[String]) -> Result<bool, (String, &'static str)> {
+        Ok(false)
+    }
+
+    fn pads_for_moe_backend(&self) -> bool {
+        true
+    }
+
+    fn linear(&self, _w: Weight<'_>, _cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        None
+    }
+
+    /// `w`, the layer's `w13_weight`, made MXFP4; the layer's other five parameters after it.
+    /// `None` for the mapping's other expert parameters, which the first brought already.
+    fn experts(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        let Geometry::GptOssExperts(GptOssExperts {
+            part: GptOssPart::W13Weight,
+            experts,
+            intermediate,
+            hidden,
+        }) = *w.geometry
+        else {
+            return None;
+        };
+        let base = w.name.strip_suffix("w13_weight")?.to_string();
+        let dims = Mxfp4Dims {
+            experts,
+            intermediate,
+            hidden,
+            align: cx.moe_backend.map_or([1, 1], |b| b.alignment()),
+        };
+        let geometry = |part| Geometry::Mxfp4Experts(Mxfp4Experts { part, dims });
+        *w.geometry = geometry(Mxfp4Part::W13Weight);
+        *w.dtype = Dtype::U8;
+        let extras = Mxfp4Part::ALL[1..].iter().map(|&part| {
+            let dtype = match part {
+                Mxfp4Part::W13Bias | Mxfp4Part::W2Bias => Dtype::Bf16,
+                _ => Dtype::U8,
+            };
+            Extra::required(
+                format!("{base}{}", part.param()),
+                geometry(part),
+                dtype,
+                0.0,
+            )
+        });
+        Some(extras.collect())
+    }
+
+    /// `Mxfp4Config.get_quant_method` gives Attention no method: no kv-cache scales.
+    fn kv_cache(&self, _attention: &str, _cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        None
+    }
+
+    fn inspect(&self) -> QuantInfo {
+        QuantInfo {
+            scheme: Some("mxfp4 experts"),
+            bits: Some(4),
+            group_size: Some(32),
+            weights: Some(
+                "MXFP4 experts: E2M1 packed two a byte (*_blocks → w13_weight / w2_weight, U8), an E8M0 scale per 32 (*_scales); attention, router and embeddings unquantized"
+                    .into(),
+            ),
+            ignored: self.not_converted.clone(),
+            ..QuantInfo::of(self.name())
+        }
     }
 }
 
@@ -126,11 +228,8 @@ mod tests {
     fn mxfp4_is_gpt_oss_mxfp4_on_gpt_oss_only() {
         let qc = json!({"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]});
         let got = q(qc.clone(), "gpt_oss").unwrap().unwrap();
-        let Quantization::GptOssMxfp4(m) = &got else {
-            panic!("{got:?}")
-        };
-        assert_eq!(m.not_converted, ["lm_head"]);
-        assert_eq!(got.method(), "mxfp4");
+        assert_eq!(got.inspect().ignored, ["lm_head"]);
+        assert_eq!(got.name(), "mxfp4");
         // Linear layers are UnquantizedLinearMethod whatever the list says.
         assert!(
             !got.linear_quantized("model.layers.0.attn.qkv_proj", &[])

@@ -7,27 +7,10 @@ use crate::mapping::Mapping;
 use crate::mapping::rules::{Outcome, RegexRule, Rules, Step};
 
 impl Quantization {
-    /// `Fp8Config.apply_vllm_mapper` (quantization/fp8.py:153–155): the ignored names through the
-    /// model's `hf_to_vllm_mapper`, so that a VLM's checkpoint names (Qwen3.5's
-    /// `model.language_model.layers.0.linear_attn.in_proj_a`) match the modules as vLLM builds
-    /// them (`language_model.model.layers.0.linear_attn.in_proj_a`, a part of `in_proj_ba`). The
-    /// mapper is not the stacked params mapping: a part's name stays a part's name. The listed
-    /// names are kept too (wload's rules hold more than vLLM's mapper: aliases, suffixes).
-    pub fn apply_vllm_mapper(&mut self, rules: &Rules) {
-        let Quantization::Fp8(q) = self else {
-            return;
-        };
-        let mapped: Vec<String> = (q.ignored.iter())
-            .filter_map(|n| mapped_module(rules, n))
-            .filter(|m| !q.ignored.contains(m))
-            .collect();
-        q.ignored.extend(mapped);
-    }
-
     /// The rules vLLM's quant config adds to every model's weights mapper
     /// (`get_cache_scale_mapper`, `get_checkpoint_weight_mapper`, models/utils.py:465–468): kv
-    /// cache scales renamed onto the Attention layer, `.g_idx` dropped; and the suffixes it lets
-    /// go unmatched.
+    /// cache scales renamed onto the Attention layer, the method's own ([`super::Method::name_rules`]),
+    /// `.g_idx` dropped; and the suffixes it lets go unmatched.
     pub fn name_rules(&self) -> (Rules, &'static [&'static str]) {
         let mut regex: Vec<(&str, Option<&str>)> = vec![
             (r"\.kv_scale$", Some(r".attn.k_scale")),
@@ -59,26 +42,8 @@ impl Quantization {
                 Some(r"\1.attn.\2_zero_point"),
             ),
         ];
-        if let Quantization::Fp8(_) = self {
-            // Fp8Config's suffix renames, as regexes: wload applies suffix rules after the
-            // stacked ones, vLLM's mapper before the model's own.
-            regex.extend([
-                (r"\.k_proj\.output_scale$", Some(r".attn.k_scale")),
-                (r"\.v_proj\.output_scale$", Some(r".attn.v_scale")),
-                (r"\.q_proj\.output_scale$", Some(r".attn.q_scale")),
-                (
-                    r"\.self_attn\.prob_output_scale$",
-                    Some(r".self_attn.attn.prob_scale"),
-                ),
-            ]);
-        }
-        if let Quantization::Compressed(c) = self
-            && c.kv_cache == Some(super::compressed::KvCacheStrategy::AttnHead)
-        {
-            // The attn_head loader returns before reading a zero point, whatever its shape
-            // (compressed_tensors.py:1196–1198): the parameter keeps its zeros.
-            regex.push((r"\.attn\.[qkv]_zero_point$", None));
-        }
+        // The method's own, before `.g_idx` (vLLM's mapper order).
+        regex.extend(self.0.name_rules());
         regex.push((r"\.g_idx$", None));
         let mut rules = Rules::default();
         rules.regex = regex
@@ -116,7 +81,7 @@ impl Quantization {
 }
 
 /// A module name through the model's renames (its weight's name, the stacked rule undone).
-fn mapped_module(rules: &Rules, module: &str) -> Option<String> {
+pub(super) fn mapped_module(rules: &Rules, module: &str) -> Option<String> {
     let Ok(Outcome::Mapped(m)) = rules.apply(&format!("{module}.weight")) else {
         return None;
     };
@@ -297,38 +262,30 @@ mod role_tests {
 #[cfg(test)]
 mod tests {
     use super::super::Quantization;
-    use super::super::compressed::{Compressed, Fp8Scheme, Scheme, WeightStrategy, Wna16};
-    use super::super::fp8::Fp8;
+    use serde_json::json;
 
     /// Shipped mappings compile their regexes only when a name needs them, trusting that they
     /// compile: every one does, alone and with each scheme's rules merged in.
     #[test]
     fn every_shipped_mapping_compiles_with_every_schemes_rules() {
+        let parse = |v| Quantization::from_config(Some(&v)).unwrap().unwrap();
         let schemes = [
-            Quantization::Fp8(Fp8 {
-                block: Some([128, 128]),
-                static_activations: false,
-                ignored: vec![],
-            }),
-            Quantization::Compressed(Compressed {
-                scheme: Scheme::Fp8(Fp8Scheme {
-                    weights: WeightStrategy::Channel,
-                    static_activations: false,
-                }),
-                kv_cache: None,
-                ignore: vec![],
-                ignore_patterns: vec![],
-            }),
-            Quantization::Compressed(Compressed {
-                scheme: Scheme::Wna16(Wna16 {
-                    bits: 4,
-                    group: Some(32),
-                    symmetric: true,
-                }),
-                kv_cache: Some(super::super::compressed::KvCacheStrategy::AttnHead),
-                ignore: vec![],
-                ignore_patterns: vec![],
-            }),
+            parse(
+                json!({"quant_method": "fp8", "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128]}),
+            ),
+            parse(
+                json!({"quant_method": "compressed-tensors", "format": "float-quantized",
+                "config_groups": {"g": {"targets": ["Linear"],
+                    "weights": {"type": "float", "num_bits": 8, "strategy": "channel"},
+                    "input_activations": {"type": "float", "num_bits": 8, "dynamic": true, "strategy": "token"}}}}),
+            ),
+            parse(
+                json!({"quant_method": "compressed-tensors", "format": "pack-quantized",
+                "config_groups": {"g": {"targets": ["Linear"],
+                    "weights": {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 32, "symmetric": true}}},
+                "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "attn_head", "symmetric": true}}),
+            ),
         ];
         for m in crate::mapping::embedded() {
             m.rules.check_regexes().unwrap();
@@ -342,12 +299,11 @@ mod tests {
 
     #[test]
     fn kv_scale_names_move_onto_the_attention_layer_unless_already_there() {
-        let (mut rules, _) = Quantization::Fp8(Fp8 {
-            block: None,
-            static_activations: false,
-            ignored: vec![],
-        })
-        .name_rules();
+        let fp8 = json!({"quant_method": "fp8", "activation_scheme": "dynamic"});
+        let (mut rules, _) = Quantization::from_config(Some(&fp8))
+            .unwrap()
+            .unwrap()
+            .name_rules();
         rules.compile().unwrap();
         let target = |n: &str| match rules.apply(n).expect("short names") {
             crate::mapping::rules::Outcome::Mapped(m) => m.target,

@@ -6,7 +6,8 @@ mod structure;
 use std::io::{self, Write};
 
 use super::*;
-use crate::commands::inspect::{FileInfo, Inspection, QuantInfo, RoleTotal, TensorRow};
+use crate::commands::inspect::{FileInfo, Inspection, RoleTotal, TensorRow};
+use crate::quant::info::QuantInfo;
 use crate::quant::names::TensorRole;
 use crate::resolve::DroppedFile;
 pub use config_less::write_config_less;

@@ -9,7 +9,7 @@ use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
 use crate::multimodal::{MmEncoderTpMode, Multimodal};
 use crate::plan::PlanOptions;
-use crate::quant::mxfp4::MoeBackend;
+use crate::quant::MoeBackend;
 use crate::sharded::manifest::{MANIFEST, Manifest};
 use crate::sharded::names::{self, WrittenFor};
 

@@ -280,14 +280,14 @@ fn expected_plan(
     let empty = Checkpoint::from_files(Vec::new());
     Ok(plan::plan(
         &mapping,
-        &opened.config,
+        &crate::model::Model::new(&opened.config),
         &empty,
         &PlanOptions {
             expert_parallel: popts.expert_parallel || manifest.is_some_and(|m| m.expert_parallel),
             shapes_only: true,
             moe_backend: popts.moe_backend.or_else(|| {
                 let recorded = manifest.and_then(|m| m.moe_backend.as_deref())?;
-                crate::quant::mxfp4::MoeBackend::parse(recorded).ok()
+                crate::quant::MoeBackend::parse(recorded).ok()
             }),
             ..popts.clone()
         },
@@ -547,6 +547,7 @@ impl Built {
             language_model_only: expected.language_model_only,
             mm_encoder_tp_mode: expected.mm_encoder_tp_mode,
             module_tree: expected.module_tree,
+            quantization: expected.quantization,
         }
     }
 }

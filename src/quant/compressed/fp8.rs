@@ -33,7 +33,7 @@ impl Fp8Scheme {
         if matches!(weights, WeightStrategy::Block(_)) && static_activations {
             return Err(refuse(
                 "compressed-tensors block FP8 weights need dynamic activations".into(),
-                USE_UNQUANTIZED,
+                &USE_UNQUANTIZED,
             ));
         }
         Ok(Fp8Scheme {
@@ -52,14 +52,14 @@ fn weights(group: &Value, at: &dyn Fn(&str) -> String) -> Result<WeightStrategy,
             format!(
                 "compressed-tensors weights of type {wtype} with {bits} bits are not supported in format float-quantized (NVFP4 and MXFP4 have their own packed layouts); wload writes 8-bit float weights here"
             ),
-            USE_UNQUANTIZED,
+            &USE_UNQUANTIZED,
         ));
     }
     if field(w, "symmetric") == false || field(w, "dynamic") == true {
         return Err(refuse(
             "compressed-tensors FP8 weights must be static and symmetric (vLLM's W8A8Fp8 scheme)"
                 .into(),
-            USE_UNQUANTIZED,
+            &USE_UNQUANTIZED,
         ));
     }
     match field(w, "strategy").as_str() {
@@ -73,7 +73,7 @@ fn weights(group: &Value, at: &dyn Fn(&str) -> String) -> Result<WeightStrategy,
             format!(
                 "compressed-tensors FP8 weight strategy {other:?} is not supported (tensor, channel and block are)"
             ),
-            USE_UNQUANTIZED,
+            &USE_UNQUANTIZED,
         )),
     }
 }
@@ -86,13 +86,13 @@ fn activations(group: &Value) -> Result<bool, QuantError> {
         return Err(refuse(
             "compressed-tensors FP8 without input_activations (weight-only W8A16) is not supported"
                 .into(),
-            USE_UNQUANTIZED,
+            &USE_UNQUANTIZED,
         ));
     };
     if field(a, "type") != "float" || field(a, "num_bits") != 8 {
         return Err(refuse(
             "compressed-tensors input activations other than 8-bit float are not supported".into(),
-            USE_UNQUANTIZED,
+            &USE_UNQUANTIZED,
         ));
     }
     match (field(a, "dynamic").as_bool(), field(a, "strategy").as_str()) {
@@ -102,7 +102,7 @@ fn activations(group: &Value) -> Result<bool, QuantError> {
             format!(
                 "compressed-tensors FP8 input activations (dynamic {d:?}, strategy {s:?}) are not a scheme vLLM's W8A8Fp8 accepts"
             ),
-            USE_UNQUANTIZED,
+            &USE_UNQUANTIZED,
         )),
     }
 }

@@ -6,6 +6,7 @@
 mod fp8;
 mod int8;
 mod kv_cache;
+mod method;
 mod nvfp4;
 mod wna16;
 
@@ -50,7 +51,7 @@ impl Compressed {
         if qc.get("transform_config").is_some_and(|v| !v.is_null()) {
             return Err(refuse(
                 "compressed-tensors with a transform_config (rotations) is not supported".into(),
-                USE_UNQUANTIZED,
+                &USE_UNQUANTIZED,
             ));
         }
         let kv_cache = KvCacheStrategy::parse(qc)?;
@@ -68,7 +69,7 @@ impl Compressed {
                     format!(
                         "compressed-tensors format \"{format}\" is not supported: wload writes float-quantized (FP8), pack-quantized (W4A16 / W8A16), int-quantized (W8A8 INT8) and nvfp4-pack-quantized (NVFP4) compressed-tensors checkpoints"
                     ),
-                    USE_UNQUANTIZED,
+                    &USE_UNQUANTIZED,
                 ));
             }
         };
@@ -167,7 +168,7 @@ impl Compressed {
                     "compressed-tensors with {} config_groups (mixed schemes) is not supported; wload handles one group",
                     groups.len()
                 ),
-                USE_UNQUANTIZED,
+                &USE_UNQUANTIZED,
             ));
         }
         let (gname, group) = groups.iter().next().expect("one group");
@@ -181,7 +182,7 @@ impl Compressed {
                 format!(
                     "compressed-tensors config_groups.{gname}.targets = {targets:?} is not supported; wload handles [\"Linear\"]"
                 ),
-                USE_UNQUANTIZED,
+                &USE_UNQUANTIZED,
             ));
         }
         Ok((gname, group))
@@ -196,7 +197,7 @@ fn weights_of<'g>(group: &'g Value, at: &dyn Fn(&str) -> String) -> Result<&'g V
         .ok_or_else(|| {
             refuse(
                 format!("compressed-tensors {} is missing", at("weights")),
-                USE_UNQUANTIZED,
+                &USE_UNQUANTIZED,
             )
         })
 }

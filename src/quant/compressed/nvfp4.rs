@@ -5,7 +5,21 @@
 
 use serde_json::Value;
 
+use super::super::nvfp4::Nvfp4Names;
 use super::super::{QuantError, USE_UNQUANTIZED, field, refuse};
+
+/// compressed-tensors' names for NVFP4's parameters (`nvfp4.rs`).
+pub(super) const COMPRESSED: Nvfp4Names = Nvfp4Names {
+    method: "compressed-tensors NVFP4",
+    packed_suffix: "_packed",
+    global: "weight_global_scale",
+    input: "input_global_scale",
+    a16_input: false,
+    backend_input_scales: false,
+    // vLLM sizes the scales `K_r // 16` without a check: the checkpoint's would load misaligned.
+    k16_refusal: "an NVFP4 scale covers 16 input columns, so a rank's input must be whole groups of 16 (vLLM would size weight_scale by rounding down and load misaligned scales)",
+    exclude_fix: "list the module in quantization_config.ignore if the checkpoint stores it unquantized",
+};
 
 /// NVFP4 weights, with NVFP4 activations (W4A4) or 16-bit ones (W4A16).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +61,7 @@ impl Nvfp4 {
                         field(a, "strategy"),
                         field(a, "group_size"),
                     ),
-                    USE_UNQUANTIZED,
+                    &USE_UNQUANTIZED,
                 ));
             }
         };
@@ -80,7 +94,6 @@ fn is_nvfp4(args: &Value) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::Quantization;
     use super::super::Scheme;
     use super::Nvfp4;
     use serde_json::{Value, json};
@@ -94,12 +107,11 @@ mod tests {
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": args,
                                           "input_activations": input}}});
         edit(&mut qc["config_groups"]["group_0"]);
-        match Quantization::from_config(Some(&qc)) {
-            Ok(Some(Quantization::Compressed(c))) => match c.scheme {
+        match super::super::Compressed::parse(&qc) {
+            Ok(c) => match c.scheme {
                 Scheme::Nvfp4(n) => Ok(n),
                 other => panic!("{other:?}"),
             },
-            Ok(other) => panic!("{other:?}"),
             Err(e) => Err(format!("{} / {}", e.message, e.fix)),
         }
     }

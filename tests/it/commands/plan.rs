@@ -156,7 +156,8 @@ fn time_plan(
     let mut last = None;
     for _ in 0..runs {
         let t = thread_cpu_seconds();
-        let r = wload::plan::plan(&mapping, &opened.config, &opened.checkpoint, &opts);
+        let model = wload::model::Model::new(&opened.config);
+        let r = wload::plan::plan(&mapping, &model, &opened.checkpoint, &opts);
         best = best.min(thread_cpu_seconds() - t);
         last = Some(r);
     }

@@ -8,24 +8,19 @@
 
 use serde_json::Value;
 
-use crate::plan::{Piece, Plan};
+use crate::quant::Written;
 
-/// Adds `quantization_config.modules_in_block_to_quantize` to `cfg` for a GPTQ checkpoint whose
-/// config has none; says what it wrote, or `None` when nothing was needed.
-pub(super) fn add_quantized_modules(cfg: &mut Value, plan: &Plan) -> Option<String> {
-    let qc = cfg.get_mut("quantization_config")?;
-    let method = qc
-        .get("quant_method")
-        .and_then(Value::as_str)?
-        .to_lowercase();
-    if !matches!(method.as_str(), "gptq" | "gptq_marlin" | "marlin") {
-        return None;
-    }
+/// Adds `modules_in_block_to_quantize` to a GPTQ `quantization_config` (`qc`) that has none;
+/// says what it wrote, or `None` when nothing was needed.
+pub(super) fn add_quantized_modules(
+    qc: &mut Value,
+    written: &dyn Fn() -> Vec<Written>,
+) -> Option<String> {
     let listed = qc.get("modules_in_block_to_quantize");
     if listed.is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
         return None;
     }
-    let groups = quantized_groups(plan);
+    let groups = quantized_groups(&written());
     if groups.is_empty() {
         return None;
     }
@@ -40,26 +35,21 @@ pub(super) fn add_quantized_modules(cfg: &mut Value, plan: &Plan) -> Option<Stri
 /// vLLM quantizes those regardless) is filled from, one group per layer. When every block has
 /// the same groups, they are named within the block (`self_attn.q_proj`), as GPTQ tools write
 /// them; otherwise by their full names.
-fn quantized_groups(plan: &Plan) -> Vec<Vec<String>> {
+fn quantized_groups(written: &[Written]) -> Vec<Vec<String>> {
     let mut full: Vec<Vec<String>> = Vec::new();
-    for rank in plan.ranks.iter().filter(|r| r.tp_rank == 0) {
-        for t in &rank.tensors {
-            if !t.name.ends_with(".qweight") || t.name.contains(".experts.") {
-                continue;
+    for t in written {
+        if !t.name.ends_with(".qweight") || t.name.contains(".experts.") {
+            continue;
+        }
+        let mut group: Vec<String> = Vec::new();
+        for name in &t.sources {
+            let module = name.strip_suffix(".qweight").unwrap_or(name).to_string();
+            if !group.contains(&module) {
+                group.push(module);
             }
-            let mut group: Vec<String> = Vec::new();
-            for p in t.pieces.iter() {
-                if let Piece::Copy { source, .. } = p {
-                    let name = &*plan.sources[source].name;
-                    let module = name.strip_suffix(".qweight").unwrap_or(name).to_string();
-                    if !group.contains(&module) {
-                        group.push(module);
-                    }
-                }
-            }
-            if !group.is_empty() && !full.contains(&group) {
-                full.push(group);
-            }
+        }
+        if !group.is_empty() && !full.contains(&group) {
+            full.push(group);
         }
     }
     let in_block = |g: &Vec<String>| -> Option<Vec<String>> {

@@ -1,12 +1,20 @@
 //! `quant_method: gptq` (also `gptq_marlin`, `marlin`): vLLM 0.33's `AutoGPTQConfig`
 //! (`layers/quantization/auto_gptq.py`): bits, groups, `desc_act`, symmetry, and the modules it
 //! quantizes — `modules_in_block_to_quantize` when the config lists them, else every module with
-//! an integer tensor in the checkpoint (`maybe_update_config`).
+//! an integer tensor in the checkpoint (`maybe_update_config`). Its parameters (`params.rs`)
+//! are shared with AWQ; an output's config must list its quantized modules (`output_config.rs`).
+
+mod output_config;
+pub(crate) mod params;
 
 use serde_json::Value;
 
-use super::{QuantError, refuse};
+use super::cx::{Cx, Weight};
+use super::extra::{Extra, experts_module};
+use super::info::QuantInfo;
+use super::{Method, QuantError, Written, refuse, refuse_dtype};
 use crate::dtype::Dtype;
+use params::IntScheme;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gptq {
@@ -95,27 +103,9 @@ impl Gptq {
         })
     }
 
-    /// One line for reports: method, bits, group size, desc_act, symmetry, quantized modules.
-    pub(super) fn describe(&self) -> String {
-        let group = self
-            .group
-            .map_or("channelwise".into(), |g| format!("group size {g}"));
-        let modules = match &self.listed {
-            Some(l) => format!("{} listed module group(s) quantized", l.len()),
-            None => format!(
-                "{} checkpoint module(s) with integer tensors quantized",
-                self.quantized.len()
-            ),
-        };
-        format!(
-            "gptq: INT{} (qweight/scales/qzeros), {group}, desc_act {}, symmetric, {modules}",
-            self.bits, self.desc_act
-        )
-    }
-
     /// `maybe_update_config`: without a listed module, every checkpoint module (a tensor name
     /// without its last part) that has a tensor of a type other than F16, BF16 and F32.
-    pub fn update_from_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
+    pub(super) fn read_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
         if !self.quantized.is_empty() {
             return;
         }
@@ -146,6 +136,102 @@ impl Gptq {
             inside,
             "quantize every part of the fused layer, or none",
         )
+    }
+}
+
+impl Method for Gptq {
+    fn name(&self) -> &'static str {
+        "gptq"
+    }
+
+    fn describe(&self) -> String {
+        let group = self
+            .group
+            .map_or("channelwise".into(), |g| format!("group size {g}"));
+        let modules = match &self.listed {
+            Some(l) => format!("{} listed module group(s) quantized", l.len()),
+            None => format!(
+                "{} checkpoint module(s) with integer tensors quantized",
+                self.quantized.len()
+            ),
+        };
+        format!(
+            "gptq: INT{} (qweight/scales/qzeros), {group}, desc_act {}, symmetric, {modules}",
+            self.bits, self.desc_act
+        )
+    }
+
+    fn supports(&self, dtype: Dtype) -> Result<(), String> {
+        refuse_dtype(dtype, "auto_gptq", "[torch.float16, torch.bfloat16]", false)
+    }
+
+    fn update_from_checkpoint(&mut self, tensors: &mut dyn Iterator<Item = (&str, Dtype)>) {
+        self.read_checkpoint(tensors);
+    }
+
+    fn linear_quantized(
+        &self,
+        module: &str,
+        shards: &[String],
+    ) -> Result<bool, (String, &'static str)> {
+        self.quantizes(module, shards)
+    }
+
+    fn linear(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        params::linear(self.scheme(), w, cx)
+    }
+
+    /// AutoGPTQConfig quantizes every RoutedExperts (only `dynamic` rules, refused, skip).
+    fn experts(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        experts_module(w.name)?;
+        params::experts(self.scheme(), w, cx)
+    }
+
+    /// No kv-cache method: the Attention layer keeps only its scale buffers.
+    fn kv_cache(&self, _attention: &str, _cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
+        None
+    }
+
+    fn inspect(&self) -> QuantInfo {
+        QuantInfo {
+            scheme: Some(if self.group.is_some() {
+                "group"
+            } else {
+                "per-channel"
+            }),
+            bits: Some(self.bits),
+            group_size: self.group,
+            symmetric: Some(true),
+            weights: Some(format!(
+                "INT{} packed 8/int32 on the input dim (qweight, scales, qzeros), {}, desc_act {}, symmetric{}",
+                self.bits,
+                self.group
+                    .map_or("one group per output channel".into(), |n| format!(
+                        "groups of {n}"
+                    )),
+                self.desc_act,
+                if self.listed.is_some() {
+                    ", quantized modules listed (modules_in_block_to_quantize)"
+                } else {
+                    ", quantized modules: those with integer tensors in the checkpoint"
+                }
+            )),
+            ..QuantInfo::of(self.name())
+        }
+    }
+
+    fn output_config(&self, qc: &mut Value, written: &dyn Fn() -> Vec<Written>) -> Option<String> {
+        output_config::add_quantized_modules(qc, written)
+    }
+}
+
+impl Gptq {
+    fn scheme(&self) -> IntScheme {
+        IntScheme {
+            gptq: true,
+            bits: self.bits,
+            group: self.group,
+        }
     }
 }
 
@@ -239,9 +325,7 @@ mod tests {
             ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
             ["mlp.down_proj"]
         ]);
-        let Some(Quantization::Gptq(g)) = q(c).unwrap() else {
-            panic!()
-        };
+        let g = Gptq::parse(&c).unwrap();
         let qkv = ["q_proj", "k_proj", "v_proj"].map(String::from);
         assert_eq!(
             g.quantizes("model.layers.3.self_attn.qkv_proj", &qkv),
@@ -251,10 +335,8 @@ mod tests {
             g.quantizes("model.layers.3.self_attn.o_proj", &[]),
             Ok(false)
         );
-        let Some(Quantization::Gptq(mut g)) = q(base()).unwrap() else {
-            panic!()
-        };
-        g.update_from_checkpoint(
+        let mut g = Gptq::parse(&base()).unwrap();
+        g.read_checkpoint(
             [
                 ("model.layers.0.self_attn.q_proj.qweight", Dtype::I32),
                 ("model.layers.0.self_attn.q_proj.scales", Dtype::F16),
