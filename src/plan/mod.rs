@@ -36,10 +36,11 @@ use crate::model::rules_for;
 use crate::problem::{Problem, Problems};
 use crate::quant::Quantization;
 use crate::ranks::World;
+pub use pieces::Piece;
 use pieces::Pieces;
 pub use stages::{Stage, split_layers};
 pub use types::{
-    OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Retie,
+    OutTensor, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Retie,
     SCHEMA_VERSION, Skipped, SourceTensor,
 };
 

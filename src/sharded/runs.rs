@@ -18,6 +18,16 @@ use super::manifest::{MANIFEST, Manifest, RecordError};
 use super::names::RankFiles;
 use crate::problem::Problem;
 
+// Here, above the record it returns: a folder's manifest is its run records merged.
+impl Manifest {
+    /// The manifest of folder `dir`: its run records merged ([`read`]), if it has
+    /// a readable one. Records that disagree leave the first one's view; the folder's checks
+    /// report the disagreement ([`read`]).
+    pub fn read(dir: &Path) -> Option<Manifest> {
+        read(dir).manifest
+    }
+}
+
 /// The file-name prefix of a `--ranks` run's record.
 const RECORD_PREFIX: &str = "wload-ranks-";
 
