@@ -7,4 +7,5 @@ pub mod inspect;
 pub mod load;
 pub mod pipeline;
 pub mod plan;
+pub mod schema;
 pub mod shard;

@@ -47,7 +47,7 @@ pub fn plan_report(
         p.ranks.retain(|x| x.rank == r);
     }
     Ok(plan::PlanReport {
-        schema_version: plan::SCHEMA_VERSION,
+        schema_version: super::schema::PLAN,
         wload_version: env!("CARGO_PKG_VERSION"),
         source: opened.resolved.root.display().to_string(),
         timings,
@@ -57,9 +57,6 @@ pub fn plan_report(
         totals,
     })
 }
-
-/// Bumped when a field of `wload sizes --json` changes meaning or disappears (docs/sizes-json.md).
-pub const SIZES_SCHEMA_VERSION: u32 = 1;
 
 /// Which sizes `wload sizes` checks.
 #[derive(Debug, Clone)]
@@ -190,7 +187,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         })
         .collect();
     Ok(SizesReport {
-        schema_version: SIZES_SCHEMA_VERSION,
+        schema_version: super::schema::SIZES,
         wload_version: env!("CARGO_PKG_VERSION"),
         source: opened.resolved.root.display().to_string(),
         architecture: config.architecture().unwrap_or(&mapping.family).to_string(),

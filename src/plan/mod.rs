@@ -40,8 +40,8 @@ pub use pieces::Piece;
 use pieces::Pieces;
 pub use stages::{Stage, split_layers};
 pub use types::{
-    OutTensor, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Retie,
-    SCHEMA_VERSION, Skipped, SourceTensor,
+    OutTensor, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Retie, Skipped,
+    SourceTensor,
 };
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint

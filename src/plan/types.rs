@@ -6,9 +6,6 @@ use serde::Serialize;
 use crate::dtype::Dtype;
 use crate::problem::Problem;
 
-/// Bumped when a field of the plan JSON changes meaning or disappears.
-pub const SCHEMA_VERSION: u32 = 1;
-
 /// `wload plan --json`: the plan plus where it came from.
 #[derive(Debug, Serialize)]
 pub struct PlanReport {

@@ -125,7 +125,7 @@ pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
     let complete = problems.is_empty();
     let quoted = shell_quote(&root.display().to_string());
     Survey {
-        schema_version: super::SCHEMA_VERSION,
+        schema_version: crate::commands::schema::INSPECT,
         wload_version: env!("CARGO_PKG_VERSION"),
         kind: "pre-sharded",
         source: root.display().to_string(),
