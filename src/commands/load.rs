@@ -334,7 +334,7 @@ fn open_devices(
             return Err(DeviceError::TooFewDevices {
                 needed: local_base + n,
                 found,
-                ranks: format!("{ranks:?}"),
+                ranks: crate::units::id_runs(&ranks),
             }
             .into());
         }
