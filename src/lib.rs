@@ -34,7 +34,8 @@ pub mod small_file;
 pub mod units;
 
 pub use commands::error::Error;
-pub use commands::plan::{make_plan, plan_report};
+pub use commands::pipeline::make_plan;
+pub use commands::plan::plan_report;
 pub use commands::{inspect, load, shard};
 pub use exit::ExitStatus;
 pub use open::{Opened, SourceOptions, Timings, open, open_detect, open_with};

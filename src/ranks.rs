@@ -119,18 +119,10 @@ impl FromStr for RankList {
 }
 
 impl fmt::Display for RankList {
+    /// As given: `0-3,5`.
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        for (i, r) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            if r.start() == r.end() {
-                write!(f, "{}", r.start())?;
-            } else {
-                write!(f, "{}-{}", r.start(), r.end())?;
-            }
-        }
-        Ok(())
+        let runs = self.0.iter().map(|r| (*r.start(), *r.end()));
+        f.write_str(&crate::units::runs_text(runs))
     }
 }
 

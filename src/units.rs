@@ -1,5 +1,5 @@
-//! Numbers for people: byte sizes both ways (`5GiB` → bytes, bytes → `3.2 GiB`) and thousands
-//! separators. A leaf, so that every stage's messages read the same.
+//! Numbers for people: byte sizes both ways (`5GiB` → bytes, bytes → `3.2 GiB`), thousands
+//! separators, and lists of ids (ranks, experts) as runs. A leaf, so that every stage's messages read the same.
 
 use std::fmt;
 
@@ -93,6 +93,36 @@ pub fn is_one(n: &u64) -> bool {
 /// The plural ending for a count: `1 file`, `2 files`.
 pub fn plural(n: u64) -> &'static str {
     if n == 1 { "" } else { "s" }
+}
+
+/// Ids as runs, the way `--ranks` takes them: `0-3,5,8-9`; sorted first, each id once. The one
+/// way a message, a report or a run record's name writes a list of ranks or experts.
+pub fn id_runs(ids: &[u64]) -> String {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for i in ids {
+        match runs.last_mut() {
+            Some((_, end)) if end.checked_add(1) == Some(i) => *end = i,
+            _ => runs.push((i, i)),
+        }
+    }
+    runs_text(runs)
+}
+
+/// Runs `(first, last)`, in the order given, as [`id_runs`] writes them.
+pub fn runs_text(runs: impl IntoIterator<Item = (u64, u64)>) -> String {
+    let parts: Vec<String> = (runs.into_iter())
+        .map(|(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect();
+    parts.join(",")
 }
 
 #[cfg(test)]

@@ -1,4 +1,8 @@
-//! The library's error type and the exit status each error maps to.
+//! The library's error type and the exit status each error maps to. The commands' own failures
+//! are here too (`load.rs`, `shard.rs`), below the commands that return them.
+
+pub mod load;
+pub mod shard;
 
 use crate::checkpoint::HeaderError;
 use crate::config::ConfigError;
@@ -23,9 +27,9 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
     #[error(transparent)]
-    Shard(#[from] crate::commands::shard::ShardError),
+    Shard(#[from] shard::ShardError),
     #[error(transparent)]
-    Load(#[from] crate::commands::load::LoadError),
+    Load(#[from] load::LoadError),
     #[error(transparent)]
     Ranks(#[from] crate::ranks::RankError),
     #[error("--filter: {0}")]

@@ -19,9 +19,6 @@ use crate::quant::info::QuantInfo;
 use crate::quant::names::{TensorRole, tensor_role};
 use crate::resolve::{DroppedFile, Resolved};
 
-/// Bumped when a field changes meaning or disappears; adding fields does not bump it.
-pub const SCHEMA_VERSION: u32 = 1;
-
 /// Borrows the tensor rows from the [`Opened`] checkpoint it describes: a large checkpoint has
 /// 128k of them, and copying every name would cost more than printing them.
 #[derive(Debug, Serialize)]
@@ -174,7 +171,7 @@ pub fn inspect_mapped<'a>(
     let support = support::support(config.architecture(), chosen.as_ref(), refusal, mapping);
 
     Ok(Inspection {
-        schema_version: SCHEMA_VERSION,
+        schema_version: super::schema::INSPECT,
         wload_version: env!("CARGO_PKG_VERSION"),
         source: match &resolved.hub {
             Some(h) => h.repo.clone(),
@@ -392,7 +389,7 @@ fn lone_file(
         .collect();
     let f = &ck.files[0];
     Ok(LoneFile {
-        schema_version: SCHEMA_VERSION,
+        schema_version: super::schema::INSPECT,
         wload_version: env!("CARGO_PKG_VERSION"),
         kind: "file",
         source: path.display().to_string(),

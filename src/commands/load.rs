@@ -19,6 +19,7 @@ pub use report::{
 
 use crate::checksum;
 use crate::commands::error::Error;
+use crate::commands::error::load::LoadError;
 use crate::exec::device::{CpuDevice, Device, DeviceError};
 use crate::exec::io_choice;
 use crate::exec::load::LoadSink;
@@ -61,29 +62,6 @@ pub struct LoadOptions {
     pub repeat: u32,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error(transparent)]
-    Device(#[from] DeviceError),
-    #[error(transparent)]
-    Exec(#[from] ExecError),
-    #[error(transparent)]
-    Ranks(#[from] ranks::RankError),
-    #[error("--check: {rank_tensor} differs after the round trip through {device}")]
-    CheckFailed { rank_tensor: String, device: String },
-}
-
-impl LoadError {
-    pub fn exit_status(&self) -> crate::exit::ExitStatus {
-        use crate::exit::ExitStatus;
-        match self {
-            LoadError::Ranks(_) => ExitStatus::Usage,
-            LoadError::Exec(e) => e.exit_status(),
-            LoadError::Device(_) | LoadError::CheckFailed { .. } => ExitStatus::Runtime,
-        }
-    }
-}
-
 /// What each rank must hold: the plan for a checkpoint or, when `files` (the rank files
 /// `open_detect` found) is not empty, a plan that copies their tensors whole (see
 /// [`crate::plan::pre_sharded`]).
@@ -96,13 +74,13 @@ pub fn prepare(
 ) -> Result<(Plan, InputKind), Error> {
     if files.is_empty() {
         return Ok((
-            crate::commands::plan::make_plan(opened, popts)?,
+            super::pipeline::make_plan(opened, popts)?,
             InputKind::Checkpoint,
         ));
     }
     let plan = pre_sharded::plan(opened, popts, files, given_ranks, warnings)?;
     // After the folder's own checks, which name the manifest when it records no experts.
-    crate::commands::plan::refuse_expert_parallel_without_experts(opened, popts)?;
+    super::pipeline::refuse_expert_parallel_without_experts(opened, popts)?;
     Ok((plan, InputKind::PreSharded))
 }
 
@@ -356,7 +334,7 @@ fn open_devices(
             return Err(DeviceError::TooFewDevices {
                 needed: local_base + n,
                 found,
-                ranks: format!("{ranks:?}"),
+                ranks: crate::units::id_runs(&ranks),
             }
             .into());
         }

@@ -5,5 +5,7 @@
 pub mod error;
 pub mod inspect;
 pub mod load;
+pub mod pipeline;
 pub mod plan;
+pub mod schema;
 pub mod shard;

@@ -275,14 +275,14 @@ fn serve_command(
     manifest: &Manifest,
     plan: &Plan,
     config: &crate::config::ModelConfig,
-) -> crate::sharded::serve::ServeCommand {
+) -> crate::sharded::manifest::ServeCommand {
     let written = (plan.ranks.iter()).flat_map(|r| r.tensors.iter().map(|t| t.dtype));
     let auto_dtype = crate::dtype::resolve_dtype(
         crate::dtype::DtypeChoice::Auto,
         config.dtype.as_deref(),
         written,
     );
-    crate::sharded::serve::ServeCommand::new(out, manifest, auto_dtype.as_str())
+    crate::sharded::manifest::ServeCommand::new(out, manifest, auto_dtype.as_str())
 }
 
 fn manifest_for(

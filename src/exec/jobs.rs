@@ -3,7 +3,6 @@
 //! kept apart from the copying so that the cutting can be read, and changed, on its own.
 
 use super::parts::PartFile;
-use super::reduce::Reduce;
 use super::source::ALIGN;
 use super::{ExecOptions, Placement, Sink};
 use crate::dtype::Dtype;
@@ -64,6 +63,19 @@ fn zero_rows_of(t: &OutTensor, pad_rows: bool) -> Vec<ZeroRows> {
     } else {
         Vec::new()
     }
+}
+
+/// One reducing piece, placed (run by `reduce.rs`): output `out`, tensor data at byte `base`, in dtype `to`; each
+/// of the block's `row` destination elements is the maximum of `max_of` source elements.
+pub(super) struct Reduce {
+    pub(super) out: usize,
+    pub(super) base: u64,
+    pub(super) to: Dtype,
+    pub(super) source: usize,
+    pub(super) b: Block,
+    pub(super) max_of: u64,
+    /// The scale source of a dequantization (then `max_of` is unused).
+    pub(super) dequant: Option<usize>,
 }
 
 /// A fill the sink must write: output, byte offset, dtype, value, element count.

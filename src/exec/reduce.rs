@@ -10,24 +10,11 @@
 //!   `param.copy_` into the destination dtype.
 
 use super::copy::Run;
+use super::jobs::Reduce;
 use super::source::{AlignedBuf, SourceFile};
 use super::{ExecError, convert};
 use crate::dtype::Dtype;
-use crate::layout::Block;
 use crate::plan::SourceTensor;
-
-/// One reducing piece, placed: output `out`, tensor data at byte `base`, in dtype `to`; each
-/// of the block's `row` destination elements is the maximum of `max_of` source elements.
-pub(super) struct Reduce {
-    pub(super) out: usize,
-    pub(super) base: u64,
-    pub(super) to: Dtype,
-    pub(super) source: usize,
-    pub(super) b: Block,
-    pub(super) max_of: u64,
-    /// The scale source of a dequantization (then `max_of` is unused).
-    pub(super) dequant: Option<usize>,
-}
 
 impl Run<'_> {
     /// Reads, reduces and puts every reduction.

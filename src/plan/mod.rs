@@ -35,11 +35,12 @@ use crate::model::{Model, rules_for};
 use crate::problem::{Problem, Problems};
 use crate::quant::Quantization;
 use crate::ranks::World;
+pub use pieces::Piece;
 use pieces::Pieces;
 pub use stages::{Stage, split_layers};
 pub use types::{
-    OutTensor, Piece, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Retie,
-    SCHEMA_VERSION, Skipped, SourceTensor,
+    OutTensor, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Retie, Skipped,
+    SourceTensor,
 };
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint

@@ -5,8 +5,65 @@
 
 use serde::{Serialize, Serializer};
 
-use super::{Piece, Region};
+use crate::layout::Region;
 use crate::layout::types::{Block, ZeroRows};
+
+/// How part of a rank's tensor is filled: a copy of a [`Block`] from a source tensor, or a fill.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Piece {
+    /// A [`Block`] (in elements) copied from a source tensor, converting dtype when they differ;
+    /// its fields are the block's, flat, as the plan JSON has always had them.
+    Copy {
+        /// Index into [`Plan::sources`](super::Plan::sources).
+        source: usize,
+        /// Which part of the source (`rows [64, 128)`): a string in the plan JSON.
+        region: Region,
+        rows: u64,
+        row: u64,
+        src_start: u64,
+        src_stride: u64,
+        dst_start: u64,
+        dst_stride: u64,
+        /// Source elements between consecutive elements of a row: 1 (left out of the JSON) but
+        /// for a transposing copy ([`Block::src_elem_stride`]).
+        #[serde(skip_serializing_if = "crate::units::is_one")]
+        src_elem_stride: u64,
+    },
+    /// `count` elements from `dst_start` set to `value`.
+    Fill {
+        dst_start: u64,
+        count: u64,
+        value: f64,
+    },
+}
+
+impl Piece {
+    /// The block a copy moves; `None` for a fill.
+    pub fn block(&self) -> Option<Block> {
+        match *self {
+            Piece::Copy {
+                rows,
+                row,
+                src_start,
+                src_stride,
+                dst_start,
+                dst_stride,
+                src_elem_stride,
+                ..
+            } => Some(Block {
+                rows,
+                row,
+                src_start,
+                src_stride,
+                dst_start,
+                dst_stride,
+                src_elem_stride,
+            }),
+            Piece::Fill { .. } => None,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct Pieces(Vec<Item>);

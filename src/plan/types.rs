@@ -4,11 +4,8 @@
 use serde::Serialize;
 
 use crate::dtype::Dtype;
-use crate::layout::{Block, Region};
+use crate::plan::pieces::Piece;
 use crate::problem::Problem;
-
-/// Bumped when a field of the plan JSON changes meaning or disappears.
-pub const SCHEMA_VERSION: u32 = 1;
 
 /// `wload plan --json`: the plan plus where it came from.
 #[derive(Debug, Serialize)]
@@ -116,36 +113,6 @@ pub struct SourceTensor {
     pub dtype: Dtype,
     /// Inline: a plan can read 90,000 sources.
     pub shape: crate::layout::Shape,
-}
-
-/// How part of a rank's tensor is filled: a copy of a [`Block`] from a source tensor, or a fill.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Piece {
-    /// A [`Block`] (in elements) copied from a source tensor, converting dtype when they differ;
-    /// its fields are the block's, flat, as the plan JSON has always had them.
-    Copy {
-        /// Index into [`Plan::sources`].
-        source: usize,
-        /// Which part of the source (`rows [64, 128)`): a string in the plan JSON.
-        region: Region,
-        rows: u64,
-        row: u64,
-        src_start: u64,
-        src_stride: u64,
-        dst_start: u64,
-        dst_stride: u64,
-        /// Source elements between consecutive elements of a row: 1 (left out of the JSON) but
-        /// for a transposing copy ([`Block::src_elem_stride`]).
-        #[serde(skip_serializing_if = "crate::units::is_one")]
-        src_elem_stride: u64,
-    },
-    /// `count` elements from `dst_start` set to `value`.
-    Fill {
-        dst_start: u64,
-        count: u64,
-        value: f64,
-    },
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -262,31 +229,4 @@ pub struct Plan {
 pub struct Skipped {
     pub tensor: String,
     pub reason: String,
-}
-
-impl Piece {
-    /// The block a copy moves; `None` for a fill.
-    pub fn block(&self) -> Option<Block> {
-        match *self {
-            Piece::Copy {
-                rows,
-                row,
-                src_start,
-                src_stride,
-                dst_start,
-                dst_stride,
-                src_elem_stride,
-                ..
-            } => Some(Block {
-                rows,
-                row,
-                src_start,
-                src_stride,
-                dst_start,
-                dst_stride,
-                src_elem_stride,
-            }),
-            Piece::Fill { .. } => None,
-        }
-    }
 }

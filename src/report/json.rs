@@ -8,14 +8,6 @@ use crate::commands::error::Error;
 use crate::plan::PlanError;
 use crate::problem::Problem;
 
-/// `wload shard --json`: bumped when a field changes meaning or disappears (docs/shard-json.md).
-pub const SHARD_SCHEMA_VERSION: u32 = 1;
-/// `wload load --json`: bumped when a field changes meaning or disappears (docs/load-json.md).
-pub const LOAD_SCHEMA_VERSION: u32 = 1;
-/// The error document: bumped when a field changes meaning or disappears (docs/json.md). It is
-/// the same as the plan's refusal document's, which it extends.
-pub const ERROR_SCHEMA_VERSION: u32 = crate::plan::SCHEMA_VERSION;
-
 /// A successful command's report with `"ok": true` in front, and `schema_version` for a report
 /// that does not carry its own.
 #[derive(Serialize)]
@@ -122,7 +114,7 @@ fn document(
 ) -> Failure {
     Failure {
         ok: false,
-        schema_version: ERROR_SCHEMA_VERSION,
+        schema_version: crate::commands::schema::ERROR,
         wload_version: env!("CARGO_PKG_VERSION"),
         exit_status,
         error: ErrorInfo { kind, message },

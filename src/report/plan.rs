@@ -4,6 +4,7 @@ use std::io::{self, Write};
 
 use super::*;
 use crate::plan::{Piece, PlanReport};
+use crate::units::id_runs;
 
 /// The `plan` report: the model and layout, a table of the ranks, per rank its tensors and where
 /// they come from, and last the verdict with the totals. `quiet`: the verdict line only.
@@ -197,7 +198,7 @@ fn describe(
 
 /// A tensor's pieces as the FROM column lists them: a piece said as the one before it is said
 /// once, and sources that differ only in their expert number are written once with the experts'
-/// ranges (`model.layers.1.mlp.experts.{0–127}.gate_proj.weight rows [0, 96)`). Each piece is
+/// ranges (`model.layers.1.mlp.experts.{0-127}.gate_proj.weight rows [0, 96)`). Each piece is
 /// said into one reused buffer and only a new group is kept: a fused expert tensor of a large MoE
 /// has hundreds of pieces (a DeepSeek-V3 plan at TP 8, 712,000), and a string each took 0.5 s.
 #[derive(Default)]
@@ -242,7 +243,7 @@ impl ExpertGroups {
                 if ids.is_empty() {
                     key
                 } else {
-                    key.replacen("{}", &format!("{{{}}}", ranges(&ids)), 1)
+                    key.replacen("{}", &format!("{{{}}}", id_runs(&ids)), 1)
                 }
             })
             .collect()
@@ -255,28 +256,6 @@ fn expert_number(s: &str) -> Option<(usize, usize, u64)> {
     let len = s[at..].find(|c: char| !c.is_ascii_digit())?;
     let n = s[at..at + len].parse().ok()?;
     (len > 0 && s[at + len..].starts_with('.')).then_some((at, len, n))
-}
-
-/// `0–3,6,8–9` for sorted or unsorted ids.
-fn ranges(ids: &[u64]) -> String {
-    let mut ids = ids.to_vec();
-    ids.sort_unstable();
-    ids.dedup();
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ids.len() {
-        let mut j = i;
-        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
-            j += 1;
-        }
-        out.push(if j > i {
-            format!("{}–{}", ids[i], ids[j])
-        } else {
-            ids[i].to_string()
-        });
-        i = j + 1;
-    }
-    out.join(",")
 }
 
 #[cfg(test)]
@@ -306,8 +285,8 @@ mod tests {
         assert_eq!(
             per_expert(&from),
             [
-                "model.layers.1.mlp.experts.{0–3,5}.gate_proj.weight rows [0, 32)",
-                "model.layers.1.mlp.experts.{0–3,5}.up_proj.weight rows [0, 32)",
+                "model.layers.1.mlp.experts.{0-3,5}.gate_proj.weight rows [0, 32)",
+                "model.layers.1.mlp.experts.{0-3,5}.up_proj.weight rows [0, 32)",
                 "fill 0",
             ]
         );

@@ -72,7 +72,7 @@ fn write_result(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> i
     };
     writeln!(
         w,
-        "wrote {n} {} ({}) for tp {}{} {} {:?} to {}{rate}",
+        "wrote {n} {} ({}) for tp {}{} {} {} to {}{rate}",
         if n == 1 { "file" } else { "files" },
         human_bytes(r.bytes),
         m.tp,
@@ -82,7 +82,7 @@ fn write_result(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> i
             String::new()
         },
         if m.ranks.len() == 1 { "rank" } else { "ranks" },
-        m.ranks,
+        crate::units::id_runs(&m.ranks),
         Esc(&r.out)
     )?;
     let unchanged_config = r.config_changes.as_ref().is_some_and(Vec::is_empty);

@@ -3,7 +3,8 @@
 use std::io::{self, Write};
 
 use super::*;
-use crate::commands::plan::{NotChecked, SizesReport, Verdict};
+use crate::commands::pipeline::Verdict;
+use crate::commands::plan::{NotChecked, SizesReport};
 
 /// The model's shape, a table of every layout checked, and the accepted sizes summed up.
 pub fn write_sizes(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {

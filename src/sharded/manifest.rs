@@ -2,12 +2,14 @@
 //! checksum), read back by `load` (to check a pre-sharded folder) and by `shard --force` (to tell an
 //! earlier output from a folder of the user's).
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::serve::ServeCommand;
+use super::names::{RankFiles, WrittenFor};
+use crate::multimodal::{MmEncoderTpMode, Multimodal};
 
 /// The manifest's file name, next to the part files.
 pub const MANIFEST: &str = "wload.json";
@@ -15,6 +17,19 @@ pub const MANIFEST: &str = "wload.json";
 /// The vLLM versions whose parameter names and per-rank slicing wload follows: a folder loads in
 /// these; another version loads it only if its model code keeps the same parameters.
 pub const VLLM_VERSIONS: &str = "0.33.x";
+
+/// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM
+/// would infer the same way by itself. Built by [`super::serve`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServeCommand {
+    /// The environment vLLM must run with (`VLLM_PP_LAYER_PARTITION`); empty for most folders.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// The words, unquoted, for a program to run.
+    pub argv: Vec<String>,
+    /// The environment and the words quoted for a POSIX shell, to copy and paste.
+    pub shell: String,
+}
 
 /// What `wload shard` wrote into OUT, as `wload.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -146,13 +161,6 @@ impl ManifestFile {
 }
 
 impl Manifest {
-    /// The manifest of folder `dir`: its run records merged ([`super::runs::read`]), if it has
-    /// a readable one. Records that disagree leave the first one's view; the folder's checks
-    /// report the disagreement ([`super::runs::read`]).
-    pub fn read(dir: &Path) -> Option<Manifest> {
-        super::runs::read(dir).manifest
-    }
-
     /// The run records this view was read from, for messages: `wload.json`, or
     /// `wload-ranks-0-3.json, wload-ranks-4-7.json`.
     pub fn record_names(&self) -> String {
@@ -163,12 +171,48 @@ impl Manifest {
         }
     }
 
+    /// The multimodal settings this records; a mode that is no vLLM mode asks for none (a
+    /// folder from elsewhere may record anything: the pre-sharded check reports it).
+    pub fn multimodal(&self) -> Multimodal {
+        Multimodal {
+            language_model_only: self.language_model_only,
+            mm_encoder_tp_mode: self
+                .mm_encoder_tp_mode
+                .as_deref()
+                .and_then(MmEncoderTpMode::parse)
+                .unwrap_or_default(),
+        }
+    }
+
     /// One record file as written, without merging.
     pub fn read_record(path: &Path) -> Result<Manifest, RecordError> {
         let mut m: Manifest = serde_json::from_slice(&crate::small_file::read(path)?)?;
         let name = path.file_name().unwrap_or(path.as_os_str());
         m.records = vec![name.to_string_lossy().into_owned()];
         Ok(m)
+    }
+}
+
+// Here, above the file names it falls back on: what a folder was written for is first what its
+// manifest says.
+impl WrittenFor {
+    /// `files` must not be empty.
+    pub fn of(files: &RankFiles, manifest: Option<&Manifest>) -> WrittenFor {
+        if let Some(m) = manifest {
+            // A hand-edited manifest may say 0; the layout checks divide by these.
+            return WrittenFor {
+                tp: m.tp.max(1),
+                pp: m.pp.max(1),
+                expert_parallel: Some(m.expert_parallel),
+                dtype: Some(m.dtype.clone()),
+                architecture: Some(m.architecture.clone()),
+                source_checkpoint: Some(m.source.clone()),
+                multimodal: m.multimodal().flags(),
+                module_tree: m.module_tree.clone(),
+                from: m.record_names(),
+            };
+        }
+        WrittenFor::from_names(files)
     }
 }
 

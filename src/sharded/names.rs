@@ -166,22 +166,8 @@ pub struct WrittenFor {
 }
 
 impl WrittenFor {
-    /// `files` must not be empty.
-    pub fn of(files: &RankFiles, manifest: Option<&super::manifest::Manifest>) -> WrittenFor {
-        if let Some(m) = manifest {
-            // A hand-edited manifest may say 0; the layout checks divide by these.
-            return WrittenFor {
-                tp: m.tp.max(1),
-                pp: m.pp.max(1),
-                expert_parallel: Some(m.expert_parallel),
-                dtype: Some(m.dtype.clone()),
-                architecture: Some(m.architecture.clone()),
-                source_checkpoint: Some(m.source.clone()),
-                multimodal: super::serve::ServeLayout::of(m).multimodal.flags(),
-                module_tree: m.module_tree.clone(),
-                from: m.record_names(),
-            };
-        }
+    /// What the file names of `files` show (no manifest says); `files` must not be empty.
+    pub fn from_names(files: &RankFiles) -> WrittenFor {
         let staged = files.keys().all(|(pp, _)| pp.is_some());
         WrittenFor {
             tp: files

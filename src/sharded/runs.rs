@@ -18,6 +18,16 @@ use super::manifest::{MANIFEST, Manifest, RecordError};
 use super::names::RankFiles;
 use crate::problem::Problem;
 
+// Here, above the record it returns: a folder's manifest is its run records merged.
+impl Manifest {
+    /// The manifest of folder `dir`: its run records merged ([`read`]), if it has
+    /// a readable one. Records that disagree leave the first one's view; the folder's checks
+    /// report the disagreement ([`read`]).
+    pub fn read(dir: &Path) -> Option<Manifest> {
+        read(dir).manifest
+    }
+}
+
 /// The file-name prefix of a `--ranks` run's record.
 const RECORD_PREFIX: &str = "wload-ranks-";
 
@@ -27,21 +37,9 @@ pub fn record_name(ranks: &[u64], world: u64) -> String {
     if ranks.len() as u64 == world && ranks.iter().copied().eq(0..world) {
         return MANIFEST.to_string();
     }
-    let mut spans: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let start = ranks[i];
-        while i + 1 < ranks.len() && ranks[i + 1] == ranks[i] + 1 {
-            i += 1;
-        }
-        spans.push(if ranks[i] == start {
-            start.to_string()
-        } else {
-            format!("{start}-{}", ranks[i])
-        });
-        i += 1;
-    }
-    format!("{RECORD_PREFIX}{}.json", spans.join("_"))
+    // `_` for the `,` of `--ranks`: a comma in a file name needs quoting in shells.
+    let runs = crate::units::id_runs(ranks).replace(',', "_");
+    format!("{RECORD_PREFIX}{runs}.json")
 }
 
 /// Whether `name` is a run record: `wload.json` or a `--ranks` run's.

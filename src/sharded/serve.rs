@@ -5,27 +5,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use super::manifest::Manifest;
+use super::manifest::{Manifest, ServeCommand};
 use super::names::{RankFiles, WrittenFor};
 use crate::checkpoint::Checkpoint;
 use crate::dtype::{DtypeChoice, resolve_dtype};
-use crate::multimodal::{MmEncoderTpMode, Multimodal};
+use crate::multimodal::Multimodal;
 use crate::ranks::stages::PP_PARTITION_VAR;
-
-/// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM
-/// would infer the same way by itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServeCommand {
-    /// The environment vLLM must run with (`VLLM_PP_LAYER_PARTITION`); empty for most folders.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-    /// The words, unquoted, for a program to run.
-    pub argv: Vec<String>,
-    /// The environment and the words quoted for a POSIX shell, to copy and paste.
-    pub shell: String,
-}
 
 /// What the `vllm serve` command of a pre-sharded folder depends on: the layout its files were
 /// written for. Structured facts only, so that the command printed is always one wload builds.
@@ -59,7 +44,7 @@ impl<'a> ServeLayout<'a> {
             dtype: Some(&m.dtype),
             side_files: m.side_files.as_deref().unwrap_or_default(),
             moe_backend: backend_name(m),
-            multimodal: multimodal(m),
+            multimodal: m.multimodal(),
             mistral_config: m.config_format.as_deref() == Some("mistral"),
             pp_layer_partition: partition(m),
             served_model_name: repo_name(m),
@@ -67,6 +52,7 @@ impl<'a> ServeLayout<'a> {
     }
 }
 
+// The builder lives here, with the rules of the line; the type is the manifest's record of it.
 impl ServeCommand {
     /// The command for folder `out` holding `m`'s files; `auto_dtype` is what vLLM's
     /// `--dtype auto` picks from the folder's config on a GPU with BF16.
@@ -180,19 +166,6 @@ fn backend_name(m: &Manifest) -> Option<&str> {
     (!b.is_empty() && b.chars().all(|c| c.is_ascii_lowercase() || c == '_')).then_some(b)
 }
 
-/// The multimodal settings the manifest records; a mode that is no vLLM mode asks for none (a
-/// folder from elsewhere may record anything: the pre-sharded check reports it).
-fn multimodal(m: &Manifest) -> Multimodal {
-    Multimodal {
-        language_model_only: m.language_model_only,
-        mm_encoder_tp_mode: m
-            .mm_encoder_tp_mode
-            .as_deref()
-            .and_then(MmEncoderTpMode::parse)
-            .unwrap_or_default(),
-    }
-}
-
 /// The folder as vLLM's positional model argument: absolute (a relative path is read against
 /// the directory vLLM runs in, and taken for a hub repo id when nothing is there), its real
 /// location when it exists.
@@ -281,7 +254,7 @@ pub fn serve_command(
         dtype: manifest.map(|m| m.dtype.as_str()),
         side_files: &listed,
         moe_backend: manifest.and_then(backend_name),
-        multimodal: manifest.map(multimodal).unwrap_or_default(),
+        multimodal: manifest.map(Manifest::multimodal).unwrap_or_default(),
         mistral_config: manifest.is_some_and(|m| m.config_format.as_deref() == Some("mistral")),
         pp_layer_partition: partition.as_deref(),
         served_model_name: manifest.and_then(repo_name),

@@ -31,9 +31,14 @@ fn check(name: &str, args: &[&str]) {
 }
 
 fn snapshot(name: &str, out: &Output) {
+    snapshot_with(name, out, &[]);
+}
+
+/// [`snapshot`] with `extra` filters (regex, replacement) for what only this output varies in.
+fn snapshot_with(name: &str, out: &Output, extra: &[(&str, &str)]) {
     let root = manifest_dir().display().to_string();
     let tmp = std::env::temp_dir().display().to_string();
-    let filters: Vec<(String, &str)> = vec![
+    let mut filters: Vec<(String, &str)> = vec![
         (regex_escape(&root), "[ROOT]"),
         (
             format!(r"{}/\.tmp[A-Za-z0-9]+", regex_escape(&tmp)),
@@ -43,7 +48,12 @@ fn snapshot(name: &str, out: &Output) {
         (r"\b\d+(\.\d+)? ?[KMGT]i?B/s\b".into(), "[RATE]"),
         // How shard chose to read depends on the page cache at the time.
         (r"(?m)^read: io .*$".into(), "read: [IO CHOICE]"),
+        (
+            r#""wload_version": "[^"]*""#.into(),
+            r#""wload_version": "[VERSION]""#,
+        ),
     ];
+    filters.extend(extra.iter().map(|(a, b)| (a.to_string(), *b)));
     let filters: Vec<(&str, &str)> = filters.iter().map(|(a, b)| (a.as_str(), *b)).collect();
     insta::with_settings!({ filters => filters, prepend_module_to_snapshot => false }, {
         insta::assert_snapshot!(name, shown(out));
@@ -180,5 +190,112 @@ fn error_unknown_architecture() {
     check(
         "error_unknown_architecture",
         &["plan", s(dir.path()), "--tp", "2"],
+    );
+}
+
+// ---- the other human reports ----
+
+#[test]
+fn inspect_one_file() {
+    let file = fixtures_dir().join("llama_gqa/model-00001-of-00006.safetensors");
+    check("inspect_one_file", &["inspect", s(&file)]);
+}
+
+/// A folder of safetensors files without config.json: what the files hold, and why no plan.
+#[test]
+fn inspect_without_config() {
+    let dir = copy_fixture("llama_gqa");
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
+    check("inspect_without_config", &["inspect", s(dir.path())]);
+}
+
+#[test]
+fn plan_report_verbose() {
+    check("plan_verbose", &["plan", &gqa(), "--tp", "2", "-v"]);
+}
+
+#[test]
+fn load_report() {
+    let out = run(&["load", &gqa(), "--tp", "2", "--device", "cpu", "--check"]);
+    // The per-rank times and rates, and how much of the source the page cache held.
+    let varying = [
+        (r"\b\d+\.\d+\b", "[N]"),
+        (r"\b\d+% in the page cache", "[N]% in the page cache"),
+        (r"(?m)\b\d+%$", "[N]%"),
+    ];
+    snapshot_with("load_cpu", &out, &varying);
+}
+
+// ---- one refusal per error family (commands::error::Error) ----
+
+/// `Headers`: a file whose safetensors header is cut short.
+#[test]
+fn error_bad_header() {
+    let dir = copy_fixture("llama_gqa");
+    let file = dir.path().join("model-00002-of-00006.safetensors");
+    std::fs::write(&file, b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":").unwrap();
+    check("error_bad_header", &["plan", s(dir.path()), "--tp", "2"]);
+}
+
+/// `Config`: config.json that is not JSON.
+#[test]
+fn error_bad_config() {
+    let dir = copy_fixture("llama_gqa");
+    std::fs::write(dir.path().join("config.json"), "{\"architectures\": [").unwrap();
+    check("error_bad_config", &["plan", s(dir.path()), "--tp", "2"]);
+}
+
+/// `Usage`: expert parallelism asked of a model without experts.
+#[test]
+fn error_expert_parallel_without_experts() {
+    check(
+        "error_expert_parallel_without_experts",
+        &["plan", &gqa(), "--tp", "2", "--enable-expert-parallel"],
+    );
+}
+
+/// `Shard`: OUT holds files that are not a wload output.
+#[test]
+fn error_out_not_ours() {
+    let work = TempDir::new().unwrap();
+    std::fs::write(work.path().join("notes.txt"), "mine").unwrap();
+    check(
+        "error_out_not_ours",
+        &["shard", &gqa(), "--tp", "2", "-o", s(work.path())],
+    );
+}
+
+/// `Shard` (`BadRank`): `--ranks` beyond the layout.
+#[test]
+fn error_rank_out_of_range() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    check(
+        "error_rank_out_of_range",
+        &[
+            "shard",
+            &gqa(),
+            "--tp",
+            "2",
+            "--ranks",
+            "0-3",
+            "-o",
+            s(&out),
+        ],
+    );
+}
+
+/// `BadFilter`: a `--filter` that is no regular expression.
+#[test]
+fn error_bad_filter() {
+    check("error_bad_filter", &["inspect", &gqa(), "--filter", "("]);
+}
+
+/// The error document every failure prints under `--json`.
+#[test]
+fn error_json_document() {
+    check(
+        "error_json_document",
+        &["plan", &gqa(), "--tp", "3", "--json"],
     );
 }

@@ -180,7 +180,7 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         (false, false) => wload::report::Detail::Normal,
     };
     let human: Human = &|w| wload::report::write_shard(w, &report, detail);
-    let json = json_if(args.json, Some(wload::report::json::SHARD_SCHEMA_VERSION));
+    let json = json_if(args.json, Some(wload::commands::schema::SHARD));
     emit(out, json, &report, Some(human))
 }
 
@@ -204,7 +204,7 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     if let (Some(note), false) = (&settings.note, g.quiet) {
         say(format_args!("note: {}", Esc(note)));
     }
-    let json = json_if(args.json, Some(wload::report::json::LOAD_SCHEMA_VERSION));
+    let json = json_if(args.json, Some(wload::commands::schema::LOAD));
     let human: Human = &|w| wload::report::write_load(w, &report, g.verbose, g.quiet);
     emit(out, json, &report, Some(human))
 }

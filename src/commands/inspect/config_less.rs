@@ -12,7 +12,7 @@ use std::path::Path;
 use regex::Regex;
 use serde::Serialize;
 
-use super::{FileInfo, FormatInfo, SCHEMA_VERSION, TensorRow, Totals};
+use super::{FileInfo, FormatInfo, TensorRow, Totals};
 use crate::checkpoint::{Checkpoint, Duplicate};
 use crate::commands::error::Error;
 use crate::resolve::{DroppedFile, LoadFormat, Resolved};
@@ -55,7 +55,7 @@ pub fn config_less<'a>(
     let re = filter.map(Regex::new).transpose()?;
     let (tensors, totals) = super::tensors_and_totals(checkpoint, re.as_ref());
     Ok(ConfigLess {
-        schema_version: SCHEMA_VERSION,
+        schema_version: crate::commands::schema::INSPECT,
         wload_version: env!("CARGO_PKG_VERSION"),
         kind: "no-config",
         source: resolved.root.display().to_string(),

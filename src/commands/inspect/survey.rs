@@ -10,8 +10,9 @@ use crate::plan::pre_sharded::layout_problems;
 use crate::problem::Problem;
 use crate::sharded::layers::{self, StageLayers};
 use crate::sharded::manifest::Manifest;
+use crate::sharded::manifest::ServeCommand;
 use crate::sharded::names::{WrittenFor, in_folder, pattern};
-use crate::sharded::serve::{ServeCommand, serve_command, shell_quote};
+use crate::sharded::serve::{serve_command, shell_quote};
 
 /// `inspect` of a pre-sharded folder: per rank and part, the files, their tensors and bytes; what
 /// TP, PP and EP they were written for; and whether every file of every rank is there, as the
@@ -124,7 +125,7 @@ pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
     let complete = problems.is_empty();
     let quoted = shell_quote(&root.display().to_string());
     Survey {
-        schema_version: super::SCHEMA_VERSION,
+        schema_version: crate::commands::schema::INSPECT,
         wload_version: env!("CARGO_PKG_VERSION"),
         kind: "pre-sharded",
         source: root.display().to_string(),

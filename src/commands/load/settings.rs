@@ -171,11 +171,11 @@ fn from_file_names(
     let named = WrittenFor::of(files, None);
     let pattern = names::pattern(files);
     let ranks = |of: fn(&(Option<u64>, u64)) -> Option<u64>| {
-        let set: std::collections::BTreeSet<u64> = files.keys().filter_map(of).collect();
-        match (set.first(), set.last()) {
-            (Some(a), Some(b)) if a == b => format!("{a}"),
-            (Some(a), Some(b)) => format!("{a}–{b}"),
-            _ => "none".into(),
+        let ids: Vec<u64> = files.keys().filter_map(of).collect();
+        if ids.is_empty() {
+            "none".into()
+        } else {
+            crate::units::id_runs(&ids)
         }
     };
     let mut problems = Vec::new();

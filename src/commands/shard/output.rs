@@ -26,6 +26,7 @@ use super::owned::Owned;
 use super::space::DiskProblem;
 use super::sweep::Owner;
 pub use super::sweep::{Swept, sweep};
+use crate::commands::error::shard::{Entries, OutProblem};
 use crate::sharded::manifest::Manifest;
 
 /// Marks staging folders: `.{OUT name}.wload-tmp-{PID}`.
@@ -34,8 +35,6 @@ pub const STAGING_TAG: &str = ".wload-tmp-";
 const ASIDE_SUFFIX: &str = ".old";
 /// The owner record inside a staging folder; removed just before publication.
 pub const OWNER_FILE: &str = ".wload-owner.json";
-/// How many of a refused folder's entries an error names.
-const NAMED_ENTRIES: usize = 5;
 
 /// A folder's identity, to notice that OUT was replaced while this run was writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,78 +230,6 @@ fn entry_names(dir: &Path) -> Result<Vec<String>, ShardError> {
     }
     names.sort();
     Ok(names)
-}
-
-/// Why OUT cannot be used; each says what to do.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OutProblem {
-    #[error("not usable as an output folder name; name the folder, e.g. -o ./model-tp8")]
-    NoName,
-    #[error("its parent {} is not an existing folder; create it first", .0.display())]
-    NoParent(PathBuf),
-    #[error(
-        "its parent {} cannot be written to ({why}); wload builds OUT in a hidden folder next to it and renames it into place: choose a folder you can write to",
-        .parent.display()
-    )]
-    ParentNotWritable { parent: PathBuf, why: String },
-    #[error("is a symbolic link; wload does not write through links, pass the folder it points to")]
-    Link,
-    #[error(
-        "is not valid UTF-8; wload.json, its owner records and the serve command name OUT as text: choose a UTF-8 path"
-    )]
-    NotUtf8,
-    #[error("exists and is not a folder; choose another output path")]
-    NotAFolder,
-    #[error(
-        "is, or contains, the current folder; run wload from elsewhere or choose another output folder"
-    )]
-    HoldsCurrentFolder,
-    #[error(
-        "is not empty and is not a wload output (it holds {0}); wload only writes into a new or empty folder, and --force replaces only an earlier wload output: choose another folder, or move its contents away yourself"
-    )]
-    NotOurs(Entries),
-    #[error(
-        "is an earlier wload output, but also holds {0}, which wload did not write; move those away, or choose another folder"
-    )]
-    Foreign(Entries),
-    #[error(
-        "is an earlier wload output (wload {version}), but its wload.json lists only the part files, so wload cannot tell {entries} from files of yours and will not delete them; move away what is yours and delete the rest (or the whole folder) yourself, or choose another folder"
-    )]
-    ForeignLegacy { entries: Entries, version: String },
-    #[error(
-        "is inside the source checkpoint {}: the side files of a checkpoint include its folders (as vLLM's example script copies them), so this output would be copied into the next one of that checkpoint, nesting with every run; choose a folder outside it",
-        .0.display()
-    )]
-    InsideSource(PathBuf),
-    #[error(
-        "is a mount point; wload builds the output next to OUT and renames it into place in one step, so that no one ever sees a partial output, and a mount point cannot be renamed: write into a folder inside it instead, e.g. -o OUT/model-tp8"
-    )]
-    MountPoint,
-    #[error(
-        "its name is {len} bytes, longer than the {max} bytes a file name may have on this file system; choose a shorter name"
-    )]
-    NameTooLong { len: usize, max: usize },
-}
-
-/// A folder's entries for a message: the first few by name, then a count.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entries(Vec<String>);
-
-impl Entries {
-    fn new(names: Vec<String>) -> Entries {
-        Entries(names)
-    }
-}
-
-impl std::fmt::Display for Entries {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        let shown: Vec<_> = self.0.iter().take(NAMED_ENTRIES).cloned().collect();
-        write!(f, "{}", shown.join(", "))?;
-        match self.0.len().saturating_sub(NAMED_ENTRIES) {
-            0 => Ok(()),
-            n => write!(f, " and {n} more"),
-        }
-    }
 }
 
 /// A staging folder that could not be created, worded with OUT and its parent: the hidden name

@@ -70,8 +70,8 @@ pub fn layout_problems(
     if !missing.is_empty() {
         let hint = match manifest {
             Some(m) if m.ranks.len() as u64 != w.tp.saturating_mul(w.pp) => format!(
-                " (shard wrote only ranks {:?} here, with --ranks: copy the others' files in)",
-                m.ranks
+                " (shard wrote only ranks {} here, with --ranks: copy the others' files in)",
+                crate::units::id_runs(&m.ranks)
             ),
             _ => String::new(),
         };
@@ -79,7 +79,7 @@ pub fn layout_problems(
             message: format!(
                 "no files for rank{} {} of {}{hint}",
                 if missing.len() == 1 { "" } else { "s" },
-                ranges(&missing),
+                crate::units::id_runs(&missing),
                 w.flags()
             ),
             fix: Some("copy the missing rank files into the folder".into()),
@@ -163,24 +163,3 @@ fn disagreement(at: &Path, given: &str, recorded: &str) -> crate::problem::Probl
 /// A folder whose names claim more ranks than this is not walked rank by rank (a file called
 /// `model-rank-18446744073709551615-part-0.safetensors` must not make inspect loop forever).
 const MAX_RANKS_CHECKED: u64 = 1 << 16;
-
-/// Ranks as runs: `0-3, 6, 8-9`.
-fn ranges(ids: &[u64]) -> String {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &i in ids {
-        match runs.last_mut() {
-            Some((_, end)) if end.checked_add(1) == Some(i) => *end = i,
-            _ => runs.push((i, i)),
-        }
-    }
-    runs.iter()
-        .map(|&(a, b)| {
-            if a == b {
-                a.to_string()
-            } else {
-                format!("{a}-{b}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}

@@ -324,8 +324,9 @@ fn folder_problems(
     if !extra.is_empty() {
         problems.push(Problem {
             message: format!(
-                "{}: has files for ranks {extra:?}, beyond --tp {tp}",
+                "{}: has files for ranks {}, beyond --tp {tp}",
                 root.display(),
+                crate::units::id_runs(&extra),
             ),
             fix: Some(format!(
                 "load with --tp {}",

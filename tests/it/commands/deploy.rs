@@ -291,7 +291,7 @@ fn serve_line_of_a_partial_run_says_to_complete_the_folder() {
         v["problems"][0]["message"]
             .as_str()
             .unwrap()
-            .contains("no files for ranks 2-3 of --tp 4 (shard wrote only ranks [0, 1] here"),
+            .contains("no files for ranks 2-3 of --tp 4 (shard wrote only ranks 0-1 here"),
         "{v:#}"
     );
 }

@@ -132,7 +132,7 @@ fn cuda_stub_driver_without_gpus() {
         &[f, "--tp", "2", "--device", "cuda"],
         &zero,
         1,
-        &["2 GPUs needed", "ranks [0, 1]", "only 0 visible"],
+        &["2 GPUs needed", "ranks 0-1", "only 0 visible"],
     );
     // A torchrun process with LOCAL_RANK 1 of 2 holds ranks 2,3 on local GPUs 2,3.
     let mut local = zero.clone();
@@ -141,7 +141,7 @@ fn cuda_stub_driver_without_gpus() {
         &[f, "--tp", "4", "--device", "cuda"],
         &local,
         1,
-        &["4 GPUs needed", "ranks [2, 3]", "only 0 visible"],
+        &["4 GPUs needed", "ranks 2-3", "only 0 visible"],
     );
     // A dry run does not call the driver at all.
     let out = load_env(&[f, "--tp", "2", "--device", "cuda", "--dry-run"], &base);
@@ -172,7 +172,7 @@ fn cuda_stub_driver_context_failure() {
 /// Slurm with one GPU per task (`srun --gpus-per-task=1`, or `--gpu-bind`) sets each task's
 /// CUDA_VISIBLE_DEVICES to its own GPU, so task 1 sees one device, at ordinal 0. wload puts task
 /// 1's rank on local ordinal SLURM_LOCALID × ranks-per-task = 1 and refuses ("2 GPUs needed for
-/// ranks [1], but only 1 visible") instead of using the one GPU it was given.
+/// ranks 1, but only 1 visible") instead of using the one GPU it was given.
 #[test]
 fn slurm_task_with_its_own_gpu_uses_ordinal_0() {
     let Some((_dir, lp)) = stub_driver("slurm_task_with_its_own_gpu_uses_ordinal_0") else {

@@ -43,7 +43,7 @@ fn a_tp_the_file_names_contradict_is_refused_naming_both() {
             3,
             &[
                 &format!("--tp {tp} disagrees with the file names in {}", s(&dir)),
-                "model-rank-*-part-*.safetensors files are for TP ranks 0–7",
+                "model-rank-*-part-*.safetensors files are for TP ranks 0-7",
                 "written for --tp 8",
                 "load with --tp 8, or leave --tp out",
             ],
@@ -95,7 +95,7 @@ fn pp_is_read_from_the_file_names_too() {
         3,
         &[
             "--pp 1 disagrees with the file names",
-            "model-pp-*-tp-*-part-*.safetensors files are for pipeline stages 0–1",
+            "model-pp-*-tp-*-part-*.safetensors files are for pipeline stages 0-1",
             "written for --pp 2",
         ],
     );
