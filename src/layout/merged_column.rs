@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::merged_tuples::MergedTuples;
-use super::types::{RankLayout, Shape, Slice, SlotKey, cat, not_divisible};
+use super::types::{RankLayout, Shape, SlotKey, cat, merged_column, not_divisible};
 use super::{Eval, Geometry, Kind, Rank, ShardId, all, size};
 
 /// Stacked column-parallel outputs of `sizes` rows, each row `inner`; with `disable_tp` whole
@@ -162,35 +162,4 @@ impl Kind for MergedColumn {
             .into(),
         ]
     }
-}
-
-/// Stacked column-parallel parts (gate/up): each rank holds its rows of every part, in order.
-pub(super) fn merged_column(sizes: &[u64], inner: &[u64], r: Rank, fused: bool) -> RankLayout {
-    let (tp, rk) = (r.tp, r.rank);
-    let total: u64 = sizes.iter().map(|s| s / tp).sum();
-    let out = cat(total, inner);
-    let mut slices = Vec::new();
-    let mut at = 0;
-    let mut global = 0;
-    for (k, s) in sizes.iter().enumerate() {
-        let n = s / tp;
-        let (slot, src, off) = if fused {
-            ((None, None), cat(sizes.iter().sum(), inner), global)
-        } else {
-            ((Some(ShardId::Index(k as u64)), None), cat(*s, inner), 0)
-        };
-        slices.push(Slice {
-            slot,
-            src_shape: src,
-            dim: 0,
-            from: off + rk * n,
-            to: off + (rk + 1) * n,
-            dst_shape: out.clone(),
-            dst_at: at,
-            dst_base: 0,
-        });
-        at += n;
-        global += s;
-    }
-    RankLayout::new(out, slices, Vec::new())
 }

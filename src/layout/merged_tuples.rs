@@ -6,7 +6,7 @@
 //! each shard by itself, so rank r holds `[q_r; k_r; v_r; z_r]`, exactly as if every shard came
 //! alone.
 
-use super::merged_column::merged_column;
+use super::types::merged_column;
 use super::types::{RankLayout, Shape, Slice, SlotKey, cat, not_divisible};
 use super::{Kind, Rank, ShardId, size};
 
@@ -153,7 +153,7 @@ fn rank_layout(sizes: &[u64], inner: &[u64], tuples: &[Vec<u64>], r: Rank) -> Ra
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::merged_column::merged_column;
+    use crate::layout::types::merged_column;
     use crate::layout::{BlockScale, Geometry, MergedColumn};
 
     /// For each element of rank `r`'s tensor, the slot and source element (row-major) that fills

@@ -308,3 +308,35 @@ pub(super) fn unstacked(shape: &[u64], shard: Option<&ShardId>) -> Result<Shape,
 pub(super) fn not_divisible(what: &str, v: u64, tp: u64) -> Option<String> {
     (!v.is_multiple_of(tp)).then(|| format!("{what} ({v}) is not divisible by tp ({tp})"))
 }
+
+/// Stacked column-parallel parts (gate/up): each rank holds its rows of every part, in order
+/// (the `merged_column` kind's layout, and that of `merged_tuples` read fused).
+pub(super) fn merged_column(sizes: &[u64], inner: &[u64], r: Rank, fused: bool) -> RankLayout {
+    let (tp, rk) = (r.tp, r.rank);
+    let total: u64 = sizes.iter().map(|s| s / tp).sum();
+    let out = cat(total, inner);
+    let mut slices = Vec::new();
+    let mut at = 0;
+    let mut global = 0;
+    for (k, s) in sizes.iter().enumerate() {
+        let n = s / tp;
+        let (slot, src, off) = if fused {
+            ((None, None), cat(sizes.iter().sum(), inner), global)
+        } else {
+            ((Some(ShardId::Index(k as u64)), None), cat(*s, inner), 0)
+        };
+        slices.push(Slice {
+            slot,
+            src_shape: src,
+            dim: 0,
+            from: off + rk * n,
+            to: off + (rk + 1) * n,
+            dst_shape: out.clone(),
+            dst_at: at,
+            dst_base: 0,
+        });
+        at += n;
+        global += s;
+    }
+    RankLayout::new(out, slices, Vec::new())
+}

@@ -5,7 +5,7 @@
 use crate::dtype::Dtype;
 use crate::layout::Geometry;
 use crate::problem::Problems;
-use crate::quant::mxfp4::MoeBackend;
+use crate::quant::moe_backend::MoeBackend;
 
 /// The context of one planned parameter.
 pub struct Cx<'a> {

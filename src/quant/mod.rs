@@ -26,6 +26,7 @@ pub mod gptq;
 pub mod info;
 mod linear;
 pub mod modelopt;
+mod moe_backend;
 pub mod mxfp4;
 pub mod names;
 mod nvfp4;
@@ -43,7 +44,7 @@ use extra::Extra;
 use info::QuantInfo;
 
 /// `--moe-backend`: the MoE backend whose padding gpt-oss MXFP4 experts get.
-pub use mxfp4::MoeBackend;
+pub use moe_backend::MoeBackend;
 
 /// One quantization method as vLLM 0.33 runs it: what its config says, which layers it
 /// quantizes, the parameters it registers (in vLLM's order, with vLLM's initial values), what
