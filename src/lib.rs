@@ -37,5 +37,5 @@ pub use commands::error::Error;
 pub use commands::plan::{make_plan, plan_report};
 pub use commands::{inspect, load, shard};
 pub use exit::ExitStatus;
-pub use open::{Opened, SourceOptions, Timings, open, open_detect, open_with};
+pub use open::{Opened, SourceOptions, Timings, Want, open};
 pub use plan::PlanOptions;

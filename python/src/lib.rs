@@ -676,7 +676,8 @@ fn plan(
             config_format: settings.config_format,
             ..sopts
         };
-        let (opened, files) = wload::open_detect(&sopts)?;
+        let opened = wload::open(&sopts, wload::Want::Detect)?;
+        let files = &opened.rank_files;
         (opened.checkpoint.data_readable()).map_err(|e| Error::Headers(vec![e]))?;
         let mut warnings = Vec::new();
         let (plan, kind) =

@@ -381,8 +381,8 @@ fn tokenizer_warning(m: &Manifest, opened: &Opened) -> Option<String> {
     {
         return None;
     }
-    let instead = match &opened.resolved.hub {
-        Some(h) => format!("--tokenizer {}", h.repo),
+    let instead = match &opened.resolved.remote {
+        Some(r) => format!("--tokenizer {}", r.repo),
         None => "--tokenizer ORG/NAME (the model's hub repo)".into(),
     };
     Some(format!(
@@ -396,9 +396,9 @@ fn tokenizer_warning(m: &Manifest, opened: &Opened) -> Option<String> {
 /// of the checkpoint lies ([`crate::sharded::source`]).
 fn record_source(m: &mut Manifest, opened: &Opened) -> Result<(), ShardError> {
     use crate::sharded::source;
-    if let Some(hub) = &opened.resolved.hub {
-        m.source_repo = Some(hub.repo.clone());
-        m.source_commit = Some(hub.commit.clone());
+    if let Some(remote) = &opened.resolved.remote {
+        m.source_repo = Some(remote.repo.clone());
+        m.source_commit = Some(remote.commit.clone());
     }
     m.source_id = Some(source::table_id(&opened.checkpoint));
     let data = source::data_id(&opened.checkpoint, &opened.config.file_bytes);

@@ -1,39 +1,6 @@
 //! Download progress: the caller's bars, fed the most of each file that has arrived.
 
-use std::fmt;
-use std::sync::Arc;
-
-use crate::progress::{Progress, Quiet};
-
-/// Makes the progress reporter for one download, given the file name and its size in bytes.
-/// The binary draws bars on a terminal; the default reports nothing.
-#[derive(Clone, Default)]
-pub struct DownloadProgress(Option<Arc<DownloadBar>>);
-
-type DownloadBar = dyn Fn(&str, u64) -> Box<dyn Progress> + Send + Sync;
-
-impl DownloadProgress {
-    pub fn new(f: impl Fn(&str, u64) -> Box<dyn Progress> + Send + Sync + 'static) -> Self {
-        DownloadProgress(Some(Arc::new(f)))
-    }
-
-    fn start(&self, file: &str, size: u64) -> Box<dyn Progress> {
-        match &self.0 {
-            Some(f) => f(file, size),
-            None => Box::new(Quiet),
-        }
-    }
-}
-
-impl fmt::Debug for DownloadProgress {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "DownloadProgress(bars)"
-        } else {
-            "DownloadProgress(quiet)"
-        })
-    }
-}
+use crate::progress::{DownloadProgress, Progress};
 
 /// A download's progress bar, made when the first try starts, showing the most of the file that
 /// has arrived: resumed bytes count once, and bytes fetched again after a restart do not count.
@@ -68,6 +35,7 @@ impl<'a> Shown<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
     use super::*;
