@@ -11,8 +11,9 @@ use crate::checkpoint::HeaderError;
 use crate::config::ConfigError;
 use crate::progress::DownloadProgress;
 use crate::resolve::ResolveError;
+pub use crate::resolve::Want;
 use crate::resolve::remote::{FetchOptions, Fetched};
-pub use crate::resolve::source::{Source, SourceError, Want};
+pub use crate::resolve::source::{Source, SourceError};
 use crate::sharded::names::{self, RankFiles};
 use crate::{checkpoint, config, resolve};
 

@@ -22,6 +22,16 @@ mod error;
 pub use error::ResolveError;
 use select::{NOT_FOR_INFERENCE, WeightKind, glob_match, natural_cmp, weight_kind};
 
+/// What the caller wants from SOURCE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// A checkpoint, selected as vLLM does.
+    Checkpoint,
+    /// A pre-sharded folder (`model-rank-*-part-*.safetensors`, or `model-pp-*-tp-*-part-*`)
+    /// when SOURCE is one, else a checkpoint (`load`).
+    Detect,
+}
+
 /// A weight file resolution kept, and why.
 #[derive(Debug, Clone, Serialize)]
 pub struct KeptFile {

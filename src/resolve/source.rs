@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::remote::{FetchOptions, Remote};
-use super::{ResolveError, Resolved, hub};
+use super::{ResolveError, Resolved, Want, hub};
 
 /// SOURCE, parsed.
 #[derive(Debug)]
@@ -16,16 +16,6 @@ pub enum Source {
     Local(PathBuf),
     /// A source whose files are fetched into a local cache first.
     Remote(Box<dyn Remote>),
-}
-
-/// What the caller wants from SOURCE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Want {
-    /// A checkpoint, selected as vLLM does.
-    Checkpoint,
-    /// A pre-sharded folder (`model-rank-*-part-*.safetensors`, or `model-pp-*-tp-*-part-*`)
-    /// when SOURCE is one, else a checkpoint (`load`).
-    Detect,
 }
 
 /// Why SOURCE (with its flags) names nothing that can be opened.

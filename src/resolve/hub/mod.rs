@@ -46,8 +46,7 @@ use std::path::Path;
 
 use super::local::Listing;
 use super::remote::{FetchOptions, Fetched, Origin, Remote, RemoteSource, Snapshot, needed};
-use super::source::Want;
-use super::{ResolveError, Resolved};
+use super::{ResolveError, Resolved, Want};
 use crate::progress::DownloadProgress;
 pub use cache::folder_name;
 use cache::{State, StateSource};

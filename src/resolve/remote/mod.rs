@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::local::Listing;
-use super::source::Want;
-use super::{LoadFormat, ResolveError, Resolved};
+use super::{LoadFormat, ResolveError, Resolved, Want};
 use crate::config::ConfigFormat;
 use crate::progress::DownloadProgress;
 

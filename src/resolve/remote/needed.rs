@@ -6,8 +6,7 @@
 
 use super::{FetchOptions, Snapshot};
 use crate::resolve::local::Listing;
-use crate::resolve::source::Want;
-use crate::resolve::{ResolveError, Resolved};
+use crate::resolve::{ResolveError, Resolved, Want};
 
 /// Selects as vLLM would, fetching first what selection reads (the index decides which weight
 /// files are needed), then the config and the selected files (or their headers), and the side
