@@ -1,6 +1,7 @@
 //! Safetensors headers → the tensor table, read and validated by the `safetensors` crate over a
-//! `pread` of each header, or over a header fetched on its own from the hub ([`RemoteHeader`]:
-//! the checkpoint then has headers only, and its data cannot be read: [`Checkpoint::data_readable`]).
+//! `pread` of each header, or over a header fetched on its own from a remote source such as the
+//! hub ([`RemoteHeader`]: the checkpoint then has headers only, and its data cannot be read:
+//! [`Checkpoint::data_readable`]).
 //! Tensor data is never read at this stage.
 
 mod error;
@@ -149,7 +150,8 @@ impl Checkpoint {
     }
 
     /// [`Checkpoint::open`], where the files named in `remote` have only their header (fetched
-    /// from the hub): those are parsed from it, the others read from `root`.
+    /// from a remote source: `Resolved::headers`): those are parsed from it, the others read
+    /// from `root`.
     pub fn open_with(
         root: &Path,
         names: &[String],

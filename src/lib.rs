@@ -38,5 +38,5 @@ pub use commands::pipeline::make_plan;
 pub use commands::plan::plan_report;
 pub use commands::{inspect, load, shard};
 pub use exit::ExitStatus;
-pub use open::{Opened, SourceOptions, Timings, open, open_detect, open_with};
+pub use open::{Opened, SourceOptions, Timings, Want, open};
 pub use plan::PlanOptions;

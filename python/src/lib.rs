@@ -28,8 +28,8 @@ use wload::exec::ExecError;
 use wload::exec::device::DeviceError;
 use wload::exec::source::IoMode;
 use wload::multimodal::MmEncoderTpMode;
-use wload::quant::mxfp4::MoeBackend;
-use wload::resolve::hub::DownloadProgress;
+use wload::progress::DownloadProgress;
+use wload::quant::MoeBackend;
 use wload::{Error, ExitStatus, SourceOptions};
 
 use report::LoadReport;
@@ -690,11 +690,12 @@ fn plan(
             config_format: settings.config_format,
             ..sopts
         };
-        let (opened, files) = wload::open_detect(&sopts)?;
+        let opened = wload::open(&sopts, wload::Want::Detect)?;
+        let files = &opened.rank_files;
         (opened.checkpoint.data_readable()).map_err(|e| Error::Headers(vec![e]))?;
         let mut warnings = Vec::new();
         let (plan, kind) =
-            wload::commands::load::prepare(&opened, &files, &settings.plan, None, &mut warnings)?;
+            wload::commands::load::prepare(&opened, files, &settings.plan, None, &mut warnings)?;
         Ok(Plan {
             plan,
             root: opened.resolved.root.clone(),

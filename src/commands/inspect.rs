@@ -28,7 +28,7 @@ pub struct Inspection<'a> {
     pub source: String,
     /// For a hub repo id: the revision, commit, cache snapshot and what was downloaded.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub: Option<crate::resolve::hub::HubSource>,
+    pub hub: Option<crate::resolve::remote::RemoteSource>,
     pub format: FormatInfo,
     pub files: Vec<FileInfo>,
     pub dropped: Vec<DroppedFile>,
@@ -69,7 +69,7 @@ pub struct FileInfo {
     pub metadata: Option<BTreeMap<String, String>>,
     /// For a hub repo id: "cache" or "download".
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub origin: Option<crate::resolve::hub::Origin>,
+    pub origin: Option<crate::resolve::remote::Origin>,
 }
 
 #[derive(Debug, Serialize)]
@@ -173,11 +173,11 @@ pub fn inspect_mapped<'a>(
     Ok(Inspection {
         schema_version: super::schema::INSPECT,
         wload_version: env!("CARGO_PKG_VERSION"),
-        source: match &resolved.hub {
-            Some(h) => h.repo.clone(),
+        source: match &resolved.remote {
+            Some(r) => r.repo.clone(),
             None => resolved.root.display().to_string(),
         },
-        hub: resolved.hub.clone(),
+        hub: resolved.remote.clone(),
         format: format_info(resolved),
         files,
         dropped: resolved.dropped.clone(),

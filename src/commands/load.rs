@@ -63,7 +63,7 @@ pub struct LoadOptions {
 }
 
 /// What each rank must hold: the plan for a checkpoint or, when `files` (the rank files
-/// `open_detect` found) is not empty, a plan that copies their tensors whole (see
+/// [`crate::open::open`] found) is not empty, a plan that copies their tensors whole (see
 /// [`crate::plan::pre_sharded`]).
 pub fn prepare(
     opened: &Opened,
@@ -230,7 +230,7 @@ impl Planned {
             ranks,
             bytes: self.bytes(),
             timings: LoadTimings::default(),
-            hub_fetched: self.opened.hub_fetched(),
+            hub_fetched: self.opened.fetched(),
             warnings: self.warnings.clone(),
             files_read: files,
             io: None,
@@ -254,13 +254,19 @@ fn plan_ranks(
         headers_only,
         ..sopts.clone()
     };
-    let (mut opened, files) = crate::open::open_detect(sopts)?;
+    let mut opened = crate::open::open(sopts, crate::open::Want::Detect)?;
     if !headers_only {
         (opened.checkpoint.data_readable()).map_err(|e| Error::Headers(vec![e]))?;
     }
     let mut warnings = Vec::new();
     let t = Instant::now();
-    let (mut plan, kind) = prepare(&opened, &files, popts, lopts.ranks.as_ref(), &mut warnings)?;
+    let (mut plan, kind) = prepare(
+        &opened,
+        &opened.rank_files,
+        popts,
+        lopts.ranks.as_ref(),
+        &mut warnings,
+    )?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     let (ranks, local_base) =
         ranks::select(plan.world(), lopts.ranks.as_ref()).map_err(LoadError::from)?;

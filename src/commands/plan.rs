@@ -51,7 +51,7 @@ pub fn plan_report(
         wload_version: env!("CARGO_PKG_VERSION"),
         source: opened.resolved.root.display().to_string(),
         timings,
-        hub_fetched: opened.hub_fetched(),
+        hub_fetched: opened.fetched(),
         plan: p,
         verdict: "accepted",
         totals,
@@ -100,7 +100,7 @@ pub struct SizesReport {
     pub timings: Timings,
     /// For a hub repo id: what this run fetched from the hub (docs/json.md).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub_fetched: Option<crate::resolve::hub::Fetched>,
+    pub hub_fetched: Option<crate::resolve::remote::Fetched>,
 }
 
 /// A layout `wload sizes` did not ask the planner about, and why.
@@ -208,7 +208,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
             plan_s: t.elapsed().as_secs_f64(),
             ..opened.timings
         },
-        hub_fetched: opened.hub_fetched(),
+        hub_fetched: opened.fetched(),
     })
 }
 

@@ -2,12 +2,9 @@
 //! temporary sibling folder and renamed into place only when complete (and verified).
 
 mod error;
-mod mounts;
 pub mod output;
-mod owned;
 mod side;
 mod space;
-mod sweep;
 
 use std::fs::{self, File};
 use std::io;
@@ -19,6 +16,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 pub use error::ShardError;
+use output::Publish;
 use serde_json::Value;
 
 use crate::commands::error::Error;
@@ -91,7 +89,7 @@ pub fn precheck(
     if let Some(list) = &opts.ranks {
         list.check(world)?;
     }
-    output::check(&opts.out, opts.force, source)
+    output::Folder { out: &opts.out }.check(opts.force, source)
 }
 
 /// Writes the shards. `progress` is built once the total size is known.
@@ -102,13 +100,14 @@ pub fn shard(
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<ShardReport, Error> {
+    let dest = output::Folder { out: &opts.out };
     let target = precheck(opts, plan.world(), &opened.resolved.root)?;
     // The plan has checked that --tp and --pp fit the model, so this list is bounded.
     let ranks = match &opts.ranks {
         Some(list) => list.resolve(plan.world()).map_err(ShardError::from)?,
         None => (0..plan.world_size()).collect(),
     };
-    let removed_leftovers = output::sweep(&opts.out);
+    let removed_leftovers = dest.sweep();
     let root = &opened.resolved.root;
     let mut timings = ShardTimings {
         open: opened.timings,
@@ -125,9 +124,8 @@ pub fn shard(
         .collect();
     let total: u64 = files.iter().map(|f| f.size).sum();
     let side = side::list(root, &opts.out)?;
-    let space = check_space(&opts.out, &target, root, (total, files.len() as u64), &side)?;
-
-    let staging = output::Staging::create(&target)?;
+    let need = space_needed(root, (total, files.len() as u64), &side);
+    let (staging, space) = dest.stage(&target, need)?;
     let tmp = staging.path();
     let published = |e: ShardError| e.named_in_out(tmp, &opts.out, Some(&space));
 
@@ -177,7 +175,7 @@ pub fn shard(
     record_config(&mut manifest, &config_changes, &opened.resolved.config_file);
     record_run(tmp, &mut manifest, (&plan, opened), opts).map_err(published)?;
 
-    staging.publish(&target)?;
+    dest.publish(staging, &target)?;
     let warnings = tokenizer_warning(&manifest, opened).into_iter().collect();
     Ok(ShardReport {
         out: opts.out.display().to_string(),
@@ -195,23 +193,21 @@ pub fn shard(
     })
 }
 
-/// Refuses a run whose files do not fit on OUT's file system, before anything is written there:
-/// the part files, the side files, config.json and the manifest (estimated generously).
-fn check_space(
-    out: &Path,
-    target: &output::Target,
+/// What the run writes where the output is staged, as bytes and files: the part files, the side
+/// files, config.json and the manifest (estimated generously), checked before anything is
+/// written there.
+fn space_needed(
     root: &Path,
     (parts, part_files): (u64, u64),
     side: &side::SideFiles,
-) -> Result<space::Space, ShardError> {
+) -> (u64, u64) {
     let config = fs::metadata(root.join("config.json")).map_or(0, |m| m.len());
     // An untied config.json grows by a few bytes; a manifest entry is under 512 bytes.
     let small = config + 4096 + 512 * (part_files + side.count());
     let bytes = parts.saturating_add(side.bytes).saturating_add(small);
     // The part files, the side files and folders, config.json, wload.json, the owner record.
     let count = part_files + side.count() + 3;
-    let fs = output::parent_of(out);
-    space::check(out, &fs, bytes, count, target.replaces_output())
+    (bytes, count)
 }
 
 /// `--cold` and `--io`, as `load` does them (see [`crate::exec::io_choice::prepare`]).
@@ -380,8 +376,8 @@ fn tokenizer_warning(m: &Manifest, opened: &Opened) -> Option<String> {
     {
         return None;
     }
-    let instead = match &opened.resolved.hub {
-        Some(h) => format!("--tokenizer {}", h.repo),
+    let instead = match &opened.resolved.remote {
+        Some(r) => format!("--tokenizer {}", r.repo),
         None => "--tokenizer ORG/NAME (the model's hub repo)".into(),
     };
     Some(format!(
@@ -395,9 +391,9 @@ fn tokenizer_warning(m: &Manifest, opened: &Opened) -> Option<String> {
 /// of the checkpoint lies ([`crate::sharded::source`]).
 fn record_source(m: &mut Manifest, opened: &Opened) -> Result<(), ShardError> {
     use crate::sharded::source;
-    if let Some(hub) = &opened.resolved.hub {
-        m.source_repo = Some(hub.repo.clone());
-        m.source_commit = Some(hub.commit.clone());
+    if let Some(remote) = &opened.resolved.remote {
+        m.source_repo = Some(remote.repo.clone());
+        m.source_commit = Some(remote.commit.clone());
     }
     m.source_id = Some(source::table_id(&opened.checkpoint));
     let data = source::data_id(&opened.checkpoint, &opened.config.file_bytes);

@@ -16,7 +16,7 @@ pub struct PlanReport {
     pub timings: crate::open::Timings,
     /// For a hub repo id: what this run fetched from the hub (docs/json.md).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub_fetched: Option<crate::resolve::hub::Fetched>,
+    pub hub_fetched: Option<crate::resolve::remote::Fetched>,
     #[serde(flatten)]
     pub plan: Plan,
     /// Always `"accepted"`: a refused plan is the error document (docs/json.md).

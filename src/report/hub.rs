@@ -1,7 +1,7 @@
 //! The line that says what a hub source's run fetched from the hub:
 //! `hub: fetched 412.3 KiB (headers of 163 files, config.json, model.safetensors.index.json); 0 B of tensor data`.
 
-use crate::resolve::hub::Fetched;
+use crate::resolve::remote::Fetched;
 use crate::units::HumanBytes;
 
 /// What the run fetched, in one line (without a newline).

@@ -1,4 +1,4 @@
-//! Listing a local checkpoint folder, and telling a mistyped local path from a hub repo id.
+//! Listing a local checkpoint folder (or a remote source's cache snapshot): what resolution selects from.
 
 use std::fs;
 use std::io;
@@ -140,82 +140,5 @@ fn kind_of(ft: fs::FileType) -> &'static str {
         "a device"
     } else {
         "not a regular file"
-    }
-}
-
-/// Most edits (insertions, deletions, substitutions, swaps, case ignored) between a missing
-/// name and an existing one that is offered instead: 1, and 1 more per 4 characters.
-fn close_enough(name: &str) -> usize {
-    1 + name.chars().count() / 4
-}
-
-/// Refuses a SOURCE that is no existing path when it is a path, not a hub repo id: one that reads
-/// as a path (starts with `./`, `../`, `/` or `~`, has more than one `/`, ends in `/`, or is not
-/// `org/name`-shaped), or an `org/name` for which a local path of a close name exists
-/// (`examples/tiny-lama` beside `examples/tiny-llama`). Anything else, including an `org/name`
-/// with nothing close on disk, is left for the hub. The refusal offers the closest existing path.
-pub fn refuse_missing_path(source: &Path) -> Result<(), super::ResolveError> {
-    if source.symlink_metadata().is_ok() {
-        return Ok(());
-    }
-    let text = source.to_string_lossy();
-    let path_shaped = ["./", "../", "/", "~"].iter().any(|p| text.starts_with(p))
-        || text.matches('/').count() > 1
-        || text.ends_with('/');
-    let hub_shaped = !path_shaped && super::hub::repo_id(source).is_some();
-    let suggestion = closest_existing(source);
-    if hub_shaped && suggestion.is_none() {
-        return Ok(());
-    }
-    Err(super::ResolveError::NoSuchFolder {
-        path: source.to_path_buf(),
-        suggestion,
-        hub_shaped,
-    })
-}
-
-/// The existing path nearest to `source`: each component that does not exist replaced by the
-/// closest name in the folder above it (see [`close_enough`]); `None` when one has no close name.
-fn closest_existing(source: &Path) -> Option<PathBuf> {
-    use std::path::Component;
-    let mut at = PathBuf::new();
-    for c in source.components() {
-        let Component::Normal(name) = c else {
-            at.push(c);
-            continue;
-        };
-        let next = at.join(name);
-        if next.symlink_metadata().is_ok() {
-            at = next;
-            continue;
-        }
-        let dir = if at.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            at.as_path()
-        };
-        let name = name.to_string_lossy().to_lowercase();
-        let best = fs::read_dir(dir)
-            .ok()?
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .map(|n| (strsim::damerau_levenshtein(&name, &n.to_lowercase()), n))
-            .filter(|(d, _)| *d <= close_enough(&name))
-            .min()?;
-        at.push(best.1);
-    }
-    (at.as_os_str() != source.as_os_str()).then_some(at)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_close_sibling_is_found_and_a_far_one_is_not() {
-        let tmp = tempfile::TempDir::new().unwrap();
-        let root = tmp.path();
-        std::fs::create_dir_all(root.join("examples/tiny-llama")).unwrap();
-        let close = super::closest_existing(&root.join("exmples/tiny-lama"));
-        assert_eq!(close, Some(root.join("examples/tiny-llama")));
-        assert_eq!(super::closest_existing(&root.join("examples/qwen")), None);
     }
 }

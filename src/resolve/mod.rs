@@ -1,9 +1,14 @@
 //! Resolve: from SOURCE to the list of weight files vLLM would read, in its order, and the config.
+//! SOURCE is parsed once ([`source::Source`]): a local folder is listed here; a remote source
+//! ([`remote::Remote`], the hub first) is fetched into a local folder and then selected from the
+//! same way.
 
 pub mod hub;
 mod index;
 pub mod local;
+pub mod remote;
 pub mod select;
+pub mod source;
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -17,14 +22,24 @@ mod error;
 pub use error::ResolveError;
 use select::{NOT_FOR_INFERENCE, WeightKind, glob_match, natural_cmp, weight_kind};
 
+/// What the caller wants from SOURCE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// A checkpoint, selected as vLLM does.
+    Checkpoint,
+    /// A pre-sharded folder (`model-rank-*-part-*.safetensors`, or `model-pp-*-tp-*-part-*`)
+    /// when SOURCE is one, else a checkpoint (`load`).
+    Detect,
+}
+
 /// A weight file resolution kept, and why.
 #[derive(Debug, Clone, Serialize)]
 pub struct KeptFile {
     pub file: String,
     pub reason: String,
-    /// For a hub source: whether the file was already in the local cache or was downloaded.
+    /// For a remote source: whether the file was already in the local cache or was downloaded.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub origin: Option<hub::Origin>,
+    pub origin: Option<remote::Origin>,
 }
 
 /// A weight-like file resolution left out, and why.
@@ -51,9 +66,16 @@ pub struct Resolved {
     pub config_format: ConfigFormat,
     /// The config file, relative to the root.
     pub config_file: String,
-    /// For a hub repo id: the repo, revision and commit, and the cache snapshot that `root` is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub: Option<hub::HubSource>,
+    /// For a remote source: the source, revision and commit, and the cache snapshot that `root`
+    /// is.
+    #[serde(rename = "hub", skip_serializing_if = "Option::is_none")]
+    pub remote: Option<remote::RemoteSource>,
+    /// For a remote source: the weight files of which only the header is here (fetched, or kept
+    /// by an earlier run), by name. The checkpoint is built from them, and their data cannot be
+    /// read. Shared: a large repo's headers are megabytes, and reports clone the resolution.
+    #[serde(skip)]
+    pub headers:
+        std::sync::Arc<std::collections::BTreeMap<String, crate::checkpoint::RemoteHeader>>,
 }
 
 impl Resolved {
@@ -107,8 +129,8 @@ fn refuse_pre_sharded(root: &Path) -> Result<(), ResolveError> {
     })
 }
 
-/// [`resolve_local`] over a given listing of `root`: the folder's own, or a hub repo's file list
-/// for its cache snapshot (where the index and config have been fetched before this is called).
+/// [`resolve_local`] over a given listing of `root`: the folder's own, or a remote source's file
+/// list for its cache snapshot (where the index and config have been fetched before this is called).
 pub fn resolve_listing(
     root: &Path,
     listing: &local::Listing,
@@ -160,7 +182,8 @@ fn resolve_with_config(
         dropped: sel.dropped,
         config_format,
         config_file,
-        hub: None,
+        remote: None,
+        headers: Default::default(),
     })
 }
 
@@ -180,7 +203,7 @@ fn effective_format(listing: &local::Listing, requested: LoadFormat) -> (LoadFor
 }
 
 /// The one file [`resolve_listing`] reads from disk, when the listing has it: the index of the
-/// format in effect (which decides the weight files). A hub source fetches it first.
+/// format in effect (which decides the weight files). A remote source fetches it first.
 pub fn index_to_read(listing: &local::Listing, requested: LoadFormat) -> Option<&'static str> {
     let (format, _) = effective_format(listing, requested);
     let index = format.index_file();
@@ -417,7 +440,8 @@ pub fn resolve_pre_sharded(
         dropped: Vec::new(),
         config_format,
         config_file,
-        hub: None,
+        remote: None,
+        headers: Default::default(),
     })
 }
 

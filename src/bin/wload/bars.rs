@@ -40,12 +40,12 @@ pub(crate) fn labelled_bar(total: u64, quiet: bool, label: &str) -> Box<dyn Prog
 
 /// One bar per file download, stacked while several run at once, when stderr is a terminal and
 /// not `--quiet`.
-pub(crate) fn download_bars(quiet: bool) -> wload::resolve::hub::DownloadProgress {
+pub(crate) fn download_bars(quiet: bool) -> wload::progress::DownloadProgress {
     if quiet || !std::io::stderr().is_terminal() {
         return Default::default();
     }
     let bars = indicatif::MultiProgress::new();
-    wload::resolve::hub::DownloadProgress::new(move |file, size| {
+    wload::progress::DownloadProgress::new(move |file, size| {
         let pb = bars.add(ProgressBar::new(size));
         pb.set_style(
             ProgressStyle::with_template(

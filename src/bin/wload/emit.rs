@@ -149,7 +149,7 @@ pub(crate) fn shard_notes(report: &wload::shard::ShardReport) {
 }
 
 /// For a hub source, what the run fetched from the hub, on stderr (unless `--quiet`).
-pub(crate) fn hub_fetched(fetched: Option<&wload::resolve::hub::Fetched>, quiet: bool) {
+pub(crate) fn hub_fetched(fetched: Option<&wload::resolve::remote::Fetched>, quiet: bool) {
     if let (Some(f), false) = (fetched, quiet) {
         say(format_args!("{}", wload::report::hub_fetched_line(f)));
     }

@@ -85,7 +85,7 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
         return emit(out, json_if(args.json, None), &other, Some(human));
     }
     let sopts = headers_only(source_options(&args.source, g.quiet)?);
-    let opened = match wload::open(&sopts) {
+    let opened = match wload::open(&sopts, wload::Want::Checkpoint) {
         // A local folder without its config: listed all the same, then refused (exit 3).
         Err(wload::open::OpenError::Resolve(e @ ResolveError::NoConfig { .. }))
             if sopts.source.is_dir() =>
@@ -94,7 +94,7 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
         }
         r => r?,
     };
-    emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
+    emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
     let mut report = wload::inspect::inspect_mapped(&opened, filter, args.mapping.as_deref())?;
     // An architecture plan refuses: everything printed, then plan's error and its exit status.
     let refusal = report.support.refusal.take();
@@ -130,8 +130,11 @@ fn inspect_config_less(
 }
 
 fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
-    let opened = wload::open(&headers_only(source_options(&args.source, g.quiet)?))?;
-    emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
+    let opened = wload::open(
+        &headers_only(source_options(&args.source, g.quiet)?),
+        wload::Want::Checkpoint,
+    )?;
+    emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
     let opts = options::plan_options(&args.parallel);
     let report = wload::plan_report(&opened, &opts, args.rank)?;
     let human: Human = &|w| wload::report::write_plan(w, &report, g.verbose, g.quiet);
@@ -139,8 +142,11 @@ fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
 }
 
 fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
-    let opened = wload::open(&headers_only(source_options(&args.source, g.quiet)?))?;
-    emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
+    let opened = wload::open(
+        &headers_only(source_options(&args.source, g.quiet)?),
+        wload::Want::Checkpoint,
+    )?;
+    emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
     let report = wload::commands::plan::sizes(&opened, &options::sizes_options(args))?;
     let human: Human = &|w| wload::report::write_sizes(w, &report);
     emit(out, json_if(args.json, None), &report, Some(human))
@@ -158,8 +164,8 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     let mut sopts = source_options(&args.source, g.quiet)?;
     // The one command that copies the side files, so the one that downloads them.
     sopts.side_files = true;
-    let mut opened = wload::open(&sopts)?;
-    emit::hub_fetched(opened.hub_fetched().as_ref(), g.quiet);
+    let mut opened = wload::open(&sopts, wload::Want::Checkpoint)?;
+    emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
     let opts = options::shard_options(args);
     // OUT and --ranks are checked before planning, which may take a while on a large model.
     let world = options::world(&args.parallel);

@@ -32,7 +32,7 @@ pub struct LoadReport {
     pub timings: LoadTimings,
     /// For a hub repo id: what this run fetched from the hub (docs/json.md).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub_fetched: Option<crate::resolve::hub::Fetched>,
+    pub hub_fetched: Option<crate::resolve::remote::Fetched>,
     pub warnings: Vec<String>,
     /// Per-file XXH3 from `--dry-run --read`.
     pub files_read: Vec<FileSum>,

@@ -49,7 +49,7 @@ pub struct LoadSettings {
 pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, Error> {
     // A mistyped folder is named as one (with the close name that exists), not as a folder that
     // records no TP size.
-    crate::resolve::local::refuse_missing_path(source)?;
+    crate::resolve::source::refuse_missing_path(source)?;
     let manifest = source.is_dir().then(|| Manifest::read(source)).flatten();
     if manifest.is_none() && source.is_dir() {
         let files = names::in_folder(source);

@@ -20,8 +20,6 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use serde::Serialize;
-
 use super::cache;
 use super::download::{pinned_metadata, retried};
 use super::error::http_error;
@@ -36,25 +34,6 @@ pub(super) const SPECULATIVE: u64 = 100_000;
 
 /// Header requests at once: each is a round trip or two of little data.
 const PARALLEL: usize = 8;
-
-/// What a hub source's run fetched from the hub: file contents, not counting the file list and
-/// the metadata (HEAD) requests.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Fetched {
-    /// Every byte fetched: headers and whole files.
-    pub bytes: u64,
-    /// Bytes read from the answers to header (`Range`) requests.
-    pub header_bytes: u64,
-    /// The weight files whose header was fetched.
-    pub header_files: usize,
-    /// Whole files downloaded, in file-name order (config, index, ...; weights for `shard` and
-    /// `load`).
-    pub files: Vec<String>,
-    /// Their bytes.
-    pub file_bytes: u64,
-    /// Of `file_bytes`, those of weight files: tensor data.
-    pub tensor_data_bytes: u64,
-}
 
 /// The weight files' headers, as far as they were not on disk.
 #[derive(Default)]

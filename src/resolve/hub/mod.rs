@@ -1,6 +1,6 @@
 //! Hugging Face Hub sources: a repo id (`org/name`, as vLLM takes it) becomes a snapshot folder of
 //! the local Hugging Face cache that holds exactly the files the command reads (the config, the
-//! index, the weights the load format selects), plus, for `shard` ([`HubRequest::side_files`]),
+//! index, the weights the load format selects), plus, for `shard` ([`FetchOptions::side_files`]),
 //! the side files (tokenizer, README, ...) it copies.
 //!
 //! The cache is the one Python's `huggingface_hub` keeps and vLLM, transformers and hf-hub share:
@@ -20,14 +20,13 @@
 //! than `.locks/`, and the file list of each commit is kept in `.wload/<commit>.json`.
 //!
 //! Commands that read no tensor data (`inspect`, `plan`, `sizes`, `load --dry-run`) set
-//! [`HubRequest::headers_only`]: of the selected weight files they fetch only the safetensors
+//! [`FetchOptions::headers_only`]: of the selected weight files they fetch only the safetensors
 //! headers (`headers`, kept by `header_cache` in `wload-headers/`, outside the layout above).
 //!
-//! Which files to fetch follows vLLM's selection exactly: [`super::resolve_listing`] runs over the
-//! repo's file list, with the index ([`super::index_to_read`], fetched first) dropping the shards
-//! it does not name; only then are the kept weight files and the config fetched.
+//! The hub is the first [`Remote`]: which files to fetch, and in what order, is the same for every
+//! remote source ([`crate::resolve::remote::needed`]).
 //!
-//! Here: which commit and file list a revision stands for, and in what order files are fetched.
+//! Here: which commit and file list a revision stands for, and the hub's [`Snapshot`] of it.
 //! `env` reads the HF_* variables; `cache` knows the cache's layout and wload's file-list
 //! records; `http` makes the requests; `download` links, downloads, resumes, retries and
 //! locks; `headers` fetches headers alone and `header_cache` keeps them; `progress` feeds the
@@ -44,76 +43,68 @@ mod http;
 mod progress;
 mod url;
 
-use std::path::{Path, PathBuf};
-
-use serde::Serialize;
+use std::path::Path;
 
 use super::local::Listing;
-use super::{LoadFormat, ResolveError, Resolved};
-use crate::config::ConfigFormat;
+use super::remote::{FetchOptions, Fetched, Origin, Remote, RemoteSource, Snapshot, needed};
+use super::{ResolveError, Resolved, Want};
+use crate::progress::DownloadProgress;
 pub use cache::folder_name;
 use cache::{State, StateSource};
 use download::Fetcher;
 pub use env::{BadTimeout, HubEnv};
 pub use error::{HubError, Redirected, Stalled, Why};
-pub use headers::Fetched;
 use http::Client;
-pub use progress::DownloadProgress;
 
-/// Where a file of a hub source came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Origin {
-    /// Already in the local cache.
-    Cache,
-    /// Downloaded by this run.
-    Download,
-    /// Only its header, fetched by this run (`Range` requests).
-    Header,
-    /// Only its header, kept in the cache by an earlier run.
-    CachedHeader,
+/// A Hugging Face Hub repo, at a revision, read under the HF_* environment.
+#[derive(Debug)]
+pub struct Hub {
+    /// `org/name`.
+    repo: String,
+    /// `--revision`, `main` when not given.
+    revision: String,
+    env: HubEnv,
 }
 
-impl Origin {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Origin::Cache => "cache",
-            Origin::Download => "download",
-            Origin::Header => "header",
-            Origin::CachedHeader => "cached-header",
+impl Hub {
+    /// SOURCE as a hub repo, when it is a repo id ([`repo_id`]); an error names a `--revision`
+    /// that is no ref name, or an HF_* variable (or `--download-dir`) that cannot be used.
+    pub fn parse(
+        source: &Path,
+        revision: Option<&str>,
+        download_dir: Option<&Path>,
+    ) -> Result<Option<Hub>, String> {
+        let Some(repo) = repo_id(source) else {
+            return Ok(None);
+        };
+        let revision = revision.unwrap_or("main").to_string();
+        // A revision becomes a file name under refs/; keep it inside.
+        if revision.is_empty()
+            || revision.starts_with('/')
+            || revision
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return Err(format!(
+                "--revision '{revision}' is not a branch, tag or commit name"
+            ));
+        }
+        let env = HubEnv::from_env(download_dir).map_err(|e| e.to_string())?;
+        Ok(Some(Hub {
+            repo,
+            revision,
+            env,
+        }))
+    }
+
+    fn request<'a>(&'a self, opts: &FetchOptions<'a>) -> HubRequest<'a> {
+        HubRequest {
+            repo: &self.repo,
+            revision: &self.revision,
+            env: &self.env,
+            progress: opts.progress,
         }
     }
-}
-
-/// What a hub source resolved to.
-#[derive(Debug, Clone, Serialize)]
-pub struct HubSource {
-    /// `org/name`.
-    pub repo: String,
-    /// `--revision` as given (branch, tag or commit).
-    pub revision: String,
-    /// The commit the revision points to.
-    pub commit: String,
-    /// The cache folder (`--download-dir`, `HF_HUB_CACHE` or `$HF_HOME/hub`).
-    pub cache_dir: PathBuf,
-    /// `snapshots/<commit>` of the repo in the cache: the checkpoint folder.
-    pub snapshot: PathBuf,
-    /// True when nothing was asked of the hub: `HF_HUB_OFFLINE`, a commit whose files were all
-    /// cached, or a hub that could not be reached (see `note`).
-    pub offline: bool,
-    /// Every file this run downloaded (weights and side files), in file-name order.
-    pub downloaded: Vec<String>,
-    /// Why the cache was used without asking the hub, when it was not by choice.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-    /// What this run fetched from the hub.
-    pub fetched: Fetched,
-    /// The weight files of which only the header is here (fetched, or kept by an earlier run),
-    /// by name: the checkpoint is built from them, and their data cannot be read. Shared: reports
-    /// clone the source, and a large repo's headers are megabytes.
-    #[serde(skip)]
-    pub headers:
-        std::sync::Arc<std::collections::BTreeMap<String, crate::checkpoint::RemoteHeader>>,
 }
 
 /// The repo id SOURCE names, when it is one: not an existing local path, and shaped like
@@ -132,78 +123,105 @@ pub fn repo_id(source: &Path) -> Option<String> {
     ok.then(|| s.to_string())
 }
 
-/// What the caller wants from the repo.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Want {
-    /// A checkpoint, selected as vLLM does.
-    Checkpoint,
-    /// A pre-sharded folder (`model-rank-*-part-*.safetensors`, or `model-pp-*-tp-*-part-*`)
-    /// when the repo is one, else a checkpoint (`load`).
-    Detect,
-}
-
-/// One hub source to resolve.
+/// What the hub's requests need: the repo, its revision, the environment and the download bars.
 #[derive(Debug, Clone)]
-pub struct HubRequest<'a> {
-    pub repo: &'a str,
-    pub revision: &'a str,
-    pub load_format: LoadFormat,
-    pub config_format: ConfigFormat,
-    pub env: &'a HubEnv,
-    pub progress: &'a DownloadProgress,
-    /// The command copies the side files (`shard`): download every top-level file that is not
-    /// weights too. Otherwise only what the command reads is fetched: the config, the index and
-    /// the selected weights (a pre-sharded repo's rank files, config and manifest).
-    pub side_files: bool,
-    /// The command reads no tensor data (`inspect`, `plan`, `sizes`, `load --dry-run`): of the
-    /// weight files not in the cache, only the safetensors headers are fetched (see `headers`).
-    /// A pre-sharded repo's rank files are downloaded whole all the same.
-    pub headers_only: bool,
+pub(crate) struct HubRequest<'a> {
+    pub(crate) repo: &'a str,
+    pub(crate) revision: &'a str,
+    pub(crate) env: &'a HubEnv,
+    pub(crate) progress: &'a DownloadProgress,
 }
 
-/// Resolves a repo id to a cache snapshot holding what is needed, downloading what is missing
-/// (unless offline), and resolves that snapshot as vLLM would. Returns the resolution and whether
-/// the repo is pre-sharded (only with [`Want::Detect`]).
-pub fn resolve(req: &HubRequest, want: Want) -> Result<(Resolved, bool), ResolveError> {
-    let repo_dir = req.env.cache_dir.join(folder_name(req.repo));
-    let (state, note) = find_state(req, &repo_dir)?;
-    let snapshot = cache::snapshot_dir(&repo_dir, &state.commit);
-    let why = match &note {
-        Some(n) => Some(Why::Unreachable(n.clone())),
-        None if req.env.offline => Some(Why::Offline),
-        None => None,
-    };
-    let mut fetcher = Fetcher::new(req, &repo_dir, &snapshot, &state.commit, why);
-    let (mut resolved, pre_sharded, got) =
-        select_and_fetch(req, want, &snapshot, &state.listing(), &mut fetcher)?;
-    if state.source == StateSource::Hub {
-        cache::record(&repo_dir, req.repo, req.revision, &state)?;
+impl Remote for Hub {
+    /// A repo id becomes a cache snapshot holding what is needed, downloading what is missing
+    /// (unless offline), resolved as vLLM would.
+    fn resolve(&self, opts: &FetchOptions, want: Want) -> Result<(Resolved, bool), ResolveError> {
+        let req = &self.request(opts);
+        let repo_dir = req.env.cache_dir.join(folder_name(req.repo));
+        let (state, note) = find_state(req, &repo_dir)?;
+        let snapshot = cache::snapshot_dir(&repo_dir, &state.commit);
+        let why = match &note {
+            Some(n) => Some(Why::Unreachable(n.clone())),
+            None if req.env.offline => Some(Why::Offline),
+            None => None,
+        };
+        let mut snap = HubSnapshot {
+            req,
+            repo_dir: &repo_dir,
+            snapshot: &snapshot,
+            listing: state.listing(),
+            fetcher: Fetcher::new(req, &repo_dir, &snapshot, &state.commit, why),
+            got: headers::Got::default(),
+        };
+        let (mut resolved, pre_sharded) = needed::select_and_fetch(&mut snap, opts, want)?;
+        let HubSnapshot { fetcher, got, .. } = snap;
+        if state.source == StateSource::Hub {
+            cache::record(&repo_dir, req.repo, req.revision, &state)?;
+        }
+        for f in &mut resolved.files {
+            f.origin = (got.origins.get(&f.file))
+                .or(fetcher.origins.get(&f.file))
+                .copied();
+        }
+        let fetched = fetched(&fetcher, &got, &resolved);
+        let downloaded = fetcher
+            .origins
+            .iter()
+            .filter(|(_, o)| **o == Origin::Download)
+            .map(|(f, _)| f.clone())
+            .collect();
+        resolved.remote = Some(RemoteSource {
+            repo: req.repo.to_string(),
+            revision: req.revision.to_string(),
+            commit: state.commit.clone(),
+            cache_dir: req.env.cache_dir.clone(),
+            offline: state.source != StateSource::Hub && !fetcher.asked_hub() && !got.asked,
+            snapshot,
+            downloaded,
+            note,
+            fetched,
+        });
+        resolved.headers = std::sync::Arc::new(got.headers);
+        Ok((resolved, pre_sharded))
     }
-    for f in &mut resolved.files {
-        f.origin = (got.origins.get(&f.file))
-            .or(fetcher.origins.get(&f.file))
-            .copied();
+}
+
+/// One commit of the repo in the cache: its files, and the fetcher that fills its snapshot.
+struct HubSnapshot<'a> {
+    req: &'a HubRequest<'a>,
+    repo_dir: &'a Path,
+    snapshot: &'a Path,
+    listing: Listing,
+    fetcher: Fetcher<'a>,
+    /// The headers fetched alone.
+    got: headers::Got,
+}
+
+impl Snapshot for HubSnapshot<'_> {
+    fn folder(&self) -> &Path {
+        self.snapshot
     }
-    let fetched = fetched(&fetcher, &got, &resolved);
-    let downloaded = fetcher
-        .origins
-        .iter()
-        .filter(|(_, o)| **o == Origin::Download)
-        .map(|(f, _)| f.clone())
-        .collect();
-    resolved.hub = Some(HubSource {
-        repo: req.repo.to_string(),
-        revision: req.revision.to_string(),
-        commit: state.commit.clone(),
-        cache_dir: req.env.cache_dir.clone(),
-        offline: state.source != StateSource::Hub && !fetcher.asked_hub() && !got.asked,
-        snapshot,
-        downloaded,
-        note,
-        fetched,
-        headers: std::sync::Arc::new(got.headers),
-    });
-    Ok((resolved, pre_sharded))
+
+    fn listing(&self) -> &Listing {
+        &self.listing
+    }
+
+    fn fetch(&mut self, files: &[String]) -> Result<(), ResolveError> {
+        self.fetcher.ensure(files)
+    }
+
+    fn fetch_headers(&mut self, files: &[String]) -> Result<(), ResolveError> {
+        let f = &self.fetcher;
+        self.got = headers::get(
+            self.req,
+            self.repo_dir,
+            self.snapshot,
+            f.commit(),
+            f.why(),
+            files,
+        )?;
+        Ok(())
+    }
 }
 
 /// What the run fetched: the downloads' bytes and the headers'.
@@ -219,105 +237,12 @@ fn fetched(fetcher: &Fetcher, got: &headers::Got, resolved: &Resolved) -> Fetche
         f.files.push(name.clone());
         f.file_bytes += bytes;
         // A pre-sharded repo's rank files are tensor data too.
-        if weights.contains(name.as_str()) || is_rank_file(name) {
+        if weights.contains(name.as_str()) || needed::is_rank_file(name) {
             f.tensor_data_bytes += bytes;
         }
     }
     f.bytes = f.header_bytes + f.file_bytes;
     f
-}
-
-/// Selects as vLLM would, fetching first what selection reads (the index decides which weight
-/// files are needed), then the config and the selected files, and the side files when the
-/// command copies them.
-fn select_and_fetch(
-    req: &HubRequest,
-    want: Want,
-    snapshot: &Path,
-    listing: &Listing,
-    fetcher: &mut Fetcher,
-) -> Result<(Resolved, bool, headers::Got), ResolveError> {
-    let top = |keep: fn(&str) -> bool| -> Vec<String> {
-        listing.top.iter().filter(|f| keep(f)).cloned().collect()
-    };
-    let side = if req.side_files {
-        top(is_side_file)
-    } else {
-        Vec::new()
-    };
-    let rank_files = top(is_rank_file);
-    if want == Want::Detect && !rank_files.is_empty() {
-        // What the loader of a pre-sharded folder reads besides the rank files.
-        let (_, config) = super::pick_config(snapshot, listing, req.config_format, false)?;
-        let mut needed = rank_files;
-        needed.push(config);
-        needed.extend(quant_config(listing));
-        // Every run record: wload.json, and those of `--ranks` runs uploaded together.
-        needed.extend(
-            (listing.top.iter())
-                .filter(|n| crate::sharded::runs::is_record(n))
-                .cloned(),
-        );
-        needed.extend(side);
-        fetcher.ensure(&needed)?;
-        return Ok((
-            super::resolve_pre_sharded(snapshot, req.config_format)?,
-            true,
-            headers::Got::default(),
-        ));
-    }
-    if let Some(index) = super::index_to_read(listing, req.load_format) {
-        fetcher.ensure(&[index.to_string()])?;
-    }
-    let r = super::resolve_listing(snapshot, listing, req.load_format, req.config_format)?;
-    let mut needed = if req.headers_only {
-        Vec::new()
-    } else {
-        r.file_names()
-    };
-    needed.push(r.config_file.clone());
-    needed.extend(quant_config(listing));
-    needed.extend(side);
-    fetcher.ensure(&needed)?;
-    let got = if req.headers_only {
-        let repo_dir = req.env.cache_dir.join(folder_name(req.repo));
-        let commit = fetcher.commit();
-        headers::get(
-            req,
-            &repo_dir,
-            snapshot,
-            commit,
-            fetcher.why(),
-            &r.file_names(),
-        )?
-    } else {
-        headers::Got::default()
-    };
-    Ok((r, false, got))
-}
-
-/// `hf_quant_config.json` when the repo has it: vLLM reads the quantization config from it when
-/// config.json has none, so every command needs it, not only `shard`'s side files.
-fn quant_config(listing: &Listing) -> Option<String> {
-    let name = crate::config::HF_QUANT_CONFIG;
-    listing.has_top(name).then(|| name.to_string())
-}
-
-/// A top-level file of a repo that is not weights: config, tokenizer, generation config, index,
-/// chat templates, README and licence. What `shard` copies next to the per-rank files, and what
-/// vLLM's own snapshot holds beside the weights. Dotfiles (`.gitattributes`) are left out, and so
-/// is anything in a subfolder (vLLM ignores `original/**` and reads only the top level).
-fn is_side_file(name: &str) -> bool {
-    // Not vLLM's exact, case-sensitive test: `MODEL.BIN` is not fetched as a side file either.
-    !name.contains('/')
-        && !name.starts_with('.')
-        && super::select::weight_kind(&name.to_ascii_lowercase()).is_none()
-}
-
-/// A part file `load` reads from a pre-sharded folder, of either pattern (`--pp` says which one
-/// it expects, and the folder is checked against it).
-fn is_rank_file(name: &str) -> bool {
-    crate::sharded::names::RankFile::parse(name).is_some()
 }
 
 /// Asks the hub unless offline (or unless a commit is asked for whose file list is saved);
@@ -403,46 +328,5 @@ mod tests {
         ] {
             assert_eq!(repo_id(Path::new(not)), None, "{not}");
         }
-    }
-
-    #[test]
-    fn side_files_are_top_level_non_weights() {
-        for yes in [
-            "config.json",
-            "generation_config.json",
-            "tokenizer.json",
-            "tokenizer.model",
-            "tokenizer_config.json",
-            "params.json",
-            "chat_template.jinja",
-            "model.safetensors.index.json",
-            "README.md",
-        ] {
-            assert!(is_side_file(yes), "{yes}");
-        }
-        for no in [
-            "model.safetensors",
-            "pytorch_model.bin",
-            "consolidated.pth",
-            "model.gguf",
-            "tf_model.h5",
-            "flax_model.msgpack",
-            ".gitattributes",
-            "original/params.json",
-        ] {
-            assert!(!is_side_file(no), "{no}");
-        }
-    }
-
-    #[test]
-    fn rank_files_match_the_loader() {
-        assert!(is_rank_file("model-rank-0-part-0.safetensors"));
-        assert!(is_rank_file("model-rank-12-part-3.safetensors"));
-        assert!(!is_rank_file("model-rank-a-part-0.safetensors"));
-        assert!(!is_rank_file("model-rank-0-part-.safetensors"));
-        assert!(!is_rank_file("model-00001-of-00002.safetensors"));
-        // Pipeline-parallel files make a pre-sharded repo too (loaded with --pp).
-        assert!(is_rank_file("model-pp-0-tp-0-part-0.safetensors"));
-        assert!(!is_rank_file("model-pp-0-tp-00-part-0.safetensors"));
     }
 }

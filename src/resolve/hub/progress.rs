@@ -1,65 +1,6 @@
-//! The caller's hold on a download: its bars, fed the most of each file that has arrived, and a
-//! flag that stops it (the Python package's Ctrl-C; the binary's default signal action already
-//! ends the process).
+//! Download progress: the caller's bars, fed the most of each file that has arrived.
 
-use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use crate::progress::{Progress, Quiet};
-
-/// Makes the progress reporter for one download, given the file name and its size in bytes, and
-/// holds the flag that stops downloads. The binary draws bars on a terminal; the default reports
-/// nothing and is never stopped.
-#[derive(Clone, Default)]
-pub struct DownloadProgress {
-    bars: Option<Arc<DownloadBar>>,
-    stop: Option<Arc<AtomicBool>>,
-}
-
-type DownloadBar = dyn Fn(&str, u64) -> Box<dyn Progress> + Send + Sync;
-
-impl DownloadProgress {
-    pub fn new(f: impl Fn(&str, u64) -> Box<dyn Progress> + Send + Sync + 'static) -> Self {
-        DownloadProgress {
-            bars: Some(Arc::new(f)),
-            stop: None,
-        }
-    }
-
-    /// Downloads stop, between two reads of the network, once `flag` is set: what arrived stays
-    /// in the partial file for the next run to resume.
-    pub fn stopped_by(self, flag: Arc<AtomicBool>) -> Self {
-        DownloadProgress {
-            stop: Some(flag),
-            ..self
-        }
-    }
-
-    /// Whether the caller asked the downloads to stop.
-    pub(super) fn stopped(&self) -> bool {
-        self.stop
-            .as_ref()
-            .is_some_and(|f| f.load(Ordering::Relaxed))
-    }
-
-    fn start(&self, file: &str, size: u64) -> Box<dyn Progress> {
-        match &self.bars {
-            Some(f) => f(file, size),
-            None => Box::new(Quiet),
-        }
-    }
-}
-
-impl fmt::Debug for DownloadProgress {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(if self.bars.is_some() {
-            "DownloadProgress(bars)"
-        } else {
-            "DownloadProgress(quiet)"
-        })
-    }
-}
+use crate::progress::{DownloadProgress, Progress};
 
 /// A download's progress bar, made when the first try starts, showing the most of the file that
 /// has arrived: resumed bytes count once, and bytes fetched again after a restart do not count.
@@ -94,6 +35,7 @@ impl<'a> Shown<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
     use super::*;

@@ -117,19 +117,22 @@ fn plan_json_has_the_documented_shape() {
 
 /// Opens `dir` in-process, as `wload plan` does.
 fn open_dir(dir: &std::path::Path, layers_override: Option<u64>) -> wload::Opened {
-    wload::open(&wload::SourceOptions {
-        source: dir.to_path_buf(),
-        load_format: wload::resolve::LoadFormat::Auto,
-        config_format: wload::config::ConfigFormat::Auto,
-        hf_overrides: layers_override.map(|n| {
-            serde_json::Map::from_iter([("num_hidden_layers".to_string(), Value::from(n))])
-        }),
-        revision: None,
-        download_dir: None,
-        download_progress: Default::default(),
-        side_files: false,
-        headers_only: false,
-    })
+    wload::open(
+        &wload::SourceOptions {
+            source: dir.to_path_buf(),
+            load_format: wload::resolve::LoadFormat::Auto,
+            config_format: wload::config::ConfigFormat::Auto,
+            hf_overrides: layers_override.map(|n| {
+                serde_json::Map::from_iter([("num_hidden_layers".to_string(), Value::from(n))])
+            }),
+            revision: None,
+            download_dir: None,
+            download_progress: Default::default(),
+            side_files: false,
+            headers_only: false,
+        },
+        wload::Want::Checkpoint,
+    )
     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 

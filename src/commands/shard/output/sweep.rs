@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::ShardError;
-use super::output::{OWNER_FILE, STAGING_TAG, parent_of};
+use super::names::{OWNER_FILE, STAGING_TAG, parent_of};
+use crate::commands::shard::ShardError;
 
 /// Who made a staging folder: enough to tell, on this host, whether that process still runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,4 +138,34 @@ pub(super) fn process_exists(pid: u32) -> bool {
     // SAFETY: signal 0 only checks that the process exists and may be signalled.
     let r = unsafe { libc::kill(pid, 0) };
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_process_is_not_gone_and_a_reused_pid_is() {
+        let me = Owner::me(Path::new("out"));
+        assert!(!me.is_gone());
+        let reused = Owner {
+            start_ticks: me.start_ticks.map(|t| t + 1),
+            ..me.clone()
+        };
+        assert!(reused.is_gone());
+        let other_host = Owner {
+            host: format!("{}-elsewhere", me.host),
+            pid: u32::MAX,
+            ..me.clone()
+        };
+        assert!(
+            !other_host.is_gone(),
+            "another host's folder is never ours to judge"
+        );
+        let rebooted = Owner {
+            boot_id: Some("another-boot".into()),
+            ..me
+        };
+        assert!(rebooted.is_gone());
+    }
 }
