@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{hub, local};
+use super::local;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
@@ -96,9 +96,10 @@ pub enum ResolveError {
         /// ([`crate::sharded::serve::serve_command`]).
         serve: String,
     },
-    /// A hub repo id that could not be resolved or fetched.
+    /// A remote source (a hub repo id) that could not be resolved or fetched: the remote's own
+    /// error, behind [`RemoteFailure`] so that this type names no remote.
     #[error(transparent)]
-    Hub(#[from] hub::HubError),
+    Remote(#[from] RemoteFailure),
     /// Names vLLM's glob selects (or the config it reads) that cannot be read as files (dangling
     /// links, folders, FIFOs, names that are not UTF-8): reported, one line each, not skipped.
     /// `why` says how vLLM comes to open them.
@@ -108,6 +109,35 @@ pub enum ResolveError {
         why: String,
         files: Vec<local::Unreadable>,
     },
+}
+
+/// What a remote source's error tells besides its message: the exit status it means.
+pub trait RemoteError: std::error::Error + Send + Sync + 'static {
+    fn exit_status(&self) -> crate::exit::ExitStatus;
+}
+
+/// A remote's error inside a [`ResolveError`]. Boxed behind [`RemoteError`] because the remote
+/// sits above this file (it returns `ResolveError`s), so this file cannot name its type; each
+/// remote converts its error with `From`.
+#[derive(Debug)]
+pub struct RemoteFailure(Box<dyn RemoteError>);
+
+impl RemoteFailure {
+    pub fn new(e: impl RemoteError) -> RemoteFailure {
+        RemoteFailure(Box::new(e))
+    }
+}
+
+impl std::fmt::Display for RemoteFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for RemoteFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 impl ResolveError {
@@ -137,7 +167,7 @@ impl ResolveError {
                 ExitStatus::Checkpoint
             }
             ResolveError::Io { .. } => ExitStatus::Runtime,
-            ResolveError::Hub(e) => e.exit_status(),
+            ResolveError::Remote(e) => e.0.exit_status(),
             _ => ExitStatus::Checkpoint,
         }
     }

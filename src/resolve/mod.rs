@@ -19,7 +19,7 @@ use crate::config::ConfigFormat;
 pub use select::LoadFormat;
 
 mod error;
-pub use error::ResolveError;
+pub use error::{RemoteError, RemoteFailure, ResolveError};
 use select::{NOT_FOR_INFERENCE, WeightKind, glob_match, natural_cmp, weight_kind};
 
 /// What the caller wants from SOURCE.

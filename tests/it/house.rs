@@ -49,16 +49,6 @@ const LAYERS: &[&[&str]] = &[
     &["cli", "lib", "bin"],
 ];
 
-/// Circles inside a folder that other branches of issue 39 remove: `(folder, rooms)`, a room being
-/// a file or a subfolder of the folder; a circle among those rooms only is let through. Each entry
-/// must still hold a circle, so that the lead empties this list as those branches merge.
-const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
-    // to be removed when the seams branch merges (`hub ↔ local`, `error ↔ hub`)
-    ("resolve", &["error", "hub", "index", "local"]),
-    // to be removed when the seams branch merges (`output ↔ sweep`)
-    ("commands/shard", &["output", "sweep"]),
-];
-
 /// Files allowed over 600 code lines: each holds one concept (issue 25).
 const LONG_FILES: &[&str] = &["mapping/rules.rs", "mapping/expr.rs"];
 const MAX_FILE_LINES: usize = 600;
@@ -737,17 +727,9 @@ fn no_circle_of_imports_inside_a_folder() {
     let files = mod_files();
     let arrows = folder_arrows(&files);
     let mut wrong = Vec::new();
-    let mut known_seen = BTreeSet::new();
     for (folder, arrows) in &arrows {
         let name = folder.join("/");
         for (knot, round) in circles(arrows) {
-            let known = KNOWN_CIRCLES.iter().position(|(f, rooms)| {
-                *f == name && knot.iter().all(|r| rooms.contains(&r.as_str()))
-            });
-            if let Some(k) = known {
-                known_seen.insert(k);
-                continue;
-            }
             let mut text = format!(
                 "src/{name}: a circle of imports between {}:",
                 knot.iter().cloned().collect::<Vec<_>>().join(", ")
@@ -757,13 +739,6 @@ fn no_circle_of_imports_inside_a_folder() {
                 text.push_str(&format!("\n  src/{from}:{line} imports from src/{to}"));
             }
             wrong.push(text);
-        }
-    }
-    for (k, (folder, rooms)) in KNOWN_CIRCLES.iter().enumerate() {
-        if !known_seen.contains(&k) {
-            wrong.push(format!(
-                "src/{folder}: the known circle {rooms:?} is gone: take it off KNOWN_CIRCLES"
-            ));
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));

@@ -309,3 +309,15 @@ pub(super) fn http_error(
         HttpError::Local(path, source) => HubError::Io { path, source },
     }
 }
+
+impl crate::resolve::RemoteError for HubError {
+    fn exit_status(&self) -> crate::exit::ExitStatus {
+        HubError::exit_status(self)
+    }
+}
+
+impl From<HubError> for crate::resolve::ResolveError {
+    fn from(e: HubError) -> Self {
+        crate::resolve::ResolveError::Remote(crate::resolve::RemoteFailure::new(e))
+    }
+}
