@@ -8,7 +8,8 @@ mod error;
 mod header;
 
 pub use error::HeaderError;
-pub use header::{check_prefix, read_header, read_remote_header};
+pub use header::read_header;
+pub(crate) use header::{check_prefix, read_remote_header};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -37,12 +38,12 @@ pub const MAX_HEADER_LEN: u64 = 100_000_000;
 /// The most tensors wload reads from one file. Real files hold up to tens of thousands
 /// (DeepSeek-V3: about 91,000 over 163 files); a 100 MB header can list over a million tiny ones,
 /// which cost a gigabyte and most of a minute in the stages after it.
-pub const MAX_TENSORS_PER_FILE: usize = 1 << 18;
+pub(crate) const MAX_TENSORS_PER_FILE: usize = 1 << 18;
 
 /// The most tensors wload reads from one checkpoint, all files together: twice the ~250,000 of
 /// the largest INT4 MoE releases. Each costs a few hundred bytes in every stage (name table,
 /// mapping, plan), so this bounds a checkpoint's planning to about half a gigabyte.
-pub const MAX_TENSORS: usize = 1 << 19;
+pub(crate) const MAX_TENSORS: usize = 1 << 19;
 
 /// One tensor as a header describes it.
 #[derive(Debug, Clone, Serialize)]

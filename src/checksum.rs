@@ -17,39 +17,39 @@ use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Bytes per block.
-pub const BLOCK: u64 = 64 << 10;
+pub(crate) const BLOCK: u64 = 64 << 10;
 
 /// Bytes read per step when reading a file back: small enough to stay in the core's L2 cache
 /// between the kernel's copy and the hash (an 8 MiB step made hashing a third slower), read
 /// rather than mapped so the file's pages never count as this process's memory, and whole
 /// blocks.
-pub const READ_STEP: usize = 4 * BLOCK as usize;
+pub(crate) const READ_STEP: usize = 4 * BLOCK as usize;
 
 /// Block `index`'s digest, from its bytes (`BLOCK` of them, fewer for a file's last block).
-pub fn block(index: u64, bytes: &[u8]) -> u64 {
+pub(crate) fn block(index: u64, bytes: &[u8]) -> u64 {
     xxh3_64_with_seed(bytes, index)
 }
 
 /// The checksum's text from the sum of a file's block digests.
-pub fn text(sum: u64) -> String {
+pub(crate) fn text(sum: u64) -> String {
     format!("{sum:016x}")
 }
 
 /// The block index of byte `offset`.
-pub fn block_of(offset: u64) -> u64 {
+pub(crate) fn block_of(offset: u64) -> u64 {
     offset / BLOCK
 }
 
 /// The bytes `[start, end)` of block `index` in a file of `size` bytes (the last block is
 /// shorter).
-pub fn block_span(index: u64, size: u64) -> (u64, u64) {
+pub(crate) fn block_span(index: u64, size: u64) -> (u64, u64) {
     (index * BLOCK, ((index + 1) * BLOCK).min(size))
 }
 
 /// The sum of the digests of blocks `[first, end)` of `f`, a file of `size` bytes, read back in
 /// [`READ_STEP`]s into `buf`. `stop` is asked between steps; when it says yes this ends with
 /// [`io::ErrorKind::Interrupted`]. A file shorter than `size` is an error (`UnexpectedEof`).
-pub fn read_blocks(
+pub(crate) fn read_blocks(
     f: &File,
     size: u64,
     (first, end): (u64, u64),
@@ -75,19 +75,20 @@ pub fn read_blocks(
 }
 
 /// The checksum of an open file, read from its start.
-pub fn of_open(f: &File, stop: &dyn Fn() -> bool) -> io::Result<String> {
+pub(crate) fn of_open(f: &File, stop: &dyn Fn() -> bool) -> io::Result<String> {
     let size = f.metadata()?.len();
     read_blocks(f, size, (0, size.div_ceil(BLOCK)), &mut Vec::new(), stop).map(text)
 }
 
-/// The checksum of the file at `path`.
-pub fn of_file(path: &Path) -> io::Result<String> {
+/// The checksum of the file at `path` (the tests' reference).
+#[cfg(test)]
+fn of_file(path: &Path) -> io::Result<String> {
     of_open(&File::open(path)?, &|| false)
 }
 
 /// XXH3-64 of the whole file at `path`, hex: the checksum in manifests written before
 /// [`BLOCK`]s (`xxh3`), still checked when a folder has one.
-pub fn whole_file_xxh3(path: &Path) -> io::Result<String> {
+pub(crate) fn whole_file_xxh3(path: &Path) -> io::Result<String> {
     let f = File::open(path)?;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut buf = vec![0u8; READ_STEP];
@@ -107,7 +108,7 @@ pub fn whole_file_xxh3(path: &Path) -> io::Result<String> {
 
 /// The digest of block `index` when it is `len` zeros (at most [`BLOCK`]), without a zeroed
 /// buffer per call.
-pub fn zero_block(index: u64, len: u64) -> u64 {
+pub(crate) fn zero_block(index: u64, len: u64) -> u64 {
     static ZEROS: [u8; BLOCK as usize] = [0; BLOCK as usize];
     block(index, &ZEROS[..len as usize])
 }

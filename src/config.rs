@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-pub mod aliases;
+pub(crate) mod aliases;
 mod mistral;
 
-pub use aliases::ConfigAlias;
+pub(crate) use aliases::ConfigAlias;
 
 /// `--config-format`, as vLLM spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -54,7 +54,7 @@ pub enum ConfigError {
 }
 
 /// ` (or 'alias')` for an error that names a field with two spellings.
-pub fn or_spelling(also: Option<&str>) -> String {
+pub(crate) fn or_spelling(also: Option<&str>) -> String {
     also.map(|a| format!(" (or '{a}')")).unwrap_or_default()
 }
 
@@ -182,7 +182,7 @@ pub fn load(
 }
 
 /// The file ModelOpt ≤ 0.29 writes its quantization config to, beside config.json.
-pub const HF_QUANT_CONFIG: &str = "hf_quant_config.json";
+pub(crate) const HF_QUANT_CONFIG: &str = "hf_quant_config.json";
 
 /// `hf_quant_config.json`'s object, which vLLM takes as the quantization config when config.json
 /// has none (`transformers_utils/config.py:951–962`); `None` without the file.

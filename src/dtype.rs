@@ -7,7 +7,7 @@ use serde::{Serialize, Serializer};
 
 /// `torch.finfo(torch.float32).min`: vLLM's initial value of linear scales, which its
 /// post-processing reads as "not loaded".
-pub const F32_MIN: f64 = f32::MIN as f64;
+pub(crate) const F32_MIN: f64 = f32::MIN as f64;
 
 /// A safetensors element type. The set, the spellings and the declaration order are those of
 /// safetensors 0.8: the order matters, because safetensors writes tensors sorted by dtype (this
@@ -205,7 +205,7 @@ impl Serialize for Dtype {
 /// most of the others cast to losslessly). `None` when there is none to pick from. Where two tie
 /// (bfloat16 and float16 without float32) vLLM's pick follows Python's set order; wload takes
 /// the one later in [`Dtype::ALL`] (bfloat16 before float16).
-pub fn common_lossless(dtypes: impl IntoIterator<Item = Dtype>) -> Option<Dtype> {
+pub(crate) fn common_lossless(dtypes: impl IntoIterator<Item = Dtype>) -> Option<Dtype> {
     let mut set: Vec<Dtype> = dtypes.into_iter().filter(|d| range(*d).is_some()).collect();
     set.sort_unstable_by_key(|d| std::cmp::Reverse(*d as u8));
     set.dedup();
@@ -288,7 +288,7 @@ fn range(d: Dtype) -> Option<Range> {
 }
 
 /// Every dtype name, for error messages that list what is accepted.
-pub fn known_names() -> String {
+pub(crate) fn known_names() -> String {
     Dtype::ALL.map(Dtype::as_str).join(", ")
 }
 
@@ -330,7 +330,7 @@ impl DtypeChoice {
 /// none takes the dtype all of `tensors` (the checkpoint's) cast to without loss, as vLLM reads
 /// it from the safetensors headers (model_arch_config_convertor.py:221–234): an all-float16
 /// checkpoint without `torch_dtype` loads as float16.
-pub fn resolve_dtype(
+pub(crate) fn resolve_dtype(
     choice: DtypeChoice,
     config_dtype: Option<&str>,
     tensors: impl IntoIterator<Item = Dtype>,

@@ -18,7 +18,7 @@ use crate::mapping::rules::{Outcome, ShardId};
 /// Every tensor vLLM keeps from the checkpoint (a copy shadowed by a later file is left out), in
 /// load order, with what it becomes.
 #[derive(Debug, Clone, Serialize)]
-pub struct Mapped<'c> {
+pub(crate) struct Mapped<'c> {
     #[serde(skip)]
     pub checkpoint: &'c Checkpoint,
     pub tensors: Vec<MappedTensor<'c>>,
@@ -26,7 +26,7 @@ pub struct Mapped<'c> {
 
 /// One checkpoint tensor and its fate.
 #[derive(Debug, Clone, Serialize)]
-pub struct MappedTensor<'c> {
+pub(crate) struct MappedTensor<'c> {
     #[serde(rename = "name", serialize_with = "tensor_name")]
     pub tensor: &'c TensorInfo,
     /// The weight file it is read from.
@@ -38,7 +38,7 @@ pub struct MappedTensor<'c> {
 /// Where a checkpoint tensor goes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "fate", rename_all = "snake_case")]
-pub enum Fate {
+pub(crate) enum Fate {
     /// Into a slot of the parameter it names.
     Target(Target),
     /// Nowhere: a rule maps it to null (vLLM skips it while loading).
@@ -47,7 +47,7 @@ pub enum Fate {
 
 /// The parameter slot a checkpoint tensor fills.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Target {
+pub(crate) struct Target {
     /// The vLLM parameter's name (which may not exist for this config: see the module doc).
     pub parameter: Arc<str>,
     /// Which part of a stacked parameter (`q`/`k`/`v`, `0`/`1`, `w1`/`w2`/`w3`); none for a
@@ -65,7 +65,7 @@ pub struct Target {
 /// A rearrangement of a tensor's rows between the checkpoint and the parameter.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Conversion {
+pub(crate) enum Conversion {
     /// Mistral's interleaved rotary rows to the half-split order, per head; `heads` is the mapping's
     /// expression for the head count, evaluated against the model's variables when planning.
     RotaryPermute { heads: String },
@@ -73,14 +73,14 @@ pub enum Conversion {
 
 impl Target {
     /// The slot key of the parameter this tensor fills: shard id and expert id.
-    pub fn slot(&self) -> (Option<ShardId>, Option<u64>) {
+    pub(crate) fn slot(&self) -> (Option<ShardId>, Option<u64>) {
         (self.shard.clone(), self.expert)
     }
 }
 
 /// Applies `mapping`'s name rules to every tensor vLLM keeps from `checkpoint`; refused when a
 /// rule grows a name past the mapping's limit ([`crate::mapping::limits`]).
-pub fn map<'c>(
+pub(crate) fn map<'c>(
     mapping: &Mapping,
     checkpoint: &'c Checkpoint,
 ) -> Result<Mapped<'c>, crate::mapping::MappingError> {

@@ -13,7 +13,7 @@ use crate::progress::DownloadProgress;
 use crate::resolve::ResolveError;
 pub use crate::resolve::Want;
 use crate::resolve::remote::{FetchOptions, Fetched};
-pub use crate::resolve::source::{Source, SourceError};
+pub(crate) use crate::resolve::source::{Source, SourceError};
 use crate::sharded::names::{self, RankFiles};
 use crate::{checkpoint, config, resolve};
 

@@ -2,7 +2,7 @@
 //! that no input such as `0-18446744073709551615` makes wload allocate before it can say "out of
 //! range"), else the share a launcher (torchrun, srun) gives this process, else all.
 
-pub mod stages;
+pub(crate) mod stages;
 
 use std::fmt;
 use std::ops::RangeInclusive;
@@ -128,7 +128,10 @@ impl fmt::Display for RankList {
 
 /// Ranks from `--ranks`, else from torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or Slurm
 /// (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), else all; and the first local device ordinal.
-pub fn select(world: World, given: Option<&RankList>) -> Result<(Vec<u64>, usize), RankError> {
+pub(crate) fn select(
+    world: World,
+    given: Option<&RankList>,
+) -> Result<(Vec<u64>, usize), RankError> {
     if let Some(v) = given {
         return Ok((v.resolve(world)?, 0));
     }

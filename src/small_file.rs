@@ -7,11 +7,11 @@ use std::io::{self, Read};
 use std::path::Path;
 
 /// Larger than any real config, index or mapping (a 400B model's index is about 5 MB).
-pub const LIMIT: u64 = 64 << 20;
+pub(crate) const LIMIT: u64 = 64 << 20;
 
 /// Whether `path` is a regular file (following links), so that opening it cannot block (a
 /// named pipe waits for a writer) and reading it ends.
-pub fn check_regular(path: &Path) -> io::Result<fs::Metadata> {
+pub(crate) fn check_regular(path: &Path) -> io::Result<fs::Metadata> {
     let meta = fs::metadata(path)?;
     if meta.is_file() {
         return Ok(meta);
@@ -40,7 +40,7 @@ pub fn check_regular(path: &Path) -> io::Result<fs::Metadata> {
 /// checkpoint's config or index that no real model has) from a failure to read it
 /// ([`is_too_large`]).
 #[derive(Debug)]
-pub struct TooLarge {
+pub(crate) struct TooLarge {
     limit: u64,
     /// Read by [`read`], for a checkpoint's or the command line's files: the message says how
     /// far real ones are from the limit.
@@ -69,18 +69,18 @@ impl std::error::Error for TooLarge {}
 
 /// Whether [`read`] or [`read_at_most`] refused the file for its size: the file's fault, not an
 /// I/O failure.
-pub fn is_too_large(e: &io::Error) -> bool {
+pub(crate) fn is_too_large(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<TooLarge>())
 }
 
 /// The whole file, if it is a regular file of at most [`LIMIT`] bytes.
-pub fn read(path: &Path) -> io::Result<Vec<u8>> {
+pub(crate) fn read(path: &Path) -> io::Result<Vec<u8>> {
     read_capped(path, LIMIT, true)
 }
 
 /// The whole file, if it is a regular file of at most `limit` bytes: for files smaller than
 /// [`LIMIT`] by nature (a ref, a cache record), whose size cap is theirs.
-pub fn read_at_most(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_at_most(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     read_capped(path, limit, false)
 }
 
@@ -101,7 +101,7 @@ fn read_capped(path: &Path, limit: u64, checkpoint_file: bool) -> io::Result<Vec
 }
 
 /// [`read`] as UTF-8 text.
-pub fn read_to_string(path: &Path) -> io::Result<String> {
+pub(crate) fn read_to_string(path: &Path) -> io::Result<String> {
     String::from_utf8(read(path)?)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "is not UTF-8 text"))
 }

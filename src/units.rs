@@ -43,7 +43,7 @@ pub fn thousands(n: u64) -> String {
 }
 
 /// Parses `500MB`, `5GiB`, `40000`: decimal (kB, MB, GB, TB) and binary (KiB, MiB, GiB, TiB) units.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -81,23 +81,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// serde's default for a count that is 1 unless written (pipeline stages, repeats).
-pub fn one() -> u64 {
+pub(crate) fn one() -> u64 {
     1
 }
 
 /// serde's `skip_serializing_if` for such a count: 1 is left out of the JSON.
-pub fn is_one(n: &u64) -> bool {
+pub(crate) fn is_one(n: &u64) -> bool {
     *n == 1
 }
 
 /// The plural ending for a count: `1 file`, `2 files`.
-pub fn plural(n: u64) -> &'static str {
+pub(crate) fn plural(n: u64) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
 /// Ids as runs, the way `--ranks` takes them: `0-3,5,8-9`; sorted first, each id once. The one
 /// way a message, a report or a run record's name writes a list of ranks or experts.
-pub fn id_runs(ids: &[u64]) -> String {
+pub(crate) fn id_runs(ids: &[u64]) -> String {
     let mut ids = ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
@@ -112,7 +112,7 @@ pub fn id_runs(ids: &[u64]) -> String {
 }
 
 /// Runs `(first, last)`, in the order given, as [`id_runs`] writes them.
-pub fn runs_text(runs: impl IntoIterator<Item = (u64, u64)>) -> String {
+pub(crate) fn runs_text(runs: impl IntoIterator<Item = (u64, u64)>) -> String {
     let parts: Vec<String> = (runs.into_iter())
         .map(|(a, b)| {
             if a == b {

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
-use wload::exec::cuda::{self, CudaDevice};
-use wload::exec::device::{Device, DeviceError, Stages};
-use wload::exec::host_ptr::HostPtrSink;
-use wload::exec::load::LoadSink;
-use wload::exec::source::IoMode;
-use wload::exec::{Control, ExecError, ExecOptions, Placement, Sink, Stats, io_choice};
-use wload::plan::Plan;
-use wload::progress::Quiet;
+use wload::Plan;
+use wload::Quiet;
+use wload::engine::HostPtrSink;
+use wload::engine::IoMode;
+use wload::engine::LoadSink;
+use wload::engine::cuda::{self, CudaDevice};
+use wload::engine::{Control, ExecError, ExecOptions, Placement, Sink, Stats, io_choice};
+use wload::engine::{Device, DeviceError, Stages};
 
 /// Where the destinations are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +128,7 @@ pub(crate) fn fill(
 ) -> Result<LoadDone, FillError> {
     // Phase 1: how to read (the files' residency decides `auto`).
     let t = Instant::now();
-    let files = wload::exec::source_files(plan, root);
+    let files = wload::engine::source_files(plan, root);
     let (_, choice) = py
         .detach(|| io_choice::prepare(&files, io, false))
         .map_err(ExecError::from)?;
@@ -162,7 +162,7 @@ pub(crate) fn fill(
             let _caller = cuda::ContextGuard::save();
             let slots = cuda::slots_per_device(
                 1,
-                wload::exec::worker_threads(choice.used),
+                wload::engine::worker_threads(choice.used),
                 plan.ranks[j].bytes,
             );
             let gpu = open_gpu(ordinal, slots, stream, dests)?;
@@ -239,7 +239,7 @@ fn run(
     std::thread::scope(|s| {
         let (tx, mut rx) = mpsc::channel();
         s.spawn(move || {
-            let _ = tx.send(wload::exec::execute(plan, root, placements, sink, ctl));
+            let _ = tx.send(wload::engine::execute(plan, root, placements, sink, ctl));
         });
         loop {
             // The receiver travels into the GIL-free closure and back (it is Send, not Sync).

@@ -20,17 +20,17 @@ use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueErro
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyList, PyTuple};
 
-use wload::commands::load::InputKind;
-use wload::commands::load::settings::{LoadFlags, load_settings};
-use wload::config::ConfigFormat;
-use wload::dtype::DtypeChoice;
-use wload::exec::ExecError;
-use wload::exec::device::DeviceError;
-use wload::exec::source::IoMode;
-use wload::multimodal::MmEncoderTpMode;
-use wload::progress::DownloadProgress;
-use wload::quant::MoeBackend;
+use wload::ConfigFormat;
+use wload::DownloadProgress;
+use wload::DtypeChoice;
+use wload::InputKind;
+use wload::MmEncoderTpMode;
+use wload::MoeBackend;
+use wload::engine::DeviceError;
+use wload::engine::ExecError;
+use wload::engine::IoMode;
 use wload::{Error, ExitStatus, SourceOptions};
+use wload::{LoadFlags, load_settings};
 
 use report::LoadReport;
 
@@ -241,7 +241,7 @@ impl Tensor {
 /// A source planned for a TP × PP layout: what every rank holds, and how to fill it.
 #[pyclass(frozen, module = "wload")]
 struct Plan {
-    plan: wload::plan::Plan,
+    plan: wload::Plan,
     root: PathBuf,
     kind: InputKind,
     warnings: Vec<String>,
@@ -495,7 +495,7 @@ fn fill_error(
     e: fill::FillError,
     rank: u64,
     target: fill::Target,
-    tensors: &[wload::plan::OutTensor],
+    tensors: &[wload::OutTensor],
 ) -> PyErr {
     match e {
         fill::FillError::Destinations(problems) => PyValueError::new_err(format!(
@@ -588,7 +588,7 @@ fn overrides(
             }
         }
     };
-    wload::config::parse_overrides(&text)
+    wload::parse_overrides(&text)
         .map(Some)
         .map_err(|e| to_py(py, &Error::Config(e)))
 }
@@ -694,8 +694,7 @@ fn plan(
         let files = &opened.rank_files;
         (opened.checkpoint.data_readable()).map_err(|e| Error::Headers(vec![e]))?;
         let mut warnings = Vec::new();
-        let (plan, kind) =
-            wload::commands::load::prepare(&opened, files, &settings.plan, None, &mut warnings)?;
+        let (plan, kind) = wload::prepare(&opened, files, &settings.plan, None, &mut warnings)?;
         Ok(Plan {
             plan,
             root: opened.resolved.root.clone(),

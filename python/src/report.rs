@@ -10,7 +10,7 @@ use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyIterator, PyList};
 
-use wload::exec::Stats;
+use wload::engine::Stats;
 
 use crate::fill::{LoadDone, Target};
 

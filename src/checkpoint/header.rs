@@ -26,7 +26,10 @@ pub fn read_header(path: &Path, name: &str, file_index: usize) -> Result<WeightF
 /// A header that was not read from a local file (a hub's `Range` answer, or the cache's copy of
 /// one): parsed and validated by the very checks [`read_header`] makes, against the file's size
 /// as the server stated it. The file has no local data: see [`Backing::HeaderOnly`].
-pub fn read_remote_header(h: &RemoteHeader, file_index: usize) -> Result<WeightFile, HeaderError> {
+pub(crate) fn read_remote_header(
+    h: &RemoteHeader,
+    file_index: usize,
+) -> Result<WeightFile, HeaderError> {
     let path = &h.path;
     let header_len = check_prefix(path, h.size, &h.bytes)?;
     // At least 8 bytes: `check_prefix` refused a size under 8, and the prefix was read.
@@ -127,7 +130,7 @@ fn read_prefix(file: &File, path: &Path) -> Result<(FileStamp, u64), HeaderError
 /// shorter) states, checked against the file's `size` before any of the header is read. A file
 /// that is not safetensors at all is the checkpoint's fault (exit 3). The one check of a header's
 /// length, for local files and for the hub's.
-pub fn check_prefix(path: &Path, size: u64, prefix: &[u8]) -> Result<u64, HeaderError> {
+pub(crate) fn check_prefix(path: &Path, size: u64, prefix: &[u8]) -> Result<u64, HeaderError> {
     let p = || path.to_path_buf();
     if size == 0 {
         return Err(HeaderError::Empty { path: p() });

@@ -1,8 +1,8 @@
 //! The library's error type and the exit status each error maps to. The commands' own failures
 //! are here too (`load.rs`, `shard.rs`), below the commands that return them.
 
-pub mod load;
-pub mod shard;
+pub(crate) mod load;
+pub(crate) mod shard;
 
 use crate::checkpoint::HeaderError;
 use crate::config::ConfigError;
@@ -10,7 +10,7 @@ use crate::exec::ExecError;
 use crate::exec::device::DeviceError;
 use crate::resolve::ResolveError;
 
-pub use crate::exit::ExitStatus;
+pub(crate) use crate::exit::ExitStatus;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use regex::Regex;
 use serde::Serialize;
 
-pub mod config_less;
-pub mod support;
-pub mod survey;
-pub mod tower;
+pub(crate) mod config_less;
+pub(crate) mod support;
+pub(crate) mod survey;
+pub(crate) mod tower;
 
 use crate::commands::error::Error;
 use crate::config::ModelConfig;

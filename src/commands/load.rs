@@ -10,11 +10,12 @@ use std::time::Instant;
 use serde::Serialize;
 
 mod report;
-pub mod settings;
+pub(crate) mod settings;
 
-pub use report::{
-    CacheReport, FileSum, InputKind, IoReport, LoadReport, LoadTimings, RankReport, RankStages,
-    Repeats, RunSample, TensorSum,
+pub use report::InputKind;
+pub(crate) use report::{
+    CacheReport, FileSum, IoReport, LoadReport, LoadTimings, RankReport, RankStages, Repeats,
+    RunSample, TensorSum,
 };
 
 use crate::checksum;

@@ -2,10 +2,10 @@
 //! (resolve → map → plan → execute) and returns a report for [`crate::report`] or `--json`.
 //! Imports point down from here to the stages, never back.
 
-pub mod error;
-pub mod inspect;
-pub mod load;
-pub mod pipeline;
-pub mod plan;
+pub(crate) mod error;
+pub(crate) mod inspect;
+pub(crate) mod load;
+pub(crate) mod pipeline;
+pub(crate) mod plan;
 pub mod schema;
-pub mod shard;
+pub(crate) mod shard;

@@ -29,7 +29,7 @@ pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Erro
 
 /// [`refuse_dense_expert_parallel`] with the mapping `opts` selects, for a pre-sharded folder
 /// (whose planning reports a mapping that cannot be selected itself).
-pub fn refuse_expert_parallel_without_experts(
+pub(crate) fn refuse_expert_parallel_without_experts(
     opened: &Opened,
     opts: &PlanOptions,
 ) -> Result<(), Error> {
@@ -44,7 +44,7 @@ pub fn refuse_expert_parallel_without_experts(
 
 /// `--enable-expert-parallel` for a model without experts is a usage error: vLLM ignores the
 /// flag there, and a folder recording it would pass it on to the serve line for nothing.
-pub fn refuse_dense_expert_parallel(
+pub(crate) fn refuse_dense_expert_parallel(
     opened: &Opened,
     mapping: &mapping::Mapping,
     opts: &PlanOptions,
@@ -140,7 +140,7 @@ pub struct Verdict {
 
 /// TP sizes worth asking about up to `max`: 1 to 8, the powers of two, and the divisors of the
 /// attention heads (the sizes vLLM can accept at all, since each rank holds whole heads).
-pub fn tp_candidates(heads: u64, max: u64) -> Vec<u64> {
+pub(crate) fn tp_candidates(heads: u64, max: u64) -> Vec<u64> {
     let mut v: Vec<u64> = (1..=max.min(8)).collect();
     v.extend((3..63).map(|k| 1u64 << k).take_while(|&p| p <= max));
     v.extend((1..=heads.min(max)).filter(|&d| heads.is_multiple_of(d)));

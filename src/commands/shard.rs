@@ -2,7 +2,7 @@
 //! temporary sibling folder and renamed into place only when complete (and verified).
 
 mod error;
-pub mod output;
+pub(crate) mod output;
 mod side;
 mod space;
 
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-pub use error::ShardError;
+pub(crate) use error::ShardError;
 use output::Publish;
 use serde_json::Value;
 
@@ -26,9 +26,6 @@ use crate::open::Opened;
 use crate::plan::Plan;
 use crate::progress::{Progress, Quiet};
 use crate::sharded::manifest::{Manifest, ManifestFile};
-
-/// vLLM's example script default (`--max-file-size 5*1024**3`).
-pub const DEFAULT_MAX_PART_SIZE: u64 = 5 << 30;
 
 #[derive(Debug, Clone)]
 pub struct ShardOptions {

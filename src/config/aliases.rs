@@ -93,7 +93,7 @@ const N_ROUTED_EXPERTS: &[ConfigAlias] = &[
 // qwen2, qwen2_moe, qwen3, gemma2, phi3), and the base class's is empty.
 
 /// The aliases of the config class for `model_type` (the base class's when unknown).
-pub fn for_model_type(model_type: Option<&str>) -> &'static [ConfigAlias] {
+pub(crate) fn for_model_type(model_type: Option<&str>) -> &'static [ConfigAlias] {
     match model_type {
         Some("mixtral" | "gpt_oss") => MIXTRAL_GPT_OSS,
         Some("qwen3_moe") => QWEN3_MOE,
@@ -106,12 +106,12 @@ pub fn for_model_type(model_type: Option<&str>) -> &'static [ConfigAlias] {
 }
 
 /// The aliases for the config object `map` (by its own `model_type`).
-pub fn for_map(map: &Map<String, Value>) -> &'static [ConfigAlias] {
+pub(crate) fn for_map(map: &Map<String, Value>) -> &'static [ConfigAlias] {
     for_model_type(map.get("model_type").and_then(Value::as_str))
 }
 
 /// The other spelling of `name`, if it has one.
-pub fn other_spelling(aliases: &[ConfigAlias], name: &str) -> Option<&'static str> {
+pub(crate) fn other_spelling(aliases: &[ConfigAlias], name: &str) -> Option<&'static str> {
     aliases.iter().find_map(|a| {
         if a.attribute == name {
             Some(a.alias)
@@ -124,7 +124,7 @@ pub fn other_spelling(aliases: &[ConfigAlias], name: &str) -> Option<&'static st
 }
 
 /// The attribute a write to `key` lands on (transformers' `__setattr__` follows `attribute_map`).
-pub fn attribute_of<'a>(aliases: &[ConfigAlias], key: &'a str) -> &'a str {
+pub(crate) fn attribute_of<'a>(aliases: &[ConfigAlias], key: &'a str) -> &'a str {
     aliases
         .iter()
         .find(|a| a.alias == key)
@@ -137,7 +137,7 @@ fn present(map: &Map<String, Value>, key: &str) -> bool {
 
 /// The alias's value moves to the attribute when the attribute is absent, or when both are
 /// present and the alias is the spelling transformers sets last ([`ConfigAlias::wins`]).
-pub fn resolve(map: &mut Map<String, Value>, aliases: &[ConfigAlias]) {
+pub(crate) fn resolve(map: &mut Map<String, Value>, aliases: &[ConfigAlias]) {
     for a in aliases {
         if (a.wins == Wins::Alias || !present(map, a.attribute))
             && let Some(v) = map.get(a.alias).filter(|v| !v.is_null()).cloned()
@@ -149,7 +149,7 @@ pub fn resolve(map: &mut Map<String, Value>, aliases: &[ConfigAlias]) {
 
 /// Both spellings read the attribute's value, as transformers' `__getattribute__` does, so a
 /// mapping expression may use either.
-pub fn mirror(map: &mut Map<String, Value>, aliases: &[ConfigAlias]) {
+pub(crate) fn mirror(map: &mut Map<String, Value>, aliases: &[ConfigAlias]) {
     for a in aliases {
         if let Some(v) = map.get(a.attribute).filter(|v| !v.is_null()).cloned() {
             map.insert(a.alias.to_string(), v);

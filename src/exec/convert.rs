@@ -7,7 +7,7 @@ use crate::dtype::Dtype;
 
 /// Converts `src` (elements of `from`) into `dst` (elements of `to`), appending. Same dtype is a
 /// plain copy. Only the float dtypes the planner allows to differ reach the other arms.
-pub fn convert_into(from: Dtype, to: Dtype, src: &[u8], dst: &mut Vec<u8>) {
+pub(crate) fn convert_into(from: Dtype, to: Dtype, src: &[u8], dst: &mut Vec<u8>) {
     if from == to {
         dst.extend_from_slice(src);
         return;
@@ -41,7 +41,7 @@ fn item(d: Dtype) -> usize {
 }
 
 /// torch's `c10::BFloat16` from float: NaN → 0x7FC0, otherwise round to nearest even.
-pub fn f32_to_bf16(x: f32) -> u16 {
+pub(crate) fn f32_to_bf16(x: f32) -> u16 {
     if x.is_nan() {
         return 0x7FC0;
     }
@@ -54,7 +54,7 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 /// ATen/cpu/vec/vec256/vec256_16bit_float.h and vec512_bfloat16.h, every element of a
 /// contiguous tensor, its tail too): round to nearest even, as [`f32_to_bf16`], but a NaN of
 /// either sign → 0xFFFF (checked against real vLLM 0.33 / torch on an AVX-512 CPU).
-pub fn f32_to_bf16_vectorized(x: f32) -> u16 {
+pub(crate) fn f32_to_bf16_vectorized(x: f32) -> u16 {
     if x.is_nan() {
         return 0xFFFF;
     }
@@ -63,7 +63,7 @@ pub fn f32_to_bf16_vectorized(x: f32) -> u16 {
 
 /// torch's `c10::Half` from float (`fp16_ieee_from_fp32_value`): round to nearest even, NaN →
 /// sign | 0x7E00.
-pub fn f32_to_f16(x: f32) -> u16 {
+pub(crate) fn f32_to_f16(x: f32) -> u16 {
     if x.is_nan() {
         return ((x.to_bits() >> 16) as u16 & 0x8000) | 0x7E00;
     }
@@ -72,7 +72,7 @@ pub fn f32_to_f16(x: f32) -> u16 {
 
 /// torch's `float8_e4m3fn` to float (c10 `fp8e4m3fn_to_fp32_value`): exact; exponent bias 7,
 /// subnormals below exponent 1, no infinities, `S.1111.111` NaN.
-pub fn e4m3_to_f32(b: u8) -> f32 {
+pub(crate) fn e4m3_to_f32(b: u8) -> f32 {
     let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
     let (e, m) = (i32::from((b >> 3) & 0x0F), f32::from(b & 0x07));
     if e == 0x0F && m == 7.0 {
@@ -88,7 +88,7 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
 
 /// torch's `float8_e8m0fnu` to float: `2^(x - 127)`, 0xFF NaN (x = 0 is the subnormal
 /// 2^-127).
-pub fn e8m0_to_f32(b: u8) -> f32 {
+pub(crate) fn e8m0_to_f32(b: u8) -> f32 {
     if b == 0xFF {
         f32::NAN
     } else {
@@ -132,7 +132,7 @@ fn write_f64(d: Dtype, x: f64, dst: &mut Vec<u8>) {
 }
 
 /// `count` elements of `value` in dtype `d`.
-pub fn fill_bytes(d: Dtype, value: f64, count: u64) -> Vec<u8> {
+pub(crate) fn fill_bytes(d: Dtype, value: f64, count: u64) -> Vec<u8> {
     let mut one = Vec::new();
     write_f64(d, value, &mut one);
     one.repeat(count as usize)

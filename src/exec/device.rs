@@ -116,7 +116,7 @@ pub enum DeviceError {
 
 /// Host memory: what tests and CPU-only machines use.
 #[derive(Default)]
-pub struct CpuDevice {
+pub(crate) struct CpuDevice {
     bufs: Vec<HostBuf>,
     stages: Stages,
 }

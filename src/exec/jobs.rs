@@ -334,7 +334,7 @@ fn chunk_end(c0: u64, chunk: u64, total: u64, spans: &[(u64, u64)]) -> u64 {
 }
 
 /// Every tensor of the given part files, placed at its data offset in file `out`.
-pub fn placements_for(plan: &Plan, files: &[PartFile]) -> Vec<Placement> {
+pub(crate) fn placements_for(plan: &Plan, files: &[PartFile]) -> Vec<Placement> {
     let mut v = Vec::new();
     for (out, f) in files.iter().enumerate() {
         let rank = plan
@@ -357,7 +357,7 @@ pub fn placements_for(plan: &Plan, files: &[PartFile]) -> Vec<Placement> {
 /// Where in a block each tensor of `rank` would best start in memory: the file offset, modulo
 /// [`ALIGN`], of the source bytes that land at its start, by its largest unconverted
 /// dense copy (0 when it has none). Host memory placed so takes direct reads without a copy.
-pub fn phases(plan: &Plan, rank: usize) -> Vec<u64> {
+pub(crate) fn phases(plan: &Plan, rank: usize) -> Vec<u64> {
     plan.ranks[rank]
         .tensors
         .iter()

@@ -2,30 +2,30 @@
 //! written, files being verified, host memory): it reads each source tensor once, in bounded
 //! chunks, and hands every destination its converted bytes through a [`Sink`].
 
-pub mod convert;
+pub(crate) mod convert;
 mod copy;
 pub mod cuda;
-pub mod device;
+pub(crate) mod device;
 mod gather;
 pub(crate) mod hooks;
-pub mod host_ptr;
+pub(crate) mod host_ptr;
 pub mod io_choice;
-pub mod jobs;
-pub mod load;
+pub(crate) mod jobs;
+pub(crate) mod load;
 #[cfg(test)]
 mod pad_tests;
-pub mod page_cache;
-pub mod parts;
+pub(crate) mod page_cache;
+pub(crate) mod parts;
 mod reduce;
 mod sigbus;
-pub mod source;
-pub mod stamps;
+pub(crate) mod source;
+pub(crate) mod stamps;
 #[cfg(test)]
 mod tests;
-pub mod timing;
+pub(crate) mod timing;
 mod transpose;
-pub mod verify;
-pub mod write;
+pub(crate) mod verify;
+pub(crate) mod write;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -42,12 +42,12 @@ use crate::plan::Plan;
 use crate::progress::Progress;
 
 /// Source bytes read per step; with one step in flight per thread this bounds memory.
-pub const CHUNK_BYTES: u64 = 16 << 20;
+pub(crate) const CHUNK_BYTES: u64 = 16 << 20;
 
 /// Reads in flight with O_DIRECT at least: they wait on the storage, not on a core, and a disk
 /// needs several queued to reach its sequential limit (measured on a 2-core VM: 0.50 GB/s with
 /// 2 threads, 0.69 with 4, 0.86 with 8, which is what `dd bs=16M` reads).
-pub const DIRECT_THREADS: usize = 8;
+pub(crate) const DIRECT_THREADS: usize = 8;
 
 /// Worker threads for a run reading with `io`: one per core, and at least [`DIRECT_THREADS`]
 /// for direct reads.
@@ -312,5 +312,6 @@ pub fn execute(
 }
 
 // Re-exports for callers outside `exec/` only, kept until they import from the defining files.
-pub use self::jobs::phases;
-pub use self::stamps::{planned_stamp, source_files, still_planned};
+pub(crate) use self::jobs::phases;
+pub use self::stamps::source_files;
+pub(crate) use self::stamps::{planned_stamp, still_planned};

@@ -12,13 +12,13 @@ use super::source::{ALIGN, OpenError};
 
 /// How much of a set of files the page cache holds.
 #[derive(Debug, Default, Clone, Copy, Serialize, PartialEq)]
-pub struct Residency {
+pub(crate) struct Residency {
     pub bytes: u64,
     pub resident_bytes: u64,
 }
 
 impl Residency {
-    pub fn share(&self) -> f64 {
+    pub(crate) fn share(&self) -> f64 {
         if self.bytes == 0 {
             1.0
         } else {
@@ -39,7 +39,7 @@ fn page_size() -> u64 {
 }
 
 /// Bytes of `path` in the page cache, by `mincore` on a mapping of it (mapping reads nothing).
-pub fn residency(path: &Path) -> io::Result<Residency> {
+pub(crate) fn residency(path: &Path) -> io::Result<Residency> {
     let f = File::open(path)?;
     let len = f.metadata()?.len();
     if len == 0 {
@@ -72,7 +72,7 @@ pub fn residency(path: &Path) -> io::Result<Residency> {
 }
 
 /// The page-cache residency of all of `paths`.
-pub fn residency_all(paths: &[PathBuf]) -> Result<Residency, OpenError> {
+pub(crate) fn residency_all(paths: &[PathBuf]) -> Result<Residency, OpenError> {
     let mut r = Residency::default();
     for p in paths {
         r.add(residency(p).map_err(|source| OpenError::Open {
@@ -85,7 +85,7 @@ pub fn residency_all(paths: &[PathBuf]) -> Result<Residency, OpenError> {
 
 /// Drops `path`'s pages from the page cache (written back first, since dirty pages stay).
 /// Pages another process has mapped stay too: [`residency`] afterwards says what is left.
-pub fn evict(path: &Path) -> io::Result<()> {
+pub(crate) fn evict(path: &Path) -> io::Result<()> {
     let f = File::open(path)?;
     f.sync_data()?;
     // SAFETY: a valid descriptor; offset 0 and length 0 mean the whole file.

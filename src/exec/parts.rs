@@ -6,7 +6,7 @@ use crate::sharded::names::{RankFile, file_name};
 
 /// One output file: its name, header bytes, and where each tensor's data lands.
 #[derive(Debug, Clone)]
-pub struct PartFile {
+pub(crate) struct PartFile {
     pub rank: u64,
     pub part: u64,
     pub name: String,
@@ -20,7 +20,7 @@ pub struct PartFile {
 /// Splits a rank's tensors into parts with vLLM's rule (`save_model`): walk in state_dict order;
 /// before adding a tensor, if the part's data would exceed `max_size`, the part is closed (even an
 /// empty first part). Returns the tensor indices of each part.
-pub fn split(rank: &RankPlan, max_size: Option<u64>) -> Vec<Vec<usize>> {
+pub(crate) fn split(rank: &RankPlan, max_size: Option<u64>) -> Vec<Vec<usize>> {
     let mut parts = Vec::new();
     let mut current = Vec::new();
     let mut total = 0u64;
@@ -43,7 +43,7 @@ pub fn split(rank: &RankPlan, max_size: Option<u64>) -> Vec<Vec<usize>> {
 /// Lays out every part of `rank`: header and data offsets, as safetensors serialises them
 /// (tensors sorted by dtype, wider first, then by name; no metadata). With `pipeline` (PP > 1)
 /// the files are named `model-pp-{p}-tp-{t}-part-{k}`, as vLLM names them then.
-pub fn layout(rank: &RankPlan, max_size: Option<u64>, pipeline: bool) -> Vec<PartFile> {
+pub(crate) fn layout(rank: &RankPlan, max_size: Option<u64>, pipeline: bool) -> Vec<PartFile> {
     split(rank, max_size)
         .into_iter()
         .enumerate()

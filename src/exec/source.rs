@@ -11,7 +11,7 @@ use serde::Serialize;
 
 /// O_DIRECT's alignment for offsets, lengths and buffer addresses: the page size, a multiple of
 /// every logical block size Linux block devices use.
-pub const ALIGN: u64 = 4096;
+pub(crate) const ALIGN: u64 = 4096;
 
 /// How the engine reads source files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
@@ -276,7 +276,7 @@ impl SourceFile {
 }
 
 /// Room a staged read of `len` bytes needs: an aligned block more on each side.
-pub fn staging_len(len: usize) -> usize {
+pub(crate) fn staging_len(len: usize) -> usize {
     len + 2 * ALIGN as usize
 }
 

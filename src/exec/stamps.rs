@@ -12,7 +12,7 @@ use crate::file_stamp::{Change, FileStamp};
 use crate::plan::Plan;
 
 /// `f`, opened at `path`, is still the file `planned` describes, unchanged.
-pub fn unchanged(planned: &FileStamp, f: &File, path: &Path) -> Result<(), ExecError> {
+pub(crate) fn unchanged(planned: &FileStamp, f: &File, path: &Path) -> Result<(), ExecError> {
     let now = FileStamp::of_file(f).map_err(|e| ExecError::io("reading", path, e))?;
     match planned.change_to(&now) {
         None => Ok(()),
@@ -25,7 +25,7 @@ pub fn unchanged(planned: &FileStamp, f: &File, path: &Path) -> Result<(), ExecE
 
 /// `f`, opened at `path`, is still the file the plan read as `file_index`, unchanged: for readers
 /// of source bytes outside the engine (tying checks, `--dry-run --read`).
-pub fn still_planned(
+pub(crate) fn still_planned(
     plan: &Plan,
     file_index: usize,
     f: &File,
@@ -35,7 +35,11 @@ pub fn still_planned(
 }
 
 /// The plan's stamp of the file at `file_index`.
-pub fn planned_stamp(plan: &Plan, file_index: usize, path: &Path) -> Result<FileStamp, ExecError> {
+pub(crate) fn planned_stamp(
+    plan: &Plan,
+    file_index: usize,
+    path: &Path,
+) -> Result<FileStamp, ExecError> {
     plan.file_stamps.get(file_index).copied().ok_or_else(|| {
         ExecError::io(
             "reading",

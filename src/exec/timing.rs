@@ -66,7 +66,7 @@ impl Busy {
 }
 
 /// Bytes per second over `secs`, in GB/s (0 when nothing was timed).
-pub fn gbps(bytes: u64, secs: f64) -> f64 {
+pub(crate) fn gbps(bytes: u64, secs: f64) -> f64 {
     if secs > 0.0 {
         bytes as f64 / secs / 1e9
     } else {
@@ -76,7 +76,7 @@ pub fn gbps(bytes: u64, secs: f64) -> f64 {
 
 /// How much of the shorter of two stages ran while the other did, from their busy times and
 /// the wall time they shared: 1 is fully hidden, 0 is one after the other.
-pub fn overlap(a_s: f64, b_s: f64, wall_s: f64) -> f64 {
+pub(crate) fn overlap(a_s: f64, b_s: f64, wall_s: f64) -> f64 {
     let shorter = a_s.min(b_s);
     if shorter <= 0.0 {
         return 0.0;

@@ -62,7 +62,7 @@ impl Sink for VerifySink<'_> {
 
 /// Checks that the part files in `dir` hold exactly the plan's bytes: sizes, headers, and every
 /// element of every tensor (fills included).
-pub fn verify_parts(
+pub(crate) fn verify_parts(
     plan: &Plan,
     root: &Path,
     dir: &Path,

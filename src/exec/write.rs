@@ -18,10 +18,10 @@ use crate::plan::Plan;
 
 /// The user's escape hatch from `copy_file_range`: filesystems have shipped bugs in it (OpenZFS
 /// 2.2.0's block cloning returned wrong data), and then every byte should pass through memory.
-pub const NO_COPY_FILE_RANGE: &str = "WLOAD_NO_COPY_FILE_RANGE";
+pub(crate) const NO_COPY_FILE_RANGE: &str = "WLOAD_NO_COPY_FILE_RANGE";
 
 /// Whether [`NO_COPY_FILE_RANGE`] is set to something other than empty or `0`.
-pub fn copy_file_range_disabled() -> bool {
+pub(crate) fn copy_file_range_disabled() -> bool {
     std::env::var_os(NO_COPY_FILE_RANGE).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
@@ -350,7 +350,7 @@ fn kernel_copy(
 
 /// What [`write_parts`] produced besides the files.
 #[derive(Debug, Clone)]
-pub struct Written {
+pub(crate) struct Written {
     /// Each file's checksum ([`checksum`]), in the order of the `files` given.
     pub hashes: Vec<String>,
     /// Seconds from the engine's last write to the last checksum: what hashing added after the
@@ -363,7 +363,7 @@ pub struct Written {
 /// Creates `files` in `dir` (which must be new and empty), fills them from the checkpoint at
 /// `root`, and computes each one's checksum for the manifest ([`checksum`]) as its blocks are
 /// written. Files are sized up front, so what is never written reads as zeros.
-pub fn write_parts(
+pub(crate) fn write_parts(
     plan: &Plan,
     root: &Path,
     dir: &Path,

@@ -37,31 +37,31 @@ mod with_leading;
 
 use serde::Deserialize;
 
-pub use block_scale::BlockScale;
-pub use column::Column;
-pub use expert_block_scale::ExpertBlockScale;
-pub use expert_last_shard::ExpertLastShard;
-pub use expert_tensor_scale::ExpertTensorScale;
-pub use experts::Experts;
-pub use gpt_oss_experts::{GptOssExperts, GptOssPart};
-pub use heads::Heads;
-pub use kv_head_scale::{KvHeadScale, KvScale};
-pub use last_shard::LastShard;
-pub use merged_column::{MergedColumn, MergedColumnSpec};
-pub use merged_tuples::MergedTuples;
-pub use mxfp4::Mxfp4Experts;
-pub use packed_experts::PackedExperts;
-pub use qkv::Qkv;
-pub use region::Region;
-pub use replicated::Replicated;
-pub use row::Row;
-pub use shard_id::ShardId;
-pub use tensor_scale::TensorScale;
-pub use transposed_experts::TransposedExperts;
-pub use types::{Block, ExpertPart, ExpertShare, ZeroRows};
+pub(crate) use block_scale::BlockScale;
+pub(crate) use column::Column;
+pub(crate) use expert_block_scale::ExpertBlockScale;
+pub(crate) use expert_last_shard::ExpertLastShard;
+pub(crate) use expert_tensor_scale::ExpertTensorScale;
+pub(crate) use experts::Experts;
+pub(crate) use gpt_oss_experts::{GptOssExperts, GptOssPart};
+pub(crate) use heads::Heads;
+pub(crate) use kv_head_scale::{KvHeadScale, KvScale};
+pub(crate) use last_shard::LastShard;
+pub(crate) use merged_column::{MergedColumn, MergedColumnSpec};
+pub(crate) use merged_tuples::MergedTuples;
+pub(crate) use mxfp4::Mxfp4Experts;
+pub(crate) use packed_experts::PackedExperts;
+pub(crate) use qkv::Qkv;
+pub(crate) use region::Region;
+pub(crate) use replicated::Replicated;
+pub(crate) use row::Row;
+pub(crate) use shard_id::ShardId;
+pub(crate) use tensor_scale::TensorScale;
+pub(crate) use transposed_experts::TransposedExperts;
+pub(crate) use types::{Block, ExpertPart, ZeroRows};
 pub(crate) use types::{Rank, Shape, SlotKey};
-pub use vocab::Vocab;
-pub use with_leading::WithLeading;
+pub(crate) use vocab::Vocab;
+pub(crate) use with_leading::WithLeading;
 
 use types::{PerExpertCopies, RankLayout, Strided};
 
@@ -283,7 +283,7 @@ pub enum Dim {
 }
 
 /// A function over a layout's dimensions, called on each in the order the mapping writes them.
-pub type Eval<'f, D, E, X> = dyn FnMut(&D, Dim) -> Result<E, X> + 'f;
+pub(crate) type Eval<'f, D, E, X> = dyn FnMut(&D, Dim) -> Result<E, X> + 'f;
 
 /// `f` over every dimension of `v`.
 fn all<D, E, X>(v: &[D], f: &mut Eval<D, E, X>) -> Result<Vec<E>, X> {

@@ -14,7 +14,7 @@ use super::types::{Block, RankLayout, Shape, Strided, ZeroRows, unstacked};
 use super::{Kind, Rank, Region, ShardId};
 
 /// MXFP4 groups 32 values under one E8M0 scale (`OCP_MX_BLOCK_SIZE`); two E2M1 values a byte.
-pub const MX_BLOCK: u64 = 32;
+pub(crate) const MX_BLOCK: u64 = 32;
 
 /// Which of the six parameters of `GptOssMxfp4MoEMethod`, in its registration order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -730,7 +730,7 @@ impl EvalError {
 /// The fix for an expression naming `name`, which neither config.json nor the mapping (its
 /// defaults and derived values) defines. A defined name a typo away means the mapping file is
 /// wrong, not the config; otherwise either may be, and the closest names help decide.
-pub fn unknown_variable_fix<'k>(
+pub(crate) fn unknown_variable_fix<'k>(
     name: &str,
     known: impl IntoIterator<Item = &'k str>,
     mapping_file: &str,

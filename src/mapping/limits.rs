@@ -8,28 +8,28 @@ use std::fmt;
 
 /// Regex and expert rules together. Each runs over every name a cheaper test lets through; the
 /// shipped mappings have at most a dozen, with the quantization rules.
-pub const MAX_REGEX_RULES: usize = 256;
+pub(crate) const MAX_REGEX_RULES: usize = 256;
 
 /// Substring, stacked, prefix and suffix rules together (the shipped mappings: a few dozen).
-pub const MAX_LITERAL_RULES: usize = 1024;
+pub(crate) const MAX_LITERAL_RULES: usize = 1024;
 
 /// Bytes of one pattern, replacement, `from`, `to`, expert `replace`, scope or Mistral token.
 /// It bounds what one application of a rule adds to a name.
-pub const MAX_RULE_TEXT: usize = 1024;
+pub(crate) const MAX_RULE_TEXT: usize = 1024;
 
 /// How many bytes the rules together may add to a checkpoint name. Real renames add tens of bytes
 /// (`.q_proj` → `.qkv_proj`); a rule that lengthens a name on every match grows it without end.
-pub const MAX_NAME_GROWTH: usize = 4096;
+pub(crate) const MAX_NAME_GROWTH: usize = 4096;
 
 /// The compiled size of one regex rule, and of its lazy DFA's cache: a name rule compiles to a few
 /// kilobytes (`experts\.(\d+)\.w1\.` to about 10 KB with Unicode classes), and the regex crate's
 /// defaults (10 MiB, 2 MiB a thread) times [`MAX_REGEX_RULES`] would be gigabytes.
-pub const REGEX_SIZE: usize = 1 << 20;
-pub const REGEX_DFA_SIZE: usize = 1 << 20;
+pub(crate) const REGEX_SIZE: usize = 1 << 20;
+pub(crate) const REGEX_DFA_SIZE: usize = 1 << 20;
 
 /// Parameters in one of a mapping's `head`, `layer` or `tail` lists after its blocks are expanded
 /// (the shipped ones: under 60 a layer with every quantization scale).
-pub const MAX_PARAMS_PER_LIST: usize = 1024;
+pub(crate) const MAX_PARAMS_PER_LIST: usize = 1024;
 
 /// A name rule made a name longer than the checkpoint's name plus [`MAX_NAME_GROWTH`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,9 +3,9 @@
 //! The format is documented in docs/mapping-format.md.
 
 mod compose;
-pub mod expr;
-pub mod limits;
-pub mod rules;
+pub(crate) mod expr;
+pub(crate) mod limits;
+pub(crate) mod rules;
 
 use std::path::{Path, PathBuf};
 
@@ -13,7 +13,7 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub use crate::layout::{ExpertPart, GptOssPart};
+pub(crate) use crate::layout::{ExpertPart, GptOssPart};
 pub use expr::Expr;
 
 /// The family files shipped in the binary, by file name: every `mappings/*.yaml` but
@@ -193,7 +193,7 @@ pub struct Tied {
 /// How a parameter is split across tensor-parallel ranks, as the mapping writes it: the YAML
 /// layout kinds with their dimensions as expressions (each kind's file in `layout/` says what
 /// it means).
-pub type Layout = crate::layout::Layout<Expr>;
+pub(crate) type Layout = crate::layout::Layout<Expr>;
 
 impl ParamSpec {
     /// Every expression of the parameter (the layout's, `when`, `tied_to.when`, …) rewritten by
@@ -255,7 +255,7 @@ impl MappingError {
 /// Parses one mapping file's text: follows `extends`, expands the blocks it uses, applies its
 /// edits, and merges the common rules into it. Its regexes are compiled at once, so that one the
 /// regex engine refuses is reported here, with the file's name.
-pub fn parse(file: &str, text: &str) -> Result<Mapping, MappingError> {
+pub(crate) fn parse(file: &str, text: &str) -> Result<Mapping, MappingError> {
     let m = compose::resolve(file, text)?;
     m.rules
         .check_regexes()
@@ -273,7 +273,8 @@ fn parse_embedded(file: &str, text: &str) -> Result<Mapping, MappingError> {
 }
 
 /// Every embedded mapping, parsed.
-pub fn embedded() -> Vec<Mapping> {
+#[cfg(test)]
+pub(crate) fn embedded() -> Vec<Mapping> {
     EMBEDDED
         .iter()
         .map(|(f, t)| {

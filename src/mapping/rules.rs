@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Expr;
 use super::limits::{self, NameTooLong};
-pub use crate::layout::ShardId;
+pub(crate) use crate::layout::ShardId;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -205,7 +205,7 @@ pub struct MistralStep {
 /// The rules that changed a name, in order: rarely more than two, kept inline (one allocation
 /// saved per checkpoint tensor). Two, because a VLM's expert names take a prefix rule and an
 /// expert rule each (Qwen3.5-397B: 92,000 of them).
-pub type Trace = smallvec::SmallVec<[Step; 2]>;
+pub(crate) type Trace = smallvec::SmallVec<[Step; 2]>;
 
 /// Where a checkpoint name ends up. `T` holds the parameter name: a `String`, or nothing when
 /// [`Rules::apply_into`] wrote it into the caller's buffer.

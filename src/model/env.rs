@@ -36,7 +36,7 @@ pub struct EnvProblem {
 
 /// Variables visible to mapping expressions: derived values, then defaults-filled config, then
 /// `tp`, `ep` and (inside layers) `i`.
-pub struct Env {
+pub(crate) struct Env {
     vars: HashMap<String, Value>,
     /// The config class's attribute aliases: a missing field's error names both spellings.
     aliases: &'static [ConfigAlias],
@@ -50,7 +50,7 @@ impl Env {
     /// Fills the variables; a derived value that cannot be computed is a problem (and stays
     /// unset). `mapping_file` is the `--mapping FILE` (none: the built-in mapping), named by the
     /// fixes of expressions that fail.
-    pub fn new(
+    pub(crate) fn new(
         mapping: &Mapping,
         config: &ModelConfig,
         parallel: Parallel,
@@ -109,7 +109,7 @@ impl Env {
 
     /// The mapping's checks (vLLM's asserts on the config and TP size): those that fail or
     /// cannot be evaluated. When there are any, the geometry is not worth checking per rank.
-    pub fn check(&self, mapping: &Mapping) -> Vec<EnvProblem> {
+    pub(crate) fn check(&self, mapping: &Mapping) -> Vec<EnvProblem> {
         let mut problems = Vec::new();
         for c in &mapping.checks {
             match c.rule.eval_bool(&self.scope(None)) {
@@ -129,7 +129,7 @@ impl Env {
 
     /// The fix for an expression that failed with `err`: for a variable nothing defines, whether
     /// it looks like a typo in the mapping file; else `otherwise`.
-    pub fn fix_for(&self, err: &EvalError, otherwise: &str) -> String {
+    pub(crate) fn fix_for(&self, err: &EvalError, otherwise: &str) -> String {
         match err.missing_variable() {
             Some(name) => {
                 let known = self.vars.keys().map(String::as_str).chain(["i"]);
@@ -140,7 +140,7 @@ impl Env {
     }
 
     /// The variables, plus `i` inside layer `i`.
-    pub fn scope(&self, i: Option<u64>) -> EnvScope<'_> {
+    pub(crate) fn scope(&self, i: Option<u64>) -> EnvScope<'_> {
         EnvScope {
             env: self,
             i,
@@ -149,7 +149,7 @@ impl Env {
     }
 
     /// The variables, plus `j` inside instance `j` of a repeated head or tail module.
-    pub fn scope_repeated(&self, j: u64) -> EnvScope<'_> {
+    pub(crate) fn scope_repeated(&self, j: u64) -> EnvScope<'_> {
         EnvScope {
             env: self,
             i: None,
@@ -158,7 +158,7 @@ impl Env {
     }
 
     /// Whether `name` is the boolean `true`.
-    pub fn is_true(&self, name: &str) -> bool {
+    pub(crate) fn is_true(&self, name: &str) -> bool {
         self.vars.get(name) == Some(&Value::Bool(true))
     }
 
@@ -186,7 +186,7 @@ impl Env {
 }
 
 /// What an expression sees: the environment, and `i` inside layer `i`.
-pub struct EnvScope<'a> {
+pub(crate) struct EnvScope<'a> {
     env: &'a Env,
     i: Option<u64>,
     j: Option<u64>,
@@ -221,14 +221,14 @@ impl Scope for EnvScope<'_> {
 /// defaults, its derived values), for describing the model as `plan` reads it without planning
 /// it: `inspect`'s structure section. A derived value that cannot be computed stays unset, as in
 /// the planner, which reports it.
-pub struct Variables {
+pub(crate) struct Variables {
     env: Env,
     derived: std::collections::HashSet<String>,
 }
 
 impl Variables {
     /// Without a mapping (an architecture wload has none for), only the config's fields.
-    pub fn new(
+    pub(crate) fn new(
         mapping: Option<&Mapping>,
         config: &ModelConfig,
         mapping_file: Option<&Path>,
@@ -257,25 +257,25 @@ impl Variables {
     }
 
     /// The value of `name` (a config field, a default, `tp`/`ep` or a derived value).
-    pub fn get(&self, name: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Value> {
         self.env.vars.get(name)
     }
 
     /// Whether `name` is one of the mapping's derived values rather than a config field.
-    pub fn is_derived(&self, name: &str) -> bool {
+    pub(crate) fn is_derived(&self, name: &str) -> bool {
         self.derived.contains(name)
     }
 
     /// `e` evaluated over the variables, with `i` set inside layer `i`.
-    pub fn eval(&self, e: &expr::Expr, i: Option<u64>) -> Result<Value, EvalError> {
+    pub(crate) fn eval(&self, e: &expr::Expr, i: Option<u64>) -> Result<Value, EvalError> {
         e.eval(&self.env.scope(i))
     }
 
-    pub fn eval_u64(&self, e: &expr::Expr, i: Option<u64>) -> Result<u64, EvalError> {
+    pub(crate) fn eval_u64(&self, e: &expr::Expr, i: Option<u64>) -> Result<u64, EvalError> {
         e.eval_u64(&self.env.scope(i))
     }
 
-    pub fn eval_bool(&self, e: &expr::Expr, i: Option<u64>) -> Result<bool, EvalError> {
+    pub(crate) fn eval_bool(&self, e: &expr::Expr, i: Option<u64>) -> Result<bool, EvalError> {
         e.eval_bool(&self.env.scope(i))
     }
 }

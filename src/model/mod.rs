@@ -4,8 +4,8 @@
 //! and `sizes` describe it (`structure.rs`). Both `map` and `plan` read these, so they live below
 //! both.
 
-pub mod env;
-pub mod structure;
+pub(crate) mod env;
+pub(crate) mod structure;
 
 use crate::config::ModelConfig;
 use crate::mapping::Mapping;
@@ -32,7 +32,7 @@ impl<'c> Model<'c> {
     }
 
     /// The method, if the checkpoint has one wload writes.
-    pub fn quantization(&self) -> Option<&Quantization> {
+    pub(crate) fn quantization(&self) -> Option<&Quantization> {
         self.quant.as_ref().ok().and_then(Option::as_ref)
     }
 }
@@ -41,7 +41,7 @@ impl<'c> Model<'c> {
 /// `parallel`'s `tp`, `pp`, `ep`), and the rules its quantization adds (kv-cache scale renames).
 /// What `map::map` must apply before the planner. A condition that cannot be evaluated keeps its
 /// rule and a scheme that does not parse adds none: the planner then reports why.
-pub fn rules_for(mapping: &Mapping, model: &Model, parallel: Parallel) -> Mapping {
+pub(crate) fn rules_for(mapping: &Mapping, model: &Model, parallel: Parallel) -> Mapping {
     let config = model.config;
     let mut m = match model.quantization() {
         Some(q) => q.with_name_rules(mapping),

@@ -140,7 +140,7 @@ const MAX_LISTED_LAYERS: u64 = 1 << 16;
 
 /// `mapping` is the one `plan` would use (`None`: wload has none for the architecture);
 /// `mapping_file` is `--mapping FILE`, for messages.
-pub fn structure(
+pub(crate) fn structure(
     c: &ModelConfig,
     mapping: Option<&Mapping>,
     mapping_file: Option<&Path>,

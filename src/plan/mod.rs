@@ -18,7 +18,7 @@ mod build_pieces;
 mod dequant;
 mod params;
 mod pieces;
-pub mod pre_sharded;
+pub(crate) mod pre_sharded;
 mod quant;
 mod slots;
 mod stages;
@@ -27,7 +27,7 @@ mod validate;
 
 use crate::checkpoint::Checkpoint;
 use crate::dtype::{Dtype, resolve_dtype};
-pub use crate::layout::Region;
+pub(crate) use crate::layout::Region;
 use crate::map::{self, Mapped};
 use crate::mapping::Mapping;
 use crate::model::env::{Env, EnvProblem, Parallel};
@@ -35,30 +35,28 @@ use crate::model::{Model, rules_for};
 use crate::problem::{Problem, Problems};
 use crate::quant::Quantization;
 use crate::ranks::World;
-pub use pieces::Piece;
+pub(crate) use pieces::Piece;
 use pieces::Pieces;
-pub use stages::{Stage, split_layers};
-pub use types::{
-    OutTensor, Plan, PlanError, PlanOptions, PlanReport, PlanTotals, RankPlan, Retie, Skipped,
-    SourceTensor,
-};
+pub(crate) use stages::Stage;
+pub use types::{OutTensor, Plan, PlanError, PlanOptions};
+pub(crate) use types::{PlanReport, PlanTotals, RankPlan, Retie, Skipped, SourceTensor};
 
 /// The most layers a config may claim. Every layer's parameters are built before the checkpoint
 /// is compared with them (about 6 KB a layer for Llama), once per layout `wload sizes` checks: a
 /// count from a typo or a hostile config must be refused at once, not cost a minute and gigabytes.
 /// The deepest real models have about 130 layers; this is thirty times that.
-pub const MAX_LAYERS: u64 = 4096;
+pub(crate) const MAX_LAYERS: u64 = 4096;
 
 /// The most parameters a model may have, all layers together (before quantization adds its
 /// scales). DeepSeek-V3 has about 2,500 and a 4,096-layer Llama 45,000; a mapping whose `layer`
 /// list holds a thousand parameters must not multiply into millions.
-pub const MAX_PARAMETERS: u64 = 1 << 17;
+pub(crate) const MAX_PARAMETERS: u64 = 1 << 17;
 
 /// The most experts a layer may have. Each expert of each MoE layer gets its own sources and
 /// slices, so a count from a typo or a hostile config (2^31) would run for hours and exhaust
 /// memory before any problem is reported. Real models have up to a few hundred (DeepSeek-V3
 /// 256, Qwen3-Next 512); 65,536 plans in well under a second a layer.
-pub const MAX_EXPERTS: u64 = 1 << 16;
+pub(crate) const MAX_EXPERTS: u64 = 1 << 16;
 
 /// Maps `ckpt`'s names with `mapping` and plans `opts.tp` ranks: [`rules_for`], [`map::map`],
 /// then [`plan_mapped`].
@@ -99,7 +97,7 @@ impl From<EnvProblem> for Problem {
 }
 
 /// Builds the plan for `opts.tp` ranks from the mapped checkpoint, or every problem found.
-pub fn plan_mapped(
+pub(crate) fn plan_mapped(
     mapping: &Mapping,
     model: &Model,
     mapped: &Mapped,
@@ -145,7 +143,7 @@ pub fn plan_mapped(
 /// Whether vLLM accepts the mapped checkpoint with `opts`: every check of [`plan_mapped`], which
 /// shares them, without building the ranks' tensors (the costly part at a large TP size).
 /// `wload sizes` asks it about many sizes.
-pub fn check_mapped(
+pub(crate) fn check_mapped(
     mapping: &Mapping,
     model: &Model,
     mapped: &Mapped,
@@ -308,7 +306,7 @@ impl<'m> Planner<'m> {
 }
 
 /// Whether vLLM's `copy_` into a parameter of `to` accepts a tensor of `from` (float types only).
-pub fn convertible(from: Dtype, to: Dtype) -> bool {
+pub(crate) fn convertible(from: Dtype, to: Dtype) -> bool {
     let float = |d| matches!(d, Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64);
     from == to || (float(from) && float(to))
 }

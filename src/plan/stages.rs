@@ -6,7 +6,7 @@ use super::Planner;
 use super::params::Param;
 use crate::mapping::expr::Scope;
 use crate::problem::Problem;
-pub use crate::ranks::stages::{Stage, split_layers};
+pub(crate) use crate::ranks::stages::{Stage, split_layers};
 
 /// Where a parameter is, per stage kind: indexed by `2 * first + last`.
 pub(super) type OnStage = [bool; 4];

@@ -8,14 +8,14 @@ use super::Problem;
 use crate::units::{plural, thousands};
 
 /// At most this many problems of one kind are printed; the rest are counted.
-pub const PROBLEMS_PER_KIND: usize = 5;
+pub(crate) const PROBLEMS_PER_KIND: usize = 5;
 /// At most this many kinds of problem are printed; problems of the others are counted.
-pub const PROBLEM_KINDS_SHOWN: usize = 20;
+pub(crate) const PROBLEM_KINDS_SHOWN: usize = 20;
 
 /// A refused plan's problems for a terminal. A short list is printed whole, in the order found.
 /// A long one (a config claiming 20,000 layers yields 120,000 problems) is grouped by kind: the
 /// first few of each kind, how many more there are, and a closing total; `--json` has them all.
-pub struct ProblemList<'a>(pub &'a [Problem]);
+pub(crate) struct ProblemList<'a>(pub &'a [Problem]);
 
 /// How a problem's message and fix are embedded in the list's lines: as they are, or escaped.
 type Embed = for<'s> fn(&'s str) -> Cow<'s, str>;
@@ -33,7 +33,7 @@ fn as_is(s: &str) -> Cow<'_, str> {
 impl ProblemList<'_> {
     /// The list for a terminal: each message and fix escaped ([`crate::escape::escape`]), so
     /// that the list's only line breaks are its own, however the names in the messages read.
-    pub fn for_terminal(&self) -> String {
+    pub(crate) fn for_terminal(&self) -> String {
         let mut s = String::new();
         self.render(&mut s, crate::escape::escape)
             .expect("writing to a String does not fail");

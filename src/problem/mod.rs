@@ -11,7 +11,7 @@ use serde::Serialize;
 
 mod list;
 
-pub use list::{PROBLEM_KINDS_SHOWN, PROBLEMS_PER_KIND, ProblemList};
+pub(crate) use list::ProblemList;
 
 /// One thing wrong with the checkpoint for this model and TP size, with the likely fix, and what
 /// it is about as fields, which `--json` prints (docs/json.md). They are set where the problem is

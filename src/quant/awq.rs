@@ -14,7 +14,7 @@ use super::{Method, QuantError, refuse, refuse_dtype, string_list};
 use crate::dtype::Dtype;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Awq {
+pub(crate) struct Awq {
     /// `w_bit` / `bits`: 4 (`TYPE_MAP`).
     pub bits: u64,
     /// `q_group_size` / `group_size`.

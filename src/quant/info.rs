@@ -70,7 +70,7 @@ pub(crate) fn activations(static_scales: bool) -> Option<String> {
 
 /// What `inspect` says of `qc` (the raw `quantization_config`) parsed as `parsed`: the method's
 /// own account, or, when refused, what the raw JSON says and why.
-pub fn quant_info(
+pub(crate) fn quant_info(
     qc: Option<&Value>,
     parsed: Result<Option<&Quantization>, &QuantError>,
 ) -> Option<QuantInfo> {

@@ -17,18 +17,18 @@
 //! name rules every method adds to the mapping (`names.rs`). This file holds the trait, the
 //! table and the config helpers.
 
-pub mod awq;
-pub mod compressed;
-pub mod cx;
-pub mod extra;
-pub mod fp8;
-pub mod gptq;
-pub mod info;
+pub(crate) mod awq;
+pub(crate) mod compressed;
+pub(crate) mod cx;
+pub(crate) mod extra;
+pub(crate) mod fp8;
+pub(crate) mod gptq;
+pub(crate) mod info;
 mod linear;
-pub mod modelopt;
+pub(crate) mod modelopt;
 mod moe_backend;
-pub mod mxfp4;
-pub mod names;
+pub(crate) mod mxfp4;
+pub(crate) mod names;
 mod nvfp4;
 mod removed;
 

@@ -30,7 +30,7 @@ const MODELOPT: Nvfp4Names = Nvfp4Names {
 };
 
 #[derive(Debug, Clone)]
-pub struct ModelOptNvFp4 {
+pub(crate) struct ModelOptNvFp4 {
     /// NVFP4 activations too (`NVFP4`, W4A4: an `input_scale` per part) or weights only
     /// (`W4A16_NVFP4`).
     pub activations: bool,

@@ -23,11 +23,9 @@ use crate::layout::mxfp4::{Mxfp4Dims, Mxfp4Part};
 use crate::layout::{Geometry, GptOssExperts, Mxfp4Experts};
 use crate::mapping::GptOssPart;
 
-pub use crate::layout::mxfp4::MX_BLOCK;
-
 /// `GptOssMxfp4Config`: only the routed experts are quantized.
 #[derive(Debug, Clone, PartialEq)]
-pub struct GptOssMxfp4 {
+pub(crate) struct GptOssMxfp4 {
     /// `modules_to_not_convert`, as the config lists it. vLLM builds every linear layer
     /// unquantized anyway (`Mxfp4Config.get_quant_method`); the list is kept for reports.
     pub not_converted: Vec<String>,

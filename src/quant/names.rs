@@ -144,7 +144,7 @@ impl TensorRole {
 }
 
 /// The role of the checkpoint tensor `name`.
-pub fn tensor_role(name: &str) -> TensorRole {
+pub(crate) fn tensor_role(name: &str) -> TensorRole {
     let (module, last) = name.rsplit_once('.').unwrap_or(("", name));
     match last {
         "weight" => TensorRole::Weight,

@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 /// The variable vLLM reads a partition from (vllm/envs.py): layer counts per stage.
-pub const PP_PARTITION_VAR: &str = "VLLM_PP_LAYER_PARTITION";
+pub(crate) const PP_PARTITION_VAR: &str = "VLLM_PP_LAYER_PARTITION";
 
 use serde::Serialize;
 
@@ -27,7 +27,11 @@ impl Stage {
 /// one each to the stages before the last, counting back from the second-to-last; or
 /// `partition` (`VLLM_PP_LAYER_PARTITION`, comma-separated counts) when set. The errors are
 /// vLLM's messages.
-pub fn split_layers(layers: u64, pp: u64, partition: Option<&str>) -> Result<Vec<Stage>, String> {
+pub(crate) fn split_layers(
+    layers: u64,
+    pp: u64,
+    partition: Option<&str>,
+) -> Result<Vec<Stage>, String> {
     let counts: Vec<u64> = match partition {
         Some(s) => {
             // Python's int() accepts surrounding spaces; a negative count is no layout at all.

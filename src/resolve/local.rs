@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// What a folder holds, as far as resolution cares.
 #[derive(Debug, Default)]
-pub struct Listing {
+pub(crate) struct Listing {
     /// Regular files (or links to them) at the top level, by name.
     pub top: Vec<String>,
     /// Regular files in subfolders, as paths relative to the root (`original/consolidated.pth`).
@@ -39,12 +39,12 @@ pub enum Problem {
 }
 
 impl Listing {
-    pub fn has_top(&self, name: &str) -> bool {
+    pub(crate) fn has_top(&self, name: &str) -> bool {
         self.top.iter().any(|n| n == name)
     }
 
     /// Every file, top level first, as relative paths.
-    pub fn all(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &str> {
         self.top
             .iter()
             .chain(self.nested.iter())
@@ -52,14 +52,14 @@ impl Listing {
     }
 
     /// The unreadable entry called `name`, if there is one.
-    pub fn unreadable(&self, name: &str) -> Option<&Unreadable> {
+    pub(crate) fn unreadable(&self, name: &str) -> Option<&Unreadable> {
         self.unreadable.iter().find(|u| u.name == name)
     }
 }
 
 /// Lists `root` recursively (vLLM's `rglob("*")` decides the load format from the whole tree).
 /// Links to folders are not followed, as `rglob` does not.
-pub fn list(root: &Path) -> Result<Listing, (PathBuf, io::Error)> {
+pub(crate) fn list(root: &Path) -> Result<Listing, (PathBuf, io::Error)> {
     let mut out = Listing::default();
     walk(root, root, &mut out)?;
     out.top.sort();

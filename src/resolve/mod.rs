@@ -3,12 +3,12 @@
 //! ([`remote::Remote`], the hub first) is fetched into a local folder and then selected from the
 //! same way.
 
-pub mod hub;
+pub(crate) mod hub;
 mod index;
-pub mod local;
-pub mod remote;
-pub mod select;
-pub mod source;
+pub(crate) mod local;
+pub(crate) mod remote;
+pub(crate) mod select;
+pub(crate) mod source;
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -19,7 +19,8 @@ use crate::config::ConfigFormat;
 pub use select::LoadFormat;
 
 mod error;
-pub use error::{RemoteError, RemoteFailure, ResolveError};
+pub use error::ResolveError;
+pub(crate) use error::{RemoteError, RemoteFailure};
 use select::{NOT_FOR_INFERENCE, WeightKind, glob_match, natural_cmp, weight_kind};
 
 /// What the caller wants from SOURCE.
@@ -131,7 +132,7 @@ fn refuse_pre_sharded(root: &Path) -> Result<(), ResolveError> {
 
 /// [`resolve_local`] over a given listing of `root`: the folder's own, or a remote source's file
 /// list for its cache snapshot (where the index and config have been fetched before this is called).
-pub fn resolve_listing(
+pub(crate) fn resolve_listing(
     root: &Path,
     listing: &local::Listing,
     requested: LoadFormat,
@@ -142,7 +143,10 @@ pub fn resolve_listing(
 
 /// The weight files vLLM would select in a local folder that has no config (`config_file` empty):
 /// what `inspect` lists when [`resolve_local`] refuses with [`ResolveError::NoConfig`].
-pub fn resolve_local_weights(root: &Path, requested: LoadFormat) -> Result<Resolved, ResolveError> {
+pub(crate) fn resolve_local_weights(
+    root: &Path,
+    requested: LoadFormat,
+) -> Result<Resolved, ResolveError> {
     let listing = local::list(root).map_err(|(path, source)| ResolveError::Io { path, source })?;
     resolve_with_config(root, &listing, requested, None)
 }
@@ -204,7 +208,10 @@ fn effective_format(listing: &local::Listing, requested: LoadFormat) -> (LoadFor
 
 /// The one file [`resolve_listing`] reads from disk, when the listing has it: the index of the
 /// format in effect (which decides the weight files). A remote source fetches it first.
-pub fn index_to_read(listing: &local::Listing, requested: LoadFormat) -> Option<&'static str> {
+pub(crate) fn index_to_read(
+    listing: &local::Listing,
+    requested: LoadFormat,
+) -> Option<&'static str> {
     let (format, _) = effective_format(listing, requested);
     let index = format.index_file();
     let (pattern, _) = first_matching(listing, format)?;
@@ -419,7 +426,7 @@ fn is_weight_like(p: &str) -> bool {
 
 /// A pre-sharded folder (vLLM's sharded_state layout): its weight files are read per rank by the
 /// loader, so resolution only finds the config.
-pub fn resolve_pre_sharded(
+pub(crate) fn resolve_pre_sharded(
     root: &Path,
     config_format: ConfigFormat,
 ) -> Result<Resolved, ResolveError> {

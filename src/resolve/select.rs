@@ -53,7 +53,7 @@ impl LoadFormat {
 
 /// What a weight file's extension says about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightKind {
+pub(crate) enum WeightKind {
     /// A format vLLM's `hf` load format reads (`.safetensors`, `.bin`, `.pt`): also exactly what
     /// vLLM's save_sharded_state example leaves behind when it copies a model's other files.
     Vllm,
@@ -87,7 +87,7 @@ const WEIGHT_EXTENSIONS: &[(&str, WeightKind)] = &[
 
 /// The kind of weights `name` (a file name or relative path) holds by its extension, compared
 /// exactly as Python's `os.path.splitext` result is (case-sensitive); `None` for anything else.
-pub fn weight_kind(name: &str) -> Option<WeightKind> {
+pub(crate) fn weight_kind(name: &str) -> Option<WeightKind> {
     let ext = std::path::Path::new(name).extension()?.to_str()?;
     WEIGHT_EXTENSIONS
         .iter()
@@ -96,7 +96,7 @@ pub fn weight_kind(name: &str) -> Option<WeightKind> {
 }
 
 /// Files that training leaves next to `.bin`/`.pt` weights; vLLM skips them (weight_utils.py:619–634).
-pub const NOT_FOR_INFERENCE: &[&str] = &[
+pub(crate) const NOT_FOR_INFERENCE: &[&str] = &[
     "training_args.bin",
     "optimizer.bin",
     "optimizer.pt",
@@ -106,7 +106,7 @@ pub const NOT_FOR_INFERENCE: &[&str] = &[
 
 /// Python's `glob` for the patterns vLLM uses: `*` matches any run of characters, and like `glob` a
 /// leading `*` does not match names that start with a dot.
-pub fn glob_match(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
     if pattern.starts_with('*') && name.starts_with('.') {
         return false;
     }
@@ -114,7 +114,7 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
 }
 
 /// `fnmatch` restricted to `*` and literal characters.
-pub fn fnmatch(pattern: &str, name: &str) -> bool {
+pub(crate) fn fnmatch(pattern: &str, name: &str) -> bool {
     let mut parts = pattern.split('*');
     let first = parts.next().unwrap_or("");
     let Some(mut rest) = name.strip_prefix(first) else {
@@ -135,7 +135,7 @@ pub fn fnmatch(pattern: &str, name: &str) -> bool {
 
 /// vLLM's `_natural_sort_key` comparison: the name split into digit runs and text, digit runs compared
 /// as integers (`model-2` < `model-10`).
-pub fn natural_cmp(a: &str, b: &str) -> Ordering {
+pub(crate) fn natural_cmp(a: &str, b: &str) -> Ordering {
     let (ka, kb) = (natural_key(a), natural_key(b));
     for (x, y) in ka.iter().zip(kb.iter()) {
         let o = match (x, y) {

@@ -11,7 +11,7 @@ use super::{ResolveError, Resolved, Want, hub};
 
 /// SOURCE, parsed.
 #[derive(Debug)]
-pub enum Source {
+pub(crate) enum Source {
     /// A checkpoint folder (or a pre-sharded one) on this machine.
     Local(PathBuf),
     /// A source whose files are fetched into a local cache first.
@@ -33,7 +33,7 @@ impl Source {
     /// asked whether the text is one of its names, after a mistyped path is refused.
     /// `revision` and `download_dir` (vLLM's `--revision`, `--download-dir`) apply to remote
     /// sources.
-    pub fn parse(
+    pub(crate) fn parse(
         source: &Path,
         revision: Option<&str>,
         download_dir: Option<&Path>,
@@ -50,7 +50,7 @@ impl Source {
     /// Resolves SOURCE as vLLM would (a remote one through its cache, fetching what is
     /// missing). Returns the resolution and whether SOURCE is pre-sharded (only with
     /// [`Want::Detect`]).
-    pub fn resolve(
+    pub(crate) fn resolve(
         &self,
         opts: &FetchOptions,
         want: Want,
@@ -81,7 +81,7 @@ fn close_enough(name: &str) -> usize {
 /// `org/name`-shaped), or an `org/name` for which a local path of a close name exists
 /// (`examples/tiny-lama` beside `examples/tiny-llama`). Anything else, including an `org/name`
 /// with nothing close on disk, is left for the hub. The refusal offers the closest existing path.
-pub fn refuse_missing_path(source: &Path) -> Result<(), ResolveError> {
+pub(crate) fn refuse_missing_path(source: &Path) -> Result<(), ResolveError> {
     if source.symlink_metadata().is_ok() {
         return Ok(());
     }

@@ -38,7 +38,7 @@ impl StageLayers {
 /// Each stage's layers, from the files of its first TP rank (every TP rank of a stage holds the
 /// same layers). Files whose header cannot be read count as holding none: the folder's other
 /// checks name them. Empty without pipeline stages in the names.
-pub fn of_folder(root: &Path, files: &RankFiles) -> Vec<StageLayers> {
+pub(crate) fn of_folder(root: &Path, files: &RankFiles) -> Vec<StageLayers> {
     let mut by_stage: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
     // Keys in (stage, TP rank) order: a stage's first entry is its first TP rank.
     for (&(pp, _), parts) in files {
@@ -64,7 +64,7 @@ pub fn of_folder(root: &Path, files: &RankFiles) -> Vec<StageLayers> {
 
 /// The decoder layer a vLLM parameter belongs to: the number after `layers.` (`model.layers.7`,
 /// `model.language_model.layers.7`).
-pub fn layer_of(name: &str) -> Option<u64> {
+pub(crate) fn layer_of(name: &str) -> Option<u64> {
     let mut rest = name;
     while let Some(i) = rest.find("layers.") {
         let at_start = i == 0 || rest.as_bytes()[i - 1] == b'.';
@@ -80,7 +80,7 @@ pub fn layer_of(name: &str) -> Option<u64> {
 
 /// The `VLLM_PP_LAYER_PARTITION` value that splits layers as `stages` hold them (`1,2`), when
 /// they hold consecutive runs from layer 0 on in stage order; `None` otherwise.
-pub fn partition(stages: &[StageLayers]) -> Option<String> {
+pub(crate) fn partition(stages: &[StageLayers]) -> Option<String> {
     let mut next = 0;
     let mut counts = Vec::new();
     for (i, s) in stages.iter().enumerate() {
@@ -96,7 +96,7 @@ pub fn partition(stages: &[StageLayers]) -> Option<String> {
 }
 
 /// Whether `partition` (`1,2`) is what vLLM splits its layers into unasked.
-pub fn is_even_split(partition: &str) -> bool {
+pub(crate) fn is_even_split(partition: &str) -> bool {
     let counts: Vec<u64> = partition
         .split(',')
         .filter_map(|c| c.parse().ok())

@@ -12,11 +12,11 @@ use super::names::{RankFiles, WrittenFor};
 use crate::multimodal::{MmEncoderTpMode, Multimodal};
 
 /// The manifest's file name, next to the part files.
-pub const MANIFEST: &str = "wload.json";
+pub(crate) const MANIFEST: &str = "wload.json";
 
 /// The vLLM versions whose parameter names and per-rank slicing wload follows: a folder loads in
 /// these; another version loads it only if its model code keeps the same parameters.
-pub const VLLM_VERSIONS: &str = "0.33.x";
+pub(crate) const VLLM_VERSIONS: &str = "0.33.x";
 
 /// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM
 /// would infer the same way by itself. Built by [`super::serve`].

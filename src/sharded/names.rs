@@ -14,10 +14,10 @@ use std::path::Path;
 const SUFFIX: &str = ".safetensors";
 
 /// The glob of every part file of a TP-only run, for messages and reports.
-pub const TP_ONLY_GLOB: &str = "model-rank-*-part-*.safetensors";
+pub(crate) const TP_ONLY_GLOB: &str = "model-rank-*-part-*.safetensors";
 
 /// The glob of every part file of a pipeline-parallel run.
-pub const PP_GLOB: &str = "model-pp-*-tp-*-part-*.safetensors";
+pub(crate) const PP_GLOB: &str = "model-pp-*-tp-*-part-*.safetensors";
 
 /// Which part of which rank a file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -70,17 +70,17 @@ impl fmt::Display for RankFile {
 }
 
 /// The name of part `part` of TP rank `tp` when pipeline parallelism is off.
-pub fn file_name(tp: u64, part: u64) -> String {
+pub(crate) fn file_name(tp: u64, part: u64) -> String {
     RankFile::tp_only(tp, part).name()
 }
 
 /// What vLLM's loader globs for one TP rank's files (pipeline parallelism off).
-pub fn tp_only_glob(tp: u64) -> String {
+pub(crate) fn tp_only_glob(tp: u64) -> String {
     format!("model-rank-{tp}-part-*{SUFFIX}")
 }
 
 /// What vLLM's loader globs for the files of TP rank `tp` of stage `pp` (either pattern).
-pub fn rank_glob(pp: Option<u64>, tp: u64) -> String {
+pub(crate) fn rank_glob(pp: Option<u64>, tp: u64) -> String {
     match pp {
         None => tp_only_glob(tp),
         Some(pp) => format!("model-pp-{pp}-tp-{tp}-part-*{SUFFIX}"),
@@ -105,10 +105,10 @@ fn part_number(s: &str) -> Option<u64> {
 
 /// (pipeline stage, TP rank) → its part files, as (part, file name), in part order. The stage
 /// is `None` for TP-only names.
-pub type RankFiles = BTreeMap<(Option<u64>, u64), Vec<(u64, String)>>;
+pub(crate) type RankFiles = BTreeMap<(Option<u64>, u64), Vec<(u64, String)>>;
 
 /// The part files of a folder that `shard` or vLLM wrote, of both patterns.
-pub fn in_folder(root: &Path) -> RankFiles {
+pub(crate) fn in_folder(root: &Path) -> RankFiles {
     let mut out = RankFiles::new();
     if let Ok(rd) = std::fs::read_dir(root) {
         for e in rd.flatten() {
@@ -125,13 +125,13 @@ pub fn in_folder(root: &Path) -> RankFiles {
 }
 
 /// Whether `root` is a folder holding rank files.
-pub fn is_pre_sharded(root: &Path) -> bool {
+pub(crate) fn is_pre_sharded(root: &Path) -> bool {
     root.is_dir() && !in_folder(root).is_empty()
 }
 
 /// The glob vLLM's sharded_state loader reads `files` with: the pipeline-parallel one only when
 /// every rank file has it.
-pub fn pattern(files: &RankFiles) -> &'static str {
+pub(crate) fn pattern(files: &RankFiles) -> &'static str {
     if !files.is_empty() && files.keys().all(|(pp, _)| pp.is_some()) {
         PP_GLOB
     } else {

@@ -33,7 +33,7 @@ const RECORD_PREFIX: &str = "wload-ranks-";
 
 /// The record a run of `ranks` (global ranks, sorted) out of `world` writes: `wload.json` for all
 /// of them, else `wload-ranks-0-3.json` (ranges joined by `_`: `wload-ranks-0-1_4.json`).
-pub fn record_name(ranks: &[u64], world: u64) -> String {
+pub(crate) fn record_name(ranks: &[u64], world: u64) -> String {
     if ranks.len() as u64 == world && ranks.iter().copied().eq(0..world) {
         return MANIFEST.to_string();
     }
@@ -43,7 +43,7 @@ pub fn record_name(ranks: &[u64], world: u64) -> String {
 }
 
 /// Whether `name` is a run record: `wload.json` or a `--ranks` run's.
-pub fn is_record(name: &str) -> bool {
+pub(crate) fn is_record(name: &str) -> bool {
     name == MANIFEST
         || name
             .strip_prefix(RECORD_PREFIX)
@@ -55,7 +55,7 @@ pub fn is_record(name: &str) -> bool {
 
 /// A folder's records, merged.
 #[derive(Debug, Default)]
-pub struct Runs {
+pub(crate) struct Runs {
     /// The merged view; `None` without a readable record.
     pub manifest: Option<Manifest>,
     /// Records that cannot be read, of other plans, or that list one file differently; with
@@ -66,7 +66,7 @@ pub struct Runs {
 /// The folder `dir` with rank files `files` as one output: its records merged, and every problem
 /// that makes them not one complete, consistent output. A folder without any record (vLLM's own
 /// save_sharded_state) has none of these problems: its files are checked by their headers only.
-pub fn check(dir: &Path, files: &RankFiles) -> Runs {
+pub(crate) fn check(dir: &Path, files: &RankFiles) -> Runs {
     let mut runs = read(dir);
     // Files of a record that is unreadable or of another plan would be named again here, as
     // unlisted: that record is the problem to fix first.
@@ -79,7 +79,7 @@ pub fn check(dir: &Path, files: &RankFiles) -> Runs {
 
 /// The records in `dir`, `wload.json` first, then by name, merged into one view; a record that
 /// cannot be read is a problem naming it.
-pub fn read(dir: &Path) -> Runs {
+pub(crate) fn read(dir: &Path) -> Runs {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Runs::default();
     };

@@ -116,7 +116,7 @@ impl ServeCommand {
 
 /// The files vLLM's tokenizer loading finds a tokenizer by: Hugging Face's (fast, SentencePiece,
 /// BPE, WordPiece) and Mistral's. One list, also behind `shard`'s warning.
-pub fn is_tokenizer_file(name: &str) -> bool {
+pub(crate) fn is_tokenizer_file(name: &str) -> bool {
     const NAMES: [&str; 7] = [
         "tokenizer.json",
         "tokenizer.model",
@@ -174,14 +174,14 @@ fn model_arg(out: &Path) -> String {
 }
 
 /// `path` made absolute: its canonical form when it exists, else against the working directory.
-pub fn absolute(path: &Path) -> PathBuf {
+pub(crate) fn absolute(path: &Path) -> PathBuf {
     path.canonicalize()
         .or_else(|_| std::path::absolute(path))
         .unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// vLLM's `--dtype` spelling of a manifest dtype (`BF16`); `None` for one it has no flag for.
-pub fn vllm_dtype(manifest_dtype: &str) -> Option<&'static str> {
+pub(crate) fn vllm_dtype(manifest_dtype: &str) -> Option<&'static str> {
     DtypeChoice::recorded(manifest_dtype).map(DtypeChoice::as_str)
 }
 
@@ -193,7 +193,7 @@ pub fn vllm_dtype(manifest_dtype: &str) -> Option<&'static str> {
 /// escape, which the shell then takes literally: `SERVE=$(wload shard … -q)` would name another
 /// folder. Not `shlex::try_quote`: shlex 2 switches to double quotes for some words and refuses
 /// others.
-pub fn shell_quote(word: &str) -> String {
+pub(crate) fn shell_quote(word: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
     if !word.is_empty() && word.chars().all(plain) {
         return word.to_string();
@@ -238,7 +238,7 @@ fn ansi_c_quote(word: &str) -> String {
 /// is pasted into shells. Recomputed where the folder is now, from what it holds now: a copied
 /// folder's line names the copy, a tokenizer added since is used, and the stages' layers come
 /// from the rank files themselves.
-pub fn serve_command(
+pub(crate) fn serve_command(
     root: &Path,
     files: &RankFiles,
     w: &WrittenFor,

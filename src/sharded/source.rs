@@ -30,11 +30,11 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::checkpoint::{Backing, Checkpoint, WeightFile};
 
 /// Bytes read at each sampled place of a tensor.
-pub const SAMPLE: u64 = 4096;
+pub(crate) const SAMPLE: u64 = 4096;
 
 /// XXH3-64 of the weight files' names and sizes and every tensor's name, dtype, shape and place.
 /// Two copies of one checkpoint agree; a changed tensor table does not. Reads no data.
-pub fn table_id(ck: &Checkpoint) -> String {
+pub(crate) fn table_id(ck: &Checkpoint) -> String {
     let mut h = Xxh3::new();
     for f in &ck.files {
         h.update(f.name.as_bytes());
@@ -55,7 +55,7 @@ pub fn table_id(ck: &Checkpoint) -> String {
 /// XXH3-64 of `config` (the config file's bytes as planned from) and, per weight file, its name,
 /// size, header and samples of its tensors' bytes ([`samples`]). Fails when a file cannot be read
 /// or is no longer the one whose header was read.
-pub fn data_id(ck: &Checkpoint, config: &[u8]) -> io::Result<String> {
+pub(crate) fn data_id(ck: &Checkpoint, config: &[u8]) -> io::Result<String> {
     let mut h = Xxh3::new();
     h.update(&(config.len() as u64).to_le_bytes());
     h.update(config);

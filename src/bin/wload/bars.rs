@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use wload::progress::{Progress, Quiet};
+use wload::{Progress, Quiet};
 
 struct Bar(ProgressBar);
 
@@ -40,12 +40,12 @@ pub(crate) fn labelled_bar(total: u64, quiet: bool, label: &str) -> Box<dyn Prog
 
 /// One bar per file download, stacked while several run at once, when stderr is a terminal and
 /// not `--quiet`.
-pub(crate) fn download_bars(quiet: bool) -> wload::progress::DownloadProgress {
+pub(crate) fn download_bars(quiet: bool) -> wload::DownloadProgress {
     if quiet || !std::io::stderr().is_terminal() {
         return Default::default();
     }
     let bars = indicatif::MultiProgress::new();
-    wload::progress::DownloadProgress::new(move |file, size| {
+    wload::DownloadProgress::new(move |file, size| {
         let pb = bars.add(ProgressBar::new(size));
         pb.set_style(
             ProgressStyle::with_template(
@@ -54,7 +54,7 @@ pub(crate) fn download_bars(quiet: bool) -> wload::progress::DownloadProgress {
             .expect("valid template"),
         );
         // The name is the hub's: a control character in it would reach the terminal raw.
-        pb.set_message(format!("downloading {}", wload::escape::Esc(file)));
+        pb.set_message(format!("downloading {}", wload::Esc(file)));
         Box::new(Bar(pb))
     })
 }

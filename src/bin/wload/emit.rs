@@ -2,7 +2,7 @@
 //! failures and notes on stderr, completions (man pages: [`crate::man`]). Kept apart from `main.rs` so that
 //! one file holds the rule of the output streams.
 //!
-//! Every text for people leaves through [`wload::escape::Terminal`]: the human reports (in
+//! Every text for people leaves through [`wload::Terminal`]: the human reports (in
 //! [`emit`]) and everything on stderr ([`say`]), so that no control character of a name, a path
 //! or a manifest reaches the terminal raw; `--json` documents are written as serde writes them.
 
@@ -13,7 +13,7 @@ use clap::CommandFactory;
 
 use wload::Error;
 use wload::cli::Cli;
-use wload::escape::{Esc, Terminal};
+use wload::{Esc, Terminal};
 
 /// Writes a report for people (a table, a summary).
 pub(crate) type Human<'a> = &'a dyn Fn(&mut dyn Write) -> io::Result<()>;
@@ -105,13 +105,10 @@ pub(crate) fn usage_error(e: &clap::Error) {
 /// refusal, quoting the escaped text, so that nothing in it can start a line.
 fn escaped_usage_error(args: impl Iterator<Item = OsString>) -> Option<String> {
     let args: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
-    if !args
-        .iter()
-        .any(|a| a.chars().any(wload::escape::is_control))
-    {
+    if !args.iter().any(|a| a.chars().any(wload::is_control)) {
         return None;
     }
-    let escaped = args.iter().map(|a| wload::escape::escape(a).into_owned());
+    let escaped = args.iter().map(|a| wload::escape(a).into_owned());
     let program = std::iter::once("wload".to_string());
     match Cli::parse_args(program.chain(escaped)) {
         Err(e) => Some(e.render().to_string()),
@@ -130,7 +127,7 @@ fn json_requested(args: impl Iterator<Item = OsString>) -> bool {
 
 /// `shard`'s notes on stderr: the leftovers of killed runs it removed, the source entries it did
 /// not copy.
-pub(crate) fn shard_notes(report: &wload::shard::ShardReport) {
+pub(crate) fn shard_notes(report: &wload::ShardReport) {
     for s in &report.removed_leftovers {
         let (path, pid) = (Esc(&s.path.to_string_lossy()), s.pid);
         say(format_args!(
@@ -149,7 +146,7 @@ pub(crate) fn shard_notes(report: &wload::shard::ShardReport) {
 }
 
 /// For a hub source, what the run fetched from the hub, on stderr (unless `--quiet`).
-pub(crate) fn hub_fetched(fetched: Option<&wload::resolve::remote::Fetched>, quiet: bool) {
+pub(crate) fn hub_fetched(fetched: Option<&wload::Fetched>, quiet: bool) {
     if let (Some(f), false) = (fetched, quiet) {
         say(format_args!("{}", wload::report::hub_fetched_line(f)));
     }

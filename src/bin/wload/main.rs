@@ -13,9 +13,9 @@ mod interrupt;
 mod man;
 mod options;
 
+use wload::Esc;
+use wload::ResolveError;
 use wload::cli::{Cli, Command, InspectArgs, LoadArgs, PlanArgs, ShardArgs, SizesArgs};
-use wload::escape::Esc;
-use wload::resolve::ResolveError;
 use wload::{Error, ExitStatus};
 
 use emit::{Human, emit, json_if, say};
@@ -73,13 +73,13 @@ fn run(cli: Cli) -> Result<(), Error> {
 
 fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     let filter = args.filter.as_deref();
-    if let Some(other) = wload::inspect::other_source(&args.source.source, filter)? {
+    if let Some(other) = wload::other_source(&args.source.source, filter)? {
         let human: Human = &|w| wload::report::write_other_source(w, &other, g.verbose);
         // An incomplete pre-sharded folder: reported whole, then refused as `load` would be.
-        if let wload::inspect::OtherSource::PreSharded(s) = &other
+        if let wload::OtherSource::PreSharded(s) = &other
             && !s.complete
         {
-            let e = wload::plan::PlanError::Invalid(s.problems.clone());
+            let e = wload::PlanError::Invalid(s.problems.clone());
             return emit::refused(out, args.json, &other, human, e.into());
         }
         return emit(out, json_if(args.json, None), &other, Some(human));
@@ -87,7 +87,7 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
     let sopts = headers_only(source_options(&args.source, g.quiet)?);
     let opened = match wload::open(&sopts, wload::Want::Checkpoint) {
         // A local folder without its config: listed all the same, then refused (exit 3).
-        Err(wload::open::OpenError::Resolve(e @ ResolveError::NoConfig { .. }))
+        Err(wload::OpenError::Resolve(e @ ResolveError::NoConfig { .. }))
             if sopts.source.is_dir() =>
         {
             return inspect_config_less(args, g, &sopts, e, out);
@@ -95,7 +95,7 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
         r => r?,
     };
     emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
-    let mut report = wload::inspect::inspect_mapped(&opened, filter, args.mapping.as_deref())?;
+    let mut report = wload::inspect_mapped(&opened, filter, args.mapping.as_deref())?;
     // An architecture plan refuses: everything printed, then plan's error and its exit status.
     let refusal = report.support.refusal.take();
     let human: Human = &|w| wload::report::write_inspection(w, &report, g.verbose);
@@ -117,14 +117,13 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
 fn inspect_config_less(
     args: &InspectArgs,
     g: Globals,
-    sopts: &wload::open::SourceOptions,
+    sopts: &wload::SourceOptions,
     refusal: ResolveError,
     out: &mut dyn Write,
 ) -> Result<(), Error> {
-    use wload::inspect::config_less;
-    let (resolved, checkpoint) = config_less::open(&sopts.source, sopts.load_format)?;
+    let (resolved, checkpoint) = wload::open_config_less(&sopts.source, sopts.load_format)?;
     let note = refusal.to_string();
-    let report = config_less::config_less(&resolved, &checkpoint, args.filter.as_deref(), note)?;
+    let report = wload::inspect_config_less(&resolved, &checkpoint, args.filter.as_deref(), note)?;
     let human: Human = &|w| wload::report::write_config_less(w, &report, g.verbose);
     emit::refused(out, args.json, &report, human, refusal.into())
 }
@@ -147,7 +146,7 @@ fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         wload::Want::Checkpoint,
     )?;
     emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
-    let report = wload::commands::plan::sizes(&opened, &options::sizes_options(args))?;
+    let report = wload::sizes(&opened, &options::sizes_options(args))?;
     let human: Human = &|w| wload::report::write_sizes(w, &report);
     emit(out, json_if(args.json, None), &report, Some(human))
 }
@@ -169,14 +168,14 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     let opts = options::shard_options(args);
     // OUT and --ranks are checked before planning, which may take a while on a large model.
     let world = options::world(&args.parallel);
-    wload::shard::precheck(&opts, world, &opened.resolved.root)?;
+    wload::precheck(&opts, world, &opened.resolved.root)?;
     let t = Instant::now();
     let plan = wload::make_plan(&opened, &options::plan_options(&args.parallel))?;
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     // From here on a signal stops the run cleanly: nothing is published, the staging folder goes.
     interrupt::install();
     let bar = |total| bars::labelled_bar(total, g.quiet, "writing");
-    let report = wload::shard::shard(&opened, plan, &opts, interrupt::flag(), &bar)?;
+    let report = wload::shard(&opened, plan, &opts, interrupt::flag(), &bar)?;
     if !g.quiet {
         emit::shard_notes(&report);
     }
@@ -186,15 +185,12 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
         (false, false) => wload::report::Detail::Normal,
     };
     let human: Human = &|w| wload::report::write_shard(w, &report, detail);
-    let json = json_if(args.json, Some(wload::commands::schema::SHARD));
+    let json = json_if(args.json, Some(wload::schema::SHARD));
     emit(out, json, &report, Some(human))
 }
 
 fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
-    let settings = wload::commands::load::settings::load_settings(
-        &args.source.source,
-        &options::load_flags(args),
-    )?;
+    let settings = wload::load_settings(&args.source.source, &options::load_flags(args))?;
     let mut sopts = source_options(&args.source, g.quiet)?;
     sopts.config_format = settings.config_format;
     // Called once planning is done and the transfer starts: from then on a signal stops the
@@ -204,13 +200,13 @@ fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
         bars::labelled_bar(total, g.quiet, "loading")
     };
     let lopts = options::load_options(args);
-    let report = wload::load::load(&sopts, &settings.plan, &lopts, interrupt::flag(), &start)?;
+    let report = wload::load(&sopts, &settings.plan, &lopts, interrupt::flag(), &start)?;
     emit::hub_fetched(report.hub_fetched.as_ref(), g.quiet);
     // After the run: an error, when there is one, comes first on stderr.
     if let (Some(note), false) = (&settings.note, g.quiet) {
         say(format_args!("note: {}", Esc(note)));
     }
-    let json = json_if(args.json, Some(wload::commands::schema::LOAD));
+    let json = json_if(args.json, Some(wload::schema::LOAD));
     let human: Human = &|w| wload::report::write_load(w, &report, g.verbose, g.quiet);
     emit(out, json, &report, Some(human))
 }

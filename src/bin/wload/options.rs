@@ -3,12 +3,12 @@
 //! built here, field by field, so that `main.rs` only runs commands and a new flag is wired in
 //! one place.
 
+use wload::LoadFlags;
+use wload::LoadOptions;
+use wload::ShardOptions;
+use wload::SizesOptions;
+use wload::World;
 use wload::cli::{Cli, LoadArgs, ParallelArgs, ShardArgs, SizesArgs, SourceArgs};
-use wload::commands::load::settings::LoadFlags;
-use wload::commands::plan::SizesOptions;
-use wload::load::LoadOptions;
-use wload::ranks::World;
-use wload::shard::ShardOptions;
 use wload::{Error, PlanOptions, SourceOptions};
 
 use crate::bars;
@@ -39,7 +39,7 @@ pub(crate) fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOption
         hf_overrides: a
             .hf_overrides
             .as_deref()
-            .map(wload::config::parse_overrides)
+            .map(wload::parse_overrides)
             .transpose()?,
         revision: Some(a.revision.clone()),
         download_dir: a.download_dir.clone(),
@@ -105,7 +105,7 @@ pub(crate) fn load_options(a: &LoadArgs) -> LoadOptions {
     }
 }
 
-/// `load`'s parallel flags as given, for `wload::commands::load::settings::load_settings` to complete from
+/// `load`'s parallel flags as given, for `wload::load_settings` to complete from
 /// SOURCE's wload.json.
 pub(crate) fn load_flags(a: &LoadArgs) -> LoadFlags {
     let p = &a.parallel;

@@ -44,7 +44,7 @@ pub struct Support {
 }
 
 /// The verdict for `architecture` given the selection's outcome: the mapping chosen, or why none.
-pub fn support(
+pub(crate) fn support(
     architecture: Option<&str>,
     mapping: Option<&Mapping>,
     refusal: Option<MappingError>,

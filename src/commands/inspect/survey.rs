@@ -84,7 +84,7 @@ pub struct SurveyTotals {
 }
 
 /// Surveys the pre-sharded folder `root`; `filter` keeps the tensors whose name matches.
-pub fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
+pub(crate) fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
     let files = in_folder(root);
     let runs = crate::sharded::runs::check(root, &files);
     let manifest = runs.manifest;

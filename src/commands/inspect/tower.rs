@@ -23,7 +23,7 @@ pub struct Tower {
 
 /// The tower of `checkpoint` under `mapping`; `None` for a mapping without one or a checkpoint
 /// whose names the rules cannot map (the planner reports that).
-pub fn tower(mapping: &Mapping, checkpoint: &Checkpoint) -> Option<Tower> {
+pub(crate) fn tower(mapping: &Mapping, checkpoint: &Checkpoint) -> Option<Tower> {
     let modules: Vec<String> = mapping
         .skip_modules
         .iter()

@@ -62,7 +62,7 @@ pub struct IoReport {
 }
 
 /// The source's page-cache residency as the load started.
-pub type CacheReport = io_choice::SourceCache;
+pub(crate) type CacheReport = io_choice::SourceCache;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Repeats {

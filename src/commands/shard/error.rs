@@ -5,7 +5,7 @@ use std::io;
 use std::path::Path;
 
 use super::{output, space};
-pub use crate::commands::error::shard::ShardError;
+pub(crate) use crate::commands::error::shard::ShardError;
 use crate::exec::ExecError;
 
 impl ShardError {

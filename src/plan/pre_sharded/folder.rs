@@ -12,7 +12,7 @@ use crate::sharded::names::{RankFiles, WrittenFor};
 /// What a complete folder of this layout lacks: ranks without files, gaps in a rank's part
 /// numbers, and a mix of both name patterns. (Files the records list that are gone, or that no
 /// record lists, are [`crate::sharded::runs::check`]'s.)
-pub fn layout_problems(
+pub(crate) fn layout_problems(
     files: &RankFiles,
     w: &WrittenFor,
     manifest: Option<&Manifest>,

@@ -21,7 +21,7 @@ mod folder;
 use crate::ranks::{self, RankList};
 use crate::sharded::manifest::{MANIFEST, Manifest};
 use folder::disagreements;
-pub use folder::layout_problems;
+pub(crate) use folder::layout_problems;
 
 /// Why a pre-sharded folder cannot be planned.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +40,7 @@ use crate::sharded::names::RankFiles;
 
 /// The plan for a pre-sharded folder's `files`, for the ranks this process loads; every problem
 /// vLLM would hit (or silently accept) at once.
-pub fn plan(
+pub(crate) fn plan(
     opened: &Opened,
     popts: &PlanOptions,
     files: &RankFiles,

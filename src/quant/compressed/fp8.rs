@@ -8,7 +8,7 @@ use super::super::{QuantError, USE_UNQUANTIZED, block_size, field, refuse};
 
 /// FP8 weights and how their activations are scaled.
 #[derive(Debug, Clone)]
-pub struct Fp8Scheme {
+pub(crate) struct Fp8Scheme {
     pub weights: WeightStrategy,
     /// Static per-tensor input activations (`input_activations.dynamic: false`): an
     /// `input_scale` per linear layer.
@@ -17,7 +17,7 @@ pub struct Fp8Scheme {
 
 /// How compressed-tensors scales FP8 weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightStrategy {
+pub(crate) enum WeightStrategy {
     /// One scale per logical shard.
     Tensor,
     /// One scale per output row (`[out, 1]`).

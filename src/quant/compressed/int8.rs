@@ -15,7 +15,7 @@ use crate::dtype::{Dtype, F32_MIN};
 use crate::layout::{Geometry, LastShard, TensorScale};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Int8 {
+pub(crate) struct Int8 {
     /// Per output row (`[N, 1]`) rather than one scale per logical shard.
     pub channel: bool,
     /// Static per-tensor activations: an `input_scale` per linear layer.
@@ -75,7 +75,7 @@ impl Int8 {
         })
     }
 
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "INT8 {} weights, {} int8 activations",
             if self.channel {

@@ -13,7 +13,7 @@ use crate::problem::Problem;
 
 /// How the KV cache's scales are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvCacheStrategy {
+pub(crate) enum KvCacheStrategy {
     /// One `[1]` scale per k, v and q.
     Tensor,
     /// One scale per kv head (`[num_kv_heads]` per rank); q reduced by amax over its GQA group.

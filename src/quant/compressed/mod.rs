@@ -12,16 +12,16 @@ mod wna16;
 
 use serde_json::Value;
 
-pub use fp8::{Fp8Scheme, WeightStrategy};
-pub use int8::Int8;
-pub use kv_cache::KvCacheStrategy;
-pub use nvfp4::Nvfp4;
-pub use wna16::Wna16;
+pub(crate) use fp8::{Fp8Scheme, WeightStrategy};
+pub(crate) use int8::Int8;
+pub(crate) use kv_cache::KvCacheStrategy;
+pub(crate) use nvfp4::Nvfp4;
+pub(crate) use wna16::Wna16;
 
 use super::{QuantError, USE_UNQUANTIZED, field, refuse, string_list};
 
 #[derive(Debug, Clone)]
-pub struct Compressed {
+pub(crate) struct Compressed {
     pub scheme: Scheme,
     /// `kv_cache_scheme`: how the Attention layers' k/v/q scales are laid out; `None` without
     /// one (the scales are then `[1]` ones, loaded when the checkpoint has them).
@@ -35,7 +35,7 @@ pub struct Compressed {
 
 /// The scheme of the config group, by `format`.
 #[derive(Debug, Clone)]
-pub enum Scheme {
+pub(crate) enum Scheme {
     /// `float-quantized`: `CompressedTensorsW8A8Fp8`.
     Fp8(Fp8Scheme),
     /// `pack-quantized`: `CompressedTensorsWNA16` (W4A16 / W8A16).
@@ -92,7 +92,7 @@ impl Compressed {
 
     /// Whether activations are scaled statically (an `input_scale` per layer); `None` for a
     /// weight-only scheme.
-    pub fn static_input(&self) -> Option<bool> {
+    pub(crate) fn static_input(&self) -> Option<bool> {
         match &self.scheme {
             Scheme::Fp8(f) => Some(f.static_activations),
             Scheme::Int8(i) => Some(i.static_input),
@@ -103,7 +103,7 @@ impl Compressed {
     }
 
     /// One line for reports: the scheme and the KV cache's scales.
-    pub fn describe_scheme(&self) -> String {
+    pub(crate) fn describe_scheme(&self) -> String {
         let scheme = match &self.scheme {
             Scheme::Fp8(f) => match f.weights {
                 WeightStrategy::Tensor => "FP8 per-tensor weights".to_string(),
@@ -221,7 +221,7 @@ fn check_actorder(group: &Value, at: &dyn Fn(&str) -> String) -> Result<(), Quan
 /// How many backtracking steps one match of an `ignore` pattern may take. Module names are short:
 /// a real pattern (`.*self_attn.*`) takes hundreds; a pattern that backtracks exponentially is
 /// refused when it hits this, in milliseconds, instead of running for hours.
-pub const IGNORE_BACKTRACK_LIMIT: usize = 100_000;
+pub(crate) const IGNORE_BACKTRACK_LIMIT: usize = 100_000;
 
 /// A compressed-tensors `ignore` entry's `re:` pattern, compiled as vLLM matches it:
 /// `regex.match(pattern, name)` (config_utils.py `is_equal_or_regex_match`), anchored at the

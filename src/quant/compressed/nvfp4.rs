@@ -23,14 +23,14 @@ pub(super) const COMPRESSED: Nvfp4Names = Nvfp4Names {
 
 /// NVFP4 weights, with NVFP4 activations (W4A4) or 16-bit ones (W4A16).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Nvfp4 {
+pub(crate) struct Nvfp4 {
     /// `input_activations` are NVFP4 too: an `input_global_scale` per part.
     pub activations: bool,
 }
 
 impl Nvfp4 {
     /// Elements per F8_E4M3 scale: vLLM's scheme fixes it (`self.group_size = 16`).
-    pub const GROUP: u64 = 16;
+    pub(crate) const GROUP: u64 = 16;
 
     pub(super) fn parse(group: &Value, at: &dyn Fn(&str) -> String) -> Result<Self, QuantError> {
         let w = super::weights_of(group, at)?;
@@ -69,7 +69,7 @@ impl Nvfp4 {
     }
 
     /// `NVFP4 (W4A4)`, for reports.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "NVFP4 weights (packed E2M1, F8_E4M3 scale per {}, F32 global scale per part), {}",
             Self::GROUP,

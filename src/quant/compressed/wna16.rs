@@ -16,7 +16,7 @@ use crate::problem::Problem;
 
 /// Packed integer weights (W4A16 / W8A16).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Wna16 {
+pub(crate) struct Wna16 {
     /// 4 or 8: `32 / bits` values per int32 word.
     pub bits: u64,
     /// The input columns one scale covers; `None` for the channel strategy (one scale per row).
@@ -27,7 +27,7 @@ pub struct Wna16 {
 
 impl Wna16 {
     /// Values per packed int32 word.
-    pub fn pack_factor(&self) -> u64 {
+    pub(crate) fn pack_factor(&self) -> u64 {
         32 / self.bits
     }
 
@@ -107,7 +107,7 @@ impl Wna16 {
     }
 
     /// `int4 group 32 symmetric (W4A16)`, for reports.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let scales = match self.group {
             Some(g) => format!("group {g}"),
             None => "per-channel".to_string(),

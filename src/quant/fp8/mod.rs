@@ -20,7 +20,7 @@ use crate::mapping::rules::Rules;
 use params::Scales;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Fp8 {
+pub(crate) struct Fp8 {
     /// `weight_block_size` `[block_n, block_k]`: block scales (`weight_scale_inv`); none:
     /// per-tensor scales (`weight_scale`).
     pub block: Option<[u64; 2]>,

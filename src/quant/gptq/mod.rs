@@ -17,7 +17,7 @@ use crate::dtype::Dtype;
 use params::IntScheme;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Gptq {
+pub(crate) struct Gptq {
     /// 4 or 8 (`TYPE_MAP`: `uint4b8`, `uint8b128`).
     pub bits: u64,
     /// `group_size`; `None` for -1 (one group per output channel).

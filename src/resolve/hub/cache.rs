@@ -15,7 +15,7 @@ use crate::resolve::LoadFormat;
 use crate::resolve::local::{self, Listing};
 
 /// `models--org--name`, as huggingface_hub names a model repo's cache folder.
-pub fn folder_name(repo: &str) -> String {
+pub(crate) fn folder_name(repo: &str) -> String {
     format!("models--{}", repo.replace('/', "--"))
 }
 

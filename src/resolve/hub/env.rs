@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 /// The environment that Python's `huggingface_hub` reads, read the same way.
 #[derive(Debug, Clone)]
-pub struct HubEnv {
+pub(crate) struct HubEnv {
     /// `--download-dir`, else `HF_HUB_CACHE` (or the older `HUGGINGFACE_HUB_CACHE`), else
     /// `$HF_HOME/hub`, with `HF_HOME` defaulting to `$XDG_CACHE_HOME/huggingface` or
     /// `~/.cache/huggingface`.
@@ -33,7 +33,7 @@ const DEFAULT_TIMEOUT_SECS: u64 = 10;
 #[error(
     "{var}='{value}' is not a number of seconds: huggingface_hub reads it as a whole number (0 or unset means the default, {DEFAULT_TIMEOUT_SECS}); {why}"
 )]
-pub struct BadTimeout {
+pub(crate) struct BadTimeout {
     pub var: &'static str,
     pub value: String,
     why: &'static str,
@@ -78,7 +78,7 @@ fn parse_timeout(var: &'static str, value: Option<&str>) -> Result<u64, BadTimeo
 
 impl HubEnv {
     /// The environment, or the timeout variable that is malformed (a usage error).
-    pub fn from_env(download_dir: Option<&Path>) -> Result<HubEnv, BadTimeout> {
+    pub(crate) fn from_env(download_dir: Option<&Path>) -> Result<HubEnv, BadTimeout> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let home = || var("HOME").unwrap_or_else(|| "/".into());
         let expand = |p: String| match p.strip_prefix("~/") {

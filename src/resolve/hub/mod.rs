@@ -49,16 +49,16 @@ use super::local::Listing;
 use super::remote::{FetchOptions, Fetched, Origin, Remote, RemoteSource, Snapshot, needed};
 use super::{ResolveError, Resolved, Want};
 use crate::progress::DownloadProgress;
-pub use cache::folder_name;
+pub(crate) use cache::folder_name;
 use cache::{State, StateSource};
 use download::Fetcher;
-pub use env::{BadTimeout, HubEnv};
-pub use error::{HubError, Redirected, Stalled, Why};
+pub(crate) use env::HubEnv;
+pub(crate) use error::{HubError, Stalled, Why};
 use http::Client;
 
 /// A Hugging Face Hub repo, at a revision, read under the HF_* environment.
 #[derive(Debug)]
-pub struct Hub {
+pub(crate) struct Hub {
     /// `org/name`.
     repo: String,
     /// `--revision`, `main` when not given.
@@ -69,7 +69,7 @@ pub struct Hub {
 impl Hub {
     /// SOURCE as a hub repo, when it is a repo id ([`repo_id`]); an error names a `--revision`
     /// that is no ref name, or an HF_* variable (or `--download-dir`) that cannot be used.
-    pub fn parse(
+    pub(crate) fn parse(
         source: &Path,
         revision: Option<&str>,
         download_dir: Option<&Path>,
@@ -109,7 +109,7 @@ impl Hub {
 
 /// The repo id SOURCE names, when it is one: not an existing local path, and shaped like
 /// `org/name` (`^[A-Za-z0-9][\w.-]*/[\w.-]+$`).
-pub fn repo_id(source: &Path) -> Option<String> {
+pub(crate) fn repo_id(source: &Path) -> Option<String> {
     let s = source.to_str()?;
     if source.exists() {
         return None;

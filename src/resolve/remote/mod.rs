@@ -22,7 +22,7 @@ use crate::progress::DownloadProgress;
 /// (asking the remote, or its cache alone when offline), builds a [`Snapshot`] of it, hands that
 /// to [`needed::select_and_fetch`], then records the run in its cache and fills
 /// [`Resolved::remote`] and each kept file's [`Origin`].
-pub trait Remote: fmt::Debug + Send + Sync {
+pub(crate) trait Remote: fmt::Debug + Send + Sync {
     /// Resolves the remote as vLLM would, fetching what is missing from its local folder (unless
     /// offline). Returns the resolution and whether the source is pre-sharded (only with
     /// [`Want::Detect`]).
@@ -30,7 +30,7 @@ pub trait Remote: fmt::Debug + Send + Sync {
 }
 
 /// One pinned revision of a remote, as [`needed::select_and_fetch`] sees it.
-pub trait Snapshot {
+pub(crate) trait Snapshot {
     /// The local folder that fetched files land in: the checkpoint's root.
     fn folder(&self) -> &Path;
     /// The files at the pinned revision (top level and subfolders).
@@ -44,7 +44,7 @@ pub trait Snapshot {
 
 /// What the command asks of a remote source.
 #[derive(Debug, Clone, Copy)]
-pub struct FetchOptions<'a> {
+pub(crate) struct FetchOptions<'a> {
     pub load_format: LoadFormat,
     pub config_format: ConfigFormat,
     /// The command copies the side files (`shard`): fetch every top-level file that is not

@@ -120,8 +120,8 @@ fn open_dir(dir: &std::path::Path, layers_override: Option<u64>) -> wload::Opene
     wload::open(
         &wload::SourceOptions {
             source: dir.to_path_buf(),
-            load_format: wload::resolve::LoadFormat::Auto,
-            config_format: wload::config::ConfigFormat::Auto,
+            load_format: wload::LoadFormat::Auto,
+            config_format: wload::ConfigFormat::Auto,
             hf_overrides: layers_override.map(|n| {
                 serde_json::Map::from_iter([("num_hidden_layers".to_string(), Value::from(n))])
             }),
@@ -139,17 +139,15 @@ fn open_dir(dir: &std::path::Path, layers_override: Option<u64>) -> wload::Opene
 /// The least thread CPU time of `runs` plans of `opened` at `--tp 2`, and what the last one
 /// returned. The minimum, because cache and allocator noise only ever add time; more runs for a
 /// small checkpoint, whose few milliseconds are the easiest to disturb.
-fn time_plan(
-    opened: &wload::Opened,
-    runs: usize,
-) -> (f64, Result<wload::plan::Plan, wload::plan::PlanError>) {
-    let mapping = wload::mapping::select(None, opened.config.architecture()).expect("mapping");
-    let opts = wload::plan::PlanOptions {
+fn time_plan(opened: &wload::Opened, runs: usize) -> (f64, Result<wload::Plan, wload::PlanError>) {
+    let mapping =
+        wload::testing::select_mapping(None, opened.config.architecture()).expect("mapping");
+    let opts = wload::PlanOptions {
         tp: 2,
         pp: 1,
         pp_partition: None,
         expert_parallel: false,
-        dtype: wload::dtype::DtypeChoice::Auto,
+        dtype: wload::DtypeChoice::Auto,
         mapping: None,
         shapes_only: false,
         moe_backend: None,
@@ -159,8 +157,8 @@ fn time_plan(
     let mut last = None;
     for _ in 0..runs {
         let t = thread_cpu_seconds();
-        let model = wload::model::Model::new(&opened.config);
-        let r = wload::plan::plan(&mapping, &model, &opened.checkpoint, &opts);
+        let model = wload::testing::Model::new(&opened.config);
+        let r = wload::testing::plan(&mapping, &model, &opened.checkpoint, &opts);
         best = best.min(thread_cpu_seconds() - t);
         last = Some(r);
     }
@@ -217,7 +215,7 @@ fn a_config_claiming_thousands_of_missing_layers_is_refused_in_linear_time() {
         let opened = open_dir(dir.path(), Some(layers));
         let (t, r) = time_plan(&opened, if layers == small { 7 } else { 3 });
         match r {
-            Err(wload::plan::PlanError::Invalid(ps)) => {
+            Err(wload::PlanError::Invalid(ps)) => {
                 assert_eq!(ps.len() as u64, 6 * (layers - 1), "{layers} layers")
             }
             other => panic!("{layers} layers: expected problems, got {other:?}"),

@@ -153,9 +153,9 @@ fn every_file_in_mappings_is_embedded() {
         .filter(|n| n.ends_with(".yaml") && n != "common.yaml")
         .collect();
     on_disk.sort();
-    let embedded: Vec<&str> = wload::mapping::EMBEDDED.iter().map(|(n, _)| *n).collect();
+    let embedded: Vec<&str> = wload::testing::EMBEDDED.iter().map(|(n, _)| *n).collect();
     assert_eq!(on_disk, embedded);
-    for (name, text) in wload::mapping::EMBEDDED {
+    for (name, text) in wload::testing::EMBEDDED {
         let disk = fs::read_to_string(manifest_dir().join("mappings").join(name)).unwrap();
         assert_eq!(&disk, text, "{name} is embedded as it is on disk");
     }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use safetensors::SafeTensors;
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use wload::checkpoint::{self, HeaderError};
+use wload::testing::{self as checkpoint, HeaderError};
 
 use crate::support::*;
 

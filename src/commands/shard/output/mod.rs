@@ -33,10 +33,10 @@ mod sweep;
 
 use std::path::Path;
 
-pub use check::Target;
-pub use names::{OWNER_FILE, STAGING_TAG, parent_of};
-pub use stage::Staging;
-pub use sweep::{Swept, sweep};
+pub(crate) use check::Target;
+pub(crate) use names::{OWNER_FILE, STAGING_TAG, parent_of};
+pub(crate) use stage::Staging;
+pub(crate) use sweep::{Swept, sweep};
 
 use super::ShardError;
 use super::space::{self, Space};

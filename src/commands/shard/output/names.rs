@@ -6,14 +6,14 @@
 use std::path::{Path, PathBuf};
 
 /// Marks staging folders: `.{OUT name}.wload-tmp-{PID}`.
-pub const STAGING_TAG: &str = ".wload-tmp-";
+pub(crate) const STAGING_TAG: &str = ".wload-tmp-";
 /// What the fallback publication appends to the staging name for the folder it moves aside.
 pub(super) const ASIDE_SUFFIX: &str = ".old";
 /// The owner record inside a staging folder; removed just before publication.
-pub const OWNER_FILE: &str = ".wload-owner.json";
+pub(crate) const OWNER_FILE: &str = ".wload-owner.json";
 
 /// OUT's parent folder (`.` for a bare name): where the staging folder is made.
-pub fn parent_of(out: &Path) -> PathBuf {
+pub(crate) fn parent_of(out: &Path) -> PathBuf {
     match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -18,7 +18,7 @@ use crate::commands::shard::ShardError;
 impl Staging {
     /// Moves the finished folder to OUT, as [`check`] allowed and only if OUT is still what it
     /// was then.
-    pub fn publish(mut self, target: &Target) -> Result<(), ShardError> {
+    pub(crate) fn publish(mut self, target: &Target) -> Result<(), ShardError> {
         let owner = self.path.join(OWNER_FILE);
         fs::remove_file(&owner).map_err(|e| ShardError::io("removing", &owner, e))?;
         match &target.existing {

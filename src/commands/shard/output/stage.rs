@@ -42,14 +42,14 @@ fn staging_error(out: &Path, e: io::Error) -> ShardError {
 /// The hidden folder next to OUT that the output is built in (same filesystem, so publication is
 /// one rename). Removed on drop unless published.
 #[derive(Debug)]
-pub struct Staging {
+pub(crate) struct Staging {
     pub(super) path: PathBuf,
     pub(super) published: bool,
 }
 
 impl Staging {
     /// Creates `.{OUT}.wload-tmp-{PID}` ([`staging_name`]) with its owner record.
-    pub fn create(target: &Target) -> Result<Staging, ShardError> {
+    pub(crate) fn create(target: &Target) -> Result<Staging, ShardError> {
         let name = (target.path.file_name())
             .map(|n| n.to_string_lossy())
             .unwrap_or_default();
@@ -67,7 +67,7 @@ impl Staging {
         Ok(staging)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }

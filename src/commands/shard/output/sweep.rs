@@ -77,7 +77,7 @@ pub struct Swept {
 
 /// Removes the staging folders in OUT's parent whose owner is gone (killed with SIGKILL, out of
 /// memory, a crash, a reboot). Folders without a readable owner record are left alone.
-pub fn sweep(out: &Path) -> Vec<Swept> {
+pub(crate) fn sweep(out: &Path) -> Vec<Swept> {
     let parent = parent_of(out);
     let Ok(entries) = fs::read_dir(&parent) else {
         return Vec::new();

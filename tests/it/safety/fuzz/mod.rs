@@ -24,10 +24,8 @@ use crate::support::*;
 // Mapping files as applied (named so as not to shadow `wload::mapping`).
 #[path = "mapping.rs"]
 mod applied_mappings;
-use wload::config::{self, ConfigFormat};
-use wload::mapping::{self, Expr};
-use wload::resolve::{self, LoadFormat};
-use wload::{Error, checkpoint};
+use wload::testing::{self as checkpoint, Expr};
+use wload::{ConfigFormat, Error, LoadFormat};
 
 mod hub;
 mod runs;
@@ -678,7 +676,7 @@ fn fuzz_index_files() {
         Vec::clone,
         move |text| {
             fs::write(&index, text).unwrap();
-            match resolve::resolve_local(dir.path(), LoadFormat::Auto, ConfigFormat::Auto) {
+            match wload::testing::resolve_local(dir.path(), LoadFormat::Auto, ConfigFormat::Auto) {
                 Ok(r) => {
                     for f in &r.files {
                         assert!(dir.path().join(&f.file).is_file(), "kept {}", f.file);
@@ -829,7 +827,7 @@ fn fuzz_configs_and_overrides() {
                 "config.json"
             };
             fs::write(dir.path().join(file), &c.text).unwrap();
-            let overrides = match c.overrides.as_deref().map(config::parse_overrides) {
+            let overrides = match c.overrides.as_deref().map(wload::parse_overrides) {
                 Some(Err(e)) => {
                     assert_eq!(e.exit_status(), wload::ExitStatus::Usage, "{e}");
                     None
@@ -842,7 +840,9 @@ fn fuzz_configs_and_overrides() {
             } else {
                 ConfigFormat::Hf
             };
-            if let Err(e) = config::load(dir.path(), file, format, overrides.as_ref()) {
+            if let Err(e) =
+                wload::testing::load_config(dir.path(), file, format, overrides.as_ref())
+            {
                 let e = Error::from(e);
                 // The file's faults are exit 3, the flag's exit 2; a config never reads as I/O.
                 let code = e.exit_status() as u8;
@@ -860,10 +860,10 @@ fn fuzz_configs_and_overrides() {
 // ---------------------------------------------------------------------------------------------
 
 fn mapping_corpus() -> Vec<&'static str> {
-    mapping::EMBEDDED
+    wload::testing::EMBEDDED
         .iter()
         .map(|(_, t)| *t)
-        .chain([mapping::COMMON])
+        .chain([wload::testing::COMMON])
         .collect()
 }
 
@@ -964,7 +964,7 @@ fn fuzz_mapping_files() {
         move |bytes| {
             // `--mapping FILE` reads bytes; the parser proper takes text.
             fs::write(&path, bytes).unwrap();
-            let r = mapping::select(Some(&path), None);
+            let r = wload::testing::select_mapping(Some(&path), None);
             if let Err(e) = r {
                 let e = Error::from(e);
                 // A bad --mapping FILE is the user's file: a usage error that names it.
