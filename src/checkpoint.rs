@@ -153,7 +153,7 @@ impl Checkpoint {
     /// [`Checkpoint::open`], where the files named in `remote` have only their header (fetched
     /// from a remote source: `Resolved::headers`): those are parsed from it, the others read
     /// from `root`.
-    pub fn open_with(
+    pub(crate) fn open_with(
         root: &Path,
         names: &[String],
         remote: &BTreeMap<String, RemoteHeader>,
@@ -183,7 +183,7 @@ impl Checkpoint {
     }
 
     /// The files' tensors together are within [`MAX_TENSORS`].
-    pub fn within_limit(root: &Path, files: &[WeightFile]) -> Result<(), HeaderError> {
+    pub(crate) fn within_limit(root: &Path, files: &[WeightFile]) -> Result<(), HeaderError> {
         let count = files.iter().map(|f| f.tensors.len()).sum();
         if count > MAX_TENSORS {
             return Err(HeaderError::TooManyTensorsInCheckpoint {
@@ -270,7 +270,7 @@ impl Checkpoint {
     }
 
     /// Every tensor of every file, in load order, including copies that a later file shadows.
-    pub fn all_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+    pub(crate) fn all_tensors(&self) -> impl Iterator<Item = &TensorInfo> {
         self.files.iter().flat_map(|f| f.tensors.iter())
     }
 
@@ -281,7 +281,7 @@ impl Checkpoint {
     }
 
     /// True when this copy is the one that survives (not shadowed by a later file).
-    pub fn is_effective(&self, t: &TensorInfo) -> bool {
+    pub(crate) fn is_effective(&self, t: &TensorInfo) -> bool {
         // Without duplicate names every copy survives, and a name lookup per tensor (100k of
         // them in a large MoE) is spared.
         if !self.shadowing {

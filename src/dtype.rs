@@ -41,7 +41,7 @@ pub enum Dtype {
 impl Dtype {
     /// wload's dtype as the `safetensors` crate spells it: the same 22 types (dtype.rs follows
     /// safetensors 0.8), so the header writer can use the crate's types and the reader can map back.
-    pub fn to_safetensors(self) -> safetensors::Dtype {
+    pub(crate) fn to_safetensors(self) -> safetensors::Dtype {
         use safetensors::Dtype as S;
         match self {
             Dtype::Bool => S::BOOL,
@@ -154,7 +154,7 @@ impl Dtype {
 
     /// A 16-, 32- or 64-bit float: what unquantized weights are stored as (FP8 and the packed
     /// integer types are quantized).
-    pub fn is_float(self) -> bool {
+    pub(crate) fn is_float(self) -> bool {
         matches!(self, Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64)
     }
 

@@ -30,7 +30,7 @@ pub struct FileStamp {
 }
 
 impl FileStamp {
-    pub fn of_metadata(m: &Metadata) -> FileStamp {
+    pub(crate) fn of_metadata(m: &Metadata) -> FileStamp {
         let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
         FileStamp {
             dev: m.dev(),
@@ -43,12 +43,12 @@ impl FileStamp {
 
     /// The stamp of an open file (fstat: the file this descriptor reads, whatever its path
     /// names now).
-    pub fn of_file(f: &File) -> io::Result<FileStamp> {
+    pub(crate) fn of_file(f: &File) -> io::Result<FileStamp> {
         f.metadata().map(|m| FileStamp::of_metadata(&m))
     }
 
     /// How `now` differs from `self`, in words; `None` when it is the same file, unchanged.
-    pub fn change_to(&self, now: &FileStamp) -> Option<Change> {
+    pub(crate) fn change_to(&self, now: &FileStamp) -> Option<Change> {
         if (self.dev, self.ino) != (now.dev, now.ino) {
             Some(Change::Replaced)
         } else if self.size != now.size {

@@ -54,6 +54,7 @@ pub struct Multimodal {
 }
 
 impl Multimodal {
+    #[cfg(test)]
     /// Whether these are vLLM's defaults (neither flag changes anything): what wload.json and
     /// the serve line leave out.
     pub fn is_default(&self) -> bool {

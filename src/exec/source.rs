@@ -168,7 +168,7 @@ impl SourceFile {
 
     /// Whether pages of the mapping vanished while it was read (the file shrank): what was read
     /// there is zeros, not the file's bytes.
-    pub fn lost_pages(&self) -> bool {
+    pub(crate) fn lost_pages(&self) -> bool {
         self.watch.as_ref().is_some_and(|w| w.lost_pages())
     }
 
@@ -185,7 +185,7 @@ impl SourceFile {
     /// Reads source bytes `[off, off + len)` into `dst`, which must be [`ALIGN`]-aligned and at
     /// least [`staging_len`]`(len)` long; returns where in `dst` they start (O_DIRECT reads whole
     /// aligned blocks around them). A short file is `UnexpectedEof`.
-    pub fn read_staged(&self, dst: &mut [u8], off: u64, len: usize) -> io::Result<usize> {
+    pub(crate) fn read_staged(&self, dst: &mut [u8], off: u64, len: usize) -> io::Result<usize> {
         debug_assert!(dst.len() >= staging_len(len));
         if let Some(f) = &self.direct {
             let a0 = off / ALIGN * ALIGN;
@@ -204,7 +204,12 @@ impl SourceFile {
 
     /// Reads exactly `dst.len()` bytes at `off`, into any buffer; direct files go through
     /// `bounce`, an aligned buffer kept by the caller.
-    pub fn read_into(&self, dst: &mut [u8], off: u64, bounce: &mut AlignedBuf) -> io::Result<()> {
+    pub(crate) fn read_into(
+        &self,
+        dst: &mut [u8],
+        off: u64,
+        bounce: &mut AlignedBuf,
+    ) -> io::Result<()> {
         if self.direct.is_some() {
             let b = bounce.get(staging_len(dst.len()));
             let at = self.read_staged(b, off, dst.len())?;
@@ -217,7 +222,7 @@ impl SourceFile {
     /// [`SourceFile::read_into`], but for direct files straight into `dst` when `dst`'s address
     /// and `off` sit at the same place in a block: only a partial first and last block go
     /// through `bounce`, the rest lands without a copy.
-    pub fn read_into_in_place(
+    pub(crate) fn read_into_in_place(
         &self,
         dst: &mut [u8],
         off: u64,

@@ -207,7 +207,7 @@ impl Geometry {
     }
 
     /// [`Kind::expected_source`].
-    pub fn expected_source(&self, shard: Option<&ShardId>) -> Result<Shape, String> {
+    pub(crate) fn expected_source(&self, shard: Option<&ShardId>) -> Result<Shape, String> {
         self.kind().expected_source(shard)
     }
 
@@ -217,27 +217,27 @@ impl Geometry {
     }
 
     /// [`Kind::rank_layout`].
-    pub fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {
+    pub(crate) fn rank_layout(&self, r: Rank, fused: bool) -> RankLayout {
         self.kind().rank_layout(r, fused)
     }
 
     /// [`Kind::max_of`].
-    pub fn max_of(&self, r: Rank) -> u64 {
+    pub(crate) fn max_of(&self, r: Rank) -> u64 {
         self.kind().max_of(r)
     }
 
     /// [`Kind::expert_count`].
-    pub fn expert_count(&self) -> Option<u64> {
+    pub(crate) fn expert_count(&self) -> Option<u64> {
         self.kind().expert_count()
     }
 
     /// [`Kind::strided`].
-    pub fn strided(&self, r: Rank) -> Vec<Strided> {
+    pub(crate) fn strided(&self, r: Rank) -> Vec<Strided> {
         self.kind().strided(r)
     }
 
     /// [`Kind::strided_per_expert`].
-    pub fn strided_per_expert(&self, r: Rank) -> Option<PerExpertCopies> {
+    pub(crate) fn strided_per_expert(&self, r: Rank) -> Option<PerExpertCopies> {
         self.kind().strided_per_expert(r)
     }
 
@@ -277,7 +277,7 @@ pub enum Layout<D> {
 
 /// What a layout's dimension is, for whoever maps it: the expert count has a bound of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dim {
+pub(crate) enum Dim {
     Size,
     Experts,
 }
@@ -293,7 +293,7 @@ fn all<D, E, X>(v: &[D], f: &mut Eval<D, E, X>) -> Result<Vec<E>, X> {
 impl<D> Layout<D> {
     /// The layout with `f` applied to every dimension, in the order they are written; the first
     /// error stops it.
-    pub fn try_map<E, X>(&self, f: &mut Eval<D, E, X>) -> Result<Layout<E>, X> {
+    pub(crate) fn try_map<E, X>(&self, f: &mut Eval<D, E, X>) -> Result<Layout<E>, X> {
         Ok(match self {
             Layout::Replicated(k) => Layout::Replicated(k.try_map(f)?),
             Layout::Column(k) => Layout::Column(k.try_map(f)?),
@@ -312,7 +312,7 @@ impl<D> Layout<D> {
 impl Layout<u64> {
     /// The evaluated layout as the planner takes it, or why the mapping's layout is not one
     /// (a row-parallel shape not 2-D, tuples that are not runs of shards).
-    pub fn into_geometry(self) -> Result<Geometry, String> {
+    pub(crate) fn into_geometry(self) -> Result<Geometry, String> {
         Ok(match self {
             Layout::Replicated(k) => k.into(),
             Layout::Column(k) => k.into(),

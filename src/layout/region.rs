@@ -37,7 +37,7 @@ impl Region {
 
     /// Whether the piece computes its elements (a maximum, a dequantization) rather than
     /// copying them: an engine reduction.
-    pub fn reduces(&self) -> bool {
+    pub(crate) fn reduces(&self) -> bool {
         self.max_of > 1 || self.dequant.is_some()
     }
 }

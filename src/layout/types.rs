@@ -156,7 +156,7 @@ impl Block {
 /// Which region of a checkpoint tensor feeds which region of a rank's tensor, before it is
 /// flattened into a [`Block`] (and before any permutation).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Slice {
+pub(crate) struct Slice {
     pub slot: SlotKey,
     /// Source shape.
     pub src_shape: Vec<u64>,
@@ -172,7 +172,7 @@ pub struct Slice {
 }
 
 impl Slice {
-    pub fn block(&self) -> Block {
+    pub(crate) fn block(&self) -> Block {
         let inner: u64 = self.src_shape[self.dim + 1..].iter().product();
         let outer: u64 = self.src_shape[..self.dim].iter().product();
         Block {
@@ -186,7 +186,7 @@ impl Slice {
         }
     }
 
-    pub fn region(&self) -> crate::layout::Region {
+    pub(crate) fn region(&self) -> crate::layout::Region {
         let full = self.from == 0 && self.to == self.src_shape.get(self.dim).copied().unwrap_or(1);
         crate::layout::Region {
             range: (!full).then_some((usize::from(self.dim != 0), self.from, self.to)),
@@ -198,7 +198,7 @@ impl Slice {
 /// A rank's tensor: its shape, the slices of checkpoint tensors that fill it, and zero-filled
 /// ranges.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RankLayout {
+pub(crate) struct RankLayout {
     pub shape: Vec<u64>,
     /// With [`RankLayout::per_expert`], the slices of the rank's first expert only.
     pub slices: Vec<Slice>,
@@ -215,7 +215,7 @@ pub struct RankLayout {
 
 /// `rows` runs of `count` zeros, the `k`-th at element `start + k · stride`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ZeroRows {
+pub(crate) struct ZeroRows {
     pub start: u64,
     pub count: u64,
     pub stride: u64,
@@ -225,7 +225,7 @@ pub struct ZeroRows {
 /// How [`RankLayout::slices`] repeat over a rank's experts: expert `first + j` is filled by the
 /// same slices with that expert id, `j · dst_step` elements further into the rank's tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PerExpert {
+pub(crate) struct PerExpert {
     /// The global id of the rank's first expert (the one the slices name).
     pub first: u64,
     pub count: u64,
@@ -234,7 +234,7 @@ pub struct PerExpert {
 
 impl RankLayout {
     /// A layout whose slices are all there is.
-    pub fn new(shape: Vec<u64>, slices: Vec<Slice>, zeros: Vec<(u64, u64)>) -> RankLayout {
+    pub(crate) fn new(shape: Vec<u64>, slices: Vec<Slice>, zeros: Vec<(u64, u64)>) -> RankLayout {
         RankLayout {
             shape,
             slices,
@@ -246,7 +246,7 @@ impl RankLayout {
 
     /// One expert's `slices` (naming expert `local.start`) repeated over the rank's `local`
     /// experts, `dst_step` elements apart.
-    pub fn per_expert(
+    pub(crate) fn per_expert(
         shape: Vec<u64>,
         local: std::ops::Range<u64>,
         dst_step: u64,
@@ -265,8 +265,9 @@ impl RankLayout {
         }
     }
 
+    #[cfg(test)]
     /// Every slice, a fused expert tensor's expanded for each of its experts in order.
-    pub fn all_slices(&self) -> Vec<Slice> {
+    pub(crate) fn all_slices(&self) -> Vec<Slice> {
         let Some(pe) = self.per_expert else {
             return self.slices.clone();
         };

@@ -165,7 +165,7 @@ impl Expr {
     }
 
     /// The variables the expression reads itself, each once, in order of appearance.
-    pub fn vars(&self) -> Vec<&str> {
+    pub(crate) fn vars(&self) -> Vec<&str> {
         let mut out: Vec<&str> = Vec::new();
         walk(&self.node, &mut |n| {
             if let Node::Var(v) = n
@@ -179,7 +179,7 @@ impl Expr {
 
     /// The variables read, each once in order of appearance, also those inside substituted
     /// values (the config fields a derived `linear_layer` stands for).
-    pub fn vars_through_substitutions(&self) -> Vec<&str> {
+    pub(crate) fn vars_through_substitutions(&self) -> Vec<&str> {
         fn visit<'a>(n: &'a Node, out: &mut Vec<&'a str>) {
             walk(n, &mut |m| match m {
                 Node::Var(v) if !out.contains(&v.as_str()) => out.push(v),
@@ -193,7 +193,7 @@ impl Expr {
     }
 
     /// Whether a value substituted into the expression is inside it.
-    pub fn has_substitutions(&self) -> bool {
+    pub(crate) fn has_substitutions(&self) -> bool {
         let mut found = false;
         walk(&self.node, &mut |n| found |= matches!(n, Node::Derived(_)));
         found
@@ -202,7 +202,7 @@ impl Expr {
     /// The expression with every read of `name` replaced by `value`, evaluated where it is read;
     /// the source text stays the same, and a failure inside `value` names it. Values substituted
     /// earlier are left as they are: their own reads were resolved when they were defined.
-    pub fn substitute(&self, name: &str, value: &Expr) -> Expr {
+    pub(crate) fn substitute(&self, name: &str, value: &Expr) -> Expr {
         let derived = Node::Derived(Box::new(Derived {
             name: name.to_string(),
             src: value.src.clone(),
@@ -222,7 +222,7 @@ impl Expr {
     /// The conditions of a chain of `&&`, looking through substituted per-layer values (a layer
     /// condition is usually one such value): what must all hold for the whole to hold, so that a
     /// false one says why. Each keeps the whole expression's source text.
-    pub fn conjuncts(&self) -> Vec<Expr> {
+    pub(crate) fn conjuncts(&self) -> Vec<Expr> {
         let mut out = Vec::new();
         split_and(&self.node, &mut out);
         out.into_iter()
@@ -718,7 +718,7 @@ impl Parser {
 
 impl EvalError {
     /// The variable the expression named that nothing defines, when that is why it failed.
-    pub fn missing_variable(&self) -> Option<&str> {
+    pub(crate) fn missing_variable(&self) -> Option<&str> {
         match self {
             EvalError::Missing { name, .. } => Some(name),
             EvalError::Derived { source, .. } => source.missing_variable(),

@@ -167,7 +167,7 @@ impl ParamSpec {
     /// (column, row, merged_column, qkv) is a linear layer's, `experts` layouts are experts';
     /// everything else (replicated, vocab, biases) is not quantized. A replicated linear (a
     /// router built with the quant config) says `quant: linear`.
-    pub fn quant_role(&self) -> QuantRole {
+    pub(crate) fn quant_role(&self) -> QuantRole {
         if let Some(r) = self.quant {
             return r;
         }

@@ -231,7 +231,7 @@ pub struct Mapped<T = String> {
 
 impl Rules {
     /// vLLM's `mapper | REMOVE_UNUSED_ROTARY_EMBEDS_MAPPER`: dict merge, later entries win.
-    pub fn merge_common(&mut self, common: Rules) {
+    pub(crate) fn merge_common(&mut self, common: Rules) {
         fn merge(dst: &mut Vec<Rename>, src: Vec<Rename>) {
             for r in src {
                 dst.retain(|d| d.from != r.from);
@@ -302,7 +302,7 @@ impl Rules {
 
     /// Keeps the stacked rules `keep` says to (those whose `when` holds for the layout), and
     /// the literal index in step with them.
-    pub fn retain_stacked(&mut self, keep: impl FnMut(&Stacked) -> bool) {
+    pub(crate) fn retain_stacked(&mut self, keep: impl FnMut(&Stacked) -> bool) {
         self.stacked.retain(keep);
         if self.index_literals().is_err() {
             // Fewer literals than compiled before cannot fail; if it did, one search per rule.
@@ -375,7 +375,7 @@ impl Rules {
 
     /// The name under which vLLM builds the module the sharded state keeps as `module`: each
     /// `alias` substr rule turned back (`self_attn.mla_attn.o_proj` → `self_attn.o_proj`).
-    pub fn built_module(&self, module: &str) -> String {
+    pub(crate) fn built_module(&self, module: &str) -> String {
         let mut name = format!("{module}.");
         for r in self.substr.iter().filter(|r| r.alias) {
             if let Some(to) = r.to.as_deref()
@@ -392,7 +392,7 @@ impl Rules {
     /// limit parses but does not compile) is reported while the mapping is read. wload's own
     /// mappings and quantization rules are compiled by its tests; a `--mapping` file is checked
     /// with this.
-    pub fn check_regexes(&self) -> Result<(), String> {
+    pub(crate) fn check_regexes(&self) -> Result<(), String> {
         if self.compiled.get().is_none() {
             let _ = self.compiled.set(Compiled::new(self)?);
         }
@@ -427,7 +427,11 @@ impl Rules {
     /// Maps one checkpoint name, writing the parameter name into `target` (cleared first): the
     /// map stage reuses one buffer per thread, and most of 90,000 names then allocate nothing
     /// (consecutive tensors of a fused expert parameter share its name).
-    pub fn apply_into(&self, name: &str, target: &mut String) -> Result<Outcome<()>, NameTooLong> {
+    pub(crate) fn apply_into(
+        &self,
+        name: &str,
+        target: &mut String,
+    ) -> Result<Outcome<()>, NameTooLong> {
         target.clear();
         let limit = name.len().saturating_add(limits::MAX_NAME_GROWTH);
         let too_long = |rule: String| NameTooLong {
@@ -536,7 +540,7 @@ impl Rules {
     }
 
     /// A step of a name's trace, as messages show it.
-    pub fn describe(&self, step: &Step) -> String {
+    pub(crate) fn describe(&self, step: &Step) -> String {
         let to = |t: &Option<String>| t.clone().unwrap_or_else(|| "null".into());
         match step {
             Step::Mistral(m) => format!("mistral names: {} → {}", m.from, m.to),

@@ -135,7 +135,7 @@ impl Pieces {
     }
 
     /// Zero fills of `z`'s rows, kept as that description.
-    pub fn push_zero_rows(&mut self, z: ZeroRows) {
+    pub(crate) fn push_zero_rows(&mut self, z: ZeroRows) {
         if z.rows > 0 && z.count > 0 {
             self.0.push(Item::Zeros(z));
         }
@@ -143,7 +143,7 @@ impl Pieces {
 
     /// The zero rows kept as descriptions ([`Pieces::push_zero_rows`]), whose fills
     /// [`Pieces::iter`] yields one by one: the engine writes a copy's row padding with its rows.
-    pub fn zero_rows(&self) -> impl Iterator<Item = &ZeroRows> + '_ {
+    pub(crate) fn zero_rows(&self) -> impl Iterator<Item = &ZeroRows> + '_ {
         self.0.iter().filter_map(|item| match item {
             Item::Zeros(z) => Some(z),
             _ => None,

@@ -254,6 +254,7 @@ fn writes() -> String {
 }
 
 impl Quantization {
+    #[cfg(test)]
     /// The scheme `quantization_config` describes, read without knowing the model (as vLLM
     /// with no `hf_config`: `mxfp4` is then nobody's gpt-oss). See [`Quantization::for_model`].
     pub fn from_config(qc: Option<&Value>) -> Result<Option<Quantization>, QuantError> {

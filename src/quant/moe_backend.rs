@@ -66,7 +66,7 @@ impl MoeBackend {
 
     /// `[hidden, intermediate]` alignments the backend rounds the parameters up to (hidden 1:
     /// kept).
-    pub fn alignment(self) -> [u64; 2] {
+    pub(crate) fn alignment(self) -> [u64; 2] {
         match self {
             MoeBackend::Triton => [1, 64],
             MoeBackend::Marlin | MoeBackend::FlashinferTrtllm => [256, 128],

@@ -11,7 +11,7 @@ impl Quantization {
     /// (`get_cache_scale_mapper`, `get_checkpoint_weight_mapper`, models/utils.py:465–468): kv
     /// cache scales renamed onto the Attention layer, the method's own ([`super::Method::name_rules`]),
     /// `.g_idx` dropped; and the suffixes it lets go unmatched.
-    pub fn name_rules(&self) -> (Rules, &'static [&'static str]) {
+    pub(crate) fn name_rules(&self) -> (Rules, &'static [&'static str]) {
         let mut regex: Vec<(&str, Option<&str>)> = vec![
             (r"\.kv_scale$", Some(r".attn.k_scale")),
             (
@@ -67,7 +67,7 @@ impl Quantization {
     /// `mapping` with the name rules this config adds to every model's mapper (merged after the
     /// family's, as vLLM's `mapper |= quant_config.get_cache_scale_mapper()`) and the suffixes
     /// it lets go unmatched.
-    pub fn with_name_rules(&self, mapping: &Mapping) -> Mapping {
+    pub(crate) fn with_name_rules(&self, mapping: &Mapping) -> Mapping {
         let mut m = mapping.clone();
         let (rules, suffixes) = self.name_rules();
         m.rules.merge_common(rules);

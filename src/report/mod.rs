@@ -67,13 +67,13 @@ impl Table {
     }
 
     /// Stores the next cell: cells fill a row from left to right, then start the next row.
-    pub fn cell(&mut self, s: &str) {
+    pub(crate) fn cell(&mut self, s: &str) {
         self.text.push_str(&escape(s));
         self.end_cell();
     }
 
     /// Stores the next cell, formatted straight into the table (`format_args!`).
-    pub fn cell_fmt(&mut self, args: fmt::Arguments) {
+    pub(crate) fn cell_fmt(&mut self, args: fmt::Arguments) {
         let start = self.text.len();
         self.text
             .write_fmt(args)

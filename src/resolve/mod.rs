@@ -80,7 +80,7 @@ pub struct Resolved {
 }
 
 impl Resolved {
-    pub fn file_names(&self) -> Vec<String> {
+    pub(crate) fn file_names(&self) -> Vec<String> {
         self.files.iter().map(|f| f.file.clone()).collect()
     }
 }

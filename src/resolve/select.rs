@@ -32,7 +32,7 @@ impl LoadFormat {
     }
 
     /// Glob patterns tried in order; the first with a match wins (default_loader.py:185–234).
-    pub fn allow_patterns(self) -> &'static [&'static str] {
+    pub(crate) fn allow_patterns(self) -> &'static [&'static str] {
         match self {
             // `auto` is resolved before patterns are needed.
             LoadFormat::Auto | LoadFormat::Hf => &["*.safetensors", "*.bin", "*.pt"],
@@ -43,7 +43,7 @@ impl LoadFormat {
     }
 
     /// The index that de-duplicates safetensors files.
-    pub fn index_file(self) -> &'static str {
+    pub(crate) fn index_file(self) -> &'static str {
         match self {
             LoadFormat::Mistral => "consolidated.safetensors.index.json",
             _ => "model.safetensors.index.json",

@@ -22,7 +22,7 @@ pub struct StageLayers {
 
 impl StageLayers {
     /// `layers 0–13 (14 layers)`, `layer 0`, or the numbers when they are not one run.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let n = self.layers.len();
         match (self.layers.first(), self.layers.last()) {
             (None, _) | (_, None) => "no layers".into(),

@@ -163,7 +163,7 @@ impl ManifestFile {
 impl Manifest {
     /// The run records this view was read from, for messages: `wload.json`, or
     /// `wload-ranks-0-3.json, wload-ranks-4-7.json`.
-    pub fn record_names(&self) -> String {
+    pub(crate) fn record_names(&self) -> String {
         if self.records.is_empty() {
             MANIFEST.to_string()
         } else {
@@ -185,7 +185,7 @@ impl Manifest {
     }
 
     /// One record file as written, without merging.
-    pub fn read_record(path: &Path) -> Result<Manifest, RecordError> {
+    pub(crate) fn read_record(path: &Path) -> Result<Manifest, RecordError> {
         let mut m: Manifest = serde_json::from_slice(&crate::small_file::read(path)?)?;
         let name = path.file_name().unwrap_or(path.as_os_str());
         m.records = vec![name.to_string_lossy().into_owned()];
@@ -218,7 +218,7 @@ impl WrittenFor {
 
 /// Why a run record cannot be read.
 #[derive(Debug, thiserror::Error)]
-pub enum RecordError {
+pub(crate) enum RecordError {
     /// Not a regular file (a folder, a pipe), permission denied, too large.
     #[error("cannot be read: {0}")]
     Unreadable(#[from] io::Error),

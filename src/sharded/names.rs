@@ -31,7 +31,7 @@ pub struct RankFile {
 
 impl RankFile {
     /// A file of a TP-only run, the pattern `wload shard` writes.
-    pub fn tp_only(tp: u64, part: u64) -> RankFile {
+    pub(crate) fn tp_only(tp: u64, part: u64) -> RankFile {
         RankFile { pp: None, tp, part }
     }
 
@@ -167,7 +167,7 @@ pub struct WrittenFor {
 
 impl WrittenFor {
     /// What the file names of `files` show (no manifest says); `files` must not be empty.
-    pub fn from_names(files: &RankFiles) -> WrittenFor {
+    pub(crate) fn from_names(files: &RankFiles) -> WrittenFor {
         let staged = files.keys().all(|(pp, _)| pp.is_some());
         WrittenFor {
             tp: files

@@ -15,7 +15,7 @@ use crate::ranks::stages::PP_PARTITION_VAR;
 /// What the `vllm serve` command of a pre-sharded folder depends on: the layout its files were
 /// written for. Structured facts only, so that the command printed is always one wload builds.
 #[derive(Debug, Clone, Copy)]
-pub struct ServeLayout<'a> {
+pub(crate) struct ServeLayout<'a> {
     pub tp: u64,
     pub pp: u64,
     pub expert_parallel: bool,
@@ -36,7 +36,7 @@ pub struct ServeLayout<'a> {
 }
 
 impl<'a> ServeLayout<'a> {
-    pub fn of(m: &'a Manifest) -> ServeLayout<'a> {
+    pub(crate) fn of(m: &'a Manifest) -> ServeLayout<'a> {
         ServeLayout {
             tp: m.tp,
             pp: m.pp,
@@ -63,7 +63,7 @@ impl ServeCommand {
     /// The command for folder `out` holding files of layout `m` (see [`ServeCommand::new`]).
     /// The folder is named by its absolute path: the line is pasted in other directories, and a
     /// relative path vLLM does not find there it takes for a hub repo id.
-    pub fn for_layout(out: &Path, m: &ServeLayout, auto_dtype: &str) -> ServeCommand {
+    pub(crate) fn for_layout(out: &Path, m: &ServeLayout, auto_dtype: &str) -> ServeCommand {
         let mut argv: Vec<String> = vec!["vllm".into(), "serve".into(), model_arg(out)];
         let mut flag = |f: &str, v: Option<String>| {
             argv.push(f.into());

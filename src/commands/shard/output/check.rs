@@ -53,7 +53,7 @@ impl Target {
     }
 
     /// Whether publication replaces an earlier output (whose space is freed only afterwards).
-    pub fn replaces_output(&self) -> bool {
+    pub(crate) fn replaces_output(&self) -> bool {
         matches!(self.existing, Existing::Output(..))
     }
 }

@@ -200,11 +200,11 @@ mod sys {
 
     /// `rename` refuses a non-empty folder, so only an empty folder that appeared meanwhile
     /// could be replaced.
-    pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)
     }
 
-    pub fn exchange(_: &Path, _: &Path) -> io::Result<()> {
+    pub(crate) fn exchange(_: &Path, _: &Path) -> io::Result<()> {
         Err(io::ErrorKind::Unsupported.into())
     }
 }
