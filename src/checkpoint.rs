@@ -63,7 +63,7 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    pub fn numel(&self) -> u64 {
+    pub(crate) fn numel(&self) -> u64 {
         self.shape.iter().product()
     }
 }
@@ -275,7 +275,7 @@ impl Checkpoint {
     }
 
     /// The tensor vLLM ends up with under `name`.
-    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+    pub(crate) fn get(&self, name: &str) -> Option<&TensorInfo> {
         self.winner(name)
             .map(|(fi, ti)| &self.files[fi].tensors[ti])
     }
@@ -288,14 +288,5 @@ impl Checkpoint {
             return true;
         }
         self.winner(&t.name).is_some_and(|(fi, _)| fi == t.file)
-    }
-
-    /// Distinct tensor names.
-    pub fn len(&self) -> usize {
-        self.winners.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.winners.is_empty()
     }
 }

@@ -95,7 +95,7 @@ impl Dtype {
     ];
 
     /// The name in a safetensors header.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Dtype::Bool => "BOOL",
             Dtype::F4 => "F4",
@@ -159,7 +159,7 @@ impl Dtype {
     }
 
     /// Bits per element; sub-byte types (F4, F6) are packed.
-    pub fn bits(self) -> u64 {
+    pub(crate) fn bits(self) -> u64 {
         match self {
             Dtype::F4 => 4,
             Dtype::F6E2M3 | Dtype::F6E3M2 => 6,
@@ -305,7 +305,7 @@ pub enum DtypeChoice {
 
 impl DtypeChoice {
     /// vLLM's spelling (`bfloat16`), as `--dtype` takes it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DtypeChoice::Auto => "auto",
             DtypeChoice::Bfloat16 => "bfloat16",
@@ -316,7 +316,7 @@ impl DtypeChoice {
 
     /// The `--dtype` that produces files of the safetensors dtype `name` (`BF16`), as a manifest
     /// records it; `None` for one no `--dtype` gives.
-    pub fn recorded(name: &str) -> Option<DtypeChoice> {
+    pub(crate) fn recorded(name: &str) -> Option<DtypeChoice> {
         match name.parse().ok()? {
             Dtype::Bf16 => Some(DtypeChoice::Bfloat16),
             Dtype::F16 => Some(DtypeChoice::Float16),

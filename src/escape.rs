@@ -190,7 +190,8 @@ impl<W: Write> Terminal<W> {
     }
 
     /// The writer inside, once everything written has been flushed to it.
-    pub fn into_inner(mut self) -> io::Result<W> {
+    #[cfg(test)]
+    fn into_inner(mut self) -> io::Result<W> {
         self.flush()?;
         let Terminal { inner, .. } = self;
         Ok(inner)

@@ -18,7 +18,7 @@ pub enum ExitStatus {
 impl ExitStatus {
     /// The name `--json` error documents give this status (`error.kind`), documented with the
     /// codes in docs/json.md: a pipeline can branch on it without parsing messages.
-    pub fn kind(self) -> &'static str {
+    pub(crate) fn kind(self) -> &'static str {
         match self {
             ExitStatus::Ok => "ok",
             ExitStatus::Runtime => "runtime",

@@ -20,7 +20,7 @@ pub enum MmEncoderTpMode {
 impl MmEncoderTpMode {
     /// vLLM's spelling, as the flag, wload.json and mapping expressions (`mm_encoder_tp_mode`)
     /// have it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MmEncoderTpMode::Weights => "weights",
             MmEncoderTpMode::Data => "data",
@@ -57,19 +57,19 @@ impl Multimodal {
     #[cfg(test)]
     /// Whether these are vLLM's defaults (neither flag changes anything): what wload.json and
     /// the serve line leave out.
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         *self == Multimodal::default()
     }
 
     /// The encoder mode as wload.json and the plan record it: `None` for vLLM's default.
-    pub fn recorded_mode(&self) -> Option<&'static str> {
+    pub(crate) fn recorded_mode(&self) -> Option<&'static str> {
         (self.mm_encoder_tp_mode != MmEncoderTpMode::Weights)
             .then(|| self.mm_encoder_tp_mode.as_str())
     }
 
     /// The flags that give these settings to vLLM (`--language-model-only`,
     /// `--mm-encoder-tp-mode data`), none for a default.
-    pub fn flags(&self) -> Vec<String> {
+    pub(crate) fn flags(&self) -> Vec<String> {
         let mut out = Vec::new();
         if self.language_model_only {
             out.push("--language-model-only".to_string());

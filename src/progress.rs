@@ -48,14 +48,14 @@ impl DownloadProgress {
     }
 
     /// Whether the caller asked the downloads to stop.
-    pub fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         self.stop
             .as_ref()
             .is_some_and(|f| f.load(Ordering::Relaxed))
     }
 
     /// The reporter for one download.
-    pub fn start(&self, file: &str, size: u64) -> Box<dyn Progress> {
+    pub(crate) fn start(&self, file: &str, size: u64) -> Box<dyn Progress> {
         match &self.bars {
             Some(f) => f(file, size),
             None => Box::new(Quiet),

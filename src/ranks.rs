@@ -21,11 +21,11 @@ pub struct World {
 
 impl World {
     /// Tensor parallelism only.
-    pub fn tp(tp: u64) -> World {
+    pub(crate) fn tp(tp: u64) -> World {
         World { tp, pp: 1 }
     }
 
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.tp.saturating_mul(self.pp)
     }
 }
@@ -60,7 +60,7 @@ pub enum RankError {
 
 impl RankList {
     /// Every rank is below `tp`; allocates nothing.
-    pub fn check(&self, world: World) -> Result<(), RankOutOfRange> {
+    pub(crate) fn check(&self, world: World) -> Result<(), RankOutOfRange> {
         match self
             .0
             .iter()
@@ -75,7 +75,7 @@ impl RankList {
     /// The ranks, sorted and de-duplicated, once [`RankList::check`] passes. Call it with a
     /// `tp` that is known to fit the model (planning checks that), as it allocates up to `tp`
     /// entries per range.
-    pub fn resolve(&self, world: World) -> Result<Vec<u64>, RankOutOfRange> {
+    pub(crate) fn resolve(&self, world: World) -> Result<Vec<u64>, RankOutOfRange> {
         self.check(world)?;
         let mut out: Vec<u64> = self.0.iter().flat_map(|r| r.clone()).collect();
         out.sort_unstable();

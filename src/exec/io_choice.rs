@@ -13,7 +13,7 @@ use super::source::{IoMode, OpenError, SourceFile};
 pub const AUTO_RESIDENT_SHARE: f64 = 0.5;
 
 /// The mode `auto` stands for, given the resident share of the source (0 to 1), with why.
-pub fn choose(mode: IoMode, resident_share: f64) -> (IoMode, String) {
+pub(crate) fn choose(mode: IoMode, resident_share: f64) -> (IoMode, String) {
     match mode {
         IoMode::Auto if resident_share >= AUTO_RESIDENT_SHARE => (
             IoMode::Buffered,

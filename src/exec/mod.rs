@@ -210,7 +210,7 @@ impl ExecError {
         }
     }
 
-    pub fn io(op: &'static str, path: &Path, source: io::Error) -> ExecError {
+    pub(crate) fn io(op: &'static str, path: &Path, source: io::Error) -> ExecError {
         ExecError::Io {
             op,
             path: path.to_path_buf(),

@@ -172,7 +172,7 @@ impl SourceFile {
         self.watch.as_ref().is_some_and(|w| w.lost_pages())
     }
 
-    pub fn mode(&self) -> IoMode {
+    pub(crate) fn mode(&self) -> IoMode {
         if self.direct.is_some() {
             IoMode::Direct
         } else if self.map.is_some() {
@@ -248,7 +248,7 @@ impl SourceFile {
     }
 
     /// Source bytes `[off, off + len)`: straight from the mapping, or read into `buf`.
-    pub fn read<'a>(
+    pub(crate) fn read<'a>(
         &'a self,
         buf: &'a mut AlignedBuf,
         off: u64,
@@ -301,13 +301,13 @@ fn read_full(f: &File, dst: &mut [u8], off: u64) -> io::Result<usize> {
 
 /// A growable buffer whose start is [`ALIGN`]-aligned (O_DIRECT's rule for buffer addresses).
 #[derive(Default)]
-pub struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     raw: Vec<u8>,
 }
 
 impl AlignedBuf {
     /// The first `len` bytes of the aligned region, grown if needed (contents unspecified).
-    pub fn get(&mut self, len: usize) -> &mut [u8] {
+    pub(crate) fn get(&mut self, len: usize) -> &mut [u8] {
         let a = ALIGN as usize;
         if self.raw.len() < len + a {
             self.raw = vec![0; len + a];

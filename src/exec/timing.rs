@@ -23,7 +23,7 @@ struct BusyState {
 
 impl Busy {
     /// Runs `f` as one operation moving `bytes`.
-    pub fn time<T>(&self, bytes: u64, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn time<T>(&self, bytes: u64, f: impl FnOnce() -> T) -> T {
         self.enter();
         let r = f();
         self.leave(bytes);

@@ -202,7 +202,7 @@ impl std::fmt::Debug for Geometry {
 
 impl Geometry {
     /// [`Kind::check`].
-    pub fn check(&self, r: Rank) -> Vec<String> {
+    pub(crate) fn check(&self, r: Rank) -> Vec<String> {
         self.kind().check(r)
     }
 
@@ -212,7 +212,7 @@ impl Geometry {
     }
 
     /// [`Kind::required`].
-    pub fn required(&self) -> (Vec<SlotKey>, Option<SlotKey>) {
+    pub(crate) fn required(&self) -> (Vec<SlotKey>, Option<SlotKey>) {
         self.kind().required()
     }
 

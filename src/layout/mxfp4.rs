@@ -38,7 +38,7 @@ impl Mxfp4Part {
     ];
 
     /// The parameter's name under `routed_experts.`.
-    pub fn param(self) -> &'static str {
+    pub(crate) fn param(self) -> &'static str {
         match self {
             Mxfp4Part::W13Weight => "w13_weight",
             Mxfp4Part::W13Scale => "w13_weight_scale",

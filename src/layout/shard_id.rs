@@ -23,7 +23,7 @@ pub enum ShardId {
 impl ShardId {
     /// As messages and matches spell it, without allocating for a named shard (the planner asks
     /// once per checkpoint tensor).
-    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+    pub(crate) fn text(&self) -> std::borrow::Cow<'_, str> {
         match self {
             ShardId::Name(n) => std::borrow::Cow::Borrowed(n),
             ShardId::Index(k) => std::borrow::Cow::Owned(k.to_string()),
@@ -33,7 +33,7 @@ impl ShardId {
 
     /// The shard named `s`, borrowed for the names wload's mappings use (cloning it, once per
     /// checkpoint tensor, then allocates nothing).
-    pub fn named(s: &str) -> ShardId {
+    pub(crate) fn named(s: &str) -> ShardId {
         const KNOWN: [&str; 6] = ["q", "k", "v", "w1", "w2", "w3"];
         match KNOWN.iter().find(|k| **k == s) {
             Some(k) => ShardId::Name(std::borrow::Cow::Borrowed(k)),

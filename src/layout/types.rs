@@ -10,7 +10,7 @@ use super::ShardId;
 
 /// Tensor-parallel placement of one rank.
 #[derive(Debug, Clone, Copy)]
-pub struct Rank {
+pub(crate) struct Rank {
     pub tp: u64,
     pub rank: u64,
     /// Expert parallelism: experts spread over the `tp` ranks instead of split.
@@ -19,7 +19,7 @@ pub struct Rank {
 
 impl Rank {
     /// Rank 0 of 1 when `whole`: a layer vLLM builds with `disable_tp=True`.
-    pub fn without_tp_if(self, whole: bool) -> Rank {
+    pub(crate) fn without_tp_if(self, whole: bool) -> Rank {
         if whole {
             Rank {
                 tp: 1,
@@ -37,7 +37,7 @@ impl Rank {
     /// TP. The one placement rule of every expert layout (gpt-oss's loader hands each rank
     /// `n / tp`, the same ranges: its kinds' `check` refuses a remainder, and no rank layout is
     /// built once a check has failed).
-    pub fn experts(self, n: u64) -> ExpertShare {
+    pub(crate) fn experts(self, n: u64) -> ExpertShare {
         if self.ep {
             let (base, rem) = (n / self.tp, n % self.tp);
             let start = self.rank * base + self.rank.min(rem);
@@ -59,7 +59,7 @@ impl Rank {
 
 /// A rank's experts and its place in the experts' tensor parallelism ([`Rank::experts`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExpertShare {
+pub(crate) struct ExpertShare {
     /// The global ids of the experts the rank holds.
     pub local: Range<u64>,
     /// The TP size the experts' intermediate size is split by (1 with expert parallelism), and
@@ -70,12 +70,12 @@ pub struct ExpertShare {
 
 impl ExpertShare {
     /// How many experts the rank holds.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.local.end - self.local.start
     }
 
     /// The rank's share of an intermediate size.
-    pub fn of(&self, intermediate: u64) -> u64 {
+    pub(crate) fn of(&self, intermediate: u64) -> u64 {
         intermediate / self.tp
     }
 }
@@ -127,7 +127,7 @@ pub(crate) type Shape = smallvec::SmallVec<[u64; 4]>;
 /// row `k` comes from `src_start + k·src_stride + x·src_elem_stride` (gpt-oss's fused experts are
 /// stored `[E, in, out]` and vLLM holds them `[E, out, in]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Block {
+pub(crate) struct Block {
     pub rows: u64,
     pub row: u64,
     pub src_start: u64,
@@ -139,12 +139,12 @@ pub struct Block {
 
 impl Block {
     /// Whether a destination row's elements are apart in the source.
-    pub fn transposed(&self) -> bool {
+    pub(crate) fn transposed(&self) -> bool {
         self.src_elem_stride != 1
     }
 
     /// Source elements one destination row spans, first to last.
-    pub fn src_row_span(&self) -> u64 {
+    pub(crate) fn src_row_span(&self) -> u64 {
         if self.row == 0 {
             0
         } else {

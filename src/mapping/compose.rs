@@ -30,9 +30,13 @@ struct FileDoc {
     #[serde(default)]
     extends: Option<String>,
     family: String,
+    // Checked here for their type; read by people and, for `architectures`, by the selection
+    // index (`select` reads the file's line, build.rs embeds it), not by composition.
     #[serde(default)]
+    #[allow(dead_code)]
     description: String,
     #[serde(default)]
+    #[allow(dead_code)]
     architectures: Vec<String>,
     #[serde(default)]
     defaults: IndexMap<String, Value>,
@@ -132,10 +136,7 @@ pub(super) fn resolve(file: &str, text: &str) -> Result<Mapping, MappingError> {
     let common: CommonDoc = from_yaml(COMMON).map_err(|e| invalid("common.yaml", e))?;
     let doc: FileDoc = from_yaml(text).map_err(|e| invalid(file, e))?;
     let header = Header {
-        extends: doc.extends.clone(),
         family: doc.family.clone(),
-        description: doc.description.clone(),
-        architectures: doc.architectures.clone(),
     };
     let root = Composed::root(common.blocks).map_err(|e| invalid("common.yaml", e))?;
     compose(file, doc, root, 0)?
@@ -145,10 +146,7 @@ pub(super) fn resolve(file: &str, text: &str) -> Result<Mapping, MappingError> {
 
 /// What a file says about itself, never inherited: a file that extends Llama is not Llama.
 struct Header {
-    extends: Option<String>,
     family: String,
-    description: String,
-    architectures: Vec<String>,
 }
 
 fn invalid(file: &str, message: impl ToString) -> MappingError {
@@ -369,10 +367,7 @@ impl Composed {
         rules.merge_common(common);
         rules.compile()?;
         Ok(Mapping {
-            extends: header.extends,
             family: header.family,
-            description: header.description,
-            architectures: header.architectures,
             defaults: self.defaults,
             derive,
             checks: self.checks,

@@ -123,14 +123,14 @@ impl Expr {
     }
 
     /// An expression that is just a value (a YAML number or boolean).
-    pub fn literal(v: Value) -> Expr {
+    pub(crate) fn literal(v: Value) -> Expr {
         Expr {
             src: v.to_string(),
             node: Node::Lit(v),
         }
     }
 
-    pub fn src(&self) -> &str {
+    pub(crate) fn src(&self) -> &str {
         &self.src
     }
 
@@ -156,7 +156,7 @@ impl Expr {
 
     /// Whether the expression reads the variable `name` itself (not through a value substituted
     /// into it).
-    pub fn reads(&self, name: &str) -> bool {
+    pub(crate) fn reads(&self, name: &str) -> bool {
         let mut found = false;
         walk(&self.node, &mut |n| {
             found |= matches!(n, Node::Var(v) if v == name);
@@ -215,7 +215,7 @@ impl Expr {
     }
 
     /// Nodes in the tree, counting each substituted value in full: how much evaluating it costs.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         size(&self.node)
     }
 

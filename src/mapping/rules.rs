@@ -181,7 +181,7 @@ pub struct Permute {
 /// it: a large checkpoint has a hundred thousand names).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Step {
+pub(crate) enum Step {
     /// Boxed: rare, and it would triple the size of every other step.
     Mistral(Box<MistralStep>),
     Regex(usize),
@@ -197,7 +197,7 @@ pub enum Step {
 
 /// A Mistral-native rename, whole names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MistralStep {
+pub(crate) struct MistralStep {
     pub from: String,
     pub to: String,
 }
@@ -210,7 +210,7 @@ pub(crate) type Trace = smallvec::SmallVec<[Step; 2]>;
 /// Where a checkpoint name ends up. `T` holds the parameter name: a `String`, or nothing when
 /// [`Rules::apply_into`] wrote it into the caller's buffer.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome<T = String> {
+pub(crate) enum Outcome<T = String> {
     Mapped(Mapped<T>),
     /// A rule with `null` dropped it.
     Dropped {
@@ -219,7 +219,7 @@ pub enum Outcome<T = String> {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Mapped<T = String> {
+pub(crate) struct Mapped<T = String> {
     pub target: T,
     pub shard: Option<ShardId>,
     pub expert: Option<u64>,
@@ -250,7 +250,7 @@ impl Rules {
     /// Checks the rules and builds what matching them needs, except the regexes themselves,
     /// which are compiled when first needed ([`Rules::regexes`]). A pattern that does not parse,
     /// or an expert pattern without exactly one capture group, is refused here.
-    pub fn compile(&mut self) -> Result<(), String> {
+    pub(crate) fn compile(&mut self) -> Result<(), String> {
         self.check_limits()?;
         let parsed: Vec<regex_syntax::hir::Hir> = (self.regex.iter())
             .map(|r| parse_regex(&r.pattern))
@@ -410,7 +410,7 @@ impl Rules {
     }
 
     /// Maps one checkpoint name; refused when the rules grow it past [`limits::MAX_NAME_GROWTH`].
-    pub fn apply(&self, name: &str) -> Result<Outcome, NameTooLong> {
+    pub(crate) fn apply(&self, name: &str) -> Result<Outcome, NameTooLong> {
         let mut target = String::new();
         Ok(match self.apply_into(name, &mut target)? {
             Outcome::Mapped(m) => Outcome::Mapped(Mapped {

@@ -19,7 +19,7 @@ const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overr
 /// What the expressions see of the run's layout: `tp` and `pp` (the world), `ep`, and vLLM's
 /// multimodal flags.
 #[derive(Debug, Clone, Copy)]
-pub struct Parallel {
+pub(crate) struct Parallel {
     pub world: World,
     pub expert_parallel: bool,
     /// `language_model_only` and `mm_encoder_tp_mode` (`'weights'`, `'data'`).

@@ -51,7 +51,7 @@ pub enum Attention {
 
 impl Attention {
     /// The head counts of attention with kv heads; `None` for MLA (one shared latent).
-    pub fn heads(&self) -> Option<&Heads> {
+    pub(crate) fn heads(&self) -> Option<&Heads> {
         match self {
             Attention::Mha(h) | Attention::Gqa(h) | Attention::Mqa(h) => Some(h),
             Attention::Mla(_) => None,

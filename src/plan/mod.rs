@@ -73,7 +73,7 @@ pub fn plan(
 impl PlanOptions {
     /// The layout the mapping's expressions see (`tp`, `pp`, `ep`), for [`rules_for`] and the
     /// environment.
-    pub fn parallel(&self) -> Parallel {
+    pub(crate) fn parallel(&self) -> Parallel {
         Parallel {
             world: World {
                 tp: self.tp,

@@ -40,7 +40,7 @@ pub enum Piece {
 
 impl Piece {
     /// The block a copy moves; `None` for a fill.
-    pub fn block(&self) -> Option<Block> {
+    pub(crate) fn block(&self) -> Option<Block> {
         match *self {
             Piece::Copy {
                 rows,
@@ -112,7 +112,7 @@ impl ExpertCopies {
 }
 
 impl Pieces {
-    pub fn push(&mut self, p: Piece) {
+    pub(crate) fn push(&mut self, p: Piece) {
         self.0.push(Item::One(p));
     }
 
@@ -152,7 +152,7 @@ impl Pieces {
 
     /// Every piece, in order. Plain pieces are yielded as they are; an expert run's pieces are
     /// made as they are read (no allocation per item: the engine walks every piece).
-    pub fn iter(&self) -> impl Iterator<Item = Piece> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Piece> + '_ {
         self.0.iter().flat_map(|item| {
             let (one, run, zeros) = match item {
                 Item::One(p) => (Some(p.clone()), None, None),

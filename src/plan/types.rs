@@ -41,7 +41,7 @@ pub struct PlanTotals {
 }
 
 impl PlanTotals {
-    pub fn of(ranks: &[RankPlan]) -> PlanTotals {
+    pub(crate) fn of(ranks: &[RankPlan]) -> PlanTotals {
         let tensors = || ranks.iter().map(|r| r.tensors.len() as u64);
         let bytes = || ranks.iter().map(|r| r.bytes);
         PlanTotals {
@@ -137,7 +137,7 @@ pub struct RankPlan {
 impl Plan {
     /// What the first TP rank of each stage holds, each tensor with the checkpoint tensors it
     /// is copied from, for [`crate::quant::Method::output_config`].
-    pub fn written(&self) -> Vec<crate::quant::Written> {
+    pub(crate) fn written(&self) -> Vec<crate::quant::Written> {
         let ranks = self.ranks.iter().filter(|r| r.tp_rank == 0);
         (ranks.flat_map(|r| &r.tensors))
             .map(|t| crate::quant::Written {
@@ -158,20 +158,10 @@ impl Plan {
     }
 
     /// The plan's TP and PP sizes, for rank selection and its messages.
-    pub fn world(&self) -> crate::ranks::World {
+    pub(crate) fn world(&self) -> crate::ranks::World {
         crate::ranks::World {
             tp: self.tp,
             pp: self.pp,
-        }
-    }
-
-    /// The rank file of global rank `rank`'s part `part`: TP-only names without pipeline
-    /// parallelism (as vLLM), `model-pp-{p}-tp-{t}-part-{k}` with it.
-    pub fn rank_file(&self, rank: u64, part: u64) -> crate::sharded::names::RankFile {
-        crate::sharded::names::RankFile {
-            pp: (self.pp > 1).then_some(rank / self.tp),
-            tp: rank % self.tp,
-            part,
         }
     }
 }

@@ -53,7 +53,7 @@ pub struct Problems {
 }
 
 impl Problems {
-    pub fn push(&mut self, p: Problem) {
+    pub(crate) fn push(&mut self, p: Problem) {
         let Problems { list, seen, hasher } = self;
         let hash = hasher.hash_one(&p);
         match seen.entry(hash, |&i| list[i] == p, |&i| hasher.hash_one(&list[i])) {
@@ -65,7 +65,7 @@ impl Problems {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
 }

@@ -257,13 +257,13 @@ impl Quantization {
     #[cfg(test)]
     /// The scheme `quantization_config` describes, read without knowing the model (as vLLM
     /// with no `hf_config`: `mxfp4` is then nobody's gpt-oss). See [`Quantization::for_model`].
-    pub fn from_config(qc: Option<&Value>) -> Result<Option<Quantization>, QuantError> {
+    pub(crate) fn from_config(qc: Option<&Value>) -> Result<Option<Quantization>, QuantError> {
         Quantization::for_model(qc, None)
     }
 
     /// The scheme `quantization_config` describes for a model of `model_type`; `None` for an
     /// unquantized checkpoint.
-    pub fn for_model(
+    pub(crate) fn for_model(
         qc: Option<&Value>,
         model_type: Option<&str>,
     ) -> Result<Option<Quantization>, QuantError> {

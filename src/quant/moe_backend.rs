@@ -36,7 +36,7 @@ impl MoeBackend {
     ];
 
     /// vLLM's spelling (`--moe-backend` values, `config/kernel.py` `MoEBackend`).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MoeBackend::Triton => "triton",
             MoeBackend::Marlin => "marlin",

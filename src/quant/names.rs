@@ -127,7 +127,7 @@ pub enum TensorRole {
 }
 
 impl TensorRole {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TensorRole::Weight => "weight",
             TensorRole::PackedWeight => "packed weight",

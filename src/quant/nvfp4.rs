@@ -51,7 +51,7 @@ pub(crate) struct Nvfp4Method {
 }
 
 impl Nvfp4Method {
-    pub(crate) fn new(names: &'static Nvfp4Names, activations: bool, group: u64) -> Self {
+    pub(super) fn new(names: &'static Nvfp4Names, activations: bool, group: u64) -> Self {
         Nvfp4Method {
             names,
             activations,

@@ -18,7 +18,7 @@ pub struct Stage {
 }
 
 impl Stage {
-    pub fn layers(&self) -> Range<u64> {
+    pub(crate) fn layers(&self) -> Range<u64> {
         self.first_layer..self.end_layer
     }
 }

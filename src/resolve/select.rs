@@ -21,7 +21,7 @@ pub enum LoadFormat {
 }
 
 impl LoadFormat {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             LoadFormat::Auto => "auto",
             LoadFormat::Hf => "hf",

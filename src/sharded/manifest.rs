@@ -148,7 +148,7 @@ impl ManifestFile {
     /// Whether the file at `path`, whose block checksum is `sum` ([`crate::checksum`]) and size
     /// `size`, is the one recorded here. A manifest from before block checksums is checked
     /// against the whole file's XXH3, read again.
-    pub fn matches(&self, path: &Path, sum: &str, size: u64) -> io::Result<bool> {
+    pub(crate) fn matches(&self, path: &Path, sum: &str, size: u64) -> io::Result<bool> {
         if size != self.size {
             return Ok(false);
         }
@@ -173,7 +173,7 @@ impl Manifest {
 
     /// The multimodal settings this records; a mode that is no vLLM mode asks for none (a
     /// folder from elsewhere may record anything: the pre-sharded check reports it).
-    pub fn multimodal(&self) -> Multimodal {
+    pub(crate) fn multimodal(&self) -> Multimodal {
         Multimodal {
             language_model_only: self.language_model_only,
             mm_encoder_tp_mode: self
@@ -197,7 +197,7 @@ impl Manifest {
 // manifest says.
 impl WrittenFor {
     /// `files` must not be empty.
-    pub fn of(files: &RankFiles, manifest: Option<&Manifest>) -> WrittenFor {
+    pub(crate) fn of(files: &RankFiles, manifest: Option<&Manifest>) -> WrittenFor {
         if let Some(m) = manifest {
             // A hand-edited manifest may say 0; the layout checks divide by these.
             return WrittenFor {

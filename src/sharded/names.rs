@@ -21,7 +21,7 @@ pub(crate) const PP_GLOB: &str = "model-pp-*-tp-*-part-*.safetensors";
 
 /// Which part of which rank a file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RankFile {
+pub(crate) struct RankFile {
     /// The pipeline stage; `None` for the TP-only pattern (pipeline parallel size 1).
     pub pp: Option<u64>,
     /// The rank inside the tensor-parallel group.
@@ -36,14 +36,14 @@ impl RankFile {
     }
 
     /// The file name, exactly as vLLM renders it.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         self.to_string()
     }
 
     /// The file a name is, or `None` when vLLM would never read it as one: anything but ASCII
     /// digits where a number goes, a rank with leading zeros, a number beyond `u64`, any other
     /// prefix or suffix.
-    pub fn parse(name: &str) -> Option<RankFile> {
+    pub(crate) fn parse(name: &str) -> Option<RankFile> {
         let stem = name.strip_suffix(SUFFIX)?;
         if let Some(rest) = stem.strip_prefix("model-rank-") {
             let (tp, part) = rest.split_once("-part-")?;
@@ -195,7 +195,7 @@ impl WrittenFor {
     }
 
     /// The flags that load these files as they were written: `--tp 2 --pp 2 --enable-expert-parallel`.
-    pub fn flags(&self) -> String {
+    pub(crate) fn flags(&self) -> String {
         let mut s = format!("--tp {}", self.tp);
         if self.pp > 1 {
             s += &format!(" --pp {}", self.pp);

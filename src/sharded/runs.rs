@@ -23,7 +23,7 @@ impl Manifest {
     /// The manifest of folder `dir`: its run records merged ([`read`]), if it has
     /// a readable one. Records that disagree leave the first one's view; the folder's checks
     /// report the disagreement ([`read`]).
-    pub fn read(dir: &Path) -> Option<Manifest> {
+    pub(crate) fn read(dir: &Path) -> Option<Manifest> {
         read(dir).manifest
     }
 }

@@ -185,7 +185,7 @@ pub enum OutProblem {
 pub struct Entries(Vec<String>);
 
 impl Entries {
-    pub(crate) fn new(names: Vec<String>) -> Entries {
+    pub fn new(names: Vec<String>) -> Entries {
         Entries(names)
     }
 }

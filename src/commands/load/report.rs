@@ -162,7 +162,7 @@ pub struct LoadTimings {
 }
 
 impl LoadTimings {
-    pub fn gbps(&self, bytes: u64) -> f64 {
+    pub(crate) fn gbps(&self, bytes: u64) -> f64 {
         crate::exec::timing::gbps(bytes, self.transfer_s + self.sync_s)
     }
 }

@@ -183,11 +183,3 @@ fn mistakes_in_edits_are_named() {
         .to_string();
     assert!(e.contains("nonexistent") && e.contains("llama"), "{e}");
 }
-
-#[test]
-fn header_fields_are_not_inherited() {
-    let m = resolve("t.yaml", "extends: llama\nfamily: t\n").unwrap();
-    assert!(m.architectures.is_empty());
-    assert_eq!(m.description, "");
-    assert_eq!(m.extends.as_deref(), Some("llama"));
-}

@@ -48,10 +48,6 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Whether publication replaces an earlier output (whose space is freed only afterwards).
     pub(crate) fn replaces_output(&self) -> bool {
         matches!(self.existing, Existing::Output(..))

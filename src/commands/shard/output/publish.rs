@@ -194,7 +194,7 @@ mod sys {
     use std::io;
     use std::path::Path;
 
-    pub fn unsupported(_: &io::Error) -> bool {
+    pub(crate) fn unsupported(_: &io::Error) -> bool {
         true
     }
 
