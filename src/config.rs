@@ -114,6 +114,9 @@ pub struct ModelConfig {
     /// config published is the one planned from, whatever the file holds by then.
     #[serde(skip)]
     pub file_bytes: std::sync::Arc<[u8]>,
+    /// The `--hf-overrides` applied (as given): files planned with them must be served with them.
+    #[serde(skip)]
+    pub overrides: Option<Map<String, Value>>,
 }
 
 /// Reads the config the resolution picked and applies `overrides` (vLLM's `--hf-overrides` semantics:
@@ -169,6 +172,7 @@ pub fn load(
     })?;
     let mut config = ModelConfig {
         file_bytes: bytes.into(),
+        overrides: overrides.filter(|o| !o.is_empty()).cloned(),
         ..config
     };
     if config.quantization_config.is_none() && format == ConfigFormat::Hf {
@@ -318,6 +322,7 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         raw,
         aliases,
         file_bytes: Default::default(),
+        overrides: None,
     })
 }
 

@@ -653,6 +653,7 @@ fn plan(
         None => None,
         Some(s) => Some(MoeBackend::parse(s).map_err(|m| usage(py, m))?),
     };
+    let hf_overrides = overrides(py, hf_overrides)?;
     let flags = LoadFlags {
         tp,
         pp,
@@ -665,6 +666,7 @@ fn plan(
         mapping,
         moe_backend,
         language_model_only,
+        hf_overrides: hf_overrides.clone(),
         mm_encoder_tp_mode: Some(choice::<MmEncoderTpMode>(
             py,
             "mm_encoder_tp_mode",
@@ -677,7 +679,7 @@ fn plan(
         source: source.clone(),
         load_format: choice(py, "load_format", load_format)?,
         config_format: ConfigFormat::Auto,
-        hf_overrides: overrides(py, hf_overrides)?,
+        hf_overrides,
         revision: Some(revision.unwrap_or_else(|| "main".into())),
         download_dir,
         download_progress: DownloadProgress::default().stopped_by(stop.clone()),
@@ -688,6 +690,7 @@ fn plan(
         let settings = load_settings(&source, &flags)?;
         let sopts = SourceOptions {
             config_format: settings.config_format,
+            hf_overrides: settings.hf_overrides,
             ..sopts
         };
         let opened = wload::open(&sopts, wload::Want::Detect)?;

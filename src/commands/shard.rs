@@ -332,6 +332,7 @@ fn manifest_for(
         module_tree: plan.module_tree.clone(),
         config_format: None,
         pp_layer_partition: partition(plan),
+        hf_overrides: None,
         source_repo: None,
         source_commit: None,
         source_id: None,
@@ -392,6 +393,7 @@ fn record_source(m: &mut Manifest, opened: &Opened) -> Result<(), ShardError> {
         m.source_repo = Some(remote.repo.clone());
         m.source_commit = Some(remote.commit.clone());
     }
+    m.hf_overrides = opened.config.overrides.clone();
     m.source_id = Some(source::table_id(&opened.checkpoint));
     let data = source::data_id(&opened.checkpoint, &opened.config.file_bytes);
     let root = &opened.resolved.root;

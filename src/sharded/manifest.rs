@@ -97,6 +97,11 @@ pub struct Manifest {
     /// vLLM must be started with the same value. Absent: vLLM's even split.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pp_layer_partition: Option<String>,
+    /// The `--hf-overrides` the files were planned with (the object as given): vLLM must be
+    /// started with the same, since the config.json beside the files is the source's. Absent:
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_overrides: Option<serde_json::Map<String, serde_json::Value>>,
     /// For a hub source: the repo id (`org/name`) and commit, so that the serve line keeps the
     /// name clients send (`--served-model-name`). Absent for a local folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]

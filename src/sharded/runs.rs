@@ -250,7 +250,11 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
         (Some(_), Some(_)) => opt(&m.source_id),
         _ => m.source.clone(),
     };
-    let fields: [(&str, String, String); 13] = [
+    let overrides = |m: &Manifest| {
+        (m.hf_overrides.clone())
+            .map_or_else(|| "none".into(), |o| serde_json::Value::from(o).to_string())
+    };
+    let fields: [(&str, String, String); 14] = [
         (
             "wload version",
             base.wload_version.clone(),
@@ -277,6 +281,7 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
         ),
         ("dtype", base.dtype.clone(), r.dtype.clone()),
         ("--moe-backend", opt(&base.moe_backend), opt(&r.moe_backend)),
+        ("--hf-overrides", overrides(base), overrides(r)),
         (
             "--language-model-only",
             base.language_model_only.to_string(),

@@ -33,6 +33,8 @@ pub(crate) struct ServeLayout<'a> {
     pub pp_layer_partition: Option<&'a str>,
     /// The hub repo id the files came from: the name clients send (`--served-model-name`).
     pub served_model_name: Option<&'a str>,
+    /// The `--hf-overrides` the files were planned with.
+    pub hf_overrides: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 impl<'a> ServeLayout<'a> {
@@ -48,6 +50,7 @@ impl<'a> ServeLayout<'a> {
             mistral_config: m.config_format.as_deref() == Some("mistral"),
             pp_layer_partition: partition(m),
             served_model_name: repo_name(m),
+            hf_overrides: m.hf_overrides.as_ref(),
         }
     }
 }
@@ -101,6 +104,14 @@ impl ServeCommand {
         }
         if let Some(name) = m.served_model_name {
             flag("--served-model-name", Some(name.into()));
+        }
+        // The folder's config.json is the source's: the config the files were planned from is
+        // that one with these overrides, as vLLM applies them.
+        if let Some(o) = m.hf_overrides {
+            flag(
+                "--hf-overrides",
+                Some(serde_json::Value::from(o.clone()).to_string()),
+            );
         }
         // vLLM's key set depends on these (`--language-model-only`, `--mm-encoder-tp-mode data`).
         argv.extend(m.multimodal.flags());
@@ -258,6 +269,7 @@ pub(crate) fn serve_command(
         mistral_config: manifest.is_some_and(|m| m.config_format.as_deref() == Some("mistral")),
         pp_layer_partition: partition.as_deref(),
         served_model_name: manifest.and_then(repo_name),
+        hf_overrides: manifest.and_then(|m| m.hf_overrides.as_ref()),
     };
     // Only a known dtype can need `--dtype`: reading the folder's config and headers is for that.
     let auto = match layout.dtype {

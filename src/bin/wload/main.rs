@@ -190,9 +190,11 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
 }
 
 fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
-    let settings = wload::load_settings(&args.source.source, &options::load_flags(args))?;
     let mut sopts = source_options(&args.source, g.quiet)?;
+    let flags = options::load_flags(args, sopts.hf_overrides.take());
+    let settings = wload::load_settings(&args.source.source, &flags)?;
     sopts.config_format = settings.config_format;
+    sopts.hf_overrides = settings.hf_overrides.clone();
     // Called once planning is done and the transfer starts: from then on a signal stops the
     // transfer cleanly.
     let start = |total| {

@@ -106,8 +106,11 @@ pub(crate) fn load_options(a: &LoadArgs) -> LoadOptions {
 }
 
 /// `load`'s parallel flags as given, for `wload::load_settings` to complete from
-/// SOURCE's wload.json.
-pub(crate) fn load_flags(a: &LoadArgs) -> LoadFlags {
+/// SOURCE's wload.json; `hf_overrides` parsed by [`source_options`].
+pub(crate) fn load_flags(
+    a: &LoadArgs,
+    hf_overrides: Option<serde_json::Map<String, serde_json::Value>>,
+) -> LoadFlags {
     let p = &a.parallel;
     LoadFlags {
         tp: p.tp,
@@ -120,5 +123,6 @@ pub(crate) fn load_flags(a: &LoadArgs) -> LoadFlags {
         moe_backend: p.moe_backend,
         language_model_only: p.language_model_only,
         mm_encoder_tp_mode: p.mm_encoder_tp_mode,
+        hf_overrides,
     }
 }

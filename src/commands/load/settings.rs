@@ -27,6 +27,8 @@ pub struct LoadFlags {
     /// `--language-model-only` (absent: false, or what the manifest records).
     pub language_model_only: bool,
     pub mm_encoder_tp_mode: Option<MmEncoderTpMode>,
+    /// `--hf-overrides` as given.
+    pub hf_overrides: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// What `load` runs with: the flags, completed from SOURCE's `wload.json`.
@@ -34,6 +36,8 @@ pub struct LoadFlags {
 pub struct LoadSettings {
     pub plan: PlanOptions,
     pub config_format: ConfigFormat,
+    /// `--hf-overrides`: as given, else those the folder's files were planned with.
+    pub hf_overrides: Option<serde_json::Map<String, serde_json::Value>>,
     /// What was taken from the manifest, one line for the user.
     pub note: Option<String>,
 }
@@ -78,6 +82,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
     let mut expert_parallel = flags.expert_parallel;
     let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
     let mut config_format = flags.config_format;
+    let mut hf_overrides = flags.hf_overrides.clone();
     let mut moe_backend = flags.moe_backend;
     let mut multimodal = Multimodal {
         language_model_only: flags.language_model_only,
@@ -106,6 +111,16 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         if let (None, Some(r)) = (flags.dtype, DtypeChoice::recorded(&m.dtype)) {
             dtype = r;
             taken.push(format!("--dtype {}", r.as_str()));
+        }
+        // The files were planned from the source's config with these; the folder's config.json
+        // is the source's, so the load must apply them again (as `vllm serve` must).
+        if let (None, Some(o)) = (&hf_overrides, &m.hf_overrides) {
+            hf_overrides = Some(o.clone());
+            let text = serde_json::Value::from(o.clone()).to_string();
+            taken.push(format!(
+                "--hf-overrides {}",
+                crate::sharded::serve::shell_quote(&text)
+            ));
         }
         // vLLM reads params.json only when told to, next to rank files: so must the load.
         if config_format == ConfigFormat::Auto
@@ -140,6 +155,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             multimodal,
         },
         config_format,
+        hf_overrides,
         note,
     })
 }
@@ -256,6 +272,7 @@ fn from_file_names(
             },
         },
         config_format: flags.config_format,
+        hf_overrides: flags.hf_overrides.clone(),
         note,
     })
 }

@@ -360,3 +360,67 @@ fn a_record_without_source_data_is_not_merged() {
     let l = run(&["load", s(&b), "--dry-run", "--ranks", "4-7", "--read"]);
     assert!(l.status.success(), "{}", context(&l));
 }
+
+/// A folder sharded with `--hf-overrides`: its config.json is the source's, so the overrides are
+/// recorded, passed on the serve line (`inspect` recomputes it), taken by `load` like the other
+/// recorded flags, and runs made with other overrides are not merged with it.
+#[test]
+fn hf_overrides_are_recorded_served_loaded_and_kept_apart() {
+    let work = TempDir::new().unwrap();
+    let over = r#"{"rope_theta": 5000.0}"#;
+    let out = work.path().join("out");
+    shard_ok(&fixture(GQA), 2, &out, &["--hf-overrides", over]);
+    let m: Value = serde_json::from_slice(&fs::read(out.join("wload.json")).unwrap()).unwrap();
+    assert_eq!(
+        m["hf_overrides"],
+        serde_json::json!({"rope_theta": 5000.0}),
+        "{m:#}"
+    );
+    let argv: Vec<&str> = (m["serve"]["argv"].as_array().unwrap().iter())
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    let at = argv
+        .iter()
+        .position(|w| *w == "--hf-overrides")
+        .expect("the flag");
+    assert_eq!(argv[at + 1], r#"{"rope_theta":5000.0}"#);
+    let v = wload_json_exit(&["inspect", s(&out), "--json"], 0);
+    assert_eq!(
+        v["serve"]["argv"], m["serve"]["argv"],
+        "inspect's line is shard's: {v:#}"
+    );
+    let (_, words) = env_and_words(v["serve"]["shell"].as_str().unwrap());
+    assert_eq!(words, argv, "the shell line says the same: {v:#}");
+    let l = run(&["load", s(&out), "--dry-run"]);
+    assert!(l.status.success(), "{}", String::from_utf8_lossy(&l.stderr));
+    let said = String::from_utf8_lossy(&l.stderr);
+    assert!(
+        said.contains(r#"--hf-overrides '{"rope_theta":5000.0}' taken from"#),
+        "{said}"
+    );
+
+    // Ranks 4-7 without the overrides, gathered with ranks 0-3 made with them.
+    let (a, b) = (work.path().join("node0"), work.path().join("node1"));
+    shard_ok(
+        &fixture(GQA),
+        8,
+        &a,
+        &["--ranks", "0-3", "--hf-overrides", over],
+    );
+    shard_ok(&fixture(GQA), 8, &b, &["--ranks", "4-7"]);
+    let merged = work.path().join("merged");
+    copy_files(&a, &merged);
+    copy_files(&b, &merged);
+    let expected = [
+        "wload-ranks-4-7.json records a run of another plan than wload-ranks-0-3.json",
+        r#"--hf-overrides none, not {"rope_theta":5000.0}"#,
+    ];
+    let v = wload_json_exit(&["inspect", s(&merged), "--json"], 3);
+    for e in expected {
+        assert!(
+            v.to_string().replace("\\\"", "\"").contains(e),
+            "{e}\n{v:#}"
+        );
+    }
+    assert_refused(&run(&["load", s(&merged), "--dry-run"]), 3, &expected);
+}
