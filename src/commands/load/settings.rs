@@ -89,20 +89,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         mm_encoder_tp_mode: flags.mm_encoder_tp_mode.unwrap_or_default(),
     };
     if let Some(m) = &manifest {
-        if m.tp == 0 || m.pp == 0 {
-            return Err(crate::plan::PlanError::Invalid(vec![crate::problem::Problem {
-                message: format!(
-                    "{} records tp {} and pp {}, and no folder is written for a size of 0: the manifest is damaged",
-                    at,
-                    m.tp,
-                    m.pp
-                ),
-                fix: Some("re-shard, or remove wload.json and pass --tp (and --pp)".into()),
-                file: Some(at.clone()),
-                ..Default::default()
-            }])
-            .into());
-        }
+        refuse_damaged(m, &at)?;
         if m.expert_parallel && !flags.expert_parallel {
             expert_parallel = true;
             taken.push("--enable-expert-parallel".into());
@@ -112,25 +99,12 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             dtype = r;
             taken.push(format!("--dtype {}", r.as_str()));
         }
-        // The files were planned from the source's config with these; the folder's config.json
-        // is the source's, so the load must apply them again (as `vllm serve` must).
-        if let (None, Some(o)) = (&hf_overrides, &m.hf_overrides) {
-            hf_overrides = Some(o.clone());
-            let text = serde_json::Value::from(o.clone()).to_string();
-            taken.push(format!(
-                "--hf-overrides {}",
-                crate::sharded::serve::shell_quote(&text)
-            ));
-        }
-        // vLLM reads params.json only when told to, next to rank files: so must the load.
-        if config_format == ConfigFormat::Auto
-            && source.join("params.json").is_file()
-            && (m.config_format.as_deref() == Some("mistral")
-                || !source.join("config.json").exists())
-        {
-            config_format = ConfigFormat::Mistral;
-            taken.push("--config-format mistral".into());
-        }
+        taken.extend(recorded_source(
+            m,
+            source,
+            &mut config_format,
+            &mut hf_overrides,
+        ));
     }
     let Some(tp) = tp else {
         return Err(tp_needed(source));
@@ -158,6 +132,54 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
         hf_overrides,
         note,
     })
+}
+
+/// A manifest recording a size of 0 is damaged: no folder is written for one (exit 3).
+fn refuse_damaged(m: &Manifest, at: &str) -> Result<(), Error> {
+    if m.tp != 0 && m.pp != 0 {
+        return Ok(());
+    }
+    Err(crate::plan::PlanError::Invalid(vec![crate::problem::Problem {
+        message: format!(
+            "{} records tp {} and pp {}, and no folder is written for a size of 0: the manifest is damaged",
+            at, m.tp, m.pp
+        ),
+        fix: Some("re-shard, or remove wload.json and pass --tp (and --pp)".into()),
+        file: Some(at.to_string()),
+        ..Default::default()
+    }])
+    .into())
+}
+
+/// How the source's config was read for the files, where the flags leave it open: the
+/// `--hf-overrides` they were planned with and `--config-format mistral`. Returns the flags
+/// taken, for the note.
+fn recorded_source(
+    m: &Manifest,
+    source: &Path,
+    config_format: &mut ConfigFormat,
+    hf_overrides: &mut Option<serde_json::Map<String, serde_json::Value>>,
+) -> Vec<String> {
+    let mut taken = Vec::new();
+    // The files were planned from the source's config with these; the folder's config.json is
+    // the source's, so the load must apply them again (as `vllm serve` must).
+    if let (None, Some(o)) = (&*hf_overrides, &m.hf_overrides) {
+        *hf_overrides = Some(o.clone());
+        let text = serde_json::Value::from(o.clone()).to_string();
+        taken.push(format!(
+            "--hf-overrides {}",
+            crate::sharded::serve::shell_quote(&text)
+        ));
+    }
+    // vLLM reads params.json only when told to, next to rank files: so must the load.
+    if *config_format == ConfigFormat::Auto
+        && source.join("params.json").is_file()
+        && (m.config_format.as_deref() == Some("mistral") || !source.join("config.json").exists())
+    {
+        *config_format = ConfigFormat::Mistral;
+        taken.push("--config-format mistral".into());
+    }
+    taken
 }
 
 /// Neither flag nor manifest gives a TP size (exit 2).
