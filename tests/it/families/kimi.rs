@@ -307,6 +307,23 @@ fn the_tower_stays_unquantized_whatever_the_ignore_list_says() {
     }
 }
 
+/// With the tower, `--pp 2` is refused: vLLM's Model Runner V2 (the CUDA default) builds the
+/// tower on the first stage only, V1 on every stage, so the folder would load under one only.
+#[test]
+fn pipeline_stages_with_the_tower_are_refused_with_the_fix() {
+    let src = fixture(CASE);
+    let refused = run(&["plan", s(&src), "--tp", "1", "--pp", "2"]);
+    assert_refused(
+        &refused,
+        3,
+        &[
+            "the vision tower with --pp 2",
+            "Model Runner V2",
+            "--language-model-only",
+        ],
+    );
+}
+
 /// `--language-model-only` skips every tower and projector tensor, saying why.
 #[test]
 fn language_model_only_skips_the_tower_and_the_projector() {
