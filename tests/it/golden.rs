@@ -81,6 +81,8 @@ golden! {
     glm4_moe_lite_tp2 => "glm4_moe_lite/tp2",
     gpt_oss_tp2 => "gpt_oss/tp2",
     gpt_oss_mxfp4_tp2 => "gpt_oss_mxfp4/tp2",
+    kimi_k25_w4a16_tp2 => "kimi_k25_w4a16/tp2",
+    kimi_k25_w4a16__lmonly_tp2 => "kimi_k25_w4a16__lmonly/tp2",
     llama4__lmonly_tp2 => "llama4__lmonly/tp2",
     llama_gqa_tp2 => "llama_gqa/tp2",
     llama_gqa_tp8 => "llama_gqa/tp8",

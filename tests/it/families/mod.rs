@@ -6,6 +6,7 @@ mod deepseek;
 mod dsv32_fp8_wk;
 mod glm4_moe;
 mod gpt_oss;
+mod kimi;
 mod llama4;
 mod mappings;
 mod minimax_m2;
