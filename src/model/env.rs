@@ -163,7 +163,7 @@ impl Env {
     }
 
     /// `{field}` in a message replaced by its value.
-    fn fill(&self, template: &str) -> String {
+    pub(crate) fn fill(&self, template: &str) -> String {
         let mut out = String::new();
         let mut rest = template;
         while let Some(a) = rest.find('{') {

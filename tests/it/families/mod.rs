@@ -5,6 +5,7 @@ mod config_defaults;
 mod deepseek;
 mod dsv32_fp8_wk;
 mod glm4_moe;
+mod glm5;
 mod gpt_oss;
 mod llama4;
 mod mappings;
