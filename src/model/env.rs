@@ -14,6 +14,17 @@ use crate::mapping::expr::{self, EvalError, Scope};
 use crate::multimodal::Multimodal;
 use crate::ranks::World;
 
+/// The environment variable vLLM 0.33's DSA CUDA tree reads to hold the whole embedding on
+/// every rank (layers/fused_embed_norm.py:39–71).
+pub(crate) const REPLICATE_EMBED_VAR: &str = "VLLM_REPLICATE_EMBED";
+
+/// Whether `value` turns [`REPLICATE_EMBED_VAR`] on, as vLLM reads it (envs.py:639–641:
+/// `.strip().lower() in ("1", "true")`).
+pub(crate) fn replicate_embed_on(value: &str) -> bool {
+    let v = value.trim().to_lowercase();
+    v == "1" || v == "true"
+}
+
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
 
 /// What the expressions see of the run's layout: `tp` and `pp` (the world), `ep`, and vLLM's
@@ -24,6 +35,8 @@ pub(crate) struct Parallel {
     pub expert_parallel: bool,
     /// `language_model_only` and `mm_encoder_tp_mode` (`'weights'`, `'data'`).
     pub multimodal: Multimodal,
+    /// `VLLM_REPLICATE_EMBED` on: the expressions' `replicate_embed`.
+    pub replicate_embed: bool,
 }
 
 /// Something wrong with the variables or the config: a derived value that cannot be computed, a
@@ -70,6 +83,10 @@ impl Env {
         if let Some(v) = &config.vision_config {
             vars.insert("vision_config".into(), v.clone());
         }
+        vars.insert(
+            "replicate_embed".into(),
+            Value::Bool(parallel.replicate_embed),
+        );
         let mm = parallel.multimodal;
         vars.insert(
             "language_model_only".into(),
@@ -249,6 +266,7 @@ impl Variables {
             world: World::tp(1),
             expert_parallel: false,
             multimodal: Multimodal::default(),
+            replicate_embed: false,
         };
         Variables {
             env: Env::new(mapping, config, parallel, mapping_file).0,

@@ -250,7 +250,7 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
         (Some(_), Some(_)) => opt(&m.source_id),
         _ => m.source.clone(),
     };
-    let fields: [(&str, String, String); 13] = [
+    let fields: [(&str, String, String); 14] = [
         (
             "wload version",
             base.wload_version.clone(),
@@ -288,6 +288,11 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
             opt(&r.mm_encoder_tp_mode),
         ),
         ("module tree", opt(&base.module_tree), opt(&r.module_tree)),
+        (
+            crate::model::REPLICATE_EMBED_VAR,
+            base.replicate_embed.to_string(),
+            r.replicate_embed.to_string(),
+        ),
     ];
     let (what, a, b) = fields.into_iter().find(|(_, a, b)| a != b)?;
     let record = r.records.first().cloned().unwrap_or_default();

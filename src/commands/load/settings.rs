@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::commands::error::Error;
 use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
+use crate::model::REPLICATE_EMBED_VAR;
 use crate::multimodal::{MmEncoderTpMode, Multimodal};
 use crate::plan::PlanOptions;
 use crate::quant::MoeBackend;
@@ -27,6 +28,8 @@ pub struct LoadFlags {
     /// `--language-model-only` (absent: false, or what the manifest records).
     pub language_model_only: bool,
     pub mm_encoder_tp_mode: Option<MmEncoderTpMode>,
+    /// `VLLM_REPLICATE_EMBED` on (off: off, or what the manifest records).
+    pub replicate_embed: bool,
 }
 
 /// What `load` runs with: the flags, completed from SOURCE's `wload.json`.
@@ -76,6 +79,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
     let recorded_pp = manifest.as_ref().map(|m| m.pp).filter(|&p| p > 1);
     let pp = fill("--pp", flags.pp, recorded_pp).unwrap_or(1);
     let mut expert_parallel = flags.expert_parallel;
+    let mut replicate_embed = flags.replicate_embed;
     let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
     let mut config_format = flags.config_format;
     let mut moe_backend = flags.moe_backend;
@@ -97,6 +101,12 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
                 ..Default::default()
             }])
             .into());
+        }
+        // A folder written with the whole embedding on every rank is loaded with it, as vLLM
+        // must serve it.
+        if m.replicate_embed && !flags.replicate_embed {
+            replicate_embed = true;
+            taken.push(format!("{REPLICATE_EMBED_VAR}=1"));
         }
         if m.expert_parallel && !flags.expert_parallel {
             expert_parallel = true;
@@ -138,6 +148,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             shapes_only: false,
             moe_backend,
             multimodal,
+            replicate_embed,
         },
         config_format,
         note,
@@ -254,6 +265,7 @@ fn from_file_names(
                 language_model_only: flags.language_model_only,
                 mm_encoder_tp_mode: flags.mm_encoder_tp_mode.unwrap_or_default(),
             },
+            replicate_embed: flags.replicate_embed,
         },
         config_format: flags.config_format,
         note,

@@ -16,5 +16,6 @@ mod mla;
 mod qwen2_moe;
 mod qwen3_5;
 mod qwen3_vl;
+mod replicate_embed;
 mod tied;
 mod vlm_text;
