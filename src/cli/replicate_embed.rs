@@ -17,14 +17,15 @@ impl ReplicateEmbedArg {
 
     /// Whether the variable is on as vLLM reads it; a value that is not UTF-8 is off.
     pub fn get(&self) -> bool {
-        (self.0.as_ref().and_then(|v| v.to_str())).is_some_and(crate::model::replicate_embed_on)
+        (self.0.as_ref().and_then(|v| v.to_str()))
+            .is_some_and(crate::ranks::embed::replicate_embed_on)
     }
 
     /// The hidden argument, set from the environment (or as `--vllm-replicate-embed`).
     pub fn arg() -> clap::Arg {
         clap::Arg::new(Self::ID)
             .long("vllm-replicate-embed")
-            .env(crate::model::REPLICATE_EMBED_VAR)
+            .env(crate::ranks::embed::REPLICATE_EMBED_VAR)
             .hide(true)
             .value_parser(clap::value_parser!(OsString))
     }

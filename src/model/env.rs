@@ -14,17 +14,6 @@ use crate::mapping::expr::{self, EvalError, Scope};
 use crate::multimodal::Multimodal;
 use crate::ranks::World;
 
-/// The environment variable vLLM 0.33's DSA CUDA tree reads to hold the whole embedding on
-/// every rank (layers/fused_embed_norm.py:39–71).
-pub(crate) const REPLICATE_EMBED_VAR: &str = "VLLM_REPLICATE_EMBED";
-
-/// Whether `value` turns [`REPLICATE_EMBED_VAR`] on, as vLLM reads it (envs.py:639–641:
-/// `.strip().lower() in ("1", "true")`).
-pub(crate) fn replicate_embed_on(value: &str) -> bool {
-    let v = value.trim().to_lowercase();
-    v == "1" || v == "true"
-}
-
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
 
 /// What the expressions see of the run's layout: `tp` and `pp` (the world), `ep`, and vLLM's

@@ -7,8 +7,6 @@
 pub(crate) mod env;
 pub(crate) mod structure;
 
-pub(crate) use env::{REPLICATE_EMBED_VAR, replicate_embed_on};
-
 use crate::config::ModelConfig;
 use crate::mapping::Mapping;
 use crate::quant::{QuantError, Quantization};

@@ -289,7 +289,7 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
         ),
         ("module tree", opt(&base.module_tree), opt(&r.module_tree)),
         (
-            crate::model::REPLICATE_EMBED_VAR,
+            crate::ranks::embed::REPLICATE_EMBED_VAR,
             base.replicate_embed.to_string(),
             r.replicate_embed.to_string(),
         ),

@@ -9,8 +9,8 @@ use super::manifest::{Manifest, ServeCommand};
 use super::names::{RankFiles, WrittenFor};
 use crate::checkpoint::Checkpoint;
 use crate::dtype::{DtypeChoice, resolve_dtype};
-use crate::model::REPLICATE_EMBED_VAR;
 use crate::multimodal::Multimodal;
+use crate::ranks::embed::REPLICATE_EMBED_VAR;
 use crate::ranks::stages::PP_PARTITION_VAR;
 
 /// What the `vllm serve` command of a pre-sharded folder depends on: the layout its files were

@@ -7,10 +7,10 @@ use std::path::Path;
 use crate::commands::error::Error;
 use crate::config::ConfigFormat;
 use crate::dtype::DtypeChoice;
-use crate::model::REPLICATE_EMBED_VAR;
 use crate::multimodal::{MmEncoderTpMode, Multimodal};
 use crate::plan::PlanOptions;
 use crate::quant::MoeBackend;
+use crate::ranks::embed::REPLICATE_EMBED_VAR;
 use crate::sharded::manifest::{MANIFEST, Manifest};
 use crate::sharded::names::{self, WrittenFor};
 
@@ -102,17 +102,12 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             }])
             .into());
         }
-        // A folder written with the whole embedding on every rank is loaded with it, as vLLM
-        // must serve it.
-        if m.replicate_embed && !flags.replicate_embed {
-            replicate_embed = true;
-            taken.push(format!("{REPLICATE_EMBED_VAR}=1"));
-        }
         if m.expert_parallel && !flags.expert_parallel {
             expert_parallel = true;
             taken.push("--enable-expert-parallel".into());
         }
         taken.extend(recorded_layout(m, flags, &mut moe_backend, &mut multimodal));
+        replicate_embed |= m.replicate_embed;
         if let (None, Some(r)) = (flags.dtype, DtypeChoice::recorded(&m.dtype)) {
             dtype = r;
             taken.push(format!("--dtype {}", r.as_str()));
@@ -272,7 +267,7 @@ fn from_file_names(
     })
 }
 
-/// The MoE backend and multimodal flags left out that the manifest records (the files' shapes
+/// The MoE backend, multimodal flags and `VLLM_REPLICATE_EMBED` left out that the manifest records (the files' shapes
 /// and vLLM's key set depend on them): set in `moe` and `mm`, and returned as the flags taken.
 /// A name or mode this wload does not know is the pre-sharded check's to report (the shapes or
 /// keys then differ): the files were written for it.
@@ -290,6 +285,11 @@ fn recorded_layout(
     if let (None, Some(b)) = (flags.moe_backend, recorded) {
         *moe = Some(b);
         taken.push(format!("--moe-backend {}", b.as_str()));
+    }
+    // A folder written with the whole embedding on every rank is loaded with it, as vLLM must
+    // serve it.
+    if m.replicate_embed && !flags.replicate_embed {
+        taken.push(format!("{REPLICATE_EMBED_VAR}=1"));
     }
     if m.language_model_only && !flags.language_model_only {
         mm.language_model_only = true;
