@@ -16,9 +16,11 @@ use crate::resolve::LoadFormat;
 
 mod count;
 mod pp_partition;
+mod replicate_embed;
 
 pub use count::Count;
 pub use pp_partition::PpPartitionArg;
+pub use replicate_embed::ReplicateEmbedArg;
 
 const EXIT_CODES: &str = "\
 Exit status:
@@ -283,6 +285,9 @@ pub struct ParallelArgs {
 
     #[command(flatten)]
     pub pp_partition: PpPartitionArg,
+
+    #[command(flatten)]
+    pub replicate_embed: ReplicateEmbedArg,
 }
 
 /// The model's dtype and mapping file: shared by plan, shard and sizes (`load`, whose dtype
@@ -343,7 +348,7 @@ impl Cli {
     fn parsing_command() -> clap::Command {
         Cli::command().mut_subcommands(|c| {
             if PpPartitionArg::SUBCOMMANDS.contains(&c.get_name()) {
-                c.arg(PpPartitionArg::arg())
+                c.arg(PpPartitionArg::arg()).arg(ReplicateEmbedArg::arg())
             } else {
                 c
             }
@@ -398,6 +403,9 @@ pub struct SizesArgs {
 
     #[command(flatten)]
     pub pp_partition: PpPartitionArg,
+
+    #[command(flatten)]
+    pub replicate_embed: ReplicateEmbedArg,
 
     /// Print one JSON document instead of a table (schema: docs/sizes-json.md)
     #[arg(long)]
@@ -534,6 +542,9 @@ pub struct LoadParallelArgs {
 
     #[command(flatten)]
     pub pp_partition: PpPartitionArg,
+
+    #[command(flatten)]
+    pub replicate_embed: ReplicateEmbedArg,
 }
 
 /// How source files are read; shared by `load` and `shard`, so that both measure the same way.

@@ -2,6 +2,7 @@
 //! that no input such as `0-18446744073709551615` makes wload allocate before it can say "out of
 //! range"), else the share a launcher (torchrun, srun) gives this process, else all.
 
+pub(crate) mod embed;
 pub(crate) mod stages;
 
 use std::fmt;

@@ -672,6 +672,9 @@ fn plan(
             "mm_encoder_tp_mode",
             mm_encoder_tp_mode,
         )?),
+        // VLLM_REPLICATE_EMBED: not a Python argument yet; a folder recorded with it still
+        // loads with it (its wload.json), and a checkpoint is planned without it.
+        replicate_embed: false,
     };
     // Set by Ctrl-C: a hub download stops at its next read.
     let stop = Arc::new(AtomicBool::new(false));

@@ -71,6 +71,8 @@ pub struct SizesOptions {
     pub pp_partition: Option<String>,
     /// `--language-model-only` and `--mm-encoder-tp-mode`, for every layout checked.
     pub multimodal: crate::multimodal::Multimodal,
+    /// `VLLM_REPLICATE_EMBED`, as `plan` reads it.
+    pub replicate_embed: bool,
 }
 
 /// `wload sizes`: vLLM's verdict on each parallel layout checked, from the planner itself.
@@ -136,6 +138,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         shapes_only: false,
         moe_backend: None,
         multimodal: opts.multimodal,
+        replicate_embed: opts.replicate_embed,
     };
     let model = Model::new(config);
     let mut maps = Mappings {

@@ -330,6 +330,7 @@ fn manifest_for(
         language_model_only: plan.language_model_only,
         mm_encoder_tp_mode: plan.mm_encoder_tp_mode.map(str::to_string),
         module_tree: plan.module_tree.clone(),
+        replicate_embed: plan.replicate_embed,
         config_format: None,
         pp_layer_partition: partition(plan),
         hf_overrides: None,

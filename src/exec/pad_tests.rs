@@ -108,6 +108,7 @@ fn plan(root: &std::path::Path) -> (Plan, Vec<u8>) {
         language_model_only: false,
         mm_encoder_tp_mode: None,
         module_tree: None,
+        replicate_embed: false,
         quantization: None,
     };
     (plan, want)

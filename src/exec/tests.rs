@@ -234,6 +234,7 @@ pub(super) fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         language_model_only: false,
         mm_encoder_tp_mode: None,
         module_tree: None,
+        replicate_embed: false,
         quantization: None,
     };
     (plan, srcs)
@@ -265,6 +266,7 @@ fn one_rank_plan(root: &Path, source: SourceTensor, dtype: Dtype, tensors: Vec<O
         language_model_only: false,
         mm_encoder_tp_mode: None,
         module_tree: None,
+        replicate_embed: false,
         quantization: None,
     }
 }

@@ -16,6 +16,10 @@ pub struct Vocab<D = u64> {
     pub inner: Vec<D>,
     #[serde(default = "default_padding")]
     pub padding: u64,
+    /// vLLM's `disable_tp=True` (`VLLM_REPLICATE_EMBED`, layers/fused_embed_norm.py:39–71): the
+    /// whole padded table on every rank, as at TP 1.
+    #[serde(default)]
+    pub disable_tp: bool,
 }
 
 fn default_padding() -> u64 {
@@ -28,6 +32,7 @@ impl<D> Vocab<D> {
             vocab: f(&self.vocab, Dim::Size)?,
             inner: all(&self.inner, f)?,
             padding: self.padding,
+            disable_tp: self.disable_tp,
         })
     }
 }
@@ -45,6 +50,9 @@ impl Vocab {
 
 impl Kind for Vocab {
     fn check(&self, r: Rank) -> Vec<String> {
+        if self.disable_tp {
+            return Vec::new();
+        }
         let (vocab, padding) = (self.vocab, self.padding);
         let padded = vocab.div_ceil(padding) * padding;
         not_divisible(
@@ -61,7 +69,26 @@ impl Kind for Vocab {
     }
 
     fn rank_layout(&self, r: Rank, _: bool) -> RankLayout {
+        let r = if self.disable_tp {
+            Rank {
+                tp: 1,
+                rank: 0,
+                ..r
+            }
+        } else {
+            r
+        };
         vocab_rows(self.vocab, &self.inner, self.padding, r)
+    }
+
+    fn whole(&self) -> Option<Geometry> {
+        Some(
+            Vocab {
+                disable_tp: true,
+                ..self.clone()
+            }
+            .into(),
+        )
     }
 
     fn fits(&self) -> Result<(), Vec<u64>> {
@@ -77,6 +104,14 @@ impl Kind for Vocab {
                 vocab: 1003,
                 inner: vec![2],
                 padding: 64,
+                disable_tp: false,
+            }
+            .into(),
+            Vocab {
+                vocab: 1003,
+                inner: vec![2],
+                padding: 64,
+                disable_tp: true,
             }
             .into(),
         ]

@@ -15,8 +15,8 @@ use self::edit::{Entry, Placed};
 use self::per_layer::PerLayer;
 use super::rules::{ExpertRule, MistralRemap, RegexRule, Rename, Rules, Stacked};
 use super::{
-    COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, ParamSpec, Parameters, SkipModule,
-    StageNeed,
+    COMMON, Check, EMBEDDED, Expr, Mapping, MappingError, MissingHint, ParamSpec, Parameters,
+    SkipModule, StageNeed,
 };
 
 /// `extends` chains deeper than this are refused (the shipped ones are at most three files deep);
@@ -54,6 +54,7 @@ struct FileDoc {
     text_prefix: Option<String>,
     module_tree: Option<String>,
     stage_needs: Option<StageNeed>,
+    missing_hints: Option<Vec<MissingHint>>,
     #[serde(default)]
     blocks: IndexMap<String, Vec<Entry>>,
     #[serde(default)]
@@ -123,6 +124,7 @@ struct Composed {
     text_prefix: String,
     module_tree: Option<String>,
     stage_needs: Option<StageNeed>,
+    missing_hints: Vec<MissingHint>,
     blocks: IndexMap<String, Vec<ParamSpec>>,
     layers: Expr,
     tower: Vec<Placed>,
@@ -210,6 +212,7 @@ impl Composed {
             module_tree: None,
             tower: Vec::new(),
             stage_needs: None,
+            missing_hints: Vec::new(),
             blocks: IndexMap::new(),
             layers: super::default_layers(),
             head: Vec::new(),
@@ -247,6 +250,9 @@ impl Composed {
         }
         if doc.stage_needs.is_some() {
             self.stage_needs = doc.stage_needs;
+        }
+        if let Some(h) = doc.missing_hints {
+            self.missing_hints = h;
         }
         self.define_blocks(doc.blocks)?;
         let p = doc.parameters;
@@ -386,6 +392,14 @@ impl Composed {
                     Ok::<_, String>(n)
                 })
                 .transpose()?,
+            missing_hints: (self.missing_hints.into_iter())
+                .map(|mut h| {
+                    h.when = per_layer
+                        .written(&h.when)
+                        .map_err(|e| format!("missing_hints: {e}"))?;
+                    Ok::<_, String>(h)
+                })
+                .collect::<Result<_, _>>()?,
             parameters: Parameters {
                 layers: self.layers,
                 head,

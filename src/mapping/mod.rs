@@ -57,6 +57,9 @@ pub struct Mapping {
     /// A layer every pipeline stage must hold, or vLLM refuses the model (Qwen3-MoE and GLM-4.5
     /// need a MoE layer on each stage).
     pub stage_needs: Option<StageNeed>,
+    /// Why parameters the checkpoint does not fill are missing, when the config explains it
+    /// (a GLM-5.2 config naming its IndexShare layers only in transformers' `indexer_types`).
+    pub missing_hints: Vec<MissingHint>,
     /// The platform whose module tree the parameters follow, when vLLM builds the family
     /// differently per platform (`cuda`: DeepSeek-V3.2's models/deepseek_v32/nvidia tree, whose
     /// keys the CPU/XPU and ROCm trees do not share). Recorded in `wload.json` and shown by
@@ -83,6 +86,18 @@ pub struct StageNeed {
     pub layer: Expr,
     pub message: String,
     pub fix: Option<String>,
+}
+
+/// `missing_hints`: a parameter whose name contains `params`, that the checkpoint does not fill,
+/// while `when` holds (per layer: `i` is the parameter's), is missing for the reason `message`
+/// says, and `fix` is what to do instead of the generic "check the names".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MissingHint {
+    pub params: String,
+    pub when: Expr,
+    pub message: String,
+    pub fix: String,
 }
 
 #[derive(Debug, Clone)]

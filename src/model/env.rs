@@ -24,6 +24,8 @@ pub(crate) struct Parallel {
     pub expert_parallel: bool,
     /// `language_model_only` and `mm_encoder_tp_mode` (`'weights'`, `'data'`).
     pub multimodal: Multimodal,
+    /// `VLLM_REPLICATE_EMBED` on: the expressions' `replicate_embed`.
+    pub replicate_embed: bool,
 }
 
 /// Something wrong with the variables or the config: a derived value that cannot be computed, a
@@ -70,6 +72,10 @@ impl Env {
         if let Some(v) = &config.vision_config {
             vars.insert("vision_config".into(), v.clone());
         }
+        vars.insert(
+            "replicate_embed".into(),
+            Value::Bool(parallel.replicate_embed),
+        );
         let mm = parallel.multimodal;
         vars.insert(
             "language_model_only".into(),
@@ -163,7 +169,7 @@ impl Env {
     }
 
     /// `{field}` in a message replaced by its value.
-    fn fill(&self, template: &str) -> String {
+    pub(crate) fn fill(&self, template: &str) -> String {
         let mut out = String::new();
         let mut rest = template;
         while let Some(a) = rest.find('{') {
@@ -249,6 +255,7 @@ impl Variables {
             world: World::tp(1),
             expert_parallel: false,
             multimodal: Multimodal::default(),
+            replicate_embed: false,
         };
         Variables {
             env: Env::new(mapping, config, parallel, mapping_file).0,

@@ -81,6 +81,7 @@ impl PlanOptions {
             },
             expert_parallel: self.expert_parallel,
             multimodal: self.multimodal,
+            replicate_embed: self.replicate_embed,
         }
     }
 }
@@ -136,8 +137,17 @@ pub(crate) fn plan_mapped(
         language_model_only: opts.multimodal.language_model_only,
         mm_encoder_tp_mode: opts.multimodal.recorded_mode(),
         module_tree: mapping.module_tree.clone(),
+        replicate_embed: opts.replicate_embed && reads_replicate_embed(mapping),
         quantization: planner.quant,
     })
+}
+
+/// Whether the family's state depends on `VLLM_REPLICATE_EMBED` (a parameter `whole:
+/// replicate_embed`): vLLM ignores the variable for the others, and so does the record.
+fn reads_replicate_embed(mapping: &Mapping) -> bool {
+    let p = &mapping.parameters;
+    (p.head.iter().chain(&p.layer).chain(&p.tail))
+        .any(|s| s.whole.as_ref().is_some_and(|w| w.reads("replicate_embed")))
 }
 
 /// Whether vLLM accepts the mapped checkpoint with `opts`: every check of [`plan_mapped`], which
@@ -372,6 +382,7 @@ mod tests {
             shapes_only: false,
             moe_backend: None,
             multimodal: Default::default(),
+            replicate_embed: false,
         }
     }
 

@@ -75,6 +75,9 @@ pub struct PlanOptions {
     pub moe_backend: Option<crate::quant::MoeBackend>,
     /// `--language-model-only` and `--mm-encoder-tp-mode`: which encoder tensors a rank holds.
     pub multimodal: crate::multimodal::Multimodal,
+    /// `VLLM_REPLICATE_EMBED` on (vLLM 0.33's DSA CUDA tree: the whole padded embedding on every
+    /// rank); the families that read it say so with `whole: replicate_embed`.
+    pub replicate_embed: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -209,6 +212,10 @@ pub struct Plan {
     /// DeepSeek-V3.2); absent: the same on every platform.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub module_tree: Option<String>,
+    /// Planned with `VLLM_REPLICATE_EMBED` on, for a family whose state it changes (the whole
+    /// padded embedding on every rank): vLLM must run with it (written only when set).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub replicate_embed: bool,
     /// The quantization method the plan was made with, as the planner read it (the checkpoint's
     /// headers included): what an output's config must say is the method's (`shard`).
     #[serde(skip)]

@@ -114,15 +114,23 @@ impl Planner<'_> {
         } else {
             format!(" (missing {})", summarize(missing))
         };
+        let mut message = format!(
+            "parameter '{}' has nothing in the checkpoint to fill it{what}",
+            p.name
+        );
+        let mut fix = "the checkpoint lacks this tensor or names it differently: check the names with `wload inspect`, or adjust the rules with --mapping FILE".to_string();
+        // The mapping's `missing_hints`: the config says why (a condition that cannot be
+        // evaluated gives no hint; the generic fix stays).
+        let scope = self.env.scope(p.layer);
+        if let Some(h) = (self.mapping.missing_hints.iter())
+            .find(|h| p.name.contains(&h.params) && h.when.eval_bool(&scope).unwrap_or(false))
+        {
+            message = format!("{message}: {}", self.env.fill(&h.message));
+            fix = self.env.fill(&h.fix);
+        }
         self.problems.push(Problem {
-            message: format!(
-                "parameter '{}' has nothing in the checkpoint to fill it{what}",
-                p.name
-            ),
-            fix: Some(
-                "the checkpoint lacks this tensor or names it differently: check the names with `wload inspect`, or adjust the rules with --mapping FILE"
-                    .into(),
-            ),
+            message,
+            fix: Some(fix),
             parameter: Some(p.name.clone()),
             ..Default::default()
         });

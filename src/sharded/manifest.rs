@@ -102,6 +102,10 @@ pub struct Manifest {
     /// none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hf_overrides: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `VLLM_REPLICATE_EMBED=1`: the files hold the whole padded embedding on every rank
+    /// (vLLM 0.33's DSA CUDA tree), so vLLM must be started with it. Absent: off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replicate_embed: bool,
     /// For a hub source: the repo id (`org/name`) and commit, so that the serve line keeps the
     /// name clients send (`--served-model-name`). Absent for a local folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -254,7 +254,7 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
         (m.hf_overrides.clone())
             .map_or_else(|| "none".into(), |o| serde_json::Value::from(o).to_string())
     };
-    let fields: [(&str, String, String); 14] = [
+    let fields: [(&str, String, String); 15] = [
         (
             "wload version",
             base.wload_version.clone(),
@@ -293,6 +293,11 @@ fn disagreement(dir: &Path, base: &Manifest, r: &Manifest) -> Option<Problem> {
             opt(&r.mm_encoder_tp_mode),
         ),
         ("module tree", opt(&base.module_tree), opt(&r.module_tree)),
+        (
+            crate::ranks::embed::REPLICATE_EMBED_VAR,
+            base.replicate_embed.to_string(),
+            r.replicate_embed.to_string(),
+        ),
     ];
     let (what, a, b) = fields.into_iter().find(|(_, a, b)| a != b)?;
     let record = r.records.first().cloned().unwrap_or_default();

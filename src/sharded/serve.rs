@@ -10,6 +10,7 @@ use super::names::{RankFiles, WrittenFor};
 use crate::checkpoint::Checkpoint;
 use crate::dtype::{DtypeChoice, resolve_dtype};
 use crate::multimodal::Multimodal;
+use crate::ranks::embed::REPLICATE_EMBED_VAR;
 use crate::ranks::stages::PP_PARTITION_VAR;
 
 /// What the `vllm serve` command of a pre-sharded folder depends on: the layout its files were
@@ -31,6 +32,8 @@ pub(crate) struct ServeLayout<'a> {
     pub mistral_config: bool,
     /// `VLLM_PP_LAYER_PARTITION` the stages were split with, when not vLLM's even split.
     pub pp_layer_partition: Option<&'a str>,
+    /// `VLLM_REPLICATE_EMBED=1`: the whole embedding on every rank (DSA CUDA tree).
+    pub replicate_embed: bool,
     /// The hub repo id the files came from: the name clients send (`--served-model-name`).
     pub served_model_name: Option<&'a str>,
     /// The `--hf-overrides` the files were planned with.
@@ -49,6 +52,7 @@ impl<'a> ServeLayout<'a> {
             multimodal: m.multimodal(),
             mistral_config: m.config_format.as_deref() == Some("mistral"),
             pp_layer_partition: partition(m),
+            replicate_embed: m.replicate_embed,
             served_model_name: repo_name(m),
             hf_overrides: m.hf_overrides.as_ref(),
         }
@@ -115,9 +119,12 @@ impl ServeCommand {
         }
         // vLLM's key set depends on these (`--language-model-only`, `--mm-encoder-tp-mode data`).
         argv.extend(m.multimodal.flags());
-        let env: BTreeMap<String, String> = (m.pp_layer_partition.iter())
+        let mut env: BTreeMap<String, String> = (m.pp_layer_partition.iter())
             .map(|p| (PP_PARTITION_VAR.to_string(), p.to_string()))
             .collect();
+        if m.replicate_embed {
+            env.insert(REPLICATE_EMBED_VAR.to_string(), "1".into());
+        }
         let words = argv.iter().map(|a| shell_quote(a));
         let assignments = env.iter().map(|(k, v)| format!("{k}={}", shell_quote(v)));
         let shell = assignments.chain(words).collect::<Vec<_>>().join(" ");
@@ -268,6 +275,7 @@ pub(crate) fn serve_command(
         multimodal: manifest.map(Manifest::multimodal).unwrap_or_default(),
         mistral_config: manifest.is_some_and(|m| m.config_format.as_deref() == Some("mistral")),
         pp_layer_partition: partition.as_deref(),
+        replicate_embed: manifest.is_some_and(|m| m.replicate_embed),
         served_model_name: manifest.and_then(repo_name),
         hf_overrides: manifest.and_then(|m| m.hf_overrides.as_ref()),
     };

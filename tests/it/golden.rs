@@ -79,6 +79,8 @@ golden! {
     deepseek_v32_tp2 => "deepseek_v32/tp2",
     gemma2_tp2 => "gemma2/tp2",
     glm4_moe_lite_tp2 => "glm4_moe_lite/tp2",
+    glm5_fp8_tp2 => "glm5_fp8/tp2",
+    glm5_2_fp8_indexshare_tp2 => "glm5_2_fp8_indexshare/tp2",
     gpt_oss_tp2 => "gpt_oss/tp2",
     gpt_oss_mxfp4_tp2 => "gpt_oss_mxfp4/tp2",
     kimi_k25_w4a16_tp2 => "kimi_k25_w4a16/tp2",

@@ -17,6 +17,10 @@ const ENVIRONMENT: &[(&str, &str)] = &[
         "Layers per pipeline stage, comma-separated (plan, sizes, shard, load), as vLLM reads it: it must have --pp counts adding up to the layers.",
     ),
     (
+        "VLLM_REPLICATE_EMBED",
+        "1 or true (any case, spaces stripped), as vLLM reads it (plan, sizes, shard, load): DeepSeek-V3.2 and GLM-5 hold the whole padded embedding on every rank; recorded in wload.json and the serve line.",
+    ),
+    (
         "HF_HOME",
         "The Hugging Face folder (default ~/.cache/huggingface, or $XDG_CACHE_HOME/huggingface); the hub cache is its hub/ unless HF_HUB_CACHE is set, the token its token file.",
     ),

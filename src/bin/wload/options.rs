@@ -60,6 +60,7 @@ pub(crate) fn plan_options(a: &ParallelArgs) -> PlanOptions {
         shapes_only: false,
         moe_backend: a.moe_backend,
         multimodal: a.model.multimodal.get(),
+        replicate_embed: a.replicate_embed.get(),
     }
 }
 
@@ -71,6 +72,7 @@ pub(crate) fn sizes_options(a: &SizesArgs) -> SizesOptions {
         mapping: a.model.mapping.clone(),
         pp_partition: a.pp_partition.get(),
         multimodal: a.model.multimodal.get(),
+        replicate_embed: a.replicate_embed.get(),
     }
 }
 
@@ -124,5 +126,6 @@ pub(crate) fn load_flags(
         language_model_only: p.language_model_only,
         mm_encoder_tp_mode: p.mm_encoder_tp_mode,
         hf_overrides,
+        replicate_embed: p.replicate_embed.get(),
     }
 }

@@ -10,6 +10,7 @@ use crate::dtype::DtypeChoice;
 use crate::multimodal::{MmEncoderTpMode, Multimodal};
 use crate::plan::PlanOptions;
 use crate::quant::MoeBackend;
+use crate::ranks::embed::REPLICATE_EMBED_VAR;
 use crate::sharded::manifest::{MANIFEST, Manifest};
 use crate::sharded::names::{self, WrittenFor};
 
@@ -29,6 +30,8 @@ pub struct LoadFlags {
     pub mm_encoder_tp_mode: Option<MmEncoderTpMode>,
     /// `--hf-overrides` as given.
     pub hf_overrides: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `VLLM_REPLICATE_EMBED` on (off: off, or what the manifest records).
+    pub replicate_embed: bool,
 }
 
 /// What `load` runs with: the flags, completed from SOURCE's `wload.json`.
@@ -80,6 +83,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
     let recorded_pp = manifest.as_ref().map(|m| m.pp).filter(|&p| p > 1);
     let pp = fill("--pp", flags.pp, recorded_pp).unwrap_or(1);
     let mut expert_parallel = flags.expert_parallel;
+    let mut replicate_embed = flags.replicate_embed;
     let mut dtype = flags.dtype.unwrap_or(DtypeChoice::Auto);
     let mut config_format = flags.config_format;
     let mut hf_overrides = flags.hf_overrides.clone();
@@ -95,6 +99,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             taken.push("--enable-expert-parallel".into());
         }
         taken.extend(recorded_layout(m, flags, &mut moe_backend, &mut multimodal));
+        replicate_embed |= m.replicate_embed;
         if let (None, Some(r)) = (flags.dtype, DtypeChoice::recorded(&m.dtype)) {
             dtype = r;
             taken.push(format!("--dtype {}", r.as_str()));
@@ -127,6 +132,7 @@ pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, E
             shapes_only: false,
             moe_backend,
             multimodal,
+            replicate_embed,
         },
         config_format,
         hf_overrides,
@@ -292,6 +298,7 @@ fn from_file_names(
                 language_model_only: flags.language_model_only,
                 mm_encoder_tp_mode: flags.mm_encoder_tp_mode.unwrap_or_default(),
             },
+            replicate_embed: flags.replicate_embed,
         },
         config_format: flags.config_format,
         hf_overrides: flags.hf_overrides.clone(),
@@ -299,7 +306,7 @@ fn from_file_names(
     })
 }
 
-/// The MoE backend and multimodal flags left out that the manifest records (the files' shapes
+/// The MoE backend, multimodal flags and `VLLM_REPLICATE_EMBED` left out that the manifest records (the files' shapes
 /// and vLLM's key set depend on them): set in `moe` and `mm`, and returned as the flags taken.
 /// A name or mode this wload does not know is the pre-sharded check's to report (the shapes or
 /// keys then differ): the files were written for it.
@@ -317,6 +324,11 @@ fn recorded_layout(
     if let (None, Some(b)) = (flags.moe_backend, recorded) {
         *moe = Some(b);
         taken.push(format!("--moe-backend {}", b.as_str()));
+    }
+    // A folder written with the whole embedding on every rank is loaded with it, as vLLM must
+    // serve it.
+    if m.replicate_embed && !flags.replicate_embed {
+        taken.push(format!("{REPLICATE_EMBED_VAR}=1"));
     }
     if m.language_model_only && !flags.language_model_only {
         mm.language_model_only = true;

@@ -285,6 +285,7 @@ fn expected_plan(
         &PlanOptions {
             expert_parallel: popts.expert_parallel || manifest.is_some_and(|m| m.expert_parallel),
             shapes_only: true,
+            replicate_embed: popts.replicate_embed || manifest.is_some_and(|m| m.replicate_embed),
             moe_backend: popts.moe_backend.or_else(|| {
                 let recorded = manifest.and_then(|m| m.moe_backend.as_deref())?;
                 crate::quant::MoeBackend::parse(recorded).ok()
@@ -548,6 +549,7 @@ impl Built {
             language_model_only: expected.language_model_only,
             mm_encoder_tp_mode: expected.mm_encoder_tp_mode,
             module_tree: expected.module_tree,
+            replicate_embed: expected.replicate_embed,
             quantization: expected.quantization,
         }
     }

@@ -152,6 +152,7 @@ fn time_plan(opened: &wload::Opened, runs: usize) -> (f64, Result<wload::Plan, w
         shapes_only: false,
         moe_backend: None,
         multimodal: Default::default(),
+        replicate_embed: false,
     };
     let mut best = f64::INFINITY;
     let mut last = None;

@@ -29,7 +29,8 @@ pub(crate) fn wload_process() -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wload"));
     cmd.env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE")
-        .env_remove("HF_HUB_OFFLINE");
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("VLLM_REPLICATE_EMBED");
     cmd
 }
 
