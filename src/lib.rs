@@ -45,8 +45,8 @@ pub use commands::inspect::config_less::{
     config_less as inspect_config_less, open as open_config_less,
 };
 pub use commands::inspect::{OtherSource, inspect, inspect_mapped, other_source};
-pub use commands::load::settings::{LoadFlags, load_settings};
-pub use commands::load::{InputKind, LoadOptions, load, prepare};
+pub use commands::load::settings::LoadFlags;
+pub use commands::load::{InputKind, LoadOptions, Planned, Ranks, Request, load, plan};
 pub use commands::pipeline::make_plan;
 pub use commands::plan::{SizesOptions, plan_report, sizes};
 pub use commands::schema;

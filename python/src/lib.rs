@@ -24,13 +24,13 @@ use wload::ConfigFormat;
 use wload::DownloadProgress;
 use wload::DtypeChoice;
 use wload::InputKind;
+use wload::LoadFlags;
 use wload::MmEncoderTpMode;
 use wload::MoeBackend;
 use wload::engine::DeviceError;
 use wload::engine::ExecError;
 use wload::engine::IoMode;
 use wload::{Error, ExitStatus, SourceOptions};
-use wload::{LoadFlags, load_settings};
 
 use report::LoadReport;
 
@@ -679,7 +679,7 @@ fn plan(
     // Set by Ctrl-C: a hub download stops at its next read.
     let stop = Arc::new(AtomicBool::new(false));
     let sopts = SourceOptions {
-        source: source.clone(),
+        source,
         load_format: choice(py, "load_format", load_format)?,
         config_format: ConfigFormat::Auto,
         hf_overrides,
@@ -690,23 +690,18 @@ fn plan(
         headers_only: false,
     };
     let planned = interruptible::run(py, stop, move || -> Result<Plan, Error> {
-        let settings = load_settings(&source, &flags)?;
-        let sopts = SourceOptions {
-            config_format: settings.config_format,
-            hf_overrides: settings.hf_overrides,
-            ..sopts
-        };
-        let opened = wload::open(&sopts, wload::Want::Detect)?;
-        let files = &opened.rank_files;
-        (opened.checkpoint.data_readable()).map_err(|e| Error::Headers(vec![e]))?;
-        let mut warnings = Vec::new();
-        let (plan, kind) = wload::prepare(&opened, files, &settings.plan, None, &mut warnings)?;
+        let p = wload::plan(wload::Request {
+            source: sopts,
+            flags,
+            ranks: wload::Ranks::All,
+            headers_only: false,
+        })?;
         Ok(Plan {
-            plan,
-            root: opened.resolved.root.clone(),
-            kind,
-            warnings,
-            note: settings.note,
+            root: p.root().to_path_buf(),
+            plan: p.plan,
+            kind: p.kind,
+            warnings: p.warnings,
+            note: p.note,
         })
     })?;
     planned.map_err(|e| to_py(py, &e))

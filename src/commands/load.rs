@@ -9,8 +9,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+mod planned;
 mod report;
 pub(crate) mod settings;
+
+pub use planned::{Planned, Ranks, Request, plan};
 
 pub use report::InputKind;
 pub(crate) use report::{
@@ -27,13 +30,12 @@ use crate::exec::load::LoadSink;
 use crate::exec::source::IoMode;
 use crate::exec::timing;
 use crate::exec::{Control, ExecError, ExecOptions, Placement, Stats};
-use crate::open::{Opened, SourceOptions};
+use crate::open::Opened;
 use crate::plan::PlanOptions;
 use crate::plan::pre_sharded;
 use crate::plan::{self, Plan};
 use crate::problem::Problem;
 use crate::progress::{Progress, Quiet};
-use crate::ranks;
 use crate::sharded::manifest::Manifest;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -66,7 +68,7 @@ pub struct LoadOptions {
 /// What each rank must hold: the plan for a checkpoint or, when `files` (the rank files
 /// [`crate::open::open`] found) is not empty, a plan that copies their tensors whole (see
 /// [`crate::plan::pre_sharded`]).
-pub fn prepare(
+pub(crate) fn prepare(
     opened: &Opened,
     files: &crate::sharded::names::RankFiles,
     popts: &PlanOptions,
@@ -85,23 +87,21 @@ pub fn prepare(
     Ok((plan, InputKind::PreSharded))
 }
 
-/// Resolves, plans and (unless dry-run) loads: [`plan_ranks`], then [`dry_run`] or
-/// [`open_devices`] → [`transfer`] → [`read_back`].
+/// Loads what [`plan`] made (unless dry-run): [`dry_run`], or [`open_devices`] → [`transfer`] →
+/// [`read_back`]. `t_all` is when the request was made, for the total time.
 pub fn load(
-    sopts: &SourceOptions,
-    popts: &PlanOptions,
+    planned: &Planned,
     lopts: &LoadOptions,
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
+    t_all: Instant,
 ) -> Result<LoadReport, Error> {
-    let t_all = Instant::now();
-    let planned = plan_ranks(sopts, popts, lopts)?;
     let mut timings = LoadTimings {
         open: planned.opened.timings,
         ..Default::default()
     };
     let mut report = if lopts.dry_run {
-        dry_run(&planned, lopts)?
+        dry_run(planned, lopts)?
     } else {
         let mut samples = Vec::new();
         let mut last = None;
@@ -112,14 +112,14 @@ pub fn load(
                 open: timings.open,
                 ..Default::default()
             };
-            let (cache, io) = prepare_source(&planned, lopts, &mut t)?;
+            let (cache, io) = prepare_source(planned, lopts, &mut t)?;
             let threads = crate::exec::worker_threads(io.choice.used);
-            let devices = open_devices(&planned, lopts.device, threads, &mut t)?;
+            let devices = open_devices(planned, lopts.device, threads, &mut t)?;
             let opts = ExecOptions {
                 io: io.choice.used,
                 ..ExecOptions::for_run()
             };
-            let copy_s = transfer(&planned, &devices, opts, cancel, progress, &mut t)?;
+            let copy_s = transfer(planned, &devices, opts, cancel, progress, &mut t)?;
             samples.push(RunSample {
                 seconds: t.transfer_s + t.sync_s,
                 gbps: t.gbps(planned.bytes()),
@@ -136,7 +136,7 @@ pub fn load(
             ));
         }
         io.staging_bytes_per_rank = devices.iter().map(|d| d.staging_bytes()).max().unwrap_or(0);
-        let ranks = read_back(&planned, &devices, &copy_s, &t, lopts, cancel)?;
+        let ranks = read_back(planned, &devices, &copy_s, &t, lopts, cancel)?;
         timings = t;
         let mut r = planned.report(lopts, ranks, Vec::new());
         r.warnings.extend(warnings);
@@ -196,25 +196,7 @@ fn repeats(runs: Vec<RunSample>) -> Repeats {
     }
 }
 
-/// What this process loads: the plan, narrowed to its ranks.
-struct Planned {
-    opened: Opened,
-    plan: Plan,
-    kind: InputKind,
-    /// The local device ordinal of this process's first rank.
-    local_base: usize,
-    warnings: Vec<String>,
-}
-
 impl Planned {
-    fn root(&self) -> &Path {
-        &self.opened.resolved.root
-    }
-
-    fn bytes(&self) -> u64 {
-        self.plan.ranks.iter().map(|r| r.bytes).sum()
-    }
-
     fn report(
         &self,
         lopts: &LoadOptions,
@@ -240,45 +222,6 @@ impl Planned {
             checked: lopts.check && !lopts.dry_run,
         }
     }
-}
-
-/// Resolve and plan; then this process's ranks (only after planning, which refuses a --tp that
-/// does not fit the model, so no rank list is built for an absurd one).
-fn plan_ranks(
-    sopts: &SourceOptions,
-    popts: &PlanOptions,
-    lopts: &LoadOptions,
-) -> Result<Planned, Error> {
-    // A dry run without --read reads no tensor data: of a hub repo, only the headers.
-    let headers_only = lopts.dry_run && !lopts.read;
-    let sopts = &SourceOptions {
-        headers_only,
-        ..sopts.clone()
-    };
-    let mut opened = crate::open::open(sopts, crate::open::Want::Detect)?;
-    if !headers_only {
-        (opened.checkpoint.data_readable()).map_err(|e| Error::Headers(vec![e]))?;
-    }
-    let mut warnings = Vec::new();
-    let t = Instant::now();
-    let (mut plan, kind) = prepare(
-        &opened,
-        &opened.rank_files,
-        popts,
-        lopts.ranks.as_ref(),
-        &mut warnings,
-    )?;
-    opened.timings.plan_s = t.elapsed().as_secs_f64();
-    let (ranks, local_base) =
-        ranks::select(plan.world(), lopts.ranks.as_ref()).map_err(LoadError::from)?;
-    plan.ranks.retain(|r| ranks.contains(&r.rank));
-    Ok(Planned {
-        opened,
-        plan,
-        kind,
-        local_base,
-        warnings,
-    })
 }
 
 /// `--dry-run`: the plan's checks passed; with `--read`, every byte read and hashed (and

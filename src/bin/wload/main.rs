@@ -190,22 +190,26 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
 }
 
 fn load(args: &LoadArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
-    let mut sopts = source_options(&args.source, g.quiet)?;
-    let flags = options::load_flags(args, sopts.hf_overrides.take());
-    let settings = wload::load_settings(&args.source.source, &flags)?;
-    sopts.config_format = settings.config_format;
-    sopts.hf_overrides = settings.hf_overrides.clone();
+    let t_all = std::time::Instant::now();
+    let mut source = source_options(&args.source, g.quiet)?;
+    let lopts = options::load_options(args);
+    let planned = wload::plan(wload::Request {
+        flags: options::load_flags(args, source.hf_overrides.take()),
+        source,
+        ranks: wload::Ranks::ThisProcess(lopts.ranks.clone()),
+        // A dry run without --read reads no tensor data: of a hub repo, only the headers.
+        headers_only: lopts.dry_run && !lopts.read,
+    })?;
     // Called once planning is done and the transfer starts: from then on a signal stops the
     // transfer cleanly.
     let start = |total| {
         interrupt::install();
         bars::labelled_bar(total, g.quiet, "loading")
     };
-    let lopts = options::load_options(args);
-    let report = wload::load(&sopts, &settings.plan, &lopts, interrupt::flag(), &start)?;
+    let report = wload::load(&planned, &lopts, interrupt::flag(), &start, t_all)?;
     emit::hub_fetched(report.hub_fetched.as_ref(), g.quiet);
     // After the run: an error, when there is one, comes first on stderr.
-    if let (Some(note), false) = (&settings.note, g.quiet) {
+    if let (Some(note), false) = (&planned.note, g.quiet) {
         say(format_args!("note: {}", Esc(note)));
     }
     let json = json_if(args.json, Some(wload::schema::LOAD));

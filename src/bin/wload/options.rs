@@ -107,7 +107,7 @@ pub(crate) fn load_options(a: &LoadArgs) -> LoadOptions {
     }
 }
 
-/// `load`'s parallel flags as given, for `wload::load_settings` to complete from
+/// `load`'s parallel flags as given, for `wload::plan` to complete from
 /// SOURCE's wload.json; `hf_overrides` parsed by [`source_options`].
 pub(crate) fn load_flags(
     a: &LoadArgs,

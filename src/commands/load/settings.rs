@@ -36,7 +36,7 @@ pub struct LoadFlags {
 
 /// What `load` runs with: the flags, completed from SOURCE's `wload.json`.
 #[derive(Debug, Clone)]
-pub struct LoadSettings {
+pub(crate) struct LoadSettings {
     pub plan: PlanOptions,
     pub config_format: ConfigFormat,
     /// `--hf-overrides`: as given, else those the folder's files were planned with.
@@ -53,7 +53,7 @@ pub struct LoadSettings {
 /// pattern's names) is refused here, naming both. Exit 3 for a
 /// manifest recording a size of 0 or a flag the file names contradict, 2 when neither flag,
 /// manifest nor file names give a TP size.
-pub fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, Error> {
+pub(crate) fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, Error> {
     // A mistyped folder is named as one (with the close name that exists), not as a folder that
     // records no TP size.
     crate::resolve::source::refuse_missing_path(source)?;
