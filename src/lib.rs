@@ -64,16 +64,16 @@ pub use ranks::World;
 pub use resolve::remote::Fetched;
 pub use resolve::{LoadFormat, ResolveError};
 
-/// The engine's parts the Python package drives itself (until `api::fill` takes them over).
+/// The engine as the Python package drives it: one `fill` into caller-owned host or GPU memory
+/// (a borrowing `CudaDevice`), with the I/O mode chosen as `wload load` chooses it.
 pub mod engine {
     pub use crate::exec::cuda::{self, CudaDevice};
     pub use crate::exec::device::{Device, DeviceError, Stages};
     pub use crate::exec::host_ptr::HostPtrSink;
-    pub use crate::exec::load::LoadSink;
     pub use crate::exec::source::IoMode;
     pub use crate::exec::{
-        Control, ExecError, ExecOptions, Placement, Sink, Stats, execute, io_choice, source_files,
-        worker_threads,
+        Control, Destinations, ExecError, ExecOptions, Filled, Stats, fill, io_choice,
+        source_files, worker_threads,
     };
 }
 

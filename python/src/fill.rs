@@ -12,11 +12,10 @@ use pyo3::prelude::*;
 
 use wload::Plan;
 use wload::Quiet;
-use wload::engine::HostPtrSink;
 use wload::engine::IoMode;
-use wload::engine::LoadSink;
 use wload::engine::cuda::{self, CudaDevice};
-use wload::engine::{Control, ExecError, ExecOptions, Placement, Sink, Stats, io_choice};
+use wload::engine::{Control, ExecError, ExecOptions, Stats, io_choice};
+use wload::engine::{Destinations, Filled, HostPtrSink, fill as fill_engine};
 use wload::engine::{Device, DeviceError, Stages};
 
 /// Where the destinations are.
@@ -137,25 +136,19 @@ pub(crate) fn fill(
         io: choice.used,
         ..ExecOptions::for_run()
     };
-    let placements: Vec<Placement> = (0..plan.ranks[j].tensors.len())
-        .map(|ti| Placement {
-            rank: j,
-            tensor: ti,
-            out: ti,
-            offset: 0,
-        })
-        .collect();
-    // Phase 2: the sink, and the engine run.
+    // Phase 2: the destination, and the engine run.
     let cancel = AtomicBool::new(false);
     let ctl = Control::new(&cancel, &Quiet).with_options(opts);
-    let (sink, transfer_s, sync_s) = match target {
+    let (sink, filled) = match target {
         Target::Host => {
             let dests = dests.into_iter().map(|(p, n)| (p as *mut u8, n)).collect();
             // SAFETY: the caller of `Plan.load` guarantees each address is writable for the
             // tensor's nbytes and untouched until the load returns (the API's contract).
             let sink = unsafe { HostPtrSink::new(dests) };
-            let transfer_s = run(py, plan, root, &placements, &sink, &ctl)?;
-            (SinkStages::of(sink.stages(), 0), transfer_s, 0.0)
+            let filled = run(py, &ctl, || {
+                fill_engine(plan, root, &[j], Destinations::Host(&sink), &ctl)
+            })?;
+            (SinkStages::of(sink.stages(), 0), filled)
         }
         Target::Cuda { ordinal, stream } => {
             // Declared first, dropped last: the device's Drop binds its context here too.
@@ -167,17 +160,11 @@ pub(crate) fn fill(
             );
             let gpu = open_gpu(ordinal, slots, stream, dests)?;
             let devices: Vec<Box<dyn Device>> = vec![Box::new(gpu)];
-            let sink = LoadSink::new(&devices, (0..placements.len()).map(|i| (0, i)).collect());
-            let transfer_s = run(py, plan, root, &placements, &sink, &ctl)?;
-            let t = Instant::now();
-            py.detach(|| devices[0].synchronize())?;
-            let sync_s = t.elapsed().as_secs_f64();
+            let filled = run(py, &ctl, || {
+                fill_engine(plan, root, &[j], Destinations::Devices(&devices), &ctl)
+            })?;
             let d = &devices[0];
-            (
-                SinkStages::of(d.stages(), d.staging_bytes()),
-                transfer_s,
-                sync_s,
-            )
+            (SinkStages::of(d.stages(), d.staging_bytes()), filled)
         }
     };
     Ok(LoadDone {
@@ -185,8 +172,8 @@ pub(crate) fn fill(
         stats: ctl.stats,
         sink,
         cache_s,
-        transfer_s,
-        sync_s,
+        transfer_s: filled.transfer_s,
+        sync_s: filled.sync_s,
     })
 }
 
@@ -225,21 +212,18 @@ fn open_gpu(
     }
 }
 
-/// Runs the engine on a thread of its own while this one waits without the GIL, checking
-/// Python's signals every tenth of a second. Returns the engine's seconds.
+/// Runs `work` (the engine, and for a GPU the wait for its copies) on a thread of its own while
+/// this one waits without the GIL, checking Python's signals every tenth of a second: Ctrl-C
+/// sets `ctl`'s cancel flag, and the engine stops within a chunk.
 fn run(
     py: Python<'_>,
-    plan: &Plan,
-    root: &Path,
-    placements: &[Placement],
-    sink: &dyn Sink,
     ctl: &Control,
-) -> Result<f64, FillError> {
-    let t = Instant::now();
+    work: impl FnOnce() -> Result<Filled, ExecError> + Send,
+) -> Result<Filled, FillError> {
     std::thread::scope(|s| {
         let (tx, mut rx) = mpsc::channel();
         s.spawn(move || {
-            let _ = tx.send(wload::engine::execute(plan, root, placements, sink, ctl));
+            let _ = tx.send(work());
         });
         loop {
             // The receiver travels into the GIL-free closure and back (it is Send, not Sync).
@@ -249,7 +233,7 @@ fn run(
                 (rx, got)
             });
             match got {
-                Ok(r) => return r.map(|()| t.elapsed().as_secs_f64()).map_err(Into::into),
+                Ok(r) => return r.map_err(Into::into),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Err(e) = py.check_signals() {
                         ctl.cancel.store(true, Ordering::Relaxed);

@@ -29,7 +29,7 @@ use crate::exec::io_choice;
 use crate::exec::load::LoadSink;
 use crate::exec::source::IoMode;
 use crate::exec::timing;
-use crate::exec::{Control, ExecError, ExecOptions, Placement, Stats};
+use crate::exec::{Control, Destinations, ExecError, ExecOptions, Placement, Stats};
 use crate::open::Opened;
 use crate::plan::PlanOptions;
 use crate::plan::pre_sharded;
@@ -316,32 +316,15 @@ fn transfer(
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
     timings: &mut LoadTimings,
 ) -> Result<Vec<f64>, Error> {
-    let mut map = Vec::new();
-    let mut placements = Vec::new();
-    for (j, r) in planned.plan.ranks.iter().enumerate() {
-        for ti in 0..r.tensors.len() {
-            placements.push(Placement {
-                rank: j,
-                tensor: ti,
-                out: map.len(),
-                offset: 0,
-            });
-            map.push((j, ti));
-        }
-    }
-    let sink = LoadSink::new(devices, map);
-    let t = Instant::now();
     let bar = progress(planned.bytes());
     let ctl = Control::new(cancel, bar.as_ref()).with_options(opts);
-    crate::exec::execute(&planned.plan, planned.root(), &placements, &sink, &ctl)?;
+    let ranks: Vec<usize> = (0..planned.plan.ranks.len()).collect();
+    let dests = Destinations::Devices(devices);
+    let filled = crate::exec::fill(&planned.plan, planned.root(), &ranks, dests, &ctl)?;
     let stats = ctl.stats;
     drop(bar);
-    timings.transfer_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for d in devices {
-        d.synchronize()?;
-    }
-    timings.sync_s = t.elapsed().as_secs_f64();
+    timings.transfer_s = filled.transfer_s;
+    timings.sync_s = filled.sync_s;
     timings.read_s = Stats::secs(&stats.read_ns);
     timings.convert_s = Stats::secs(&stats.convert_ns);
     timings.copy_s = Stats::secs(&stats.put_ns);
@@ -349,7 +332,7 @@ fn transfer(
     let wall = timings.transfer_s + timings.sync_s;
     timings.read_gbps = timing::gbps(timings.bytes_read, wall);
     timings.h2d_gbps = timing::gbps(planned.bytes(), wall);
-    Ok(sink.copy_ns.iter().map(Stats::secs).collect())
+    Ok(filled.device_s)
 }
 
 /// Per-rank reports; with `--checksums` or `--check`, every tensor copied back from its device

@@ -9,7 +9,7 @@ use super::device::{Device, DeviceError};
 use super::source::SourceFile;
 use super::{ExecError, Sink};
 
-pub struct LoadSink<'a> {
+pub(crate) struct LoadSink<'a> {
     devices: &'a [Box<dyn Device>],
     /// out → (device, buffer)
     map: Vec<(usize, usize)>,
@@ -19,7 +19,7 @@ pub struct LoadSink<'a> {
 
 impl<'a> LoadSink<'a> {
     /// A sink onto `devices`, output `out` going to buffer `map[out].1` of device `map[out].0`.
-    pub fn new(devices: &'a [Box<dyn Device>], map: Vec<(usize, usize)>) -> LoadSink<'a> {
+    pub(crate) fn new(devices: &'a [Box<dyn Device>], map: Vec<(usize, usize)>) -> LoadSink<'a> {
         let copy_ns = (0..devices.len()).map(|_| AtomicU64::new(0)).collect();
         LoadSink {
             devices,

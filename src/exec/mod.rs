@@ -6,6 +6,7 @@ pub(crate) mod convert;
 mod copy;
 pub mod cuda;
 pub(crate) mod device;
+mod fill;
 mod gather;
 pub(crate) mod hooks;
 pub(crate) mod host_ptr;
@@ -97,7 +98,7 @@ impl ExecOptions {
 }
 
 /// Where converted bytes go.
-pub trait Sink: Sync {
+pub(crate) trait Sink: Sync {
     /// `bytes` belong at byte `offset` of output `out`.
     fn put(&self, out: usize, offset: u64, bytes: &[u8]) -> Result<(), ExecError>;
     /// Outputs start as zeros (fresh sparse files, zeroed memory): zero fills can be skipped.
@@ -221,7 +222,7 @@ impl ExecError {
 
 /// Where one output tensor lives: output `out`, data starting at byte `offset`.
 #[derive(Debug, Clone, Copy)]
-pub struct Placement {
+pub(crate) struct Placement {
     pub rank: usize,
     pub tensor: usize,
     pub out: usize,
@@ -255,7 +256,7 @@ impl<'a> Control<'a> {
 
 /// Runs every piece of the placed tensors: copies first, split into work items of at most one
 /// chunk (so that one large tensor keeps every thread busy, not one), then fills.
-pub fn execute(
+pub(crate) fn execute(
     plan: &Plan,
     root: &Path,
     placements: &[Placement],
@@ -312,6 +313,7 @@ pub fn execute(
 }
 
 // Re-exports for callers outside `exec/` only, kept until they import from the defining files.
+pub use self::fill::{Destinations, Filled, fill};
 pub(crate) use self::jobs::phases;
 pub use self::stamps::source_files;
 pub(crate) use self::stamps::{planned_stamp, still_planned};
