@@ -36,37 +36,15 @@ fn snapshot(name: &str, out: &Output) {
 
 /// [`snapshot`] with `extra` filters (regex, replacement) for what only this output varies in.
 fn snapshot_with(name: &str, out: &Output, extra: &[(&str, &str)]) {
-    let root = manifest_dir().display().to_string();
-    let tmp = std::env::temp_dir().display().to_string();
-    let mut filters: Vec<(String, &str)> = vec![
-        (regex_escape(&root), "[ROOT]"),
-        (
-            format!(r"{}/\.tmp[A-Za-z0-9]+", regex_escape(&tmp)),
-            "[TMP]",
-        ),
-        (r"\b\d+(\.\d+)? ?(ns|µs|us|ms|s)\b".into(), "[TIME]"),
-        (r"\b\d+(\.\d+)? ?[KMGT]i?B/s\b".into(), "[RATE]"),
-        // How shard chose to read depends on the page cache at the time.
-        (r"(?m)^read: io .*$".into(), "read: [IO CHOICE]"),
-        (
-            r#""wload_version": "[^"]*""#.into(),
-            r#""wload_version": "[VERSION]""#,
-        ),
-    ];
-    filters.extend(extra.iter().map(|(a, b)| (a.to_string(), *b)));
-    let filters: Vec<(&str, &str)> = filters.iter().map(|(a, b)| (a.as_str(), *b)).collect();
+    let mut filters = snapshot_filters();
+    filters.extend(extra.iter().map(|(a, b)| (a.to_string(), b.to_string())));
+    let filters: Vec<(&str, &str)> = filters
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     insta::with_settings!({ filters => filters, prepend_module_to_snapshot => false }, {
         insta::assert_snapshot!(name, shown(out));
     });
-}
-
-fn regex_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            let special = "\\.+*?()|[]{}^$#&-~".contains(c);
-            special.then_some('\\').into_iter().chain([c])
-        })
-        .collect()
 }
 
 fn gqa() -> String {

@@ -130,7 +130,7 @@ fn a_subcommand_page_names_the_command_as_typed() {
         "the synopsis: {page}"
     );
     let out = wload().args(["man", "no-such-command"]).output().unwrap();
-    assert_refused(&out, 2, &["no page for 'no-such-command'", "inspect"]);
+    assert_refusal_text(&out, 2, &["no page for 'no-such-command'", "inspect"]);
 }
 
 #[test]
@@ -226,7 +226,7 @@ fn missing_source_is_a_usage_error() {
             .env("RUST_BACKTRACE", "1")
             .output()
             .unwrap();
-        let stderr = assert_refused(&run, 2, &["no such file or directory"]);
+        let stderr = assert_refusal_text(&run, 2, &["no such file or directory"]);
         let ctx = format!("{args:?}: {}", context(&run));
         assert!(
             stderr.starts_with(&format!("error: {src}: ")),
@@ -316,7 +316,7 @@ fn numeric_flags_say_their_range_in_words() {
         ),
     ] {
         let out = run(args);
-        let err = assert_refused(&out, 2, &[says]);
+        let err = assert_refusal_text(&out, 2, &[says]);
         assert!(!err.contains("18446744073709551615"), "{args:?}: {err}");
     }
 }

@@ -430,12 +430,12 @@ fn load_takes_its_flags_from_the_manifest() {
     ] {
         let mut args = vec!["load", s(&out), "--dry-run"];
         args.extend_from_slice(flag);
-        let err = assert_refused(&run(&args), 3, needles);
+        let err = assert_refusal_text(&run(&args), 3, needles);
         assert!(!err.contains("note:"), "{err}");
     }
 
     // A TP the model refuses too: the manifest's value is named first.
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &run(&["load", s(&out), "--dry-run", "--tp", "3"]),
         3,
         &["written for --tp 2, loaded with --tp 3", "not divisible"],
@@ -447,7 +447,7 @@ fn load_takes_its_flags_from_the_manifest() {
 
     let dense = work.path().join("dense");
     shard_ok(&fixture(GQA), 2, &dense, &["-q"]);
-    assert_refused(
+    assert_refusal_text(
         &run(&["load", s(&dense), "--dry-run", "--enable-expert-parallel"]),
         3,
         &["--enable-expert-parallel", "no expert parallelism"],
@@ -470,7 +470,7 @@ fn load_takes_pp_from_the_manifest() {
 /// Without a manifest, `load` cannot guess the TP size: a usage error that says what to pass.
 #[test]
 fn load_without_manifest_or_tp_is_a_usage_error() {
-    assert_refused(
+    assert_refusal_text(
         &run(&["load", s(&fixture(GQA)), "--dry-run"]),
         2,
         &["--tp is needed", "wload.json", "pass --tp N"],
@@ -480,7 +480,7 @@ fn load_without_manifest_or_tp_is_a_usage_error() {
     let work = TempDir::new().unwrap();
     fs::create_dir(work.path().join("out")).unwrap();
     let typo = work.path().join("ouy");
-    assert_refused(
+    assert_refusal_text(
         &run(&["load", s(&typo), "--dry-run"]),
         2,
         &[
@@ -507,9 +507,9 @@ fn plan_and_shard_refuse_a_pre_sharded_folder() {
         "original checkpoint",
         s(&original),
     ];
-    assert_refused(&run(&["plan", s(&out), "--tp", "2"]), 3, &needles);
+    assert_refusal_text(&run(&["plan", s(&out), "--tp", "2"]), 3, &needles);
     let again = work.path().join("again");
-    assert_refused(
+    assert_refusal_text(
         &run(&["shard", s(&out), "--tp", "4", "-o", s(&again)]),
         3,
         &needles,
@@ -519,7 +519,7 @@ fn plan_and_shard_refuse_a_pre_sharded_folder() {
     let pp = work.path().join("pp");
     shard_ok(&fixture(GQA), 2, &pp, &["--pp", "2", "-q"]);
     fs::remove_file(pp.join("wload.json")).unwrap();
-    assert_refused(
+    assert_refusal_text(
         &run(&["plan", s(&pp), "--tp", "2"]),
         3,
         &[
@@ -547,7 +547,7 @@ fn a_lone_safetensors_file_is_inspected_and_explained() {
     assert!(human.contains("a single safetensors file"), "{human}");
     assert!(human.contains("model.embed_tokens.weight"), "{human}");
 
-    assert_refused(
+    assert_refusal_text(
         &run(&["plan", s(&file), "--tp", "2"]),
         2,
         &[
@@ -558,7 +558,7 @@ fn a_lone_safetensors_file_is_inspected_and_explained() {
     let work = TempDir::new().unwrap();
     let alone = work.path().join("w.safetensors");
     fs::copy(&file, &alone).unwrap();
-    assert_refused(
+    assert_refusal_text(
         &run(&[
             "shard",
             s(&alone),
@@ -573,7 +573,7 @@ fn a_lone_safetensors_file_is_inspected_and_explained() {
             "wload inspect",
         ],
     );
-    assert_refused(
+    assert_refusal_text(
         &run(&["load", s(&alone), "--tp", "2", "--dry-run"]),
         2,
         &["single .safetensors file has no config"],
@@ -593,7 +593,7 @@ fn a_missing_folder_shaped_like_a_repo_id_says_so() {
         .args(["inspect", "models/llama"])
         .output()
         .unwrap();
-    assert_refused(
+    assert_refusal_text(
         &o,
         1,
         &["models/llama: no local folder of that name", "cannot reach"],
@@ -606,7 +606,7 @@ fn a_missing_folder_shaped_like_a_repo_id_says_so() {
         .args(["inspect", "models/llama"])
         .output()
         .unwrap();
-    assert_refused(
+    assert_refusal_text(
         &o,
         1,
         &[

@@ -108,7 +108,7 @@ fn a_partitioned_folder_copied_elsewhere_says_how_to_serve_it() {
     assert_eq!(k, PARTITION);
     assert!(ok.status.success(), "{}", context(&ok));
     let bad = run_with(Path::new("/"), None, &["load", s(&elsewhere), "--dry-run"]);
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &bad,
         3,
         &["another pipeline split", "set VLLM_PP_LAYER_PARTITION=1,2"],
@@ -191,7 +191,7 @@ fn runs_of_different_plans_are_refused_naming_the_files() {
         "no serve line for files of two plans: {v:#}"
     );
     let l = run(&["load", s(&merged), "--dry-run"]);
-    assert_refused(
+    assert_refusal_text(
         &l,
         3,
         &[
@@ -212,7 +212,7 @@ fn runs_of_different_plans_are_refused_naming_the_files() {
     fs::write(&rec, serde_json::to_vec(&m).unwrap()).unwrap();
     copy_files(&c, &merged);
     let l = run(&["load", s(&merged), "--dry-run"]);
-    assert_refused(&l, 3, &["wload-ranks-4-7.json", "wload version 0.0.9, not"]);
+    assert_refusal_text(&l, 3, &["wload-ranks-4-7.json", "wload version 0.0.9, not"]);
 }
 
 /// Two `--ranks` runs of one TP 8 plan of `source` (ranks 0-3 and 4-7) in `work/node0` and
@@ -273,7 +273,7 @@ fn a_gathered_folder_without_a_readable_record_is_refused_by_inspect_and_load() 
         assert_eq!(v["complete"], false, "{case}: {v:#}");
         assert!(v.to_string().contains(named), "{case}: {v:#}");
         let l = run(&["load", s(&merged), "--dry-run", "--read"]);
-        assert_refused(&l, 3, &[named]);
+        assert_refusal_text(&l, 3, &[named]);
     }
 }
 
@@ -320,7 +320,7 @@ fn runs_of_two_checkpoints_with_one_tensor_table_are_refused() {
             assert!(text.contains(n), "{case}: {v:#}");
         }
         let l = run(&["load", s(&merged), "--dry-run", "--read"]);
-        assert_refused(&l, 3, &["wload-ranks-4-7.json", "wload-ranks-0-3.json"]);
+        assert_refusal_text(&l, 3, &["wload-ranks-4-7.json", "wload-ranks-0-3.json"]);
     }
     // A copy of the checkpoint elsewhere (new path, new modification times) is the same source.
     let copy = copy_fixture(GQA);
@@ -356,7 +356,7 @@ fn a_record_without_source_data_is_not_merged() {
         "{v:#}"
     );
     let l = run(&["load", s(&merged), "--dry-run", "--read"]);
-    assert_refused(&l, 3, &["wload-ranks-4-7.json", "records no source data"]);
+    assert_refusal_text(&l, 3, &["wload-ranks-4-7.json", "records no source data"]);
     let l = run(&["load", s(&b), "--dry-run", "--ranks", "4-7", "--read"]);
     assert!(l.status.success(), "{}", context(&l));
 }
@@ -422,5 +422,5 @@ fn hf_overrides_are_recorded_served_loaded_and_kept_apart() {
             "{e}\n{v:#}"
         );
     }
-    assert_refused(&run(&["load", s(&merged), "--dry-run"]), 3, &expected);
+    assert_refusal_text(&run(&["load", s(&merged), "--dry-run"]), 3, &expected);
 }

@@ -327,14 +327,14 @@ fn plan_json_has_the_verdict_and_totals() {
 fn a_refused_tp_names_the_sizes_that_work() {
     let gqa = fixtures_dir().join("llama_gqa");
     let out = run(&["plan", s(&gqa), "--tp", "3"]);
-    assert_refused(
+    assert_refusal_text(
         &out,
         3,
         &["fix: choose a --tp that divides 8; TP sizes that work: 1, 2, 4, 8"],
     );
     let fp8 = fixtures_dir().join("llama_gqa_fp8_block");
     let out = run(&["plan", s(&fp8), "--tp", "4"]);
-    assert_refused(
+    assert_refusal_text(
         &out,
         3,
         &["choose another --tp (now 4); TP sizes that work: 1, 2"],
@@ -364,7 +364,7 @@ fn expert_parallel_on_a_dense_model_is_a_usage_error() {
         &["load", src, "--tp", "2", "--device", "cpu", "--dry-run", ep],
     ] {
         let out = run(args);
-        assert_refused(
+        assert_refusal_text(
             &out,
             2,
             &[
@@ -379,7 +379,7 @@ fn expert_parallel_on_a_dense_model_is_a_usage_error() {
     shard_ok(&fx, 2, &sharded, &[]);
     std::fs::remove_file(sharded.join("wload.json")).unwrap();
     let args = ["load", s(&sharded), "--tp", "2", "--dry-run", ep];
-    assert_refused(&run(&args), 2, &["has no experts"]);
+    assert_refusal_text(&run(&args), 2, &["has no experts"]);
     // A MoE takes it.
     let moe = fixtures_dir().join("mixtral");
     let out = run(&["plan", s(&moe), "--tp", "2", ep, "-q"]);

@@ -146,7 +146,7 @@ fn qwen3_moe_reads_num_local_experts_as_num_experts() {
     assert_eq!(shard_bytes(hub.path(), 2), shard_bytes(tf5.path(), 2));
     // The mapping's check reads the resolved count whichever spelling the file used.
     let out = run(&["plan", s(tf5.path()), "--tp", "4"]);
-    assert_refused(
+    assert_refusal_text(
         &out,
         3,
         &["Tensor parallel size 4 is greater than the number of experts 2"],
@@ -192,7 +192,7 @@ fn a_missing_aliased_field_names_both_spellings() {
     )
     .unwrap();
     let out = run(&["plan", s(tmp.path()), "--tp", "1", "--mapping", s(&mapping)]);
-    assert_refused(
+    assert_refusal_text(
         &out,
         3,
         &["config field 'num_experts' (or 'num_local_experts') is missing"],

@@ -195,7 +195,7 @@ fn deepseek_never_ties_lm_head_to_the_embedding() {
     });
     drop_tensor(dir.path(), "lm_head.weight");
     let out = run(&["plan", s(dir.path()), "--tp", "2"]);
-    assert_refused(
+    assert_refusal_text(
         &out,
         3,
         &["parameter 'lm_head.weight' has nothing in the checkpoint to fill it"],
@@ -253,7 +253,7 @@ fn a_bidirectional_deepseek_is_refused() {
         m.insert("is_causal".into(), json!(false));
     });
     let out = run(&["plan", s(dir.path()), "--tp", "2"]);
-    assert_refused(&out, 3, &["is_causal is false"]);
+    assert_refusal_text(&out, 3, &["is_causal is false"]);
     let causal = fixture_with("deepseek_v3", |m| {
         m.insert("is_causal".into(), json!(true));
     });

@@ -459,7 +459,7 @@ fn the_mtp_layer_is_skipped_and_the_rest_is_vllms() {
 fn layer_2_tensors_without_nextn_layers_are_refused() {
     let (src, _) = with_mtp_layer(0);
     let o = run(&["plan", s(src.path()), "--tp", "2"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["model.layers.2.eh_proj.weight", "matches no parameter"],
@@ -697,7 +697,7 @@ fn block_fp8_with_a_bf16_kv_a_proj_is_refused() {
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
     let o = shard(src.path(), 2, &out, &[]);
-    assert_refused(&o, 3, &["kv_a_proj_with_mqa"]);
+    assert_refusal_text(&o, 3, &["kv_a_proj_with_mqa"]);
     assert!(!out.exists(), "nothing written");
 }
 
@@ -873,7 +873,7 @@ fn pipeline_stages_follow_the_llama_rule_and_split_the_tp1_output() {
 #[test]
 fn a_tp_above_the_head_count_is_refused() {
     let o = run(&["plan", s(&fixture(FIXTURE)), "--tp", "16"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["num_attention_heads (8) is not divisible by tp (16)"],
@@ -888,7 +888,7 @@ fn block_fp8_with_a_shared_partition_below_the_block_is_refused() {
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
     let o = shard(src.path(), 4, &out, &[]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &[
@@ -1006,7 +1006,7 @@ fn block_fp8_with_a_q_lora_rank_off_the_block_is_refused() {
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
     let o = shard(src.path(), 2, &out, &[]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["model.layers.0.self_attn.fused_qkv_a_proj.weight_scale_inv"],
@@ -1030,6 +1030,6 @@ fn block_fp8_merged_gate_up_off_the_block_at_tp1_is_refused() {
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
     let o = shard(src.path(), 1, &out, &[]);
-    assert_refused(&o, 3, &["model.layers.0.mlp.gate_up_proj.weight_scale_inv"]);
+    assert_refusal_text(&o, 3, &["model.layers.0.mlp.gate_up_proj.weight_scale_inv"]);
     assert!(!out.exists(), "nothing written");
 }

@@ -161,7 +161,7 @@ fn deepseek_v32_fp8_wk_mx_scales_every_code() {
 fn deepseek_v32_fp8_wk_bad_or_missing_scale_refused() {
     let src = fp8_wk(&[("F32", &[3, 4]), ("F32", &[1, 1])], false);
     let o = run(&["plan", s(src.path()), "--tp", "2"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["has shape [3, 4], which does not divide FP8 tensor"],
@@ -172,7 +172,7 @@ fn deepseek_v32_fp8_wk_bad_or_missing_scale_refused() {
     ck.remove(&format!("{}_scale_inv", wk(1)));
     write_held(&p, &ck);
     let o = run(&["plan", s(src.path()), "--tp", "2"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["has no 'model.layers.1.self_attn.indexer.wk.weight_scale_inv'"],

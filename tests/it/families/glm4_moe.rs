@@ -437,7 +437,7 @@ fn a_tp_that_does_not_divide_the_heads_is_refused() {
     let out = TempDir::new().unwrap();
     let dir = out.path().join("tp3");
     let o = shard(src.path(), 3, &dir, &[]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &[
@@ -461,7 +461,7 @@ fn a_tp_that_does_not_divide_the_heads_is_refused() {
         "8",
         "--enable-expert-parallel",
     ]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["the shared experts' intermediate size (68) is not divisible by tp (8)"],

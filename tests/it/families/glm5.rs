@@ -42,7 +42,7 @@ const WHY: &[&str] = &[
 ];
 
 fn assert_types_only_refused(dir: &Path, params: &[String]) {
-    let err = assert_refused(&run(&["plan", s(dir), "--tp", "2"]), 3, WHY);
+    let err = assert_refusal_text(&run(&["plan", s(dir), "--tp", "2"]), 3, WHY);
     for p in params {
         assert!(err.contains(&format!("'{p}' has nothing")), "{p}: {err}");
     }
@@ -56,7 +56,7 @@ fn assert_types_only_refused(dir: &Path, params: &[String]) {
     assert!(stdout(&sizes).contains(WHY[0]), "{}", context(&sizes));
     let out = TempDir::new().unwrap();
     let o = out.path().join("out");
-    assert_refused(&shard(dir, 2, &o, &[]), 3, WHY);
+    assert_refusal_text(&shard(dir, 2, &o, &[]), 3, WHY);
     assert!(!o.join("model-rank-0-part-0.safetensors").exists());
 }
 
@@ -114,7 +114,7 @@ fn a_missing_indexer_without_shared_layers_gets_the_generic_fix() {
         types_only(m);
         m.insert("indexer_types".into(), json!(["full", "full", "full"]));
     });
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &run(&["plan", s(dir.path()), "--tp", "2"]),
         3,
         &[
@@ -133,7 +133,7 @@ fn glm5_fp8_block_32_at_tp8_is_refused_in_vllms_words() {
     let f = fixture("glm5_fp8");
     let vllm =
         "Weight output_partition_size = 80 is not divisible by weight quantization block_n = 32.";
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &run(&["plan", s(&f), "--tp", "8"]),
         3,
         &[

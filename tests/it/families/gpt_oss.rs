@@ -243,7 +243,7 @@ fn a_bf16_checkpoint_that_says_mxfp4_is_refused_by_shape() {
         if cmd == "shard" {
             args.extend(["-o", s(&o)]);
         }
-        let err = assert_refused(
+        let err = assert_refusal_text(
             &run(&args),
             3,
             &[
@@ -265,7 +265,7 @@ fn a_bf16_checkpoint_that_says_mxfp4_is_refused_by_shape() {
 #[test]
 fn sizes_that_do_not_fit_are_refused() {
     let fx = fixture(CASE);
-    assert_refused(
+    assert_refusal_text(
         &run(&["plan", s(&fx), "--tp", "8"]),
         3,
         &[
@@ -273,7 +273,7 @@ fn sizes_that_do_not_fit_are_refused() {
             "choose a --tp that divides 4",
         ],
     );
-    assert_refused(
+    assert_refusal_text(
         &run(&[
             "plan",
             s(&fx),

@@ -191,7 +191,7 @@ fn tp4_without_expert_parallelism_is_refused_in_vllms_words() {
         let mut args = vec!["plan", s(&src), "--tp", "4"];
         args.extend_from_slice(flags);
         let refused = run(&args);
-        assert_refused(
+        assert_refusal_text(
             &refused,
             3,
             &[MOE, GROUP_REFUSAL, "--enable-expert-parallel"],
@@ -203,7 +203,7 @@ fn tp4_without_expert_parallelism_is_refused_in_vllms_words() {
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
     let refused = shard(&src, 4, &out, &["--language-model-only"]);
-    assert_refused(&refused, 3, &[GROUP_REFUSAL]);
+    assert_refusal_text(&refused, 3, &[GROUP_REFUSAL]);
 }
 
 /// The deployment width (spec §12.4, `kimi_k25_w4a16__lmonly__ep/tp8`): one MLA head and one
@@ -313,7 +313,7 @@ fn the_tower_stays_unquantized_whatever_the_ignore_list_says() {
 fn pipeline_stages_with_the_tower_are_refused_with_the_fix() {
     let src = fixture(CASE);
     let refused = run(&["plan", s(&src), "--tp", "1", "--pp", "2"]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &[
@@ -340,7 +340,7 @@ fn a_split_tower_needs_its_mlp_divisible_and_other_variants_are_refused() {
     let src = fixture(CASE);
     let odd = r#"{"vision_config": {"intermediate_size": 191}}"#;
     let refused = run(&["plan", s(&src), "--tp", "2", "--hf-overrides", odd]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &[
@@ -350,5 +350,5 @@ fn a_split_tower_needs_its_mlp_divisible_and_other_variants_are_refused() {
     );
     let rms = r#"{"vision_config": {"norm_type": "rmsnorm"}}"#;
     let refused = run(&["plan", s(&src), "--tp", "2", "--hf-overrides", rms]);
-    assert_refused(&refused, 3, &["MoonViT variant", "--language-model-only"]);
+    assert_refusal_text(&refused, 3, &["MoonViT variant", "--language-model-only"]);
 }

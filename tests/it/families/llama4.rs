@@ -247,10 +247,10 @@ fn without_language_model_only_it_is_refused_with_the_fix() {
         "Llama 4's vision tower (vision_model.*, multi_modal_projector.*) is not mapped by wload";
     let fix = "pass --language-model-only";
     let plan = run(&["plan", s(&src), "--tp", "2"]);
-    assert_refused(&plan, 3, &["1 problem found", msg, fix]);
+    assert_refusal_text(&plan, 3, &["1 problem found", msg, fix]);
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
-    assert_refused(&shard(&src, 2, &out, &[]), 3, &[msg, fix]);
+    assert_refusal_text(&shard(&src, 2, &out, &[]), 3, &[msg, fix]);
     assert!(!out.exists(), "nothing written");
     let sizes = wload_json(&["sizes", s(&src), "--max-tp", "8", "--json"]);
     assert_eq!(sizes["accepted_tp"], serde_json::json!([]), "{sizes:#}");
@@ -299,7 +299,7 @@ fn sizes_agrees_with_the_checks() {
             continue;
         }
         let heads = format!("num_attention_heads (8) is not divisible by tp ({tp})");
-        assert_refused(&out, 3, &[&heads, "choose a --tp that divides 8"]);
+        assert_refusal_text(&out, 3, &[&heads, "choose a --tp that divides 8"]);
         let row = sizes["checked"]
             .as_array()
             .unwrap()
@@ -309,7 +309,7 @@ fn sizes_agrees_with_the_checks() {
         assert!(row["reason"].as_str().unwrap().starts_with(&heads), "{row}");
     }
     let three = run(&["plan", s(&src), "--tp", "3", LM]);
-    assert_refused(
+    assert_refusal_text(
         &three,
         3,
         &[

@@ -110,7 +110,7 @@ fn qwen2_builds_q_and_k_norms_when_the_config_asks() {
     let config = json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"});
     let ckpt = checkpoint(config, 1, |_| true, with_biases);
     let out = run(&["plan", s(ckpt.path()), "--tp", "2"]);
-    assert_refused(
+    assert_refusal_text(
         &out,
         3,
         &["tensor 'model.layers.0.self_attn.q_norm.weight' matches no parameter"],
@@ -222,7 +222,7 @@ fn the_same_checkpoint_without_the_file_is_refused() {
         .args(["plan", s(ckpt.path()), "--tp", "1"])
         .output()
         .unwrap();
-    assert_refused(&out, 3, &["model.layers.0.self_attn.q_norm.weight"]);
+    assert_refusal_text(&out, 3, &["model.layers.0.self_attn.q_norm.weight"]);
 }
 
 /// The shipped Qwen3-MoE file picks MoE or dense per layer with a derived value that reads `i`.
@@ -325,7 +325,7 @@ fn refused_mapping(dir: &Path, body: &str) -> String {
         .unwrap();
     // Which of the test's several bodies failed, before the common checks.
     assert_eq!(out.status.code(), Some(2), "{body}\n→ {}", stderr(&out));
-    assert_refused(&out, 2, &["bad.yaml"])
+    assert_refusal_text(&out, 2, &["bad.yaml"])
 }
 
 #[test]

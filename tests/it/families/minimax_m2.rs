@@ -199,10 +199,10 @@ fn more_ranks_than_experts_is_refused() {
     let fix = "choose a --tp of at most 4";
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("tp8");
-    assert_refused(&shard(&src, 8, &out, &[]), 3, &[msg, fix]);
+    assert_refusal_text(&shard(&src, 8, &out, &[]), 3, &[msg, fix]);
     assert!(!out.exists(), "nothing written");
     let ep = run(&["plan", s(&src), "--tp", "8", "--enable-expert-parallel"]);
-    assert_refused(&ep, 3, &[msg, fix]);
+    assert_refusal_text(&ep, 3, &[msg, fix]);
     let sizes = wload_json(&["sizes", s(&src), "--max-tp", "8", "--json"]);
     assert_eq!(
         sizes["accepted_tp"],
@@ -225,5 +225,5 @@ fn more_ranks_than_experts_is_refused() {
     assert!(reason(8, true).starts_with(msg));
     let heads = "num_attention_heads (8) is not divisible by tp (3)";
     assert!(reason(3, false).starts_with(heads));
-    assert_refused(&run(&["plan", s(&src), "--tp", "3"]), 3, &[heads]);
+    assert_refusal_text(&run(&["plan", s(&src), "--tp", "3"]), 3, &[heads]);
 }

@@ -185,7 +185,7 @@ fn a_mistral_native_output_is_served_and_loaded_with_its_config_format() {
     );
 
     fs::remove_file(out.join("wload.json")).unwrap();
-    assert_refused(
+    assert_refusal_text(
         &run(&["load", s(&out), "--tp", "2", "--dry-run"]),
         3,
         &[

@@ -134,7 +134,7 @@ fn params_without_llama_4_scaling_are_refused() {
         }
         let src = native(&p, &ck);
         let o = run(&["plan", s(src.path()), "--tp", "2"]);
-        assert_refused(
+        assert_refusal_text(
             &o,
             3,
             &[
@@ -184,13 +184,13 @@ fn a_dense_mla_params_json_is_mistral_large_3_with_dense_layers() {
 fn sizes_vllm_refuses_are_refused() {
     let f = fixture(ML3);
     let o = run(&["plan", s(&f), "--tp", "16"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["num_attention_heads (8) is not divisible by tp (16)"],
     );
     let o = run(&["plan", s(&f), "--tp", "3"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &[

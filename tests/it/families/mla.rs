@@ -91,7 +91,7 @@ fn glm4_moe_lite_without_first_k_dense_replace_is_refused() {
         c.remove("first_k_dense_replace");
     });
     let o = run(&["plan", s(dir.path()), "--tp", "2"]);
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &o,
         3,
         &[
@@ -111,7 +111,7 @@ fn glm4_moe_lite_refusals_name_what_vllm_asserts() {
     let f = fixture(GLM);
     // 8 heads: TP 16 cannot split them.
     let o = run(&["plan", s(&f), "--tp", "16"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["num_attention_heads (8) is not divisible by tp (16)"],
@@ -119,7 +119,7 @@ fn glm4_moe_lite_refusals_name_what_vllm_asserts() {
     // TP 3: neither the routed nor the shared experts' 64 rows split; EP takes the routed ones
     // whole, not the shared.
     let o = run(&["plan", s(&f), "--tp", "3", "--enable-expert-parallel"]);
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &o,
         3,
         &["the shared experts' intermediate size (64) is not divisible by tp (3)"],
@@ -127,7 +127,7 @@ fn glm4_moe_lite_refusals_name_what_vllm_asserts() {
     assert!(!err.contains("moe_intermediate_size (64)"), "{err}");
     // Two stages of one layer each: the first holds no MoE layer (glm4_moe.py:507–509).
     let o = run(&["plan", s(&f), "--tp", "1", "--pp", "2"]);
-    assert_refused(&o, 3, &["No Glm4MoE layer found in model.layers."]);
+    assert_refusal_text(&o, 3, &["No Glm4MoE layer found in model.layers."]);
 }
 
 // --- DeepSeek-V3.2 ------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ fn deepseek_v32_layers_without_an_indexer_follow_the_schedule() {
         };
         let dir = fixture_with(DSV32, edit);
         let o = run(&["plan", s(dir.path()), "--tp", "2"]);
-        assert_refused(
+        assert_refusal_text(
             &o,
             3,
             &[
@@ -281,9 +281,9 @@ fn deepseek_v32_refusals_name_what_vllm_asserts() {
         c.insert("q_lora_rank".into(), Value::Null);
     });
     let o = run(&["plan", s(dir.path()), "--tp", "2"]);
-    assert_refused(&o, 3, &["q_lora_rank is null"]);
+    assert_refusal_text(&o, 3, &["q_lora_rank is null"]);
     let o = run(&["plan", s(&fixture(DSV32)), "--tp", "16"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &["num_attention_heads (8) is not divisible by tp (16)"],

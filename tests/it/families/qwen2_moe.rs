@@ -503,7 +503,7 @@ fn plan_out(dir: &Path, extra: &[&str]) -> std::process::Output {
 fn more_ranks_than_experts_is_refused() {
     let c = config(json!({"num_experts": 2, "num_key_value_heads": 4}));
     let ckpt = checkpoint(&c, &[], None);
-    assert_refused(
+    assert_refusal_text(
         &plan_out(ckpt.path(), &["--tp", "4"]),
         3,
         &[
@@ -519,7 +519,7 @@ fn more_ranks_than_experts_is_refused() {
 fn expert_sizes_that_do_not_divide_are_refused_unless_expert_parallel() {
     let c = config(json!({"moe_intermediate_size": 6}));
     let ckpt = checkpoint(&c, &[], None);
-    assert_refused(
+    assert_refusal_text(
         &plan_out(ckpt.path(), &["--tp", "4"]),
         3,
         &[
@@ -536,7 +536,7 @@ fn expert_sizes_that_do_not_divide_are_refused_unless_expert_parallel() {
 
     let c = config(json!({"shared_expert_intermediate_size": 6}));
     let ckpt = checkpoint(&c, &[], None);
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &plan_out(ckpt.path(), &["--tp", "4", "--enable-expert-parallel"]),
         3,
         &["shared_expert_intermediate_size (6) is not divisible by tp (4)"],
@@ -554,7 +554,7 @@ fn expert_sizes_that_do_not_divide_are_refused_unless_expert_parallel() {
 fn a_missing_gate_or_an_unexpected_shared_expert_is_refused() {
     let c = config(json!({}));
     let ckpt = checkpoint(&c, &["model.layers.1.mlp.shared_expert_gate.weight"], None);
-    assert_refused(
+    assert_refusal_text(
         &plan_out(ckpt.path(), &["--tp", "2"]),
         3,
         &["'model.layers.1.mlp.shared_expert_gate.weight' has nothing in the checkpoint"],
@@ -564,7 +564,7 @@ fn a_missing_gate_or_an_unexpected_shared_expert_is_refused() {
     let mut cfg = c.clone();
     cfg["shared_expert_intermediate_size"] = json!(0);
     write_json(&ckpt.path().join("config.json"), &cfg);
-    assert_refused(
+    assert_refusal_text(
         &plan_out(ckpt.path(), &["--tp", "2"]),
         3,
         &[
@@ -579,7 +579,7 @@ fn a_missing_gate_or_an_unexpected_shared_expert_is_refused() {
 #[test]
 fn unsupported_activation_and_zero_sparse_step_are_refused() {
     let ckpt = checkpoint(&config(json!({"hidden_act": "gelu"})), &[], None);
-    assert_refused(
+    assert_refusal_text(
         &plan_out(ckpt.path(), &["--tp", "2"]),
         3,
         &["Unsupported activation: gelu. Only silu is supported for now."],
@@ -589,7 +589,7 @@ fn unsupported_activation_and_zero_sparse_step_are_refused() {
     let mut cfg = config(json!({}));
     cfg["decoder_sparse_step"] = json!(0);
     write_json(&ckpt.path().join("config.json"), &cfg);
-    assert_refused(
+    assert_refusal_text(
         &plan_out(ckpt.path(), &["--tp", "2"]),
         3,
         &["decoder_sparse_step is 0", "ZeroDivisionError"],
@@ -679,7 +679,7 @@ fn qwen3_moe_with_a_shared_expert_holds_it_as_qwen2_moe_does() {
         "--hf-overrides",
         r#"{"shared_expert_intermediate_size": 7}"#,
     ]);
-    assert_refused(
+    assert_refusal_text(
         &out,
         3,
         &["shared_expert_intermediate_size (7) is not divisible by tp (2)"],
@@ -704,7 +704,7 @@ fn gpt_oss_intermediate_size_must_divide_tp_times_pp() {
         "--hf-overrides",
         wide,
     ]);
-    assert_refused(&out, 3, &[msg]);
+    assert_refusal_text(&out, 3, &[msg]);
     // One stage: each of the two ranks takes 33 rows, and vLLM asserts nothing more.
     let out = run(&["plan", s(dir.path()), "--tp", "2", "--hf-overrides", wide]);
     assert!(!stderr(&out).contains("world size"), "{}", context(&out));

@@ -95,7 +95,7 @@ fn fused_experts_on_disk_load_the_state_per_expert_tensors_load() {
     both.insert(w.into(), per_expert[w].clone());
     let both = write_checkpoint(&cfg, &both);
     let refused = run(&["plan", s(both.path()), "--tp", "2", LM]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &["filled both by a fused tensor and by separate shards"],
@@ -384,7 +384,7 @@ fn the_dense_text_model_holds_a_dense_mlp() {
 fn what_vllm_refuses_is_refused_with_its_words() {
     let src = fixture(CASE);
     let refused = run(&["plan", s(&src), "--tp", "8", LM]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &[
@@ -394,7 +394,7 @@ fn what_vllm_refuses_is_refused_with_its_words() {
     );
     let six = r#"{"text_config": {"linear_num_value_heads": 6}}"#;
     let refused = run(&["plan", s(&src), "--tp", "4", LM, "--hf-overrides", six]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &["6 is not divisible by 4", "linear_num_value_heads"],
@@ -414,7 +414,7 @@ fn a_quantized_checkpoint_is_refused_at_the_tuple_shards() {
         m.insert("quantization_config".into(), fp8);
     });
     let refused = run(&["plan", s(q.path()), "--tp", "2", LM]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &[
@@ -440,6 +440,6 @@ fn layer_types_vllm_cannot_build_are_refused() {
     ] {
         let o = format!(r#"{{"text_config": {{"layer_types": {types}}}}}"#);
         let refused = run(&["plan", s(&src), "--tp", "2", LM, "--hf-overrides", &o]);
-        assert_refused(&refused, 3, &[needle]);
+        assert_refusal_text(&refused, 3, &[needle]);
     }
 }

@@ -96,7 +96,7 @@ fn language_model_only_holds_no_tower_and_the_same_text() {
 fn a_tp_the_vision_heads_do_not_divide_is_refused_unless_the_tower_is_whole_or_absent() {
     let src = fixture(CASE);
     let refused = run(&["plan", s(&src), "--tp", "8"]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &["4 is not divisible by 8", "--mm-encoder-tp-mode data"],
@@ -130,7 +130,7 @@ fn a_folder_is_loaded_with_the_mode_it_was_written_for() {
     assert!(ok.status.success(), "{}", context(&ok));
     let weights = sharded(tmp.path(), "weights", &[]);
     let given = run(&["load", s(&weights), "--dry-run", "--language-model-only"]);
-    assert_refused(&given, 3, &["--language-model-only", "wload.json"]);
+    assert_refusal_text(&given, 3, &["--language-model-only", "wload.json"]);
     let data = run(&[
         "load",
         s(&weights),
@@ -138,7 +138,7 @@ fn a_folder_is_loaded_with_the_mode_it_was_written_for() {
         "--mm-encoder-tp-mode",
         "data",
     ]);
-    assert_refused(&data, 3, &["--mm-encoder-tp-mode data", "weights"]);
+    assert_refusal_text(&data, 3, &["--mm-encoder-tp-mode data", "weights"]);
 }
 
 /// `inspect` shows the tower (what `--language-model-only` leaves out) and, for a folder, the
@@ -177,7 +177,7 @@ fn a_repeat_count_past_the_limit_is_refused() {
     let src = fixture(CASE);
     let over = r#"{"vision_config": {"depth": 100000}}"#;
     let refused = run(&["plan", s(&src), "--tp", "2", "--hf-overrides", over]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &[

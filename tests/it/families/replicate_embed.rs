@@ -132,7 +132,7 @@ fn glm5_fp8_with_the_whole_embedding_on_every_rank() {
     let plain = tmp.path().join("plain");
     shard_ok(&case.fixture, 2, &plain, &[]);
     let refused = with_var("1", &["load", s(&plain), "--dry-run"]);
-    assert_refused(
+    assert_refusal_text(
         &refused,
         3,
         &[

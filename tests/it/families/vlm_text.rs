@@ -83,7 +83,7 @@ fn vlm_config(arch: &str, text: Value) -> Value {
 /// skipped, the serve line says it, and `load` takes it back from wload.json.
 fn refused_then_text_only(src: &Path) -> (TempDir, std::path::PathBuf) {
     let refused = run(&["plan", s(src), "--tp", "2"]);
-    assert_refused(&refused, 3, &["vision tower", "--language-model-only"]);
+    assert_refusal_text(&refused, 3, &["vision tower", "--language-model-only"]);
     let plan = clean_plan_json(src, &["--tp", "2", "--language-model-only"]);
     let skipped = skipped_tensors(&plan, "--language-model-only");
     assert_eq!(

@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::support::{
-    Fp4Names, Held, Tensors, assert_llama_gqa_fp4_reassembles, assert_refused, checkpoint_tensors,
-    clean_plan_json, fixture, json_tensor, rank_tensors, read_config, shard, shard_ok, wload_json,
-    write_config, write_held,
+    Fp4Names, Held, Tensors, assert_llama_gqa_fp4_reassembles, assert_refusal_text,
+    checkpoint_tensors, clean_plan_json, fixture, json_tensor, rank_tensors, read_config, shard,
+    shard_ok, wload_json, write_config, write_held,
 };
 
 const MODELOPT: &str = "llama_gqa_modelopt_nvfp4";
@@ -216,7 +216,7 @@ fn ct_nvfp4_refusals_name_the_rule_and_the_fix() {
                                         "symmetric": true, "dynamic": true});
     });
     let o = shard(fp8_input.path(), 2, &out.path().join("a"), &[]);
-    let text = assert_refused(
+    let text = assert_refusal_text(
         &o,
         3,
         &[
@@ -227,7 +227,7 @@ fn ct_nvfp4_refusals_name_the_rule_and_the_fix() {
     assert!(text.contains("unquantized"), "{text}");
     let group32 = ct_with(|g| g["weights"]["group_size"] = json!(32));
     let o = shard(group32.path(), 2, &out.path().join("b"), &[]);
-    let text = assert_refused(
+    let text = assert_refusal_text(
         &o,
         3,
         &[
@@ -240,7 +240,7 @@ fn ct_nvfp4_refusals_name_the_rule_and_the_fix() {
     // o_proj's input 128 at tp 16 leaves 8 columns per rank: half a scale group.
     let ct = ct_fixture(true);
     let o = shard(ct.path(), 16, &out.path().join("c"), &[]);
-    let text = assert_refused(
+    let text = assert_refusal_text(
         &o,
         3,
         &[

@@ -220,7 +220,7 @@ fn bad_io_arguments_exit_2() {
             .args(&args)
             .output()
             .unwrap();
-        assert_refused(&out, 2, &[says]);
+        assert_refusal_text(&out, 2, &[says]);
     }
 }
 
@@ -248,7 +248,7 @@ fn truncated_source_is_named_on_every_io_path() {
             ])
             .output()
             .unwrap();
-        assert_refused(
+        assert_refusal_text(
             &out,
             3,
             &["model-00006-of-00006.safetensors", "down_proj", "truncated"],

@@ -116,7 +116,7 @@ fn mapping_expressions_see_the_flags() {
         let mut args = vec!["plan", s(&src), "--tp", "2", "--mapping", m];
         args.extend_from_slice(extra);
         let refused = run(&args);
-        assert_refused(&refused, 3, &["no flags"]);
+        assert_refusal_text(&refused, 3, &["no flags"]);
     }
     let data = run(&[
         "plan",

@@ -381,7 +381,7 @@ fn mxfp4_refusals_name_the_field_the_rule_and_the_fix() {
         c.insert("model_type".into(), json!("deepseek_v4"));
     });
     let run = shard(not_gpt_oss.path(), 2, &out, &["-q"]);
-    assert_refused(
+    assert_refusal_text(
         &run,
         3,
         &[
@@ -392,14 +392,14 @@ fn mxfp4_refusals_name_the_field_the_rule_and_the_fix() {
         ],
     );
     let unknown = shard(&fixture(GOLDEN), 2, &out, &["-q", "--moe-backend", "cuda"]);
-    assert_refused(&unknown, 2, &["'cuda'", "--moe-backend", "triton, marlin"]);
+    assert_refusal_text(&unknown, 2, &["'cuda'", "--moe-backend", "triton, marlin"]);
     let bf16 = shard(
         &fixture("gpt_oss"),
         2,
         &out,
         &["-q", "--moe-backend", "triton"],
     );
-    assert_refused(
+    assert_refusal_text(
         &bf16,
         3,
         &[
@@ -412,7 +412,7 @@ fn mxfp4_refusals_name_the_field_the_rule_and_the_fix() {
     mxfp4_checkpoint(src.path(), 480);
     // Expert parallelism hands every rank E / tp experts, with no remainder handling.
     let run = shard(src.path(), 3, &out, &["-q", "--enable-expert-parallel"]);
-    assert_refused(
+    assert_refusal_text(
         &run,
         3,
         &[
@@ -424,7 +424,7 @@ fn mxfp4_refusals_name_the_field_the_rule_and_the_fix() {
     cfg.insert("intermediate_size".into(), Value::from(488));
     write_config(src.path(), cfg);
     let run = shard(src.path(), 2, &out, &["-q"]);
-    assert_refused(
+    assert_refusal_text(
         &run,
         3,
         &["intermediate_size (488) is not a multiple of the MXFP4 block size 32"],

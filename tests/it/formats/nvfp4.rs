@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::support::{
-    Fp4Names, Held, assert_llama_gqa_fp4_reassembles, assert_refused, copy_fixture, fixture,
+    Fp4Names, Held, assert_llama_gqa_fp4_reassembles, assert_refusal_text, copy_fixture, fixture,
     rank_tensors, read_files, s, shard, shard_ok, write_json, write_safetensors,
 };
 
@@ -32,7 +32,7 @@ fn an_input_split_off_the_16_grid_is_refused_naming_the_layer_and_the_fix() {
     // o_proj's input 128 at tp 16 would leave 8 per rank (and 8 heads do not split 16 ways:
     // both are reported).
     let o = shard(src.path(), 16, &out.path().join("o"), &[]);
-    let text = assert_refused(
+    let text = assert_refusal_text(
         &o,
         3,
         &[
@@ -53,7 +53,7 @@ fn other_modelopt_algorithms_are_refused_by_name_with_the_fix() {
     write_json(&path, &qc);
     let out = TempDir::new().unwrap();
     let o = shard(src.path(), 2, &out.path().join("o"), &[]);
-    let text = assert_refused(&o, 3, &["quant_algo \"FP8\" is not supported", "NVFP4"]);
+    let text = assert_refusal_text(&o, 3, &["quant_algo \"FP8\" is not supported", "NVFP4"]);
     assert!(!out.path().join("o").exists(), "{text}");
 }
 
@@ -191,7 +191,7 @@ fn nvfp4_experts_split_under_tp_and_are_refused_under_ep_with_the_reason() {
         &out.path().join("ep"),
         &["--enable-expert-parallel"],
     );
-    let text = assert_refused(
+    let text = assert_refusal_text(
         &o,
         3,
         &["w13_weight", "expert parallelism", "FlashInfer", "MARLIN"],

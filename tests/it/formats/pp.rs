@@ -199,7 +199,7 @@ fn three_layers_on_three_stages() {
         context(&ok)
     );
     let o = run(&["load", s(&pp_out), "--tp", "1", "--pp", "2", "--dry-run"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &[
@@ -230,7 +230,7 @@ fn a_wrong_pp_on_load_is_refused_naming_the_layouts() {
         "cpu",
         "--dry-run",
     ]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &[
@@ -251,9 +251,9 @@ fn a_wrong_pp_on_load_is_refused_naming_the_layouts() {
         "--device",
         "cpu",
     ]);
-    assert_refused(&o, 3, &["load with --pp 2"]);
+    assert_refusal_text(&o, 3, &["load with --pp 2"]);
     let o = run(&["load", s(&tp_out), "--tp", "2", "--pp", "2", "--dry-run"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &[
@@ -297,7 +297,7 @@ fn pp_zero_is_a_usage_error_and_more_stages_than_layers_is_refused() {
         "--pipeline-parallel-size",
         "3",
     ]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         3,
         &[
@@ -357,11 +357,11 @@ fn vllm_pp_layer_partition_is_honoured_and_checked() {
             "VLLM_PP_LAYER_PARTITION gives pipeline stage 1 no layers",
         ),
     ] {
-        assert_refused(&plan(Some(bad), false), 3, &[says]);
+        assert_refusal_text(&plan(Some(bad), false), 3, &[says]);
     }
     // vLLM checks it at PP 1 too.
     let o = run_env(&["plan", s(tmp.path()), "--tp", "1"], "2,1");
-    assert_refused(&o, 3, &["len(partitions)=2 does not match pp_size=1."]);
+    assert_refusal_text(&o, 3, &["len(partitions)=2 does not match pp_size=1."]);
     let o = run_env(&["plan", s(tmp.path()), "--tp", "1"], "3");
     assert!(o.status.success(), "{}", context(&o));
 }
@@ -424,7 +424,7 @@ fn plan_json_names_stage_and_tp_rank_of_every_rank() {
         "--rank",
         "4",
     ]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         2,
         &["--rank 4 is out of range for --tp 2 --pp 2 (ranks 0..3)"],
@@ -459,7 +459,7 @@ fn ranks_and_launchers_pick_global_ranks() {
         &tmp.path().join("o2"),
         &["--pp", "2", "--ranks", "4"],
     );
-    assert_refused(
+    assert_refusal_text(
         &o,
         2,
         &["rank 4 is out of range for --tp 2 --pp 2 (ranks are 0 to 3)"],
@@ -478,7 +478,7 @@ fn ranks_and_launchers_pick_global_ranks() {
         .env("WORLD_SIZE", "3")
         .output()
         .unwrap();
-    assert_refused(&o, 2, &["3 processes cannot share --tp 2 --pp 2 evenly"]);
+    assert_refusal_text(&o, 2, &["3 processes cannot share --tp 2 --pp 2 evenly"]);
     // A launcher whose rank is not below its world size contradicts itself: said so, naming the
     // variables, not taken for a sharing problem.
     for (rank, world, says) in [
@@ -507,7 +507,7 @@ fn ranks_and_launchers_pick_global_ranks() {
             .env(world.0, world.1)
             .output()
             .unwrap();
-        let err = assert_refused(&o, 2, &[says, "the launcher's variables disagree"]);
+        let err = assert_refusal_text(&o, 2, &[says, "the launcher's variables disagree"]);
         assert!(!err.contains("evenly"), "{err}");
     }
     // torchrun's second of two processes at tp 2 × pp 2 loads global ranks 2 and 3.
@@ -636,7 +636,7 @@ fn pp_stage_must_be_declared_for_head_and_tail_only() {
     assert!(run(&base).status.success());
     let mut pp2 = base.to_vec();
     pp2.extend(["--pp", "2"]);
-    assert_refused(
+    assert_refusal_text(
         &run(&pp2),
         3,
         &[
@@ -651,7 +651,7 @@ fn pp_stage_must_be_declared_for_head_and_tail_only() {
     );
     assert_ne!(layer, llama);
     fs::write(&path, layer).unwrap();
-    assert_refused(
+    assert_refusal_text(
         &run(&base),
         3,
         &["model.layers.{i}.extra.weight: `pp_stage` is for head and tail parameters"],
@@ -671,7 +671,7 @@ fn a_qwen3_moe_stage_without_a_moe_layer_is_refused() {
         "--pp",
         "2",
     ]);
-    assert_refused(
+    assert_refusal_text(
         &r,
         3,
         &["No Qwen3MoE layer found in the model.layers. (pipeline stage 0 holds layers [0, 1))"],

@@ -23,7 +23,7 @@ fn assert_inspect_refused(dir: &Path, names: &str, says: &str) {
         .env("RUST_LIB_BACKTRACE", "1")
         .output()
         .expect("wload runs");
-    let stderr = assert_refused(&out, 3, &[names]);
+    let stderr = assert_refusal_text(&out, 3, &[names]);
     let context = context(&out);
     assert!(
         stderr.to_lowercase().contains(&says.to_lowercase()),
@@ -245,7 +245,7 @@ fn missing_config_json() {
         &["plan", s(d), "--tp", "2"][..],
         &["shard", s(d), "--tp", "2", "-o", "x"],
     ] {
-        assert_refused(&run(cmd), 3, &["no config.json"]);
+        assert_refusal_text(&run(cmd), 3, &["no config.json"]);
     }
 }
 

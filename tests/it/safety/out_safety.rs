@@ -24,7 +24,7 @@ fn shard_in(dir: &Path, source: &Path, out: &Path, extra: &[&str]) -> Output {
 
 /// Exit 2 with a message that names OUT and contains `says`.
 fn assert_out_refused(o: &Output, out: &Path, says: &str) {
-    assert_refused(o, 2, &[s(out), says]);
+    assert_refusal_text(o, 2, &[s(out), says]);
 }
 
 /// Every file below `dir` with its bytes, to prove a folder was not touched.
@@ -181,12 +181,12 @@ fn out_holding_the_current_folder_is_refused() {
     let o = shard_in(&out, &fixture(GQA), &out, &["--force"]);
     assert_out_refused(&o, &out, "current folder");
     let o = shard_in(&out, &fixture(GQA), Path::new("../out"), &["--force"]);
-    assert_refused(&o, 2, &["current folder"]);
+    assert_refusal_text(&o, 2, &["current folder"]);
     let o = shard_in(work.path(), &fixture(GQA), work.path(), &["--force"]);
-    assert_refused(&o, 2, &[]);
+    assert_refusal_text(&o, 2, &[]);
     for name in [".", ".."] {
         let o = shard_in(&out, &fixture(GQA), Path::new(name), &["--force"]);
-        assert_refused(&o, 2, &["not usable as an output folder name"]);
+        assert_refusal_text(&o, 2, &["not usable as an output folder name"]);
     }
     assert_eq!(snapshot(&out), before);
 }
@@ -225,7 +225,7 @@ fn an_unwritable_parent_is_named_as_such() {
     // sysfs refuses mkdir to everyone, root included (EPERM; EACCES for other users).
     let out = Path::new("/sys/wload-test-out");
     let o = shard(&fixture(GQA), 2, out, &[]);
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &o,
         1,
         &[
@@ -243,7 +243,7 @@ fn an_unwritable_parent_is_named_as_such() {
         fs::create_dir(&ro).unwrap();
         fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
         let o = shard(&fixture(GQA), 2, &ro.join("out"), &[]);
-        assert_refused(&o, 1, &[s(&ro.join("out")), "cannot be written to"]);
+        assert_refusal_text(&o, 1, &[s(&ro.join("out")), "cannot be written to"]);
         fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
     }
 }
@@ -263,7 +263,7 @@ fn a_non_utf8_out_is_refused() {
         .arg(&out)
         .output()
         .unwrap();
-    assert_refused(&o, 2, &["is not valid UTF-8", "choose a UTF-8 path"]);
+    assert_refusal_text(&o, 2, &["is not valid UTF-8", "choose a UTF-8 path"]);
     assert_eq!(fs::read_dir(work.path()).unwrap().count(), 0);
 }
 
@@ -493,7 +493,7 @@ fn huge_rank_lists_are_refused_without_allocating() {
     for ranks in ["0-18446744073709551615", "0-100000000", "2"] {
         let t = Instant::now();
         let o = shard(&fixture(GQA), 2, &out, &["--ranks", ranks]);
-        assert_refused(&o, 2, &["out of range for --tp 2"]);
+        assert_refusal_text(&o, 2, &["out of range for --tp 2"]);
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "--ranks {ranks} is slow"
@@ -503,7 +503,7 @@ fn huge_rank_lists_are_refused_without_allocating() {
             .args(["--device", "cpu", "--ranks", ranks])
             .output()
             .unwrap();
-        assert_refused(&o, 2, &["out of range for --tp 2"]);
+        assert_refusal_text(&o, 2, &["out of range for --tp 2"]);
     }
     // An absurd --tp is refused by planning, before any per-rank list is built.
     for tp in ["18446744073709551615", "4294967296"] {
@@ -516,11 +516,11 @@ fn huge_rank_lists_are_refused_without_allocating() {
                 c.args(["--dry-run", "--device", "cpu"]);
             }
             let o = c.output().unwrap();
-            assert_refused(&o, 3, &["is not divisible by tp"]);
+            assert_refusal_text(&o, 3, &["is not divisible by tp"]);
         }
     }
     let o = shard(&fixture(GQA), 2, &out, &["--ranks", "18446744073709551616"]);
-    assert_refused(&o, 2, &[]);
+    assert_refusal_text(&o, 2, &[]);
     assert!(!out.exists());
 }
 
@@ -597,7 +597,7 @@ fn a_named_pipe_among_the_side_files_is_refused() {
     let out = work.path().join("out");
     let t = Instant::now();
     let o = shard(src.path(), 2, &out, &[]);
-    assert_refused(&o, 3, &["notes.fifo", "named pipe"]);
+    assert_refusal_text(&o, 3, &["notes.fifo", "named pipe"]);
     assert!(t.elapsed() < Duration::from_secs(20));
     assert!(!out.exists());
     assert!(staging_folders(work.path()).is_empty());
@@ -615,7 +615,7 @@ fn a_failed_write_names_the_out_file_not_the_staging_folder() {
         .output()
         .expect("wload runs");
     let named = out.join("model-rank-");
-    assert_refused(
+    assert_refusal_text(
         &o,
         1,
         &[s(&named), "No space left", "nothing was published"],
@@ -650,7 +650,7 @@ fn force_on_a_legacy_output_deletes_nothing_it_does_not_list() {
     fs::write(out.join("runs/log"), b"mine too").unwrap();
     let before = snapshot(&out);
     let o = shard(&fixture(GQA), 2, &out, &["--force"]);
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &o,
         2,
         &[
@@ -700,7 +700,7 @@ fn force_replaces_copied_folders_only_while_they_hold_what_was_copied() {
     fs::write(out.join("original/sub/mine.txt"), b"mine").unwrap();
     let before = snapshot(&out);
     let o = shard(src.path(), 2, &out, &["--force"]);
-    assert_refused(
+    assert_refusal_text(
         &o,
         2,
         &[
@@ -717,7 +717,7 @@ fn force_replaces_copied_folders_only_while_they_hold_what_was_copied() {
     fs::remove_file(out.join("generation_config.json")).unwrap();
     symlink(&victim, out.join("generation_config.json")).unwrap();
     let o = shard(src.path(), 2, &out, &["--force"]);
-    assert_refused(&o, 2, &["generation_config.json"]);
+    assert_refusal_text(&o, 2, &["generation_config.json"]);
     fs::remove_file(out.join("generation_config.json")).unwrap();
 
     let abs = s(&victim).to_string();
@@ -899,7 +899,7 @@ fn free_space_is_checked_before_anything_is_written() {
         .env("WLOAD_TEST_FREE_BYTES", "1000")
         .output()
         .unwrap();
-    assert_refused(
+    assert_refusal_text(
         &o,
         1,
         &[
@@ -931,7 +931,7 @@ fn free_space_is_checked_before_anything_is_written() {
         .env("WLOAD_TEST_FREE_BYTES", "1000")
         .output()
         .unwrap();
-    assert_refused(&o, 1, &["removed only once the new one is complete"]);
+    assert_refusal_text(&o, 1, &["removed only once the new one is complete"]);
     assert_eq!(snapshot(&out), before);
 
     let small = work.path().join("small");
@@ -944,7 +944,7 @@ fn free_space_is_checked_before_anything_is_written() {
     };
     let out = small.join("out");
     let o = shard(&fixture(GQA), 2, &out, &[]);
-    assert_refused(&o, 1, &[s(&out), "is free there", "nothing was written"]);
+    assert_refusal_text(&o, 1, &[s(&out), "is free there", "nothing was written"]);
     assert_eq!(
         fs::read_dir(&small).unwrap().count(),
         0,
@@ -999,7 +999,7 @@ fn a_disk_filling_up_is_blamed_on_the_disk_not_the_file() {
             .env("WLOAD_TEST_FREE_BYTES", (1u64 << 40).to_string())
             .output()
             .unwrap();
-        let err = assert_refused(
+        let err = assert_refusal_text(
             &o,
             1,
             &[
@@ -1025,7 +1025,7 @@ fn a_disk_filling_up_is_blamed_on_the_disk_not_the_file() {
         .env("WLOAD_TEST_WRITE_FAILS_AFTER", "1000")
         .output()
         .unwrap();
-    let err = assert_refused(
+    let err = assert_refusal_text(
         &o,
         1,
         &["the output's file system", "is full", "this run needs"],
@@ -1047,6 +1047,6 @@ fn long_out_names_work_and_too_long_ones_are_refused_about_out() {
 
     let too_long = work.path().join("m".repeat(256));
     let o = shard(&fixture(GQA), 2, &too_long, &[]);
-    let err = assert_refused(&o, 2, &["its name is 256 bytes, longer than the 255 bytes"]);
+    let err = assert_refusal_text(&o, 2, &["its name is 256 bytes, longer than the 255 bytes"]);
     assert!(!err.contains("wload-tmp"), "{err}");
 }

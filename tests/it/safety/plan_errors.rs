@@ -37,7 +37,7 @@ impl Run {
 
     /// A refusal with exit status `code` (see [`assert_refused`]).
     fn refused(&self, code: i32) -> &Self {
-        assert_refused(&self.out, code, &[]);
+        assert_refusal_text(&self.out, code, &[]);
         self
     }
 

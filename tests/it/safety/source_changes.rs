@@ -80,7 +80,7 @@ fn size_of(p: &Path) -> u64 {
 /// The refusal every changed source gets: exit 1, the file named, the cause said, no signal.
 fn assert_changed_refusal(out: &Output, file: &Path) {
     assert_eq!(out.status.signal(), None, "{}", context(out));
-    let err = assert_refused(out, 1, &["changed since its header was read"]);
+    let err = assert_refusal_text(out, 1, &["changed since its header was read"]);
     assert!(
         err.contains(s(file)),
         "the message names the changed file {}: {err}",

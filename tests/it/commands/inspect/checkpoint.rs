@@ -95,7 +95,7 @@ fn load_format_hf_reads_the_shards_and_drops_consolidated() {
 fn index_naming_a_deleted_file_is_a_checkpoint_error() {
     let tmp = copy_fixture("llama_gqa");
     fs::remove_file(tmp.path().join("model-00003-of-00006.safetensors")).unwrap();
-    assert_refused(
+    assert_refusal_text(
         &run(&["inspect", s(tmp.path())]),
         3,
         &["model-00003-of-00006.safetensors"],
@@ -117,7 +117,7 @@ fn index_naming_a_file_never_shipped_is_a_checkpoint_error() {
         "model.extra.weight",
         "model-00007-of-00006.safetensors",
     );
-    assert_refused(
+    assert_refusal_text(
         &run(&["inspect", s(tmp.path()), "--json"]),
         3,
         &["model-00007-of-00006.safetensors"],
@@ -149,7 +149,7 @@ fn index_pointing_outside_the_folder_is_refused() {
             .args(["inspect", s(&ckpt), "--json"])
             .output()
             .unwrap();
-        assert_refused(&out, 3, &[target, "outside"]);
+        assert_refusal_text(&out, 3, &[target, "outside"]);
     }
 }
 
@@ -227,7 +227,7 @@ fn bin_only_folder_is_not_supported() {
         &tmp.path().join("pytorch_model.bin"),
         b"PK\x03\x04 not really a zip",
     );
-    assert_refused(
+    assert_refusal_text(
         &run(&["inspect", s(tmp.path())]),
         3,
         &["pytorch_model.bin", "not support"],
@@ -262,7 +262,7 @@ fn filter_restricts_tensors_and_totals() {
 
 #[test]
 fn invalid_filter_is_a_usage_error() {
-    assert_refused(
+    assert_refusal_text(
         &run(&[
             "inspect",
             s(&fixtures_dir().join("llama_gqa")),
@@ -278,13 +278,13 @@ fn invalid_filter_is_a_usage_error() {
 fn nonexistent_source_is_a_usage_error() {
     let tmp = TempDir::new().unwrap();
     let missing = tmp.path().join("no-such-checkpoint");
-    assert_refused(&run(&["inspect", s(&missing)]), 2, &["no-such-checkpoint"]);
+    assert_refusal_text(&run(&["inspect", s(&missing)]), 2, &["no-such-checkpoint"]);
 }
 
 #[test]
 fn source_that_is_a_file_is_a_usage_error() {
     let dir = fixtures_dir().join("llama_gqa");
-    assert_refused(
+    assert_refusal_text(
         &run(&["inspect", s(&dir.join("config.json"))]),
         2,
         &["not a directory"],
@@ -310,7 +310,7 @@ fn hf_overrides_apply_to_the_config() {
 fn bad_hf_overrides_are_a_usage_error() {
     let dir = fixtures_dir().join("llama_gqa");
     for bad in [r#"{"num_hidden_layers": 7"#, "[1, 2]", "not json"] {
-        let err = assert_refused(&run(&["inspect", s(&dir), "--hf-overrides", bad]), 2, &[]);
+        let err = assert_refusal_text(&run(&["inspect", s(&dir), "--hf-overrides", bad]), 2, &[]);
         assert!(err.starts_with("error: --hf-overrides"), "{err}");
     }
 }
@@ -414,7 +414,7 @@ fn nested_consolidated_file_flips_auto_to_mistral_and_finds_no_weights() {
         &tmp.path().join("original/consolidated.safetensors"),
         &[("norm.weight", "F32", &[8], &zeros(32))],
     );
-    assert_refused(
+    assert_refusal_text(
         &run(&["inspect", s(tmp.path())]),
         3,
         &["mistral", "original/consolidated.safetensors"],

@@ -206,7 +206,7 @@ fn a_manifest_claiming_tp_zero_does_not_crash_inspect() {
             .contains("files beyond --tp 1"),
         "{v:#}"
     );
-    assert_refused(
+    assert_refusal_text(
         &run(&["load", s(&out), "--dry-run"]),
         3,
         &["records tp 0 and pp 0", "damaged"],

@@ -187,7 +187,7 @@ fn an_unsupported_quant_method_is_described_and_its_refusal_shown_with_exit_0() 
 
     // What inspect says plan does, plan does.
     let plan = run(&["plan", s(tmp.path()), "--tp", "1"]);
-    assert_refused(&plan, 3, &[message]);
+    assert_refusal_text(&plan, 3, &[message]);
 }
 
 #[test]

@@ -38,7 +38,7 @@ fn a_mistyped_org_name_path_with_a_close_sibling_is_not_a_repo_id() {
         &["load", "examples/tiny-lama", "--dry-run"],
     ] {
         let out = run_in(w.path(), cmd);
-        let err = assert_refused(&out, 2, &[]);
+        let err = assert_refusal_text(&out, 2, &[]);
         assert_eq!(
             err,
             "error: examples/tiny-lama: no such folder (no such file or directory); not asked of the hub as a repo id, since a local path of a close name exists; did you mean examples/tiny-llama?\n",
@@ -65,7 +65,7 @@ fn a_path_shaped_source_is_never_a_repo_id() {
         ("nothing-like-it", None),
     ] {
         let out = run_in(w.path(), &["inspect", source]);
-        let err = assert_refused(&out, 2, &[&format!("error: {source}: no such folder")]);
+        let err = assert_refusal_text(&out, 2, &[&format!("error: {source}: no such folder")]);
         assert!(!err.contains("hub"), "{source}: {err}");
         match suggestion {
             Some(s) => assert!(err.contains(&format!("; did you mean {s}?")), "{err}"),
@@ -80,7 +80,7 @@ fn a_path_shaped_source_is_never_a_repo_id() {
 fn an_org_name_with_nothing_close_is_still_a_repo_id() {
     let w = work();
     let out = run_in(w.path(), &["inspect", "someorg/some-model"]);
-    let err = assert_refused(&out, 1, &["someorg/some-model", "HF_HUB_OFFLINE"]);
+    let err = assert_refusal_text(&out, 1, &["someorg/some-model", "HF_HUB_OFFLINE"]);
     assert!(!err.contains("no such folder"), "{err}");
     // `examples` exists, but nothing in it is close to `qwen-7b`.
     let out = run_in(w.path(), &["inspect", "examples/qwen-7b"]);

@@ -515,5 +515,5 @@ fn a_family_only_its_mapping_file_knows_gets_its_structure_from_the_file() {
     // A mapping file that is not there is refused, as by plan.
     let missing = work.path().join("missing.yaml");
     let out = run(&["inspect", s(&dir), "--mapping", s(&missing)]);
-    assert_refused(&out, 2, &["missing.yaml", "cannot read"]);
+    assert_refusal_text(&out, 2, &["missing.yaml", "cannot read"]);
 }

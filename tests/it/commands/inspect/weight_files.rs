@@ -16,7 +16,7 @@ fn inspect_fails_with_3(dir: &std::path::Path) -> String {
         .timeout(std::time::Duration::from_secs(60))
         .output()
         .expect("wload runs");
-    assert_refused(&out, 3, &[])
+    assert_refusal_text(&out, 3, &[])
 }
 
 /// A broken Hugging Face cache: the link is selected by vLLM's glob and then fails to open.
@@ -186,7 +186,7 @@ fn weight_file_without_read_permission_is_reported_by_name() {
         cmd.uid(65534).gid(65534).env("HOME", "/");
     }
     let out = cmd.output().expect("wload runs");
-    assert_refused(
+    assert_refusal_text(
         &out,
         3,
         &["secret.safetensors: permission denied", "chmod a+r"],

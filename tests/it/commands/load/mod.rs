@@ -82,7 +82,7 @@ fn json_ok(args: &[&str], env: &[(&str, &str)]) -> Value {
 /// Runs `wload load ARGS…` with `env` and asserts a refusal (see [`assert_refused`]).
 fn assert_fails(args: &[&str], env: &[(&str, &str)], code: i32, says: &[&str]) -> Output {
     let out = load_env(args, env);
-    assert_refused(&out, code, says);
+    assert_refusal_text(&out, code, says);
     out
 }
 

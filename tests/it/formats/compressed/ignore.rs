@@ -89,7 +89,7 @@ fn a_prefix_ignore_entry_refuses_a_checkpoint_that_packs_that_layer() {
     });
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    assert_refused(
+    assert_refusal_text(
         &shard(dir.path(), 2, &out, &[]),
         3,
         &["model.layers.0.self_attn"],

@@ -13,7 +13,7 @@ const W4A16: &str = "llama_gqa_w4a16";
 fn refused(source: &Path, tp: u64, extra: &[&str], needles: &[&str]) -> String {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let err = assert_refused(&shard(source, tp, &out, extra), 3, needles);
+    let err = assert_refusal_text(&shard(source, tp, &out, extra), 3, needles);
     assert!(!out.exists(), "refused, yet {} was created", out.display());
     err
 }

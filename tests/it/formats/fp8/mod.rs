@@ -134,7 +134,7 @@ fn shard_refused(source: &Path, tp: u64, extra: &[&str], needles: &[&str]) -> St
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
     let o = shard(source, tp, &out, extra);
-    let err = assert_refused(&o, 3, needles);
+    let err = assert_refusal_text(&o, 3, needles);
     assert!(
         !out.exists(),
         "{} --tp {tp}: refused, yet {} was created",

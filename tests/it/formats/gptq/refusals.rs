@@ -6,7 +6,7 @@ use super::*;
 fn refused(src: &Path, tp: u64, extra: &[&str], needles: &[&str]) -> String {
     let tmp = TempDir::new().unwrap();
     let out = tmp.path().join("out");
-    let err = assert_refused(&shard(src, tp, &out, extra), 3, needles);
+    let err = assert_refusal_text(&shard(src, tp, &out, extra), 3, needles);
     assert!(!out.exists(), "refused, yet {} was created", out.display());
     err
 }

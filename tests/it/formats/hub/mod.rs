@@ -537,7 +537,7 @@ fn ok_json(cmd: &mut Command, args: &[&str]) -> Value {
 
 /// Runs `cmd ARGS…` and asserts a refusal with `code` (see [`assert_refused`]); returns stderr.
 fn fails_with(cmd: &mut Command, args: &[&str], code: i32) -> String {
-    assert_refused(&run(cmd, args), code, &[])
+    assert_refusal_text(&run(cmd, args), code, &[])
 }
 
 /// `load REPO --tp 2 --dry-run --read` and `extra`: a run that reads every byte of the weights,
