@@ -127,6 +127,25 @@ def patch_vllm(moe_backend):
         um.select_unquantized_moe_backend = select_unquantized
     except (ImportError, AttributeError) as e:
         print(f"warning: unquantized MoE backend not patched ({e})", file=sys.stderr)
+    # compressed-tensors WNA16 experts (Kimi K2.5's INT4): no CPU backend takes them; as the golden
+    # oracle patched it, the real selection first, else MARLIN when vLLM's own Marlin check
+    # accepts the layer, else TRITON (selection only: the parameters are the scheme's).
+    try:
+        import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_wna16 as cw
+        from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import WNA16MoEBackend
+
+        real_select = cw.select_wna16_moe_backend
+
+        def select_wna16(config, *a, **k):
+            try:
+                return real_select(config, *a, **k)
+            except NotImplementedError:
+                marlin = cw.check_moe_marlin_supports_config(config, k["quant_config"].group_size, allow_tile_padding=True)
+                return (WNA16MoEBackend.MARLIN if marlin else WNA16MoEBackend.TRITON), None
+
+        cw.select_wna16_moe_backend = select_wna16
+    except (ImportError, AttributeError) as e:
+        print(f"warning: WNA16 MoE backend not patched ({e})", file=sys.stderr)
     if moe_backend == "triton":
         # As the golden oracle pinned it: the SM90 default, TRITON, whose padding is
         # round_up(I/tp, 64); selection only (the import of the kernel class may fail on a CPU

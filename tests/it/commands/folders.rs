@@ -273,7 +273,8 @@ fn a_gathered_folder_without_a_readable_record_is_refused_by_inspect_and_load() 
         assert_eq!(v["complete"], false, "{case}: {v:#}");
         assert!(v.to_string().contains(named), "{case}: {v:#}");
         let l = run(&["load", s(&merged), "--dry-run", "--read"]);
-        assert_refusal_text(&l, 3, &[named]);
+        // Where the cut record's JSON ends depends on the source path it holds: fragments only.
+        assert_refused(&l, 3, &[named]);
     }
 }
 
