@@ -24,6 +24,9 @@ pub enum Error {
     Mapping(#[from] crate::mapping::MappingError),
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
+    /// DeepSeek-V4: recognised, described, and refused (no verified reference).
+    #[error(transparent)]
+    PlatformSpecific(#[from] crate::model::deepseek_v4::PlatformSpecific),
     #[error("{0}")]
     Usage(String),
     #[error(transparent)]
@@ -77,6 +80,7 @@ impl Error {
                 .collect::<Vec<_>>()
                 .join("\nerror: "),
             Error::Resolve(e) => e.for_terminal(),
+            Error::PlatformSpecific(e) => e.for_terminal(),
             Error::Plan(crate::plan::PlanError::Invalid(ps)) => {
                 crate::problem::ProblemList(ps).for_terminal()
             }
@@ -97,6 +101,7 @@ impl Error {
             Error::BadFilter(_) | Error::Usage(_) => ExitStatus::Usage,
             Error::Mapping(e) => e.exit_status(),
             Error::Plan(e) => e.exit_status(),
+            Error::PlatformSpecific(e) => e.exit_status(),
             Error::Output(_) => ExitStatus::Runtime,
             Error::Shard(e) => e.exit_status(),
             Error::Load(e) => e.exit_status(),

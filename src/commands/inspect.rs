@@ -13,6 +13,7 @@ pub(crate) mod tower;
 use crate::commands::error::Error;
 use crate::config::ModelConfig;
 use crate::dtype::Dtype;
+use crate::model::deepseek_v4::{self, DeepseekV4, PlatformSpecific};
 use crate::model::structure::{self, Structure};
 use crate::open::Opened;
 use crate::quant::info::QuantInfo;
@@ -36,6 +37,9 @@ pub struct Inspection<'a> {
     /// Whether wload (and vLLM 0.33, as far as wload knows) supports the architecture, by which
     /// mapping; for one it does not, the closest names it does and that plan and shard refuse it.
     pub support: support::Support,
+    /// DeepSeek-V4: what the model is and why wload writes nothing for it; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform_specific: Option<DeepseekV4>,
     /// The family's attention, experts and dense layers, read from the config as the mapping does.
     pub structure: Structure,
     /// A multimodal model's encoder (vision tower, projector); absent for a text-only model.
@@ -168,7 +172,16 @@ pub fn inspect_mapped<'a>(
             Err(e) => (None, Some(e)),
         },
     };
-    let support = support::support(config.architecture(), chosen.as_ref(), refusal, mapping);
+    // DeepSeek-V4 is refused whatever the mapping: described, with the refusal plan gives.
+    let platform_specific = deepseek_v4::is_deepseek_v4(config).then(|| {
+        let survey = deepseek_v4::Asked::Survey { max_tp: 8 };
+        deepseek_v4::describe(config, checkpoint, survey)
+    });
+    let is_dsv4 = platform_specific.is_some();
+    let support = match &platform_specific {
+        Some(d) => support::platform_specific(PlatformSpecific::new(d.clone())),
+        None => support::support(config.architecture(), chosen.as_ref(), refusal, mapping),
+    };
 
     Ok(Inspection {
         schema_version: super::schema::INSPECT,
@@ -192,20 +205,33 @@ pub fn inspect_mapped<'a>(
             config: config.clone(),
         },
         support,
+        platform_specific,
         structure: structure::structure(config, chosen.as_ref(), mapping),
         vision_tower: chosen.as_ref().and_then(|m| tower::tower(m, checkpoint)),
-        quantization: {
-            let model = crate::model::Model::new(config);
-            crate::quant::info::quant_info(
-                config.quantization_config.as_ref(),
-                model.quant.as_ref().map(Option::as_ref),
-            )
-        },
+        quantization: quantization(config, is_dsv4),
         filter: filter.map(str::to_string),
         tensors,
         duplicates: checkpoint.duplicates.clone(),
         totals,
     })
+}
+
+/// What `quantization_config` says; for DeepSeek-V4 (`platform_specific`), refused as the model
+/// is, since vLLM reads its `fp8` as its own platform-specific format.
+fn quantization(config: &ModelConfig, platform_specific: bool) -> Option<QuantInfo> {
+    let model = crate::model::Model::new(config);
+    let mut info = crate::quant::info::quant_info(
+        config.quantization_config.as_ref(),
+        model.quant.as_ref().map(Option::as_ref),
+    )?;
+    if platform_specific {
+        info.supported = false;
+        info.refusal = Some(crate::quant::info::Refusal {
+            message: "DeepSeek-V4's formats (vLLM reads quant_method fp8 as deepseek_v4_fp8: FP8 block linears, experts by expert_dtype) are laid out per platform and GPU, and wload has no verified reference for them".into(),
+            fix: "use vLLM's own loader (--load-format auto)".into(),
+        });
+    }
+    Some(info)
 }
 
 /// Each weight file read: why, its size, header and tensor count.

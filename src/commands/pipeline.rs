@@ -4,7 +4,7 @@
 //! ([`Mappings`], for `wload sizes` and for the TP sizes a refusal names).
 
 use crate::commands::error::Error;
-use crate::model::{Model, rules_for, structure};
+use crate::model::{Model, deepseek_v4, rules_for, structure};
 use crate::open::Opened;
 use crate::plan::PlanOptions;
 use crate::{map, mapping, plan};
@@ -12,6 +12,8 @@ use crate::{map, mapping, plan};
 /// Picks the mapping, maps the checkpoint's names and plans every rank. A refusal whose fix is
 /// another `--tp` names the TP sizes that work ([`with_working_tp`]).
 pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Error> {
+    let (tp, pp) = (opts.tp, opts.pp);
+    refuse_deepseek_v4(opened, deepseek_v4::Asked::Layout { tp, pp })?;
     let base = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
     refuse_dense_expert_parallel(opened, &base, opts)?;
     let model = Model::new(&opened.config);
@@ -25,6 +27,17 @@ pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Erro
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// DeepSeek-V4 is refused before any mapping is chosen (`--mapping FILE` included): its saved
+/// state is platform-specific and wload has no verified reference for it, so it writes nothing
+/// for it. The refusal says what the model is, with the per-rank figures for `asked`.
+pub(crate) fn refuse_deepseek_v4(opened: &Opened, asked: deepseek_v4::Asked) -> Result<(), Error> {
+    if !deepseek_v4::is_deepseek_v4(&opened.config) {
+        return Ok(());
+    }
+    let d = deepseek_v4::describe(&opened.config, &opened.checkpoint, asked);
+    Err(deepseek_v4::PlatformSpecific::new(d).into())
 }
 
 /// [`refuse_dense_expert_parallel`] with the mapping `opts` selects, for a pre-sharded folder

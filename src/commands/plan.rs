@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use super::pipeline::{Mappings, Verdict, make_plan, tp_candidates};
 use crate::commands::error::Error;
-use crate::model::{Model, structure};
+use crate::model::{Model, deepseek_v4, structure};
 use crate::open::{Opened, Timings};
 use crate::plan::PlanOptions;
 use crate::{mapping, plan};
@@ -127,6 +127,8 @@ pub struct PpSizes {
 pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error> {
     let t = Instant::now();
     let config = &opened.config;
+    let max_tp = opts.max_tp;
+    super::pipeline::refuse_deepseek_v4(opened, deepseek_v4::Asked::Survey { max_tp })?;
     let mapping = mapping::select(opts.mapping.as_deref(), config.architecture())?;
     let layout = |tp, pp, expert_parallel| PlanOptions {
         tp,

@@ -2,8 +2,10 @@
 //! its quantization method parsed once ([`Model`]), the name rules in effect for this model
 //! (`rules_for`), the variables its expressions see (`env.rs`), and its structure as `inspect`
 //! and `sizes` describe it (`structure.rs`). Both `map` and `plan` read these, so they live below
-//! both.
+//! both. DeepSeek-V4 is recognised here and refused with what it is (`deepseek_v4.rs`: its state
+//! is platform-specific, and wload has no verified reference for it).
 
+pub(crate) mod deepseek_v4;
 pub(crate) mod env;
 pub(crate) mod structure;
 

@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use crate::commands::error::Error;
+use crate::model::deepseek_v4::DeepseekV4;
 use crate::plan::PlanError;
 use crate::problem::Problem;
 
@@ -69,6 +70,9 @@ pub struct Failure {
     /// Every problem when the error is a list of them (a refused plan, malformed weight files);
     /// empty otherwise.
     pub problems: Vec<Problem>,
+    /// For DeepSeek-V4 only: what the model is and why wload writes nothing for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform_specific: Option<DeepseekV4>,
 }
 
 #[derive(Debug, Serialize)]
@@ -89,7 +93,11 @@ pub fn failure(e: &Error, exit_status: u8) -> Failure {
         ),
         _ => (e.to_string(), Vec::new()),
     };
-    document(e.exit_status().kind(), exit_status, message, problems)
+    let mut doc = document(e.exit_status().kind(), exit_status, message, problems);
+    if let Error::PlatformSpecific(p) = e {
+        doc.platform_specific = Some((*p.0).clone());
+    }
+    doc
 }
 
 /// The error document for a command line that clap refused (`wload --json`-style typos
@@ -120,6 +128,7 @@ fn document(
         error: ErrorInfo { kind, message },
         problem_count: problems.len(),
         problems,
+        platform_specific: None,
     }
 }
 

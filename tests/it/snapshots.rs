@@ -277,3 +277,20 @@ fn error_json_document() {
         &["plan", &gqa(), "--tp", "3", "--json"],
     );
 }
+
+/// `PlatformSpecific`: DeepSeek-V4, recognised, described and refused (no verified reference).
+#[test]
+fn error_deepseek_v4_platform_specific() {
+    let ck = tiny_deepseek_v4();
+    check(
+        "error_deepseek_v4_platform_specific",
+        &["plan", s(ck.path()), "--tp", "2"],
+    );
+}
+
+/// DeepSeek-V4 under `inspect`: the files and tensors, then the same refusal.
+#[test]
+fn inspect_deepseek_v4() {
+    let ck = tiny_deepseek_v4();
+    check("inspect_deepseek_v4", &["inspect", s(ck.path())]);
+}

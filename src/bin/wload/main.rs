@@ -100,7 +100,7 @@ fn inspect(args: &InspectArgs, g: Globals, out: &mut dyn Write) -> Result<(), Er
     let refusal = report.support.refusal.take();
     let human: Human = &|w| wload::report::write_inspection(w, &report, g.verbose);
     if let Some(e) = refusal {
-        return emit::refused(out, args.json, &report, human, e.into());
+        return emit::refused(out, args.json, &report, human, e);
     }
     emit(out, json_if(args.json, None), &report, Some(human))?;
     out.flush().map_err(Error::Output)?;

@@ -8,7 +8,9 @@
 
 use serde::Serialize;
 
+use crate::commands::error::Error;
 use crate::mapping::{Mapping, MappingError};
+use crate::model::deepseek_v4::PlatformSpecific;
 
 /// The closest supported names listed for an unsupported architecture, at most.
 const CLOSEST_SHOWN: usize = 3;
@@ -28,7 +30,8 @@ pub struct Support {
     /// The `--mapping FILE` that serves it; `null` for a built-in mapping (or none).
     pub mapping_file: Option<String>,
     /// What vLLM 0.33 does with the architecture as far as wload knows: "supported" for every
-    /// architecture a built-in mapping serves (each is checked against vLLM 0.33), "unknown"
+    /// architecture a built-in mapping serves (each is checked against vLLM 0.33),
+    /// "platform-specific" for DeepSeek-V4 (vLLM builds it, but per platform and GPU), "unknown"
     /// otherwise (wload keeps no list of vLLM's other architectures).
     pub vllm: &'static str,
     /// Where the structure section comes from: "mapping", or "config.json" alone (no mapping: the
@@ -40,7 +43,7 @@ pub struct Support {
     pub summary: String,
     /// The refusal `plan` and `shard` give, kept for the exit status; `None` when supported.
     #[serde(skip)]
-    pub refusal: Option<MappingError>,
+    pub refusal: Option<Error>,
 }
 
 /// The verdict for `architecture` given the selection's outcome: the mapping chosen, or why none.
@@ -68,7 +71,7 @@ pub(crate) fn support(
             structure_from: "config.json",
             closest,
             summary,
-            refusal,
+            refusal: refusal.map(Error::from),
         };
     };
     let by = match mapping_file {
@@ -93,6 +96,25 @@ pub(crate) fn support(
         structure_from: "mapping",
         closest: Vec::new(),
         refusal: None,
+    }
+}
+
+/// The verdict for DeepSeek-V4, which every command that plans refuses (`refusal`) whatever
+/// the mapping: its state is platform-specific, and wload has no verified reference for it.
+pub(crate) fn platform_specific(refusal: PlatformSpecific) -> Support {
+    let arch = refusal.0.architecture.clone();
+    Support {
+        supported: false,
+        summary: format!(
+            "unsupported: {arch} is DeepSeek-V4, whose saved state is platform- and GPU-specific; wload has no verified reference for it and writes no rank files for it; plan, shard and load refuse it (exit 3); use vLLM's own loader (--load-format auto)"
+        ),
+        architecture: Some(arch),
+        family: None,
+        mapping_file: None,
+        vllm: "platform-specific",
+        structure_from: "config.json",
+        closest: Vec::new(),
+        refusal: Some(refusal.into()),
     }
 }
 

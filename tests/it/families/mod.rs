@@ -3,6 +3,7 @@
 mod config_aliases;
 mod config_defaults;
 mod deepseek;
+mod deepseek_v4;
 mod dsv32_fp8_wk;
 mod glm4_moe;
 mod glm5;

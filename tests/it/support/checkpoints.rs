@@ -192,3 +192,87 @@ pub(crate) fn tiny_qwen3_moe() -> TempDir {
     write_safetensors(&tmp.path().join("model.safetensors"), &tensors);
     tmp
 }
+
+/// config.json of a tiny DeepSeek-V4 in its release format: FP8 block linears (`quant_method
+/// fp8`, E8M0 scales), MXFP4 experts (`expert_dtype fp4`); 2 layers + 1 MTP layer, hidden 64,
+/// 8 heads, 4 routed experts (2 per token) and 1 shared, vocab 300.
+pub(crate) fn tiny_deepseek_v4_config() -> Value {
+    json!({
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "hidden_size": 64,
+        "num_attention_heads": 8,
+        "head_dim": 32,
+        "q_lora_rank": 32,
+        "o_lora_rank": 32,
+        "o_groups": 2,
+        "hc_mult": 4,
+        "num_hidden_layers": 2,
+        "num_nextn_predict_layers": 1,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "vocab_size": 300,
+        "expert_dtype": "fp4",
+        "dtype": "bfloat16",
+        "quantization_config": {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "scale_fmt": "ue8m0",
+            "weight_block_size": [128, 128]
+        }
+    })
+}
+
+/// A tiny DeepSeek-V4 checkpoint (config above) with DeepSeek's own tensor names: per layer an
+/// FP8 attention linear with its E8M0 scale, the router, one MXFP4 expert (I8 packed, E8M0
+/// scales) and an FP8 shared expert; the embedding, head, norm and one MTP tensor.
+pub(crate) fn tiny_deepseek_v4() -> TempDir {
+    let tmp = TempDir::new().expect("temp dir");
+    write_json(&tmp.path().join("config.json"), &tiny_deepseek_v4_config());
+    let mut specs: Vec<(String, &str, Vec<u64>, usize)> = vec![
+        ("embed.weight".into(), "BF16", vec![300, 64], 2),
+        ("head.weight".into(), "BF16", vec![300, 64], 2),
+        ("norm.weight".into(), "BF16", vec![64], 2),
+        ("hc_head_fn".into(), "F32", vec![4, 256], 4),
+        ("mtp.0.norm.weight".into(), "BF16", vec![64], 2),
+    ];
+    for l in 0..2 {
+        let p = format!("layers.{l}");
+        specs.extend([
+            (format!("{p}.attn.wq_a.weight"), "F8_E4M3", vec![32, 64], 1),
+            (format!("{p}.attn.wq_a.scale"), "F8_E8M0", vec![1, 1], 1),
+            (format!("{p}.attn.attn_sink"), "F32", vec![8], 4),
+            (format!("{p}.ffn.gate.weight"), "BF16", vec![4, 64], 2),
+            (format!("{p}.ffn.gate.bias"), "F32", vec![4], 4),
+            (
+                format!("{p}.ffn.experts.0.w1.weight"),
+                "I8",
+                vec![64, 32],
+                1,
+            ),
+            (
+                format!("{p}.ffn.experts.0.w1.scale"),
+                "F8_E8M0",
+                vec![64, 2],
+                1,
+            ),
+            (
+                format!("{p}.ffn.shared_experts.w1.weight"),
+                "F8_E4M3",
+                vec![64, 64],
+                1,
+            ),
+        ]);
+    }
+    let data: Vec<Vec<u8>> = (specs.iter())
+        .map(|(_, _, shape, size)| zeros(shape.iter().product::<u64>() as usize * size))
+        .collect();
+    let tensors: Vec<Tensor> = (specs.iter().zip(&data))
+        .map(|((name, dtype, shape, _), d)| (name.as_str(), *dtype, shape.as_slice(), d.as_slice()))
+        .collect();
+    write_safetensors(&tmp.path().join("model.safetensors"), &tensors);
+    tmp
+}
