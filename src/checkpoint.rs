@@ -103,6 +103,9 @@ pub enum Backing {
         /// The blob's etag: its content identity on the hub.
         etag: String,
     },
+    /// In object storage (`s3://…`): read by ranged GETs of exactly the planned bytes
+    /// (`resolve::store::data`), each checked against this etag.
+    Object { etag: String },
 }
 
 /// A file's first `8 + N` bytes (its header) obtained without the file: what
@@ -119,6 +122,9 @@ pub struct RemoteHeader {
     /// when the length is refused.
     pub bytes: Vec<u8>,
     pub etag: String,
+    /// The data can be read where the header came from (object storage, by ranged reads): the
+    /// file is [`Backing::Object`], not [`Backing::HeaderOnly`].
+    pub readable: bool,
 }
 
 /// A name that appears in more than one file. vLLM loads files in order and the last write wins.
@@ -252,7 +258,8 @@ impl Checkpoint {
     /// Whether tensor data can be read: every file is on disk. A checkpoint of hub headers only
     /// (`inspect`, `plan`, `sizes`, `load --dry-run`) says which file is not.
     pub fn data_readable(&self) -> Result<(), HeaderError> {
-        match self.files.iter().find(|f| f.backing != Backing::File) {
+        let unreadable = |f: &&WeightFile| matches!(f.backing, Backing::HeaderOnly { .. });
+        match self.files.iter().find(unreadable) {
             None => Ok(()),
             Some(f) => Err(HeaderError::HeaderOnly {
                 path: f.path.clone(),

@@ -49,8 +49,14 @@ pub(crate) fn read_remote_header(
         size: h.size,
         ..FileStamp::default()
     };
-    parsed.backing = Backing::HeaderOnly {
-        etag: h.etag.clone(),
+    parsed.backing = if h.readable {
+        Backing::Object {
+            etag: h.etag.clone(),
+        }
+    } else {
+        Backing::HeaderOnly {
+            etag: h.etag.clone(),
+        }
     };
     Ok(parsed)
 }
@@ -591,6 +597,7 @@ mod tests {
             size,
             bytes,
             etag: "e1".into(),
+            readable: false,
         }
     }
 

@@ -63,6 +63,9 @@ pub fn prepare(
     mode: IoMode,
     cold: bool,
 ) -> Result<(SourceCache, IoChoice), OpenError> {
+    if let Some(objects) = in_object_storage(paths) {
+        return Ok(objects);
+    }
     let mut evicted_from = None;
     if cold {
         evicted_from = Some(residency_all(paths)?.resident_bytes);
@@ -96,6 +99,33 @@ pub fn prepare(
             requested: mode,
             used,
             why,
+        },
+    ))
+}
+
+/// For a source in object storage: no page cache to measure or evict, and one way to read it.
+fn in_object_storage(paths: &[PathBuf]) -> Option<(SourceCache, IoChoice)> {
+    let objects: Vec<_> = (paths.iter())
+        .filter_map(|p| crate::resolve::store::data::lookup(p))
+        .collect();
+    if objects.is_empty() {
+        return None;
+    }
+    let bytes = objects.iter().map(|o| o.size()).sum();
+    Some((
+        SourceCache {
+            source_bytes: bytes,
+            resident_bytes: 0,
+            resident_share: 0.0,
+            evicted_from_bytes: None,
+        },
+        IoChoice {
+            requested: IoMode::Auto,
+            used: IoMode::Buffered,
+            why: format!(
+                "object storage: ranged GETs of the planned bytes, {} at once",
+                super::OBJECT_THREADS
+            ),
         },
     ))
 }

@@ -50,6 +50,10 @@ pub(crate) const CHUNK_BYTES: u64 = 16 << 20;
 /// 2 threads, 0.69 with 4, 0.86 with 8, which is what `dd bs=16M` reads).
 pub(crate) const DIRECT_THREADS: usize = 8;
 
+/// Ranged GETs in flight when the source is in object storage: each is one 16 MiB chunk, so
+/// this bounds memory at 256 MiB, and 16 streams reach a store's per-client limit.
+pub(crate) const OBJECT_THREADS: usize = 16;
+
 /// Worker threads for a run reading with `io`: one per core, and at least [`DIRECT_THREADS`]
 /// for direct reads.
 pub fn worker_threads(io: IoMode) -> usize {
@@ -299,7 +303,14 @@ pub(crate) fn execute(
                 }
             })
     };
-    let threads = worker_threads(opts.io);
+    // Reads from object storage wait on the network, each a round trip: as many in flight as
+    // direct reads at least, and more.
+    let remote = files.iter().flatten().any(|f| f.object().is_some());
+    let threads = if remote {
+        worker_threads(opts.io).max(OBJECT_THREADS)
+    } else {
+        worker_threads(opts.io)
+    };
     let copied = match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
         Ok(pool) if threads != rayon::current_num_threads() => pool.install(copy),
         _ => copy(),

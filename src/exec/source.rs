@@ -43,7 +43,11 @@ impl std::fmt::Display for IoMode {
 /// file-to-file copies and the bytes O_DIRECT cannot reach (none, unless the file shrank).
 pub struct SourceFile {
     pub path: PathBuf,
-    pub file: File,
+    /// The local file; `None` for a file in object storage ([`SourceFile::object`]).
+    pub file: Option<File>,
+    /// A weight file that stays in object storage: every read is a ranged GET of exactly its
+    /// bytes, checked against the planned etag.
+    object: Option<std::sync::Arc<crate::resolve::store::data::ObjectData>>,
     direct: Option<File>,
     /// Before `map`: unregistered before the range is unmapped.
     watch: Option<super::sigbus::Watch>,
@@ -97,10 +101,22 @@ impl SourceFile {
             path: path.to_path_buf(),
             source,
         };
+        if let Some(object) = crate::resolve::store::data::lookup(path) {
+            // The mode is the page cache's business; a store is read the one way it can be.
+            return Ok(SourceFile {
+                path: path.to_path_buf(),
+                file: None,
+                object: Some(object),
+                direct: None,
+                watch: None,
+                map: None,
+            });
+        }
         let file = File::open(path).map_err(open_err)?;
         let mut src = SourceFile {
             path: path.to_path_buf(),
-            file,
+            object: None,
+            file: Some(file),
             direct: None,
             watch: None,
             map: None,
@@ -121,7 +137,7 @@ impl SourceFile {
                 // Opened by path twice: both must be the same file, or the run would check one
                 // and read the other.
                 let id = |f: &File| f.metadata().map(|m| (m.dev(), m.ino()));
-                if id(&f).map_err(open_err)? != id(&src.file).map_err(open_err)? {
+                if id(&f).map_err(open_err)? != id(src.local()).map_err(open_err)? {
                     return Err(OpenError::Replaced {
                         path: path.to_path_buf(),
                     });
@@ -141,14 +157,14 @@ impl SourceFile {
             path: path.to_path_buf(),
             source,
         };
-        let len = self.file.metadata().map_err(open_err)?.len();
+        let len = self.local().metadata().map_err(open_err)?.len();
         if len == 0 {
             return Ok(());
         }
         // SAFETY: a read-only private map. A file truncated under it would raise SIGBUS on the
         // pages past its new end; the watch turns those into zero pages and marks the file,
         // which the engine then refuses (the stamp check after reading).
-        let m = unsafe { memmap2::Mmap::map(&self.file) }.map_err(|source| {
+        let m = unsafe { memmap2::Mmap::map(self.local()) }.map_err(|source| {
             if source.raw_os_error() == Some(libc::ENOMEM) {
                 OpenError::AddressSpace {
                     path: path.to_path_buf(),
@@ -276,7 +292,23 @@ impl SourceFile {
             dst.copy_from_slice(&m[off as usize..end]);
             return Ok(());
         }
-        self.file.read_exact_at(dst, off)
+        match (&self.file, &self.object) {
+            (Some(f), _) => f.read_exact_at(dst, off),
+            (None, Some(o)) => o.read_exact_at(dst, off),
+            (None, None) => unreachable!("a SourceFile is a local file or an object"),
+        }
+    }
+
+    /// The local file of a source opened from disk (every mode but an object's).
+    fn local(&self) -> &File {
+        self.file
+            .as_ref()
+            .expect("only sources opened from disk are mapped or opened for O_DIRECT")
+    }
+
+    /// The object-store file this source is, when it is one.
+    pub(crate) fn object(&self) -> Option<&crate::resolve::store::data::ObjectData> {
+        self.object.as_deref()
     }
 }
 

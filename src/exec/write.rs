@@ -279,6 +279,9 @@ impl Sink for FileSink<'_, '_> {
         src_offset: u64,
         len: u64,
     ) -> Result<bool, ExecError> {
+        if src.object().is_some() {
+            return Ok(false);
+        }
         self.budget(out, len)?;
         let o = &self.outs[out];
         let step = checksum::READ_STEP as u64;
@@ -307,13 +310,17 @@ fn kernel_copy(
     first: bool,
 ) -> Result<bool, ExecError> {
     use std::os::fd::AsRawFd;
+    // An object in a store has no descriptor: its bytes come through the read buffer.
+    let Some(src_file) = &src.file else {
+        return Ok(false);
+    };
     let (mut off_in, mut off_out) = (src_offset as libc::loff_t, offset as libc::loff_t);
     let mut left = len as usize;
     while left > 0 {
         // SAFETY: valid descriptors we own, offsets passed by pointer as the syscall wants.
         let n = unsafe {
             libc::copy_file_range(
-                src.file.as_raw_fd(),
+                src_file.as_raw_fd(),
                 &mut off_in,
                 o.file.as_raw_fd(),
                 &mut off_out,

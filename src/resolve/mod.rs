@@ -9,6 +9,7 @@ pub(crate) mod local;
 pub(crate) mod remote;
 pub(crate) mod select;
 pub(crate) mod source;
+pub(crate) mod store;
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};

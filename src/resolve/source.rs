@@ -1,5 +1,5 @@
-//! What SOURCE is, decided once: a local folder, or a remote source (a Hugging Face hub repo id
-//! today). A SOURCE that is neither, because it reads as a mistyped path, is refused here with
+//! What SOURCE is, decided once: a local folder, or a remote source (an object-store URL,
+//! `s3://…`, or a Hugging Face hub repo id). A SOURCE that is neither, because it reads as a mistyped path, is refused here with
 //! the closest path that exists. A new kind of remote source is one more line in
 //! [`Source::parse`] and its own folder beside `hub/`.
 
@@ -38,6 +38,11 @@ impl Source {
         revision: Option<&str>,
         download_dir: Option<&Path>,
     ) -> Result<Source, SourceError> {
+        if let Some(store) =
+            super::store::ObjectSource::parse(source, download_dir).map_err(SourceError::Usage)?
+        {
+            return Ok(Source::Remote(Box::new(store)));
+        }
         refuse_missing_path(source)?;
         if let Some(hub) =
             hub::Hub::parse(source, revision, download_dir).map_err(SourceError::Usage)?

@@ -56,7 +56,9 @@ pub(crate) struct LoadSettings {
 pub(crate) fn load_settings(source: &Path, flags: &LoadFlags) -> Result<LoadSettings, Error> {
     // A mistyped folder is named as one (with the close name that exists), not as a folder that
     // records no TP size.
-    crate::resolve::source::refuse_missing_path(source)?;
+    if !crate::resolve::store::url::looks_like_url(&source.to_string_lossy()) {
+        crate::resolve::source::refuse_missing_path(source)?;
+    }
     let manifest = source.is_dir().then(|| Manifest::read(source)).flatten();
     if manifest.is_none() && source.is_dir() {
         let files = names::in_folder(source);

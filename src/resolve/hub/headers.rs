@@ -162,6 +162,7 @@ fn remote(name: &str, path: &Path, entry: Entry, bytes: Vec<u8>) -> RemoteHeader
         size: entry.size,
         bytes,
         etag: entry.etag,
+        readable: false,
     }
 }
 

@@ -11,3 +11,4 @@ mod mxfp4;
 mod nvfp4;
 mod pp;
 mod safetensors_crate;
+mod store;

@@ -10,6 +10,7 @@ mod fp4;
 mod golden;
 mod refusals;
 mod run;
+mod s3;
 mod safetensors;
 mod tensors;
 
@@ -21,6 +22,7 @@ pub(crate) use fp4::*;
 pub(crate) use golden::*;
 pub(crate) use refusals::*;
 pub(crate) use run::*;
+pub(crate) use s3::*;
 pub(crate) use safetensors::*;
 pub(crate) use tensors::*;
 
