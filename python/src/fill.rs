@@ -128,12 +128,14 @@ pub(crate) fn fill(
     // Phase 1: how to read (the files' residency decides `auto`).
     let t = Instant::now();
     let files = wload::engine::source_files(plan, root);
-    let (_, choice) = py
+    let (_, mut choice) = py
         .detach(|| io_choice::prepare(&files, io, false))
         .map_err(ExecError::from)?;
+    choice.note_shared(plan, &[j]);
     let cache_s = t.elapsed().as_secs_f64();
     let opts = ExecOptions {
         io: choice.used,
+        share_reads: choice.shares_reads(),
         ..ExecOptions::for_run()
     };
     // Phase 2: the destination, and the engine run.

@@ -117,6 +117,7 @@ pub fn load(
             let devices = open_devices(planned, lopts.device, threads, &mut t)?;
             let opts = ExecOptions {
                 io: io.choice.used,
+                share_reads: io.choice.shares_reads(),
                 ..ExecOptions::for_run()
             };
             let copy_s = transfer(planned, &devices, opts, cancel, progress, &mut t)?;
@@ -164,6 +165,9 @@ fn prepare_source(
         lopts.cold,
     )
     .map_err(ExecError::from)?;
+    let mut choice = choice;
+    let ranks: Vec<usize> = (0..planned.plan.ranks.len()).collect();
+    choice.note_shared(&planned.plan, &ranks);
     timings.cache_s = t.elapsed().as_secs_f64();
     Ok((
         cache,

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::page_cache::{evict, residency_all};
+use super::shared::shared_reads;
 use super::source::{IoMode, OpenError, SourceFile};
+use crate::plan::Plan;
+use crate::units::human_bytes;
 
 /// Below this share of the source in the page cache, `auto` reads around it: copying cached
 /// pages is faster than any disk, while for uncached ones O_DIRECT saves the extra copy.
@@ -53,6 +56,31 @@ pub struct IoChoice {
     pub requested: IoMode,
     pub used: IoMode,
     pub why: String,
+}
+
+impl IoChoice {
+    /// Whether the run reads what other ranks read too through the page cache
+    /// ([`ExecOptions::share_reads`](super::ExecOptions)): `auto`'s direct reads only.
+    pub fn shares_reads(&self) -> bool {
+        self.requested == IoMode::Auto && self.used == IoMode::Direct
+    }
+
+    /// With [`IoChoice::shares_reads`], says in `why` how many bytes a run of `ranks` (indexes
+    /// into `plan.ranks`) reads buffered for that, so that the report says what was measured.
+    pub fn note_shared(&mut self, plan: &Plan, ranks: &[usize]) {
+        if !self.shares_reads() {
+            return;
+        }
+        let bytes = shared_reads(plan, ranks).bytes;
+        if bytes > 0 {
+            self.why = format!(
+                "{}; but {} that ranks loading elsewhere read too (column slices of row-parallel \
+                 weights, replicated tensors) buffered, so that the node reads them from storage once",
+                self.why,
+                human_bytes(bytes)
+            );
+        }
+    }
 }
 
 /// What `load` and `shard` do before reading: with `cold`, every file out of the page cache

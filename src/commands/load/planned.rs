@@ -86,6 +86,9 @@ pub fn plan(req: Request) -> Result<Planned, Error> {
         given,
         &mut warnings,
     )?;
+    // Before any rank is dropped: a run of some ranks reads what the others read too through
+    // the page cache, which needs all of them counted.
+    plan.readers = crate::exec::shared::count_readers(&plan);
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     let local_base = match &req.ranks {
         Ranks::All => 0,

@@ -1,0 +1,252 @@
+//! Which source bytes a run reads for other ranks too. vLLM's workers each load their own rank,
+//! one process each: a byte two of them read comes off storage twice when both read around the
+//! page cache (O_DIRECT), and once when they read through it. A row-parallel weight is the
+//! common case (each rank needs a column slice of every row, so each reads the whole tensor),
+//! then replicated tensors and replicated kv heads. Counted over every rank of the plan, before
+//! it is narrowed to some (`load --ranks`), so that a run of some ranks still knows.
+
+use super::jobs::{extent, is_span, union};
+use super::{ExecOptions, Placement};
+use crate::plan::{Piece, Plan};
+
+/// The source elements `[lo, hi)` rank `j` of `plan` reads, by source, as a run of that rank
+/// alone reads them ([`super::jobs::work_items`]): each span exactly, and for the jobs read in
+/// chunks (converted, strided, transposed) everything between the first and the last element
+/// they reach, since each chunk is read whole. Reductions read their block's extent.
+fn rank_reads(plan: &Plan, j: usize, out: &mut Vec<(usize, u64, u64)>) {
+    // Source → the union of its chunked jobs, flushed after the rank's tensors.
+    let mut chunked: Vec<(usize, u64, u64)> = Vec::new();
+    let direct = ExecOptions::default().direct;
+    for t in &plan.ranks[j].tensors {
+        for piece in t.pieces.iter() {
+            let Piece::Copy { source, region, .. } = piece else {
+                continue;
+            };
+            let Some(b) = piece.block() else { continue };
+            let Some((lo, hi)) = extent(&b) else { continue };
+            let src = &plan.sources[source];
+            if !region.reduces() && is_span(&b, t.dtype, src, direct) {
+                out.push((source, lo, b.src_start + b.rows * b.row));
+            } else {
+                chunked.push((source, lo, hi));
+            }
+            if let Some(scale) = region.dequant {
+                let total = plan.sources[scale].shape.iter().product();
+                out.push((scale, 0, total));
+            }
+        }
+    }
+    chunked.sort_unstable();
+    for group in chunked.chunk_by(|a, b| a.0 == b.0) {
+        let (lo, hi) = union(group.iter().map(|&(_, lo, hi)| Some((lo, hi)))).expect("not empty");
+        out.push((group[0].0, lo, hi));
+    }
+}
+
+/// For each source of `plan` (by index), how many of its ranks read it when two of them read
+/// some of the same elements; 0 when each rank reads elements no other rank does (a
+/// column-parallel weight's rows, an expert of one rank).
+pub(crate) fn count_readers(plan: &Plan) -> Vec<u32> {
+    let mut reads = Vec::new();
+    let mut by_rank: Vec<(usize, u64, u64, usize)> = Vec::new();
+    for j in 0..plan.ranks.len() {
+        reads.clear();
+        rank_reads(plan, j, &mut reads);
+        by_rank.extend(reads.iter().map(|&(s, lo, hi)| (s, lo, hi, j)));
+    }
+    by_rank.sort_unstable();
+    let mut readers = vec![0u32; plan.sources.len()];
+    for group in by_rank.chunk_by(|a, b| a.0 == b.0) {
+        if overlap_between_ranks(group) {
+            let mut ranks: Vec<usize> = group.iter().map(|r| r.3).collect();
+            ranks.sort_unstable();
+            ranks.dedup();
+            readers[group[0].0] = ranks.len() as u32;
+        }
+    }
+    readers
+}
+
+/// Whether two ranges of `reads` (one source's, sorted by start) of different ranks meet.
+fn overlap_between_ranks(reads: &[(usize, u64, u64, usize)]) -> bool {
+    // The furthest end so far, with its rank, and the furthest of any other rank: a range meets
+    // an earlier one of another rank iff it starts before that rank's furthest end.
+    let mut best: Option<(u64, usize)> = None;
+    let mut other: u64 = 0;
+    for &(_, lo, hi, rank) in reads {
+        if let Some((end, r)) = best {
+            let reach = if r == rank { other } else { end };
+            if lo < reach {
+                return true;
+            }
+        }
+        match best {
+            Some((end, r)) if r == rank => best = Some((end.max(hi), r)),
+            Some((end, _)) if hi > end => {
+                other = end;
+                best = Some((hi, rank));
+            }
+            Some(_) => other = other.max(hi),
+            None => best = Some((hi, rank)),
+        }
+    }
+    false
+}
+
+/// The sources a run of `placements` reads that ranks outside it read too (by source index),
+/// and how many bytes of them the run reads; empty when the plan has no reader counts.
+pub(crate) struct SharedReads {
+    pub sources: Vec<bool>,
+    pub bytes: u64,
+}
+
+/// [`SharedReads`] of a run of the plan's ranks `ranks` (indexes into `plan.ranks`): a source
+/// whose reads ranks share, read by fewer of them here than the plan counts.
+pub(crate) fn shared_reads(plan: &Plan, ranks: &[usize]) -> SharedReads {
+    let mut shared = SharedReads {
+        sources: vec![false; plan.sources.len()],
+        bytes: 0,
+    };
+    if plan.readers.is_empty() {
+        return shared;
+    }
+    let mut here = vec![0u32; plan.sources.len()];
+    let mut reads = Vec::new();
+    let mut mine = Vec::new();
+    for &j in ranks {
+        mine.clear();
+        rank_reads(plan, j, &mut mine);
+        mine.sort_unstable();
+        mine.dedup_by_key(|r| r.0);
+        for &(s, ..) in &mine {
+            here[s] += 1;
+        }
+        rank_reads(plan, j, &mut reads);
+    }
+    for (s, &n) in here.iter().enumerate() {
+        shared.sources[s] = plan.readers.get(s).is_some_and(|&all| all > n);
+    }
+    shared.bytes = reads
+        .iter()
+        .filter(|r| shared.sources[r.0])
+        .map(|&(s, lo, hi)| (hi - lo) * (plan.sources[s].dtype.bits() / 8))
+        .sum();
+    shared
+}
+
+/// The distinct ranks (indexes into `plan.ranks`) of `placements`.
+pub(super) fn ranks_of(placements: &[Placement]) -> Vec<usize> {
+    let mut v: Vec<usize> = placements.iter().map(|p| p.rank).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::Checkpoint;
+    use crate::plan::PlanOptions;
+
+    /// The llama_gqa golden fixture (8 heads, 4 kv heads) planned at `tp`, readers counted.
+    fn llama_gqa(tp: u64) -> Plan {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/golden/fixtures/llama_gqa");
+        let config =
+            crate::config::load(&root, "config.json", crate::config::ConfigFormat::Hf, None)
+                .expect("config");
+        let names: Vec<String> = (1..=6)
+            .map(|i| format!("model-{i:05}-of-00006.safetensors"))
+            .collect();
+        let ckpt = Checkpoint::open(&root, &names).expect("headers");
+        let mapping = crate::mapping::select(None, config.architecture()).expect("mapping");
+        let opts = PlanOptions {
+            tp,
+            pp: 1,
+            pp_partition: None,
+            expert_parallel: false,
+            dtype: crate::dtype::DtypeChoice::Auto,
+            mapping: None,
+            shapes_only: false,
+            moe_backend: None,
+            multimodal: Default::default(),
+            replicate_embed: false,
+        };
+        let model = crate::model::Model::new(&config);
+        let mut plan = crate::plan::plan(&mapping, &model, &ckpt, &opts).expect("plan");
+        plan.readers = count_readers(&plan);
+        plan
+    }
+
+    /// Which sources ranks read in common, by name: a row-parallel weight's column slices and a
+    /// replicated norm are every rank's; a column-parallel weight's rows, the vocabulary rows of
+    /// the embedding and lm_head, each rank's own; kv heads too, until there are fewer of them
+    /// than ranks (TP 8), when pairs of ranks read the same heads.
+    #[test]
+    fn ranks_share_row_parallel_slices_replicated_tensors_and_replicated_kv_heads() {
+        for tp in [1u64, 2, 4, 8] {
+            let plan = llama_gqa(tp);
+            for (s, src) in plan.sources.iter().enumerate() {
+                let name = &*src.name;
+                let every = ["o_proj", "down_proj", "norm"]
+                    .iter()
+                    .any(|p| name.contains(p));
+                let kv = name.contains("k_proj") || name.contains("v_proj");
+                let want = if tp > 1 && (every || (kv && tp > 4)) {
+                    tp as u32
+                } else {
+                    0
+                };
+                assert_eq!(plan.readers[s], want, "tp {tp}: {name}");
+            }
+        }
+    }
+
+    /// A run of one rank reads the shared sources through the page cache, and says how many
+    /// bytes; a run of every rank reads each chunk once for all of them, so none; a plan whose
+    /// readers were never counted, none.
+    #[test]
+    fn a_run_shares_what_ranks_outside_it_read_too() {
+        let plan = llama_gqa(2);
+        let one = shared_reads(&plan, &[0]);
+        let want: Vec<bool> = plan.readers.iter().map(|&n| n > 0).collect();
+        assert_eq!(one.sources, want);
+        let bytes: u64 = (plan.sources.iter().zip(&want))
+            .filter(|(_, on)| **on)
+            .map(|(s, _)| s.shape.iter().product::<u64>() * s.dtype.bits() / 8)
+            .sum();
+        // Each rank reads nearly the whole of every shared source: rank 0's column slice spans
+        // every row but the last one's second half.
+        assert!(
+            one.bytes <= bytes && one.bytes > bytes / 100 * 99,
+            "{} of {bytes}",
+            one.bytes
+        );
+        let all = shared_reads(&plan, &[0, 1]);
+        assert!(all.sources.iter().all(|on| !on));
+        assert_eq!(all.bytes, 0);
+        let mut uncounted = plan.clone();
+        uncounted.readers.clear();
+        assert_eq!(shared_reads(&uncounted, &[0]).bytes, 0);
+    }
+
+    #[test]
+    fn overlap_is_between_ranks_only() {
+        let r = |lo, hi, rank| (0usize, lo, hi, rank);
+        assert!(!overlap_between_ranks(&[r(0, 10, 0), r(10, 20, 1)]));
+        assert!(overlap_between_ranks(&[r(0, 10, 0), r(9, 20, 1)]));
+        // A rank's own ranges may meet.
+        assert!(!overlap_between_ranks(&[
+            r(0, 10, 0),
+            r(5, 12, 0),
+            r(12, 20, 1)
+        ]));
+        // Met through an earlier range of another rank than the furthest-reaching one.
+        assert!(overlap_between_ranks(&[
+            r(0, 30, 1),
+            r(1, 40, 0),
+            r(35, 50, 0)
+        ]));
+        assert!(overlap_between_ranks(&[r(0, 10, 0), r(2, 3, 1)]));
+    }
+}
