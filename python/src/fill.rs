@@ -41,6 +41,8 @@ impl std::fmt::Display for Target {
 /// What one load did, for the returned dict.
 pub(crate) struct LoadDone {
     pub io: IoMode,
+    /// Why `io`, and what was read through the page cache all the same (`IoChoice::why`).
+    pub io_why: String,
     /// The engine's stages.
     pub stats: Stats,
     /// The sink's own work.
@@ -171,6 +173,7 @@ pub(crate) fn fill(
     };
     Ok(LoadDone {
         io: choice.used,
+        io_why: choice.why,
         stats: ctl.stats,
         sink,
         cache_s,

@@ -41,5 +41,8 @@ def test_a_node_reads_each_byte_once(checkpoint, tp):
     assert s["ratio"] <= LIMIT, (
         f"tp {tp}: the ranks read {s['read_bytes']} bytes from storage for a "
         f"{s['checkpoint_bytes']}-byte checkpoint ({s['ratio']:.3f}x, at most {LIMIT}x): {per_rank}")
-    # Every rank loaded its share: the bytes were read, not skipped.
-    assert all(r["bytes"] > 0 for r in s["ranks"])
+    # Every rank loaded its share, cold (so direct), and its report says what it read through
+    # the page cache instead.
+    for r in s["ranks"]:
+        assert r["bytes"] > 0 and r["io"] == "direct", r
+        assert "that ranks outside this run read too" in r["io_why"], r

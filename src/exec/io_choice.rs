@@ -74,7 +74,7 @@ impl IoChoice {
         let bytes = shared_reads(plan, ranks).bytes;
         if bytes > 0 {
             self.why = format!(
-                "{}; but {} that ranks loading elsewhere read too (column slices of row-parallel \
+                "{}; but the {} that ranks outside this run read too (column slices of row-parallel \
                  weights, replicated tensors) buffered, so that the node reads them from storage once",
                 self.why,
                 human_bytes(bytes)
