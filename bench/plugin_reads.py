@@ -50,7 +50,7 @@ bufs = {t.name: np.empty(t.nbytes, dtype=np.uint8) for t in p.tensors(rank)}
 report = p.load(rank, {n: b.ctypes.data for n, b in bufs.items()})
 r1, t1 = read_bytes(), time.perf_counter()
 print(json.dumps({"rank": rank, "read_bytes": r1 - r0, "seconds": t1 - t0,
-                  "bytes": report.bytes, "io": report.io, "io_why": report.io_why}), flush=True)
+                  "bytes": report.bytes, "io": report.io, "io_why": getattr(report, "io_why", "")}), flush=True)
 """
 
 
