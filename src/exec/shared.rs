@@ -144,21 +144,39 @@ pub(super) fn ranks_of(placements: &[Placement]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::AtomicBool;
+
     use super::*;
     use crate::checkpoint::Checkpoint;
+    use crate::exec::device::{CpuDevice, Device};
+    use crate::exec::page_cache::{evict, resident_pages};
+    use crate::exec::source::IoMode;
+    use crate::exec::{Control, Destinations, fill};
     use crate::plan::PlanOptions;
+    use crate::progress::Quiet;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden/fixtures/llama_gqa")
+    }
+
+    fn names() -> Vec<String> {
+        (1..=6)
+            .map(|i| format!("model-{i:05}-of-00006.safetensors"))
+            .collect()
+    }
 
     /// The llama_gqa golden fixture (8 heads, 4 kv heads) planned at `tp`, readers counted.
     fn llama_gqa(tp: u64) -> Plan {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data/golden/fixtures/llama_gqa");
+        llama_gqa_in(&fixture(), tp)
+    }
+
+    /// [`llama_gqa`] of a copy of the fixture in `root`.
+    fn llama_gqa_in(root: &Path, tp: u64) -> Plan {
         let config =
-            crate::config::load(&root, "config.json", crate::config::ConfigFormat::Hf, None)
+            crate::config::load(root, "config.json", crate::config::ConfigFormat::Hf, None)
                 .expect("config");
-        let names: Vec<String> = (1..=6)
-            .map(|i| format!("model-{i:05}-of-00006.safetensors"))
-            .collect();
-        let ckpt = Checkpoint::open(&root, &names).expect("headers");
+        let ckpt = Checkpoint::open(root, &names()).expect("headers");
         let mapping = crate::mapping::select(None, config.architecture()).expect("mapping");
         let opts = PlanOptions {
             tp,
@@ -228,6 +246,59 @@ mod tests {
         let mut uncounted = plan.clone();
         uncounted.readers.clear();
         assert_eq!(shared_reads(&uncounted, &[0]).bytes, 0);
+    }
+
+    /// A cold direct run of rank 0 of 2, sharing: the page cache then holds the sources rank 1
+    /// reads too, and none of rank 0's own (a page's worth in from either end, where a tensor
+    /// may share a page with its neighbour); not sharing, it holds none.
+    #[test]
+    fn a_run_reads_shared_sources_through_the_page_cache_and_the_rest_around_it() {
+        let dir = tempfile::TempDir::new().unwrap();
+        for f in names().iter().chain([&"config.json".to_string()]) {
+            std::fs::copy(fixture().join(f), dir.path().join(f)).unwrap();
+        }
+        let plan = llama_gqa_in(dir.path(), 2);
+        let shared = shared_reads(&plan, &[0]).sources;
+        for share_reads in [true, false] {
+            for f in names() {
+                evict(&dir.path().join(f)).unwrap();
+            }
+            let mut dev = CpuDevice::default();
+            let sizes: Vec<u64> = plan.ranks[0].tensors.iter().map(|t| t.bytes).collect();
+            dev.alloc(&sizes).unwrap();
+            let devices: Vec<Box<dyn Device>> = vec![Box::new(dev)];
+            let cancel = AtomicBool::new(false);
+            let opts = ExecOptions {
+                io: IoMode::Direct,
+                share_reads,
+                ..ExecOptions::default()
+            };
+            let ctl = Control::new(&cancel, &Quiet).with_options(opts);
+            let run = fill(
+                &plan,
+                dir.path(),
+                &[0],
+                Destinations::Devices(&devices),
+                &ctl,
+            );
+            run.unwrap_or_else(|e| panic!("O_DIRECT where the tests run? {e}"));
+            let mut seen = [0, 0];
+            for (s, src) in plan.sources.iter().enumerate() {
+                let (_, page, pages) = resident_pages(&dir.path().join(&*src.file)).unwrap();
+                let bytes = src.shape.iter().product::<u64>() * src.dtype.bits() / 8;
+                let (first, end) = (src.offset.div_ceil(page) + 1, (src.offset + bytes) / page);
+                let inner = &pages[(first as usize).min(end as usize)..end as usize];
+                if inner.is_empty() {
+                    continue;
+                }
+                let want = share_reads && shared[s];
+                seen[want as usize] += 1;
+                let got = inner.iter().filter(|&&b| b & 1 == 1).count();
+                let expect = if want { inner.len() } else { 0 };
+                assert_eq!(got, expect, "{}: share_reads {share_reads}", src.name);
+            }
+            assert!(seen[0] > 0 && (seen[1] > 0) == share_reads, "{seen:?}");
+        }
     }
 
     #[test]
