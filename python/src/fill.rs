@@ -133,7 +133,6 @@ pub(crate) fn fill(
     let (_, mut choice) = py
         .detach(|| io_choice::prepare(&files, io, false))
         .map_err(ExecError::from)?;
-    choice.note_shared(plan, &[j]);
     let cache_s = t.elapsed().as_secs_f64();
     let opts = ExecOptions {
         io: choice.used,
@@ -171,6 +170,7 @@ pub(crate) fn fill(
             (SinkStages::of(d.stages(), d.staging_bytes()), filled)
         }
     };
+    choice.note_shared(ctl.stats.shared_bytes.load(Ordering::Relaxed));
     Ok(LoadDone {
         io: choice.used,
         io_why: choice.why,

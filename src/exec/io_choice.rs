@@ -6,9 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::page_cache::{evict, residency_all};
-use super::shared::shared_reads;
 use super::source::{IoMode, OpenError, SourceFile};
-use crate::plan::Plan;
 use crate::units::human_bytes;
 
 /// Below this share of the source in the page cache, `auto` reads around it: copying cached
@@ -65,14 +63,10 @@ impl IoChoice {
         self.requested == IoMode::Auto && self.used == IoMode::Direct
     }
 
-    /// With [`IoChoice::shares_reads`], says in `why` how many bytes a run of `ranks` (indexes
-    /// into `plan.ranks`) reads buffered for that, so that the report says what was measured.
-    pub fn note_shared(&mut self, plan: &Plan, ranks: &[usize]) {
-        if !self.shares_reads() {
-            return;
-        }
-        let bytes = shared_reads(plan, ranks).bytes;
-        if bytes > 0 {
+    /// Says in `why` that the run read `bytes` (its [`Stats::shared_bytes`](super::Stats))
+    /// buffered for ranks outside it, so that the report says what was measured.
+    pub fn note_shared(&mut self, bytes: u64) {
+        if self.shares_reads() && bytes > 0 {
             self.why = format!(
                 "{}; but the {} that ranks outside this run read too (column slices of row-parallel \
                  weights, replicated tensors) buffered, so that the node reads them from storage once",

@@ -314,7 +314,7 @@ pub(super) fn extent(b: &Block) -> Option<(u64, u64)> {
 }
 
 /// The smallest range holding every one of `extents`; `None` when all are empty.
-pub(super) fn union(extents: impl Iterator<Item = Option<(u64, u64)>>) -> Option<(u64, u64)> {
+fn union(extents: impl Iterator<Item = Option<(u64, u64)>>) -> Option<(u64, u64)> {
     extents
         .flatten()
         .reduce(|(a0, a1), (b0, b1)| (a0.min(b0), a1.max(b1)))

@@ -156,6 +156,9 @@ pub struct Stats {
     pub convert_ns: AtomicU64,
     pub put_ns: AtomicU64,
     pub bytes_read: AtomicU64,
+    /// Bytes of the sources read through the page cache for ranks outside the run
+    /// ([`ExecOptions::share_reads`]), as planned.
+    pub shared_bytes: AtomicU64,
     /// The engine's own reads (into its buffers; a sink's reads are the sink's to count).
     pub read: Busy,
 }
@@ -276,7 +279,7 @@ pub(crate) fn execute(
         jobs_and_fills(plan, placements, sink.starts_zeroed(), pads_rows(sink));
     hooks::at(hooks::Point::Execute);
     let files = open_sources(plan, root, opts.io)?;
-    let (shared, twins) = shared_files(plan, placements, &files, opts)?;
+    let (shared, twins) = shared_files(plan, placements, &files, opts, stats)?;
     hooks::at(hooks::Point::Read);
     let (items, rest) = work_items(plan, &jobs, opts);
     let run = Run {
@@ -333,12 +336,15 @@ fn shared_files(
     placements: &[Placement],
     files: &[Option<SourceFile>],
     opts: ExecOptions,
+    stats: &Stats,
 ) -> Result<(Vec<bool>, Vec<Option<SourceFile>>), ExecError> {
     let mut twins: Vec<Option<SourceFile>> = files.iter().map(|_| None).collect();
     if !(opts.share_reads && opts.io == IoMode::Direct) {
         return Ok((Vec::new(), twins));
     }
-    let shared = shared::shared_reads(plan, &shared::ranks_of(placements)).sources;
+    let shared = shared::shared_reads(plan, &shared::ranks_of(placements));
+    stats.shared_bytes.store(shared.bytes, Ordering::Relaxed);
+    let shared = shared.sources;
     for (s, _) in shared.iter().enumerate().filter(|(_, on)| **on) {
         let i = plan.sources[s].file_index;
         if twins[i].is_none() {

@@ -197,7 +197,7 @@ pub struct Plan {
     /// For each source (by index), how many ranks read it when two of them read some of the same
     /// bytes, else 0; counted over every rank before the plan is narrowed to some, so that a run
     /// of some ranks reads those bytes through the page cache (`exec::shared`). Empty: not
-    /// counted, every read is taken as the run's own.
+    /// counted, and `ranks` holds every rank (the engine counts them when it needs to).
     #[serde(skip)]
     pub readers: Vec<u32>,
     /// Whether lm_head and the embedding are one tensor in the output (config.json must say so).

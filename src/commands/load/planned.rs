@@ -86,14 +86,16 @@ pub fn plan(req: Request) -> Result<Planned, Error> {
         given,
         &mut warnings,
     )?;
-    // Before any rank is dropped: a run of some ranks reads what the others read too through
-    // the page cache, which needs all of them counted.
-    plan.readers = crate::exec::shared::count_readers(&plan);
     opened.timings.plan_s = t.elapsed().as_secs_f64();
     let local_base = match &req.ranks {
         Ranks::All => 0,
         Ranks::ThisProcess(r) => {
             let (kept, base) = ranks::select(plan.world(), r.as_ref()).map_err(LoadError::from)?;
+            if kept.len() < plan.ranks.len() {
+                // While every rank is here: a run of some reads what the others read too
+                // through the page cache (`exec::shared`).
+                plan.readers = crate::exec::shared::count_readers(&plan);
+            }
             plan.ranks.retain(|r| kept.contains(&r.rank));
             base
         }
