@@ -41,6 +41,8 @@ impl std::fmt::Display for Target {
 /// What one load did, for the returned dict.
 pub(crate) struct LoadDone {
     pub io: IoMode,
+    /// Why `io`, and what was read through the page cache all the same (`IoChoice::why`).
+    pub io_why: String,
     /// The engine's stages.
     pub stats: Stats,
     /// The sink's own work.
@@ -128,12 +130,13 @@ pub(crate) fn fill(
     // Phase 1: how to read (the files' residency decides `auto`).
     let t = Instant::now();
     let files = wload::engine::source_files(plan, root);
-    let (_, choice) = py
+    let (_, mut choice) = py
         .detach(|| io_choice::prepare(&files, io, false))
         .map_err(ExecError::from)?;
     let cache_s = t.elapsed().as_secs_f64();
     let opts = ExecOptions {
         io: choice.used,
+        share_reads: choice.shares_reads(),
         ..ExecOptions::for_run()
     };
     // Phase 2: the destination, and the engine run.
@@ -167,8 +170,10 @@ pub(crate) fn fill(
             (SinkStages::of(d.stages(), d.staging_bytes()), filled)
         }
     };
+    choice.note_shared(ctl.stats.shared_bytes.load(Ordering::Relaxed));
     Ok(LoadDone {
         io: choice.used,
+        io_why: choice.why,
         stats: ctl.stats,
         sink,
         cache_s,

@@ -35,6 +35,10 @@ pub(crate) struct LoadReport {
     gbps: f64,
     /// The read mode used (`io="auto"` chooses by page-cache residency).
     io: String,
+    /// Why that mode, in a sentence: the residency `auto` saw, and with `auto` reading direct,
+    /// the bytes other ranks read too, read through the page cache so that a node of ranks
+    /// loading apart takes them from storage once.
+    io_why: String,
     /// Measuring the page-cache residency that `io="auto"` decides by.
     cache_s: f64,
     /// The engine's run: reading, converting, copying.
@@ -87,6 +91,7 @@ impl LoadReport {
             seconds,
             gbps: gbps(bytes, done.transfer_s + done.sync_s),
             io: done.io.to_string(),
+            io_why: done.io_why.clone(),
             cache_s: done.cache_s,
             transfer_s: done.transfer_s,
             sync_s: done.sync_s,
@@ -115,6 +120,7 @@ impl LoadReport {
             ("seconds", self.seconds.into_bound_py_any(py)?),
             ("gbps", self.gbps.into_bound_py_any(py)?),
             ("io", self.io.as_str().into_bound_py_any(py)?),
+            ("io_why", self.io_why.as_str().into_bound_py_any(py)?),
             ("cache_s", self.cache_s.into_bound_py_any(py)?),
             ("transfer_s", self.transfer_s.into_bound_py_any(py)?),
             ("sync_s", self.sync_s.into_bound_py_any(py)?),

@@ -251,9 +251,9 @@ def test_plan_properties():
 # `Plan.load`'s report: its attributes, which are also its keys (it was a dict of them), in order;
 # the CUDA figures only for a load onto a GPU (stub_gpu.py checks those).
 REPORT_KEYS = [
-    "rank", "device", "tensors", "bytes", "seconds", "gbps", "io", "cache_s", "transfer_s",
-    "sync_s", "read_s", "convert_s", "copy_s", "bytes_read", "direct_read_bytes", "direct_read_s",
-    "host_copy_bytes", "host_copy_s",
+    "rank", "device", "tensors", "bytes", "seconds", "gbps", "io", "io_why", "cache_s",
+    "transfer_s", "sync_s", "read_s", "convert_s", "copy_s", "bytes_read", "direct_read_bytes",
+    "direct_read_s", "host_copy_bytes", "host_copy_s",
 ]
 CUDA_REPORT_KEYS = ["device_copy_s", "staging_wait_s", "staging_bytes"]
 
@@ -267,7 +267,7 @@ def test_the_load_report_is_typed_and_reads_as_the_dict_it_was():
     assert r.bytes == sum(b.nbytes for b in bufs.values()) and r.bytes_read > 0
     floats = [k for k in REPORT_KEYS if k.endswith("_s")] + ["seconds", "gbps"]
     for k in REPORT_KEYS:
-        want = str if k in ("device", "io") else float if k in floats else int
+        want = str if k in ("device", "io", "io_why") else float if k in floats else int
         assert type(getattr(r, k)) is want, k
     assert all(getattr(r, k) is None for k in CUDA_REPORT_KEYS)
     # The mapping: the same names and values, the CUDA figures absent as keys on the CPU.

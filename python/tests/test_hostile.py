@@ -167,9 +167,10 @@ PLAN_PROPS = ["tp", "pp", "world_size", "expert_parallel", "dtype", "architectur
               "warnings", "note"]
 TENSOR_PROPS = ["name", "dtype", "torch_dtype", "shape", "nbytes"]
 REPORT_PROPS = [
-    "rank", "device", "tensors", "bytes", "seconds", "gbps", "io", "cache_s", "transfer_s",
-    "sync_s", "read_s", "convert_s", "copy_s", "bytes_read", "direct_read_bytes", "direct_read_s",
-    "host_copy_bytes", "host_copy_s", "device_copy_s", "staging_wait_s", "staging_bytes",
+    "rank", "device", "tensors", "bytes", "seconds", "gbps", "io", "io_why", "cache_s",
+    "transfer_s", "sync_s", "read_s", "convert_s", "copy_s", "bytes_read", "direct_read_bytes",
+    "direct_read_s", "host_copy_bytes", "host_copy_s", "device_copy_s", "staging_wait_s",
+    "staging_bytes",
 ]
 REPORT_METHODS = ["keys", "values", "items", "get", "to_dict"]
 

@@ -82,6 +82,7 @@ class LoadReportDict(_CudaFigures):
     seconds: float
     gbps: float
     io: Literal["buffered", "direct", "mmap"]
+    io_why: str
     cache_s: float
     transfer_s: float
     sync_s: float
@@ -129,6 +130,12 @@ class LoadReport:
     @property
     def io(self) -> Literal["buffered", "direct", "mmap"]:
         """The read mode used (`io="auto"` chooses by page-cache residency)."""
+
+    @property
+    def io_why(self) -> str:
+        """Why that mode, in a sentence: the residency `auto` saw, and with `auto` reading direct,
+        the bytes other ranks read too, read through the page cache so that a node of ranks
+        loading apart takes them from storage once."""
 
     @property
     def cache_s(self) -> float:
@@ -188,7 +195,7 @@ class LoadReport:
         """Pinned memory held for staging; None for host memory."""
 
     @overload
-    def __getitem__(self, key: Literal["device", "io"], /) -> str: ...
+    def __getitem__(self, key: Literal["device", "io", "io_why"], /) -> str: ...
     @overload
     def __getitem__(
         self,

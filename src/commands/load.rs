@@ -112,14 +112,16 @@ pub fn load(
                 open: timings.open,
                 ..Default::default()
             };
-            let (cache, io) = prepare_source(planned, lopts, &mut t)?;
+            let (cache, mut io) = prepare_source(planned, lopts, &mut t)?;
             let threads = crate::exec::worker_threads(io.choice.used);
             let devices = open_devices(planned, lopts.device, threads, &mut t)?;
             let opts = ExecOptions {
                 io: io.choice.used,
+                share_reads: io.choice.shares_reads(),
                 ..ExecOptions::for_run()
             };
-            let copy_s = transfer(planned, &devices, opts, cancel, progress, &mut t)?;
+            let (copy_s, shared) = transfer(planned, &devices, opts, cancel, progress, &mut t)?;
+            io.choice.note_shared(shared);
             samples.push(RunSample {
                 seconds: t.transfer_s + t.sync_s,
                 gbps: t.gbps(planned.bytes()),
@@ -315,7 +317,7 @@ fn transfer(
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
     timings: &mut LoadTimings,
-) -> Result<Vec<f64>, Error> {
+) -> Result<(Vec<f64>, u64), Error> {
     let bar = progress(planned.bytes());
     let ctl = Control::new(cancel, bar.as_ref()).with_options(opts);
     let ranks: Vec<usize> = (0..planned.plan.ranks.len()).collect();
@@ -332,7 +334,10 @@ fn transfer(
     let wall = timings.transfer_s + timings.sync_s;
     timings.read_gbps = timing::gbps(timings.bytes_read, wall);
     timings.h2d_gbps = timing::gbps(planned.bytes(), wall);
-    Ok(filled.device_s)
+    let shared = stats
+        .shared_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    Ok((filled.device_s, shared))
 }
 
 /// Per-rank reports; with `--checksums` or `--check`, every tensor copied back from its device

@@ -145,6 +145,7 @@ mod tests {
                     chunk_bytes,
                     direct: true,
                     io,
+                    share_reads: false,
                 };
                 let ctl = Control::new(&cancel, &Quiet).with_options(opts);
                 execute(&plan, root.path(), &placements, &sink, &ctl)

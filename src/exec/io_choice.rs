@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::page_cache::{evict, residency_all};
 use super::source::{IoMode, OpenError, SourceFile};
+use crate::units::human_bytes;
 
 /// Below this share of the source in the page cache, `auto` reads around it: copying cached
 /// pages is faster than any disk, while for uncached ones O_DIRECT saves the extra copy.
@@ -53,6 +54,27 @@ pub struct IoChoice {
     pub requested: IoMode,
     pub used: IoMode,
     pub why: String,
+}
+
+impl IoChoice {
+    /// Whether the run reads what other ranks read too through the page cache
+    /// ([`ExecOptions::share_reads`](super::ExecOptions)): `auto`'s direct reads only.
+    pub fn shares_reads(&self) -> bool {
+        self.requested == IoMode::Auto && self.used == IoMode::Direct
+    }
+
+    /// Says in `why` that the run read `bytes` (its [`Stats::shared_bytes`](super::Stats))
+    /// buffered for ranks outside it, so that the report says what was measured.
+    pub fn note_shared(&mut self, bytes: u64) {
+        if self.shares_reads() && bytes > 0 {
+            self.why = format!(
+                "{}; but the {} that ranks outside this run read too (column slices of row-parallel \
+                 weights, replicated tensors) buffered, so that the node reads them from storage once",
+                self.why,
+                human_bytes(bytes)
+            );
+        }
+    }
 }
 
 /// What `load` and `shard` do before reading: with `cold`, every file out of the page cache

@@ -249,10 +249,7 @@ fn split_source(
     let isz = src.dtype.bits() / 8;
     let step = opts.chunk_bytes.max(1);
     for (j, job) in jobs.iter().enumerate() {
-        let dense = !job.b.transposed()
-            && (job.b.rows == 1
-                || (job.b.src_stride == job.b.row && job.b.dst_stride == job.b.row));
-        if !opts.direct || !dense || job.to != src.dtype || job.b.rows * job.b.row == 0 {
+        if !is_span(&job.b, job.to, src, opts.direct) {
             rest.push(j);
             continue;
         }
@@ -282,16 +279,45 @@ fn split_source(
     if rest.is_empty() {
         return;
     }
-    let total: u64 = src.shape.iter().product();
     let chunk = (opts.chunk_bytes / isz).max(1);
     let refs: Vec<&Job> = rest.iter().map(|&j| &jobs[j]).collect();
     let spans = transposed_spans(&refs);
-    let mut c0 = 0;
+    // Only the elements the jobs reach are read: a rank's slice of a converted tensor is its
+    // slice, not the whole tensor.
+    let Some((mut c0, total)) = union(refs.iter().map(|j| extent(&j.b))) else {
+        return;
+    };
     while c0 < total {
         let c1 = chunk_end(c0, chunk, total, &spans);
         items.push(Item::Chunk { source, c0, c1 });
         c0 = c1;
     }
+}
+
+/// Whether a run copies block `b` of `src` (into dtype `to`) as spans of its own, read exactly
+/// (dense and unconverted, with `direct` copies allowed), rather than within chunks of the
+/// source read once for every other job.
+pub(super) fn is_span(b: &Block, to: Dtype, src: &SourceTensor, direct: bool) -> bool {
+    let dense =
+        !b.transposed() && (b.rows == 1 || (b.src_stride == b.row && b.dst_stride == b.row));
+    direct && dense && to == src.dtype && b.rows * b.row > 0
+}
+
+/// The source elements `[first, last + 1)` block `b` reaches; `None` for an empty block.
+pub(super) fn extent(b: &Block) -> Option<(u64, u64)> {
+    (b.rows > 0 && b.row > 0).then(|| {
+        (
+            b.src_start,
+            b.src_start + (b.rows - 1) * b.src_stride + b.src_row_span(),
+        )
+    })
+}
+
+/// The smallest range holding every one of `extents`; `None` when all are empty.
+fn union(extents: impl Iterator<Item = Option<(u64, u64)>>) -> Option<(u64, u64)> {
+    extents
+        .flatten()
+        .reduce(|(a0, a1), (b0, b1)| (a0.min(b0), a1.max(b1)))
 }
 
 /// A chunk is stretched to hold a whole transposed block of at most this many chunks, so that

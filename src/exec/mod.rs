@@ -18,6 +18,7 @@ mod pad_tests;
 pub(crate) mod page_cache;
 pub(crate) mod parts;
 mod reduce;
+pub(crate) mod shared;
 mod sigbus;
 pub(crate) mod source;
 pub(crate) mod stamps;
@@ -76,6 +77,11 @@ pub struct ExecOptions {
     pub direct: bool,
     /// How source files are read (resolved: `auto` reads as buffered).
     pub io: IoMode,
+    /// With `io` direct, read the sources other ranks of the plan read too, and that this run
+    /// does not read for them, through the page cache ([`shared`]): ranks loading in processes
+    /// of their own (vLLM's workers) then take those bytes from storage once per node. `auto`'s
+    /// choice; `--io direct` reads everything direct, as asked.
+    pub share_reads: bool,
 }
 
 impl Default for ExecOptions {
@@ -84,6 +90,7 @@ impl Default for ExecOptions {
             chunk_bytes: CHUNK_BYTES,
             direct: true,
             io: IoMode::Buffered,
+            share_reads: false,
         }
     }
 }
@@ -97,6 +104,7 @@ impl ExecOptions {
             chunk_bytes: hooks::chunk_bytes().unwrap_or(CHUNK_BYTES),
             direct: !write::copy_file_range_disabled(),
             io: IoMode::Buffered,
+            share_reads: false,
         }
     }
 }
@@ -152,6 +160,9 @@ pub struct Stats {
     pub convert_ns: AtomicU64,
     pub put_ns: AtomicU64,
     pub bytes_read: AtomicU64,
+    /// Bytes of the sources read through the page cache for ranks outside the run
+    /// ([`ExecOptions::share_reads`]), as planned.
+    pub shared_bytes: AtomicU64,
     /// The engine's own reads (into its buffers; a sink's reads are the sink's to count).
     pub read: Busy,
 }
@@ -272,6 +283,7 @@ pub(crate) fn execute(
         jobs_and_fills(plan, placements, sink.starts_zeroed(), pads_rows(sink));
     hooks::at(hooks::Point::Execute);
     let files = open_sources(plan, root, opts.io)?;
+    let (shared, twins) = shared_files(plan, placements, &files, opts, stats)?;
     hooks::at(hooks::Point::Read);
     let (items, rest) = work_items(plan, &jobs, opts);
     let run = Run {
@@ -287,7 +299,11 @@ pub(crate) fn execute(
             .try_for_each_init(Buffers::default, |bufs, item| {
                 run.stopped()?;
                 let src = &plan.sources[item.source()];
-                let file = files[src.file_index].as_ref().expect("opened above");
+                let file = match shared.get(item.source()) {
+                    Some(true) => &twins[src.file_index],
+                    _ => &files[src.file_index],
+                };
+                let file = file.as_ref().expect("opened above");
                 match *item {
                     Item::Span {
                         source,
@@ -321,6 +337,33 @@ pub(crate) fn execute(
     check_sources(plan, &files)?;
     reduced?;
     run.fills(fills)
+}
+
+/// Which sources to read through the page cache although the run reads direct (by source
+/// index; empty for none), and the files opened for that (by file index).
+#[allow(clippy::type_complexity)]
+fn shared_files(
+    plan: &Plan,
+    placements: &[Placement],
+    files: &[Option<SourceFile>],
+    opts: ExecOptions,
+    stats: &Stats,
+) -> Result<(Vec<bool>, Vec<Option<SourceFile>>), ExecError> {
+    let mut twins: Vec<Option<SourceFile>> = files.iter().map(|_| None).collect();
+    if !(opts.share_reads && opts.io == IoMode::Direct) {
+        return Ok((Vec::new(), twins));
+    }
+    let shared = shared::shared_reads(plan, &shared::ranks_of(placements));
+    stats.shared_bytes.store(shared.bytes, Ordering::Relaxed);
+    let shared = shared.sources;
+    for (s, _) in shared.iter().enumerate().filter(|(_, on)| **on) {
+        let i = plan.sources[s].file_index;
+        if twins[i].is_none() {
+            let f = files[i].as_ref().expect("every read file is open");
+            twins[i] = Some(f.buffered_twin()?);
+        }
+    }
+    Ok((shared, twins))
 }
 
 // Re-exports for callers outside `exec/` only, kept until they import from the defining files.

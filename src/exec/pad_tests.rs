@@ -101,6 +101,7 @@ fn plan(root: &std::path::Path) -> (Plan, Vec<u8>) {
             bytes: t.bytes,
             tensors: vec![t],
         }],
+        readers: Vec::new(),
         tie_word_embeddings: false,
         retie: None,
         skipped: Vec::new(),
@@ -152,6 +153,7 @@ fn padded_rows_reach_the_file_once_and_hash_as_it() {
             chunk_bytes,
             direct: true,
             io: IoMode::Buffered,
+            share_reads: false,
         };
         let dir = tempfile::TempDir::new().unwrap();
         let cancel = AtomicBool::new(false);

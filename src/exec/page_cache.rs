@@ -40,14 +40,31 @@ fn page_size() -> u64 {
 
 /// Bytes of `path` in the page cache, by `mincore` on a mapping of it (mapping reads nothing).
 pub(crate) fn residency(path: &Path) -> io::Result<Residency> {
-    let f = File::open(path)?;
-    let len = f.metadata()?.len();
+    let (len, page, vec) = resident_pages(path)?;
     if len == 0 {
         return Ok(Residency::default());
     }
+    let pages = vec.len();
+    let full = vec.iter().filter(|&&b| b & 1 == 1).count() as u64;
+    // The last page may be partial.
+    let last_partial = vec[pages - 1] & 1 == 1 && len % page != 0;
+    let resident = full * page - if last_partial { page - len % page } else { 0 };
+    Ok(Residency {
+        bytes: len,
+        resident_bytes: resident,
+    })
+}
+
+/// `path`'s length, the page size, and `mincore`'s byte per page (bit 0: in the page cache).
+pub(crate) fn resident_pages(path: &Path) -> io::Result<(u64, u64, Vec<u8>)> {
+    let f = File::open(path)?;
+    let len = f.metadata()?.len();
+    let page = page_size();
+    if len == 0 {
+        return Ok((0, page, Vec::new()));
+    }
     // SAFETY: read-only map, never dereferenced: only its address range goes to mincore.
     let m = unsafe { memmap2::Mmap::map(&f) }?;
-    let page = page_size();
     let pages = len.div_ceil(page) as usize;
     let mut vec = vec![0u8; pages];
     // SAFETY: `m` spans `len` bytes from a page-aligned address; `vec` has one byte per page.
@@ -61,14 +78,7 @@ pub(crate) fn residency(path: &Path) -> io::Result<Residency> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    let full = vec.iter().filter(|&&b| b & 1 == 1).count() as u64;
-    // The last page may be partial.
-    let last_partial = vec[pages - 1] & 1 == 1 && len % page != 0;
-    let resident = full * page - if last_partial { page - len % page } else { 0 };
-    Ok(Residency {
-        bytes: len,
-        resident_bytes: resident,
-    })
+    Ok((len, page, vec))
 }
 
 /// The page-cache residency of all of `paths`.

@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -148,6 +149,31 @@ impl SourceFile {
             IoMode::Auto | IoMode::Buffered => {}
         }
         Ok(src)
+    }
+
+    /// The same file opened again to read through the page cache, for bytes that other
+    /// processes read too ([`super::shared`]): the first to read them takes them from storage,
+    /// the others from memory. Without readahead, which would take the bytes after them (another
+    /// tensor, read direct) from storage as well, and the node would read those twice.
+    pub(crate) fn buffered_twin(&self) -> Result<SourceFile, OpenError> {
+        let twin = SourceFile::open(&self.path, IoMode::Buffered)?;
+        let open_err = |source| OpenError::Open {
+            path: self.path.clone(),
+            source,
+        };
+        let id = |f: &File| f.metadata().map(|m| (m.dev(), m.ino()));
+        if id(&twin.file).map_err(open_err)? != id(&self.file).map_err(open_err)? {
+            return Err(OpenError::Replaced {
+                path: self.path.clone(),
+            });
+        }
+        // SAFETY: a valid descriptor; offset 0 and length 0 mean the whole file.
+        let rc =
+            unsafe { libc::posix_fadvise(twin.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        if rc != 0 {
+            return Err(open_err(io::Error::from_raw_os_error(rc)));
+        }
+        Ok(twin)
     }
 
     /// Maps the file for `--io mmap`, watched for pages that vanish if it shrinks

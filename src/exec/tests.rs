@@ -227,6 +227,7 @@ pub(super) fn problem(rng: &mut Rng, root: &Path) -> (Plan, Vec<Src>) {
         file_stamps: stamps(root, &sources),
         sources,
         ranks,
+        readers: Vec::new(),
         tie_word_embeddings: false,
         retie: None,
         skipped: Vec::new(),
@@ -259,6 +260,7 @@ fn one_rank_plan(root: &Path, source: SourceTensor, dtype: Dtype, tensors: Vec<O
             bytes: tensors.iter().map(|t| t.bytes).sum(),
             tensors,
         }],
+        readers: Vec::new(),
         tie_word_embeddings: false,
         retie: None,
         skipped: Vec::new(),
@@ -565,10 +567,32 @@ fn part_size(r: &RankPlan) -> u64 {
     (r.bytes / 3).max(1)
 }
 
+/// Every rank loaded into memory and checked against the reference: all in one run, or with
+/// `opts.share_reads` one run per rank, as ranks in processes of their own load (their shared
+/// sources read through the page cache while the rest is read direct).
 fn check_memory(plan: &Plan, root: &Path, srcs: &[Src], opts: ExecOptions, ctx: &str) {
+    if !opts.share_reads {
+        return check_ranks(plan, root, srcs, opts, ctx, 0..plan.ranks.len());
+    }
+    let mut plan = plan.clone();
+    plan.readers = super::shared::count_readers(&plan);
+    for j in 0..plan.ranks.len() {
+        check_ranks(&plan, root, srcs, opts, ctx, j..j + 1);
+    }
+}
+
+fn check_ranks(
+    plan: &Plan,
+    root: &Path,
+    srcs: &[Src],
+    opts: ExecOptions,
+    ctx: &str,
+    ranks: std::ops::Range<usize>,
+) {
     let mut placements = Vec::new();
     let mut sizes = Vec::new();
-    for (ri, r) in plan.ranks.iter().enumerate() {
+    for ri in ranks {
+        let r = &plan.ranks[ri];
         for (ti, t) in r.tensors.iter().enumerate() {
             placements.push(Placement {
                 rank: ri,
@@ -611,11 +635,12 @@ fn chunked_copies_match_a_naive_reference() {
         let root = tempfile::TempDir::new().unwrap();
         let (plan, srcs) = problem(&mut rng, root.path());
         for chunk_bytes in CHUNKS {
-            for (direct, io) in [
-                (true, IoMode::Buffered),
-                (false, IoMode::Buffered),
-                (true, IoMode::Direct),
-                (false, IoMode::Mmap),
+            for (direct, io, share_reads) in [
+                (true, IoMode::Buffered, false),
+                (false, IoMode::Buffered, false),
+                (true, IoMode::Direct, false),
+                (true, IoMode::Direct, true),
+                (false, IoMode::Mmap, false),
             ] {
                 // One-byte chunks through O_DIRECT are a block read per byte: slow, and no
                 // edge that 7-byte chunks do not already cross.
@@ -626,6 +651,7 @@ fn chunked_copies_match_a_naive_reference() {
                     chunk_bytes,
                     direct,
                     io,
+                    share_reads,
                 };
                 let ctx = format!("seed {SEED:#x} round {round}, {opts:?}");
                 check_files(&plan, root.path(), &srcs, opts, &ctx);
@@ -670,6 +696,7 @@ fn empty_blocks_copy_nothing() {
             chunk_bytes,
             direct: true,
             io: IoMode::Buffered,
+            share_reads: false,
         };
         let cancel = AtomicBool::new(false);
         execute(
@@ -742,6 +769,7 @@ fn transposed_copies_are_exact_at_every_chunk_size() {
             chunk_bytes,
             direct: true,
             io: IoMode::Buffered,
+            share_reads: false,
         };
         let mut dev = CpuDevice::default();
         dev.alloc(&[want_f32.len() as u64, want_bf16.len() as u64])

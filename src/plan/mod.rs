@@ -130,6 +130,7 @@ pub(crate) fn plan_mapped(
         sources: assigned.sources,
         file_stamps: mapped.checkpoint.files.iter().map(|f| f.stamp).collect(),
         ranks,
+        readers: Vec::new(),
         tie_word_embeddings: planner.env.is_true("tie_word_embeddings") && params.retie.is_none(),
         retie: params.retie,
         skipped: assigned.skipped,

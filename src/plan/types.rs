@@ -194,6 +194,12 @@ pub struct Plan {
     #[serde(skip)]
     pub file_stamps: Vec<crate::file_stamp::FileStamp>,
     pub ranks: Vec<RankPlan>,
+    /// For each source (by index), how many ranks read it when two of them read some of the same
+    /// bytes, else 0; counted over every rank before the plan is narrowed to some, so that a run
+    /// of some ranks reads those bytes through the page cache (`exec::shared`). Empty: not
+    /// counted, and `ranks` holds every rank (the engine counts them when it needs to).
+    #[serde(skip)]
+    pub readers: Vec<u32>,
     /// Whether lm_head and the embedding are one tensor in the output (config.json must say so).
     pub tie_word_embeddings: bool,
     pub retie: Option<Retie>,

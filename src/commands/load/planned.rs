@@ -91,6 +91,11 @@ pub fn plan(req: Request) -> Result<Planned, Error> {
         Ranks::All => 0,
         Ranks::ThisProcess(r) => {
             let (kept, base) = ranks::select(plan.world(), r.as_ref()).map_err(LoadError::from)?;
+            if kept.len() < plan.ranks.len() {
+                // While every rank is here: a run of some reads what the others read too
+                // through the page cache (`exec::shared`).
+                plan.readers = crate::exec::shared::count_readers(&plan);
+            }
             plan.ranks.retain(|r| kept.contains(&r.rank));
             base
         }

@@ -542,6 +542,7 @@ impl Built {
             sources: self.sources,
             file_stamps,
             ranks: self.ranks,
+            readers: Vec::new(),
             tie_word_embeddings: expected.tie_word_embeddings,
             retie: None,
             skipped: Vec::new(),
