@@ -360,7 +360,10 @@ fn shared_files(
         let i = plan.sources[s].file_index;
         if twins[i].is_none() {
             let f = files[i].as_ref().expect("every read file is open");
-            twins[i] = Some(f.buffered_twin()?);
+            // An object in a store has no page cache to share through.
+            if f.object().is_none() {
+                twins[i] = Some(f.buffered_twin()?);
+            }
         }
     }
     Ok((shared, twins))

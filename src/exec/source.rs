@@ -162,14 +162,14 @@ impl SourceFile {
             source,
         };
         let id = |f: &File| f.metadata().map(|m| (m.dev(), m.ino()));
-        if id(&twin.file).map_err(open_err)? != id(&self.file).map_err(open_err)? {
+        if id(twin.local()).map_err(open_err)? != id(self.local()).map_err(open_err)? {
             return Err(OpenError::Replaced {
                 path: self.path.clone(),
             });
         }
         // SAFETY: a valid descriptor; offset 0 and length 0 mean the whole file.
         let rc =
-            unsafe { libc::posix_fadvise(twin.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+            unsafe { libc::posix_fadvise(twin.local().as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
         if rc != 0 {
             return Err(open_err(io::Error::from_raw_os_error(rc)));
         }
