@@ -300,10 +300,10 @@ pub(crate) fn execute(
                 run.stopped()?;
                 let src = &plan.sources[item.source()];
                 let file = match shared.get(item.source()) {
-                    Some(true) => &twins[src.file_index],
-                    _ => &files[src.file_index],
+                    Some(true) => twins[src.file_index].as_ref(),
+                    _ => None,
                 };
-                let file = file.as_ref().expect("opened above");
+                let file = (file.or(files[src.file_index].as_ref())).expect("opened above");
                 match *item {
                     Item::Span {
                         source,
