@@ -62,6 +62,7 @@ pub use progress::{DownloadProgress, Progress, Quiet};
 pub use quant::MoeBackend;
 pub use ranks::World;
 pub use resolve::remote::Fetched;
+pub use resolve::store::{Scheme, StoreError};
 pub use resolve::{LoadFormat, ResolveError};
 
 /// The engine as the Python package drives it: one `fill` into caller-owned host or GPU memory

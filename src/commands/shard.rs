@@ -3,6 +3,7 @@
 
 mod error;
 pub(crate) mod output;
+mod serve_line;
 mod side;
 mod space;
 
@@ -82,11 +83,17 @@ pub fn precheck(
     opts: &ShardOptions,
     world: crate::ranks::World,
     source: &Path,
-) -> Result<output::Target, ShardError> {
+) -> Result<(), ShardError> {
     if let Some(list) = &opts.ranks {
         list.check(world)?;
     }
-    output::Folder { out: &opts.out }.check(opts.force, source)
+    let never = AtomicBool::new(false);
+    match output::Bucket::of(opts, &never)? {
+        Some(bucket) => bucket.check(opts.force, source).map(drop),
+        None => output::Folder { out: &opts.out }
+            .check(opts.force, source)
+            .map(drop),
+    }
 }
 
 /// Writes the shards. `progress` is built once the total size is known.
@@ -97,8 +104,30 @@ pub fn shard(
     cancel: &AtomicBool,
     progress: &dyn Fn(u64) -> Box<dyn Progress>,
 ) -> Result<ShardReport, Error> {
-    let dest = output::Folder { out: &opts.out };
-    let target = precheck(opts, plan.world(), &opened.resolved.root)?;
+    match output::Bucket::of(opts, cancel)? {
+        Some(bucket) => shard_into(&bucket, opened, plan, opts, cancel, progress),
+        None => shard_into(
+            &output::Folder { out: &opts.out },
+            opened,
+            plan,
+            opts,
+            cancel,
+            progress,
+        ),
+    }
+}
+
+/// [`shard`] into one destination: checked, staged, written, published.
+fn shard_into<P: Publish>(
+    dest: &P,
+    opened: &Opened,
+    plan: Plan,
+    opts: &ShardOptions,
+    cancel: &AtomicBool,
+    progress: &dyn Fn(u64) -> Box<dyn Progress>,
+) -> Result<ShardReport, Error> {
+    (opts.ranks.as_ref()).map_or(Ok(()), |l| l.check(plan.world()).map_err(ShardError::from))?;
+    let target = dest.check(opts.force, &opened.resolved.root)?;
     // The plan has checked that --tp and --pp fit the model, so this list is bounded.
     let ranks = match &opts.ranks {
         Some(list) => list.resolve(plan.world()).map_err(ShardError::from)?,
@@ -261,23 +290,6 @@ fn resolve_tying(mut plan: Plan, root: &Path) -> Result<Plan, ShardError> {
     Ok(plan)
 }
 
-/// The `vllm serve` command for OUT. Its `--dtype` is needed when vLLM's `auto` would pick
-/// another: from OUT's config, or without a dtype there, from its rank files' dtypes.
-fn serve_command(
-    out: &Path,
-    manifest: &Manifest,
-    plan: &Plan,
-    config: &crate::config::ModelConfig,
-) -> crate::sharded::manifest::ServeCommand {
-    let written = (plan.ranks.iter()).flat_map(|r| r.tensors.iter().map(|t| t.dtype));
-    let auto_dtype = crate::dtype::resolve_dtype(
-        crate::dtype::DtypeChoice::Auto,
-        config.dtype.as_deref(),
-        written,
-    );
-    crate::sharded::manifest::ServeCommand::new(out, manifest, auto_dtype.as_str())
-}
-
 fn manifest_for(
     root: &Path,
     plan: &Plan,
@@ -411,7 +423,12 @@ fn record_run(
     opts: &ShardOptions,
 ) -> Result<(), ShardError> {
     record_source(manifest, opened)?;
-    manifest.serve = Some(serve_command(&opts.out, manifest, plan, &opened.config));
+    manifest.serve = Some(serve_line::serve_command(
+        &opts.out,
+        manifest,
+        plan,
+        &opened.config,
+    ));
     let record = crate::sharded::runs::record_name(&manifest.ranks, plan.world_size());
     write_manifest(&tmp.join(record), manifest)
 }

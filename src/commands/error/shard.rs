@@ -19,6 +19,9 @@ pub enum ShardError {
     OutExists(PathBuf),
     #[error(transparent)]
     BadRank(#[from] crate::ranks::RankOutOfRange),
+    /// OUT in object storage that could not be listed, read or written.
+    #[error(transparent)]
+    Store(#[from] crate::resolve::store::StoreError),
     #[error(
         "-o {0}: the output folder is, or contains, the source checkpoint; choose another folder"
     )]
@@ -125,6 +128,7 @@ impl ShardError {
             | ShardError::Io { .. }
             | ShardError::Staged { .. } => ExitStatus::Runtime,
             ShardError::Exec(e) => e.exit_status(),
+            ShardError::Store(e) => e.exit_status(),
         }
     }
 }
@@ -178,6 +182,15 @@ pub enum OutProblem {
         "its name is {len} bytes, longer than the {max} bytes a file name may have on this file system; choose a shorter name"
     )]
     NameTooLong { len: usize, max: usize },
+    #[error(
+        "holds the output of another plan ({record} has {key} {theirs}, this run {ours}); runs split with --ranks into one OUT must shard the same checkpoint with the same flags: choose another OUT, or run again with the flags of the runs already there"
+    )]
+    OtherPlan {
+        record: String,
+        key: String,
+        theirs: String,
+        ours: String,
+    },
 }
 
 /// A folder's entries for a message: the first few by name, then a count.

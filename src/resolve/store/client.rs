@@ -3,7 +3,6 @@
 //! wload's engine runs on its own threads (rayon): each call blocks on one shared runtime.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -23,15 +22,6 @@ use super::url::{Scheme, StoreUrl};
 const RETRIES: usize = 10;
 /// No request is retried past this since it began (the crate's default).
 const RETRY_WINDOW: Duration = Duration::from_secs(180);
-
-/// Bytes this process received from object stores (tensor data, headers and whole files), for
-/// the reports and the plugin's log line.
-static RECEIVED: AtomicU64 = AtomicU64::new(0);
-
-/// What this process has received from object storage so far.
-pub fn bytes_received() -> u64 {
-    RECEIVED.load(Ordering::Relaxed)
-}
 
 /// The one runtime every blocking call runs on. Four workers: they only drive sockets.
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -200,7 +190,6 @@ impl Store {
         })
         .map_err(|e| self.err(name, "reading", t, e))?;
         let (now, bytes) = got;
-        RECEIVED.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         if let Some(planned) = etag.filter(|e| !e.is_empty())
             && !now.is_empty()
             && now != planned
@@ -230,7 +219,6 @@ impl Store {
             Ok::<_, object_store::Error>((etag, r.bytes().await?))
         })
         .map_err(|e| self.err(name, "downloading", t, e))?;
-        RECEIVED.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok((bytes, etag))
     }
 

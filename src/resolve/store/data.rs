@@ -14,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::client::Store;
-use super::error::StoreError;
 
 /// One weight file in a store, as planned.
 #[derive(Debug)]
-pub struct ObjectData {
+pub(crate) struct ObjectData {
     pub(crate) store: Store,
     pub(crate) name: String,
     pub(crate) etag: String,
@@ -28,7 +27,7 @@ pub struct ObjectData {
 impl ObjectData {
     /// Reads exactly `dst.len()` bytes at `off` (one ranged GET); past the planned size is
     /// `UnexpectedEof`, a changed object an error that says so.
-    pub fn read_exact_at(&self, dst: &mut [u8], off: u64) -> io::Result<()> {
+    pub(crate) fn read_exact_at(&self, dst: &mut [u8], off: u64) -> io::Result<()> {
         let end = off + dst.len() as u64;
         if end > self.size {
             return Err(io::ErrorKind::UnexpectedEof.into());
@@ -44,12 +43,7 @@ impl ObjectData {
         Ok(())
     }
 
-    /// The object's URL, for messages.
-    pub fn url(&self) -> String {
-        self.store.url.child(&self.name)
-    }
-
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.size
     }
 }
@@ -66,12 +60,7 @@ pub(crate) fn register(path: PathBuf, data: ObjectData) {
 }
 
 /// The store object that `path` stands for, when it is one.
-pub fn lookup(path: &Path) -> Option<Arc<ObjectData>> {
+pub(crate) fn lookup(path: &Path) -> Option<Arc<ObjectData>> {
     let t = table().lock().unwrap_or_else(|p| p.into_inner());
     t.get(path).cloned()
-}
-
-/// An error of a store read, as the engine's `io::Error` carries it back.
-pub(crate) fn store_error(e: &io::Error) -> Option<&StoreError> {
-    e.get_ref()?.downcast_ref::<StoreError>()
 }

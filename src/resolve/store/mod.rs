@@ -24,6 +24,7 @@ use super::{ResolveError, Resolved, Want};
 use crate::checkpoint::RemoteHeader;
 use client::{Listed, Store};
 pub use error::StoreError;
+pub use url::Scheme;
 use url::StoreUrl;
 
 /// SOURCE as an object-store folder.

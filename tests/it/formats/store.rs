@@ -105,3 +105,219 @@ fn shard_from_s3_equals_shard_from_the_folder() {
         "read {got} of {weights}"
     );
 }
+
+/// `wload shard` of `source` into `out` (a path or URL) with the server's environment.
+fn shard_with(server: &S3Server, source: &str, out: &str, extra: &[&str]) -> std::process::Output {
+    let cache = tempfile::TempDir::new().unwrap();
+    server
+        .wload()
+        .args([
+            "shard",
+            source,
+            "-o",
+            out,
+            "--download-dir",
+            s(cache.path()),
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// Every golden case, sharded from the S3 server to the S3 server, is byte-identical to the same
+/// case sharded from its folder to a folder (which the golden tests hold to vLLM's own files).
+#[test]
+fn every_golden_case_shards_from_s3_to_s3_as_from_a_folder() {
+    let server = S3Server::start();
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for case in golden_cases() {
+        let name = case
+            .fixture
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let key = format!("{name}-{}-{}-{:?}", case.tp, case.pp, case.flags);
+        if !seen.insert(key.clone()) || !case.fixture.join("config.json").exists() {
+            continue;
+        }
+        let url = server.upload_dir(&case.fixture, &format!("src/{name}"));
+        let tp = case.tp.to_string();
+        let mut flags: Vec<&str> = vec!["--tp", &tp];
+        flags.extend(case.flags.iter().map(String::as_str));
+        let max;
+        if let Some(m) = case.max_size {
+            max = m.to_string();
+            flags.extend(["--max-part-size", &max]);
+        }
+        let local = tmp.path().join(&key);
+        let out = run(&[&["shard", s(&case.fixture), "-o", s(&local)][..], &flags].concat());
+        assert!(out.status.success(), "{key}: {}", context(&out));
+        let prefix = format!("out/{}", seen.len());
+        let out = shard_with(&server, &url, &format!("s3://{BUCKET}/{prefix}"), &flags);
+        assert!(out.status.success(), "{key}: {}", context(&out));
+        same_outputs(&local, &server.folder(&prefix));
+    }
+    assert!(seen.len() >= 20, "only {} cases", seen.len());
+}
+
+#[test]
+fn an_s3_output_names_the_streamer_in_its_serve_line_and_refuses_what_is_not_its_own() {
+    let server = S3Server::start();
+    let fixture = fixture("llama_gqa");
+    let out_url = format!("s3://{BUCKET}/out");
+    let out = shard_with(&server, s(&fixture), &out_url, &["--tp", "2"]);
+    assert!(out.status.success(), "{}", context(&out));
+    let record: serde_json::Value =
+        serde_json::from_slice(&fs::read(server.folder("out").join("wload.json")).unwrap())
+            .unwrap();
+    let shell = record["serve"]["shell"].as_str().unwrap();
+    assert!(
+        shell.contains("vllm serve s3://models/out --load-format runai_streamer_sharded"),
+        "{shell}"
+    );
+    // Again without --force: refused, nothing changed.
+    let before = server.objects("out");
+    let out = shard_with(&server, s(&fixture), &out_url, &["--tp", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--force"),
+        "{}",
+        context(&out)
+    );
+    // With --force, at another TP: the old ranks' files that the new output lacks are gone.
+    let out = shard_with(&server, s(&fixture), &out_url, &["--tp", "1", "--force"]);
+    assert!(out.status.success(), "{}", context(&out));
+    let after = server.objects("out");
+    assert!(after.contains(&"model-rank-0-part-0.safetensors".to_string()));
+    assert!(
+        !after.contains(&"model-rank-1-part-0.safetensors".to_string()),
+        "{after:?}"
+    );
+    assert!(before.contains(&"model-rank-1-part-0.safetensors".to_string()));
+    // A prefix that holds something else is never written to, even with --force.
+    fs::create_dir_all(server.folder("mine")).unwrap();
+    fs::write(server.folder("mine").join("notes.txt"), "mine").unwrap();
+    let out = shard_with(
+        &server,
+        s(&fixture),
+        &format!("s3://{BUCKET}/mine"),
+        &["--tp", "2", "--force"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("notes.txt"),
+        "{}",
+        context(&out)
+    );
+    assert_eq!(server.objects("mine"), vec!["notes.txt".to_string()]);
+}
+
+#[test]
+fn split_runs_into_one_prefix_give_one_output_and_another_plan_is_refused() {
+    let server = S3Server::start();
+    let fixture = fixture("llama_gqa");
+    let tmp = tempfile::TempDir::new().unwrap();
+    let whole = tmp.path().join("whole");
+    let out = run(&["shard", s(&fixture), "--tp", "4", "-o", s(&whole)]);
+    assert!(out.status.success(), "{}", context(&out));
+    let url = format!("s3://{BUCKET}/split");
+    for ranks in ["0,1", "2-3"] {
+        let out = shard_with(&server, s(&fixture), &url, &["--tp", "4", "--ranks", ranks]);
+        assert!(out.status.success(), "{ranks}: {}", context(&out));
+    }
+    same_outputs(&whole, &server.folder("split"));
+    // A run of the same prefix at another TP: refused before anything is uploaded.
+    let before = server.objects("split");
+    let out = shard_with(&server, s(&fixture), &url, &["--tp", "2", "--ranks", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("another plan"),
+        "{}",
+        context(&out)
+    );
+    assert_eq!(server.objects("split"), before);
+}
+
+#[test]
+fn a_throttling_store_is_retried_then_reported() {
+    let server = S3Server::start();
+    let fixture = fixture("llama_gqa");
+    let url = server.upload_dir(&fixture, "llama");
+    // Two 503s: within the 3 retries the test environment allows.
+    server.throttle(2);
+    let out = server.wload().args(["inspect", &url]).output().unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    // More than the retries: reported as the store's failure, exit 1.
+    server.throttle(1000);
+    let out = server.wload().args(["inspect", &url]).output().unwrap();
+    server.throttle(0);
+    assert_eq!(out.status.code(), Some(1), "{}", context(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("s3://models/llama") && err.contains("WLOAD_OBJECT_RETRIES"),
+        "{err}"
+    );
+    assert!(!err.contains("test-secret"), "{err}");
+}
+
+#[test]
+fn an_interrupted_upload_leaves_no_object() {
+    let server = S3Server::start();
+    let tmp = tempfile::TempDir::new().unwrap();
+    // Files over one upload part (8 MiB), so that they go up as multipart uploads.
+    let ck = tmp.path();
+    let vocab: u64 = 1 << 20;
+    let mut config = tiny_config();
+    config["vocab_size"] = vocab.into();
+    config["num_hidden_layers"] = 0.into();
+    write_json(&ck.join("config.json"), &config);
+    let big = zeros((vocab * 8 * 4) as usize);
+    write_safetensors(
+        &ck.join("model.safetensors"),
+        &[
+            ("model.embed_tokens.weight", "F32", &[vocab, 8], &big),
+            ("model.norm.weight", "F32", &[8], &zeros(32)),
+            ("lm_head.weight", "F32", &[vocab, 8], &big),
+        ],
+    );
+    server.delay_parts(300);
+    let mut child = server_process(&server)
+        .args([
+            "shard",
+            s(ck),
+            "--tp",
+            "2",
+            "-o",
+            &format!("s3://{BUCKET}/cut"),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while server.parts() == 0 && t.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if server.parts() == 0 {
+        child.kill().unwrap();
+        panic!(
+            "no part was uploaded: {}",
+            context(&child.wait_with_output().unwrap())
+        );
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", context(&out));
+    server.delay_parts(0);
+    assert_eq!(server.objects("cut"), Vec::<String>::new());
+}
+
+/// `wload` as a plain process, with the server's environment.
+fn server_process(server: &S3Server) -> std::process::Command {
+    let mut cmd = wload_process();
+    for (k, v) in server.env() {
+        cmd.env(k, v);
+    }
+    cmd
+}

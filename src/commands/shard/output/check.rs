@@ -42,7 +42,7 @@ pub(super) enum Existing {
 
 /// An OUT that passed [`check`]: where to publish and what may be replaced there.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub(super) path: PathBuf,
     pub(super) existing: Existing,
 }

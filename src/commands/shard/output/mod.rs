@@ -23,6 +23,7 @@
 //! of killed runs; `owned` says what an earlier output provably holds; `mounts` finds mount
 //! points.
 
+mod bucket;
 mod check;
 mod mounts;
 mod names;
@@ -33,6 +34,7 @@ mod sweep;
 
 use std::path::Path;
 
+pub(super) use bucket::Bucket;
 pub(crate) use check::Target;
 pub(crate) use names::{OWNER_FILE, STAGING_TAG, parent_of};
 pub(crate) use stage::Staging;
