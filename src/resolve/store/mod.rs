@@ -90,6 +90,21 @@ impl Remote for ObjectSource {
             }
             .into());
         }
+        let ranks: Vec<&str> = (objects.iter())
+            .map(|o| o.name.as_str())
+            .filter(|n| !n.contains('/') && needed::is_rank_file(n))
+            .collect();
+        if want == Want::Checkpoint && !ranks.is_empty() {
+            return Err(StoreError::PreSharded {
+                url: self.url.to_string(),
+                files: format!(
+                    "{} file{}",
+                    ranks.len(),
+                    crate::units::plural(ranks.len() as u64)
+                ),
+            }
+            .into());
+        }
         let folder = self.folder();
         std::fs::create_dir_all(&folder).map_err(|source| ResolveError::Io {
             path: folder.clone(),

@@ -228,6 +228,16 @@ fn split_runs_into_one_prefix_give_one_output_and_another_plan_is_refused() {
         assert!(out.status.success(), "{ranks}: {}", context(&out));
     }
     same_outputs(&whole, &server.folder("split"));
+    // The output is no checkpoint: `inspect` says what it is and how to serve it.
+    let out = server.wload().args(["inspect", &url]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("a pre-sharded folder")
+            && err.contains("runai_streamer_sharded"),
+        "{}",
+        context(&out)
+    );
     // A run of the same prefix at another TP: refused before anything is uploaded.
     let before = server.objects("split");
     let out = shard_with(&server, s(&fixture), &url, &["--tp", "2", "--ranks", "0"]);

@@ -29,6 +29,7 @@ struct State {
 pub(crate) struct S3Server {
     pub(crate) addr: SocketAddr,
     root: tempfile::TempDir,
+    cache: tempfile::TempDir,
     state: Arc<State>,
     _rt: tokio::runtime::Runtime,
 }
@@ -78,6 +79,7 @@ impl S3Server {
         S3Server {
             addr,
             root,
+            cache: tempfile::TempDir::new().unwrap(),
             state,
             _rt: rt,
         }
@@ -92,6 +94,8 @@ impl S3Server {
             ("AWS_REGION", "us-east-1".into()),
             // Retried requests back off for seconds by default: a throttling test would crawl.
             ("WLOAD_OBJECT_RETRIES", "3".into()),
+            // The cache folder of object-store sources: never the user's.
+            ("XDG_CACHE_HOME", self.cache.path().display().to_string()),
         ]
     }
 
