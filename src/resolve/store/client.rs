@@ -76,6 +76,18 @@ impl Store {
             message: super::error::without_queries(&e.to_string()),
         };
         let bucket_url = format!("{}://{}", url.written, url.bucket);
+        // The builders share no trait: the same calls, once per store.
+        macro_rules! finish {
+            ($builder:expr) => {
+                $builder
+                    .with_url(&bucket_url)
+                    .with_client_options(client_options(false))
+                    .with_retry(retry)
+                    .build()
+                    .map(|s| Arc::new(s) as _)
+                    .map_err(config_err)?
+            };
+        }
         let inner: Arc<dyn ObjectStore> = match url.scheme {
             Scheme::S3 => {
                 use object_store::aws::AmazonS3Builder;
@@ -99,20 +111,8 @@ impl Store {
                     .map(|s| Arc::new(s) as _)
                     .map_err(config_err)?
             }
-            Scheme::Gcs => object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                .with_url(&bucket_url)
-                .with_client_options(client_options(false))
-                .with_retry(retry)
-                .build()
-                .map(|s| Arc::new(s) as _)
-                .map_err(config_err)?,
-            Scheme::Azure => object_store::azure::MicrosoftAzureBuilder::from_env()
-                .with_url(&bucket_url)
-                .with_client_options(client_options(false))
-                .with_retry(retry)
-                .build()
-                .map(|s| Arc::new(s) as _)
-                .map_err(config_err)?,
+            Scheme::Gcs => finish!(object_store::gcp::GoogleCloudStorageBuilder::from_env()),
+            Scheme::Azure => finish!(object_store::azure::MicrosoftAzureBuilder::from_env()),
         };
         Ok(Store {
             url: url.clone(),
@@ -188,7 +188,15 @@ impl Store {
             let now = r.meta.e_tag.clone().unwrap_or_default();
             Ok::<_, object_store::Error>((now, r.bytes().await?))
         })
-        .map_err(|e| self.err(name, "reading", t, e))?;
+        .map_err(|e| match (e, etag) {
+            // The store refused If-Match: the object is no longer the one planned.
+            (object_store::Error::Precondition { .. }, Some(planned)) => StoreError::Changed {
+                url: self.url.child(name),
+                planned: planned.to_string(),
+                now: "another".into(),
+            },
+            (e, _) => self.err(name, "reading", t, e),
+        })?;
         let (now, bytes) = got;
         if let Some(planned) = etag.filter(|e| !e.is_empty())
             && !now.is_empty()

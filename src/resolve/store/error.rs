@@ -112,11 +112,6 @@ impl StoreError {
                 scheme,
                 message,
             },
-            E::Precondition { .. } => StoreError::Changed {
-                url,
-                planned: "(as listed)".into(),
-                now: "another".into(),
-            },
             _ if message.contains("NoSuchBucket") => StoreError::NoSuchBucket {
                 url,
                 endpoint: None,

@@ -128,7 +128,7 @@ impl Remote for ObjectSource {
         for f in &mut resolved.files {
             f.origin = snap.origins.get(&f.file).copied();
         }
-        for (name, h) in &snap.headers {
+        for name in snap.headers.keys() {
             let o = &snap.objects[name];
             data::register(
                 folder.join(name),
@@ -139,7 +139,6 @@ impl Remote for ObjectSource {
                     size: o.size,
                 },
             );
-            let _ = h;
         }
         snap.fetched.bytes = snap.fetched.header_bytes + snap.fetched.file_bytes;
         resolved.remote = Some(RemoteSource {

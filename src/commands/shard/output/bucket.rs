@@ -176,7 +176,7 @@ impl Publish for Bucket<'_> {
     fn publish(&self, staging: Staging, found: &Found) -> Result<(), ShardError> {
         let files = staged_files(staging.path())?;
         let (records, data): (Vec<_>, Vec<_>) = files.into_iter().partition(|(n, _)| is_record(n));
-        self.same_plan(&staging, &records, found)?;
+        self.same_plan(&records, found)?;
         if self.split && !found.force {
             let ours: BTreeSet<&str> = records.iter().map(|(n, _)| n.as_str()).collect();
             if let Some(o) = found
@@ -236,12 +236,7 @@ impl Bucket<'_> {
     /// A `--ranks` run into OUT holding other runs' outputs: each of their records must be of
     /// this run's plan (the same checkpoint, model, layout and flags), else this run is refused
     /// before anything is uploaded.
-    fn same_plan(
-        &self,
-        _staging: &Staging,
-        records: &[(String, PathBuf)],
-        found: &Found,
-    ) -> Result<(), ShardError> {
+    fn same_plan(&self, records: &[(String, PathBuf)], found: &Found) -> Result<(), ShardError> {
         if !self.split {
             return Ok(());
         }
