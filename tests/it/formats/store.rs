@@ -331,3 +331,134 @@ fn server_process(server: &S3Server) -> std::process::Command {
     }
     cmd
 }
+
+/// A Llama of a few MiB with distinct bytes everywhere (hidden 256, 2 layers, 4 heads, 2 KV heads,
+/// intermediate 512, vocab 512, bf16): large enough that the headers and config every process
+/// fetches are a small part of it.
+fn mid_llama(dir: &Path) {
+    let mut config = tiny_config();
+    for (k, v) in [
+        ("hidden_size", 256),
+        ("intermediate_size", 512),
+        ("num_attention_heads", 4),
+        ("num_key_value_heads", 2),
+        ("num_hidden_layers", 2),
+        ("vocab_size", 512),
+    ] {
+        config[k] = serde_json::json!(v);
+    }
+    config["dtype"] = serde_json::json!("bfloat16");
+    write_json(&dir.join("config.json"), &config);
+    let (h, i, kv, v) = (256u64, 512u64, 128u64, 512u64);
+    let mut specs: Vec<(String, Vec<u64>)> = vec![("model.embed_tokens.weight".into(), vec![v, h])];
+    for l in 0..2 {
+        for (n, shape) in [
+            ("self_attn.q_proj.weight", vec![h, h]),
+            ("self_attn.k_proj.weight", vec![kv, h]),
+            ("self_attn.v_proj.weight", vec![kv, h]),
+            ("self_attn.o_proj.weight", vec![h, h]),
+            ("mlp.gate_proj.weight", vec![i, h]),
+            ("mlp.up_proj.weight", vec![i, h]),
+            ("mlp.down_proj.weight", vec![h, i]),
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+        ] {
+            specs.push((format!("model.layers.{l}.{n}"), shape));
+        }
+    }
+    specs.push(("model.norm.weight".into(), vec![h]));
+    specs.push(("lm_head.weight".into(), vec![v, h]));
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<Vec<u8>> = (specs.iter())
+        .map(|(_, sh)| {
+            let n = 2 * sh.iter().product::<u64>() as usize;
+            (0..n)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    // Finite bf16 values: the high byte never makes an all-ones exponent.
+                    (seed >> 56) as u8 & 0xbf
+                })
+                .collect()
+        })
+        .collect();
+    let tensors: Vec<Tensor> = (specs.iter().zip(&data))
+        .map(|((n, sh), d)| (n.as_str(), "BF16", sh.as_slice(), d.as_slice()))
+        .collect();
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+}
+
+/// Per rank, per tensor, the checksum `load --checksums --json` reports.
+fn load_checksums(v: &serde_json::Value) -> Vec<(u64, String, String)> {
+    let mut out = Vec::new();
+    for r in v["ranks"].as_array().unwrap() {
+        for t in r["checksums"].as_array().unwrap() {
+            let (name, sum) = (t["name"].as_str().unwrap(), t["xxh3"].as_str().unwrap());
+            out.push((
+                r["rank"].as_u64().unwrap(),
+                name.to_string(),
+                sum.to_string(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// vLLM's workers load one rank each, in processes of their own, all at once: together they
+/// fetch each byte of the checkpoint from the store once (a row-parallel weight's column slices
+/// and the replicated tensors through the node cache), and every rank holds what a load of the
+/// local folder holds.
+#[test]
+fn ranks_in_processes_of_their_own_fetch_each_byte_from_the_store_once() {
+    let fixture = tempfile::TempDir::new().unwrap();
+    mid_llama(fixture.path());
+    let weights = weight_bytes(fixture.path());
+    for tp in [2u64, 4] {
+        let server = S3Server::start();
+        let url = server.upload_dir(fixture.path(), "llama");
+        let cache = tempfile::TempDir::new().unwrap();
+        let tp_s = tp.to_string();
+        let local = wload_json(&[
+            "load",
+            s(fixture.path()),
+            "--tp",
+            &tp_s,
+            "--device",
+            "cpu",
+            "--checksums",
+            "--json",
+        ]);
+        server.take_get_bytes();
+        let children: Vec<_> = (0..tp)
+            .map(|r| {
+                server_process(&server)
+                    .args(["load", &url, "--tp", &tp_s, "--ranks", &r.to_string()])
+                    .args(["--device", "cpu", "--checksums", "--json"])
+                    .args(["--download-dir", s(cache.path())])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut sums = Vec::new();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "tp {tp}: {}", context(&out));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let why = v["io"]["why"].as_str().unwrap_or_default().to_string();
+            assert!(why.contains("node cache"), "tp {tp}: {why}");
+            sums.extend(load_checksums(&v));
+        }
+        sums.sort();
+        assert_eq!(sums, load_checksums(&local), "tp {tp}");
+        let got = server.take_get_bytes();
+        assert!(
+            (got as f64) <= 1.05 * weights as f64,
+            "tp {tp}: the ranks fetched {got} bytes of a {weights}-byte checkpoint ({:.3}x)",
+            got as f64 / weights as f64
+        );
+    }
+}
