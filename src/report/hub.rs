@@ -1,4 +1,4 @@
-//! The line that says what a hub source's run fetched from the hub:
+//! The line that says what a remote source's run fetched (from the hub, or a store's URL):
 //! `hub: fetched 412.3 KiB (headers of 163 files, config.json, model.safetensors.index.json); 0 B of tensor data`.
 
 use crate::resolve::remote::Fetched;
@@ -21,8 +21,9 @@ pub fn hub_fetched_line(f: &Fetched) -> String {
     } else {
         what.join(", ")
     };
+    let from = if f.from.is_empty() { "hub" } else { &f.from };
     format!(
-        "hub: fetched {} ({what}); {} of tensor data",
+        "{from}: fetched {} ({what}); {} of tensor data",
         HumanBytes(f.bytes),
         HumanBytes(f.tensor_data_bytes)
     )

@@ -96,6 +96,15 @@ fn shard_from_s3_equals_shard_from_the_folder() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", context(&out));
+    // What was fetched, from where, each file once.
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.contains("fetched"))
+        .unwrap_or_default();
+    assert!(line.starts_with(&format!("{url}: fetched ")), "{err}");
+    let named = line.split(['(', ',', ')']).map(str::trim);
+    assert_eq!(named.filter(|n| *n == "config.json").count(), 1, "{line}");
     same_outputs(&local, &remote);
     // Each byte of the weights read once: the data, the headers, the config and side files.
     let got = server.take_get_bytes();
@@ -461,4 +470,52 @@ fn ranks_in_processes_of_their_own_fetch_each_byte_from_the_store_once() {
             got as f64 / weights as f64
         );
     }
+}
+
+/// An object replaced after its header was read (between planning and reading, the moment a
+/// sync or a re-upload would hit) fails the run naming it, and nothing is published: neither
+/// from `shard` nor from rank processes reading through the node cache.
+#[test]
+fn an_object_replaced_mid_run_is_refused_and_nothing_is_published() {
+    let fixture = tempfile::TempDir::new().unwrap();
+    mid_llama(fixture.path());
+    let server = S3Server::start();
+    let url = server.upload_dir(fixture.path(), "llama");
+    let object = server.folder("llama").join("model.safetensors");
+    // Same length, other bytes: only the etag tells.
+    let mut other = fs::read(&object).unwrap();
+    let last = other.len() - 1;
+    other[last] ^= 0x01;
+    let replacement = fixture.path().join("replacement");
+    fs::write(&replacement, &other).unwrap();
+    let swap = format!("cp {} {}", s(&replacement), s(&object));
+    let tmp = tempfile::TempDir::new().unwrap();
+    let out_dir = tmp.path().join("out");
+    let out = server_process(&server)
+        .args(["shard", &url, "--tp", "2", "-o", s(&out_dir)])
+        .args(["--download-dir", s(&tmp.path().join("cache"))])
+        .env("WLOAD_TEST_AT_READ", &swap)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", context(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("model.safetensors") && err.contains("etag"),
+        "{err}"
+    );
+    assert!(
+        !out_dir.exists(),
+        "a refused run published {}",
+        out_dir.display()
+    );
+    // Rank processes: the node cache is filled before the swap, the direct reads after it fail.
+    fs::copy(fixture.path().join("model.safetensors"), &object).unwrap();
+    let out = server_process(&server)
+        .args(["load", &url, "--tp", "2", "--ranks", "0", "--device", "cpu"])
+        .args(["--download-dir", s(&tmp.path().join("cache"))])
+        .env("WLOAD_TEST_AT_READ", &swap)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", context(&out));
+    assert!(stderr(&out).contains("etag"), "{}", context(&out));
 }
