@@ -35,7 +35,8 @@ mod tests {
 
     #[test]
     fn the_line_names_headers_files_and_tensor_data() {
-        let f = Fetched {
+        let mut f = Fetched {
+            from: String::new(),
             bytes: 422_195,
             header_bytes: 420_000,
             header_files: 163,
@@ -51,5 +52,7 @@ mod tests {
             hub_fetched_line(&Fetched::default()),
             "hub: fetched 0 B (everything from the cache); 0 B of tensor data"
         );
+        f.from = "s3://models/llama".into();
+        assert!(hub_fetched_line(&f).starts_with("s3://models/llama: fetched 412.3 KiB"));
     }
 }
