@@ -191,7 +191,7 @@ fn shard_into<P: Publish>(
         timings.verify_s = t.elapsed().as_secs_f64();
     }
     if cancel.load(Ordering::Relaxed) {
-        return Err(ShardError::Exec(ExecError::Cancelled).into());
+        return Err(published(ShardError::Exec(ExecError::Cancelled)).into());
     }
 
     let config = config_changes.is_some().then(|| "config.json".to_string());

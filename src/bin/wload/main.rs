@@ -147,7 +147,11 @@ fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     )?;
     emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
     let report = wload::sizes(&opened, &options::sizes_options(args))?;
-    let human: Human = &|w| wload::report::write_sizes(w, &report);
+    let human: Human = &|w| wload::report::write_sizes(w, &report, g.quiet);
+    // As `plan` would answer every layout: refused (exit 3), with the flag that helps if any.
+    if let Some(e) = report.refusal() {
+        return emit::refused(out, args.json, &report, human, e.into());
+    }
     emit(out, json_if(args.json, None), &report, Some(human))
 }
 

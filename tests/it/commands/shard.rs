@@ -737,7 +737,12 @@ fn sigint_leaves_nothing() {
             "{ctx}"
         );
         if status.code() == Some(130) {
-            assert!(err.contains("interrupted"), "{ctx}");
+            // Said once, with what became of OUT.
+            let said = format!(
+                "error: interrupted: nothing was written to {}",
+                out.display()
+            );
+            assert_eq!(err.matches(&said).count(), 1, "{ctx}");
         }
         assert_nothing_left(&out, &ctx);
         assert!(
