@@ -442,6 +442,37 @@ fn launcher_split_runs_publish_wload_json_when_the_last_completes() {
     // A local copy holding wload.json and both records: one complete output.
     let out = run(&["inspect", s(&server.folder("runs"))]);
     assert!(out.status.success(), "{}", context(&out));
+    // A later run of ranks already recorded: refused, nothing changed.
+    let before = server.objects("runs");
+    let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")];
+    let out = under_launcher(&server, &vars)
+        .args([
+            "shard",
+            s(&fixture),
+            "--tp",
+            "4",
+            "--ranks",
+            "launcher",
+            "-o",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    assert_eq!(server.objects("runs"), before);
+    // --force of a whole run takes wload.json and the records for its own: the records go.
+    let out = server
+        .wload()
+        .args(["shard", s(&fixture), "--tp", "2", "--force", "-o", &url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    let after = server.objects("runs");
+    assert!(
+        after.contains(&"wload.json".to_string())
+            && !after.iter().any(|n| n.starts_with("wload-ranks-")),
+        "{after:?}"
+    );
 }
 
 #[test]
