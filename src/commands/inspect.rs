@@ -375,6 +375,11 @@ pub fn other_source(
         let survey = crate::commands::inspect::survey::survey(source, re.as_ref());
         return Ok(Some(OtherSource::PreSharded(survey)));
     }
+    // A pre-sharded folder in a store: surveyed as a local one, from its records and headers.
+    if let Some(mirror) = crate::resolve::store::mirror::pre_sharded(source)? {
+        let survey = crate::commands::inspect::survey::survey(&mirror.dir, re.as_ref());
+        return Ok(Some(OtherSource::PreSharded(survey.in_store(&mirror))));
+    }
     let lone = source.is_file()
         && source
             .file_name()

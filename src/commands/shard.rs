@@ -34,6 +34,9 @@ pub struct ShardOptions {
     pub max_part_size: u64,
     /// Ranks to write; all when `None`.
     pub ranks: Option<crate::ranks::RankList>,
+    /// Where `ranks` came from when a launcher gave them (`--ranks launcher`): the launcher and
+    /// its variables, for the report.
+    pub ranks_from: Option<String>,
     pub force: bool,
     pub verify: bool,
     /// How to read the source, and whether to evict it from the page cache first (as `load`).
@@ -54,6 +57,12 @@ pub struct ShardReport {
     /// unchanged, `None` when the source has none (Mistral-native: params.json is a side file).
     pub config_changes: Option<Vec<String>>,
     pub verified: bool,
+    /// `--ranks launcher`: which launcher's variables gave the ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks_from: Option<String>,
+    /// A `--ranks` run that found the other runs' records and completed OUT: it wrote the
+    /// merged `wload.json` ([`crate::sharded::runs`]).
+    pub completed: bool,
     /// What the output lacks that serving may want (no tokenizer), each with what to do.
     pub warnings: Vec<String>,
     /// Leftover staging folders of dead runs that this run removed.
@@ -193,7 +202,6 @@ fn shard_into<P: Publish>(
     if cancel.load(Ordering::Relaxed) {
         return Err(published(ShardError::Exec(ExecError::Cancelled)).into());
     }
-
     let config = config_changes.is_some().then(|| "config.json".to_string());
     let side_and_config = side.names().into_iter().chain(config).collect();
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
@@ -201,17 +209,18 @@ fn shard_into<P: Publish>(
     record_config(&mut manifest, &config_changes, &opened.resolved.config_file);
     record_run(tmp, &mut manifest, (&plan, opened), opts).map_err(published)?;
 
-    dest.publish(staging, &target)?;
-    let warnings = tokenizer_warning(&manifest, opened).into_iter().collect();
+    let completed = dest.publish(staging, &target)?;
     Ok(ShardReport {
+        warnings: tokenizer_warning(&manifest, opened).into_iter().collect(),
         out: opts.out.display().to_string(),
         bytes: total,
         manifest,
         side_files: side.names(),
         skipped_side_files: side.skipped,
-        warnings,
         config_changes,
         verified: opts.verify,
+        ranks_from: opts.ranks_from.clone(),
+        completed,
         removed_leftovers,
         timings,
         io,
@@ -435,8 +444,7 @@ fn record_run(
 
 /// A run record at `path`.
 fn write_manifest(path: &Path, manifest: &Manifest) -> Result<(), ShardError> {
-    let text = serde_json::to_string_pretty(manifest).expect("manifest serialises") + "\n";
-    fs::write(path, text).map_err(|e| ShardError::io("writing", path, e))
+    fs::write(path, manifest.to_json()).map_err(|e| ShardError::io("writing", path, e))
 }
 
 /// config.json as vLLM needs it: the bytes planned from, unchanged (not the file read again: it

@@ -169,9 +169,9 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     sopts.side_files = true;
     let mut opened = wload::open(&sopts, wload::Want::Checkpoint)?;
     emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
-    let opts = options::shard_options(args);
     // OUT and --ranks are checked before planning, which may take a while on a large model.
     let world = options::world(&args.parallel);
+    let opts = options::shard_options(args, world)?;
     wload::precheck(&opts, world, &opened.resolved.root)?;
     let t = Instant::now();
     let plan = wload::make_plan(&opened, &options::plan_options(&args.parallel))?;

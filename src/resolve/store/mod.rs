@@ -12,6 +12,7 @@
 pub(crate) mod client;
 pub(crate) mod data;
 pub(crate) mod error;
+pub(crate) mod mirror;
 pub(crate) mod node_cache;
 pub(crate) mod url;
 

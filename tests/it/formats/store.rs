@@ -237,8 +237,12 @@ fn split_runs_into_one_prefix_give_one_output_and_another_plan_is_refused() {
         assert!(out.status.success(), "{ranks}: {}", context(&out));
     }
     same_outputs(&whole, &server.folder("split"));
-    // The output is no checkpoint: `inspect` says what it is and how to serve it.
-    let out = server.wload().args(["inspect", &url]).output().unwrap();
+    // The output is no checkpoint: `plan` says what it is and how to serve it.
+    let out = server
+        .wload()
+        .args(["plan", &url, "--tp", "4"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()
@@ -247,6 +251,8 @@ fn split_runs_into_one_prefix_give_one_output_and_another_plan_is_refused() {
         "{}",
         context(&out)
     );
+    // The second run completed it: its records merged, as wload.json.
+    assert!(server.objects("split").contains(&"wload.json".to_string()));
     // A run of the same prefix at another TP: refused before anything is uploaded.
     let before = server.objects("split");
     let out = shard_with(&server, s(&fixture), &url, &["--tp", "2", "--ranks", "0"]);
@@ -518,4 +524,169 @@ fn an_object_replaced_mid_run_is_refused_and_nothing_is_published() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", context(&out));
     assert!(stderr(&out).contains("etag"), "{}", context(&out));
+}
+
+/// `wload` with the server's environment and no launcher's variables but `vars`.
+fn under_launcher(server: &S3Server, vars: &[(&str, &str)]) -> assert_cmd::Command {
+    let mut cmd = server.wload();
+    for k in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_MIN",
+        "SLURM_ARRAY_TASK_STEP",
+        "SLURM_ARRAY_TASK_COUNT",
+        "JOB_COMPLETION_INDEX",
+        "WLOAD_RUNS",
+    ] {
+        cmd.env_remove(k);
+    }
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Two runs that take their share from the launcher (`--ranks launcher`, srun's variables) into
+/// one prefix: the same files as one run; `wload.json` appears only when the second completes
+/// the output, with the bytes a whole run writes; `inspect` of the prefix names the missing ranks
+/// after the first (fetching records, config and headers only) and says complete after the
+/// second, as it does of a local copy.
+#[test]
+fn launcher_split_runs_publish_wload_json_when_the_last_completes() {
+    let server = S3Server::start();
+    let fixture = fixture("llama_gqa");
+    let tmp = tempfile::TempDir::new().unwrap();
+    let whole = tmp.path().join("whole");
+    let out = run(&["shard", s(&fixture), "--tp", "4", "-o", s(&whole)]);
+    assert!(out.status.success(), "{}", context(&out));
+    let url = format!("s3://{BUCKET}/runs");
+    for (procid, ranks) in [("1", "2-3"), ("0", "0-1")] {
+        let vars = [("SLURM_PROCID", procid), ("SLURM_NTASKS", "2")];
+        let out = under_launcher(&server, &vars)
+            .args(["shard", s(&fixture), "--tp", "4", "--ranks", "launcher"])
+            .args(["-o", &url])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{procid}: {}", context(&out));
+        let said = String::from_utf8_lossy(&out.stdout);
+        let from = format!("ranks {ranks}: run ");
+        assert!(
+            said.contains(&from)
+                && said.contains(&format!("srun (SLURM_PROCID={procid}, SLURM_NTASKS=2)")),
+            "{said}"
+        );
+        let last = procid == "0";
+        let objects = server.objects("runs");
+        assert_eq!(
+            objects.contains(&"wload.json".to_string()),
+            last,
+            "{objects:?}"
+        );
+        assert_eq!(said.contains("this run completed it"), last, "{said}");
+        server.take_get_bytes();
+        let out = server.wload().args(["inspect", &url]).output().unwrap();
+        let got = server.take_get_bytes();
+        let text = format!("{}{}", context(&out), String::from_utf8_lossy(&out.stdout));
+        if last {
+            assert!(out.status.success(), "{text}");
+            assert!(
+                text.contains("runai_streamer_sharded") && text.contains(&url),
+                "{text}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(3), "{text}");
+            assert!(text.contains("no files for ranks 0-1"), "{text}");
+        }
+        // The records, config.json and rank-file headers: a few KiB, no tensor data.
+        assert!(got < 64 * 1024, "inspect fetched {got} bytes");
+    }
+    same_outputs(&whole, &server.folder("runs"));
+    // wload.json is what one run of every rank into a prefix writes, byte for byte.
+    let out = server
+        .wload()
+        .args([
+            "shard",
+            s(&fixture),
+            "--tp",
+            "4",
+            "-o",
+            &format!("s3://{BUCKET}/one"),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    let text = |p: &str| String::from_utf8(fs::read(server.folder(p).join("wload.json")).unwrap());
+    assert_eq!(
+        text("runs").unwrap(),
+        text("one")
+            .unwrap()
+            .replace("s3://models/one", "s3://models/runs")
+    );
+    // A local copy holding wload.json and both records: one complete output.
+    let out = run(&["inspect", s(&server.folder("runs"))]);
+    assert!(out.status.success(), "{}", context(&out));
+    // A later run of ranks already recorded: refused, nothing changed.
+    let before = server.objects("runs");
+    let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")];
+    let out = under_launcher(&server, &vars)
+        .args([
+            "shard",
+            s(&fixture),
+            "--tp",
+            "4",
+            "--ranks",
+            "launcher",
+            "-o",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    assert_eq!(server.objects("runs"), before);
+    // --force of a whole run takes wload.json and the records for its own: the records go.
+    let out = server
+        .wload()
+        .args(["shard", s(&fixture), "--tp", "2", "--force", "-o", &url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    let after = server.objects("runs");
+    assert!(
+        after.contains(&"wload.json".to_string())
+            && !after.iter().any(|n| n.starts_with("wload-ranks-")),
+        "{after:?}"
+    );
+}
+
+#[test]
+fn a_launcher_share_that_does_not_fit_the_plan_is_refused_naming_its_variables() {
+    let server = S3Server::start();
+    let fixture = fixture("llama_gqa");
+    let url = format!("s3://{BUCKET}/odd");
+    let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3")];
+    let out = under_launcher(&server, &vars)
+        .args([
+            "shard",
+            s(&fixture),
+            "--tp",
+            "4",
+            "--ranks",
+            "launcher",
+            "-o",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("SLURM_NTASKS=3") && err.contains("--tp 4"),
+        "{err}"
+    );
+    assert!(server.objects("odd").is_empty());
 }
