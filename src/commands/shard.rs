@@ -5,6 +5,7 @@ mod error;
 pub(crate) mod output;
 mod serve_line;
 mod side;
+pub use side::Skipped;
 mod space;
 
 use std::fs::{self, File};
@@ -50,9 +51,10 @@ pub struct ShardReport {
     pub manifest: Manifest,
     pub bytes: u64,
     pub side_files: Vec<String>,
-    /// Folders of the source left out of the side files, though vLLM's example script would copy
-    /// them: earlier wload outputs and staging folders inside the checkpoint.
-    pub skipped_side_files: Vec<String>,
+    /// Entries of the source left out of the side files, though vLLM's example script would
+    /// copy them, with why: earlier wload outputs and staging folders inside the checkpoint,
+    /// weights of other formats, the source's weight index.
+    pub skipped_side_files: Vec<side::Skipped>,
     /// What wload changed in config.json (`key: before → after (why)`): empty when it was copied
     /// unchanged, `None` when the source has none (Mistral-native: params.json is a side file).
     pub config_changes: Option<Vec<String>>,
@@ -315,8 +317,9 @@ fn manifest_for(
         } else {
             "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into()
         },
-        source: root
-            .canonicalize()
+        // As the user named it, made absolute: a link's own path, not where it points today
+        // (the link is what they will name again).
+        source: std::path::absolute(root)
             .unwrap_or_else(|_| root.to_path_buf())
             .display()
             .to_string(),
@@ -432,14 +435,18 @@ fn record_run(
     opts: &ShardOptions,
 ) -> Result<(), ShardError> {
     record_source(manifest, opened)?;
-    manifest.serve = Some(serve_line::serve_command(
-        &opts.out,
-        manifest,
-        plan,
-        &opened.config,
-    ));
+    let serve = serve_line::serve_command(&opts.out, manifest, plan, &opened.config);
     let record = crate::sharded::runs::record_name(&manifest.ranks, plan.world_size());
-    write_manifest(&tmp.join(record), manifest)
+    // A `--ranks` run into a local folder: its files are served from wherever the runs' files
+    // are copied together, which this machine's path is not; `wload inspect` of that folder
+    // gives the line. A store's URL is the same for every run.
+    let partial = (manifest.ranks.len() as u64) < plan.world_size();
+    let local = !crate::resolve::store::url::looks_like_url(&opts.out.to_string_lossy());
+    manifest.serve = (!(partial && local)).then(|| serve.clone());
+    write_manifest(&tmp.join(record), manifest)?;
+    // The report still says how this machine's folder would be served.
+    manifest.serve = Some(serve);
+    Ok(())
 }
 
 /// A run record at `path`.

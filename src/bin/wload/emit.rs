@@ -184,12 +184,27 @@ pub(crate) fn shard_notes(report: &wload::ShardReport) {
     for warning in &report.warnings {
         say(format_args!("warning: {}", Esc(warning)));
     }
-    for name in &report.skipped_side_files {
+    for skipped in &report.skipped_side_files {
         say(format_args!(
-            "note: left out {} of the source: a wload output or staging folder, not a side file",
-            Esc(name)
+            "note: left out {} of the source: {}",
+            Esc(&skipped.name),
+            skipped.why
         ));
     }
+}
+
+/// A `--ranks` run that did not complete its output: the serve line it prints holds only once
+/// every rank's files are in one folder.
+pub(crate) fn partial_run_warning(report: &wload::ShardReport) {
+    let m = &report.manifest;
+    let world = m.tp.saturating_mul(m.pp);
+    if report.completed || m.ranks.len() as u64 >= world {
+        return;
+    }
+    say(format_args!(
+        "warning: this run wrote {} of the {world} ranks: serve once all {world} ranks' files are in one folder (`wload inspect` checks)",
+        m.ranks.len()
+    ));
 }
 
 /// For a hub source, what the run fetched from the hub, on stderr (unless `--quiet`).

@@ -182,6 +182,9 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     let report = wload::shard(&opened, plan, &opts, interrupt::flag(), &bar)?;
     if !g.quiet {
         emit::shard_notes(&report);
+    } else {
+        // `-q` prints the serve line alone: a script must still learn that it is not yet true.
+        emit::partial_run_warning(&report);
     }
     let detail = match (g.quiet, g.verbose) {
         (true, _) => wload::report::Detail::Quiet,
