@@ -5,7 +5,6 @@ mod error;
 pub(crate) mod output;
 mod serve_line;
 mod side;
-pub use side::Skipped;
 mod space;
 
 use std::fs::{self, File};
