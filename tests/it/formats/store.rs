@@ -529,20 +529,7 @@ fn an_object_replaced_mid_run_is_refused_and_nothing_is_published() {
 /// `wload` with the server's environment and no launcher's variables but `vars`.
 fn under_launcher(server: &S3Server, vars: &[(&str, &str)]) -> assert_cmd::Command {
     let mut cmd = server.wload();
-    for k in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "SLURM_LOCALID",
-        "SLURM_ARRAY_TASK_ID",
-        "SLURM_ARRAY_TASK_MIN",
-        "SLURM_ARRAY_TASK_STEP",
-        "SLURM_ARRAY_TASK_COUNT",
-        "JOB_COMPLETION_INDEX",
-        "WLOAD_RUNS",
-    ] {
+    for k in LAUNCHER_VARS {
         cmd.env_remove(k);
     }
     for (k, v) in vars {
