@@ -89,8 +89,14 @@ def _allow_object_store() -> None:
     import dataclasses
     import inspect
 
-    from vllm.config import ModelConfig, VllmConfig
-    from vllm.engine.arg_utils import EngineArgs
+    try:
+        from vllm.config import ModelConfig, VllmConfig
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError as e:
+        # Not vLLM 0.33's layout (or a stand-in vLLM, as python/tests/stub_vllm): vLLM's own check
+        # (config/vllm.py:2775) then refuses an object-store model with --load-format wload.
+        _object_store_unpatched = f"cannot import what the patches wrap ({e})"
+        return
 
     problems = []
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
@@ -144,10 +150,10 @@ def _allow_object_store() -> None:
     EngineArgs.create_model_config = create_model_config
 
     def try_verify_and_update_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        mc = getattr(self, "model_config", None)
-        lc = getattr(self, "load_config", None)
-        url = getattr(mc, "model_weights", "") if mc is not None else ""
-        if lc is None or lc.load_format != LOAD_FORMAT or not _is_object_store(url or ""):
+        mc: Any = getattr(self, "model_config", None)
+        lc: Any = getattr(self, "load_config", None)
+        url = getattr(mc, "model_weights", "") or ""
+        if lc is None or lc.load_format != LOAD_FORMAT or not _is_object_store(url):
             return post(self, *args, **kwargs)
         mc.model_weights = ""
         try:
