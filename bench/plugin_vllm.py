@@ -179,6 +179,11 @@ def main():
         # wload's object cache (config, index, headers) and vLLM's Run:ai pull inside DIR.
         os.environ["XDG_CACHE_HOME"] = os.path.join(a.dir, "cache")
         os.environ["VLLM_CACHE_ROOT"] = os.path.join(a.dir, "cache", "vllm")
+    if a.runai_path:
+        # The Run:ai streamer's S3 client: path-style requests to the test server, no instance
+        # metadata lookups.
+        os.environ.setdefault("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "0")
+        os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
     served_files = [os.path.join(a.dir, "s3root", "bench", "ckpt", os.path.basename(p))
                     for p in files]
     try:
