@@ -15,10 +15,12 @@ at once, as ratios in one run, at each TP size:
 Per rank it measures the loader's `load_weights` (vLLM's BaseModelLoader.load_model calls it
 between building the model and post-processing it; model construction is the same for every
 loader and left out, and `process_weights_after_loading` is a no-op, as in tools/vllm_reload.py):
-its wall time and the bytes the process read from storage in that window (/proc/self/io
-`read_bytes`; a byte another rank already brought into the page cache counts nothing). For the
-object store, the bytes the server read from its files while the ranks loaded (its /proc/PID/io
-`rchar`: what it served), and for wload the bytes each rank's LoadReport says it fetched.
+its wall time; the bytes the process read from storage in that window (/proc/self/io
+`read_bytes`; a byte another rank already brought into the page cache counts nothing); and the
+bytes the loader itself took from the checkpoint ("loader": for wload its LoadReport's
+`bytes_read`, for vLLM's loaders the bytes of every tensor their weights iterator yielded, before
+the weight loaders narrow it to the rank's slice). For the object store also the bytes the
+server read from its files while the ranks loaded (its /proc/PID/io `rchar`: what it served).
 
 Usage (VLLM_TARGET_DEVICE=cpu is set here):
   bench/plugin_vllm.py [--tp 2 4] [--dir DIR] [--runai-path DIR] [--server BIN] [--json]
@@ -97,6 +99,19 @@ def rank_main(rank, tp, model, load_format, port, runai_path, ready, go, results
                                             backend="gloo")
         init_workspace_manager(torch.device("cpu"))
         loader = get_model_loader(config.load_config)
+        if hasattr(loader, "_get_weights_iterator"):
+            # vLLM's own loaders (default_loader.py:265, runai_streamer_loader.py:225): the bytes
+            # of every tensor they take from the checkpoint, before the weight loaders narrow it.
+            weights = loader._get_weights_iterator
+
+            def counted_weights(*a, **k):
+                n = 0
+                for name, t in weights(*a, **k):
+                    n += t.numel() * t.element_size()
+                    yield name, t
+                fetched.append(n)
+
+            loader._get_weights_iterator = counted_weights
         window = {}
         load_weights = loader.load_weights
 
@@ -111,7 +126,7 @@ def rank_main(rank, tp, model, load_format, port, runai_path, ready, go, results
         loader.load_model(vllm_config=config, model_config=config.model_config)
     results.put({"rank": rank, "seconds": window["t1"] - window["t0"],
                  "read_bytes": window["r1"] - window["r0"],
-                 "fetched": fetched[0] if fetched else None})
+                 "loader_bytes": sum(fetched) if fetched else None})
     torch.distributed.destroy_process_group()
 
 
@@ -216,7 +231,7 @@ def mib(n):
 def line(r):
     ranks = ", ".join(
         f"r{x['rank']} {x['seconds']:.2f}s {mib(x['read_bytes'])}"
-        + (f" fetched {mib(x['fetched'])}" if x["fetched"] is not None else "")
+        + (f" loader {mib(x['loader_bytes'])}" if x["loader_bytes"] is not None else "")
         for x in r["ranks"])
     served = f", server read {mib(r['served_bytes'])}" if r["served_bytes"] is not None else ""
     return (f"tp {r['tp']} {r['where']:5} {r['load_format']:14} {r['seconds']:6.2f}s "
@@ -224,17 +239,26 @@ def line(r):
             f"({r['cache']})")
 
 
+def per_rank(r):
+    """The mean over ranks of the bytes the loader took from the checkpoint."""
+    return sum(x["loader_bytes"] or 0 for x in r["ranks"]) / len(r["ranks"])
+
+
 def summary(rows, size, s3, runai):
     out = [f"checkpoint {mib(size)}; ratios wload / vLLM's loader (below 1: wload better)"]
     by = {(r["tp"], r["where"], r["load_format"]): r for r in rows}
     for tp in sorted({r["tp"] for r in rows}):
         w, d = by[(tp, "local", "wload")], by[(tp, "local", "auto")]
+        out.append(f"tp {tp} local: per-rank loader bytes {per_rank(w) / per_rank(d):.2f}x "
+                   f"({mib(per_rank(w))} vs {mib(per_rank(d))})")
         out.append(f"tp {tp} local: time {w['seconds'] / d['seconds']:.2f}x, "
                    f"node storage reads {w['read_bytes'] / max(d['read_bytes'], 1):.2f}x "
                    f"({w['read_bytes'] / size:.2f} vs {d['read_bytes'] / size:.2f} of the "
                    "checkpoint)")
         if s3 and runai:
             w, d = by[(tp, "s3", "wload")], by[(tp, "s3", "runai_streamer")]
+            out.append(f"tp {tp} s3:    per-rank loader bytes {per_rank(w) / per_rank(d):.2f}x "
+                       f"({mib(per_rank(w))} vs {mib(per_rank(d))})")
             out.append(f"tp {tp} s3:    time {w['seconds'] / d['seconds']:.2f}x, bytes served "
                        f"{w['served_bytes'] / max(d['served_bytes'], 1):.2f}x "
                        f"({w['served_bytes'] / size:.2f} vs {d['served_bytes'] / size:.2f} of "
