@@ -8,7 +8,8 @@ wload's plan for this worker's rank is, byte for byte (the sharded_state contrac
 sharded_state_loader.py:190-252).
 
 For the worker's TP, PP and EP rank (vLLM's parallel state) it plans MODEL — a checkpoint folder, a
-hub repo id (vLLM's `--revision` and `--download-dir`), or a pre-sharded wload/vLLM folder — checks
+hub repo id (vLLM's `--revision` and `--download-dir`), an object-store URL (`s3://`, `gs://`,
+`az://`: see `_allow_object_store`), or a pre-sharded wload/vLLM folder — checks
 every planned tensor against the model's `state_dict` (key present, same dtype, same shape or a
 leading slice of it, as sharded_state narrows) and every parameter against the plan, and reports
 every disagreement at once before a byte is read. Then each rank reads only its own bytes into
