@@ -83,8 +83,9 @@ def _allow_object_store() -> None:
     2. VllmConfig.try_verify_and_update_config runs with `model_weights` cleared, then
        restored: the check at config/vllm.py:2775 is the only use of `model_weights` there.
     Every other load format, and a local or hub MODEL, goes through vLLM untouched. When vLLM's
-    code is not the shape described (another version), nothing is patched, and a
-    `--load-format wload` object-store model fails before loading, saying so.
+    code is not the shape described (another version), only step 1's hook is installed, and it
+    refuses a `--load-format wload` object-store model before anything is fetched, saying what
+    changed (where even that hook has nowhere to go, vLLM's own check refuses).
     """
     global _object_store_unpatched
     import dataclasses
@@ -99,14 +100,32 @@ def _allow_object_store() -> None:
         _object_store_unpatched = f"cannot import what the patches wrap ({e})"
         return
 
-    problems = []
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     need = {"model", "model_weights", "tokenizer", "load_format", "revision", "download_dir",
             "config_format"}
-    if not need <= fields:
-        problems.append(f"EngineArgs has no {', '.join(sorted(need - fields))}")
-    if not callable(getattr(EngineArgs, "create_model_config", None)):
-        problems.append("EngineArgs has no create_model_config (engine/arg_utils.py:1982)")
+    create = getattr(EngineArgs, "create_model_config", None)
+    if not need <= fields or not callable(create):
+        # Nowhere to hook even the refusal: vLLM's own check (config/vllm.py:2775) refuses.
+        _object_store_unpatched = (
+            f"EngineArgs has no {', '.join(sorted(need - fields)) or 'create_model_config'} "
+            "(engine/arg_utils.py:497, 1982)"
+        )
+        return
+    if not getattr(create, "_wload_patched", False):
+
+        def create_model_config(self: Any) -> Any:
+            # Fetches, or refuses saying why when the rest could not be patched.
+            if self.load_format == LOAD_FORMAT and not self.model_weights and _is_object_store(
+                self.model
+            ):
+                _fetch_for_vllm(self)
+            return create(self)
+
+        create_model_config._wload_patched = True  # type: ignore[attr-defined]
+        create_model_config.__wrapped__ = create  # type: ignore[attr-defined]
+        EngineArgs.create_model_config = create_model_config
+
+    problems = []
     pull = getattr(ModelConfig, "maybe_pull_model_tokenizer_for_runai", None)
     try:
         pull_src = inspect.getsource(pull) if pull else ""
@@ -119,6 +138,9 @@ def _allow_object_store() -> None:
             "model_weights is set (config/model.py:1214)"
         )
     post = VllmConfig.__dict__.get("try_verify_and_update_config")
+    if getattr(post, "_wload_patched", False):
+        _object_store_unpatched = None
+        return
     try:
         post_src = inspect.getsource(post) if post else ""
     except (OSError, TypeError):
@@ -133,22 +155,6 @@ def _allow_object_store() -> None:
     if problems:
         _object_store_unpatched = "; ".join(problems)
         return
-    if getattr(EngineArgs.create_model_config, "_wload_patched", False):
-        _object_store_unpatched = None
-        return
-
-    original_create = EngineArgs.create_model_config
-
-    def create_model_config(self: Any) -> Any:
-        if self.load_format == LOAD_FORMAT and not self.model_weights and _is_object_store(
-            self.model
-        ):
-            _fetch_for_vllm(self)
-        return original_create(self)
-
-    create_model_config._wload_patched = True  # type: ignore[attr-defined]
-    create_model_config.__wrapped__ = original_create  # type: ignore[attr-defined]
-    EngineArgs.create_model_config = create_model_config
 
     def try_verify_and_update_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         mc: Any = getattr(self, "model_config", None)
@@ -162,6 +168,7 @@ def _allow_object_store() -> None:
         finally:
             mc.model_weights = url
 
+    try_verify_and_update_config._wload_patched = True  # type: ignore[attr-defined]
     try_verify_and_update_config.__wrapped__ = post  # type: ignore[attr-defined]
     VllmConfig.try_verify_and_update_config = try_verify_and_update_config
     _object_store_unpatched = None
@@ -170,8 +177,8 @@ def _allow_object_store() -> None:
 def _fetch_for_vllm(args: Any) -> None:
     """EngineArgs `args` of an object-store MODEL with --load-format wload: its config and side
     files fetched into wload's cache folder, which becomes vLLM's `model` (and the tokenizer, when
-    it was MODEL), the URL its `model_weights`: what ModelConfig.maybe_pull_model_tokenizer_for_runai
-    (config/model.py:1220-1236) leaves."""
+    it was MODEL), the URL its `model_weights`: what
+    ModelConfig.maybe_pull_model_tokenizer_for_runai (config/model.py:1220-1236) leaves."""
     import wload
 
     url = args.model
