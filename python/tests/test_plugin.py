@@ -406,7 +406,7 @@ def test_the_presharded_variants_hold_both_verdicts(tmp_path):
 
 def _engine_args(**kw):
     args = dict(model="s3://bucket/model", model_weights="", tokenizer=None, load_format="wload",
-                revision=None, download_dir=None, config_format="auto")
+                revision=None, download_dir=None, config_format="auto", served_model_name=None)
     args.update(kw)
     return SimpleNamespace(**args)
 
@@ -423,8 +423,8 @@ def test_an_object_store_model_becomes_the_fetched_folder_and_the_url_its_weight
     monkeypatch.setattr(wload, "fetch", fetch)
     args = _engine_args(download_dir="/cache")
     vllm_plugin._fetch_for_vllm(args)
-    assert (args.model, args.model_weights, args.tokenizer) == (
-        str(tmp_path), "s3://bucket/model", str(tmp_path))
+    assert (args.model, args.model_weights, args.tokenizer, args.served_model_name) == (
+        str(tmp_path), "s3://bucket/model", str(tmp_path), "s3://bucket/model")
     assert calls == [("s3://bucket/model",
                       {"revision": None, "download_dir": "/cache", "config_format": "auto"})]
 

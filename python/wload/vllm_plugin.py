@@ -77,8 +77,9 @@ def _allow_object_store() -> None:
     So, for `load_format == "wload"` only:
     1. EngineArgs.create_model_config first fetches the config and side files (tokenizer, ...)
        with wload (`wload.fetch`: the cache folder `wload.plan` reads through; the weights stay
-       in the store), then gives vLLM that folder as `model` and the URL as `model_weights`:
-       the state vLLM's own pull leaves, so its pull returns at once and the plugin plans the
+       in the store), then gives vLLM that folder as `model` and the URL as `model_weights`
+       (and as the served model name, which vLLM takes from MODEL before its pull,
+       config/model.py:600-602): the state vLLM's own pull leaves, so its pull returns at once and the plugin plans the
        URL (`model_weights or model`). The `runai_model_streamer` package is not needed.
     2. VllmConfig.try_verify_and_update_config runs with `model_weights` cleared, then
        restored: the check at config/vllm.py:2775 is the only use of `model_weights` there.
@@ -102,7 +103,7 @@ def _allow_object_store() -> None:
 
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     need = {"model", "model_weights", "tokenizer", "load_format", "revision", "download_dir",
-            "config_format"}
+            "config_format", "served_model_name"}
     create = getattr(EngineArgs, "create_model_config", None)
     if not need <= fields or not callable(create):
         # Nowhere to hook even the refusal: vLLM's own check (config/vllm.py:2775) refuses.
@@ -210,6 +211,10 @@ def _fetch_for_vllm(args: Any) -> None:
         ) from e
     args.model_weights = url
     args.model = local
+    # vLLM names the served model after MODEL as given, before its own pull
+    # (config/model.py:600-602): the URL, not the cache folder.
+    if not args.served_model_name:
+        args.served_model_name = url
     if tokenizer in (None, url):
         args.tokenizer = local
 
