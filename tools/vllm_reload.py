@@ -15,6 +15,11 @@ for a folder real vLLM wrote (a golden expected folder, `oracle_meta_rank0.json`
 no config.json (vLLM reads params.json by itself only next to consolidated*.safetensors, which a
 pre-sharded folder never has). Flags given on the command line come after and win.
 
+With `--load-format wload`, FOLDER may be an object-store URL (`s3://bucket/prefix`, with the
+`AWS_*` variables), as `vllm serve s3://… --load-format wload` takes it: the plugin's register()
+(run here by EngineArgs) fetches the config with wload and each rank reads its bytes by ranged
+GETs (tests/vllm/compare.sh with S3=1).
+
 With `--load-format safetensors`, FOLDER is a HF checkpoint and the dump is the state vLLM's own
 loader makes from it: the reference for a format that has no golden case (compare it with the
 dump of wload's output reloaded as above).

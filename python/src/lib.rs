@@ -768,9 +768,46 @@ fn plan(
     planned.map_err(|e| to_py(py, &e))
 }
 
+/// The local folder vLLM reads `source`'s config and tokenizer from: a folder as it is; for an
+/// object-store URL (`s3://`, `gs://`, `az://`) or a hub repo id, the cache folder `plan` reads
+/// it through, with its config, index and side files (tokenizer, generation config, chat
+/// template, ...) fetched into it. Of the weight files only the headers are fetched: the weights
+/// stay where they are, for `Plan.load` to read by range. The folder is what vLLM's
+/// `--load-format runai_streamer` pulls with the Run:ai streamer (config/model.py:1204-1248).
+#[pyfunction]
+#[pyo3(signature = (source, revision=None, download_dir=None, config_format="auto", load_format="auto"))]
+fn fetch(
+    py: Python<'_>,
+    source: PathBuf,
+    revision: Option<String>,
+    download_dir: Option<PathBuf>,
+    config_format: &str,
+    load_format: &str,
+) -> PyResult<String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let sopts = SourceOptions {
+        source,
+        load_format: choice(py, "load_format", load_format)?,
+        config_format: choice::<ConfigFormat>(py, "config_format", config_format)?,
+        hf_overrides: None,
+        revision: Some(revision.unwrap_or_else(|| "main".into())),
+        download_dir,
+        download_progress: DownloadProgress::default().stopped_by(stop.clone()),
+        side_files: true,
+        headers_only: true,
+    };
+    let opened = interruptible::run(py, stop, move || -> Result<PathBuf, Error> {
+        Ok(wload::open(&sopts, wload::Want::Checkpoint)?.resolved.root)
+    })?;
+    opened
+        .map(|root| root.display().to_string())
+        .map_err(|e| to_py(py, &e))
+}
+
 #[pymodule]
 fn _wload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(fetch, m)?)?;
     m.add_class::<Plan>()?;
     m.add_class::<Tensor>()?;
     m.add_class::<LoadReport>()?;

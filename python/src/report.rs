@@ -51,7 +51,8 @@ pub(crate) struct LoadReport {
     convert_s: f64,
     /// Handing bytes to the destinations, summed over worker threads.
     copy_s: f64,
-    /// Bytes read from the source files.
+    /// Bytes read from the source files (for an object store: fetched by ranged GETs), the
+    /// direct reads among them, each byte counted once.
     bytes_read: u64,
     /// Bytes read straight into the destinations or the staging slots.
     direct_read_bytes: u64,
@@ -82,7 +83,9 @@ impl LoadReport {
         done: &LoadDone,
     ) -> LoadReport {
         let cuda = matches!(target, Target::Cuda { .. });
-        let engine_read = done.stats.bytes_read.load(Ordering::Relaxed);
+        // The engine counts every source byte it reads or hands to the sink to read itself
+        // (exec/copy.rs `copy_span`), so the sink's own reads are already in it.
+        let bytes_read = done.stats.bytes_read.load(Ordering::Relaxed);
         LoadReport {
             rank,
             device: target.to_string(),
@@ -98,7 +101,7 @@ impl LoadReport {
             read_s: Stats::secs(&done.stats.read_ns),
             convert_s: Stats::secs(&done.stats.convert_ns),
             copy_s: Stats::secs(&done.stats.put_ns),
-            bytes_read: engine_read + done.sink.read_bytes,
+            bytes_read,
             direct_read_bytes: done.sink.read_bytes,
             direct_read_s: done.sink.read_s,
             host_copy_bytes: done.sink.copy_bytes,

@@ -162,6 +162,7 @@ PLAN_ARGS = [
     "language_model_only", "mm_encoder_tp_mode", "pp_partition", "config_format", "moe_backend",
     "load_format", "mapping",
 ]
+FETCH_ARGS = ["source", "revision", "download_dir", "config_format", "load_format"]
 LOAD_ARGS = ["rank", "dests", "device", "device_index", "stream", "io"]
 PLAN_PROPS = ["tp", "pp", "world_size", "expert_parallel", "dtype", "architecture", "root", "kind",
               "warnings", "note"]
@@ -175,7 +176,7 @@ REPORT_PROPS = [
 REPORT_METHODS = ["keys", "values", "items", "get", "to_dict"]
 
 COVERED = (
-    {"plan", "Plan", "Tensor", "LoadReport", "Plan.tensors", "Plan.load", "Plan.__repr__",
+    {"plan", "fetch", "Plan", "Tensor", "LoadReport", "Plan.tensors", "Plan.load", "Plan.__repr__",
      "Tensor.__repr__", "LoadReport.__repr__"}
     | {f"Plan.{a}" for a in PLAN_PROPS}
     | {f"Tensor.{a}" for a in TENSOR_PROPS}
@@ -216,6 +217,21 @@ def test_plan_with_a_hostile_argument(arg):
                 "auto", None]
         args[i] = v
         check(lambda: wload.plan(*args), f"plan(<{arg} positional>={r(v)})")
+
+
+@pytest.mark.parametrize("arg", FETCH_ARGS)
+def test_fetch_with_a_hostile_argument(arg):
+    for v in battery():
+        check(lambda: wload.fetch(**{"source": GQA, arg: v}), f"fetch({arg}={r(v)})")
+    i = FETCH_ARGS.index(arg)
+    for v in battery():
+        args = [GQA, None, None, "auto", "auto"]
+        args[i] = v
+        check(lambda: wload.fetch(*args), f"fetch(<{arg} positional>={r(v)})")
+
+
+def test_fetch_gives_a_local_folder_as_it_is():
+    assert wload.fetch(GQA) == str(GQA)
 
 
 @pytest.mark.parametrize("arg", LOAD_ARGS)

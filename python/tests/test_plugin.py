@@ -398,3 +398,52 @@ def test_the_presharded_variants_hold_both_verdicts(tmp_path):
     assert verdicts["as-vllm-wrote-it"] is None and verdicts["two-run-records"] is None
     assert "records a run of another plan" in verdicts["run-record-of-another-plan"]
     assert "no files for rank 1" in verdicts["rank-file-missing"]
+
+
+# An object-store MODEL (`vllm serve s3://… --load-format wload`): what the hook in
+# EngineArgs.create_model_config does to vLLM's engine arguments (vllm_plugin._fetch_for_vllm).
+
+
+def _engine_args(**kw):
+    args = dict(model="s3://bucket/model", model_weights="", tokenizer=None, load_format="wload",
+                revision=None, download_dir=None, config_format="auto", served_model_name=None)
+    args.update(kw)
+    return SimpleNamespace(**args)
+
+
+def test_an_object_store_model_becomes_the_fetched_folder_and_the_url_its_weights(
+        monkeypatch, tmp_path):
+    calls = []
+
+    def fetch(source, **kw):
+        calls.append((source, kw))
+        return str(tmp_path)
+
+    monkeypatch.setattr(vllm_plugin, "_object_store_unpatched", None)
+    monkeypatch.setattr(wload, "fetch", fetch)
+    args = _engine_args(download_dir="/cache")
+    vllm_plugin._fetch_for_vllm(args)
+    assert (args.model, args.model_weights, args.tokenizer, args.served_model_name) == (
+        str(tmp_path), "s3://bucket/model", str(tmp_path), "s3://bucket/model")
+    assert calls == [("s3://bucket/model",
+                      {"revision": None, "download_dir": "/cache", "config_format": "auto"})]
+
+
+def test_an_object_store_model_is_refused_where_vllm_changed_shape(monkeypatch):
+    monkeypatch.setattr(vllm_plugin, "_object_store_unpatched", "X no longer does Y")
+    monkeypatch.setattr(wload, "fetch", lambda *a, **k: pytest.fail("fetched"))
+    with pytest.raises(vllm_plugin.WloadLoadError, match="X no longer does Y.*runai_streamer"):
+        vllm_plugin._fetch_for_vllm(_engine_args())
+
+
+def test_a_tokenizer_in_another_object_store_prefix_is_refused(monkeypatch):
+    monkeypatch.setattr(vllm_plugin, "_object_store_unpatched", None)
+    monkeypatch.setattr(wload, "fetch", lambda *a, **k: pytest.fail("fetched"))
+    with pytest.raises(vllm_plugin.WloadLoadError, match="s3://bucket/tok"):
+        vllm_plugin._fetch_for_vllm(_engine_args(tokenizer="s3://bucket/tok"))
+
+
+def test_register_without_vllms_config_modules_leaves_object_storage_unpatched(torch):
+    # The stand-in vLLM has no vllm.engine: register() still registers the loader.
+    vllm_plugin.register()
+    assert "cannot import" in vllm_plugin._object_store_unpatched

@@ -12,6 +12,8 @@ exactly the tensor's `nbytes`, alive and untouched until `load` returns. See pyt
 the types are in `_wload.pyi` (the package ships `py.typed`).
 """
 
-from ._wload import LoadReport, Plan, PlanError, Tensor, WloadError, __version__, plan
+from ._wload import LoadReport, Plan, PlanError, Tensor, WloadError, __version__, fetch, plan
 
-__all__ = ["LoadReport", "Plan", "PlanError", "Tensor", "WloadError", "__version__", "plan"]
+__all__ = [
+    "LoadReport", "Plan", "PlanError", "Tensor", "WloadError", "__version__", "fetch", "plan",
+]

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, TypedDict, TypeVar, final, overload, type_check_only
 
-__all__ = ["plan", "Plan", "Tensor", "LoadReport", "WloadError", "PlanError", "__version__"]
+__all__ = ["plan", "fetch", "Plan", "Tensor", "LoadReport", "WloadError", "PlanError", "__version__"]
 
 __version__: str
 
@@ -163,7 +163,8 @@ class LoadReport:
 
     @property
     def bytes_read(self) -> int:
-        """Bytes read from the source files."""
+        """Bytes read from the source files (for an object store: fetched by ranged GETs), the
+        direct reads among them, each byte counted once."""
 
     @property
     def direct_read_bytes(self) -> int:
@@ -320,3 +321,17 @@ def plan(
     planned for the layout, a pre-sharded folder (wload's or vLLM's) is checked against it and
     its files copied whole. `tp`, `pp` and `dtype` may be None to take a pre-sharded folder's
     recorded values."""
+
+def fetch(
+    source: _Path,
+    revision: str | None = None,
+    download_dir: _Path | None = None,
+    config_format: str = "auto",
+    load_format: str = "auto",
+) -> str:
+    """The local folder vLLM reads `source`'s config and tokenizer from: a folder as it is; for an
+    object-store URL (`s3://`, `gs://`, `az://`) or a hub repo id, the cache folder `plan` reads
+    it through, with its config, index and side files (tokenizer, generation config, chat
+    template, ...) fetched into it. Of the weight files only the headers are fetched: the weights
+    stay where they are, for `Plan.load` to read by range. The folder is what vLLM's
+    `--load-format runai_streamer` pulls with the Run:ai streamer (config/model.py:1204-1248)."""

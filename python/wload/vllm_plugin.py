@@ -8,7 +8,8 @@ wload's plan for this worker's rank is, byte for byte (the sharded_state contrac
 sharded_state_loader.py:190-252).
 
 For the worker's TP, PP and EP rank (vLLM's parallel state) it plans MODEL — a checkpoint folder, a
-hub repo id (vLLM's `--revision` and `--download-dir`), or a pre-sharded wload/vLLM folder — checks
+hub repo id (vLLM's `--revision` and `--download-dir`), an object-store URL (`s3://`, `gs://`,
+`az://`: see `_allow_object_store`), or a pre-sharded wload/vLLM folder — checks
 every planned tensor against the model's `state_dict` (key present, same dtype, same shape or a
 leading slice of it, as sharded_state narrows) and every parameter against the plan, and reports
 every disagreement at once before a byte is read. Then each rank reads only its own bytes into
@@ -30,10 +31,192 @@ LOAD_FORMAT = "wload"
 
 
 def register() -> None:
-    """The entry point: adds the `wload` load format to vLLM."""
+    """The entry point: adds the `wload` load format to vLLM, and lets it take an object-store
+    MODEL (`vllm serve s3://bucket/model --load-format wload`)."""
     from vllm.model_executor.model_loader import register_model_loader
 
     register_model_loader(LOAD_FORMAT)(_loader_class())
+    _allow_object_store()
+
+
+# vLLM's object-store schemes (transformers_utils/runai_utils.py:16 SUPPORTED_SCHEMES); wload
+# reads the same three (and abfs://, abfss://, which vLLM does not take as object storage).
+_OBJECT_STORE_SCHEMES = ("s3://", "gs://", "az://", "abfs://", "abfss://")
+
+
+def _is_object_store(source: str) -> bool:
+    return str(source).lower().startswith(_OBJECT_STORE_SCHEMES)
+
+
+# Why the object-store patches are not installed (vLLM's code is not the shape they were written
+# for), said when a `--load-format wload` object-store model needs them; None once installed.
+_object_store_unpatched: str | None = "register() has not run"
+
+
+def _allow_object_store() -> None:
+    """`vllm serve s3://bucket/model --load-format wload`: vLLM 0.33 takes an object-store MODEL
+    only with the Run:ai streamer, in two places, both before any worker starts:
+
+    1. ModelConfig.__post_init__ (config/model.py:632) calls maybe_pull_model_tokenizer_for_runai
+       (config/model.py:1204-1248), which pulls the config and tokenizer files with the
+       `runai_model_streamer` package into a cache folder, then sets `model` to that folder and
+       `model_weights` to the URL. It returns at once when `model_weights` is already set
+       (config/model.py:1214-1215).
+    2. VllmConfig.__post_init__ (config/vllm.py:1539) calls try_verify_and_update_config
+       (config/vllm.py:2735-2795), which raises unless `load_format` is modelexpress,
+       runai_streamer or runai_streamer_sharded when `model_weights` is an object-store URI
+       (config/vllm.py:2775-2795).
+
+    Both are built from EngineArgs.create_engine_config (engine/arg_utils.py:2245), which makes
+    the ModelConfig through EngineArgs.create_model_config (arg_utils.py:2279, 1982-1996,
+    `model_weights=self.model_weights`) and then the VllmConfig. register() runs before that in
+    every process that builds a config: EngineArgs.__post_init__ loads the general plugins
+    (arg_utils.py:929-931), as `vllm serve`'s argument parser does (arg_utils.py:3256); workers
+    receive the built VllmConfig.
+
+    So, for `load_format == "wload"` only:
+    1. EngineArgs.create_model_config first fetches the config and side files (tokenizer, ...)
+       with wload (`wload.fetch`: the cache folder `wload.plan` reads through; the weights stay
+       in the store), then gives vLLM that folder as `model` and the URL as `model_weights`
+       (and as the served model name, which vLLM takes from MODEL before its pull,
+       config/model.py:600-602): the state vLLM's own pull leaves, so its pull returns at once and the plugin plans the
+       URL (`model_weights or model`). The `runai_model_streamer` package is not needed.
+    2. VllmConfig.try_verify_and_update_config runs with `model_weights` cleared, then
+       restored: the check at config/vllm.py:2775 is the only use of `model_weights` there.
+    Every other load format, and a local or hub MODEL, goes through vLLM untouched. When vLLM's
+    code is not the shape described (another version), only step 1's hook is installed, and it
+    refuses a `--load-format wload` object-store model before anything is fetched, saying what
+    changed (where even that hook has nowhere to go, vLLM's own check refuses).
+    """
+    global _object_store_unpatched
+    import dataclasses
+    import inspect
+
+    try:
+        from vllm.config import ModelConfig, VllmConfig
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError as e:
+        # Not vLLM 0.33's layout (or a stand-in vLLM, as python/tests/stub_vllm): vLLM's own check
+        # (config/vllm.py:2775) then refuses an object-store model with --load-format wload.
+        _object_store_unpatched = f"cannot import what the patches wrap ({e})"
+        return
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    need = {"model", "model_weights", "tokenizer", "load_format", "revision", "download_dir",
+            "config_format", "served_model_name"}
+    create = getattr(EngineArgs, "create_model_config", None)
+    if not need <= fields or not callable(create):
+        # Nowhere to hook even the refusal: vLLM's own check (config/vllm.py:2775) refuses.
+        _object_store_unpatched = (
+            f"EngineArgs has no {', '.join(sorted(need - fields)) or 'create_model_config'} "
+            "(engine/arg_utils.py:497, 1982)"
+        )
+        return
+    if not getattr(create, "_wload_patched", False):
+
+        def create_model_config(self: Any) -> Any:
+            # Fetches, or refuses saying why when the rest could not be patched.
+            if self.load_format == LOAD_FORMAT and not self.model_weights and _is_object_store(
+                self.model
+            ):
+                _fetch_for_vllm(self)
+            return create(self)
+
+        create_model_config._wload_patched = True  # type: ignore[attr-defined]
+        create_model_config.__wrapped__ = create  # type: ignore[attr-defined]
+        EngineArgs.create_model_config = create_model_config
+
+    problems = []
+    pull = getattr(ModelConfig, "maybe_pull_model_tokenizer_for_runai", None)
+    try:
+        pull_src = inspect.getsource(pull) if pull else ""
+    except (OSError, TypeError):
+        pull_src = ""
+    # config/model.py:1214-1215: the pull is skipped once model_weights is set.
+    if "if self.model_weights:\n            return" not in pull_src:
+        problems.append(
+            "ModelConfig.maybe_pull_model_tokenizer_for_runai no longer returns at once when "
+            "model_weights is set (config/model.py:1214)"
+        )
+    post = VllmConfig.__dict__.get("try_verify_and_update_config")
+    if getattr(post, "_wload_patched", False):
+        _object_store_unpatched = None
+        return
+    try:
+        post_src = inspect.getsource(post) if post else ""
+    except (OSError, TypeError):
+        post_src = ""
+    # config/vllm.py:2775-2776: `hasattr(self.model_config, "model_weights") and
+    # is_runai_obj_uri(self.model_config.model_weights)`, the only two mentions.
+    if post_src.count("model_weights") != 2 or "runai_streamer_sharded" not in post_src:
+        problems.append(
+            "VllmConfig.try_verify_and_update_config no longer reads model_weights only in its "
+            "object-storage load-format check (config/vllm.py:2775-2795)"
+        )
+    if problems:
+        _object_store_unpatched = "; ".join(problems)
+        return
+
+    def try_verify_and_update_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        mc: Any = getattr(self, "model_config", None)
+        lc: Any = getattr(self, "load_config", None)
+        url = getattr(mc, "model_weights", "") or ""
+        if lc is None or lc.load_format != LOAD_FORMAT or not _is_object_store(url):
+            return post(self, *args, **kwargs)
+        mc.model_weights = ""
+        try:
+            return post(self, *args, **kwargs)
+        finally:
+            mc.model_weights = url
+
+    try_verify_and_update_config._wload_patched = True  # type: ignore[attr-defined]
+    try_verify_and_update_config.__wrapped__ = post  # type: ignore[attr-defined]
+    VllmConfig.try_verify_and_update_config = try_verify_and_update_config
+    _object_store_unpatched = None
+
+
+def _fetch_for_vllm(args: Any) -> None:
+    """EngineArgs `args` of an object-store MODEL with --load-format wload: its config and side
+    files fetched into wload's cache folder, which becomes vLLM's `model` (and the tokenizer, when
+    it was MODEL), the URL its `model_weights`: what
+    ModelConfig.maybe_pull_model_tokenizer_for_runai (config/model.py:1220-1236) leaves."""
+    import wload
+
+    url = args.model
+    if _object_store_unpatched is not None:
+        raise WloadLoadError(
+            f"--load-format wload cannot take the object-store model {url} with this vLLM: "
+            f"{_object_store_unpatched}. wload's plugin was written against vLLM 0.33; "
+            "use `--load-format runai_streamer`, or `wload shard` the checkpoint to a local folder"
+        )
+    tokenizer = args.tokenizer
+    if tokenizer not in (None, url) and _is_object_store(tokenizer):
+        raise WloadLoadError(
+            f"--load-format wload: a --tokenizer in object storage ({tokenizer}) other than the "
+            f"model's is not fetched; leave --tokenizer out (the model's own, {url}, is fetched "
+            "with its config) or give a local folder or hub id"
+        )
+    config_format = str(getattr(args.config_format, "value", args.config_format) or "auto")
+    try:
+        local = wload.fetch(
+            url,
+            revision=args.revision,
+            download_dir=args.download_dir,
+            config_format=config_format if config_format in ("auto", "hf", "mistral") else "auto",
+        )
+    except wload.PlanError as e:
+        raise WloadLoadError(
+            f"wload cannot fetch the config of {url}:\n{e}\nuse --load-format runai_streamer to "
+            "load it with vLLM's own object-storage loader"
+        ) from e
+    args.model_weights = url
+    args.model = local
+    # vLLM names the served model after MODEL as given, before its own pull
+    # (config/model.py:600-602): the URL, not the cache folder.
+    if not args.served_model_name:
+        args.served_model_name = url
+    if tokenizer in (None, url):
+        args.tokenizer = local
 
 
 class WloadLoadError(ValueError):
@@ -68,10 +251,11 @@ def _loader_class() -> type:
             device = next(iter(state.values())).device if state else torch.device("cpu")
             stats, t_fill = _fill(plan, rank, targets, device)
             log.info(
-                "wload: rank %d of %s filled %d tensors (%.1f MiB) in %.3fs (plan %.3fs, "
-                "read and copy %.3fs%s)",
+                "wload: rank %d read %.1f MiB from %s, filling %d tensors (%.1f MiB) in %.3fs "
+                "(plan %.3fs, read and copy %.3fs%s)",
                 rank,
-                plan.root,
+                stats.bytes_read / 2**20,
+                _read_from(plan, model_config, stats),
                 len(targets),
                 stats.bytes / 2**20,
                 time.perf_counter() - t0,
@@ -85,6 +269,15 @@ def _loader_class() -> type:
             )
 
     return WloadModelLoader
+
+
+def _read_from(plan: Plan, model_config: Any, stats: LoadReport) -> str:
+    """Where the rank's bytes came from, for the log: the object-store URL (ranged GETs; the
+    cache folder holds only the config and headers), else the local folder and the io mode."""
+    source = model_config.model_weights or model_config.model
+    if _is_object_store(source):
+        return f"{source} (ranged GETs)"
+    return f"{plan.root} (io {stats.io})"
 
 
 def _worker_layout() -> tuple[int, int, int, int, bool]:

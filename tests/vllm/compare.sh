@@ -9,10 +9,23 @@
 # to use `--load-format auto`.
 #
 #   tests/vllm/compare.sh [CASE/tpN ...]       (default: the cases below)
+#   S3=1 tests/vllm/compare.sh [CASE/tpN ...]  (default: the S3 cases below)
+#
+# With S3=1 the plugin loads each fixture from object storage: the S3-protocol test server
+# (examples/s3_server.rs, key bench/bench) on a free port, the fixture uploaded to
+# s3://golden/NAME through it, and `--load-format wload` given MODEL s3://golden/NAME, as
+# `vllm serve s3://golden/NAME --load-format wload` would (the plugin fetches the config with
+# wload, the ranks read their bytes by ranged GETs); vLLM's own loader still reads the local
+# fixture. Each wload rank must log that it read from the s3:// URL. The refusals below are not
+# repeated in this mode.
 #
 # VENV  a virtualenv with vllm==0.33.0 (default .venv-vllm, created when missing: about 3 minutes
-#       and 9.4 GB); this repository's Python package is installed into it on every run.
+#       and 9.4 GB); this repository's Python package is installed into it on every run, unless
+#       INSTALL=0 (then `wload` must import already, e.g. PYTHONPATH=python with a built
+#       python/wload/_wload.abi3.so, and the venv is left as it is).
 # WORK  where dumps and logs go (default: a new temporary folder).
+# S3_SERVER  the example server's binary (default target/release/examples/s3_server, built when
+#       missing).
 # Exit status: the number of cases that differ or fail.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,18 +33,38 @@ venv=${VENV:-$here/.venv-vllm}
 work=${WORK:-$(mktemp -d)}
 golden=$here/tests/data/golden
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(
+s3=${S3:-0}
+[ ${#cases[@]} -gt 0 ] || [ "$s3" = 1 ] || cases=(
   llama_gqa/tp1 llama_gqa/tp2 llama_gqa__pp2/tp1 llama_gqa__dtype_float16/tp2 mixtral/tp2
   mixtral__ep/tp2 qwen2_moe/tp2 deepseek_v3/tp2 llama_gqa__fp8_block/tp2 llama_gqa_w4a16/tp2
   llama_gqa_gptq/tp2 gpt_oss_mxfp4/tp2)
+[ ${#cases[@]} -gt 0 ] || cases=(
+  llama_gqa/tp2 llama_gqa/tp4 mixtral/tp2 mixtral__ep/tp2 qwen2_moe/tp2 deepseek_v3/tp2)
 declare -A CASE_FLAGS=([gpt_oss_mxfp4]="--moe-backend triton")
 
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" && "$venv/bin/pip" install -q vllm==0.33.0 || exit 100
 fi
-"$venv/bin/pip" install -q "$here/python" || exit 101
+if [ "${INSTALL:-1}" != 0 ]; then
+  "$venv/bin/pip" install -q "$here/python" || exit 101
+fi
 py=$venv/bin/python
 export VLLM_TARGET_DEVICE=cpu
+
+if [ "$s3" = 1 ]; then
+  server=${S3_SERVER:-$here/target/release/examples/s3_server}
+  [ -x "$server" ] || (cd "$here" && cargo build --release --locked -q --example s3_server) || exit 103
+  port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  mkdir -p "$work/s3root/golden"
+  "$server" serve "$work/s3root" "$port" > "$work/s3_server.log" 2>&1 &
+  server_pid=$!
+  trap 'kill $server_pid 2>/dev/null' EXIT
+  export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench \
+    AWS_REGION=us-east-1
+  # wload's object cache (config, index, headers) inside WORK, not under HOME.
+  export XDG_CACHE_HOME=$work/cache
+  sleep 1
+fi
 
 # suffix_flags, fixture_of
 source "$here/tools/golden_cases.sh"
@@ -45,14 +78,28 @@ for c in "${cases[@]}"; do
   flags="$flags ${CASE_FLAGS[$name]:-}"
   [ -f "$fixture/params.json" ] && [ ! -f "$fixture/config.json" ] && flags="$flags --config-format mistral"
   ok=1
+  model_wload=$fixture
+  if [ "$s3" = 1 ]; then
+    model_wload=s3://golden/$(basename "$fixture")
+    [ -d "$work/s3root/golden/$(basename "$fixture")" ] \
+      || "$server" upload "$fixture" "$model_wload" > /dev/null \
+      || { echo "$c: upload to $model_wload failed"; failed=$((failed + 1)); continue; }
+  fi
   for fmt in safetensors wload; do
+    model=$fixture; [ $fmt = wload ] && model=$model_wload
     # shellcheck disable=SC2086
-    if ! "$py" "$here/tools/vllm_reload.py" "$fixture" --load-format $fmt --tp "$tp" $flags \
+    if ! "$py" "$here/tools/vllm_reload.py" "$model" --load-format $fmt --tp "$tp" $flags \
         --dump "$dir/$fmt" > "$dir/$fmt.log" 2>&1; then
       echo "$c: --load-format $fmt failed: $(grep -E 'Error|error' "$dir/$fmt.log" | tail -1) ($dir/$fmt.log)"
       ok=0
     fi
   done
+  if [ $ok = 1 ] && [ "$s3" = 1 ]; then
+    read_from=$(grep -c "wload: rank [0-9]* read [0-9.]* MiB from $model_wload (ranged GETs)" "$dir/wload.log")
+    if [ "$read_from" != "$tp" ]; then
+      echo "$c: $read_from of $tp ranks logged reading from $model_wload ($dir/wload.log)"; ok=0
+    fi
+  fi
   if [ $ok = 1 ] && "$py" "$golden/tools/compare_shards.py" "$dir/safetensors" "$dir/wload" > "$dir/compare.log" 2>&1; then
     echo "$c: $(grep IDENTICAL "$dir/compare.log")"
   else
@@ -60,6 +107,11 @@ for c in "${cases[@]}"; do
     failed=$((failed + 1))
   fi
 done
+
+if [ "$s3" = 1 ]; then
+  echo "$failed case(s) failed; logs in $work"
+  exit $failed
+fi
 
 # A pre-sharded folder as MODEL (wload's own output of llama_gqa at TP 2), with WLOAD (default
 # target/release/wload) to write it: the same state as vLLM's loader on the original checkpoint.
