@@ -320,3 +320,8 @@ def plan(
     planned for the layout, a pre-sharded folder (wload's or vLLM's) is checked against it and
     its files copied whole. `tp`, `pp` and `dtype` may be None to take a pre-sharded folder's
     recorded values."""
+
+def main(argv: list[str]) -> int:
+    """Runs the command line `argv` (the program's name first, as `sys.argv`) as the `wload`
+    binary would and returns its exit status: the body of the `wload` console script
+    (`wload._cli`). Once per process: it may install wload's own signal handlers."""
