@@ -321,7 +321,11 @@ def plan(
     its files copied whole. `tp`, `pp` and `dtype` may be None to take a pre-sharded folder's
     recorded values."""
 
+# The console script's body (wload/_cli.py), not re-exported by `wload`.
+__all__ += ["main"]
+
 def main(argv: list[str]) -> int:
     """Runs the command line `argv` (the program's name first, as `sys.argv`) as the `wload`
-    binary would and returns its exit status: the body of the `wload` console script
-    (`wload._cli`). Once per process: it may install wload's own signal handlers."""
+    binary would, writing to the process's stdout and stderr, and returns its exit status. Once
+    per process, and only from the console script: it may install wload's own SIGINT, SIGTERM
+    and SIGHUP handlers, and a second signal ends the process."""

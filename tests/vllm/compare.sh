@@ -29,7 +29,7 @@ declare -A CASE_FLAGS=([gpt_oss_mxfp4]="--moe-backend triton")
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" && "$venv/bin/pip" install -q vllm==0.33.0 || exit 100
 fi
-"$venv/bin/pip" install -q "$here/python" || exit 101
+{ rm -rf "$work/dist" && "$venv/bin/pip" wheel -q --no-deps -w "$work/dist" "$here/python" && "$venv/bin/pip" install -q --force-reinstall --no-deps "$work"/dist/wload-*.whl; } || exit 101
 py=$venv/bin/python
 export VLLM_TARGET_DEVICE=cpu
 
