@@ -7,7 +7,7 @@
 //! Two layers, because neither alone is enough:
 //!
 //! - **At the boundary**, [`Terminal`] wraps every writer of human text (stdout for the reports,
-//!   stderr for errors and notes, in `src/bin/wload/`): whatever reaches it, whoever formatted
+//!   stderr for errors and notes, in `src/app/`): whatever reaches it, whoever formatted
 //!   it, leaves with every control character but `\n` and `\t` written as a visible escape. Nothing
 //!   printed for people bypasses it, so a forgotten call cannot let an ESC through.
 //! - **Where a value is formatted** into a line, [`Esc`] (or [`escape`]) escapes `\n` and `\t` too:

@@ -1,6 +1,6 @@
 //! wload: resolve a checkpoint, map its names onto vLLM's parameters, plan what every tensor-parallel
-//! rank holds, then write or load it. The binary (`src/bin/wload/`) is a thin shell over this
-//! library.
+//! rank holds, then write or load it. The command itself is [`app`]: the binary (`src/bin/wload/`)
+//! and the Python package's `wload` console script are each one call of [`app::run`].
 //!
 //! Data flows one way: [`resolve`] → [`open`] ([`checkpoint`] headers + [`config`]) → [`map`] (with
 //! the [`mapping`] rules) → [`plan`] → [`exec`] → [`report`]; [`commands`] drive the stages, and
@@ -11,6 +11,7 @@
 // only the tests reach through it would read as unreachable.
 #![cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
 
+pub mod app;
 mod checkpoint;
 mod checksum;
 pub mod cli;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+mod cli;
 mod fill;
 mod interruptible;
 mod report;
@@ -814,5 +815,6 @@ fn _wload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("WloadError", m.py().get_type::<WloadError>())?;
     m.add("PlanError", m.py().get_type::<PlanError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(cli::main, m)?)?;
     Ok(())
 }

@@ -181,6 +181,7 @@ COVERED = (
     | {f"Plan.{a}" for a in PLAN_PROPS}
     | {f"Tensor.{a}" for a in TENSOR_PROPS}
     | {f"LoadReport.{a}" for a in REPORT_PROPS + REPORT_METHODS}
+    | {"main"}
 )
 
 
@@ -204,6 +205,17 @@ def public_surface():
 def test_every_public_callable_is_covered():
     assert public_surface() == COVERED
     assert set(wload.__all__) - {"__version__", "WloadError", "PlanError"} <= COVERED
+
+
+def test_main_with_a_hostile_argument(capfd):
+    """`_wload.main`, the console script's body, with a hostile argv and a hostile argument in
+    one: a TypeError, or the command's usage error (exit 2, on stderr); no value here is a command
+    line that runs a command."""
+    for v in battery():
+        check(lambda: wload._wload.main(v), f"main({r(v)})")
+        check(lambda: wload._wload.main(["wload", v]), f"main(['wload', {r(v)}])")
+    assert wload._wload.main(["wload", "no-such-command"]) == 2
+    assert "no-such-command" in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("arg", PLAN_ARGS)

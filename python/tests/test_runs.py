@@ -6,7 +6,8 @@ a dropped one, the rank files it listed); complete are exactly the folders that 
 (`one_output`). The vLLM plugin refuses exactly when `wload.plan` raises PlanError. The same cases as the Rust property test
 tests/it/safety/fuzz/runs.rs, with Python's seeded `random`.
 
-Needs the `wload` binary: $WLOAD_BIN, else target/release/wload or target/debug/wload.
+Needs the `wload` binary: $WLOAD_BIN, else target/release/wload or target/debug/wload, else the
+package's own `wload` console script (the same code, run in the extension).
 
     python -m pytest -q python/tests/test_runs.py
 """
@@ -16,6 +17,7 @@ import os
 import random
 import shutil
 import subprocess
+import sysconfig
 
 import pytest
 
@@ -32,7 +34,8 @@ FATES = ["missing", "truncated", "folder", "other-version", "fine-tune", "tp8", 
 def binary():
     for p in [os.environ.get("WLOAD_BIN"),
               os.path.join(REPO, "target", "release", "wload"),
-              os.path.join(REPO, "target", "debug", "wload")]:
+              os.path.join(REPO, "target", "debug", "wload"),
+              os.path.join(sysconfig.get_path("scripts"), "wload")]:
         if p and os.access(p, os.X_OK):
             return p
     pytest.skip("no wload binary: build it with `cargo build` or set WLOAD_BIN")

@@ -335,3 +335,12 @@ def fetch(
     template, ...) fetched into it. Of the weight files only the headers are fetched: the weights
     stay where they are, for `Plan.load` to read by range. The folder is what vLLM's
     `--load-format runai_streamer` pulls with the Run:ai streamer (config/model.py:1204-1248)."""
+
+# The console script's body (wload/_cli.py), not re-exported by `wload`.
+__all__ += ["main"]
+
+def main(argv: list[str]) -> int:
+    """Runs the command line `argv` (the program's name first, as `sys.argv`) as the `wload`
+    binary would, writing to the process's stdout and stderr, and returns its exit status. Once
+    per process, and only from the console script: it may install wload's own SIGINT, SIGTERM
+    and SIGHUP handlers, and a second signal ends the process."""

@@ -2,7 +2,7 @@
 //! output is serde's; this is the rest.
 //!
 //! Everything here is written for a terminal, through [`crate::escape::Terminal`] (see
-//! `src/bin/wload/`), which escapes control characters. What it cannot do is tell a newline in
+//! `src/app/`), which escapes control characters. What it cannot do is tell a newline in
 //! a name from one wload writes: every untrusted value (a name, a path, a string from a config,
 //! a mapping, a hub or a manifest) is formatted into a line with [`Esc`], and a [`Table`]
 //! escapes its cells itself.

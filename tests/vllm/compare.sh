@@ -46,7 +46,8 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" && "$venv/bin/pip" install -q vllm==0.33.0 || exit 100
 fi
 if [ "${INSTALL:-1}" != 0 ]; then
-  "$venv/bin/pip" install -q "$here/python" || exit 101
+  # The wheel a GPU node installs, built once, not `pip install ./python`.
+  { rm -rf "$work/dist" && "$venv/bin/pip" wheel -q --no-deps -w "$work/dist" "$here/python" && "$venv/bin/pip" install -q --force-reinstall --no-deps "$work"/dist/wload-*.whl; } || exit 101
 fi
 py=$venv/bin/python
 export VLLM_TARGET_DEVICE=cpu

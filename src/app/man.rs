@@ -7,8 +7,8 @@ use std::process::{Command, Stdio};
 
 use clap::CommandFactory;
 
-use wload::Error;
-use wload::cli::Cli;
+use crate::cli::Cli;
+use crate::commands::error::Error;
 
 /// The variables wload reads, and what for: (name, description).
 const ENVIRONMENT: &[(&str, &str)] = &[

@@ -1,8 +1,8 @@
-//! Everything the binary writes: reports as one `--json` document or as text for people,
-//! failures and notes on stderr, completions (man pages: [`crate::man`]). Kept apart from `main.rs` so that
+//! Everything the command writes: reports as one `--json` document or as text for people,
+//! failures and notes on stderr, completions (man pages: [`super::man`]). Kept apart from `mod.rs` so that
 //! one file holds the rule of the output streams.
 //!
-//! Every text for people leaves through [`wload::Terminal`]: the human reports (in
+//! Every text for people leaves through [`Terminal`]: the human reports (in
 //! [`emit`]) and everything on stderr ([`say`]), so that no control character of a name, a path
 //! or a manifest reaches the terminal raw; `--json` documents are written as serde writes them.
 
@@ -11,9 +11,9 @@ use std::io::{self, Write};
 
 use clap::CommandFactory;
 
-use wload::Error;
-use wload::cli::Cli;
-use wload::{Esc, Terminal};
+use crate::cli::Cli;
+use crate::commands::error::Error;
+use crate::escape::{Esc, Terminal};
 
 /// Writes a report for people (a table, a summary).
 pub(crate) type Human<'a> = &'a dyn Fn(&mut dyn Write) -> io::Result<()>;
@@ -36,7 +36,7 @@ pub(crate) fn emit<T: serde::Serialize>(
     human: Option<Human>,
 ) -> Result<(), Error> {
     if let Some(Json(schema_version)) = json {
-        let doc = wload::report::json::success(report, schema_version);
+        let doc = crate::report::json::success(report, schema_version);
         serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| Error::Output(e.into()))?;
         writeln!(out).map_err(Error::Output)
     } else if let Some(h) = human {
@@ -53,7 +53,7 @@ static DOCUMENT_PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::Atom
 
 /// A report printed whole although the command fails with `e` (`inspect` of what `plan` would
 /// refuse): with `--json` the report's document with `"ok": false` and the error, else the human
-/// report; then `Err(e)`, for the binary to print on stderr and exit with its status.
+/// report; then `Err(e)`, for [`super::run`] to print on stderr and return as the exit status.
 pub(crate) fn refused<T: serde::Serialize>(
     out: &mut dyn Write,
     json: bool,
@@ -62,7 +62,7 @@ pub(crate) fn refused<T: serde::Serialize>(
     e: Error,
 ) -> Result<(), Error> {
     if json {
-        let doc = wload::report::json::refused(report, &e, e.exit_status() as u8);
+        let doc = crate::report::json::refused(report, &e, e.exit_status() as u8);
         serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| Error::Output(e.into()))?;
         writeln!(out).map_err(Error::Output)?;
         DOCUMENT_PRINTED.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -107,7 +107,7 @@ pub(crate) fn failure(e: &Error, status: u8, json: bool) {
     // A failed write to stdout leaves nowhere to put a document.
     let document = json && !matches!(e, Error::Output(_));
     if document && !printed {
-        print_json(&wload::report::json::failure(e, status));
+        print_json(&crate::report::json::failure(e, status));
     }
     let message = e.for_terminal();
     let where_listed = if document {
@@ -133,11 +133,12 @@ fn headline(message: &str, where_listed: Option<&str>) -> String {
 
 /// A usage error from clap: on stderr, and then with `--json` anywhere on the line also its
 /// JSON document, since the pipeline that passed the flag reads stdout.
-pub(crate) fn usage_error(e: &clap::Error) {
-    if json_requested(std::env::args_os().skip(1)) {
-        print_json(&wload::report::json::usage_failure(&e.render().to_string()));
+/// `args` are the arguments after the program's name.
+pub(crate) fn usage_error(e: &clap::Error, args: &[OsString]) {
+    if json_requested(args.iter().cloned()) {
+        print_json(&crate::report::json::usage_failure(&e.render().to_string()));
     }
-    match escaped_usage_error(std::env::args_os().skip(1)) {
+    match escaped_usage_error(args.iter().cloned()) {
         Some(text) => say(format_args!("{}", text.trim_end())),
         None => {
             let _ = e.print();
@@ -152,10 +153,13 @@ pub(crate) fn usage_error(e: &clap::Error) {
 /// refusal, quoting the escaped text, so that nothing in it can start a line.
 fn escaped_usage_error(args: impl Iterator<Item = OsString>) -> Option<String> {
     let args: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
-    if !args.iter().any(|a| a.chars().any(wload::is_control)) {
+    if !args
+        .iter()
+        .any(|a| a.chars().any(crate::escape::is_control))
+    {
         return None;
     }
-    let escaped = args.iter().map(|a| wload::escape(a).into_owned());
+    let escaped = args.iter().map(|a| crate::escape::escape(a).into_owned());
     let program = std::iter::once("wload".to_string());
     match Cli::parse_args(program.chain(escaped)) {
         Err(e) => Some(e.render().to_string()),
@@ -174,7 +178,7 @@ fn json_requested(args: impl Iterator<Item = OsString>) -> bool {
 
 /// `shard`'s notes on stderr: the leftovers of killed runs it removed, the source entries it did
 /// not copy.
-pub(crate) fn shard_notes(report: &wload::ShardReport) {
+pub(crate) fn shard_notes(report: &crate::commands::shard::ShardReport) {
     for s in &report.removed_leftovers {
         let (path, pid) = (Esc(&s.path.to_string_lossy()), s.pid);
         say(format_args!(
@@ -195,7 +199,7 @@ pub(crate) fn shard_notes(report: &wload::ShardReport) {
 
 /// A `--ranks` run that did not complete its output: the serve line it prints holds only once
 /// every rank's files are in one folder.
-pub(crate) fn partial_run_warning(report: &wload::ShardReport) {
+pub(crate) fn partial_run_warning(report: &crate::commands::shard::ShardReport) {
     let m = &report.manifest;
     let world = m.tp.saturating_mul(m.pp);
     if report.completed || m.ranks.len() as u64 >= world {
@@ -208,9 +212,9 @@ pub(crate) fn partial_run_warning(report: &wload::ShardReport) {
 }
 
 /// For a hub source, what the run fetched from the hub, on stderr (unless `--quiet`).
-pub(crate) fn hub_fetched(fetched: Option<&wload::Fetched>, quiet: bool) {
+pub(crate) fn hub_fetched(fetched: Option<&crate::resolve::remote::Fetched>, quiet: bool) {
     if let (Some(f), false) = (fetched, quiet) {
-        say(format_args!("{}", wload::report::hub_fetched_line(f)));
+        say(format_args!("{}", crate::report::hub_fetched_line(f)));
     }
 }
 

@@ -1,11 +1,11 @@
-//! Progress bars for the binary: indicatif on a terminal, nothing otherwise.
+//! Progress bars for the command: indicatif on a terminal, nothing otherwise.
 
 use std::io::IsTerminal;
 
 use std::time::Duration;
 
+use crate::progress::{Progress, Quiet};
 use indicatif::{HumanDuration, ProgressBar, ProgressState, ProgressStyle};
-use wload::{Progress, Quiet};
 
 struct Bar(ProgressBar);
 
@@ -39,18 +39,18 @@ pub(crate) fn labelled_bar(total: u64, quiet: bool, label: &str) -> Box<dyn Prog
 
 /// One bar per file download, stacked while several run at once, when stderr is a terminal and
 /// not `--quiet`.
-pub(crate) fn download_bars(quiet: bool) -> wload::DownloadProgress {
+pub(crate) fn download_bars(quiet: bool) -> crate::progress::DownloadProgress {
     if quiet || !std::io::stderr().is_terminal() {
         return Default::default();
     }
     let bars = indicatif::MultiProgress::new();
-    wload::DownloadProgress::new(move |file, size| {
+    crate::progress::DownloadProgress::new(move |file, size| {
         let pb = bars.add(ProgressBar::new(size));
         pb.set_style(with_eta(
             "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} {eta} {msg}",
         ));
         // The name is the hub's: a control character in it would reach the terminal raw.
-        pb.set_message(format!("downloading {}", wload::Esc(file)));
+        pb.set_message(format!("downloading {}", crate::escape::Esc(file)));
         Box::new(Bar(pb))
     })
 }

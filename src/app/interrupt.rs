@@ -1,7 +1,11 @@
 //! SIGINT, SIGTERM and SIGHUP (Ctrl-C, `timeout`, Slurm and CI cancellation, a closed terminal)
-//! for the binary: the first one asks long-running work to stop cleanly (nothing is published,
+//! for the command: the first one asks long-running work to stop cleanly (nothing is published,
 //! the staging folder is removed) and the process then exits 128 + the signal's number; a second
 //! one ends the process at once (its staging folder is swept by the next run).
+//!
+//! The same under the Python console script: `wload._cli` first puts SIGINT back to its default
+//! action, as a binary starts with, since Python's own handler only sets a flag that nothing
+//! checks while this code runs (Ctrl-C would do nothing, then raise KeyboardInterrupt at the end).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

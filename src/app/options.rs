@@ -1,17 +1,19 @@
-//! From clap's arguments to the library's options: every options struct the binary passes
+//! From clap's arguments to the library's options: every options struct the command passes
 //! (`SourceOptions`, `PlanOptions`, `SizesOptions`, `ShardOptions`, `LoadOptions`, `LoadFlags`) is
-//! built here, field by field, so that `main.rs` only runs commands and a new flag is wired in
+//! built here, field by field, so that `mod.rs` only runs commands and a new flag is wired in
 //! one place.
 
-use wload::LoadFlags;
-use wload::LoadOptions;
-use wload::ShardOptions;
-use wload::SizesOptions;
-use wload::cli::{Cli, LoadArgs, ParallelArgs, ShardArgs, SizesArgs, SourceArgs};
-use wload::{Error, PlanOptions, SourceOptions};
-use wload::{RankChoice, World};
+use crate::cli::{Cli, LoadArgs, ParallelArgs, ShardArgs, SizesArgs, SourceArgs};
+use crate::commands::error::Error;
+use crate::commands::load::LoadOptions;
+use crate::commands::load::settings::LoadFlags;
+use crate::commands::plan::SizesOptions;
+use crate::commands::shard::ShardOptions;
+use crate::open::SourceOptions;
+use crate::plan::PlanOptions;
+use crate::ranks::{RankChoice, World};
 
-use crate::bars;
+use super::bars;
 
 /// The flags every subcommand takes.
 #[derive(Clone, Copy)]
@@ -39,7 +41,7 @@ pub(crate) fn source_options(a: &SourceArgs, quiet: bool) -> Result<SourceOption
         hf_overrides: a
             .hf_overrides
             .as_deref()
-            .map(wload::parse_overrides)
+            .map(crate::config::parse_overrides)
             .transpose()?,
         revision: Some(a.revision.clone()),
         download_dir: a.download_dir.clone(),
@@ -82,7 +84,7 @@ pub(crate) fn shard_options(a: &ShardArgs, world: World) -> Result<ShardOptions,
         None => (None, None),
         Some(RankChoice::List(l)) => (Some(l.clone()), None),
         Some(RankChoice::Launcher) => {
-            let share = wload::launchers::from_env()?;
+            let share = crate::ranks::launcher::from_env()?;
             let from = format!("run {} of {} by {share}", share.index + 1, share.count);
             (Some(share.ranks(world)?), Some(from))
         }
