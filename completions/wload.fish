@@ -132,7 +132,7 @@ complete -c wload -n "__fish_wload_using_subcommand shard" -l mm-encoder-tp-mode
 data\t'The whole encoder on every TP rank; the batch of images is split instead'"
 complete -c wload -n "__fish_wload_using_subcommand shard" -s o -l output -d 'Output folder: new or empty (or, with --force, an earlier wload output)' -r -f -a "(__fish_complete_directories)"
 complete -c wload -n "__fish_wload_using_subcommand shard" -l max-part-size -d 'Largest data size of one part file: bytes (40000) or with a unit (500MB, 5GiB)' -r
-complete -c wload -n "__fish_wload_using_subcommand shard" -l ranks -d 'Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)' -r
+complete -c wload -n "__fish_wload_using_subcommand shard" -l ranks -d 'Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines); or `launcher`: this run\'s contiguous share of them, from torchrun (RANK/WORLD_SIZE), srun (SLURM_PROCID/SLURM_NTASKS), a Slurm array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_MIN, SLURM_ARRAY_TASK_COUNT) or a Kubernetes Indexed Job (JOB_COMPLETION_INDEX, with WLOAD_RUNS set to its completions)' -r
 complete -c wload -n "__fish_wload_using_subcommand shard" -l io -d 'How to read the source: auto, buffered, direct (O_DIRECT), or mmap' -r -f -a "auto\t'Direct when most of the source is out of the page cache, buffered when it is in'
 buffered\t'pread through the page cache'
 direct\t'O_DIRECT reads into aligned buffers: no page-cache copy, no cache pollution'

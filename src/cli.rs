@@ -11,7 +11,7 @@ use crate::dtype::DtypeChoice;
 use crate::exec::source::IoMode;
 use crate::multimodal::{MmEncoderTpMode, Multimodal};
 use crate::quant::MoeBackend;
-use crate::ranks::RankList;
+use crate::ranks::{RankChoice, RankList};
 use crate::resolve::LoadFormat;
 
 mod count;
@@ -428,9 +428,13 @@ pub struct ShardArgs {
     #[arg(long, value_name = "SIZE", default_value = "5GiB", value_parser = parse_size)]
     pub max_part_size: u64,
 
-    /// Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines)
-    #[arg(long, value_name = "LIST")]
-    pub ranks: Option<RankList>,
+    /// Write only these ranks, e.g. 0-3 or 0,2,5 (to split one job across machines); or
+    /// `launcher`: this run's contiguous share of them, from torchrun (RANK/WORLD_SIZE), srun
+    /// (SLURM_PROCID/SLURM_NTASKS), a Slurm array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_MIN,
+    /// SLURM_ARRAY_TASK_COUNT) or a Kubernetes Indexed Job (JOB_COMPLETION_INDEX, with WLOAD_RUNS
+    /// set to its completions)
+    #[arg(long, value_name = "LIST|launcher")]
+    pub ranks: Option<RankChoice>,
 
     /// Replace OUT if it is an earlier wload output (only once the new output is complete)
     #[arg(long)]

@@ -3,6 +3,7 @@
 //! range"), else the share a launcher (torchrun, srun) gives this process, else all.
 
 pub(crate) mod embed;
+pub mod launcher;
 pub(crate) mod stages;
 
 use std::fmt;
@@ -119,6 +120,26 @@ impl FromStr for RankList {
     }
 }
 
+/// `shard --ranks`: a list, or `launcher`, this run's block of the ranks as the launcher that
+/// started it says ([`launcher::run`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RankChoice {
+    List(RankList),
+    Launcher,
+}
+
+impl FromStr for RankChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<RankChoice, String> {
+        if s.trim() == "launcher" {
+            return Ok(RankChoice::Launcher);
+        }
+        (s.parse().map(RankChoice::List))
+            .map_err(|e| format!("{e}; or `launcher`, to take this run's share from its launcher"))
+    }
+}
+
 impl fmt::Display for RankList {
     /// As given: `0-3,5`.
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -137,50 +158,24 @@ pub(crate) fn select(
         return Ok((v.resolve(world)?, 0));
     }
     let tp = world.size();
-    let env = |k: &str| std::env::var(k).ok();
-    let launcher = match (env("RANK"), env("WORLD_SIZE")) {
-        (Some(r), Some(w)) => Some((("torchrun", "RANK", "WORLD_SIZE"), r, w, env("LOCAL_RANK"))),
-        _ => match (env("SLURM_PROCID"), env("SLURM_NTASKS")) {
-            (Some(r), Some(w)) => Some((
-                ("srun", "SLURM_PROCID", "SLURM_NTASKS"),
-                r,
-                w,
-                env("SLURM_LOCALID"),
-            )),
-            _ => None,
-        },
-    };
-    let Some(((who, rank_var, world_var), r, w, local)) = launcher else {
+    let Some((share, local)) = launcher::process(&launcher::process_env)? else {
         return Ok(((0..tp).collect(), 0));
     };
+    let who = share.launcher;
+    let (rank, world_n) = (share.index, share.count);
+    if !tp.is_multiple_of(world_n) {
+        return Err(RankError::Launcher(format!(
+            "{who}: {world_n} processes cannot share {world} evenly (this is process {rank}); start \
+             one process per GPU (world size {tp}), or one per node with {by} divisible by the node count",
+            by = if world.pp > 1 { "--tp × --pp" } else { "--tp" },
+        )));
+    }
     let parse = |name: &str, v: &str| {
         v.trim()
             .parse::<u64>()
             .map_err(|_| RankError::Launcher(format!("{who}: {name}='{v}' is not a number")))
     };
-    let world_flags = world;
-    let (rank, world) = (parse("rank", &r)?, parse("world size", &w)?);
-    // The launcher contradicting itself is not a sharing problem: say which variables disagree.
-    if rank >= world {
-        return Err(RankError::Launcher(format!(
-            "{who}: {rank_var}={rank} is not below {world_var}={world} (process ranks run from 0 \
-             to {world_var} - 1): the launcher's variables disagree; check how this process was \
-             started"
-        )));
-    }
-    if world == 0 || !tp.is_multiple_of(world) {
-        return Err(RankError::Launcher(format!(
-            "{who}: {world} processes cannot share {flags} evenly (this is process {rank}); start \
-             one process per GPU (world size {tp}), or one per node with {by} divisible by the node count",
-            flags = world_flags,
-            by = if world_flags.pp > 1 {
-                "--tp × --pp"
-            } else {
-                "--tp"
-            },
-        )));
-    }
-    let per = tp / world;
+    let per = tp / world_n;
     let local = match local {
         Some(l) => parse("local rank", &l)?,
         None => 0,

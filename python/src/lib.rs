@@ -60,11 +60,72 @@ const PROBLEM_KEYS: [&str; 7] = [
     "expected_shape",
 ];
 
+/// The command line's flags as `wload.plan`'s keywords, longest first so that no flag is cut
+/// inside a longer one (`--pp-partition` before `--pp`).
+const KEYWORDS: [(&str, &str); 13] = [
+    ("--enable-expert-parallel", "expert_parallel=True"),
+    ("--mm-encoder-tp-mode", "mm_encoder_tp_mode="),
+    ("--language-model-only", "language_model_only=True"),
+    ("--config-format", "config_format="),
+    ("--download-dir", "download_dir="),
+    ("--hf-overrides", "hf_overrides="),
+    ("--load-format", "load_format="),
+    ("--moe-backend", "moe_backend="),
+    ("--revision", "revision="),
+    ("--mapping", "mapping="),
+    ("--dtype", "dtype="),
+    ("--tp", "tp="),
+    ("--pp", "pp="),
+];
+
+/// wload's message as a Python caller reads it: its flags named as the keywords they passed.
+fn as_keywords(message: &str) -> String {
+    let mut out = message.to_string();
+    for (flag, keyword) in KEYWORDS {
+        let mut next = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(at) = rest.find(flag) {
+            let after = &rest[at + flag.len()..];
+            // Only the flag itself: `--tp` in `--tp-size` or `--tpx` stays.
+            let whole = !after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-');
+            next.push_str(&rest[..at]);
+            if whole {
+                // `--tp 2` reads `tp=2`, `--dtype 'float16'` `dtype='float16'`; `a --tp that
+                // divides 8` reads `a tp that divides 8`.
+                let value = after
+                    .strip_prefix(' ')
+                    .filter(|v| v.starts_with(|c: char| c.is_ascii_digit() || "'\"{[".contains(c)));
+                match (keyword.strip_suffix('='), value) {
+                    (Some(_), Some(v)) => {
+                        next.push_str(keyword);
+                        rest = v;
+                    }
+                    (Some(name), None) => {
+                        next.push_str(name);
+                        rest = after;
+                    }
+                    (None, _) => {
+                        next.push_str(keyword);
+                        rest = after;
+                    }
+                }
+            } else {
+                next.push_str(flag);
+                rest = after;
+            }
+        }
+        next.push_str(rest);
+        out = next;
+    }
+    out
+}
+
 /// `e` as a Python exception: PlanError for what is wrong with the source or the options
-/// (wload's exit statuses 2 and 3), WloadError for the rest.
+/// (wload's exit statuses 2 and 3), WloadError for the rest; the flags its text names are
+/// `wload.plan`'s keywords.
 fn to_py(py: Python<'_>, e: &Error) -> PyErr {
     let status = e.exit_status();
-    let message = e.to_string();
+    let message = as_keywords(&e.to_string());
     if !matches!(status, ExitStatus::Checkpoint | ExitStatus::Usage) {
         return WloadError::new_err(message);
     }
@@ -84,7 +145,7 @@ fn problem_dicts<'py>(py: Python<'py>, e: &Error, message: &str) -> PyResult<Bou
     }
     let loaded = py
         .import("json")?
-        .call_method1("loads", (problems.to_string(),))?;
+        .call_method1("loads", (as_keywords(&problems.to_string()),))?;
     let list = loaded.downcast_into::<PyList>()?;
     for d in list.iter() {
         let d = d.downcast::<PyDict>()?;

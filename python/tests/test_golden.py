@@ -301,6 +301,17 @@ def test_a_refused_plan_raises_plan_error_with_every_problem():
         assert set(prob) >= {"message", "fix", "file", "tensor", "parameter", "shape",
                              "expected_shape"}
         assert prob["message"] in msg
+    # The fixes name the keywords the caller passed, not the command line's flags.
+    assert "--tp" not in msg, msg
+    assert "choose a tp that divides 8" in msg, msg
+    assert all("--tp" not in (p["fix"] or "") for p in problems), problems
+
+
+def test_plan_error_flags_read_as_keywords():
+    with pytest.raises(wload.PlanError) as e:
+        wload.plan(GQA, tp=2, pp=3)
+    msg = str(e.value)
+    assert "--pp" not in msg and "--tp" not in msg, msg
 
 
 def test_a_missing_source_is_a_plan_error_naming_it(tmp_path):

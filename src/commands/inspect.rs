@@ -178,10 +178,12 @@ pub fn inspect_mapped<'a>(
         deepseek_v4::describe(config, checkpoint, survey)
     });
     let is_dsv4 = platform_specific.is_some();
-    let support = match &platform_specific {
+    let quantization = quantization(config, is_dsv4);
+    let mut support = match &platform_specific {
         Some(d) => support::platform_specific(PlatformSpecific::new(d.clone())),
         None => support::support(config.architecture(), chosen.as_ref(), refusal, mapping),
     };
+    support.refuse_quantization(quantization.as_ref());
 
     Ok(Inspection {
         schema_version: super::schema::INSPECT,
@@ -208,7 +210,7 @@ pub fn inspect_mapped<'a>(
         platform_specific,
         structure: structure::structure(config, chosen.as_ref(), mapping),
         vision_tower: chosen.as_ref().and_then(|m| tower::tower(m, checkpoint)),
-        quantization: quantization(config, is_dsv4),
+        quantization,
         filter: filter.map(str::to_string),
         tensors,
         duplicates: checkpoint.duplicates.clone(),
@@ -372,6 +374,11 @@ pub fn other_source(
     if crate::sharded::names::is_pre_sharded(source) {
         let survey = crate::commands::inspect::survey::survey(source, re.as_ref());
         return Ok(Some(OtherSource::PreSharded(survey)));
+    }
+    // A pre-sharded folder in a store: surveyed as a local one, from its records and headers.
+    if let Some(mirror) = crate::resolve::store::mirror::pre_sharded(source)? {
+        let survey = crate::commands::inspect::survey::survey(&mirror.dir, re.as_ref());
+        return Ok(Some(OtherSource::PreSharded(survey.in_store(&mirror))));
     }
     let lone = source.is_file()
         && source

@@ -149,6 +149,8 @@ pub struct Verdict {
     pub fix: Option<String>,
     /// How many problems `wload plan` reports for it in all.
     pub problems: usize,
+    /// The first problem is a limit of wload's (a tower it does not map), not vLLM's.
+    pub wload_limit: bool,
 }
 
 /// TP sizes worth asking about up to `max`: 1 to 8, the powers of two, and the divisors of the
@@ -226,6 +228,8 @@ fn verdict(
         expert_parallel: opts.expert_parallel,
         accepted,
         reason: first.as_ref().map(|p| p.message.clone()),
+        wload_limit: (first.as_ref())
+            .is_some_and(|p| p.message.ends_with(crate::model::env::WLOAD_LIMIT)),
         fix: first.and_then(|p| p.fix),
         problems,
     })

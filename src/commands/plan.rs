@@ -103,6 +103,47 @@ pub struct SizesReport {
     /// For a hub repo id: what this run fetched from the hub (docs/json.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hub_fetched: Option<crate::resolve::remote::Fetched>,
+    /// When no TP size is accepted because wload does not map a vision tower: the TP sizes
+    /// accepted with `--language-model-only` (the text model alone); else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted_tp_language_model_only: Option<Vec<u64>>,
+}
+
+impl SizesReport {
+    /// When no layout checked is accepted (`plan` refuses every one with these flags): why, and
+    /// the flag that helps if one does.
+    pub fn refusal(&self) -> Option<crate::plan::PlanError> {
+        if self.checked.iter().any(|v| v.accepted) {
+            return None;
+        }
+        let list = |tps: &[u64]| {
+            tps.iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (message, fix) = match &self.accepted_tp_language_model_only {
+            Some(lm) if !lm.is_empty() => (
+                "no layout checked can be planned: wload does not map this model's vision tower",
+                format!(
+                    "pass --language-model-only (to plan, shard and vllm serve) for the text model alone: --tp {} then",
+                    list(lm)
+                ),
+            ),
+            _ => (
+                "no layout checked can be planned",
+                "the table gives each size's first reason; `wload plan SOURCE --tp N` lists them all"
+                    .into(),
+            ),
+        };
+        Some(crate::plan::PlanError::Invalid(vec![
+            crate::problem::Problem {
+                message: message.into(),
+                fix: Some(fix),
+                ..Default::default()
+            },
+        ]))
+    }
 }
 
 /// A layout `wload sizes` did not ask the planner about, and why.
@@ -153,6 +194,8 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
     let alone: Vec<PlanOptions> = tps.iter().map(|&tp| layout(tp, 1, false)).collect();
     let mut checked = maps.check_all(alone)?;
     let accepted_tp = accepted(&checked, 1, false);
+    let accepted_tp_language_model_only =
+        text_model_sizes(&mut maps, opts, &tps, &checked, &accepted_tp, &layout)?;
     // As the planner sees the model: the family's defaults fill what config.json leaves out (a
     // Mixtral config without num_local_experts has 8), and 0 experts is vLLM's dense fallback.
     let shape = structure::structure(config, Some(&mapping), opts.mapping.as_deref());
@@ -214,7 +257,35 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
             ..opened.timings
         },
         hub_fetched: opened.fetched(),
+        accepted_tp_language_model_only,
     })
+}
+
+/// When no TP size is accepted only because wload does not map a tower: the sizes accepted with
+/// `--language-model-only` (the text model alone), checked the same way; else `None`.
+fn text_model_sizes(
+    maps: &mut Mappings,
+    opts: &SizesOptions,
+    tps: &[u64],
+    checked: &[Verdict],
+    accepted_tp: &[u64],
+    layout: &dyn Fn(u64, u64, bool) -> PlanOptions,
+) -> Result<Option<Vec<u64>>, Error> {
+    let tower = accepted_tp.is_empty()
+        && !opts.multimodal.language_model_only
+        && checked.iter().any(|v| v.wload_limit);
+    if !tower {
+        return Ok(None);
+    }
+    let lm_only = |tp| PlanOptions {
+        multimodal: crate::multimodal::Multimodal {
+            language_model_only: true,
+            ..opts.multimodal
+        },
+        ..layout(tp, 1, false)
+    };
+    let v = maps.check_all(tps.iter().map(|&tp| lm_only(tp)).collect())?;
+    Ok(Some(accepted(&v, 1, false)))
 }
 
 /// The PP sizes to check, and the TP sizes to check each at: 2 up to `--max-pp` and the layers,

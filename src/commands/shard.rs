@@ -34,6 +34,9 @@ pub struct ShardOptions {
     pub max_part_size: u64,
     /// Ranks to write; all when `None`.
     pub ranks: Option<crate::ranks::RankList>,
+    /// Where `ranks` came from when a launcher gave them (`--ranks launcher`): the launcher and
+    /// its variables, for the report.
+    pub ranks_from: Option<String>,
     pub force: bool,
     pub verify: bool,
     /// How to read the source, and whether to evict it from the page cache first (as `load`).
@@ -47,13 +50,20 @@ pub struct ShardReport {
     pub manifest: Manifest,
     pub bytes: u64,
     pub side_files: Vec<String>,
-    /// Folders of the source left out of the side files, though vLLM's example script would copy
-    /// them: earlier wload outputs and staging folders inside the checkpoint.
-    pub skipped_side_files: Vec<String>,
+    /// Entries of the source left out of the side files, though vLLM's example script would
+    /// copy them, with why: earlier wload outputs and staging folders inside the checkpoint,
+    /// weights of other formats, the source's weight index.
+    pub skipped_side_files: Vec<side::Skipped>,
     /// What wload changed in config.json (`key: before → after (why)`): empty when it was copied
     /// unchanged, `None` when the source has none (Mistral-native: params.json is a side file).
     pub config_changes: Option<Vec<String>>,
     pub verified: bool,
+    /// `--ranks launcher`: which launcher's variables gave the ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks_from: Option<String>,
+    /// A `--ranks` run that found the other runs' records and completed OUT: it wrote the
+    /// merged `wload.json` ([`crate::sharded::runs`]).
+    pub completed: bool,
     /// What the output lacks that serving may want (no tokenizer), each with what to do.
     pub warnings: Vec<String>,
     /// Leftover staging folders of dead runs that this run removed.
@@ -191,9 +201,8 @@ fn shard_into<P: Publish>(
         timings.verify_s = t.elapsed().as_secs_f64();
     }
     if cancel.load(Ordering::Relaxed) {
-        return Err(ShardError::Exec(ExecError::Cancelled).into());
+        return Err(published(ShardError::Exec(ExecError::Cancelled)).into());
     }
-
     let config = config_changes.is_some().then(|| "config.json".to_string());
     let side_and_config = side.names().into_iter().chain(config).collect();
     let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
@@ -201,17 +210,18 @@ fn shard_into<P: Publish>(
     record_config(&mut manifest, &config_changes, &opened.resolved.config_file);
     record_run(tmp, &mut manifest, (&plan, opened), opts).map_err(published)?;
 
-    dest.publish(staging, &target)?;
-    let warnings = tokenizer_warning(&manifest, opened).into_iter().collect();
+    let completed = dest.publish(staging, &target)?;
     Ok(ShardReport {
+        warnings: tokenizer_warning(&manifest, opened).into_iter().collect(),
         out: opts.out.display().to_string(),
         bytes: total,
         manifest,
         side_files: side.names(),
         skipped_side_files: side.skipped,
-        warnings,
         config_changes,
         verified: opts.verify,
+        ranks_from: opts.ranks_from.clone(),
+        completed,
         removed_leftovers,
         timings,
         io,
@@ -306,8 +316,9 @@ fn manifest_for(
         } else {
             "vllm-sharded-state (vLLM 0.33, model-rank-{rank}-part-{part}.safetensors)".into()
         },
-        source: root
-            .canonicalize()
+        // As the user named it, made absolute: a link's own path, not where it points today
+        // (the link is what they will name again).
+        source: std::path::absolute(root)
             .unwrap_or_else(|_| root.to_path_buf())
             .display()
             .to_string(),
@@ -423,20 +434,23 @@ fn record_run(
     opts: &ShardOptions,
 ) -> Result<(), ShardError> {
     record_source(manifest, opened)?;
-    manifest.serve = Some(serve_line::serve_command(
-        &opts.out,
-        manifest,
-        plan,
-        &opened.config,
-    ));
+    let serve = serve_line::serve_command(&opts.out, manifest, plan, &opened.config);
     let record = crate::sharded::runs::record_name(&manifest.ranks, plan.world_size());
-    write_manifest(&tmp.join(record), manifest)
+    // A `--ranks` run into a local folder: its files are served from wherever the runs' files
+    // are copied together, which this machine's path is not; `wload inspect` of that folder
+    // gives the line. A store's URL is the same for every run.
+    let partial = (manifest.ranks.len() as u64) < plan.world_size();
+    let local = !crate::resolve::store::url::looks_like_url(&opts.out.to_string_lossy());
+    manifest.serve = (!(partial && local)).then(|| serve.clone());
+    write_manifest(&tmp.join(record), manifest)?;
+    // The report still says how this machine's folder would be served.
+    manifest.serve = Some(serve);
+    Ok(())
 }
 
 /// A run record at `path`.
 fn write_manifest(path: &Path, manifest: &Manifest) -> Result<(), ShardError> {
-    let text = serde_json::to_string_pretty(manifest).expect("manifest serialises") + "\n";
-    fs::write(path, text).map_err(|e| ShardError::io("writing", path, e))
+    fs::write(path, manifest.to_json()).map_err(|e| ShardError::io("writing", path, e))
 }
 
 /// config.json as vLLM needs it: the bytes planned from, unchanged (not the file read again: it

@@ -54,19 +54,31 @@ pub struct IoChoice {
     pub requested: IoMode,
     pub used: IoMode,
     pub why: String,
+    /// The source is in object storage: read by ranged GETs, whatever the mode says.
+    #[serde(skip)]
+    pub object_storage: bool,
 }
 
 impl IoChoice {
-    /// Whether the run reads what other ranks read too through the page cache
-    /// ([`ExecOptions::share_reads`](super::ExecOptions)): `auto`'s direct reads only.
+    /// Whether the run reads what other ranks read too once per node
+    /// ([`ExecOptions::share_reads`](super::ExecOptions)): `auto`'s direct reads, through the
+    /// page cache; an object store's, through the node cache.
     pub fn shares_reads(&self) -> bool {
-        self.requested == IoMode::Auto && self.used == IoMode::Direct
+        self.object_storage || (self.requested == IoMode::Auto && self.used == IoMode::Direct)
     }
 
     /// Says in `why` that the run read `bytes` (its [`Stats::shared_bytes`](super::Stats))
     /// buffered for ranks outside it, so that the report says what was measured.
     pub fn note_shared(&mut self, bytes: u64) {
-        if self.shares_reads() && bytes > 0 {
+        if self.object_storage && bytes > 0 {
+            self.why = format!(
+                "{}; the {} that ranks outside this run read too (column slices of row-parallel \
+                 weights, replicated tensors) through the node cache beside the source's headers, \
+                 so that the node fetches them from the store once",
+                self.why,
+                human_bytes(bytes)
+            );
+        } else if self.shares_reads() && bytes > 0 {
             self.why = format!(
                 "{}; but the {} that ranks outside this run read too (column slices of row-parallel \
                  weights, replicated tensors) buffered, so that the node reads them from storage once",
@@ -121,6 +133,7 @@ pub fn prepare(
             requested: mode,
             used,
             why,
+            object_storage: false,
         },
     ))
 }
@@ -148,6 +161,7 @@ fn in_object_storage(paths: &[PathBuf]) -> Option<(SourceCache, IoChoice)> {
                 "object storage: ranged GETs of the planned bytes, {} at once",
                 super::OBJECT_THREADS
             ),
+            object_storage: true,
         },
     ))
 }

@@ -13,6 +13,7 @@ pub(crate) mod host_ptr;
 pub mod io_choice;
 pub(crate) mod jobs;
 pub(crate) mod load;
+mod node_shared;
 #[cfg(test)]
 mod pad_tests;
 pub(crate) mod page_cache;
@@ -163,6 +164,9 @@ pub struct Stats {
     /// Bytes of the sources read through the page cache for ranks outside the run
     /// ([`ExecOptions::share_reads`]), as planned.
     pub shared_bytes: AtomicU64,
+    /// Of those, in object storage: the bytes this run fetched from the store into the node
+    /// cache (the rest another process of the node, or an earlier run, had fetched).
+    pub node_fetched_bytes: AtomicU64,
     /// The engine's own reads (into its buffers; a sink's reads are the sink's to count).
     pub read: Busy,
 }
@@ -283,7 +287,23 @@ pub(crate) fn execute(
         jobs_and_fills(plan, placements, sink.starts_zeroed(), pads_rows(sink));
     hooks::at(hooks::Point::Execute);
     let files = open_sources(plan, root, opts.io)?;
-    let (shared, twins) = shared_files(plan, placements, &files, opts, stats)?;
+    // Reads from object storage wait on the network, each a round trip: as many in flight as
+    // direct reads at least, and more.
+    let threads = if node_shared::any_object(&files) {
+        worker_threads(opts.io).max(OBJECT_THREADS)
+    } else {
+        worker_threads(opts.io)
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .ok()
+        .filter(|_| threads != rayon::current_num_threads());
+    let in_pool = |f: &(dyn Fn() -> Result<(), ExecError> + Sync)| match &pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    };
+    let (shared, twins) = shared_files(plan, placements, &files, ctl, &in_pool)?;
     hooks::at(hooks::Point::Read);
     let (items, rest) = work_items(plan, &jobs, opts);
     let run = Run {
@@ -319,18 +339,7 @@ pub(crate) fn execute(
                 }
             })
     };
-    // Reads from object storage wait on the network, each a round trip: as many in flight as
-    // direct reads at least, and more.
-    let remote = files.iter().flatten().any(|f| f.object().is_some());
-    let threads = if remote {
-        worker_threads(opts.io).max(OBJECT_THREADS)
-    } else {
-        worker_threads(opts.io)
-    };
-    let copied = match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
-        Ok(pool) if threads != rayon::current_num_threads() => pool.install(copy),
-        _ => copy(),
-    };
+    let copied = in_pool(&copy);
     // Checked after every read, and after a failed one too: a source that changed meanwhile is
     // the cause to report, not the short read or the odd bytes it gave.
     let reduced = copied.and_then(|()| run.reduces(&plan.sources, &files, &reduces));
@@ -339,31 +348,47 @@ pub(crate) fn execute(
     run.fills(fills)
 }
 
-/// Which sources to read through the page cache although the run reads direct (by source
-/// index; empty for none), and the files opened for that (by file index).
-#[allow(clippy::type_complexity)]
+/// Runs a phase of the engine on its pool of threads.
+type InPool<'a> = dyn Fn(&(dyn Fn() -> Result<(), ExecError> + Sync)) -> Result<(), ExecError> + 'a;
+
+/// Which sources to read from a second handle (by source index; empty for none), and those
+/// handles (by file index): for sources that ranks outside the run read too, when ranks load in
+/// processes of their own ([`ExecOptions::share_reads`]). A local file read direct is opened
+/// again to read through the page cache; an object's shared sources are fetched once per node
+/// into its node cache, on the engine's threads, and read from there.
 fn shared_files(
     plan: &Plan,
     placements: &[Placement],
     files: &[Option<SourceFile>],
-    opts: ExecOptions,
-    stats: &Stats,
+    ctl: &Control,
+    in_pool: &InPool,
 ) -> Result<(Vec<bool>, Vec<Option<SourceFile>>), ExecError> {
+    let (opts, stats) = (ctl.opts, &ctl.stats);
     let mut twins: Vec<Option<SourceFile>> = files.iter().map(|_| None).collect();
-    if !(opts.share_reads && opts.io == IoMode::Direct) {
+    let objects = node_shared::any_object(files);
+    if !(opts.share_reads && (opts.io == IoMode::Direct || objects)) {
         return Ok((Vec::new(), twins));
     }
     let shared = shared::shared_reads(plan, &shared::ranks_of(placements));
     stats.shared_bytes.store(shared.bytes, Ordering::Relaxed);
     let shared = shared.sources;
+    if objects {
+        let made = std::sync::Mutex::new(None);
+        in_pool(&|| {
+            let t = node_shared::object_twins(plan, files, &shared, ctl.cancel, stats)?;
+            *made.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+            Ok(())
+        })?;
+        twins = made
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or(twins);
+    }
     for (s, _) in shared.iter().enumerate().filter(|(_, on)| **on) {
         let i = plan.sources[s].file_index;
-        if twins[i].is_none() {
-            let f = files[i].as_ref().expect("every read file is open");
-            // An object in a store has no page cache to share through.
-            if f.object().is_none() {
-                twins[i] = Some(f.buffered_twin()?);
-            }
+        let f = files[i].as_ref().expect("every read file is open");
+        if twins[i].is_none() && f.object().is_none() && opts.io == IoMode::Direct {
+            twins[i] = Some(f.buffered_twin()?);
         }
     }
     Ok((shared, twins))

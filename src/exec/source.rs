@@ -336,6 +336,12 @@ impl SourceFile {
     pub(crate) fn object(&self) -> Option<&crate::resolve::store::data::ObjectData> {
         self.object.as_deref()
     }
+
+    pub(crate) fn object_arc(
+        &self,
+    ) -> Option<std::sync::Arc<crate::resolve::store::data::ObjectData>> {
+        self.object.clone()
+    }
 }
 
 /// Room a staged read of `len` bytes needs: an aligned block more on each side.

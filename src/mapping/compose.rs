@@ -95,6 +95,9 @@ struct CheckEntry {
     message: Option<String>,
     fix: Option<String>,
     remove: Option<String>,
+    /// Whose limit the check is: vLLM's (the default: one of its asserts) or wload's own.
+    #[serde(default)]
+    by: super::CheckBy,
 }
 
 #[derive(Default, Deserialize)]
@@ -282,6 +285,7 @@ impl Composed {
                     rule: None,
                     message: None,
                     fix: None,
+                    ..
                 } => {
                     let before = self.checks.len();
                     self.checks.retain(|c| c.rule.src() != rule);
@@ -296,8 +300,14 @@ impl Composed {
                     rule: Some(rule),
                     message: Some(message),
                     fix,
+                    by,
                 } => {
-                    let check = Check { rule, message, fix };
+                    let check = Check {
+                        rule,
+                        message,
+                        fix,
+                        by,
+                    };
                     match self
                         .checks
                         .iter_mut()
@@ -309,7 +319,8 @@ impl Composed {
                 }
                 _ => {
                     return Err(
-                        "checks: each entry is `{rule, message, fix}` or `{remove: RULE}`".into(),
+                        "checks: each entry is `{rule, message, fix, by}` or `{remove: RULE}`"
+                            .into(),
                     );
                 }
             }

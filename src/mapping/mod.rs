@@ -105,6 +105,19 @@ pub struct Check {
     pub rule: Expr,
     pub message: String,
     pub fix: Option<String>,
+    pub by: CheckBy,
+}
+
+/// Whose limit a mapping check is: what its refusal says (`vLLM requires …`, or that wload cannot
+/// do it, which a flag may get around) and how `sizes` counts a layout it refuses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckBy {
+    /// One of vLLM's asserts: vLLM refuses the layout.
+    #[default]
+    Vllm,
+    /// What wload does not map (a vision tower): vLLM would load it, wload cannot.
+    Wload,
 }
 
 /// vLLM's parameters in state_dict order: the ones before the decoder layers, those of layer `{i}`

@@ -9,8 +9,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::config::{ConfigAlias, ModelConfig};
-use crate::mapping::Mapping;
 use crate::mapping::expr::{self, EvalError, Scope};
+use crate::mapping::{CheckBy, Mapping};
 use crate::multimodal::Multimodal;
 use crate::ranks::World;
 
@@ -35,6 +35,9 @@ pub struct EnvProblem {
     pub message: String,
     pub fix: Option<String>,
 }
+
+/// How a refusal of a `by: wload` check ends: wload cannot do it, vLLM would.
+pub(crate) const WLOAD_LIMIT: &str = "(wload's limit, not vLLM's)";
 
 /// Variables visible to mapping expressions: derived values, then defaults-filled config, then
 /// `tp`, `ep` and (inside layers) `i`.
@@ -121,7 +124,12 @@ impl Env {
             match c.rule.eval_bool(&self.scope(None)) {
                 Ok(true) => {}
                 Ok(false) => problems.push(EnvProblem {
-                    message: format!("{} (vLLM requires `{}`)", self.fill(&c.message), c.rule),
+                    message: match c.by {
+                        CheckBy::Vllm => {
+                            format!("{} (vLLM requires `{}`)", self.fill(&c.message), c.rule)
+                        }
+                        CheckBy::Wload => format!("{} {WLOAD_LIMIT}", self.fill(&c.message)),
+                    },
                     fix: c.fix.as_ref().map(|f| self.fill(f)),
                 }),
                 Err(err) => problems.push(EnvProblem {

@@ -1,4 +1,4 @@
-//! The line that says what a hub source's run fetched from the hub:
+//! The line that says what a remote source's run fetched (from the hub, or a store's URL):
 //! `hub: fetched 412.3 KiB (headers of 163 files, config.json, model.safetensors.index.json); 0 B of tensor data`.
 
 use crate::resolve::remote::Fetched;
@@ -21,8 +21,9 @@ pub fn hub_fetched_line(f: &Fetched) -> String {
     } else {
         what.join(", ")
     };
+    let from = if f.from.is_empty() { "hub" } else { &f.from };
     format!(
-        "hub: fetched {} ({what}); {} of tensor data",
+        "{from}: fetched {} ({what}); {} of tensor data",
         HumanBytes(f.bytes),
         HumanBytes(f.tensor_data_bytes)
     )
@@ -34,7 +35,8 @@ mod tests {
 
     #[test]
     fn the_line_names_headers_files_and_tensor_data() {
-        let f = Fetched {
+        let mut f = Fetched {
+            from: String::new(),
             bytes: 422_195,
             header_bytes: 420_000,
             header_files: 163,
@@ -50,5 +52,7 @@ mod tests {
             hub_fetched_line(&Fetched::default()),
             "hub: fetched 0 B (everything from the cache); 0 B of tensor data"
         );
+        f.from = "s3://models/llama".into();
+        assert!(hub_fetched_line(&f).starts_with("s3://models/llama: fetched 412.3 KiB"));
     }
 }

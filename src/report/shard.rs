@@ -44,7 +44,14 @@ pub fn write_shard(
         return Ok(());
     };
     let world = m.tp.saturating_mul(m.pp);
-    if (m.ranks.len() as u64) < world {
+    if r.completed {
+        // The other runs' files were there already: this run finished the output.
+        writeln!(
+            w,
+            "serve with (all {world} ranks' files are in OUT now: this run completed it and wrote wload.json): {}",
+            EscShell(&serve.shell)
+        )
+    } else if (m.ranks.len() as u64) < world {
         // `--ranks`: the other machines' files complete the folder.
         writeln!(
             w,
@@ -85,6 +92,14 @@ fn write_result(w: &mut dyn Write, r: &crate::commands::shard::ShardReport) -> i
         crate::units::id_runs(&m.ranks),
         Esc(&r.out)
     )?;
+    if let Some(from) = &r.ranks_from {
+        writeln!(
+            w,
+            "ranks {}: {}",
+            crate::units::id_runs(&m.ranks),
+            Esc(from)
+        )?;
+    }
     let unchanged_config = r.config_changes.as_ref().is_some_and(Vec::is_empty);
     let copied: Vec<&str> = unchanged_config
         .then_some("config.json")

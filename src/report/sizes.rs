@@ -6,8 +6,17 @@ use super::*;
 use crate::commands::pipeline::Verdict;
 use crate::commands::plan::{NotChecked, SizesReport};
 
-/// The model's shape, a table of every layout checked, and the accepted sizes summed up.
-pub fn write_sizes(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {
+/// The model's shape, a table of every layout checked, and the accepted sizes summed up; with
+/// `quiet`, the summary alone (what a script reads).
+pub fn write_sizes(w: &mut dyn Write, r: &SizesReport, quiet: bool) -> io::Result<()> {
+    if !quiet {
+        write_layouts(w, r)?;
+    }
+    write_summary(w, r)
+}
+
+/// The source, the model's shape and the table of layouts.
+fn write_layouts(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {
     writeln!(w, "source   {}", Esc(&r.source))?;
     writeln!(
         w,
@@ -35,12 +44,34 @@ pub fn write_sizes(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {
         t.cell_fmt(format_args!("{}", v.tp));
         t.cell_fmt(format_args!("{}", v.pp));
         t.cell(if v.expert_parallel { "yes" } else { "no" });
-        t.cell(if v.accepted { "accepts" } else { "refuses" });
+        t.cell(match (v.accepted, v.wload_limit) {
+            (true, _) => "accepts",
+            (false, false) => "refuses",
+            // vLLM would load it; wload cannot plan it (a tower it does not map).
+            (false, true) => "wload cannot",
+        });
         t.cell(&reason(v));
     }
     t.write(w, "  ")?;
-    writeln!(w)?;
-    writeln!(w, "vLLM accepts --tp {}", list(&r.accepted_tp))?;
+    writeln!(w)
+}
+
+/// The sizes accepted, per list, with those not checked.
+fn write_summary(w: &mut dyn Write, r: &SizesReport) -> io::Result<()> {
+    match &r.accepted_tp_language_model_only {
+        Some(lm) => {
+            writeln!(
+                w,
+                "wload plans --tp none of these: it does not map the vision tower"
+            )?;
+            writeln!(
+                w,
+                "  with --language-model-only (the text model alone): --tp {}",
+                list(lm)
+            )?;
+        }
+        None => writeln!(w, "vLLM accepts --tp {}", list(&r.accepted_tp))?,
+    }
     if let Some(ep) = &r.accepted_tp_expert_parallel {
         writeln!(w, "  with --enable-expert-parallel: --tp {}", list(ep))?;
         write_not_checked(w, r, |n| n.expert_parallel)?;

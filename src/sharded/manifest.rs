@@ -193,12 +193,16 @@ impl Manifest {
         }
     }
 
-    /// One record file as written, without merging.
-    pub(crate) fn read_record(path: &Path) -> Result<Manifest, RecordError> {
-        let mut m: Manifest = serde_json::from_slice(&crate::small_file::read(path)?)?;
-        let name = path.file_name().unwrap_or(path.as_os_str());
-        m.records = vec![name.to_string_lossy().into_owned()];
+    /// One record, `name` with contents `bytes`, without merging.
+    pub(crate) fn parse_record(name: &str, bytes: &[u8]) -> Result<Manifest, RecordError> {
+        let mut m: Manifest = serde_json::from_slice(bytes)?;
+        m.records = vec![name.to_string()];
         Ok(m)
+    }
+
+    /// As a run record's file holds it: pretty JSON, one final newline.
+    pub(crate) fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("manifest serialises") + "\n"
     }
 }
 

@@ -83,26 +83,59 @@ pub(crate) fn read(dir: &Path) -> Runs {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Runs::default();
     };
-    let mut names: Vec<String> = entries
+    let records = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| is_record(n))
-        .collect();
-    names.sort_by_key(|n| (n != MANIFEST, n.clone()));
-    let mut unreadable = Vec::new();
-    let records: Vec<Manifest> = names
-        .iter()
-        .filter_map(|n| match Manifest::read_record(&dir.join(n)) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                unreadable.push(unreadable_record(dir, n, &e));
-                None
-            }
+        .map(|n| {
+            let read = crate::small_file::read(&dir.join(&n)).map_err(RecordError::from);
+            (n, read)
         })
         .collect();
-    let mut runs = merge(dir, records);
+    merge_named(dir, records)
+}
+
+/// Records as `(name, bytes)`, wherever they were read from (a folder, a store's listing),
+/// `wload.json` first, then by name, merged into one view; `dir` names where they are in
+/// messages. A record that cannot be read or parsed is a problem naming it.
+pub(crate) fn merge_named(
+    dir: &Path,
+    mut records: Vec<(String, Result<Vec<u8>, RecordError>)>,
+) -> Runs {
+    records.sort_by(|a, b| (a.0 != MANIFEST, &a.0).cmp(&(b.0 != MANIFEST, &b.0)));
+    let mut unreadable = Vec::new();
+    let parsed: Vec<Manifest> = records
+        .into_iter()
+        .filter_map(
+            |(n, bytes)| match bytes.and_then(|b| Manifest::parse_record(&n, &b)) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    unreadable.push(unreadable_record(dir, &n, &e));
+                    None
+                }
+            },
+        )
+        .collect();
+    let mut runs = merge(dir, parsed);
     unreadable.append(&mut runs.problems);
     runs.problems = unreadable;
     runs
+}
+
+/// The manifest a complete set of `--ranks` runs' records make together, for `wload.json`: `Some`
+/// only when `records` (none of them `wload.json`) merge without a problem and cover every
+/// rank of their plan. The merge's order is the names', so whichever run finishes last, the
+/// bytes are the same.
+pub(crate) fn completed(
+    dir: &Path,
+    records: Vec<(String, Result<Vec<u8>, RecordError>)>,
+) -> Option<Manifest> {
+    let runs = merge_named(dir, records);
+    let m = runs.manifest.filter(|_| runs.problems.is_empty())?;
+    let world = m.tp.checked_mul(m.pp)?;
+    if !m.ranks.iter().copied().eq(0..world) {
+        return None;
+    }
+    Some(m)
 }
 
 /// A record that cannot be read: the rank files it lists cannot be checked, so the folder is not
@@ -223,12 +256,15 @@ fn add_run(dir: &Path, base: &mut Manifest, r: Manifest, problems: &mut Vec<Prob
         }
     }
     base.ranks.extend(r.ranks);
-    let side: BTreeSet<String> = (base.side_files.iter().flatten())
-        .chain(r.side_files.iter().flatten())
-        .cloned()
-        .collect();
-    if base.side_files.is_some() || r.side_files.is_some() {
-        base.side_files = Some(side.into_iter().collect());
+    // In the first record's order, then the names it lacks: runs of one plan list the same side
+    // files, so the merged list is each run's, and `wload.json` of a split output is a whole run's.
+    if let Some(theirs) = r.side_files {
+        let side = base.side_files.get_or_insert_with(Vec::new);
+        for n in theirs {
+            if !side.contains(&n) {
+                side.push(n);
+            }
+        }
     }
     if let Some(tree) = r.side_tree {
         let mut all: BTreeSet<String> = base

@@ -184,6 +184,31 @@ fn backend_name(m: &Manifest) -> Option<&str> {
     (!b.is_empty() && b.chars().all(|c| c.is_ascii_lowercase() || c == '_')).then_some(b)
 }
 
+impl ServeCommand {
+    /// The command for the same folder in object storage at `url` (`s3://…`), which vLLM reads
+    /// through Run:ai's streamer (`pip install vllm[runai]`, with the store's own variables,
+    /// AWS_*): `runai_streamer_sharded` for `sharded_state`, and the URL as written for the
+    /// local path the command was built with.
+    pub(crate) fn in_store(mut self, url: &str) -> ServeCommand {
+        let (from, to) = ("sharded_state", "runai_streamer_sharded");
+        for a in &mut self.argv {
+            if a == from {
+                *a = to.to_string();
+            }
+        }
+        self.shell = self.shell.replace(
+            &format!("--load-format {from}"),
+            &format!("--load-format {to}"),
+        );
+        if let Some(model) = self.argv.get_mut(2) {
+            let local = shell_quote(model);
+            *model = url.to_string();
+            self.shell = self.shell.replacen(&local, &shell_quote(url), 1);
+        }
+        self
+    }
+}
+
 /// The folder as vLLM's positional model argument: absolute (a relative path is read against
 /// the directory vLLM runs in, and taken for a hub repo id when nothing is there), its real
 /// location when it exists.

@@ -67,10 +67,37 @@ pub(crate) fn refused<T: serde::Serialize>(
         writeln!(out).map_err(Error::Output)?;
         DOCUMENT_PRINTED.store(true, std::sync::atomic::Ordering::Relaxed);
     } else {
-        emit(out, None, report, Some(human))?;
+        let mut text = Vec::new();
+        emit(&mut text, None, report, Some(human))?;
+        out.write_all(&text).map_err(Error::Output)?;
+        *REPORT_PRINTED.lock().unwrap_or_else(|p| p.into_inner()) =
+            String::from_utf8_lossy(&text).into_owned();
     }
     out.flush().map_err(Error::Output)?;
     Err(e)
+}
+
+/// The report for people that went to stdout before the failure ([`refused`]): when it lists
+/// every line of the failure's message already (a folder's problems), stderr says only what
+/// failed, not the list again.
+static REPORT_PRINTED: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// Whether every line of `message` after the first is in the report printed on stdout.
+fn listed_above(message: &str) -> bool {
+    let report = REPORT_PRINTED.lock().unwrap_or_else(|p| p.into_inner());
+    !report.is_empty()
+        && (message.lines().skip(1))
+            .map(str::trim)
+            .all(|l| l.is_empty() || report.contains(&*one_fix(l)))
+}
+
+/// A fix the message gives once for several problems (`fix (the 3 above): …`) as the report
+/// gives it under each (`fix: …`).
+fn one_fix(line: &str) -> std::borrow::Cow<'_, str> {
+    match line.strip_prefix("fix (").and_then(|r| r.split_once("): ")) {
+        Some((_, fix)) => format!("fix: {fix}").into(),
+        None => line.into(),
+    }
 }
 
 /// A failed command: its JSON document with `--json` (unless stdout itself failed, or already
@@ -78,10 +105,30 @@ pub(crate) fn refused<T: serde::Serialize>(
 pub(crate) fn failure(e: &Error, status: u8, json: bool) {
     let printed = DOCUMENT_PRINTED.load(std::sync::atomic::Ordering::Relaxed);
     // A failed write to stdout leaves nowhere to put a document.
-    if json && !printed && !matches!(e, Error::Output(_)) {
+    let document = json && !matches!(e, Error::Output(_));
+    if document && !printed {
         print_json(&wload::report::json::failure(e, status));
     }
-    say(format_args!("error: {}", e.for_terminal()));
+    let message = e.for_terminal();
+    let where_listed = if document {
+        Some("the JSON document on stdout has all of it")
+    } else if listed_above(&message) {
+        Some("listed above")
+    } else {
+        None
+    };
+    say(format_args!("error: {}", headline(&message, where_listed)));
+}
+
+/// A message of several lines (a problem list) cut to its first, saying where the rest is, when
+/// it is printed elsewhere already; whole otherwise.
+fn headline(message: &str, where_listed: Option<&str>) -> String {
+    match (message.split_once('\n'), where_listed) {
+        (Some((first, _)), Some(place)) => {
+            format!("{} ({place})", first.trim_end().trim_end_matches(':'))
+        }
+        _ => message.to_string(),
+    }
 }
 
 /// A usage error from clap: on stderr, and then with `--json` anywhere on the line also its
@@ -137,12 +184,27 @@ pub(crate) fn shard_notes(report: &wload::ShardReport) {
     for warning in &report.warnings {
         say(format_args!("warning: {}", Esc(warning)));
     }
-    for name in &report.skipped_side_files {
+    for skipped in &report.skipped_side_files {
         say(format_args!(
-            "note: left out {} of the source: a wload output or staging folder, not a side file",
-            Esc(name)
+            "note: left out {} of the source: {}",
+            Esc(&skipped.name),
+            skipped.why
         ));
     }
+}
+
+/// A `--ranks` run that did not complete its output: the serve line it prints holds only once
+/// every rank's files are in one folder.
+pub(crate) fn partial_run_warning(report: &wload::ShardReport) {
+    let m = &report.manifest;
+    let world = m.tp.saturating_mul(m.pp);
+    if report.completed || m.ranks.len() as u64 >= world {
+        return;
+    }
+    say(format_args!(
+        "warning: this run wrote {} of the {world} ranks: serve once all {world} ranks' files are in one folder (`wload inspect` checks)",
+        m.ranks.len()
+    ));
 }
 
 /// For a hub source, what the run fetched from the hub, on stderr (unless `--quiet`).

@@ -147,7 +147,11 @@ fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     )?;
     emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
     let report = wload::sizes(&opened, &options::sizes_options(args))?;
-    let human: Human = &|w| wload::report::write_sizes(w, &report);
+    let human: Human = &|w| wload::report::write_sizes(w, &report, g.quiet);
+    // As `plan` would answer every layout: refused (exit 3), with the flag that helps if any.
+    if let Some(e) = report.refusal() {
+        return emit::refused(out, args.json, &report, human, e.into());
+    }
     emit(out, json_if(args.json, None), &report, Some(human))
 }
 
@@ -165,9 +169,9 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     sopts.side_files = true;
     let mut opened = wload::open(&sopts, wload::Want::Checkpoint)?;
     emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
-    let opts = options::shard_options(args);
     // OUT and --ranks are checked before planning, which may take a while on a large model.
     let world = options::world(&args.parallel);
+    let opts = options::shard_options(args, world)?;
     wload::precheck(&opts, world, &opened.resolved.root)?;
     let t = Instant::now();
     let plan = wload::make_plan(&opened, &options::plan_options(&args.parallel))?;
@@ -178,6 +182,9 @@ fn shard(args: &ShardArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     let report = wload::shard(&opened, plan, &opts, interrupt::flag(), &bar)?;
     if !g.quiet {
         emit::shard_notes(&report);
+    } else {
+        // `-q` prints the serve line alone: a script must still learn that it is not yet true.
+        emit::partial_run_warning(&report);
     }
     let detail = match (g.quiet, g.verbose) {
         (true, _) => wload::report::Detail::Quiet,

@@ -46,11 +46,19 @@ const ENVIRONMENT: &[(&str, &str)] = &[
     ),
     (
         "RANK, WORLD_SIZE, LOCAL_RANK",
-        "Under torchrun, load takes only the process's own ranks (unless --ranks is given), onto its local GPUs.",
+        "Under torchrun, load takes only the process's own ranks (unless --ranks is given), onto its local GPUs; shard --ranks launcher writes the process's block of the ranks.",
     ),
     (
         "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID",
         "The same under srun.",
+    ),
+    (
+        "SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_MIN, SLURM_ARRAY_TASK_STEP, SLURM_ARRAY_TASK_COUNT",
+        "In a Slurm array, shard --ranks launcher writes the task's block of the ranks.",
+    ),
+    (
+        "JOB_COMPLETION_INDEX, WLOAD_RUNS",
+        "In a Kubernetes Indexed Job, shard --ranks launcher writes the pod's block of the ranks; set WLOAD_RUNS to the Job's completions (Kubernetes puts them in no variable).",
     ),
     (
         "WLOAD_NO_COPY_FILE_RANGE",

@@ -7,9 +7,9 @@ use wload::LoadFlags;
 use wload::LoadOptions;
 use wload::ShardOptions;
 use wload::SizesOptions;
-use wload::World;
 use wload::cli::{Cli, LoadArgs, ParallelArgs, ShardArgs, SizesArgs, SourceArgs};
 use wload::{Error, PlanOptions, SourceOptions};
+use wload::{RankChoice, World};
 
 use crate::bars;
 
@@ -76,16 +76,27 @@ pub(crate) fn sizes_options(a: &SizesArgs) -> SizesOptions {
     }
 }
 
-pub(crate) fn shard_options(a: &ShardArgs) -> ShardOptions {
-    ShardOptions {
+/// `--ranks launcher` is resolved here, against `world`, so that the library sees a list.
+pub(crate) fn shard_options(a: &ShardArgs, world: World) -> Result<ShardOptions, Error> {
+    let (ranks, ranks_from) = match &a.ranks {
+        None => (None, None),
+        Some(RankChoice::List(l)) => (Some(l.clone()), None),
+        Some(RankChoice::Launcher) => {
+            let share = wload::launchers::from_env()?;
+            let from = format!("run {} of {} by {share}", share.index + 1, share.count);
+            (Some(share.ranks(world)?), Some(from))
+        }
+    };
+    Ok(ShardOptions {
         out: a.out.clone(),
         max_part_size: a.max_part_size,
-        ranks: a.ranks.clone(),
+        ranks,
+        ranks_from,
         force: a.force,
         verify: a.verify,
         io: a.io.io,
         cold: a.io.cold,
-    }
+    })
 }
 
 /// The ranks a `--tp`/`--pp` layout has, for the checks made before planning.

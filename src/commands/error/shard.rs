@@ -50,6 +50,12 @@ pub enum ShardError {
     },
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// Stopped (Ctrl-C, SIGTERM) before publication: the partial output was removed.
+    #[error(
+        "interrupted: nothing was written to {}; the partial output was removed (an earlier output there is as it was)",
+        .0.display()
+    )]
+    Interrupted(PathBuf),
     /// OUT's file system has too little room for this run: refused before anything is written.
     #[error(
         "-o {}: needs {} on the file system holding {} ({} of files and {} of margin for the file system's own use), and only {} is free there{}; nothing was written: free some space or choose an output folder on another disk",
@@ -127,6 +133,7 @@ impl ShardError {
             | ShardError::SideFile { .. }
             | ShardError::Io { .. }
             | ShardError::Staged { .. } => ExitStatus::Runtime,
+            ShardError::Interrupted(_) => ExitStatus::Interrupted,
             ShardError::Exec(e) => e.exit_status(),
             ShardError::Store(e) => e.exit_status(),
         }

@@ -99,6 +99,29 @@ pub(crate) fn support(
     }
 }
 
+impl Support {
+    /// A supported architecture whose quantization `plan` refuses (GPTQ `desc_act`, a removed
+    /// method): refused as `plan` refuses it, so that `inspect` as a CI gate exits as `plan` does.
+    pub(crate) fn refuse_quantization(&mut self, quant: Option<&crate::quant::info::QuantInfo>) {
+        let Some(r) = quant.and_then(|q| q.refusal.as_ref()) else {
+            return;
+        };
+        if self.refusal.is_some() {
+            return;
+        }
+        self.summary = self.summary.replace(
+            "plan, shard and load accept it",
+            "but plan, shard and load refuse its quantization (below)",
+        );
+        let problem = crate::problem::Problem {
+            message: r.message.clone(),
+            fix: Some(r.fix.clone()),
+            ..Default::default()
+        };
+        self.refusal = Some(crate::plan::PlanError::Invalid(vec![problem]).into());
+    }
+}
+
 /// The verdict for DeepSeek-V4, which every command that plans refuses (`refusal`) whatever
 /// the mapping: its state is platform-specific, and wload has no verified reference for it.
 pub(crate) fn platform_specific(refusal: PlatformSpecific) -> Support {

@@ -156,6 +156,32 @@ pub(crate) fn survey(root: &Path, filter: Option<&regex::Regex>) -> Survey {
     }
 }
 
+impl Survey {
+    /// The survey of `mirror`'s folder said of the store's: its URL where the mirror's path was,
+    /// the streamer's serve line, and what to do about missing ranks said for runs that upload.
+    pub(crate) fn in_store(mut self, mirror: &crate::resolve::store::mirror::Mirror) -> Survey {
+        let local = mirror.dir.display().to_string();
+        let to_url = |s: &mut String| *s = s.replace(&local, &mirror.url);
+        to_url(&mut self.source);
+        self.check_with = self
+            .check_with
+            .replace(&shell_quote(&local), &shell_quote(&mirror.url));
+        for p in &mut self.problems {
+            to_url(&mut p.message);
+            p.file.iter_mut().for_each(to_url);
+            if p.message.contains("no files for rank") {
+                p.fix = Some(
+                    "run `wload shard … --ranks` for the missing ranks into this prefix (or wait \
+                     for the runs still uploading): the last one to finish writes wload.json"
+                        .into(),
+                );
+            }
+        }
+        self.serve = self.serve.map(|s| s.in_store(&mirror.url));
+        self
+    }
+}
+
 /// One part file: its row, and (tensors, bytes, parameters) when its header could be read.
 fn survey_file(
     root: &Path,

@@ -19,6 +19,9 @@ impl ShardError {
         out: &Path,
         space: Option<&space::Space>,
     ) -> ShardError {
+        if let ShardError::Exec(ExecError::Cancelled) = self {
+            return ShardError::Interrupted(out.to_path_buf());
+        }
         let (ShardError::Io { path, .. } | ShardError::Exec(ExecError::Io { path, .. })) = &self
         else {
             return self;

@@ -6,7 +6,10 @@
 //! They are listed, with their sizes, before anything is written, so that the free-space check
 //! counts them and a pipe, a device or a link loop is refused before the part files are written.
 //! Left out, unlike the script: earlier wload outputs and staging folders inside the checkpoint
-//! (copying them would nest outputs into outputs with every run) and OUT itself.
+//! (copying them would nest outputs into outputs with every run) and OUT itself; weights of
+//! other formats anywhere (`original/consolidated.00.pth`: gigabytes vLLM never reads here); and
+//! the source's weight index (`model.safetensors.index.json`), which names files the output does
+//! not have: vLLM's default loader, given the output, would fail on it.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
@@ -35,9 +38,24 @@ pub(super) struct SideFiles {
     items: Vec<Item>,
     /// Bytes of the files to copy, summed.
     pub bytes: u64,
-    /// Entries left out (earlier outputs, staging folders), relative to the checkpoint folder.
-    pub skipped: Vec<String>,
+    /// Entries left out, relative to the checkpoint folder, with why.
+    pub skipped: Vec<Skipped>,
 }
+
+/// An entry of the source that vLLM's example script would copy and `shard` does not.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Skipped {
+    pub name: String,
+    pub why: &'static str,
+}
+
+/// Why an earlier output is not copied.
+const WLOAD_FOLDER: &str = "a wload output or staging folder, not a side file";
+/// Why a weight file in a folder (Llama's `original/consolidated.00.pth`) is not copied.
+const WEIGHTS: &str =
+    "weights of another format, which vLLM does not read from a sharded_state folder";
+/// Why the source's weight index is not copied.
+const WEIGHT_INDEX: &str = "the source's weight index: it lists files the output does not have, and a plain `vllm serve OUT` would fail on it";
 
 impl SideFiles {
     /// Files and folders to create.
@@ -115,18 +133,23 @@ pub(super) fn list(root: &Path, out: &Path) -> Result<SideFiles, ShardError> {
             let name = e.file_name();
             let rel = rel_dir.join(&name);
             let path = e.path();
-            if rel_dir.as_os_str().is_empty() && !copied_at_top(&name.to_string_lossy()) {
+            let text = name.to_string_lossy();
+            if rel_dir.as_os_str().is_empty() && !copied_at_top(&text) {
                 continue;
             }
             let meta = fs::metadata(&path).map_err(|source| side_error(&path, source))?;
+            if let Some(why) = (!meta.is_dir()).then(|| left_out(&text)).flatten() {
+                side.skip(&rel, why);
+                continue;
+            }
             if !meta.is_dir() {
                 crate::small_file::check_regular(&path).map_err(|s| side_error(&path, s))?;
                 side.bytes = side.bytes.saturating_add(meta.len());
                 side.items.push(Item { rel, dir: false });
                 continue;
             }
-            if is_wload_folder(&path, &name.to_string_lossy(), out.as_deref()) {
-                side.skipped.push(rel.to_string_lossy().into_owned());
+            if is_wload_folder(&path, &text, out.as_deref()) {
+                side.skip(&rel, WLOAD_FOLDER);
                 continue;
             }
             if !seen.insert((meta.dev(), meta.ino())) {
@@ -148,6 +171,28 @@ pub(super) fn list(root: &Path, out: &Path) -> Result<SideFiles, ShardError> {
     // creates it first.
     side.items.sort_by(|a, b| a.rel.cmp(&b.rel));
     Ok(side)
+}
+
+impl SideFiles {
+    fn skip(&mut self, rel: &Path, why: &'static str) {
+        self.skipped.push(Skipped {
+            name: rel.to_string_lossy().into_owned(),
+            why,
+        });
+    }
+}
+
+/// Why a file the script would copy is left out: weights of any format, at any depth (the
+/// output holds its own), and the source's weight index; `None` to copy it.
+fn left_out(name: &str) -> Option<&'static str> {
+    let index = name
+        .strip_suffix(".index.json")
+        .is_some_and(|w| crate::resolve::select::weight_kind(w).is_some());
+    if index {
+        Some(WEIGHT_INDEX)
+    } else {
+        crate::resolve::select::weight_kind(name).map(|_| WEIGHTS)
+    }
 }
 
 /// Whether a top-level entry of the checkpoint is a side file: not vLLM's weights, and not

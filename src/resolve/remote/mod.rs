@@ -114,6 +114,8 @@ pub struct RemoteSource {
 /// metadata (HEAD) requests.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Fetched {
+    /// Where from, for people: empty for the hub, else the store URL.
+    pub from: String,
     /// Every byte fetched: headers and whole files.
     pub bytes: u64,
     /// Bytes read from the answers to header (`Range`) requests.

@@ -176,6 +176,16 @@ impl Store {
         range: Range<u64>,
         etag: Option<&str>,
     ) -> Result<Bytes, StoreError> {
+        self.get_range_tagged(name, range, etag).map(|(b, _)| b)
+    }
+
+    /// [`Store::get_range`], with the etag the store answered with (empty when it sent none).
+    pub(crate) fn get_range_tagged(
+        &self,
+        name: &str,
+        range: Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<(Bytes, String), StoreError> {
         let t = Instant::now();
         let want = range.end - range.start;
         let opts = GetOptions {
@@ -215,7 +225,7 @@ impl Store {
                 got: bytes.len() as u64,
             });
         }
-        Ok(bytes)
+        Ok((bytes, now))
     }
 
     /// The whole of `name` (a small file: config, index, tokenizer), with its etag.

@@ -29,7 +29,7 @@ pub enum StoreError {
     #[error("{url}: nothing there (no object under this prefix){hint}")]
     Empty { url: String, hint: String },
     #[error(
-        "{url}: a pre-sharded folder (vLLM sharded_state rank files: {files}), not a checkpoint; plan and shard read checkpoints. Serve it with `vllm serve {url} --load-format runai_streamer_sharded`, load it with `wload load {url}`; to inspect its records, copy it locally first (`aws s3 sync {url} DIR`)"
+        "{url}: a pre-sharded folder (vLLM sharded_state rank files: {files}), not a checkpoint; plan and shard read checkpoints. Serve it with `vllm serve {url} --load-format runai_streamer_sharded`, load it with `wload load {url}`; `wload inspect {url}` says which ranks it holds"
     )]
     PreSharded { url: String, files: String },
     #[error("{url}: not found while {op}")]

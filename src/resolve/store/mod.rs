@@ -12,6 +12,8 @@
 pub(crate) mod client;
 pub(crate) mod data;
 pub(crate) mod error;
+pub(crate) mod mirror;
+pub(crate) mod node_cache;
 pub(crate) mod url;
 
 use std::collections::BTreeMap;
@@ -120,7 +122,10 @@ impl Remote for ObjectSource {
                 .collect(),
             headers: BTreeMap::new(),
             origins: BTreeMap::new(),
-            fetched: Fetched::default(),
+            fetched: Fetched {
+                from: self.url.to_string(),
+                ..Fetched::default()
+            },
         };
         let (mut resolved, pre_sharded) = needed::select_and_fetch(&mut snap, opts, want)?;
         // Weight files the command will read, whose headers `fetch` took: the same as
@@ -128,15 +133,14 @@ impl Remote for ObjectSource {
         for f in &mut resolved.files {
             f.origin = snap.origins.get(&f.file).copied();
         }
-        for name in snap.headers.keys() {
-            let o = &snap.objects[name];
+        for (name, h) in &snap.headers {
             data::register(
                 folder.join(name),
                 data::ObjectData {
                     store: store.clone(),
                     name: name.clone(),
-                    etag: o.etag.clone(),
-                    size: o.size,
+                    etag: h.etag.clone(),
+                    size: h.size,
                 },
             );
         }
@@ -261,13 +265,13 @@ impl StoreSnapshot<'_> {
             .map(|n| self.listed(n).cloned())
             .collect::<Result<_, _>>()?;
         let store = self.store;
-        let got: Vec<Result<Vec<u8>, StoreError>> = listed
+        let got: Vec<Result<(Vec<u8>, String), StoreError>> = listed
             .par_iter()
             .with_max_len(1)
             .map(|l| header_bytes(store, l))
             .collect();
         for (l, bytes) in listed.into_iter().zip(got) {
-            let bytes = bytes?;
+            let (bytes, etag) = bytes?;
             self.fetched.header_bytes += bytes.len() as u64;
             self.fetched.header_files += 1;
             self.origins.insert(l.name.clone(), Origin::Header);
@@ -278,7 +282,7 @@ impl StoreSnapshot<'_> {
                     path: self.folder.join(&l.name),
                     size: l.size,
                     bytes,
-                    etag: l.etag,
+                    etag,
                     readable: true,
                 },
             );
@@ -288,17 +292,21 @@ impl StoreSnapshot<'_> {
 }
 
 /// A weight file's first `8 + N` bytes: its length prefix and header, or as much as there is
-/// when the length is refused (`checkpoint::check_prefix` then says why, with the numbers).
-fn header_bytes(store: &Store, l: &Listed) -> Result<Vec<u8>, StoreError> {
-    let etag = Some(l.etag.as_str());
-    let mut bytes = store.get_range(&l.name, 0..l.size.min(8), etag)?.to_vec();
+/// when the length is refused (`checkpoint::check_prefix` then says why, with the numbers); and
+/// the etag the file is planned with: the listing's, else (some S3-compatible stores list none)
+/// the one the first GET answered with, so that a file replaced later is still refused.
+fn header_bytes(store: &Store, l: &Listed) -> Result<(Vec<u8>, String), StoreError> {
+    let listed = Some(l.etag.as_str()).filter(|e| !e.is_empty());
+    let (first, answered) = store.get_range_tagged(&l.name, 0..l.size.min(8), listed)?;
+    let etag = listed.map_or(answered, str::to_string);
+    let mut bytes = first.to_vec();
     if let Some(len) = bytes.first_chunk::<8>().map(|b| u64::from_le_bytes(*b)) {
         let end = 8u64.saturating_add(len);
         if end <= l.size && len <= crate::checkpoint::MAX_HEADER_LEN && len > 0 {
-            bytes.extend_from_slice(&store.get_range(&l.name, 8..end, etag)?);
+            bytes.extend_from_slice(&store.get_range(&l.name, 8..end, Some(&etag))?);
         }
     }
-    Ok(bytes)
+    Ok((bytes, etag))
 }
 
 impl Snapshot for StoreSnapshot<'_> {
@@ -316,6 +324,10 @@ impl Snapshot for StoreSnapshot<'_> {
                 && !needed::is_rank_file(f)
         });
         for f in &whole {
+            // The config is asked for as itself and again as a side file.
+            if self.fetched.files.contains(f) {
+                continue;
+            }
             self.download(f)?;
         }
         self.headers(&weights)

@@ -17,27 +17,37 @@ use crate::support::*;
 
 const GQA: &str = "llama_gqa";
 
-/// The README's deploy transcript: (command, the lines its output must hold).
-fn readme_transcript() -> Vec<(String, Vec<String>)> {
-    let readme = fs::read_to_string(manifest_dir().join("README.md")).unwrap();
-    let marker = readme
-        .find("<!-- deploy-transcript")
-        .expect("README.md has the deploy transcript marker");
-    let block = &readme[marker..];
-    let start = block.find("```console\n").expect("a console block follows") + 11;
-    let end = block[start..].find("```").expect("the block ends") + start;
-    let mut steps: Vec<(String, Vec<String>)> = Vec::new();
-    for line in block[start..end].lines() {
-        match line.strip_prefix("$ ") {
-            Some(cmd) => steps.push((cmd.to_string(), Vec::new())),
-            None => steps
-                .last_mut()
-                .expect("the transcript starts with a command")
-                .1
-                .push(line.to_string()),
+/// One transcript: (command, the lines its output must hold), in order.
+type Transcript = Vec<(String, Vec<String>)>;
+
+/// Every transcript of a document (a `console` block after a `<!-- deploy-transcript` marker).
+fn transcripts(doc: &str) -> Vec<Transcript> {
+    let text = fs::read_to_string(manifest_dir().join(doc)).unwrap();
+    let mut out = Vec::new();
+    for (marker, _) in text.match_indices("<!-- deploy-transcript") {
+        let block = &text[marker..];
+        let start = block.find("```console\n").expect("a console block follows") + 11;
+        let end = block[start..].find("```").expect("the block ends") + start;
+        let mut steps: Transcript = Vec::new();
+        for line in block[start..end].lines() {
+            match line.strip_prefix("$ ") {
+                Some(cmd) => steps.push((cmd.to_string(), Vec::new())),
+                None => steps
+                    .last_mut()
+                    .expect("the transcript starts with a command")
+                    .1
+                    .push(line.to_string()),
+            }
         }
+        out.push(steps);
     }
-    steps
+    assert!(!out.is_empty(), "{doc} has no deploy transcript");
+    out
+}
+
+/// The README's deploy transcript.
+fn readme_transcript() -> Transcript {
+    transcripts("README.md").remove(0)
 }
 
 /// The folder the README's transcript runs in, as its lines show it.
@@ -58,6 +68,29 @@ fn shows(expected: &str, got: &str, root: &Path) -> bool {
 fn readme_deploy_transcript_runs_as_written() {
     let steps = readme_transcript();
     assert!(steps.len() >= 3, "shard, inspect and load: {steps:?}");
+    let serve_lines = run_transcript(&steps);
+    assert_eq!(
+        serve_lines.len(),
+        1,
+        "shard prints one serve line: {serve_lines:?}"
+    );
+}
+
+/// docs/deploy.md's transcripts, each run as written from a fresh clone of its own; every serve
+/// line they print would start vLLM.
+#[test]
+fn deploy_guide_transcripts_run_as_written() {
+    let all = transcripts("docs/deploy.md");
+    assert!(all.len() >= 2, "the pre-sharded path and the split runs");
+    for steps in all {
+        run_transcript(&steps);
+    }
+}
+
+/// Runs `steps` in a fresh clone (the example checkpoint and `target/release/wload`), checking
+/// each command succeeds and prints its lines, and that each `serve with: ` line printed would
+/// start vLLM on the folder it names (checked while the clone is there); returns those lines.
+fn run_transcript(steps: &Transcript) -> Vec<String> {
     let clone = TempDir::new().unwrap();
     // The repository's example is a link into the test fixtures; a clone has both.
     copy_files(
@@ -73,7 +106,7 @@ fn readme_deploy_transcript_runs_as_written() {
     let flags_it_could_infer = ["--tp", "--pp", "--dtype", "--config-format"];
     let root = clone.path().canonicalize().unwrap();
     let mut serve_lines = Vec::new();
-    for (cmd, expected) in &steps {
+    for (cmd, expected) in steps {
         if cmd.contains(" load ") || cmd.contains(" inspect ") {
             for f in flags_it_could_infer {
                 assert!(
@@ -87,6 +120,8 @@ fn readme_deploy_transcript_runs_as_written() {
             .arg(cmd)
             .current_dir(clone.path())
             .env_remove("HF_HUB_OFFLINE")
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
             .output()
             .unwrap();
         assert!(out.status.success(), "`{cmd}`: {}", context(&out));
@@ -103,12 +138,10 @@ fn readme_deploy_transcript_runs_as_written() {
                 .map(str::to_string),
         );
     }
-    assert_eq!(
-        serve_lines.len(),
-        1,
-        "shard prints one serve line: {serve_lines:?}"
-    );
-    serve_line_would_start_vllm(&serve_lines[0]);
+    for line in &serve_lines {
+        serve_line_would_start_vllm(line);
+    }
+    serve_lines
 }
 
 /// Each word of a serve line checked against the folder it names: vLLM would start with it.

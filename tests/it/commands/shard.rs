@@ -218,6 +218,14 @@ fn golden_failures(
         {
             continue;
         }
+        // vLLM's example copies the source's weight index; wload leaves it out on purpose (it
+        // names files the output does not have), and must not write it.
+        if name.ends_with(".safetensors.index.json") {
+            if out.join(&name).exists() {
+                fails.push(format!("{}: {name} copied", case.name));
+            }
+            continue;
+        }
         if name == "config.json" && only_gptq_modules_added(&case.dir.join(&name), &out.join(&name))
         {
             continue;
@@ -737,7 +745,12 @@ fn sigint_leaves_nothing() {
             "{ctx}"
         );
         if status.code() == Some(130) {
-            assert!(err.contains("interrupted"), "{ctx}");
+            // Said once, with what became of OUT.
+            let said = format!(
+                "error: interrupted: nothing was written to {}",
+                out.display()
+            );
+            assert_eq!(err.matches(&said).count(), 1, "{ctx}");
         }
         assert_nothing_left(&out, &ctx);
         assert!(
@@ -1119,4 +1132,76 @@ fn the_summary_says_how_the_source_was_read() {
     assert!(stdout(&o).starts_with(&serve), "{}", context(&o));
     assert_eq!(stdout(&o).lines().count(), 1, "{}", context(&o));
     assert_eq!(stderr(&o), "", "{}", context(&o));
+}
+
+/// The output holds what `vllm serve` reads: not the source's weight index (it names files the
+/// output does not have) nor weights of other formats in a folder (Llama's `original/`), each
+/// left out with a note saying why; the tokenizer and other side files are copied.
+#[test]
+fn the_source_weight_index_and_other_weights_are_left_out_with_why() {
+    let src = copy_fixture("llama_gqa");
+    assert!(src.path().join("model.safetensors.index.json").is_file());
+    fs::create_dir(src.path().join("original")).unwrap();
+    fs::write(src.path().join("original/consolidated.00.pth"), b"weights").unwrap();
+    fs::write(src.path().join("original/params.json"), b"{}").unwrap();
+    fs::write(src.path().join("tokenizer.json"), b"{}").unwrap();
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard_ok(src.path(), 2, &out, &[]);
+    assert!(!out.join("model.safetensors.index.json").exists());
+    assert!(!out.join("original/consolidated.00.pth").exists());
+    assert!(out.join("original/params.json").is_file());
+    assert!(out.join("tokenizer.json").is_file());
+    let err = stderr(&o);
+    assert!(
+        err.contains(
+            "note: left out model.safetensors.index.json of the source: the source's weight index"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "note: left out original/consolidated.00.pth of the source: weights of another format"
+        ),
+        "{err}"
+    );
+    check_manifest(&out);
+}
+
+/// A `--ranks` run into a local folder records no serve line (its folder is not where the runs'
+/// files are merged; `wload inspect` of that folder gives the line), and with `-q`, whose stdout
+/// is the serve line alone, still warns on stderr that the line holds only once all ranks are
+/// together.
+#[test]
+fn a_ranks_run_records_no_serve_line_and_warns_even_when_quiet() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    let o = shard_ok(&fixture(GQA), 2, &out, &["--ranks", "0", "-q"]);
+    assert!(stdout(&o).starts_with("vllm serve "), "{}", context(&o));
+    assert!(
+        stderr(&o).contains("warning: this run wrote 1 of the 2 ranks: serve once all 2 ranks' files are in one folder"),
+        "{}",
+        context(&o)
+    );
+    let record: Value =
+        serde_json::from_slice(&fs::read(out.join("wload-ranks-0.json")).unwrap()).unwrap();
+    assert_eq!(record["serve"], Value::Null, "{record:#}");
+    // A run of every rank records its line.
+    let all = work.path().join("all");
+    shard_ok(&fixture(GQA), 2, &all, &["-q"]);
+    let record: Value = serde_json::from_slice(&fs::read(all.join("wload.json")).unwrap()).unwrap();
+    assert!(record["serve"]["shell"].as_str().is_some(), "{record:#}");
+}
+
+/// wload.json names the source as the user did (a link's own path, made absolute), not where
+/// the link points today.
+#[test]
+fn the_record_names_a_linked_source_by_its_link() {
+    let work = TempDir::new().unwrap();
+    let link = work.path().join("current-model");
+    std::os::unix::fs::symlink(fixture(GQA), &link).unwrap();
+    let out = work.path().join("out");
+    shard_ok(&link, 2, &out, &["-q"]);
+    let m = check_manifest(&out);
+    assert_eq!(m["source"], link.display().to_string(), "{m:#}");
 }

@@ -13,6 +13,22 @@ fn sizes_json(source: &str, extra: &[&str]) -> Value {
     doc
 }
 
+/// `sizes --json` of a source no checked layout of which plans: exit 3, as `plan` of each, with
+/// the whole report in the document.
+fn sizes_json_refused(source: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["sizes", source, "--json"];
+    args.extend_from_slice(extra);
+    let doc = wload_json_exit(&args, 3);
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no layout checked can be planned"),
+        "{doc:#}"
+    );
+    doc
+}
+
 fn tps(v: &Value) -> Vec<u64> {
     v.as_array()
         .expect("a list of sizes")
@@ -206,7 +222,7 @@ fn missing_fields_are_the_family_defaults() {
         m.remove("num_local_experts").expect("stated");
     });
     let src = s(mixtral.path());
-    let doc = sizes_json(src, &["--max-tp", "2", "--max-pp", "1"]);
+    let doc = sizes_json_refused(src, &["--max-tp", "2", "--max-pp", "1"]);
     assert_eq!(doc["experts"], 8, "{doc}");
     assert_eq!(tps(&doc["accepted_tp_expert_parallel"]), Vec::<u64>::new());
     let ep = doc["checked"]
@@ -221,7 +237,7 @@ fn missing_fields_are_the_family_defaults() {
     let qwen2 = fixture_with("qwen2", |m| {
         m.remove("num_key_value_heads").expect("stated");
     });
-    let doc = sizes_json(s(qwen2.path()), &["--max-tp", "2", "--max-pp", "1"]);
+    let doc = sizes_json_refused(s(qwen2.path()), &["--max-tp", "2", "--max-pp", "1"]);
     assert_eq!(doc["kv_heads"], 32, "{doc}");
     assert_eq!(doc["experts"], Value::Null);
 }
@@ -235,7 +251,7 @@ fn sizes_of_a_config_with_too_many_layers_answers_at_once() {
     c.insert("num_hidden_layers".into(), 99_999.into());
     write_config(dir.path(), c);
     let t = std::time::Instant::now();
-    let doc = sizes_json(s(dir.path()), &[]);
+    let doc = sizes_json_refused(s(dir.path()), &[]);
     assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
     let checked = doc["checked"].as_array().expect("checked");
     assert!(!checked.is_empty());
@@ -312,4 +328,48 @@ fn every_size_left_out_of_a_list_says_why() {
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} in:\n{text}");
     }
+}
+
+/// A vision-language model whose tower wload does not map: the table says it is wload that
+/// cannot plan it (not vLLM that refuses), the summary gives the sizes `--language-model-only`
+/// takes, and the run fails as `plan` does (exit 3), with that flag as the fix.
+#[test]
+fn a_tower_wload_does_not_map_is_said_to_be_wloads_limit_with_the_flag_that_helps() {
+    let src = fixtures_dir().join("llama4");
+    let out = run(&["sizes", s(&src)]);
+    assert_eq!(out.status.code(), Some(3), "{}", context(&out));
+    let (so, err) = (stdout(&out), stderr(&out));
+    assert!(so.contains("wload cannot"), "{so}");
+    assert!(!so.contains("vLLM requires `language_model_only`"), "{so}");
+    assert!(so.contains("(wload's limit, not vLLM's)"), "{so}");
+    assert!(
+        so.contains("with --language-model-only (the text model alone): --tp 1, 2, 4, 8"),
+        "{so}"
+    );
+    assert!(err.contains("fix: pass --language-model-only"), "{err}");
+    let doc = wload_json_exit(&["sizes", s(&src), "--json"], 3);
+    assert_eq!(tps(&doc["accepted_tp_language_model_only"]), [1, 2, 4, 8]);
+    // With the flag, the sizes the summary named, and plan agrees.
+    let doc = sizes_json(s(&src), &["--language-model-only"]);
+    assert_eq!(tps(&doc["accepted_tp"]), [1, 2, 4, 8]);
+    assert!(
+        doc.get("accepted_tp_language_model_only").is_none(),
+        "{doc:#}"
+    );
+    let plan = run(&["plan", s(&src), "--tp", "8", "--language-model-only"]);
+    assert!(plan.status.success(), "{}", context(&plan));
+}
+
+/// `-q`: the summary lines alone, no table.
+#[test]
+fn quiet_sizes_print_the_summary_alone() {
+    let src = fixtures_dir().join("llama_gqa");
+    let out = run(&["sizes", s(&src), "-q"]);
+    assert!(out.status.success(), "{}", context(&out));
+    let so = stdout(&out);
+    assert!(so.starts_with("vLLM accepts --tp 1, 2, 4, 8\n"), "{so}");
+    assert!(
+        !so.contains("FIRST REASON") && !so.contains("source "),
+        "{so}"
+    );
 }

@@ -252,8 +252,10 @@ fn without_language_model_only_it_is_refused_with_the_fix() {
     let out = tmp.path().join("out");
     assert_refusal_text(&shard(&src, 2, &out, &[]), 3, &[msg, fix]);
     assert!(!out.exists(), "nothing written");
-    let sizes = wload_json(&["sizes", s(&src), "--max-tp", "8", "--json"]);
+    let sizes = wload_json_exit(&["sizes", s(&src), "--max-tp", "8", "--json"], 3);
     assert_eq!(sizes["accepted_tp"], serde_json::json!([]), "{sizes:#}");
+    let with_flag = &sizes["accepted_tp_language_model_only"];
+    assert_eq!(*with_flag, serde_json::json!([1, 2, 4, 8]), "{sizes:#}");
     for row in sizes["checked"].as_array().unwrap() {
         assert!(row["reason"].as_str().unwrap().contains(msg), "{row}");
     }

@@ -88,9 +88,17 @@ fn cold_load_evicts_the_source_and_says_so() {
         "io direct (auto:",
         "storage -> host",
         "READ GB/s",
-        "H2D GB/s",
+        // Host memory is the destination: no host-to-device label, and per-rank copy time
+        // said to be summed over threads.
+        "INTO MEMORY GB/s",
+        "into host memory",
+        "COPY s*",
+        "* summed over the rank's threads",
     ] {
         assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+    }
+    for wrong in ["H2D", "host -> device", "copy to device"] {
+        assert!(!text.contains(wrong), "{wrong:?} for host memory:\n{text}");
     }
 }
 

@@ -96,6 +96,15 @@ fn shard_from_s3_equals_shard_from_the_folder() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", context(&out));
+    // What was fetched, from where, each file once.
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.contains("fetched"))
+        .unwrap_or_default();
+    assert!(line.starts_with(&format!("{url}: fetched ")), "{err}");
+    let named = line.split(['(', ',', ')']).map(str::trim);
+    assert_eq!(named.filter(|n| *n == "config.json").count(), 1, "{line}");
     same_outputs(&local, &remote);
     // Each byte of the weights read once: the data, the headers, the config and side files.
     let got = server.take_get_bytes();
@@ -228,8 +237,12 @@ fn split_runs_into_one_prefix_give_one_output_and_another_plan_is_refused() {
         assert!(out.status.success(), "{ranks}: {}", context(&out));
     }
     same_outputs(&whole, &server.folder("split"));
-    // The output is no checkpoint: `inspect` says what it is and how to serve it.
-    let out = server.wload().args(["inspect", &url]).output().unwrap();
+    // The output is no checkpoint: `plan` says what it is and how to serve it.
+    let out = server
+        .wload()
+        .args(["plan", &url, "--tp", "4"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()
@@ -238,6 +251,8 @@ fn split_runs_into_one_prefix_give_one_output_and_another_plan_is_refused() {
         "{}",
         context(&out)
     );
+    // The second run completed it: its records merged, as wload.json.
+    assert!(server.objects("split").contains(&"wload.json".to_string()));
     // A run of the same prefix at another TP: refused before anything is uploaded.
     let before = server.objects("split");
     let out = shard_with(&server, s(&fixture), &url, &["--tp", "2", "--ranks", "0"]);
@@ -330,4 +345,335 @@ fn server_process(server: &S3Server) -> std::process::Command {
         cmd.env(k, v);
     }
     cmd
+}
+
+/// A Llama of a few MiB with distinct bytes everywhere (hidden 256, 2 layers, 4 heads, 2 KV heads,
+/// intermediate 512, vocab 512, bf16): large enough that the headers and config every process
+/// fetches are a small part of it.
+fn mid_llama(dir: &Path) {
+    let mut config = tiny_config();
+    for (k, v) in [
+        ("hidden_size", 256),
+        ("intermediate_size", 512),
+        ("num_attention_heads", 4),
+        ("num_key_value_heads", 2),
+        ("num_hidden_layers", 2),
+        ("vocab_size", 512),
+    ] {
+        config[k] = serde_json::json!(v);
+    }
+    config["dtype"] = serde_json::json!("bfloat16");
+    write_json(&dir.join("config.json"), &config);
+    let (h, i, kv, v) = (256u64, 512u64, 128u64, 512u64);
+    let mut specs: Vec<(String, Vec<u64>)> = vec![("model.embed_tokens.weight".into(), vec![v, h])];
+    for l in 0..2 {
+        for (n, shape) in [
+            ("self_attn.q_proj.weight", vec![h, h]),
+            ("self_attn.k_proj.weight", vec![kv, h]),
+            ("self_attn.v_proj.weight", vec![kv, h]),
+            ("self_attn.o_proj.weight", vec![h, h]),
+            ("mlp.gate_proj.weight", vec![i, h]),
+            ("mlp.up_proj.weight", vec![i, h]),
+            ("mlp.down_proj.weight", vec![h, i]),
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+        ] {
+            specs.push((format!("model.layers.{l}.{n}"), shape));
+        }
+    }
+    specs.push(("model.norm.weight".into(), vec![h]));
+    specs.push(("lm_head.weight".into(), vec![v, h]));
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<Vec<u8>> = (specs.iter())
+        .map(|(_, sh)| {
+            let n = 2 * sh.iter().product::<u64>() as usize;
+            (0..n)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    // Finite bf16 values: the high byte never makes an all-ones exponent.
+                    (seed >> 56) as u8 & 0xbf
+                })
+                .collect()
+        })
+        .collect();
+    let tensors: Vec<Tensor> = (specs.iter().zip(&data))
+        .map(|((n, sh), d)| (n.as_str(), "BF16", sh.as_slice(), d.as_slice()))
+        .collect();
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+}
+
+/// Per rank, per tensor, the checksum `load --checksums --json` reports.
+fn load_checksums(v: &serde_json::Value) -> Vec<(u64, String, String)> {
+    let mut out = Vec::new();
+    for r in v["ranks"].as_array().unwrap() {
+        for t in r["checksums"].as_array().unwrap() {
+            let (name, sum) = (t["name"].as_str().unwrap(), t["xxh3"].as_str().unwrap());
+            out.push((
+                r["rank"].as_u64().unwrap(),
+                name.to_string(),
+                sum.to_string(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// vLLM's workers load one rank each, in processes of their own, all at once: together they
+/// fetch each byte of the checkpoint from the store once (a row-parallel weight's column slices
+/// and the replicated tensors through the node cache), and every rank holds what a load of the
+/// local folder holds.
+#[test]
+fn ranks_in_processes_of_their_own_fetch_each_byte_from_the_store_once() {
+    let fixture = tempfile::TempDir::new().unwrap();
+    mid_llama(fixture.path());
+    let weights = weight_bytes(fixture.path());
+    for tp in [2u64, 4] {
+        let server = S3Server::start();
+        let url = server.upload_dir(fixture.path(), "llama");
+        let cache = tempfile::TempDir::new().unwrap();
+        let tp_s = tp.to_string();
+        let local = wload_json(&[
+            "load",
+            s(fixture.path()),
+            "--tp",
+            &tp_s,
+            "--device",
+            "cpu",
+            "--checksums",
+            "--json",
+        ]);
+        server.take_get_bytes();
+        let children: Vec<_> = (0..tp)
+            .map(|r| {
+                server_process(&server)
+                    .args(["load", &url, "--tp", &tp_s, "--ranks", &r.to_string()])
+                    .args(["--device", "cpu", "--checksums", "--json"])
+                    .args(["--download-dir", s(cache.path())])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut sums = Vec::new();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "tp {tp}: {}", context(&out));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let why = v["io"]["why"].as_str().unwrap_or_default().to_string();
+            assert!(why.contains("node cache"), "tp {tp}: {why}");
+            sums.extend(load_checksums(&v));
+        }
+        sums.sort();
+        assert_eq!(sums, load_checksums(&local), "tp {tp}");
+        let got = server.take_get_bytes();
+        assert!(
+            (got as f64) <= 1.05 * weights as f64,
+            "tp {tp}: the ranks fetched {got} bytes of a {weights}-byte checkpoint ({:.3}x)",
+            got as f64 / weights as f64
+        );
+    }
+}
+
+/// An object replaced after its header was read (between planning and reading, the moment a
+/// sync or a re-upload would hit) fails the run naming it, and nothing is published: neither
+/// from `shard` nor from rank processes reading through the node cache.
+#[test]
+fn an_object_replaced_mid_run_is_refused_and_nothing_is_published() {
+    let fixture = tempfile::TempDir::new().unwrap();
+    mid_llama(fixture.path());
+    let server = S3Server::start();
+    let url = server.upload_dir(fixture.path(), "llama");
+    let object = server.folder("llama").join("model.safetensors");
+    // Same length, other bytes: only the etag tells.
+    let mut other = fs::read(&object).unwrap();
+    let last = other.len() - 1;
+    other[last] ^= 0x01;
+    let replacement = fixture.path().join("replacement");
+    fs::write(&replacement, &other).unwrap();
+    let swap = format!("cp {} {}", s(&replacement), s(&object));
+    let tmp = tempfile::TempDir::new().unwrap();
+    let out_dir = tmp.path().join("out");
+    let out = server_process(&server)
+        .args(["shard", &url, "--tp", "2", "-o", s(&out_dir)])
+        .args(["--download-dir", s(&tmp.path().join("cache"))])
+        .env("WLOAD_TEST_AT_READ", &swap)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", context(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("model.safetensors") && err.contains("etag"),
+        "{err}"
+    );
+    assert!(
+        !out_dir.exists(),
+        "a refused run published {}",
+        out_dir.display()
+    );
+    // Rank processes: the node cache is filled before the swap, the direct reads after it fail.
+    fs::copy(fixture.path().join("model.safetensors"), &object).unwrap();
+    let out = server_process(&server)
+        .args(["load", &url, "--tp", "2", "--ranks", "0", "--device", "cpu"])
+        .args(["--download-dir", s(&tmp.path().join("cache"))])
+        .env("WLOAD_TEST_AT_READ", &swap)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", context(&out));
+    assert!(stderr(&out).contains("etag"), "{}", context(&out));
+}
+
+/// `wload` with the server's environment and no launcher's variables but `vars`.
+fn under_launcher(server: &S3Server, vars: &[(&str, &str)]) -> assert_cmd::Command {
+    let mut cmd = server.wload();
+    for k in LAUNCHER_VARS {
+        cmd.env_remove(k);
+    }
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Two runs that take their share from the launcher (`--ranks launcher`, srun's variables) into
+/// one prefix: the same files as one run; `wload.json` appears only when the second completes
+/// the output, with the bytes a whole run writes; `inspect` of the prefix names the missing ranks
+/// after the first (fetching records, config and headers only) and says complete after the
+/// second, as it does of a local copy.
+#[test]
+fn launcher_split_runs_publish_wload_json_when_the_last_completes() {
+    let server = S3Server::start();
+    let fixture = fixture("llama_gqa");
+    let tmp = tempfile::TempDir::new().unwrap();
+    let whole = tmp.path().join("whole");
+    let out = run(&["shard", s(&fixture), "--tp", "4", "-o", s(&whole)]);
+    assert!(out.status.success(), "{}", context(&out));
+    let url = format!("s3://{BUCKET}/runs");
+    for (procid, ranks) in [("1", "2-3"), ("0", "0-1")] {
+        let vars = [("SLURM_PROCID", procid), ("SLURM_NTASKS", "2")];
+        let out = under_launcher(&server, &vars)
+            .args(["shard", s(&fixture), "--tp", "4", "--ranks", "launcher"])
+            .args(["-o", &url])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{procid}: {}", context(&out));
+        let said = String::from_utf8_lossy(&out.stdout);
+        let from = format!("ranks {ranks}: run ");
+        assert!(
+            said.contains(&from)
+                && said.contains(&format!("srun (SLURM_PROCID={procid}, SLURM_NTASKS=2)")),
+            "{said}"
+        );
+        let last = procid == "0";
+        let objects = server.objects("runs");
+        assert_eq!(
+            objects.contains(&"wload.json".to_string()),
+            last,
+            "{objects:?}"
+        );
+        assert_eq!(said.contains("this run completed it"), last, "{said}");
+        server.take_get_bytes();
+        let out = server.wload().args(["inspect", &url]).output().unwrap();
+        let got = server.take_get_bytes();
+        let text = format!("{}{}", context(&out), String::from_utf8_lossy(&out.stdout));
+        if last {
+            assert!(out.status.success(), "{text}");
+            assert!(
+                text.contains("runai_streamer_sharded") && text.contains(&url),
+                "{text}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(3), "{text}");
+            assert!(text.contains("no files for ranks 0-1"), "{text}");
+        }
+        // The records, config.json and rank-file headers: a few KiB, no tensor data.
+        assert!(got < 64 * 1024, "inspect fetched {got} bytes");
+    }
+    same_outputs(&whole, &server.folder("runs"));
+    // wload.json is what one run of every rank into a prefix writes, byte for byte.
+    let out = server
+        .wload()
+        .args([
+            "shard",
+            s(&fixture),
+            "--tp",
+            "4",
+            "-o",
+            &format!("s3://{BUCKET}/one"),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    let text = |p: &str| String::from_utf8(fs::read(server.folder(p).join("wload.json")).unwrap());
+    assert_eq!(
+        text("runs").unwrap(),
+        text("one")
+            .unwrap()
+            .replace("s3://models/one", "s3://models/runs")
+    );
+    // A local copy holding wload.json and both records: one complete output.
+    let out = run(&["inspect", s(&server.folder("runs"))]);
+    assert!(out.status.success(), "{}", context(&out));
+    // A later run of ranks already recorded: refused, nothing changed.
+    let before = server.objects("runs");
+    let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")];
+    let out = under_launcher(&server, &vars)
+        .args([
+            "shard",
+            s(&fixture),
+            "--tp",
+            "4",
+            "--ranks",
+            "launcher",
+            "-o",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    assert_eq!(server.objects("runs"), before);
+    // --force of a whole run takes wload.json and the records for its own: the records go.
+    let out = server
+        .wload()
+        .args(["shard", s(&fixture), "--tp", "2", "--force", "-o", &url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", context(&out));
+    let after = server.objects("runs");
+    assert!(
+        after.contains(&"wload.json".to_string())
+            && !after.iter().any(|n| n.starts_with("wload-ranks-")),
+        "{after:?}"
+    );
+}
+
+#[test]
+fn a_launcher_share_that_does_not_fit_the_plan_is_refused_naming_its_variables() {
+    let server = S3Server::start();
+    let fixture = fixture("llama_gqa");
+    let url = format!("s3://{BUCKET}/odd");
+    let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3")];
+    let out = under_launcher(&server, &vars)
+        .args([
+            "shard",
+            s(&fixture),
+            "--tp",
+            "4",
+            "--ranks",
+            "launcher",
+            "-o",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", context(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("SLURM_NTASKS=3") && err.contains("--tp 4"),
+        "{err}"
+    );
+    assert!(server.objects("odd").is_empty());
 }

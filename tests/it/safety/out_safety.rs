@@ -660,10 +660,7 @@ fn force_on_a_legacy_output_deletes_nothing_it_does_not_list() {
             "notes.txt",
         ],
     );
-    assert!(
-        err.contains("config.json") && err.contains("and 1 more"),
-        "{err}"
-    );
+    assert!(err.contains("config.json") && err.contains("runs"), "{err}");
     assert_eq!(snapshot(&out), before, "--force deleted unlisted files");
     assert!(staging_folders(work.path()).is_empty());
 
@@ -798,9 +795,12 @@ fn earlier_outputs_inside_the_source_are_not_copied_as_side_files() {
         context(&o)
     );
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let skipped: Vec<&str> = (report["skipped_side_files"].as_array().unwrap().iter())
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
     assert_eq!(
-        report["skipped_side_files"],
-        serde_json::json!([".x.wload-tmp-1", "old-out"])
+        skipped,
+        [".x.wload-tmp-1", "model.safetensors.index.json", "old-out"]
     );
     assert_golden(&out);
 }

@@ -15,6 +15,23 @@ use super::s;
 /// fails its test instead of blocking the whole suite (all of it one process).
 pub(crate) const RUN_LIMIT: Duration = Duration::from_secs(300);
 
+/// Launcher variables that pick a run's ranks (torchrun, srun, Slurm arrays, Kubernetes Indexed
+/// Jobs): removed from a command unless a test sets them, so the machine's own never leak in.
+pub(crate) const LAUNCHER_VARS: [&str; 12] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_ARRAY_TASK_MIN",
+    "SLURM_ARRAY_TASK_STEP",
+    "SLURM_ARRAY_TASK_COUNT",
+    "JOB_COMPLETION_INDEX",
+    "WLOAD_RUNS",
+];
+
 /// `wload` as built by cargo for this test run, with a clean environment for the variables that
 /// change its behaviour, killed (and the test failed) after [`RUN_LIMIT`].
 pub(crate) fn wload() -> Command {

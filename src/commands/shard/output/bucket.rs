@@ -173,7 +173,7 @@ impl Publish for Bucket<'_> {
         ))
     }
 
-    fn publish(&self, staging: Staging, found: &Found) -> Result<(), ShardError> {
+    fn publish(&self, staging: Staging, found: &Found) -> Result<bool, ShardError> {
         let files = staged_files(staging.path())?;
         let (records, data): (Vec<_>, Vec<_>) = files.into_iter().partition(|(n, _)| is_record(n));
         self.same_plan(&records, found)?;
@@ -199,6 +199,7 @@ impl Publish for Bucket<'_> {
             let bytes = fs::read(path).map_err(|e| ShardError::io("reading", path, e))?;
             found.store.put(name, bytes.into())?;
         }
+        let completed = self.split && self.complete(&found.store)?;
         // Replaced: what the old records listed and this output did not overwrite.
         if found.force && !self.split {
             let new: BTreeSet<&str> = data
@@ -215,7 +216,46 @@ impl Publish for Bucket<'_> {
             }
         }
         drop(staging);
-        Ok(())
+        Ok(completed)
+    }
+}
+
+impl Bucket<'_> {
+    /// After this run's record is up: when the `--ranks` runs' records under OUT now cover every
+    /// rank of their plan, and every file they list is there at its size, their merged manifest
+    /// as `wload.json`, so that the prefix reads as one finished output (to `wload`, and to
+    /// whoever checks for `wload.json` before serving). Every run does this after putting its
+    /// own record: the store reads its own writes, so the last run to finish sees all records,
+    /// and runs that finish together write the same bytes (the merge goes by record name).
+    /// A `wload.json` already there with other contents (a whole run's, from another source
+    /// path) describes the same files and is left as it is.
+    fn complete(&self, store: &Store) -> Result<bool, ShardError> {
+        let objects = store.list()?;
+        let mut records = Vec::new();
+        let mut existing = None;
+        for o in objects.iter().filter(|o| is_record(&o.name)) {
+            let (bytes, _) = store.get(&o.name)?;
+            match o.name == MANIFEST {
+                true => existing = Some(bytes),
+                false => records.push((o.name.clone(), Ok(bytes.to_vec()))),
+            }
+        }
+        let Some(manifest) = runs::completed(self.out, records) else {
+            return Ok(false);
+        };
+        let there =
+            |name: &str, size: u64| objects.iter().any(|o| o.name == name && o.size == size);
+        if !manifest.files.iter().all(|f| there(&f.name, f.size)) {
+            return Ok(false);
+        }
+        let bytes = manifest.to_json().into_bytes();
+        match existing {
+            Some(e) => Ok(e.as_ref() == bytes.as_slice()),
+            None => {
+                store.put(MANIFEST, bytes.into())?;
+                Ok(true)
+            }
+        }
     }
 }
 

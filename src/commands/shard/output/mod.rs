@@ -61,8 +61,10 @@ pub(super) trait Publish {
         checked: &Self::Checked,
         need: (u64, u64),
     ) -> Result<(Staging, Space), ShardError>;
-    /// Moves the finished staging folder to the destination, as [`Publish::check`] allowed.
-    fn publish(&self, staging: Staging, checked: &Self::Checked) -> Result<(), ShardError>;
+    /// Moves the finished staging folder to the destination, as [`Publish::check`] allowed;
+    /// `true` when this `--ranks` run completed the output of several runs, whose merged
+    /// manifest it then wrote as `wload.json`.
+    fn publish(&self, staging: Staging, checked: &Self::Checked) -> Result<bool, ShardError>;
 }
 
 /// A local OUT folder, published by an atomic rename next to it.
@@ -92,7 +94,8 @@ impl Publish for Folder<'_> {
         Ok((Staging::create(target)?, space))
     }
 
-    fn publish(&self, staging: Staging, target: &Target) -> Result<(), ShardError> {
-        staging.publish(target)
+    fn publish(&self, staging: Staging, target: &Target) -> Result<bool, ShardError> {
+        // A folder OUT is new or empty (or replaced): no other run's records are ever in it.
+        staging.publish(target).map(|()| false)
     }
 }

@@ -128,6 +128,11 @@ fn an_incomplete_pre_sharded_folder_says_what_is_missing() {
     assert!(human.contains("complete no, "), "{human}");
     assert!(!human.contains("\nserve "), "{human}");
     assert!(human.contains("unreadable"), "{human}");
+    // The problems are listed once, in the report; stderr says what failed and where they are.
+    let err = stderr(&o);
+    assert!(!err.contains("no files for rank 2"), "listed twice:\n{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.ends_with("(listed above)\n"), "{err}");
 }
 
 /// vLLM's own output has no wload.json: the layout is read from the file names, the load command

@@ -145,7 +145,7 @@ fn every_fp8_fixture_tensor_has_its_role_and_roles_are_totalled() {
 }
 
 #[test]
-fn an_unsupported_quant_method_is_described_and_its_refusal_shown_with_exit_0() {
+fn an_unsupported_quant_method_is_described_then_refused_as_plan_refuses_it() {
     let tmp = copy_fixture("llama_gqa_fp8_tensor");
     let path = tmp.path().join("config.json");
     let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
@@ -153,7 +153,8 @@ fn an_unsupported_quant_method_is_described_and_its_refusal_shown_with_exit_0() 
         "modules_to_not_convert": ["lm_head"]});
     write_json(&path, &config);
 
-    let out = wload_json(&["inspect", s(tmp.path()), "--json"]);
+    // Everything described, then the exit status plan gives (a CI gate must not pass it).
+    let out = wload_json_exit(&["inspect", s(tmp.path()), "--json"], 3);
     let q = &out["quantization"];
     assert_eq!(q["method"], "hqq");
     assert_eq!(q["supported"], false);
@@ -169,7 +170,9 @@ fn an_unsupported_quant_method_is_described_and_its_refusal_shown_with_exit_0() 
         "{q}"
     );
 
-    let section = quant_section(&inspect_human(tmp.path()));
+    let human = run(&["inspect", s(tmp.path())]);
+    assert_eq!(human.status.code(), Some(3), "{}", context(&human));
+    let section = quant_section(&stdout(&human));
     assert!(
         section.contains("  method               hqq\n"),
         "{section}"

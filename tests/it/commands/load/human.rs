@@ -88,7 +88,7 @@ fn human_output_shows_ranks_and_stages() {
         assert_eq!(row.get(1), Some(&"cpu"), "row for rank {r}:\n{text}");
         assert_eq!(row.get(2), Some(&"23"), "23 tensors per rank:\n{text}");
     }
-    for stage in ["read", "convert", "copy to device", "sync", "plan", "total"] {
+    for stage in ["read", "convert", "copy to memory", "sync", "plan", "total"] {
         assert!(
             lines.iter().any(|l| l.trim_start().starts_with(stage)),
             "stage {stage:?} shown:\n{text}"
@@ -137,7 +137,7 @@ fn quiet_leaves_the_result_and_verbose_adds_the_io_detail() {
         assert!(!text.contains(d), "{d:?} only with -v:\n{text}");
     }
     assert!(
-        text.contains("copy to device"),
+        text.contains("copy to memory"),
         "stage timings by default:\n{text}"
     );
 

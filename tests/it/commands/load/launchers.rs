@@ -40,7 +40,7 @@ fn torchrun_variables_pick_this_process_ranks() {
         &[f, "--tp", "2", "--device", "cpu"],
         &[("RANK", "one"), ("WORLD_SIZE", "2")],
         2,
-        &["rank='one'"],
+        &["RANK='one'"],
     );
     // RANK beyond WORLD_SIZE.
     assert_fails(

@@ -25,16 +25,6 @@ mod vllm_folders;
 use cuda::stub_driver;
 mod launchers;
 
-/// Launcher variables that select ranks; removed from every command unless a test sets them.
-const LAUNCHER_VARS: [&str; 6] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-];
-
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------

@@ -9,14 +9,7 @@ use super::*;
 /// `wload load ARGS…` without launcher variables (which would pick ranks).
 fn load(args: &[&str]) -> std::process::Output {
     let mut cmd = wload();
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "SLURM_LOCALID",
-    ] {
+    for v in LAUNCHER_VARS {
         cmd.env_remove(v);
     }
     cmd.arg("load").args(args).output().expect("wload runs")

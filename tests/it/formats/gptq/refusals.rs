@@ -55,6 +55,16 @@ fn gptq_and_awq_configs_vllm_refuses_are_refused_with_its_words_and_a_fix() {
     for (method, edit, needles) in cases {
         let src = dense(method, 32, edit);
         refused(src.path(), 2, &["-q"], needles);
+        // `inspect` as a CI gate agrees with plan: the same refusal, the same exit status.
+        let out = run(&["inspect", s(src.path())]);
+        assert_eq!(out.status.code(), Some(3), "{}", context(&out));
+        let support = stdout(&out);
+        let support = support
+            .lines()
+            .find(|l| l.starts_with("support "))
+            .unwrap_or_default();
+        assert!(support.contains("refuse its quantization"), "{support}");
+        assert!(stderr(&out).contains(needles[0]), "{}", context(&out));
     }
     let src = dense(Method::Gptq, 32, json!({"quant_method": "fbgemm_fp8"}));
     refused(
