@@ -34,6 +34,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -132,6 +133,10 @@ def rank_main(rank, tp, model, load_format, port, runai_path, ready, go, results
 
 def run(tp, model, load_format, drop_paths, runai_path=None, server_pid=None):
     """All `tp` ranks loading `model` at once, cold; per-rank results and the server's bytes."""
+    if model.startswith("s3://") and os.environ.get("XDG_CACHE_HOME"):
+        # wload's object cache holds the headers and the node cache of the bytes ranks share
+        # (resolve/store/node_cache.rs): emptied, so that every run fetches from the store.
+        shutil.rmtree(os.path.join(os.environ["XDG_CACHE_HOME"], "wload"), ignore_errors=True)
     ctx = mp.get_context("spawn")
     ready, go, results = ctx.Barrier(tp + 1), ctx.Barrier(tp + 1), ctx.Queue()
     with socket.socket() as s:
