@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# vLLM 0.33 on the CPU loads golden fixtures twice, with `--load-format wload` (the plugin of
-# `pip install ./python`) and with its own loader (`safetensors`), one process per rank with gloo
+# vLLM 0.33 on the CPU loads golden fixtures twice, with `--load-format wload` (the plugin of the
+# wheel `pip wheel ./python` builds) and with its own loader (`safetensors`), one process per rank with gloo
 # groups (tools/vllm_reload.py), and the two states must be byte-identical, tensor by tensor
 # (tests/data/golden/tools/compare_shards.py). Both states are taken after the weight loaders and
 # before vLLM's post-processing, which the PyPI wheel cannot run on a CPU for MoE and quantized
