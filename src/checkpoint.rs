@@ -46,7 +46,7 @@ pub(crate) const MAX_TENSORS_PER_FILE: usize = 1 << 18;
 pub(crate) const MAX_TENSORS: usize = 1 << 19;
 
 /// One tensor as a header describes it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct TensorInfo {
     /// Shared, not copied, by the plan's sources (a DeepSeek-V3 plan reads 90,000 tensors).
     pub name: std::sync::Arc<str>,
@@ -128,7 +128,7 @@ pub struct RemoteHeader {
 }
 
 /// A name that appears in more than one file. vLLM loads files in order and the last write wins.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Duplicate {
     pub name: String,
     /// File names in load order; the last one is the one vLLM keeps.

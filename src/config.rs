@@ -11,7 +11,7 @@ mod mistral;
 pub(crate) use aliases::ConfigAlias;
 
 /// `--config-format`, as vLLM spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ConfigFormat {
     /// params.json when the folder has `consolidated*.safetensors` and a params.json, else config.json.
@@ -75,7 +75,7 @@ impl ConfigError {
 }
 
 /// Model dimensions as vLLM reads them, plus the whole (overridden) config for mapping expressions.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ModelConfig {
     pub architectures: Vec<String>,
     pub model_type: Option<String>,

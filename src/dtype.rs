@@ -200,6 +200,18 @@ impl Serialize for Dtype {
     }
 }
 
+/// As [`Serialize`] writes it: one of the names in [`Dtype::ALL`].
+impl schemars::JsonSchema for Dtype {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Dtype".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let names: Vec<&str> = Dtype::ALL.iter().map(|d| d.as_str()).collect();
+        schemars::json_schema!({ "type": "string", "enum": names })
+    }
+}
+
 /// The dtype every one of `dtypes` casts to without loss, as vLLM picks a model's dtype when its
 /// config states none (`common_broadcastable_dtype`, vllm/utils/torch_utils.py:389: the dtype
 /// most of the others cast to losslessly). `None` when there is none to pick from. Where two tie
@@ -293,7 +305,7 @@ pub(crate) fn known_names() -> String {
 }
 
 /// `--dtype`, as vLLM spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DtypeChoice {
     /// The config's dtype; float32 becomes bfloat16 (as vLLM on GPUs that support it).

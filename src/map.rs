@@ -17,7 +17,7 @@ use crate::mapping::rules::{Outcome, ShardId};
 
 /// Every tensor vLLM keeps from the checkpoint (a copy shadowed by a later file is left out), in
 /// load order, with what it becomes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub(crate) struct Mapped<'c> {
     #[serde(skip)]
     pub checkpoint: &'c Checkpoint,
@@ -25,9 +25,10 @@ pub(crate) struct Mapped<'c> {
 }
 
 /// One checkpoint tensor and its fate.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub(crate) struct MappedTensor<'c> {
     #[serde(rename = "name", serialize_with = "tensor_name")]
+    #[schemars(with = "String")]
     pub tensor: &'c TensorInfo,
     /// The weight file it is read from.
     pub file: &'c str,
@@ -36,7 +37,7 @@ pub(crate) struct MappedTensor<'c> {
 }
 
 /// Where a checkpoint tensor goes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "fate", rename_all = "snake_case")]
 pub(crate) enum Fate {
     /// Into a slot of the parameter it names.
@@ -46,7 +47,7 @@ pub(crate) enum Fate {
 }
 
 /// The parameter slot a checkpoint tensor fills.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub(crate) struct Target {
     /// The vLLM parameter's name (which may not exist for this config: see the module doc).
     pub parameter: Arc<str>,
@@ -63,7 +64,7 @@ pub(crate) struct Target {
 }
 
 /// A rearrangement of a tensor's rows between the checkpoint and the parameter.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Conversion {
     /// Mistral's interleaved rotary rows to the half-split order, per head; `heads` is the mapping's

@@ -85,7 +85,7 @@ impl Opened {
 }
 
 /// Seconds spent in each stage, for reports.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, schemars::JsonSchema)]
 pub struct Timings {
     /// Listing the folder and choosing files (for a hub repo: and downloading what is missing).
     pub resolve_s: f64,

@@ -22,7 +22,7 @@ use crate::resolve::{DroppedFile, Resolved};
 
 /// Borrows the tensor rows from the [`Opened`] checkpoint it describes: a large checkpoint has
 /// 128k of them, and copying every name would cost more than printing them.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Inspection<'a> {
     pub schema_version: u32,
     pub wload_version: &'static str,
@@ -53,7 +53,7 @@ pub struct Inspection<'a> {
     pub totals: Totals,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct FormatInfo {
     pub requested: &'static str,
     pub load_format: &'static str,
@@ -63,7 +63,7 @@ pub struct FormatInfo {
     pub config_file: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct FileInfo {
     pub file: String,
     pub reason: String,
@@ -76,7 +76,7 @@ pub struct FileInfo {
     pub origin: Option<crate::resolve::remote::Origin>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ConfigSummary {
     pub architecture: Option<String>,
     #[serde(flatten)]
@@ -88,7 +88,7 @@ pub struct ConfigSummary {
     pub auto_dtype: Dtype,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct TensorRow<'a> {
     pub name: &'a str,
     pub dtype: Dtype,
@@ -100,7 +100,7 @@ pub struct TensorRow<'a> {
     pub shadowed: bool,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, schemars::JsonSchema)]
 pub struct Totals {
     /// Tensors listed (shadowed copies excluded).
     #[serde(flatten)]
@@ -110,7 +110,7 @@ pub struct Totals {
     pub by_role: Vec<RoleTotal>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DtypeTotal {
     pub dtype: Dtype,
     #[serde(flatten)]
@@ -118,7 +118,7 @@ pub struct DtypeTotal {
 }
 
 /// Tensors, their bytes and their elements, summed.
-#[derive(Debug, Default, Clone, Copy, Serialize)]
+#[derive(Debug, Default, Clone, Copy, Serialize, schemars::JsonSchema)]
 pub struct Count {
     pub tensors: usize,
     pub bytes: u64,
@@ -133,7 +133,7 @@ impl Count {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RoleTotal {
     pub role: TensorRole,
     pub dtype: Dtype,
@@ -328,7 +328,7 @@ fn format_info(r: &Resolved) -> FormatInfo {
 
 /// A SOURCE that is no checkpoint folder but that `inspect` still describes: a pre-sharded folder,
 /// or a lone safetensors file.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 #[allow(clippy::large_enum_variant)] // one per run: boxing would only add an indirection
 pub enum OtherSource {
@@ -338,7 +338,7 @@ pub enum OtherSource {
 
 /// `inspect` of one safetensors file given as SOURCE: its tensors and totals; no config, so no
 /// model, and no plan.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct LoneFile {
     pub schema_version: u32,
     pub wload_version: &'static str,
@@ -355,7 +355,7 @@ pub struct LoneFile {
     pub note: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct LoneTensor {
     pub name: String,
     pub dtype: Dtype,

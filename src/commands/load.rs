@@ -38,7 +38,7 @@ use crate::problem::Problem;
 use crate::progress::{Progress, Quiet};
 use crate::sharded::manifest::Manifest;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
     Cuda,

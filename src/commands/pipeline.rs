@@ -138,7 +138,7 @@ fn with_working_tp(
 }
 
 /// One layout and vLLM's verdict: accepted, or the first problem that refuses it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
 pub struct Verdict {
     pub tp: u64,
     pub pp: u64,

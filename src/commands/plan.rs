@@ -76,7 +76,7 @@ pub struct SizesOptions {
 }
 
 /// `wload sizes`: vLLM's verdict on each parallel layout checked, from the planner itself.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct SizesReport {
     pub schema_version: u32,
     pub wload_version: &'static str,
@@ -147,7 +147,7 @@ impl SizesReport {
 }
 
 /// A layout `wload sizes` did not ask the planner about, and why.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
 pub struct NotChecked {
     /// `None`: every TP size.
     pub tp: Option<u64>,
@@ -156,7 +156,7 @@ pub struct NotChecked {
     pub reason: String,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
 pub struct PpSizes {
     pub pp: u64,
     pub tp: Vec<u64>,

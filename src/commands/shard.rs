@@ -44,7 +44,7 @@ pub struct ShardOptions {
     pub cold: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ShardReport {
     pub out: String,
     pub manifest: Manifest,
@@ -74,7 +74,7 @@ pub struct ShardReport {
     pub source_cache: crate::exec::io_choice::SourceCache,
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct ShardTimings {
     #[serde(flatten)]
     pub open: crate::open::Timings,

@@ -37,7 +37,7 @@ pub(crate) fn choose(mode: IoMode, resident_share: f64) -> (IoMode, String) {
 }
 
 /// The source's page-cache state as a run starts.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct SourceCache {
     /// Bytes of the source files the plan reads.
     pub source_bytes: u64,
@@ -49,7 +49,7 @@ pub struct SourceCache {
 }
 
 /// The I/O mode asked for, the one used, and why.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct IoChoice {
     pub requested: IoMode,
     pub used: IoMode,

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::source::{ALIGN, OpenError};
 
 /// How much of a set of files the page cache holds.
-#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq, schemars::JsonSchema)]
 pub(crate) struct Residency {
     pub bytes: u64,
     pub resident_bytes: u64,

@@ -15,7 +15,9 @@ use serde::Serialize;
 pub(crate) const ALIGN: u64 = 4096;
 
 /// How the engine reads source files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum IoMode {
     /// Direct when most of the source is out of the page cache, buffered when it is in.

@@ -75,3 +75,18 @@ impl Serialize for Region {
         s.collect_str(self)
     }
 }
+
+/// As [`Serialize`] writes it: its `Display` text.
+impl schemars::JsonSchema for Region {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Region".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string" })
+    }
+}

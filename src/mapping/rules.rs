@@ -179,7 +179,7 @@ pub struct Permute {
 
 /// One rule that changed a name: its kind and index in the rules (text only when a message needs
 /// it: a large checkpoint has a hundred thousand names).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Step {
     /// Boxed: rare, and it would triple the size of every other step.
@@ -196,7 +196,7 @@ pub(crate) enum Step {
 }
 
 /// A Mistral-native rename, whole names.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub(crate) struct MistralStep {
     pub from: String,
     pub to: String,

@@ -53,7 +53,7 @@ pub(crate) enum Asked {
 }
 
 /// DeepSeek-V4 as config.json and the headers describe it, and why wload writes nothing for it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct DeepseekV4 {
     /// Always "DeepSeek-V4".
     pub model: &'static str,
@@ -85,14 +85,14 @@ pub struct DeepseekV4 {
     pub fix: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct DtypeBytes {
     pub dtype: Dtype,
     pub tensors: usize,
     pub bytes: u64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, schemars::JsonSchema)]
 pub struct PerRank {
     pub tp: u64,
     pub pp: u64,

@@ -20,7 +20,7 @@ use crate::config::ModelConfig;
 use crate::mapping::{Expr, Layout, Mapping, ParamSpec};
 use crate::model::env::Variables;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Structure {
     pub attention: Attention,
     /// Which layers have full attention and which linear attention (Qwen3.5, Qwen3-Next);
@@ -40,7 +40,7 @@ pub struct Structure {
     pub module_tree: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Attention {
     Mha(Heads),
@@ -61,7 +61,7 @@ impl Attention {
 
 /// A hybrid model's layers: those where the mapping builds the attention's qkv parameter, and the
 /// others (Gated-DeltaNet linear attention, no kv cache).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct AttentionLayers {
     /// Layer indices with full (softmax) attention; `None` when unknown.
     pub full: Option<Vec<u64>>,
@@ -72,7 +72,7 @@ pub struct AttentionLayers {
     pub layer_rule: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Heads {
     pub heads: u64,
     pub kv_heads: u64,
@@ -80,7 +80,7 @@ pub struct Heads {
     pub head_dim: Option<u64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Mla {
     pub heads: u64,
     pub q_lora_rank: QLora,
@@ -92,7 +92,7 @@ pub struct Mla {
 
 /// q's low-rank projection: a rank, `null` when q is projected straight from the hidden state
 /// (DeepSeek-V2-Lite), or "unknown" when the config's value is not a number.
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Serialize, PartialEq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum QLora {
     Rank(u64),
@@ -100,7 +100,7 @@ pub enum QLora {
     Unknown(&'static str),
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Moe {
     pub routed_experts: Option<u64>,
     pub experts_per_token: Option<u64>,
@@ -114,7 +114,7 @@ pub struct Moe {
     pub router: Router,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SharedExperts {
     pub count: u64,
     pub intermediate_size: Option<u64>,
@@ -124,7 +124,7 @@ pub struct SharedExperts {
     pub gate: Option<&'static str>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Router {
     pub scoring_func: Option<String>,
     pub topk_method: Option<String>,

@@ -9,7 +9,7 @@ use crate::layout::Region;
 use crate::layout::types::{Block, ZeroRows};
 
 /// How part of a rank's tensor is filled: a copy of a [`Block`] from a source tensor, or a fill.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Piece {
     /// A [`Block`] (in elements) copied from a source tensor, converting dtype when they differ;
@@ -189,6 +189,21 @@ impl From<Vec<Piece>> for Pieces {
 impl Serialize for Pieces {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(self.iter())
+    }
+}
+
+/// As [`Serialize`] writes it: every piece, the runs expanded.
+impl schemars::JsonSchema for Pieces {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Pieces".into()
+    }
+
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        g.subschema_for::<Vec<Piece>>()
     }
 }
 

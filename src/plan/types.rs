@@ -8,7 +8,7 @@ use crate::plan::pieces::Piece;
 use crate::problem::Problem;
 
 /// `wload plan --json`: the plan plus where it came from.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct PlanReport {
     pub schema_version: u32,
     pub wload_version: &'static str,
@@ -26,7 +26,7 @@ pub struct PlanReport {
 }
 
 /// A plan's size: its ranks, tensors and bytes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct PlanTotals {
     /// `tp × pp`.
     pub ranks: u64,
@@ -103,7 +103,7 @@ impl PlanError {
 }
 
 /// A checkpoint tensor some piece reads.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct SourceTensor {
     /// The checkpoint's own copy of the name, shared.
     pub name: std::sync::Arc<str>,
@@ -118,7 +118,7 @@ pub struct SourceTensor {
     pub shape: crate::layout::Shape,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct OutTensor {
     pub name: String,
     pub dtype: Dtype,
@@ -127,7 +127,7 @@ pub struct OutTensor {
     pub pieces: super::Pieces,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RankPlan {
     /// The global rank, `pp_rank * tp + tp_rank` (vLLM's layout order within a DP group).
     pub rank: u64,
@@ -171,14 +171,14 @@ impl Plan {
 
 /// The tie between lm_head and the embedding is decided by data: the config says tied but the
 /// checkpoint ships an lm_head, so vLLM builds them untied and re-ties them if equal.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Retie {
     pub keep: String,
     pub drop: String,
     pub compare: [String; 2],
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Plan {
     pub family: String,
     pub architecture: String,
@@ -228,7 +228,7 @@ pub struct Plan {
     pub quantization: Option<std::sync::Arc<crate::quant::Quantization>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Skipped {
     pub tensor: String,
     pub reason: String,

@@ -17,7 +17,7 @@ pub(crate) use list::ProblemList;
 /// it is about as fields, which `--json` prints (docs/json.md). They are set where the problem is
 /// found, so that no reader has to parse `message`; each is `None` (and left out of the JSON)
 /// when the problem is not about one, as `..Problem::default()` leaves them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, schemars::JsonSchema)]
 pub struct Problem {
     pub message: String,
     /// `null` when there is no likely fix to suggest.

@@ -9,7 +9,7 @@ use super::{QuantError, Quantization};
 
 /// A checkpoint's quantization as `inspect` describes it: for a scheme wload refuses, what could be
 /// read of it and why it is refused (`plan`, `shard` and `load` stop there; `inspect` does not).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct QuantInfo {
     /// `quant_method` as written; `None` when absent.
     pub method: Option<String>,
@@ -37,7 +37,7 @@ pub struct QuantInfo {
     pub refusal: Option<Refusal>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Refusal {
     pub message: String,
     pub fix: String,

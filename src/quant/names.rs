@@ -104,7 +104,9 @@ pub(super) fn mapped_module(rules: &Rules, module: &str) -> Option<String> {
 /// quantization methods load (fp8, compressed-tensors, ModelOpt, GPTQ/AWQ), so that `inspect` can
 /// describe a quantized checkpoint wload refuses as well as one it writes.
 /// A kv-cache zero point goes with the kv-cache scales.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum TensorRole {
     Weight,

@@ -10,7 +10,7 @@ pub(crate) const PP_PARTITION_VAR: &str = "VLLM_PP_LAYER_PARTITION";
 use serde::Serialize;
 
 /// One pipeline stage: its index and the layers it holds (global numbers, as in the keys).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Stage {
     pub pp_rank: u64,
     pub first_layer: u64,

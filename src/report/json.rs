@@ -11,8 +11,10 @@ use crate::problem::Problem;
 
 /// A successful command's report with `"ok": true` in front, and `schema_version` for a report
 /// that does not carry its own.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
+#[schemars(rename = "{T}Success")]
 pub struct Success<'a, T: Serialize> {
+    #[schemars(extend("const" = true))]
     ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     schema_version: Option<u32>,
@@ -33,8 +35,10 @@ pub fn success<T: Serialize>(report: &T, schema_version: Option<u32>) -> Success
 /// would refuse: an architecture without a mapping, a folder without config.json): the report's
 /// fields with `"ok": false`, the exit status and the error in front, as the error document has
 /// them (docs/json.md).
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
+#[schemars(rename = "{T}Refused")]
 pub struct Refused<'a, T: Serialize> {
+    #[schemars(extend("const" = false))]
     ok: bool,
     exit_status: u8,
     error: ErrorInfo,
@@ -57,8 +61,9 @@ pub fn refused<'a, T: Serialize>(report: &'a T, e: &Error, exit_status: u8) -> R
 
 /// Any failure under `--json`: what kind it is (the exit status's name), its message, and the
 /// problems it lists, each with what it names.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Failure {
+    #[schemars(extend("const" = false))]
     pub ok: bool,
     pub schema_version: u32,
     pub wload_version: &'static str,
@@ -75,7 +80,7 @@ pub struct Failure {
     pub platform_specific: Option<DeepseekV4>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ErrorInfo {
     /// usage, checkpoint, runtime or interrupted: [`crate::exit::ExitStatus::kind`].
     pub kind: &'static str,

@@ -12,6 +12,7 @@ mod inspect;
 pub mod json;
 mod load;
 mod plan;
+pub mod schema;
 mod shard;
 mod sizes;
 mod survey;

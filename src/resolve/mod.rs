@@ -35,7 +35,7 @@ pub enum Want {
 }
 
 /// A weight file resolution kept, and why.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct KeptFile {
     pub file: String,
     pub reason: String,
@@ -45,14 +45,14 @@ pub struct KeptFile {
 }
 
 /// A weight-like file resolution left out, and why.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct DroppedFile {
     pub file: String,
     pub reason: String,
 }
 
 /// The outcome of resolution: where the checkpoint is and which files of it vLLM reads.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Resolved {
     pub root: PathBuf,
     pub requested_format: LoadFormat,

@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use serde::Serialize;
 
 /// `--load-format`, with vLLM's spelling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LoadFormat {
     /// Mistral when a `consolidated*.safetensors` exists anywhere in the folder, else hf.

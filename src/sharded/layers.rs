@@ -13,7 +13,7 @@ use crate::checkpoint::Checkpoint;
 use crate::ranks::stages::split_layers;
 
 /// One stage's decoder layers, by the numbers in its tensor names.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct StageLayers {
     pub pp_rank: u64,
     /// Sorted, without repeats.

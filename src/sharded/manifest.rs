@@ -20,7 +20,7 @@ pub(crate) const VLLM_VERSIONS: &str = "0.33.x";
 
 /// `vllm serve` for a pre-sharded folder: every flag the files depend on, and none that vLLM
 /// would infer the same way by itself. Built by [`super::serve`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ServeCommand {
     /// The environment vLLM must run with (`VLLM_PP_LAYER_PARTITION`); empty for most folders.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -32,7 +32,7 @@ pub struct ServeCommand {
 }
 
 /// What `wload shard` wrote into OUT, as `wload.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Manifest {
     pub wload_version: String,
     /// vLLM's format and version these files are for.
@@ -131,7 +131,7 @@ pub struct Manifest {
     pub records: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ManifestFile {
     pub name: String,
     /// The global rank (`pp_rank * tp + tp_rank`).

@@ -141,7 +141,7 @@ pub(crate) fn pattern(files: &RankFiles) -> &'static str {
 
 /// What TP and PP size a folder's rank files were written for: from its `wload.json` when it has
 /// a readable one, else inferred from the file names.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
 pub struct WrittenFor {
     pub tp: u64,
     pub pp: u64,

@@ -18,7 +18,7 @@ use crate::commands::error::Error;
 use crate::resolve::{DroppedFile, LoadFormat, Resolved};
 
 /// The report: [`super::Inspection`]'s fields that need no config, and the refusal as a note.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ConfigLess<'a> {
     pub schema_version: u32,
     pub wload_version: &'static str,

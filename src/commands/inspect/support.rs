@@ -19,7 +19,7 @@ const CLOSEST_SHOWN: usize = 3;
 /// `Qwen3OmniForConditionalGeneration`), a supported name is not offered as close.
 const CLOSE_ENOUGH: f64 = 0.75;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Support {
     /// `plan`, `shard` and `load` accept the architecture: a mapping serves it.
     pub supported: bool,

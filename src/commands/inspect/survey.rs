@@ -17,7 +17,7 @@ use crate::sharded::serve::{serve_command, shell_quote};
 /// `inspect` of a pre-sharded folder: per rank and part, the files, their tensors and bytes; what
 /// TP, PP and EP they were written for; and whether every file of every rank is there, as the
 /// manifest (else the file names) says it should be. Only headers are read.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Survey {
     pub schema_version: u32,
     pub wload_version: &'static str,
@@ -50,7 +50,7 @@ pub struct Survey {
     pub check_with: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SurveyRank {
     /// The global rank, `pp_rank * tp + tp_rank`.
     pub rank: u64,
@@ -62,7 +62,7 @@ pub struct SurveyRank {
     pub bytes: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SurveyFile {
     pub file: String,
     pub part: u64,
@@ -75,7 +75,7 @@ pub struct SurveyFile {
     pub size_matches_manifest: Option<bool>,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, schemars::JsonSchema)]
 pub struct SurveyTotals {
     pub files: usize,
     pub tensors: usize,

@@ -10,7 +10,7 @@ use crate::map::{self, Fate};
 use crate::mapping::Mapping;
 
 /// The encoder's tensors in the checkpoint.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Tower {
     /// The module prefixes, as vLLM names them (`visual.`; `vision_tower.`, `multi_modal_projector.`).
     pub modules: Vec<String>,

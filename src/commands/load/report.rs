@@ -8,7 +8,7 @@ use crate::exec::io_choice;
 use crate::open::Timings;
 
 /// Where the tensors came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum InputKind {
     /// A Hugging Face / Mistral checkpoint, planned on the fly.
@@ -17,7 +17,7 @@ pub enum InputKind {
     PreSharded,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct LoadReport {
     pub source: String,
     pub kind: InputKind,
@@ -51,7 +51,7 @@ pub struct LoadReport {
     pub checked: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct IoReport {
     #[serde(flatten)]
     pub choice: io_choice::IoChoice,
@@ -64,7 +64,7 @@ pub struct IoReport {
 /// The source's page-cache residency as the load started.
 pub(crate) type CacheReport = io_choice::SourceCache;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Repeats {
     pub runs: Vec<RunSample>,
     /// Of the runs' GB/s (transfer and sync).
@@ -76,14 +76,14 @@ pub struct Repeats {
     pub seconds_max: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RunSample {
     pub seconds: f64,
     pub gbps: f64,
     pub resident_share: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RankReport {
     pub rank: u64,
     pub device: String,
@@ -100,7 +100,7 @@ pub struct RankReport {
 /// One rank's stages. Storage to host counts the reads made straight into the rank's staging
 /// or memory (every dense unconverted span); bytes that needed conversion or a gather are read
 /// by the engine and counted in the totals only.
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, schemars::JsonSchema)]
 pub struct RankStages {
     pub read_bytes: u64,
     /// Wall seconds with at least one of this rank's reads in progress.
@@ -118,7 +118,7 @@ pub struct RankStages {
     pub staging_wait_s: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct TensorSum {
     pub name: String,
     pub dtype: String,
@@ -126,7 +126,7 @@ pub struct TensorSum {
     pub xxh3: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct FileSum {
     pub file: String,
     pub bytes: u64,
@@ -136,7 +136,7 @@ pub struct FileSum {
     pub matches_manifest: Option<bool>,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, schemars::JsonSchema)]
 pub struct LoadTimings {
     #[serde(flatten)]
     pub open: Timings,

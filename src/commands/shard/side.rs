@@ -43,7 +43,7 @@ pub(super) struct SideFiles {
 }
 
 /// An entry of the source that vLLM's example script would copy and `shard` does not.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, schemars::JsonSchema)]
 pub struct Skipped {
     pub name: String,
     pub why: &'static str,

@@ -67,7 +67,7 @@ impl State {
 /// The repo's file list as the hub gave it, kept in the cache (`.wload/<commit>.json` inside the
 /// repo's folder, where huggingface_hub's own tools do not look) so that an offline run selects
 /// from the same list as the online one.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct SavedListing {
     repo: String,
     commit: String,

@@ -27,7 +27,7 @@ use crate::checkpoint::MAX_HEADER_LEN;
 use crate::small_file;
 
 /// A kept header: which blob a file of a commit is, and that blob's size.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub(super) struct Entry {
     pub(super) etag: String,
     pub(super) size: u64,

@@ -60,7 +60,7 @@ pub(crate) struct FetchOptions<'a> {
 }
 
 /// Where a file of a remote source came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Origin {
     /// Already in the local cache.
@@ -86,7 +86,7 @@ impl Origin {
 
 /// What a remote source resolved to, for reports, the serve line and the run record. The field
 /// names are the hub's (`repo`, `commit`), which the JSON documents carry under `hub`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RemoteSource {
     /// The source as given: `org/name` for the hub.
     pub repo: String,
@@ -112,7 +112,7 @@ pub struct RemoteSource {
 
 /// What a remote source's run fetched: file contents, not counting the file list and the
 /// metadata (HEAD) requests.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Fetched {
     /// Where from, for people: empty for the hub, else the store URL.
     pub from: String,

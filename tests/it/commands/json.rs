@@ -33,7 +33,9 @@ fn run_json(args: &[&str], env: &[(&str, &str)]) -> (i32, Value, Output) {
         context(&out)
     );
     let code = out.status.code().expect("wload exits, not killed");
-    (code, docs.into_iter().next().unwrap(), out)
+    let doc = docs.into_iter().next().unwrap();
+    assert_schema(args, &doc);
+    (code, doc, out)
 }
 
 /// `jq -e .ok` passes: `ok` is `true` and the document is versioned.
@@ -358,6 +360,7 @@ fn an_interrupted_shard_prints_an_interrupted_document() {
     let doc: Value = serde_json::from_slice(&stdout)
         .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}); stderr: {stderr}"));
     assert_eq!(doc["ok"], false);
+    assert_schema(&[], &doc);
     assert_eq!(doc["exit_status"], 130);
     assert_eq!(doc["error"]["kind"], "interrupted", "{doc}");
     assert!(!out.exists());

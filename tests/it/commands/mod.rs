@@ -7,5 +7,6 @@ mod inspect;
 mod json;
 pub(crate) mod load;
 mod plan;
+mod schemas;
 pub(crate) mod shard;
 mod sizes;

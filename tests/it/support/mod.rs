@@ -12,6 +12,7 @@ mod refusals;
 mod run;
 mod s3;
 mod safetensors;
+mod schemas;
 mod tensors;
 
 use std::path::Path;
@@ -24,6 +25,7 @@ pub(crate) use refusals::*;
 pub(crate) use run::*;
 pub(crate) use s3::*;
 pub(crate) use safetensors::*;
+pub(crate) use schemas::{assert_schema, schema_errors};
 pub(crate) use tensors::*;
 
 /// The path as a `&str`, for command lines.

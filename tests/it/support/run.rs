@@ -10,6 +10,7 @@ use assert_cmd::Command;
 use serde_json::Value;
 
 use super::s;
+use super::schemas::assert_schema;
 
 /// The longest any one `wload` run may take before the test fails; a regression to a hang then
 /// fails its test instead of blocking the whole suite (all of it one process).
@@ -72,12 +73,14 @@ pub(crate) fn wload_json(args: &[&str]) -> Value {
         "wload {args:?} failed: {}",
         context(&out)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "wload {args:?}: stdout is not JSON ({e}): {}",
             context(&out)
         )
-    })
+    });
+    assert_schema(args, &v);
+    v
 }
 
 /// Runs `wload <args>`, expects exit status `code`, and parses stdout as JSON: with `--json`, a
@@ -97,6 +100,7 @@ pub(crate) fn wload_json_exit(args: &[&str], code: i32) -> Value {
         )
     });
     assert_eq!(v["ok"], code == 0, "{v:#}");
+    assert_schema(args, &v);
     v
 }
 
@@ -168,6 +172,7 @@ pub(crate) fn assert_refused(out: &Output, code: i32, needles: &[&str]) -> Strin
         });
         assert_eq!(doc["ok"], false, "{ctx}");
         assert_eq!(doc["exit_status"], code, "{ctx}");
+        assert_schema(&[], &doc);
     }
     err
 }
@@ -179,7 +184,9 @@ pub(crate) fn clean_plan_json(source: &Path, args: &[&str]) -> Value {
     let out = run(&all);
     assert!(out.status.success(), "{}", context(&out));
     assert!(out.stderr.is_empty(), "plan is clean: {}", context(&out));
-    serde_json::from_slice(&out.stdout).expect("plan --json is JSON")
+    let v = serde_json::from_slice(&out.stdout).expect("plan --json is JSON");
+    assert_schema(&all, &v);
+    v
 }
 
 /// The tensors `plan --json` lists as skipped, sorted; each one's reason must mention `why`.

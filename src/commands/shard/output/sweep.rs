@@ -11,7 +11,7 @@ use super::names::{OWNER_FILE, STAGING_TAG, parent_of};
 use crate::commands::shard::ShardError;
 
 /// Who made a staging folder: enough to tell, on this host, whether that process still runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub(super) struct Owner {
     pub(super) host: String,
     /// The kernel's boot id: a PID from before a reboot is dead whatever runs under it now.
@@ -68,7 +68,7 @@ impl Owner {
 }
 
 /// A leftover staging folder this run removed.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Swept {
     pub path: PathBuf,
     pub pid: u32,
