@@ -294,16 +294,14 @@ pub(crate) fn execute(
     } else {
         worker_threads(opts.io)
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .ok()
-        .filter(|_| threads != rayon::current_num_threads());
-    let in_pool = |f: &(dyn Fn() -> Result<(), ExecError> + Sync)| match &pool {
-        Some(pool) => pool.install(f),
-        None => f(),
-    };
-    let (shared, twins) = shared_files(plan, placements, &files, ctl, &in_pool)?;
+    let pool = Pool(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .ok()
+            .filter(|_| threads != rayon::current_num_threads()),
+    );
+    let (shared, twins) = shared_files(plan, placements, &files, ctl, &pool)?;
     hooks::at(hooks::Point::Read);
     let (items, rest) = work_items(plan, &jobs, opts);
     let run = Run {
@@ -339,7 +337,7 @@ pub(crate) fn execute(
                 }
             })
     };
-    let copied = in_pool(&copy);
+    let copied = pool.run(copy);
     // Checked after every read, and after a failed one too: a source that changed meanwhile is
     // the cause to report, not the short read or the odd bytes it gave.
     let reduced = copied.and_then(|()| run.reduces(&plan.sources, &files, &reduces));
@@ -348,8 +346,19 @@ pub(crate) fn execute(
     run.fills(fills)
 }
 
-/// Runs a phase of the engine on its pool of threads.
-type InPool<'a> = dyn Fn(&(dyn Fn() -> Result<(), ExecError> + Sync)) -> Result<(), ExecError> + 'a;
+/// The engine's threads for one run: its own pool when the run wants another count than rayon's
+/// global one, else the global pool.
+struct Pool(Option<rayon::ThreadPool>);
+
+impl Pool {
+    /// Runs a phase of the engine on these threads.
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        match &self.0 {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+}
 
 /// Which sources to read from a second handle (by source index; empty for none), and those
 /// handles (by file index): for sources that ranks outside the run read too, when ranks load in
@@ -361,7 +370,7 @@ fn shared_files(
     placements: &[Placement],
     files: &[Option<SourceFile>],
     ctl: &Control,
-    in_pool: &InPool,
+    pool: &Pool,
 ) -> Result<(Vec<bool>, Vec<Option<SourceFile>>), ExecError> {
     let (opts, stats) = (ctl.opts, &ctl.stats);
     let mut twins: Vec<Option<SourceFile>> = files.iter().map(|_| None).collect();
@@ -373,16 +382,7 @@ fn shared_files(
     stats.shared_bytes.store(shared.bytes, Ordering::Relaxed);
     let shared = shared.sources;
     if objects {
-        let made = std::sync::Mutex::new(None);
-        in_pool(&|| {
-            let t = node_shared::object_twins(plan, files, &shared, ctl.cancel, stats)?;
-            *made.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
-            Ok(())
-        })?;
-        twins = made
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner())
-            .unwrap_or(twins);
+        twins = pool.run(|| node_shared::object_twins(plan, files, &shared, ctl.cancel, stats))?;
     }
     for (s, _) in shared.iter().enumerate().filter(|(_, on)| **on) {
         let i = plan.sources[s].file_index;

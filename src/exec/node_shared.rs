@@ -25,7 +25,7 @@ pub(super) fn object_twins(
 ) -> Result<Vec<Option<SourceFile>>, ExecError> {
     let mut caches: Vec<Option<NodeCache>> = files.iter().map(|_| None).collect();
     let mut ranges = Vec::new();
-    for (s, src) in plan.sources.iter().enumerate().filter(|(s, _)| shared[*s]) {
+    for (src, _) in plan.sources.iter().zip(shared).filter(|(_, on)| **on) {
         let i = src.file_index;
         let Some(f) = files[i].as_ref() else { continue };
         let Some(object) = f.object_arc() else {
@@ -36,10 +36,13 @@ pub(super) fn object_twins(
                 .map_err(|e| ExecError::io("creating the node cache of", &f.path, e))?;
             caches[i] = Some(cache);
         }
-        let bytes = src.shape.iter().product::<u64>() * src.dtype.bits() / 8;
-        ranges.push((i, s, src.offset, src.offset + bytes));
+        let numel = src.shape.iter().product::<u64>();
+        // A packed tensor of an odd count ends in a part byte, which is its data too.
+        let bytes =
+            (src.dtype.byte_size(numel)).unwrap_or_else(|| (numel * src.dtype.bits()).div_ceil(8));
+        ranges.push((i, src.offset, src.offset + bytes));
     }
-    ranges.par_iter().try_for_each(|&(i, _, lo, hi)| {
+    ranges.par_iter().try_for_each(|&(i, lo, hi)| {
         if cancel.load(Ordering::Relaxed) {
             return Err(ExecError::Cancelled);
         }
