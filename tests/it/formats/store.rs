@@ -526,8 +526,14 @@ fn an_object_replaced_mid_run_is_refused_and_nothing_is_published() {
     assert!(stderr(&out).contains("etag"), "{}", context(&out));
 }
 
-/// `wload` with the server's environment and no launcher's variables but `vars`.
-fn under_launcher(server: &S3Server, vars: &[(&str, &str)]) -> assert_cmd::Command {
+/// `wload shard SOURCE --tp 4 --ranks launcher -o OUT` with the server's environment and no
+/// launcher's variables but `vars`.
+fn shard_under_launcher(
+    server: &S3Server,
+    vars: &[(&str, &str)],
+    source: &Path,
+    out: &str,
+) -> std::process::Output {
     let mut cmd = server.wload();
     for k in LAUNCHER_VARS {
         cmd.env_remove(k);
@@ -535,7 +541,18 @@ fn under_launcher(server: &S3Server, vars: &[(&str, &str)]) -> assert_cmd::Comma
     for (k, v) in vars {
         cmd.env(k, v);
     }
-    cmd
+    cmd.args([
+        "shard",
+        s(source),
+        "--tp",
+        "4",
+        "--ranks",
+        "launcher",
+        "-o",
+        out,
+    ])
+    .output()
+    .unwrap()
 }
 
 /// Two runs that take their share from the launcher (`--ranks launcher`, srun's variables) into
@@ -554,11 +571,7 @@ fn launcher_split_runs_publish_wload_json_when_the_last_completes() {
     let url = format!("s3://{BUCKET}/runs");
     for (procid, ranks) in [("1", "2-3"), ("0", "0-1")] {
         let vars = [("SLURM_PROCID", procid), ("SLURM_NTASKS", "2")];
-        let out = under_launcher(&server, &vars)
-            .args(["shard", s(&fixture), "--tp", "4", "--ranks", "launcher"])
-            .args(["-o", &url])
-            .output()
-            .unwrap();
+        let out = shard_under_launcher(&server, &vars, &fixture, &url);
         assert!(out.status.success(), "{procid}: {}", context(&out));
         let said = String::from_utf8_lossy(&out.stdout);
         let from = format!("ranks {ranks}: run ");
@@ -620,19 +633,7 @@ fn launcher_split_runs_publish_wload_json_when_the_last_completes() {
     // A later run of ranks already recorded: refused, nothing changed.
     let before = server.objects("runs");
     let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")];
-    let out = under_launcher(&server, &vars)
-        .args([
-            "shard",
-            s(&fixture),
-            "--tp",
-            "4",
-            "--ranks",
-            "launcher",
-            "-o",
-            &url,
-        ])
-        .output()
-        .unwrap();
+    let out = shard_under_launcher(&server, &vars, &fixture, &url);
     assert_eq!(out.status.code(), Some(2), "{}", context(&out));
     assert_eq!(server.objects("runs"), before);
     // --force of a whole run takes wload.json and the records for its own: the records go.
@@ -656,19 +657,7 @@ fn a_launcher_share_that_does_not_fit_the_plan_is_refused_naming_its_variables()
     let fixture = fixture("llama_gqa");
     let url = format!("s3://{BUCKET}/odd");
     let vars = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3")];
-    let out = under_launcher(&server, &vars)
-        .args([
-            "shard",
-            s(&fixture),
-            "--tp",
-            "4",
-            "--ranks",
-            "launcher",
-            "-o",
-            &url,
-        ])
-        .output()
-        .unwrap();
+    let out = shard_under_launcher(&server, &vars, &fixture, &url);
     assert_eq!(out.status.code(), Some(2), "{}", context(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
