@@ -253,10 +253,20 @@ pub(crate) fn fixture(name: &str) -> PathBuf {
     fixtures_dir().join(name)
 }
 
-/// The golden case folder `expected/<case>/tp<tp>`: what vLLM wrote.
+/// A folder holding what vLLM wrote for the golden case `expected/<case>/tp<tp>`: the case folder
+/// itself, or for a case kept as digests the folder rebuilt and proven against them
+/// ([`GoldenCase::vllm_dir`]).
 pub(crate) fn expected(case: &str, tp: u64) -> PathBuf {
-    manifest_dir()
+    let dir = manifest_dir()
         .join("tests/data/golden/expected")
         .join(case)
-        .join(format!("tp{tp}"))
+        .join(format!("tp{tp}"));
+    if !is_digest_folder(&dir) {
+        return dir;
+    }
+    golden_cases()
+        .into_iter()
+        .find(|c| c.dir == dir)
+        .unwrap_or_else(|| panic!("no golden case {case}/tp{tp}"))
+        .vllm_dir()
 }
