@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+import traceback
 from types import SimpleNamespace
 
 import pytest
@@ -207,12 +208,50 @@ def test_a_source_wload_cannot_plan_is_refused_with_the_plan_error(torch):
     state = rank_state(torch, case, 0)
     with pytest.raises(vllm_plugin.WloadLoadError) as e:
         load(torch, state, model_config(torch, GQA), tp=3, tp_rank=0)
-    msg = str(e.value)
-    assert isinstance(e.value.__cause__, wload.PlanError)
-    assert msg.startswith(f"wload cannot plan {GQA} at tp 3 pp 1:\n")
-    assert "num_attention_heads (8) is not divisible by tp (3)" in msg
-    assert msg.endswith("use --load-format auto to load it with vLLM's own loader")
+    assert_refused_in_vllms_flags(e.value)
     assert all(untouched(t) for t in state.values())
+
+
+def assert_refused_in_vllms_flags(err):
+    """llama_gqa at TP 3, refused in one message: the plan's problems in `vllm serve`'s flags (a
+    quoted rule left as it is), the fix, and no chained traceback repeating it."""
+    msg = str(err)
+    assert msg.startswith(
+        f"wload cannot load {GQA} with --tensor-parallel-size 3 --pipeline-parallel-size 1:\n")
+    assert "num_attention_heads (8) is not divisible by --tensor-parallel-size (3)" in msg
+    assert "(vLLM requires `num_attention_heads % tp == 0`)" in msg
+    assert "fix: choose a --tensor-parallel-size that divides 8; TP sizes that work: 1, 2, 4, 8" in msg
+    assert "tp=" not in msg and " tp (" not in msg
+    assert msg.endswith("use --load-format auto to load it with vLLM's own loader")
+    assert err.__cause__ is None and err.__context__ is None
+    text = "".join(traceback.format_exception(err))
+    assert text.count("Traceback") == 1 and "During handling" not in text, text
+    assert [p["message"] for p in err.problems][0].startswith("num_attention_heads (8)")
+
+
+def engine_config(torch, model, tp, load_format="wload"):
+    """The parts of a VllmConfig the plugin's early refusal reads."""
+    return SimpleNamespace(
+        model_config=model_config(torch, model),
+        load_config=SimpleNamespace(load_format=load_format, download_dir=None),
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=tp, pipeline_parallel_size=1, enable_expert_parallel=False),
+    )
+
+
+def test_a_source_wload_cannot_plan_is_refused_once_where_vllm_builds_its_config(torch):
+    from vllm.engine.arg_utils import EngineArgs
+
+    vllm_plugin.register()
+    vllm_plugin.register()  # vLLM loads plugins in more than one place: wrapped once
+    args = EngineArgs(engine_config(torch, GQA, tp=3))
+    with pytest.raises(vllm_plugin.WloadLoadError) as e:
+        args.create_engine_config()
+    assert args.built == 1, "vLLM's own config checks ran first, once"
+    assert_refused_in_vllms_flags(e.value)
+    # A plan that works, and another load format, leave vLLM's config as vLLM built it.
+    for config in (engine_config(torch, GQA, tp=2), engine_config(torch, GQA, 3, "auto")):
+        assert EngineArgs(config).create_engine_config() is config
 
 
 # Online quantization (`--quantization fp8_per_tensor` on a BF16 checkpoint): vLLM 0.33's online
@@ -379,8 +418,8 @@ def test_plugin_refuses_what_the_binding_refuses(torch, tmp_path, variant):
             continue
         with pytest.raises(vllm_plugin.WloadLoadError) as e:
             load(torch, state, mc, tp=2, tp_rank=rank)
-        assert isinstance(e.value.__cause__, wload.PlanError), label
-        assert refusal in str(e.value), label
+        assert e.value.__cause__ is None and e.value.problems, label
+        assert vllm_plugin._in_vllm_flags(refusal) in str(e.value), label
         assert str(e.value).endswith("use --load-format auto to load it with vLLM's own loader")
         assert all(untouched(t) for t in state.values()), label
 
@@ -444,6 +483,6 @@ def test_a_tokenizer_in_another_object_store_prefix_is_refused(monkeypatch):
 
 
 def test_register_without_vllms_config_modules_leaves_object_storage_unpatched(torch):
-    # The stand-in vLLM has no vllm.engine: register() still registers the loader.
+    # The stand-in vLLM has no vllm.config.ModelConfig: register() still registers the loader.
     vllm_plugin.register()
     assert "cannot import" in vllm_plugin._object_store_unpatched

@@ -15,17 +15,21 @@ leading slice of it, as sharded_state narrows) and every parameter against the p
 every disagreement at once before a byte is read. Then each rank reads only its own bytes into
 the parameters: no full checkpoint tensor is materialised.
 
-Online quantization (`--quantization fp8_per_tensor`, ...) is refused first, before planning: vLLM
-then creates weights on the meta device that only its own weight loaders can fill.
+A checkpoint wload cannot plan is refused once, in the process that builds vLLM's config, before
+any worker starts or a model is allocated (`_refuse_early`), in one message without a chained
+traceback, naming vLLM's flags and the fix. Online quantization (`--quantization fp8_per_tensor`,
+...) is refused by each worker before planning: vLLM then creates weights on the meta device that
+only its own weight loaders can fill, which is seen only once the model exists.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._wload import LoadReport, Plan, Tensor
+    from ._wload import LoadReport, Plan, Problem, Tensor
 
 LOAD_FORMAT = "wload"
 
@@ -37,6 +41,45 @@ def register() -> None:
 
     register_model_loader(LOAD_FORMAT)(_loader_class())
     _allow_object_store()
+    _refuse_early()
+
+
+def _refuse_early() -> None:
+    """Plans MODEL once where vLLM builds its config, so that a checkpoint wload cannot plan is
+    refused there: before the workers start and allocate the model, once rather than once per
+    worker, and without the chained tracebacks of a failure inside `load_weights`.
+
+    EngineArgs.create_engine_config (engine/arg_utils.py:2245) builds the VllmConfig in the
+    process that starts the engine (`vllm serve`'s API server, `LLM(...)`); workers receive it
+    built. Wrapped for `load_format == "wload"` only: after vLLM's own checks (its refusals
+    come first, in its words), the plan of the whole layout (TP, PP, EP; reading the config and
+    the headers only). Each worker still plans its own rank and checks it against the model.
+    Where vLLM has no such method (another version), nothing is wrapped and the workers refuse.
+    """
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return
+    create = getattr(EngineArgs, "create_engine_config", None)
+    if not callable(create) or getattr(create, "_wload_patched", False):
+        return
+
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        config = create(self, *args, **kwargs)
+        if getattr(getattr(config, "load_config", None), "load_format", None) == LOAD_FORMAT:
+            par = config.parallel_config
+            _plan(
+                config.load_config,
+                config.model_config,
+                tp=par.tensor_parallel_size,
+                pp=par.pipeline_parallel_size,
+                ep=bool(par.enable_expert_parallel),
+            )
+        return config
+
+    create_engine_config._wload_patched = True  # type: ignore[attr-defined]
+    create_engine_config.__wrapped__ = create  # type: ignore[attr-defined]
+    EngineArgs.create_engine_config = create_engine_config
 
 
 # vLLM's object-store schemes (transformers_utils/runai_utils.py:16 SUPPORTED_SCHEMES); wload
@@ -220,7 +263,10 @@ def _fetch_for_vllm(args: Any) -> None:
 
 
 class WloadLoadError(ValueError):
-    """The model cannot be filled from the plan: every reason at once, and what to do."""
+    """The model cannot be filled from the plan: every reason at once, and what to do.
+    `problems`: the plan's problems (as wload.PlanError's) when planning refused it."""
+
+    problems: list[Problem] = []
 
 
 def _loader_class() -> type:
@@ -298,10 +344,15 @@ def _worker_layout() -> tuple[int, int, int, int, bool]:
 
 def _plan_for_worker(load_config: Any, model_config: Any) -> tuple[Plan, int]:
     """wload's plan of MODEL for this worker's layout, and this worker's global rank in it."""
+    tp, tp_rank, pp, pp_rank, ep = _worker_layout()
+    return _plan(load_config, model_config, tp=tp, pp=pp, ep=ep), pp_rank * tp + tp_rank
+
+
+def _plan(load_config: Any, model_config: Any, *, tp: int, pp: int, ep: bool) -> Plan:
+    """wload's plan of MODEL for vLLM's layout, or a WloadLoadError in vLLM's flags."""
     import vllm.envs as envs
     import wload
 
-    tp, tp_rank, pp, pp_rank, ep = _worker_layout()
     mm = getattr(model_config, "multimodal_config", None)
     overrides = model_config.hf_overrides
     if callable(overrides):
@@ -311,7 +362,7 @@ def _plan_for_worker(load_config: Any, model_config: Any) -> tuple[Plan, int]:
         )
     source = model_config.model_weights or model_config.model
     try:
-        plan = wload.plan(
+        return wload.plan(
             source,
             tp=tp,
             pp=pp,
@@ -325,12 +376,51 @@ def _plan_for_worker(load_config: Any, model_config: Any) -> tuple[Plan, int]:
             pp_partition=envs.VLLM_PP_LAYER_PARTITION,
         )
     except wload.PlanError as e:
-        raise WloadLoadError(
-            f"wload cannot plan {source} at tp {tp} pp {pp}"
-            f"{' with expert parallelism' if ep else ''}:\n{e}\n"
+        layout = f"--tensor-parallel-size {tp} --pipeline-parallel-size {pp}"
+        err = WloadLoadError(
+            f"wload cannot load {source} with {layout}"
+            f"{' --enable-expert-parallel' if ep else ''}:\n{_in_vllm_flags(str(e))}\n"
             "use --load-format auto to load it with vLLM's own loader"
-        ) from e
-    return plan, pp_rank * tp + tp_rank
+        )
+        err.problems = e.problems
+    # Outside the except block: the message holds the whole plan error, and a chained traceback
+    # would only repeat it under vLLM's frames.
+    raise err
+
+
+# wload.PlanError names the options as `wload.plan`'s keywords (tp=2, expert_parallel=True);
+# under `vllm serve` they are vLLM's flags. Only keywords with a value or a flag's own `=True`:
+# a bare word such as "dtype" is also plain English, except tp and pp.
+_VLLM_FLAGS = {
+    "expert_parallel=True": "--enable-expert-parallel",
+    "language_model_only=True": "--language-model-only",
+    "mm_encoder_tp_mode=": "--mm-encoder-tp-mode ",
+    "config_format=": "--config-format ",
+    "download_dir=": "--download-dir ",
+    "hf_overrides=": "--hf-overrides ",
+    "load_format=": "--load-format ",
+    "moe_backend=": "--moe-backend ",
+    "revision=": "--revision ",
+    "dtype=": "--dtype ",
+    "tp=": "--tensor-parallel-size ",
+    "pp=": "--pipeline-parallel-size ",
+    "tp": "--tensor-parallel-size",
+    "pp": "--pipeline-parallel-size",
+}
+_KEYWORD = re.compile(
+    r"(?<![\w.=-])(?:("
+    + "|".join(re.escape(k) for k in sorted(_VLLM_FLAGS, key=len, reverse=True) if "=" in k)
+    + r")|(tp|pp)(?![\w=-]))"
+)
+
+
+def _in_vllm_flags(text: str) -> str:
+    """A wload.PlanError's text with its keywords named as `vllm serve`'s flags; a rule quoted in
+    backticks (`num_attention_heads % tp == 0`) is an expression and stays as it is."""
+    pieces = text.split("`")
+    for i in range(0, len(pieces), 2):
+        pieces[i] = _KEYWORD.sub(lambda m: _VLLM_FLAGS[m.group(1) or m.group(2)], pieces[i])
+    return "`".join(pieces)
 
 
 def _refuse_online_quantization(model: Any, model_config: Any) -> None:

@@ -131,14 +131,17 @@ else
 fi
 
 # A model wload cannot plan: the old spelling `LLaMAForCausalLM`, which vLLM builds as Llama and
-# wload has no mapping for. Refused before any weight is read, naming the way out.
+# wload has no mapping for. Refused once, where vLLM builds its config (the plugin's wrap of
+# EngineArgs.create_engine_config), before any worker builds the model, naming the way out.
 unknown=$work/unknown-arch; rm -rf "$unknown"; cp -r "$golden/fixtures/llama_gqa" "$unknown"
 sed -i 's/"LlamaForCausalLM"/"LLaMAForCausalLM"/' "$unknown/config.json"
 if "$py" "$here/tools/vllm_reload.py" "$unknown" --load-format wload --tp 1 --dump "$work/unknown-dump" \
     > "$work/unknown.log" 2>&1; then
   echo "refusal: a model wload cannot plan was loaded"; failed=$((failed + 1))
-elif grep -q "use --load-format auto" "$work/unknown.log"; then
-  echo "refusal: refused before loading, saying to use --load-format auto"
+elif grep -q "use --load-format auto" "$work/unknown.log" \
+    && grep -q "in create_engine_config" "$work/unknown.log" \
+    && ! grep -q "load_weights\|During handling" "$work/unknown.log"; then
+  echo "refusal: refused where vLLM builds its config, before the model, saying to use --load-format auto"
 else
   echo "refusal: failed without wload's message ($work/unknown.log)"; failed=$((failed + 1))
 fi
