@@ -495,7 +495,7 @@ fn load_takes_pp_from_the_manifest() {
     shard_ok(&fixture(GQA), 1, &out, &["--pp", "2", "-q"]);
     let o = run(&["load", s(&out), "--dry-run", "--json"]);
     assert!(o.status.success(), "{}", context(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v: Value = json_doc(&["load"], &o);
     assert_eq!((v["tp"].as_u64(), v["pp"].as_u64()), (Some(1), Some(2)));
     assert!(stderr(&o).contains("--tp 1 --pp 2"), "{}", stderr(&o));
 }

@@ -359,6 +359,7 @@ fn an_interrupted_shard_prints_an_interrupted_document() {
     assert_eq!(status.code(), Some(130), "{status}: {stderr}");
     let doc: Value = serde_json::from_slice(&stdout)
         .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}); stderr: {stderr}"));
+    assert_schema(&["shard"], &doc);
     assert_eq!(doc["ok"], false);
     assert_schema(&[], &doc);
     assert_eq!(doc["exit_status"], 130);

@@ -340,8 +340,7 @@ fn a_refused_tp_names_the_sizes_that_work() {
         &["choose another --tp (now 4); TP sizes that work: 1, 2"],
     );
     // The JSON's fixes say the same; and each size named does plan.
-    let doc: Value =
-        serde_json::from_slice(&run(&["plan", s(&fp8), "--tp", "4", "--json"]).stdout).unwrap();
+    let doc = json_doc(&["plan"], &run(&["plan", s(&fp8), "--tp", "4", "--json"]));
     let fix = doc["problems"][0]["fix"].as_str().unwrap();
     assert!(fix.ends_with("TP sizes that work: 1, 2"), "{fix}");
     for tp in ["1", "2"] {

@@ -447,7 +447,7 @@ fn verify_passes_on_a_normal_run() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
     let o = shard_ok(&fixture(GQA), 2, &out, &["--verify", "--json"]);
-    let report: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+    let report: Value = json_doc(&["shard"], &o);
     assert_eq!(report["verified"], true, "{report:#}");
     check_manifest(&out);
 }
@@ -767,8 +767,7 @@ fn json_report() {
     let work = TempDir::new().unwrap();
     let out = work.path().join("out");
     let o = shard_ok(&fixture("qwen2"), 2, &out, &["--json"]);
-    let r: Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", context(&o)));
+    let r: Value = json_doc(&["shard"], &o);
     let files = r["manifest"]["files"].as_array().expect("manifest.files");
     assert_eq!(files.len(), 2, "{r:#}");
     let on_disk = check_manifest(&out);
@@ -797,7 +796,7 @@ fn json_timings_add_up() {
         let started = Instant::now();
         let o = shard_ok(&fixture("qwen2"), 2, &out, extra);
         let wall = started.elapsed().as_secs_f64();
-        let r: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+        let r: Value = json_doc(&["shard"], &o);
         let t = r["timings"].as_object().expect("timings object");
         let stage = |k: &str| {
             t.get(k)
@@ -909,7 +908,7 @@ fn manifest_hashes_are_the_written_bytes() {
             "{ctx}: load --dry-run --read: {}",
             context(&read)
         );
-        let r: Value = serde_json::from_slice(&read.stdout).expect("load --json");
+        let r: Value = json_doc(&["load"], &read);
         let sums = r["files_read"].as_array().expect("files_read");
         // Parts without tensors (vLLM's split can close an empty first part) are not read.
         assert!(!sums.is_empty(), "{ctx}: {r:#}");

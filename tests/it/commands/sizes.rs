@@ -49,8 +49,7 @@ fn agrees_with_plan(source: &str, doc: &Value) {
             args.push("--enable-expert-parallel");
         }
         let out = run(&args);
-        let plan: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", context(&out)));
+        let plan = json_doc(&args, &out);
         assert_eq!(plan["ok"], v["accepted"], "{args:?}: sizes says {v}");
         if v["accepted"] == false {
             assert_eq!(out.status.code(), Some(3), "{args:?}");
@@ -197,7 +196,7 @@ fn a_layer_partition_pins_the_pp_size() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", context(&out));
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let doc: Value = json_doc(&["sizes"], &out);
     assert_eq!(tps(&doc["accepted_tp"]), Vec::<u64>::new());
     assert_eq!(doc["accepted_pp"].as_array().unwrap().len(), 1, "{doc}");
     assert_eq!(doc["accepted_pp"][0]["pp"], 2);

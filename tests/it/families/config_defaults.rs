@@ -13,8 +13,7 @@ use crate::support::*;
 fn plan_doc(dir: &Path, tp: u64) -> Value {
     let tp = tp.to_string();
     let out = run(&["plan", s(dir), "--tp", &tp, "--json"]);
-    let mut doc: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("plan --json is one JSON document ({e}): {}", context(&out)));
+    let mut doc: Value = json_doc(&["plan"], &out);
     let o = doc.as_object_mut().expect("an object");
     o.remove("timings");
     o.remove("source");

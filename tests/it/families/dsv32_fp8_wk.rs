@@ -221,7 +221,7 @@ fn deepseek_v32_scale_of_a_bf16_wk_is_skipped() {
     let text = fs::read(fixture(DSV32).join("config.json")).unwrap();
     let src = write_checkpoint(&serde_json::from_slice(&text).unwrap(), &ck);
     let o = run(&["plan", s(src.path()), "--tp", "2", "--json"]);
-    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let plan: Value = json_doc(&["plan"], &o);
     let skipped: Vec<&str> = (plan["skipped"].as_array().unwrap().iter())
         .filter(|t| t["tensor"] == scale.as_str())
         .map(|t| t["reason"].as_str().unwrap())

@@ -474,7 +474,7 @@ fn inspect_is_clean() {
     let out = run(&["inspect", s(src.path()), "--json"]);
     assert!(out.status.success(), "{}", context(&out));
     assert!(out.stderr.is_empty(), "inspect is clean: {}", context(&out));
-    let v: Value = serde_json::from_slice(&out.stdout).expect("inspect --json is JSON");
+    let v: Value = json_doc(&["inspect"], &out);
     assert_eq!(v["config"]["architecture"], "Glm4MoeForCausalLM", "{v}");
     assert_eq!(
         v["config"]["num_experts"], E,

@@ -26,7 +26,7 @@ fn with_var(value: &str, args: &[&str]) -> std::process::Output {
 fn embed_shape(value: &str, dir: &Path) -> Value {
     let out = with_var(value, &["plan", s(dir), "--tp", "2", "--json"]);
     assert!(out.status.success(), "{}", context(&out));
-    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan: Value = json_doc(&["plan"], &out);
     let t = plan["ranks"][0]["tensors"].as_array().unwrap();
     let embed = t
         .iter()

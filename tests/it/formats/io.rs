@@ -22,7 +22,7 @@ fn load_json(args: &[&str], env: &[(&str, &str)]) -> Value {
     }
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "load {args:?}: {}", context(&out));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", context(&out)))
+    json_doc(&[&["load"], args].concat(), &out)
 }
 
 fn safetensors_files(dir: &Path) -> Vec<PathBuf> {

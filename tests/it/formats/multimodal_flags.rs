@@ -139,6 +139,6 @@ fn mapping_expressions_see_the_flags() {
     ]);
     // Nothing accepted: refused as plan refuses each size, the whole report in the document.
     assert_eq!(sizes.status.code(), Some(3), "{}", context(&sizes));
-    let v: Value = serde_json::from_slice(&sizes.stdout).unwrap();
+    let v: Value = json_doc(&["sizes"], &sizes);
     assert!(v["accepted_tp"].as_array().unwrap().is_empty(), "{v:#}");
 }

@@ -325,7 +325,7 @@ fn vllm_pp_layer_partition_is_honoured_and_checked() {
     };
     let stages = |o: &std::process::Output| {
         assert!(o.status.success(), "{}", context(o));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v: serde_json::Value = json_doc(&["plan"], &o);
         v["stages"]
             .as_array()
             .unwrap()
@@ -529,7 +529,7 @@ fn ranks_and_launchers_pick_global_ranks() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", context(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v: serde_json::Value = json_doc(&["load"], &o);
     let ranks: Vec<u64> = v["ranks"]
         .as_array()
         .unwrap()

@@ -462,7 +462,7 @@ fn ranks_in_processes_of_their_own_fetch_each_byte_from_the_store_once() {
         for c in children {
             let out = c.wait_with_output().unwrap();
             assert!(out.status.success(), "tp {tp}: {}", context(&out));
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let v: serde_json::Value = json_doc(&["load"], &out);
             let why = v["io"]["why"].as_str().unwrap_or_default().to_string();
             assert!(why.contains("node cache"), "tp {tp}: {why}");
             sums.extend(load_checksums(&v));

@@ -230,7 +230,7 @@ fn missing_config_json() {
 
     let out = run(&["inspect", s(d), "--json", "--filter", "norm"]);
     assert_eq!(out.status.code(), Some(3), "{}", context(&out));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = json_doc(&["inspect"], &out);
     assert_eq!(
         (v["ok"].clone(), v["exit_status"].clone()),
         (json!(false), json!(3))

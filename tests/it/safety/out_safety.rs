@@ -794,7 +794,7 @@ fn earlier_outputs_inside_the_source_are_not_copied_as_side_files() {
         "{}",
         context(&o)
     );
-    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let report: serde_json::Value = json_doc(&["shard"], &o);
     let skipped: Vec<&str> = (report["skipped_side_files"].as_array().unwrap().iter())
         .map(|s| s["name"].as_str().unwrap())
         .collect();

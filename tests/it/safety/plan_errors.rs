@@ -749,6 +749,7 @@ fn json_lists_every_problem_when_the_plan_is_refused() {
         );
         let doc: Value = serde_json::from_str(&r.stdout)
             .unwrap_or_else(|e| panic!("{cmd:?}: stdout is not one JSON document: {e}"));
+        assert_schema(&cmd, &doc);
         assert_eq!(doc["schema_version"], 1, "{cmd:?}");
         assert_eq!(doc["exit_status"], 3, "{cmd:?}");
         assert_eq!(doc["problem_count"], 8_000, "{cmd:?}");
@@ -847,6 +848,7 @@ fn a_fix_shared_by_many_problems_is_printed_once() {
     assert_eq!(fixes_cover(&r.stderr), r.problem_count());
     let json = plan(&fixture, &["--tp", "4", "--json"]);
     let doc: Value = serde_json::from_str(&json.stdout).expect("one JSON document");
+    assert_schema(&["plan"], &doc);
     let problems = doc["problems"].as_array().expect("problems");
     assert_eq!(problems.len(), 6);
     assert!(

@@ -229,8 +229,7 @@ fn error_messages_escape_the_names_they_embed() {
         "{}",
         context(&out)
     );
-    let doc: Value =
-        serde_json::from_slice(&run(&["plan", s(&dir), "--tp", "2", "--json"]).stdout).unwrap();
+    let doc = json_doc(&["plan"], &run(&["plan", s(&dir), "--tp", "2", "--json"]));
     assert!(
         doc["problems"]
             .as_array()
@@ -301,7 +300,7 @@ fn a_refused_argument_is_escaped() {
     let out = run_clean(&["plan", ".", "--tp", &arg], 2, "usage error");
     assert!(stderr(&out).contains(r"1\x1b[2J"), "{}", context(&out));
     let out = run(&["plan", ".", "--tp", &arg, "--json"]);
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let doc: Value = json_doc(&["plan"], &out);
     // The document is JSON-escaped only (clap itself drops the ESC sequences from its text).
     let message = doc["error"]["message"].as_str().unwrap();
     assert!(message.contains("\nok: vLLM would load FORGED'"), "{doc:#}");

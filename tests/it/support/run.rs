@@ -66,6 +66,16 @@ pub(crate) fn run(args: &[&str]) -> Output {
 }
 
 /// Runs `wload <args>`, expects success, and parses stdout as JSON.
+/// What `wload ARGS…` printed on stdout (`out`), parsed as one JSON document and validated against
+/// its schema (docs/schemas/): for a test that runs the command its own way. `args` needs only the
+/// subcommand (`&["load"]`) when the whole line is not at hand.
+pub(crate) fn json_doc(args: &[&str], out: &Output) -> Value {
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("wload {args:?}: stdout is not JSON ({e}): {}", context(out)));
+    assert_schema(args, &v);
+    v
+}
+
 pub(crate) fn wload_json(args: &[&str]) -> Value {
     let out = run(args);
     assert!(

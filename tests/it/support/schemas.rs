@@ -1,4 +1,4 @@
-//! Every `--json` document the suite parses ([`super::wload_json`], [`super::wload_json_exit`],
+//! Every `--json` document the suite parses ([`super::wload_json`], [`super::wload_json_exit`], [`super::json_doc`],
 //! [`super::assert_refused`]) is validated against its schema (docs/schemas/, issue 43), so each
 //! JSON test checks the schema too: a field the types print but the schema does not describe
 //! (a hand-written `Serialize`, a `serialize_with`) fails there.

@@ -504,10 +504,10 @@ fn a_family_only_its_mapping_file_knows_gets_its_structure_from_the_file() {
         "{human}"
     );
     assert!(human.contains("layers               unknown"), "{human}");
-    let v: Value = serde_json::from_slice(
-        &run(&["inspect", s(&dir), "--json", "--hf-overrides", overrides]).stdout,
-    )
-    .unwrap();
+    let v = json_doc(
+        &["inspect"],
+        &run(&["inspect", s(&dir), "--json", "--hf-overrides", overrides]),
+    );
     let st = v["structure"].clone();
     assert_eq!(st["moe"]["routed_experts"], 8);
     assert_eq!(st["moe"]["moe_layers"], Value::Null);

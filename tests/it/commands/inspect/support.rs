@@ -71,7 +71,7 @@ fn an_unsupported_architecture_is_reported_whole_and_exits_3() {
 
     let out = run(&["inspect", d, "--json"]);
     assert_eq!(out.status.code(), Some(3), "{}", context(&out));
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let v: Value = json_doc(&["inspect"], &out);
     assert_eq!(v["ok"], false);
     assert_eq!(v["exit_status"], 3);
     assert_eq!(v["error"]["kind"], "checkpoint");
@@ -90,8 +90,7 @@ fn an_unsupported_architecture_is_reported_whole_and_exits_3() {
 #[test]
 fn far_and_missing_architectures() {
     let tmp = as_architecture("AcmeForCausalLM");
-    let v = serde_json::from_slice::<Value>(&run(&["inspect", s(tmp.path()), "--json"]).stdout)
-        .unwrap();
+    let v = json_doc(&["inspect"], &run(&["inspect", s(tmp.path()), "--json"]));
     assert_eq!(v["support"]["closest"], json!([]));
     let summary = v["support"]["summary"].as_str().unwrap();
     assert!(

@@ -61,8 +61,7 @@ fn try_json(args: &[&str], env: &[(&str, &str)]) -> Result<Value, String> {
     if !out.status.success() {
         return Err(load_context(args, &out));
     }
-    serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("stdout is not JSON ({e}); {}", load_context(args, &out)))
+    Ok(json_doc(&[&["load"], args].concat(), &out))
 }
 
 fn json_ok(args: &[&str], env: &[(&str, &str)]) -> Value {

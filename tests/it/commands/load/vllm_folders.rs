@@ -13,7 +13,7 @@ fn a_vllm_folder_loads_at_the_tp_its_file_names_say() {
         args.extend_from_slice(extra);
         let out = load(&args);
         assert!(out.status.success(), "{}", load_context(&args, &out));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v: Value = json_doc(&["load"], &out);
         assert_eq!(v["tp"].as_u64(), Some(8), "{v:#}");
         assert!(v["pp"].as_u64().is_none_or(|p| p == 1), "{v:#}");
         assert_eq!(v["kind"], "pre-sharded", "{v:#}");
@@ -66,7 +66,7 @@ fn a_tp_the_file_names_contradict_is_refused_naming_both() {
     assert!(!stderr(&o).contains("file names"), "{}", stderr(&o));
     // --json: the same problem, in the error document.
     let out = load(&[s(&dir), "--tp", "2", "--dry-run", "--json"]);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = json_doc(&["load"], &out);
     assert_eq!(v["error"]["kind"], "checkpoint");
     assert_eq!(v["problem_count"], 1);
 }
@@ -81,7 +81,7 @@ fn pp_is_read_from_the_file_names_too() {
     fs::remove_file(out.join("wload.json")).unwrap();
     let o = load(&[s(&out), "--device", "cpu", "--json"]);
     assert!(o.status.success(), "{}", context(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v: Value = json_doc(&["load"], &o);
     assert_eq!((v["tp"].as_u64(), v["pp"].as_u64()), (Some(2), Some(2)));
     assert!(
         stderr(&o).contains("--tp 2 --pp 2 taken from the file names"),

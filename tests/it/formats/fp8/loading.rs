@@ -49,7 +49,7 @@ fn fp8_shards_load_and_match_loading_the_checkpoint() {
         args.extend_from_slice(flags);
         let o = load(&args);
         assert!(o.status.success(), "{name} tp {tp}: {}", context(&o));
-        let report: Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+        let report: Value = json_doc(&["load"], &o);
         let ranks = report["ranks"].as_array().expect("ranks");
         assert_eq!(ranks.len() as u64, tp, "{name} tp {tp}: ranks loaded");
         for rank in ranks {

@@ -237,9 +237,10 @@ fn headers_only_commands_fetch_headers_and_agree_with_the_local_folder() {
     assert_eq!(fetched(&v)["bytes"], 0);
     hub.stop();
     for cmd in COMMANDS {
-        let out = run(&mut wload_hub(Some(&hub), home.path()), &args(cmd, BIG));
+        let line = args(cmd, BIG);
+        let out = run(&mut wload_hub(Some(&hub), home.path()), &line);
         assert!(out.status.success(), "{cmd:?}: {}", context(&out));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = json_doc(&line, &out);
         assert_eq!(fetched(&v)["bytes"], 0, "{cmd:?}");
         assert!(
             stderr(&out).contains("hub: fetched 0 B"),
@@ -259,7 +260,7 @@ fn load_dry_run_fetches_headers_and_says_so() {
         &["load", BIG, "--tp", "2", "--dry-run", "--json"],
     );
     assert!(out.status.success(), "{}", context(&out));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = json_doc(&["load"], &out);
     assert_eq!(v["hub_fetched"]["header_files"], 3, "{v:#}");
     assert_eq!(v["hub_fetched"]["tensor_data_bytes"], 0);
     assert_eq!(

@@ -532,7 +532,7 @@ fn run(cmd: &mut Command, args: &[&str]) -> Output {
 fn ok_json(cmd: &mut Command, args: &[&str]) -> Value {
     let out = run(cmd, args);
     assert!(out.status.success(), "wload {args:?}: {}", context(&out));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", context(&out)))
+    json_doc(args, &out)
 }
 
 /// Runs `cmd ARGS…` and asserts a refusal with `code` (see [`assert_refused`]); returns stderr.

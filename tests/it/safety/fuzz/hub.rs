@@ -23,6 +23,7 @@ use crate::formats::hub::{
     Hook, Hub, REPO, Reply, SHA, Seen, files_under, llama_repo, one_repo, raw, repo_dir,
     resolved_file, run_bounded,
 };
+use crate::support::assert_schema;
 
 /// Inputs per run: each starts wload once (and retries with back-off), so a few dozen keep the
 /// test within its 30 s.
@@ -456,6 +457,7 @@ fn check(case: &Case) {
     }
     let repo = llama_repo();
     let v: serde_json::Value = serde_json::from_slice(&b.stdout).expect("a JSON report");
+    assert_schema(&["inspect"], &v);
     let snapshot = rd
         .join("snapshots")
         .join(v["hub"]["commit"].as_str().unwrap_or(SHA));

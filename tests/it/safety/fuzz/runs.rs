@@ -160,7 +160,8 @@ fn rank_files(ranks: &str) -> Vec<String> {
 /// What `inspect --json` and `load --dry-run --read` made of `dir`: (accepted, what they said).
 fn verdicts(dir: &Path) -> [(bool, String); 2] {
     let i = run(&["inspect", s(dir), "--json"]);
-    let doc: serde_json::Value = serde_json::from_slice(&i.stdout).unwrap_or_default();
+    // Whatever the folder holds, stdout is one inspect (or error) document.
+    let doc = json_doc(&["inspect"], &i);
     let inspect_ok = i.status.success() && doc["complete"] == true;
     let l = run(&["load", s(dir), "--dry-run", "--read"]);
     [
