@@ -325,7 +325,7 @@ fn vllm_pp_layer_partition_is_honoured_and_checked() {
     };
     let stages = |o: &std::process::Output| {
         assert!(o.status.success(), "{}", context(o));
-        let v: serde_json::Value = json_doc(&["plan"], &o);
+        let v: serde_json::Value = json_doc(&["plan"], o);
         v["stages"]
             .as_array()
             .unwrap()

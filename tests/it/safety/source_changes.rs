@@ -315,7 +315,7 @@ fn rank_files_bytes(out: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 /// The loaded tensors' checksums of a `load --checksums --json` document.
 fn loaded_checksums(o: &Output) -> serde_json::Value {
-    let v: serde_json::Value = json_doc(&["load"], &o);
+    let v: serde_json::Value = json_doc(&["load"], o);
     v["ranks"]
         .as_array()
         .unwrap()
