@@ -229,6 +229,18 @@ def assert_refused_in_vllms_flags(err):
     assert [p["message"] for p in err.problems][0].startswith("num_attention_heads (8)")
 
 
+def test_a_plan_errors_options_read_as_vllm_serves_flags():
+    said = vllm_plugin._in_vllm_flags(
+        "expert_parallel=True: no experts; mm_encoder_tp_mode='data' and dtype='float16' "
+        "with pp=2; choose a tp that divides 8 (vLLM requires `heads % tp == 0`); "
+        "pass one with mapping FILE (see docs/mapping-format.md); TP sizes that work: 1, 2")
+    assert said == (
+        "--enable-expert-parallel: no experts; --mm-encoder-tp-mode 'data' and --dtype 'float16' "
+        "with --pipeline-parallel-size 2; choose a --tensor-parallel-size that divides 8 (vLLM "
+        "requires `heads % tp == 0`); pass one with `wload shard --mapping FILE` (then serve its "
+        "output folder) (see docs/mapping-format.md); TP sizes that work: 1, 2")
+
+
 def engine_config(torch, model, tp, load_format="wload"):
     """The parts of a VllmConfig the plugin's early refusal reads."""
     return SimpleNamespace(

@@ -414,9 +414,15 @@ _KEYWORD = re.compile(
 )
 
 
+# A mapping file is wload's own option, which `vllm serve` has no flag for: it is given to
+# `wload shard`, whose output the plugin (or sharded_state) then serves.
+_MAPPING = re.compile(r"(?<![\w-])mapping FILE\b")
+
+
 def _in_vllm_flags(text: str) -> str:
     """A wload.PlanError's text with its keywords named as `vllm serve`'s flags; a rule quoted in
     backticks (`num_attention_heads % tp == 0`) is an expression and stays as it is."""
+    text = _MAPPING.sub("`wload shard --mapping FILE` (then serve its output folder)", text)
     pieces = text.split("`")
     for i in range(0, len(pieces), 2):
         pieces[i] = _KEYWORD.sub(lambda m: _VLLM_FLAGS[m.group(1) or m.group(2)], pieces[i])
