@@ -2,7 +2,7 @@
 # The Python package's tests, run against the wheel as it ships: built once (release, as people
 # install it), installed into a fresh venv on a PATH without a Rust toolchain (a GPU node or
 # vLLM's image has none), checked to be the whole tool there (the `wload` command, the library),
-# then python/tests from that venv. `.ci/run` calls this; README "Tests".
+# then python/tests from that venv. `.ci/run` calls this; README "Tests", docs/development.md.
 #
 #   python/test.sh        (from anywhere; leaves dist/wload-*.whl and .venv-py/ at the root)
 set -euo pipefail

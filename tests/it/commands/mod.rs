@@ -1,7 +1,9 @@
-//! One module per subcommand (inspect, plan, sizes, shard, load, deploy), the CLI and JSON.
+//! One module per subcommand (inspect, plan, sizes, shard, load, deploy), the CLI and JSON, and the
+//! documents' commands (docs).
 
 mod cli;
 mod deploy;
+mod docs;
 mod folders;
 mod inspect;
 mod json;
