@@ -108,6 +108,7 @@ golden! {
     nvfp4_moe_ct__ep_tp2 => "nvfp4_moe_ct__ep/tp2",
     nvfp4_moe_modelopt__ep_tp2 => "nvfp4_moe_modelopt__ep/tp2",
     nvfp4_moe_modelopt__ep__moe_flashinfer_trtllm_tp2 => "nvfp4_moe_modelopt__ep__moe_flashinfer_trtllm/tp2",
+    olmo3_synth_tp2 => "olmo3_synth/tp2",
     phi3_fp32_tp2 => "phi3_fp32/tp2",
     qwen2_tp2 => "qwen2/tp2",
     qwen2_tp4 => "qwen2/tp4",
