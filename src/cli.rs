@@ -332,7 +332,7 @@ const LANGUAGE_MODEL_ONLY_HELP: &str = "Multimodal models: the language model on
 const MM_ENCODER_TP_MODE_HELP: &str = "Multimodal models: how the encoder uses tensor parallelism, as vLLM's --mm-encoder-tp-mode: weights (each layer split over the ranks, vLLM's default) or data (the whole encoder on every rank)";
 
 /// The help of `--moe-backend` (plan, shard, load).
-const MOE_BACKEND_HELP: &str = "MXFP4 experts padded as this vLLM --moe-backend pads them (triton, marlin, flashinfer_trtllm, flashinfer_cutlass, deep_gemm, cpu, emulation); default: unpadded slices, which load on every backend";
+const MOE_BACKEND_HELP: &str = "The vLLM --moe-backend the experts are laid out for. MXFP4 experts padded as it pads them (triton, marlin, flashinfer_trtllm, flashinfer_cutlass, deep_gemm, cpu, emulation; default: unpadded slices, which load on every backend). ModelOpt NVFP4 experts under --enable-expert-parallel, required: a FlashInfer backend (flashinfer_trtllm, flashinfer_cutlass, flashinfer_cutedsl, flashinfer_b12x) holds every expert's input scales on every rank, the others (marlin, the H100/H200 default; cutlass, b12x, humming, flashinfer_moe_ep_cutedsl, emulation) the rank's own";
 
 fn parse_moe_backend(s: &str) -> Result<MoeBackend, String> {
     MoeBackend::parse(s)

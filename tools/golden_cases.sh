@@ -3,7 +3,7 @@
 
 # The flags of a case name's suffixes, as the golden README defines them: `__lmonly`
 # --language-model-only, `__mmdata` --mm-encoder-tp-mode data, `__ep` --enable-expert-parallel,
-# `__ppN` --pp N, `__dtype_D` --dtype D, `__maxsize_B` --max-part-size B (with a second argument
+# `__ppN` --pp N, `__dtype_D` --dtype D, `__moe_B` --moe-backend B, `__maxsize_B` --max-part-size B (with a second argument
 # `engine`: vLLM's engine flags only, which have no part size; the others are spelled the same).
 suffix_flags() {
   local s parts flags=() engine=${2:-}
@@ -15,6 +15,7 @@ suffix_flags() {
       ep) flags+=(--enable-expert-parallel) ;;
       pp[0-9]*) flags+=(--pp "${s#pp}") ;;
       dtype_*) flags+=(--dtype "${s#dtype_}") ;;
+      moe_*) flags+=(--moe-backend "${s#moe_}") ;;
       maxsize_*) [ "$engine" = engine ] || flags+=(--max-part-size "${s#maxsize_}") ;;
       fp8_*) ;;  # llama_gqa__fp8_block: the fixture's name (fixture_of), no flag
       *) echo "unknown case suffix __$s" >&2; return 1 ;;

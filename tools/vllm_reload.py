@@ -37,7 +37,9 @@ the goal is the state right after the weight loaders, which is what sharded_stat
 - kernel selection that has no CPU implementation (NVFP4, WNA16/Marlin linear kernels): a stub
   object, selection only — parameters are created by the schemes themselves;
 - the MoE backend: the SM90 (H100/H200) default, TRITON, which decides MXFP4 padding, and
-  MARLIN for NVFP4 experts (selection only), which decides their input scales' shape under EP;
+  MARLIN for NVFP4 experts (selection only), which decides their input scales' shape under EP
+  (`--moe-backend flashinfer_trtllm` and the other FlashInfer names pin that NVFP4 backend
+  instead: ModelOpt's input scales for every expert on every rank);
 - DSA models (DeepSeek-V3.2, GLM-5.x: `DeepseekV32ForCausalLM`, `GlmMoeDsaForCausalLM`): the
   class of vLLM's CUDA module tree, `vllm/models/deepseek_v32/nvidia/model.py`, which the golden
   case records (what an H100/H200 holds; on CPU vLLM would bind the generic DeepSeek-V3 tree, whose
@@ -60,6 +62,10 @@ import multiprocessing as mp
 import os
 import socket
 import sys
+
+
+# Patched selections that vLLM actually called, for `--oracle-meta` (as the golden oracle lists them).
+PATCHES_CALLED = []
 
 
 def patch_vllm(moe_backend):
@@ -100,12 +106,22 @@ def patch_vllm(moe_backend):
             else:
                 setattr(m, fn, lambda *a, **k: StubKernel())
     # NVFP4 experts: CPUs have no backend; MARLIN is the SM90 (H100/H200) default, whose
-    # input scales are the rank's experts' (not FlashInfer's global ones).
+    # input scales are the rank's experts' (not FlashInfer's global ones). `--moe-backend` names
+    # another (`flashinfer_trtllm`: the ModelOpt input scales of every expert on every rank under
+    # EP), mapped as vLLM maps the flag (`oracle/nvfp4.py` `map_nvfp4_backend`).
     try:
         import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as on
 
+        try:
+            nvfp4_choice = on.map_nvfp4_backend(moe_backend) if moe_backend else on.NvFp4MoeBackend.MARLIN
+        except ValueError:  # an MXFP4-only name (triton): NVFP4 keeps the SM90 default
+            nvfp4_choice = on.NvFp4MoeBackend.MARLIN
+
         def select_nvfp4(*a, **k):
-            return on.NvFp4MoeBackend.MARLIN, StubKernel
+            note = f"select_nvfp4_moe_backend -> ({nvfp4_choice.name}, StubKernel) (selection only; decides the experts' input scales under EP, use_global_sf)"
+            if note not in PATCHES_CALLED:
+                PATCHES_CALLED.append(note)
+            return nvfp4_choice, StubKernel
 
         for mod in [
             "vllm.model_executor.layers.quantization.modelopt",
@@ -262,8 +278,39 @@ def rank_main(rank, args, port):
         else f"model-rank-{rank}-part-0.safetensors"
     )
     save_file(state, os.path.join(args.dump, name))
+    if args.oracle_meta:
+        write_oracle_meta(args, rank, config, model, list(state))
     print(f"rank {rank}: {len(state)} tensors", flush=True)
     torch.distributed.destroy_process_group()
+
+
+def write_oracle_meta(args, rank, config, model, keys):
+    """`oracle_meta_rank<r>.json` as the golden oracle writes it, for a reference made here from a
+    checkpoint (`--load-format safetensors`): the layout, the state_dict order (`saved_key_order`,
+    which decides part boundaries and the order wload must plan) and the patched selections."""
+    import torch
+    import vllm
+
+    meta = {
+        "rank": rank,
+        "tp": args.tp,
+        "pp": args.pp,
+        "fixture": args.folder,
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "platform": "CpuPlatform",
+        "model_class": type(model).__name__,
+        "dtype_requested": args.dtype,
+        "dtype_resolved": str(config.model_config.dtype),
+        "enable_expert_parallel": args.enable_expert_parallel,
+        "state": "pre_process_weights_after_loading",
+        "made_by": "tools/vllm_reload.py --load-format safetensors --oracle-meta",
+        "patches": ["process_weights_after_loading -> no-op (dump the PRE-post-processing state)"]
+        + PATCHES_CALLED,
+        "saved_key_order": keys,
+    }
+    with open(os.path.join(args.dump, f"oracle_meta_rank{rank}.json"), "w") as f:
+        json.dump(meta, f, indent=1)
 
 
 def folder_flags(folder):
@@ -317,6 +364,11 @@ def parser():
         help="engine flags from FOLDER/wload.json's serve line (or a golden folder's oracle meta)",
     )
     p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--oracle-meta",
+        action="store_true",
+        help="also write oracle_meta_rank<r>.json (state_dict order, patches), as a golden expected folder has",
+    )
     p.add_argument("--moe-backend", default=None)
     p.add_argument("--enable-expert-parallel", action="store_true")
     p.add_argument(

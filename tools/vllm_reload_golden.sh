@@ -36,7 +36,9 @@ cases=("$@")
   minimax_m2/tp2 qwen3_vl/tp2 llama4__lmonly/tp2 qwen3_5_moe__lmonly/tp2 glm4_moe_lite/tp2
   deepseek_v32/tp2 mistral_large_3/tp2)
 # Shard flags a case needs beyond those its name's suffixes stand for (suffix_flags).
-declare -A CASE_FLAGS=([gpt_oss_mxfp4]="--moe-backend triton")
+# NVFP4 experts under EP: the H100/H200 backend the golden oracle pinned (vllm-spec §10.1.4).
+declare -A CASE_FLAGS=([gpt_oss_mxfp4]="--moe-backend triton"
+  [nvfp4_moe_modelopt__ep]="--moe-backend marlin" [qwen3_moe_modelopt_nvfp4__ep]="--moe-backend marlin")
 
 # suffix_flags, fixture_of
 source "$here/tools/golden_cases.sh"

@@ -6,12 +6,16 @@ use super::types::{ExpertPart, RankLayout, Shape, Slice, SlotKey, name};
 use super::{Kind, Rank, ShardId};
 
 /// Per-tensor scales of fused experts (`w13` `[E_loc, 2]`, or `[E_loc]` for `input`; `w2`
-/// `[E_loc]`).
+/// `[E_loc]`); with `global`, every expert's on every rank (`[E, 2]`, `[E]`), by global id.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExpertTensorScale {
     pub part: ExpertPart,
     pub experts: u64,
     pub input: bool,
+    /// Sized for all the model's experts whatever the rank holds: NVFP4 input scales on
+    /// FlashInfer backends (`use_global_sf`), which the loader fills by global expert id for
+    /// every expert on every rank (`fused_moe/routed_experts.py:730-735, 831-861`).
+    pub global: bool,
 }
 
 impl Kind for ExpertTensorScale {
@@ -25,7 +29,7 @@ impl Kind for ExpertTensorScale {
     }
 
     fn rank_layout(&self, r: Rank, _: bool) -> RankLayout {
-        expert_tensor_scale(self.part, self.experts, self.input, r)
+        expert_tensor_scale(self, r)
     }
 
     fn expert_count(&self) -> Option<u64> {
@@ -35,8 +39,13 @@ impl Kind for ExpertTensorScale {
 
 /// Per-tensor expert scales: `w13` `[E_loc, 2]` (w1, w3), or with `input` one slot per expert
 /// that w1 and w3 both write (the later-loaded wins: see pieces.rs); `w2` `[E_loc]`.
-fn expert_tensor_scale(part: ExpertPart, experts: u64, input: bool, r: Rank) -> RankLayout {
-    let local = r.experts(experts).local;
+fn expert_tensor_scale(k: &ExpertTensorScale, r: Rank) -> RankLayout {
+    let (part, experts, input) = (k.part, k.experts, k.input);
+    let local = if k.global {
+        0..experts
+    } else {
+        r.experts(experts).local
+    };
     let e_loc = local.end - local.start;
     let (shards, width): (&[&str], u64) = match (part, input) {
         (ExpertPart::W13, false) => (&["w1", "w3"], 2),

@@ -6,6 +6,7 @@ mod compose;
 pub(crate) mod expr;
 pub(crate) mod limits;
 pub(crate) mod rules;
+mod transformers_backend;
 
 use std::path::{Path, PathBuf};
 
@@ -253,6 +254,10 @@ pub enum MappingError {
         "no mapping for architecture '{arch}' (known: {known}); pass one with --mapping FILE (see docs/mapping-format.md)"
     )]
     UnknownArchitecture { arch: String, known: String },
+    #[error(
+        "{arch}: vLLM 0.33 builds it with its Transformers modeling backend ({class}, models/registry.py:747-782), whose state is transformers' module tree with vLLM's graph fusers applied (q/k/v into qkv_proj and gate/up into gate_up_proj where the traced forward allows, norms kept whole or split as they are detected, the rest split by the config's tensor-parallel plan); wload maps that layout only for Olmo3ForCausalLM, checked against real vLLM. Pass a mapping that states this model's fused layout with --mapping FILE (docs/mapping-format.md), checked with tools/vllm_reload.py"
+    )]
+    TransformersBackend { arch: String, class: &'static str },
     /// A name rule grew a checkpoint name past [`limits::MAX_NAME_GROWTH`].
     #[error("{0}")]
     NameTooLong(Box<limits::NameTooLong>),
@@ -324,6 +329,12 @@ pub fn select(file: Option<&Path>, arch: Option<&str>) -> Result<Mapping, Mappin
         .find(|(_, text)| declared_architectures(text).iter().any(|a| a == arch))
     {
         return parse_embedded(file, text);
+    }
+    if let Some(class) = transformers_backend::backend_class(arch) {
+        return Err(MappingError::TransformersBackend {
+            arch: arch.to_string(),
+            class,
+        });
     }
     let mut known: Vec<String> = EMBEDDED
         .iter()

@@ -33,7 +33,7 @@ use crate::mapping::Mapping;
 use crate::model::env::{Env, EnvProblem, Parallel};
 use crate::model::{Model, rules_for};
 use crate::problem::{Problem, Problems};
-use crate::quant::Quantization;
+use crate::quant::{Quantization, moe_backend_unused};
 use crate::ranks::World;
 pub(crate) use pieces::Piece;
 use pieces::Pieces;
@@ -189,6 +189,7 @@ fn checked<'m>(
 ) -> Result<Checked<'m>, PlanError> {
     let mut planner = Planner::new(mapping, model, mapped.checkpoint, opts)?;
     let params = planner.parameters()?;
+    planner.moe_backend_used();
     let stages = planner.stages(params.layers);
     planner.stage_needs(&stages);
     let on_stages = planner.on_stages(&params.list);
@@ -228,6 +229,9 @@ struct Planner<'m> {
     /// Whether the config passed the mapping's checks, so that per-rank divisibility is worth
     /// reporting too.
     geometry_ok: bool,
+    /// Whether the method quantized some experts (the parameters phase sets it): what
+    /// `--moe-backend` lays out.
+    quantized_experts: bool,
     problems: Problems,
 }
 
@@ -279,17 +283,18 @@ impl<'m> Planner<'m> {
                 });
             }
         }
-        if let Some(b) = opts.moe_backend
-            && !quant.as_ref().is_some_and(|q| q.pads_for_moe_backend())
-        {
-            problems.push(Problem {
-                message: format!(
-                    "--moe-backend {}: wload pads only MXFP4 (gpt_oss_mxfp4) experts for a MoE backend, and this checkpoint has none",
-                    b.as_str()
-                ),
-                fix: Some("leave out --moe-backend (pass it to vllm serve if you want it)".into()),
-                ..Default::default()
-            });
+        if let Some(b) = opts.moe_backend {
+            let taken = match &quant {
+                Some(q) => q.moe_backend(b),
+                None => Err(moe_backend_unused(b)),
+            };
+            if let Err((message, fix)) = taken {
+                problems.push(Problem {
+                    message,
+                    fix: Some(fix),
+                    ..Default::default()
+                });
+            }
         }
         let (env, unset) = Env::new(mapping, config, opts.parallel(), opts.mapping.as_deref());
         unset.into_iter().for_each(|p| problems.push(p.into()));
@@ -306,8 +311,25 @@ impl<'m> Planner<'m> {
             quant: quant.map(std::sync::Arc::new),
             arch: config.architecture().unwrap_or(&mapping.family).to_string(),
             geometry_ok,
+            quantized_experts: false,
             problems,
         })
+    }
+
+    /// `--moe-backend` on a checkpoint whose method takes it but that has no quantized experts
+    /// (a dense NVFP4 model): the flag would change nothing.
+    fn moe_backend_used(&mut self) {
+        if let Some(b) = self.opts.moe_backend
+            && !self.quantized_experts
+            && self.problems.is_empty()
+        {
+            let (message, fix) = moe_backend_unused(b);
+            self.problems.push(Problem {
+                message,
+                fix: Some(fix),
+                ..Default::default()
+            });
+        }
     }
 
     /// The problems found so far, as the error that refuses the plan.

@@ -29,7 +29,9 @@ impl<'m> Planner<'m> {
             QuantRole::Linear => self.linear(&q, p, partner_quantized).map(|e| (vec![], e)),
             QuantRole::Experts => {
                 let (w, mut cx) = self.cx(p, &no_heads);
-                q.experts(w, &mut cx).map(|e| (vec![], e))
+                let made = q.experts(w, &mut cx);
+                self.quantized_experts |= made.is_some();
+                made.map(|e| (vec![], e))
             }
             QuantRole::Attention => self.kv_cache(&q, p, params).map(|e| (e, vec![])),
             QuantRole::None => None,

@@ -43,7 +43,8 @@ use cx::{Cx, Weight};
 use extra::Extra;
 use info::QuantInfo;
 
-/// `--moe-backend`: the MoE backend whose padding gpt-oss MXFP4 experts get.
+/// `--moe-backend`: the MoE backend whose padding gpt-oss MXFP4 experts get, and whose choice
+/// sizes NVFP4 experts' input scales under expert parallelism.
 pub use moe_backend::MoeBackend;
 
 /// One quantization method as vLLM 0.33 runs it: what its config says, which layers it
@@ -90,9 +91,11 @@ pub trait Method: CloneMethod + Debug + Send + Sync {
         false
     }
 
-    /// Whether its experts are padded for `--moe-backend` (gpt-oss MXFP4).
-    fn pads_for_moe_backend(&self) -> bool {
-        false
+    /// Whether its experts are laid out for `--moe-backend b` (gpt-oss MXFP4's padding, NVFP4's
+    /// input scales under expert parallelism): `Err` holds the refusal and the fix when this
+    /// method's experts do not depend on a backend, or vLLM takes no such backend for them.
+    fn moe_backend(&self, b: MoeBackend) -> Result<(), (String, String)> {
+        Err(moe_backend_unused(b))
     }
 
     /// A quantized linear layer's weight `w` (named `<module>.weight`): its dtype, name and
@@ -251,6 +254,18 @@ fn writes() -> String {
     let labels: Vec<&str> = METHODS.iter().map(|e| e.label).collect();
     let (last, rest) = labels.split_last().expect("methods");
     format!("unquantized, {} and {last}", rest.join(", "))
+}
+
+/// The refusal of `--moe-backend b` for a checkpoint whose experts (if any) are the same on
+/// every backend: the message and the fix.
+pub(crate) fn moe_backend_unused(b: MoeBackend) -> (String, String) {
+    (
+        format!(
+            "--moe-backend {}: wload lays out experts for a MoE backend only for MXFP4 (gpt_oss_mxfp4) and NVFP4 experts, and this checkpoint has neither",
+            b.as_str()
+        ),
+        "leave out --moe-backend (pass it to vllm serve if you want it)".into(),
+    )
 }
 
 impl Quantization {

@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::cx::{Cx, Weight};
 use super::extra::{Extra, experts_module};
 use super::info::QuantInfo;
+use super::moe_backend::MoeBackend;
 use super::nvfp4::{self, Nvfp4Method, Nvfp4Names};
 use super::{Method, QuantError, refuse, refuse_dtype, skipped_exactly, string_list};
 use crate::dtype::Dtype;
@@ -289,6 +290,12 @@ impl Method for ModelOptNvFp4 {
 
     fn linear(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
         nvfp4::linear(self.method(), w, cx)
+    }
+
+    /// The NVFP4 names vLLM takes; under expert parallelism the backend sizes the experts'
+    /// input scales (`nvfp4.rs`).
+    fn moe_backend(&self, b: MoeBackend) -> Result<(), (String, String)> {
+        nvfp4::moe_backend(b)
     }
 
     fn experts(&self, w: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {

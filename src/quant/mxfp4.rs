@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::cx::{Cx, Weight};
 use super::extra::Extra;
 use super::info::QuantInfo;
+use super::moe_backend::{MoeBackend, names};
 use super::{Method, QuantError, refuse, refuse_dtype, string_list};
 use crate::dtype::Dtype;
 use crate::layout::mxfp4::{Mxfp4Dims, Mxfp4Part};
@@ -74,8 +75,20 @@ impl Method for GptOssMxfp4 {
         Ok(false)
     }
 
-    fn pads_for_moe_backend(&self) -> bool {
-        true
+    fn moe_backend(&self, b: MoeBackend) -> Result<(), (String, String)> {
+        match b.alignment() {
+            Some(_) => Ok(()),
+            None => Err((
+                format!(
+                    "--moe-backend {}: wload does not know how vLLM pads MXFP4 experts for this backend",
+                    b.as_str()
+                ),
+                format!(
+                    "name one wload pads for ({}), or leave out --moe-backend: the unpadded slices load on every backend",
+                    names(MoeBackend::mxfp4())
+                ),
+            )),
+        }
     }
 
     fn linear(&self, _w: Weight<'_>, _cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
@@ -99,7 +112,7 @@ impl Method for GptOssMxfp4 {
             experts,
             intermediate,
             hidden,
-            align: cx.moe_backend.map_or([1, 1], |b| b.alignment()),
+            align: cx.moe_backend.and_then(|b| b.alignment()).unwrap_or([1, 1]),
         };
         let geometry = |part| Geometry::Mxfp4Experts(Mxfp4Experts { part, dims });
         *w.geometry = geometry(Mxfp4Part::W13Weight);

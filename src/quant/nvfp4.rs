@@ -10,6 +10,7 @@
 use super::cx::{Cx, Weight};
 use super::extra::{Extra, part_name};
 use super::linear::LinearShape;
+use super::moe_backend::{MoeBackend, names};
 use crate::dtype::Dtype;
 use crate::layout::{ExpertTensorScale, Experts, Geometry, TensorScale};
 use crate::mapping::ExpertPart;
@@ -34,7 +35,8 @@ pub(crate) struct Nvfp4Names {
     /// A W4A16 linear still registers a NaN input scale (ModelOpt's `_DropInputScale`).
     pub(crate) a16_input: bool,
     /// Under EP the experts' input scales are allocated for all experts on FlashInfer backends
-    /// (ModelOpt's `use_global_sf` sizing); compressed-tensors sizes them for the rank's own.
+    /// (ModelOpt's `use_global_sf` sizing, so `--moe-backend` decides); compressed-tensors
+    /// sizes them for the rank's own on every backend.
     pub(crate) backend_input_scales: bool,
     /// vLLM's words when a rank's input is not a multiple of 16.
     pub(crate) k16_refusal: &'static str,
@@ -128,10 +130,30 @@ pub(crate) fn linear(m: Nvfp4Method, p: Weight<'_>, cx: &mut Cx<'_>) -> Option<V
     Some(out)
 }
 
+/// Whether vLLM takes `--moe-backend b` for NVFP4 experts (`map_nvfp4_backend`,
+/// `fused_moe/oracle/nvfp4.py:163-186`), in its words when not (the planner asks before any parameter).
+pub(crate) fn moe_backend(b: MoeBackend) -> Result<(), (String, String)> {
+    if b.nvfp4_global_input_scales().is_some() {
+        return Ok(());
+    }
+    let expected: Vec<String> = MoeBackend::nvfp4()
+        .map(|b| format!("'{}'", b.as_str()))
+        .collect();
+    Err((
+        format!(
+            "--moe-backend {0}: moe_backend='{0}' is not supported for NvFP4 MoE. Expected one of [{1}].",
+            b.as_str(),
+            expected.join(", ")
+        ),
+        "name the NVFP4 MoE backend vllm serve will use (marlin on H100/H200, flashinfer_trtllm on Blackwell), or leave out --moe-backend".into(),
+    ))
+}
+
 /// A fused NVFP4 expert weight: U8 with two FP4 values a byte; after `w2`'s, the experts'
 /// block scales (F8_E4M3), global weight scales and input scales (F32), in vLLM's
-/// registration order. ModelOpt's under expert parallelism are refused: their input scales'
-/// shape depends on the backend (`use_global_sf`, modelopt.py:1008–1026).
+/// registration order. ModelOpt's input scales under expert parallelism are shaped by the MoE
+/// backend (`use_global_sf`, modelopt.py:1008–1026): every expert's on a FlashInfer backend,
+/// the rank's own on the others; without `--moe-backend` that is refused.
 pub(crate) fn experts(m: Nvfp4Method, p: Weight<'_>, cx: &mut Cx<'_>) -> Option<Vec<Extra>> {
     let Geometry::Experts(Experts {
         part,
@@ -183,20 +205,18 @@ pub(crate) fn experts(m: Nvfp4Method, p: Weight<'_>, cx: &mut Cx<'_>) -> Option<
     p.name.push_str(m.names.packed_suffix);
     *p.dtype = Dtype::U8;
     *p.geometry = packed(PER_BYTE);
-    if cx.ep && m.names.backend_input_scales {
-        if part == ExpertPart::W13 {
-            cx.problems.push(Problem {
-                message: format!(
-                    "{}: NVFP4 experts under expert parallelism have input scales whose shape depends on the GPU: vLLM allocates them for all {experts} experts on FlashInfer backends (Blackwell's default) and for the rank's own experts on MARLIN (H100/H200's), so no one file loads on both",
-                    p.name
-                ),
-                fix: Some("shard without --enable-expert-parallel: with tensor parallelism every rank holds every expert and the files are the same for every backend".into()),
-                parameter: Some(p.name.to_string()),
-                ..Default::default()
-            });
+    let global_inputs = match (cx.ep && m.names.backend_input_scales, cx.moe_backend) {
+        (false, _) => false,
+        // A backend vLLM refuses for NVFP4 is refused already (`moe_backend` below).
+        (true, Some(b)) => b.nvfp4_global_input_scales().unwrap_or(false),
+        (true, None) => {
+            if part == ExpertPart::W13 {
+                cx.problems.push(backend_needed(p.name, experts));
+            }
+            // Planned on as the rank's own, so that the refusal is the one problem reported.
+            false
         }
-        return None;
-    }
+    };
     let scale_geometry = packed(g);
     if part == ExpertPart::W13 {
         // vLLM registers both weights first, then every scale; w13's block scale is
@@ -208,17 +228,38 @@ pub(crate) fn experts(m: Nvfp4Method, p: Weight<'_>, cx: &mut Cx<'_>) -> Option<
         m,
         &base,
         [experts, intermediate, hidden],
-        scale_geometry,
+        (scale_geometry, global_inputs),
     ))
 }
 
+/// The refusal of ModelOpt NVFP4 experts under EP without `--moe-backend`, naming the flag and
+/// the backends on either side.
+fn backend_needed(weight: &str, experts: u64) -> Problem {
+    let side = |global: bool| {
+        names(MoeBackend::nvfp4().filter(|b| b.nvfp4_global_input_scales() == Some(global)))
+    };
+    Problem {
+        message: format!(
+            "{weight}: NVFP4 experts under expert parallelism have input scales whose shape depends on vLLM's MoE backend: it allocates them for all {experts} experts on the FlashInfer backends (Blackwell's default) and for the rank's own experts on the others (MARLIN is H100/H200's default)"
+        ),
+        fix: Some(format!(
+            "pass --moe-backend with the backend vllm serve will use: every expert's input scales for {}; the rank's own for {} (marlin on H100/H200); or shard without --enable-expert-parallel, whose files are the same for every backend",
+            side(true),
+            side(false)
+        )),
+        parameter: Some(weight.to_string()),
+        ..Default::default()
+    }
+}
+
 /// The experts' scales after `w2`'s weight: both block scales (w2's geometry given), then the
-/// global scales and the input scales of w13 and w2.
+/// global scales and the input scales of w13 and w2 (every expert's on every rank when
+/// `global_inputs`).
 fn expert_scales(
     m: Nvfp4Method,
     base: &str,
     [experts, intermediate, hidden]: [u64; 3],
-    w2_scale: Geometry,
+    (w2_scale, global_inputs): (Geometry, bool),
 ) -> Vec<Extra> {
     let w13_scale = Geometry::Experts(Experts {
         part: ExpertPart::W13,
@@ -227,11 +268,12 @@ fn expert_scales(
         hidden: hidden / m.group,
     });
     let named = |part: ExpertPart, suffix: &str| format!("{base}{}_{suffix}", part_name(part));
-    let per_expert = |part: ExpertPart| {
+    let per_expert = |part: ExpertPart, global: bool| {
         Geometry::ExpertTensorScale(ExpertTensorScale {
             part,
             experts,
             input: false,
+            global,
         })
     };
     let block = |part: ExpertPart, geometry: Geometry| {
@@ -249,11 +291,13 @@ fn expert_scales(
     for suffix in [m.names.global, m.names.input] {
         for part in [ExpertPart::W13, ExpertPart::W2] {
             // W4A16 experts register input scales too; no checkpoint fills them.
-            let optional = suffix == m.names.input && !m.activations;
+            let input = suffix == m.names.input;
+            let optional = input && !m.activations;
+            let geometry = per_expert(part, input && global_inputs);
             out.push(Extra {
                 optional,
                 fill: if optional { f64::NAN } else { 0.0 },
-                ..Extra::required(named(part, suffix), per_expert(part), Dtype::F32, 0.0)
+                ..Extra::required(named(part, suffix), geometry, Dtype::F32, 0.0)
             });
         }
     }

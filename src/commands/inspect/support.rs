@@ -31,8 +31,10 @@ pub struct Support {
     pub mapping_file: Option<String>,
     /// What vLLM 0.33 does with the architecture as far as wload knows: "supported" for every
     /// architecture a built-in mapping serves (each is checked against vLLM 0.33),
-    /// "platform-specific" for DeepSeek-V4 (vLLM builds it, but per platform and GPU), "unknown"
-    /// otherwise (wload keeps no list of vLLM's other architectures).
+    /// "platform-specific" for DeepSeek-V4 (vLLM builds it, but per platform and GPU),
+    /// "supported" too for those vLLM builds with its Transformers backend (its registry's list,
+    /// `mapping/transformers_backend.rs`), "unknown" otherwise (wload keeps no list of vLLM's
+    /// other architectures).
     pub vllm: &'static str,
     /// Where the structure section comes from: "mapping", or "config.json" alone (no mapping: the
     /// family's defaults and derived values are unknown, so its numbers are not the model's for sure).
@@ -55,13 +57,26 @@ pub(crate) fn support(
 ) -> Support {
     let arch = architecture.map(str::to_string);
     let builtin = architecture.is_some_and(|a| crate::mapping::select(None, Some(a)).is_ok());
-    let vllm = if builtin { "supported" } else { "unknown" };
+    let backend = match &refusal {
+        Some(MappingError::TransformersBackend { class, .. }) => Some(*class),
+        _ => None,
+    };
+    let vllm = if builtin || backend.is_some() {
+        "supported"
+    } else {
+        "unknown"
+    };
     let Some(m) = mapping else {
         let closest = match &refusal {
             Some(MappingError::UnknownArchitecture { arch, known }) => closest(arch, known),
             _ => Vec::new(),
         };
-        let summary = unsupported_summary(architecture, &closest);
+        let summary = match (architecture, backend) {
+            (Some(arch), Some(class)) => format!(
+                "unsupported: vLLM 0.33 builds {arch} with its Transformers modeling backend ({class}), whose fused layout wload maps only for Olmo3ForCausalLM; plan and shard refuse it (exit 3); a mapping file adds it (--mapping FILE, docs/mapping-format.md)"
+            ),
+            _ => unsupported_summary(architecture, &closest),
+        };
         return Support {
             supported: false,
             architecture: arch,

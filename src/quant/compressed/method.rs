@@ -6,8 +6,9 @@ use super::super::cx::{Cx, Weight};
 use super::super::extra::{Extra, experts_module};
 use super::super::fp8::params::{self as fp8_params, Scales};
 use super::super::info::{QuantInfo, activations};
+use super::super::moe_backend::MoeBackend;
 use super::super::nvfp4::{self, Nvfp4Method};
-use super::super::{Method, describe_line, skipped_exactly};
+use super::super::{Method, describe_line, moe_backend_unused, skipped_exactly};
 use super::{Compressed, KvCacheStrategy, Nvfp4, Scheme, WeightStrategy, int8, kv_cache, wna16};
 use crate::dtype::Dtype;
 use crate::layout::{Experts, Geometry};
@@ -73,6 +74,15 @@ impl Method for Compressed {
                 };
                 fp8_params::linear(w, scales, f.static_activations)
             }
+        }
+    }
+
+    /// NVFP4 experts take the names vLLM takes for them (their input scales are the rank's own
+    /// on every backend); the other schemes' experts are the same on every backend.
+    fn moe_backend(&self, b: MoeBackend) -> Result<(), (String, String)> {
+        match self.scheme {
+            Scheme::Nvfp4(_) => nvfp4::moe_backend(b),
+            _ => Err(moe_backend_unused(b)),
         }
     }
 

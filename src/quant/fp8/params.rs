@@ -98,6 +98,7 @@ pub(crate) fn experts(
                     part,
                     experts,
                     input: false,
+                    global: false,
                 });
                 scale(part, "weight_scale", g)
             })
@@ -109,6 +110,7 @@ pub(crate) fn experts(
                 part,
                 experts,
                 input: true,
+                global: false,
             });
             scale(part, "input_scale", g)
         }));

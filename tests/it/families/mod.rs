@@ -15,6 +15,7 @@ mod minimax_m2;
 mod mistral;
 mod mistral_large_3;
 mod mla;
+mod olmo3;
 mod qwen2_moe;
 mod qwen3_5;
 mod qwen3_vl;

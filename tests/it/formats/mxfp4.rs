@@ -404,7 +404,7 @@ fn mxfp4_refusals_name_the_field_the_rule_and_the_fix() {
         3,
         &[
             "--moe-backend triton",
-            "only MXFP4",
+            "only for MXFP4",
             "leave out --moe-backend",
         ],
     );
@@ -428,5 +428,17 @@ fn mxfp4_refusals_name_the_field_the_rule_and_the_fix() {
         &run,
         3,
         &["intermediate_size (488) is not a multiple of the MXFP4 block size 32"],
+    );
+    // An NVFP4-only name: vLLM takes it for MXFP4 too, but wload does not know its padding.
+    let humming = shard(
+        &fixture(GOLDEN),
+        2,
+        &out,
+        &["-q", "--moe-backend", "humming"],
+    );
+    assert_refusal_text(
+        &humming,
+        3,
+        &["--moe-backend humming", "pads MXFP4", "triton, marlin"],
     );
 }

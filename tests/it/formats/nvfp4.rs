@@ -1,7 +1,8 @@
 //! ModelOpt NVFP4: every rank's packed weights, unpacked to FP4 codes and put back together, are
 //! the checkpoint's, at every TP size (fused qkv and gate/up, kv heads replicated at TP 8, the
-//! packed input split of row-parallel layers); global scales per part; experts under TP, refused
-//! under EP with the reason; ModelOpt algorithms wload does not write refused by name.
+//! packed input split of row-parallel layers); global scales per part; experts under TP, and
+//! under EP with the input scales `--moe-backend` sizes (refused without it, with the reason);
+//! ModelOpt algorithms wload does not write refused by name.
 
 use std::path::Path;
 
@@ -129,7 +130,7 @@ pub(super) fn nvfp4_moe(dir: &Path) {
 }
 
 #[test]
-fn nvfp4_experts_split_under_tp_and_are_refused_under_ep_with_the_reason() {
+fn nvfp4_experts_split_under_tp() {
     let src = TempDir::new().unwrap();
     nvfp4_moe(src.path());
     let ck = read_files(&[src.path().join("model.safetensors")]);
@@ -185,6 +186,87 @@ fn nvfp4_experts_split_under_tp_and_are_refused_under_ep_with_the_reason() {
             "rank {r} expert 2 [gate, up] global scales"
         );
     }
+}
+
+/// Under EP the input scales follow `--moe-backend`: the rank's own experts' on MARLIN (and the
+/// other non-FlashInfer backends), every expert's at its global id on every rank on a FlashInfer
+/// backend, the checkpoint's values both ways; the other parameters are the rank's experts'
+/// either way. Recorded in wload.json and the serve line. (Byte for byte against real vLLM:
+/// the golden cases `nvfp4_moe_modelopt__ep` and `…__moe_flashinfer_trtllm`.)
+#[test]
+fn nvfp4_expert_input_scales_under_ep_follow_the_moe_backend() {
+    let src = TempDir::new().unwrap();
+    nvfp4_moe(src.path());
+    let ck = read_files(&[src.path().join("model.safetensors")]);
+    let base = "model.layers.0.mlp.experts.routed_experts";
+    let x = "model.layers.0.mlp.experts";
+    let scale = |e: u64, proj: &str| ck[&format!("{x}.{e}.{proj}.input_scale")].data.clone();
+    for (backend, global) in [
+        ("marlin", false),
+        ("humming", false),
+        ("flashinfer_trtllm", true),
+        ("flashinfer-cutlass", true),
+    ] {
+        let out = TempDir::new().unwrap();
+        let flags = ["--enable-expert-parallel", "--moe-backend", backend];
+        shard_ok(src.path(), 2, out.path(), &flags);
+        let m: Value =
+            serde_json::from_slice(&std::fs::read(out.path().join("wload.json")).unwrap()).unwrap();
+        let norm = backend.replace('-', "_");
+        assert_eq!(m["moe_backend"], json!(norm), "{backend}");
+        let argv: Vec<&str> = (m["serve"]["argv"].as_array().unwrap().iter())
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(
+            argv.windows(2).any(|w| w == ["--moe-backend", &norm]),
+            "{backend}: {argv:?}"
+        );
+        for r in 0..2u64 {
+            let t = rank_tensors(out.path(), r);
+            let held: Vec<u64> = if global {
+                vec![0, 1, 2, 3]
+            } else {
+                vec![2 * r, 2 * r + 1]
+            };
+            let e_in = held.len() as u64;
+            for (n, sh) in [
+                ("w13_weight", vec![2, 128, 32]),
+                ("w13_weight_scale_2", vec![2, 2]),
+                ("w13_input_scale", vec![e_in, 2]),
+                ("w2_input_scale", vec![e_in]),
+            ] {
+                assert_eq!(
+                    t[&format!("{base}.{n}")].shape,
+                    sh,
+                    "{backend} rank {r} {n}"
+                );
+            }
+            let w13: Vec<u8> = (held.iter())
+                .flat_map(|&e| [scale(e, "gate_proj"), scale(e, "up_proj")].concat())
+                .collect();
+            let w2: Vec<u8> = held.iter().flat_map(|&e| scale(e, "down_proj")).collect();
+            assert_eq!(
+                t[&format!("{base}.w13_input_scale")].data,
+                w13,
+                "{backend} rank {r}"
+            );
+            assert_eq!(
+                t[&format!("{base}.w2_input_scale")].data,
+                w2,
+                "{backend} rank {r}"
+            );
+        }
+    }
+}
+
+/// Without `--moe-backend` NVFP4 experts under EP are refused naming the flag and the backends
+/// on either side; a name vLLM does not take for NVFP4 experts is refused in its words; a dense
+/// NVFP4 checkpoint has nothing for the flag to lay out.
+#[test]
+fn nvfp4_experts_under_ep_need_the_moe_backend_and_one_vllm_takes() {
+    let src = TempDir::new().unwrap();
+    nvfp4_moe(src.path());
+    let out = TempDir::new().unwrap();
     let o = shard(
         src.path(),
         2,
@@ -194,8 +276,37 @@ fn nvfp4_experts_split_under_tp_and_are_refused_under_ep_with_the_reason() {
     let text = assert_refusal_text(
         &o,
         3,
-        &["w13_weight", "expert parallelism", "FlashInfer", "MARLIN"],
+        &[
+            "1 problem found",
+            "w13_weight",
+            "expert parallelism",
+            "all 4 experts on the FlashInfer backends",
+            "pass --moe-backend",
+            "flashinfer_trtllm, flashinfer_cutlass, flashinfer_cutedsl, flashinfer_b12x",
+            "marlin on H100/H200",
+        ],
     );
     assert!(text.contains("without --enable-expert-parallel"), "{text}");
     assert!(!Path::new(s(&out.path().join("ep"))).exists());
+    let o = shard(
+        src.path(),
+        2,
+        &out.path().join("tr"),
+        &["--enable-expert-parallel", "--moe-backend", "triton"],
+    );
+    assert_refusal_text(
+        &o,
+        3,
+        &[
+            "1 problem found",
+            "moe_backend='triton' is not supported for NvFP4 MoE. Expected one of ['b12x', 'cutlass',",
+        ],
+    );
+    let o = shard(
+        &fixture(FIXTURE),
+        2,
+        &out.path().join("dense"),
+        &["--moe-backend", "marlin"],
+    );
+    assert_refusal_text(&o, 3, &["--moe-backend marlin", "leave out --moe-backend"]);
 }

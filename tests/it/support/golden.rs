@@ -107,6 +107,7 @@ pub(crate) fn golden_cases() -> Vec<GoldenCase> {
         let mut flags = Vec::new();
         let mut max_size = None;
         let mut pp = 1;
+        let mut backend = None;
         for p in parts {
             if let Some(d) = p.strip_prefix("dtype_") {
                 flags.extend(["--dtype".to_string(), d.to_string()]);
@@ -119,6 +120,8 @@ pub(crate) fn golden_cases() -> Vec<GoldenCase> {
                 flags.push("--language-model-only".to_string());
             } else if p == "mmdata" {
                 flags.extend(["--mm-encoder-tp-mode".to_string(), "data".to_string()]);
+            } else if let Some(b) = p.strip_prefix("moe_") {
+                backend = Some(b.to_string());
             } else if let Some(m) = p.strip_prefix("maxsize_") {
                 max_size = Some(m.parse().unwrap());
             } else {
@@ -141,7 +144,7 @@ pub(crate) fn golden_cases() -> Vec<GoldenCase> {
                 .parse()
                 .unwrap();
             let mut flags = flags.clone();
-            if let Some(b) = oracle_moe_backend(&dir) {
+            if let Some(b) = backend.clone().or_else(|| oracle_moe_backend(&dir)) {
                 flags.extend(["--moe-backend".to_string(), b]);
             }
             out.push(GoldenCase {
@@ -158,9 +161,10 @@ pub(crate) fn golden_cases() -> Vec<GoldenCase> {
     out
 }
 
-/// The MXFP4 MoE backend the oracle pinned, as its `patches` record the selection
-/// (`mxfp4.select_mxfp4_moe_backend -> … (TRITON, …)`): vLLM padded the experts for it, so wload
-/// is told the same (`--moe-backend triton`).
+/// The MXFP4 or NVFP4 MoE backend the oracle pinned, as its `patches` record the selection
+/// (`mxfp4.select_mxfp4_moe_backend -> … (TRITON, …)`, `select_nvfp4_moe_backend -> (MARLIN, …)`):
+/// vLLM laid the experts out for it (MXFP4's padding, NVFP4's input scales under EP), so wload
+/// is told the same (`--moe-backend triton`, `marlin`).
 fn oracle_moe_backend(dir: &Path) -> Option<String> {
     let meta: Value =
         serde_json::from_slice(&fs::read(dir.join("oracle_meta_rank0.json")).ok()?).ok()?;
@@ -169,7 +173,9 @@ fn oracle_moe_backend(dir: &Path) -> Option<String> {
         .iter()
         .filter_map(Value::as_str)
         .find_map(|p| {
-            let rest = p.split_once("select_mxfp4_moe_backend ->")?.1;
+            let rest = (p.split_once("select_mxfp4_moe_backend ->"))
+                .or_else(|| p.split_once("select_nvfp4_moe_backend ->"))?
+                .1;
             // The first `(NAME, ExpertsClass)` pair: the backend's enum name.
             rest.split('(').skip(1).find_map(|group| {
                 let (name, _) = group.split_once(',')?;
