@@ -440,3 +440,145 @@ fn nemotron_h_two_groups_at_tp_4_are_refused_in_vllms_words() {
     let text = sizes.to_string();
     assert!(text.contains("num_groups must equal 1"), "{text}");
 }
+
+// --- Granite 4, compressed-tensors FP8 ----------------------------------------------------------
+
+/// The granite4 fixture as an llm-compressor FP8 release (vllm-spec §13.3 `granite4_fp8`): every
+/// linear layer but the MoE's and lm_head F8_E4M3 with BF16 channel scales `[out, 1]`, dynamic
+/// activations; conv1d stays BF16 (not a Linear to the compressor).
+fn granite4_fp8() -> (TempDir, Tensors) {
+    let fixture = fixture("granite4");
+    let mut c = checkpoint_tensors(&fixture);
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
+    let scheme = serde_json::json!({"num_bits": 8, "type": "float", "symmetric": true, "dynamic": false, "strategy": "channel"});
+    let dynamic = serde_json::json!({"num_bits": 8, "type": "float", "symmetric": true, "dynamic": true, "strategy": "token"});
+    config["quantization_config"] = serde_json::json!({
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": scheme, "input_activations": dynamic}},
+        "ignore": ["lm_head", "re:.*block_sparse_moe.*"]
+    });
+    let linear: Vec<String> = (c.keys())
+        .filter(|n| {
+            ["in_proj", "out_proj", "_proj.weight", "shared_mlp"]
+                .iter()
+                .any(|p| n.contains(p))
+                && n.ends_with(".weight")
+                && !n.contains("block_sparse_moe")
+        })
+        .cloned()
+        .collect();
+    for (t, name) in linear.iter().enumerate() {
+        let w = &c[name];
+        // Any E4M3 code but the NaNs (0x7F, 0xFF).
+        let f8: Vec<u8> = (w.data.chunks(2))
+            .map(|b| if b[0] & 0x7F == 0x7F { 0 } else { b[0] })
+            .collect();
+        let shape: Vec<usize> = w.shape.iter().map(|&d| d as usize).collect();
+        let rows = shape[0];
+        c.insert(name.clone(), Held::new("F8_E4M3", &shape, f8));
+        let scale = bf16(&[rows, 1], bf16_data(1000 + t as u64, rows));
+        c.insert(name.replace(".weight", ".weight_scale"), scale);
+    }
+    (write_checkpoint(&config, &c), c)
+}
+
+/// TP 2: in_proj F8 `[164, 128]` and its F32 channel scale `[164, 1]` with the same rows
+/// `[z_r; x_r; B; C; dt_r]` (the mamba-v2 loader is installed on both), out_proj F8 columns with
+/// its `[H, 1]` scale whole, conv1d and the MoE still BF16, the compressed-tensors kv-cache
+/// parameters on the attention layer.
+#[test]
+fn granite4_compressed_fp8_in_proj_scale_follows_the_weights_rows() {
+    let (ckpt, c) = granite4_fp8();
+    let tmp = TempDir::new().unwrap();
+    let out = tmp.path().join("tp2");
+    shard_ok(ckpt.path(), 2, &out, &["-q"]);
+    let bf16_c = checkpoint_tensors(&fixture("granite4"));
+    let m = GRANITE;
+    let spec = [
+        (0, m.i, false),
+        (m.i, m.i, false),
+        (2 * m.i, m.n, true),
+        (2 * m.i + m.n, m.n, true),
+        (2 * m.i + 2 * m.n, m.nh, false),
+    ];
+    for r in 0..2usize {
+        let got = rank_tensors(&out, r as u64);
+        let bf16_want = granite_rank(&bf16_c, r, 2);
+        let ctx = format!("granite4 fp8 tp2 rank {r}");
+        for l in [0, 2] {
+            let p = format!("model.layers.{l}.mamba");
+            let (rows, w) = parts(&c[&format!("{p}.in_proj.weight")], &spec, r, 2);
+            assert_tensor(
+                &got,
+                &format!("{p}.in_proj.weight"),
+                "F8_E4M3",
+                &[rows, 128],
+                &w,
+                &ctx,
+            );
+            let scale = c[&format!("{p}.in_proj.weight_scale")].to_f32();
+            let (rows, s) = parts(&scale, &spec, r, 2);
+            assert_eq!(rows, 164, "{ctx}");
+            assert_tensor(
+                &got,
+                &format!("{p}.in_proj.weight_scale"),
+                "F32",
+                &[164, 1],
+                &s,
+                &ctx,
+            );
+            let o = c[&format!("{p}.out_proj.weight")].cols(r * 64, (r + 1) * 64);
+            assert_tensor(
+                &got,
+                &format!("{p}.out_proj.weight"),
+                "F8_E4M3",
+                &[128, 64],
+                &o,
+                &ctx,
+            );
+            let os = c[&format!("{p}.out_proj.weight_scale")].to_f32().data;
+            assert_tensor(
+                &got,
+                &format!("{p}.out_proj.weight_scale"),
+                "F32",
+                &[128, 1],
+                &os,
+                &ctx,
+            );
+            for n in [
+                "conv1d.weight",
+                "conv1d.bias",
+                "A",
+                "D",
+                "dt_bias",
+                "norm.weight",
+            ] {
+                let k = format!("{p}.{n}");
+                assert_eq!(got[&k], bf16_want[&k], "{ctx}: {k}");
+            }
+        }
+        for l in 0..3 {
+            let k = format!("model.layers.{l}.block_sparse_moe.experts.routed_experts.w13_weight");
+            assert_eq!(got[&k], bf16_want[&k], "{ctx}: {k}");
+        }
+        let at = "model.layers.1.self_attn";
+        assert_eq!(
+            got[&format!("{at}.qkv_proj.weight_scale")].shape,
+            [128, 1],
+            "{ctx}"
+        );
+        for (n, dtype) in [
+            ("k_scale", "F32"),
+            ("v_scale", "F32"),
+            ("q_zero_point", "BF16"),
+        ] {
+            let t = &got[&format!("{at}.attn.{n}")];
+            assert_eq!(
+                (t.dtype.as_str(), t.shape.as_slice()),
+                (dtype, &[1u64][..]),
+                "{ctx}: {n}"
+            );
+        }
+    }
+}
