@@ -263,6 +263,30 @@ fn granite4_ranks_follow_vllms_mamba2_rules_at_tp_1_2_and_4() {
     }
 }
 
+/// Hub configs spell the layer types `mamba` / `attention`, which transformers 5 remaps to
+/// `linear_attention` / `full_attention` before vLLM reads them: the same ranks.
+#[test]
+fn granite4_legacy_layer_type_names_plan_the_same_ranks() {
+    let tmp = TempDir::new().unwrap();
+    let src = tmp.path().join("legacy");
+    copy_files(&fixture("granite4"), &src);
+    let path = src.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["layer_types"] = serde_json::json!(["mamba", "attention", "mamba"]);
+    write_json(&path, &config);
+    let out = tmp.path().join("out");
+    shard_ok(&src, 2, &out, &["-q"]);
+    let c = checkpoint_tensors(&src);
+    for r in 0..2 {
+        assert_same_tensors(
+            &rank_tensors(&out, r as u64),
+            &granite_rank(&c, r, 2),
+            "legacy names",
+        );
+    }
+}
+
 // --- Nemotron-H --------------------------------------------------------------------------------
 
 const NEMOTRON: Mixer = Mixer {
