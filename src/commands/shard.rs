@@ -204,9 +204,7 @@ fn shard_into<P: Publish>(
         return Err(published(ShardError::Exec(ExecError::Cancelled)).into());
     }
     let config = config_changes.is_some().then(|| "config.json".to_string());
-    let side_and_config = side.names().into_iter().chain(config).collect();
-    let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, side_and_config);
-    manifest.side_tree = side.tree();
+    let mut manifest = manifest_for(root, &plan, opts, &ranks, &files, hashes, (&side, config));
     record_config(&mut manifest, &config_changes, &opened.resolved.config_file);
     record_run(tmp, &mut manifest, (&plan, opened), opts).map_err(published)?;
 
@@ -307,7 +305,7 @@ fn manifest_for(
     ranks: &[u64],
     files: &[PartFile],
     hashes: Vec<String>,
-    side_files: Vec<String>,
+    (side, config): (&side::SideFiles, Option<String>),
 ) -> Manifest {
     Manifest {
         wload_version: env!("CARGO_PKG_VERSION").into(),
@@ -345,8 +343,8 @@ fn manifest_for(
                 xxh3: None,
             })
             .collect(),
-        side_files: Some(side_files),
-        side_tree: None,
+        side_files: Some(side.names().into_iter().chain(config).collect()),
+        side_tree: side.tree(),
         config_changes: None,
         serve: None,
         moe_backend: plan.moe_backend.map(str::to_string),
@@ -361,6 +359,7 @@ fn manifest_for(
         source_commit: None,
         source_id: None,
         source_data: None,
+        computed: plan.computed(),
         vllm_versions: Some(crate::sharded::manifest::VLLM_VERSIONS.into()),
         records: Vec::new(),
     }

@@ -76,6 +76,8 @@ pub(super) struct Reduce {
     pub(super) max_of: u64,
     /// The scale source of a dequantization (then `max_of` is unused).
     pub(super) dequant: Option<usize>,
+    /// Each element is `-exp` of its source element (then `max_of` is 1).
+    pub(super) neg_exp: bool,
 }
 
 /// A fill the sink must write: output, byte offset, dtype, value, element count.
@@ -107,6 +109,7 @@ pub(super) fn jobs_and_fills(
                     b: piece.block().expect("a copy piece has a block"),
                     max_of: region.max_of,
                     dequant: region.dequant,
+                    neg_exp: region.neg_exp,
                 }),
                 Piece::Copy { source, .. } => jobs[*source].push(Job {
                     out: pl.out,

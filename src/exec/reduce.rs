@@ -7,7 +7,14 @@
 //!   `indexer.wk`, vLLM's `scaled_dequantize(w, s, group_shape, out_dtype=torch.bfloat16)`
 //!   (deepseek_v2.py:857–913, quant_utils.py:494–505): `(w.float() * s.float()).to(bfloat16)`,
 //!   each scale broadcast over a `[out / s0, in / s1]` block (a 1-D scale: one per row), then
-//!   `param.copy_` into the destination dtype.
+//!   `param.copy_` into the destination dtype;
+//! - `-exp(x)` of each element — Mamba2's `A`, which vLLM's composed loader computes from the
+//!   checkpoint's `A_log` after the copy into the F32 parameter (`-torch.exp(param.float())`,
+//!   mamba_mixer2.py:492–495, weight_utils.py:1610–1620) on the device the model is built on.
+//!   No writer off that device can match its `expf` bit for bit (torch's CPU exp differs from a
+//!   correctly rounded one in about 1 % of inputs, CUDA's is not correctly rounded either), so
+//!   wload writes the correctly rounded value, within 1 ulp of any of them; vLLM's sharded
+//!   loader then serves exactly the file's value (vllm-spec §13.4).
 
 use super::copy::Run;
 use super::jobs::Reduce;
@@ -43,13 +50,18 @@ impl Run<'_> {
                 None => None,
             };
             let (isz, osz) = (src.dtype.bits() / 8, r.to.bits() / 8);
-            let group = if grid.is_some() { 1 } else { r.max_of };
+            let group = if grid.is_some() || r.neg_exp {
+                1
+            } else {
+                r.max_of
+            };
             for k in 0..r.b.rows {
                 let first = r.b.src_start + k * r.b.src_stride;
                 let start = src.offset + first * isz;
                 let bytes = self.read(src, file_of(src), &mut buf, start, r.b.row * group * isz)?;
                 let out = match &grid {
                     Some(g) => g.dequantize(bytes, first, r.to),
+                    None if r.neg_exp => neg_exp(src.dtype, r.to, bytes),
                     None => group_max(src.dtype, r.to, bytes, r.max_of),
                 };
                 let at = r.base + (r.b.dst_start + k * r.b.dst_stride) * osz;
@@ -110,6 +122,33 @@ impl ScaleGrid {
         convert::convert_into(Dtype::Bf16, to, &bf, &mut out);
         out
     }
+}
+
+/// `-exp(x)` of each element of `src` (dtype `from`) in dtype `to`: the element widened to F32
+/// first (vLLM copies it into the F32 parameter before the exp), its exp correctly rounded to F32
+/// ([`expf`]), negated (exact), then converted to `to`.
+pub(super) fn neg_exp(from: Dtype, to: Dtype, src: &[u8]) -> Vec<u8> {
+    let mut wide = Vec::new();
+    convert::convert_into(from, Dtype::F32, src, &mut wide);
+    let vals: Vec<u8> = (wide.chunks_exact(4))
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .flat_map(|x| (-expf(x)).to_le_bytes())
+        .collect();
+    let mut out = Vec::new();
+    convert::convert_into(Dtype::F32, to, &vals, &mut out);
+    out
+}
+
+/// `e^x` correctly rounded to F32: the F64 exponential (the platform's `exp`, under 1 ulp of
+/// F64), rounded to nearest even. The double rounding can only go wrong where the exact value lies
+/// within a few F64 ulps (about 2^-52 relative) of a point halfway between two F32 values: a value
+/// of exp is never exactly there, and that close for about one F32 input in 2^27. Hard cases are
+/// therefore not evaluated at higher precision: over every F32 with |x| in [2^-4, 4) and every
+/// BF16 in [-8, 8] (100 million inputs, Mamba2's A_log = log(1..16) among them) glibc's `exp`
+/// comes within 4 F64 ulps of a midpoint for one input only, -2^-25, whose exact exp is 2^-51
+/// past it and rounds right. Overflow gives infinity, as `expf` does.
+pub(super) fn expf(x: f32) -> f32 {
+    f64::from(x).exp() as f32
 }
 
 /// The maximum of each `group` consecutive elements of `src` (dtype `from`), in dtype `to`. A
@@ -279,6 +318,33 @@ mod tests {
                 0x3F80, 0x3F80, 0x4000, 0x4000, 0x0040, 0x0040, 0xFFFF, 0xFFFF
             ]
         );
+    }
+
+    /// Correctly rounded values, by bits: e = 0x402DF854 (2.71828175), e^-1 = 0x3EBC5AB2, the
+    /// one near-midpoint input of the measured ranges (-2^-25: 1 - 2^-25 + 2^-51, so 1.0),
+    /// overflow and the ends.
+    #[test]
+    fn neg_exp_is_correctly_rounded() {
+        let cases: [(f32, u32); 6] = [
+            (0.0, 0xBF80_0000),
+            (1.0, 0xC02D_F854),
+            (-1.0, 0xBEBC_5AB2),
+            (-(2f32.powi(-25)), 0xBF80_0000),
+            (89.0, 0xFF80_0000),
+            (f32::NEG_INFINITY, 0x8000_0000),
+        ];
+        let src: Vec<u8> = cases.iter().flat_map(|c| c.0.to_le_bytes()).collect();
+        let got = f32s(&neg_exp(Dtype::F32, Dtype::F32, &src));
+        for ((x, want), g) in cases.iter().zip(got) {
+            assert_eq!(g.to_bits(), *want, "-exp({x})");
+        }
+        // A BF16 source is widened first: log(2) in BF16 is 0.69140625, e^that 1.9964...
+        let got = f32s(&neg_exp(
+            Dtype::Bf16,
+            Dtype::F32,
+            &bf16s(&[std::f32::consts::LN_2]),
+        ));
+        assert_eq!(got, [-(f64::from(0.691_406_25f32).exp() as f32)]);
     }
 
     #[test]

@@ -186,6 +186,7 @@ fn gpt_oss_transposed(
         transposed: true,
         max_of: 0,
         dequant: None,
+        neg_exp: false,
     };
     local
         .enumerate()

@@ -19,6 +19,7 @@ mod gpt_oss_experts;
 mod heads;
 mod kv_head_scale;
 mod last_shard;
+mod mamba_split;
 mod merged_column;
 mod merged_tuples;
 pub(crate) mod mxfp4;
@@ -47,6 +48,7 @@ pub(crate) use gpt_oss_experts::{GptOssExperts, GptOssPart};
 pub(crate) use heads::Heads;
 pub(crate) use kv_head_scale::{KvHeadScale, KvScale};
 pub(crate) use last_shard::LastShard;
+pub(crate) use mamba_split::MambaSplit;
 pub(crate) use merged_column::{MergedColumn, MergedColumnSpec};
 pub(crate) use merged_tuples::MergedTuples;
 pub(crate) use mxfp4::Mxfp4Experts;
@@ -191,6 +193,7 @@ geometry! {
     GptOssExperts,
     TransposedExperts,
     Mxfp4Experts,
+    MambaSplit,
 }
 
 /// As the kind's struct prints (`Qkv { heads: 32, .. }`): messages show a geometry so.
@@ -273,6 +276,7 @@ pub enum Layout<D> {
     Experts(Experts<D>),
     GptOssExperts(GptOssExperts<D>),
     TransposedExperts(TransposedExperts<D>),
+    MambaSplit(MambaSplit<D>),
 }
 
 /// What a layout's dimension is, for whoever maps it: the expert count has a bound of its own.
@@ -305,6 +309,7 @@ impl<D> Layout<D> {
             Layout::Experts(k) => Layout::Experts(k.try_map(f)?),
             Layout::GptOssExperts(k) => Layout::GptOssExperts(k.try_map(f)?),
             Layout::TransposedExperts(k) => Layout::TransposedExperts(k.try_map(f)?),
+            Layout::MambaSplit(k) => Layout::MambaSplit(k.try_map(f)?),
         })
     }
 }
@@ -324,6 +329,7 @@ impl Layout<u64> {
             Layout::Experts(k) => k.into(),
             Layout::GptOssExperts(k) => k.into(),
             Layout::TransposedExperts(k) => k.into(),
+            Layout::MambaSplit(k) => k.into(),
         })
     }
 }

@@ -23,6 +23,9 @@ pub struct Region {
     /// into [`Plan::sources`]), rounded to BF16 and then converted to the destination dtype
     /// (DeepSeek-V3.2's FP8 `indexer.wk`, vLLM's `scaled_dequantize` at load).
     pub dequant: Option<usize>,
+    /// Not a copy but `-exp(x)` of each source element, correctly rounded to F32, then converted
+    /// to the destination dtype (Mamba2's `A` from `A_log`, the mapping's `compute: neg_exp`).
+    pub neg_exp: bool,
 }
 
 impl Region {
@@ -33,12 +36,13 @@ impl Region {
         transposed: false,
         max_of: 0,
         dequant: None,
+        neg_exp: false,
     };
 
-    /// Whether the piece computes its elements (a maximum, a dequantization) rather than
+    /// Whether the piece computes its elements (a maximum, a dequantization, `-exp`) rather than
     /// copying them: an engine reduction.
     pub(crate) fn reduces(&self) -> bool {
-        self.max_of > 1 || self.dequant.is_some()
+        self.max_of > 1 || self.dequant.is_some() || self.neg_exp
     }
 }
 
@@ -65,6 +69,9 @@ impl std::fmt::Display for Region {
         }
         if self.dequant.is_some() {
             f.write_str(", dequantized")?;
+        }
+        if self.neg_exp {
+            f.write_str(", -exp")?;
         }
         Ok(())
     }

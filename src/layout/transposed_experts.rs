@@ -121,6 +121,7 @@ fn transposed_copies(
         transposed: true,
         max_of: 0,
         dequant: None,
+        neg_exp: false,
     };
     let mut out = Vec::new();
     for (j, e) in local.clone().enumerate() {

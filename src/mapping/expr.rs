@@ -392,6 +392,11 @@ fn binary(op: Op, a: Value, b: Value) -> Result<Value, EvalError> {
         Op::In => {
             return match &b {
                 Value::Array(items) => Ok(Value::Bool(items.iter().any(|x| loose_eq(x, &a)))),
+                // Python's substring test (Nemotron-H's `'E' in hybrid_override_pattern`).
+                Value::String(t) => match &a {
+                    Value::String(part) => Ok(Value::Bool(t.contains(part.as_str()))),
+                    _ => Err(ty()),
+                },
                 Value::Null => Ok(Value::Bool(false)),
                 _ => Err(ty()),
             };
@@ -880,6 +885,10 @@ mod tests {
     fn logic_and_membership() {
         assert_eq!(ev("1 in layers").unwrap(), json!(true));
         assert_eq!(ev("2 in layers").unwrap(), json!(false));
+        // A string: Python's substring test.
+        assert_eq!(ev("'E' in 'M-M*'").unwrap(), json!(false));
+        assert_eq!(ev("'*' in 'M-M*'").unwrap(), json!(true));
+        assert!(ev("1 in 'M-M*'").is_err());
         assert_eq!(ev("!tie && 3 > 2").unwrap(), json!(true));
         assert_eq!(ev("tie || 0").unwrap(), json!(0));
         assert_eq!(ev("tie == false").unwrap(), json!(true));

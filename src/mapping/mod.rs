@@ -169,6 +169,18 @@ pub struct ParamSpec {
     /// When this holds, the parameter is whole on every rank whatever its layout: vLLM's
     /// `disable_tp=True` (a vision tower under `--mm-encoder-tp-mode data`).
     pub whole: Option<Expr>,
+    /// A value vLLM's weight loader computes from the checkpoint tensor rather than copies
+    /// (Mamba2's `A = -exp(A_log)`): an engine reduction.
+    pub compute: Option<Compute>,
+}
+
+/// What a parameter's loader computes from its checkpoint tensor (`compute:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compute {
+    /// `-torch.exp(x.float())` (Mamba2's `A` from `A_log`, mamba_mixer2.py:492–495), correctly
+    /// rounded to F32: within 1 ulp of any device's `expf` (exec/reduce.rs).
+    NegExp,
 }
 
 /// The kind of module a quantization method creates parameters for (vLLM's `get_quant_method`
@@ -198,7 +210,11 @@ impl ParamSpec {
         }
         match self.layout {
             Layout::Experts(_) => QuantRole::Experts,
-            Layout::Column(_) | Layout::Row(_) | Layout::MergedColumn(_) | Layout::Qkv(_)
+            Layout::Column(_)
+            | Layout::Row(_)
+            | Layout::MergedColumn(_)
+            | Layout::Qkv(_)
+            | Layout::MambaSplit(_)
                 if self.name.ends_with(".weight") =>
             {
                 QuantRole::Linear

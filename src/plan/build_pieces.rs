@@ -14,6 +14,7 @@ use super::stages::{OnStage, Stage, holds};
 use super::{OutTensor, Piece, Planner, RankPlan, Region};
 use crate::layout::types::{Block, PerExpert, PerExpertCopies, Rank, Slice};
 use crate::layout::{ExpertLastShard, ExpertTensorScale, Geometry, LastShard};
+use crate::mapping::Compute;
 use crate::mapping::rules::ShardId;
 
 impl Planner<'_> {
@@ -158,6 +159,9 @@ fn rank_tensor(
         if max_of > 1 {
             pieces = reduced(&pieces, max_of);
         }
+        if p.spec.compute == Some(Compute::NegExp) {
+            pieces = negated_exps(&pieces);
+        }
         if matches!(
             p.geometry,
             Geometry::ExpertTensorScale(ExpertTensorScale { input: true, .. })
@@ -176,6 +180,41 @@ fn rank_tensor(
         bytes: p.dtype.byte_size(numel).unwrap_or(0),
         pieces,
     })
+}
+
+/// `pieces` with every copy turned into `-exp` of its elements (Mamba2's `A`, `compute:
+/// neg_exp`): an engine reduction, since the value is computed, not copied.
+fn negated_exps(pieces: &Pieces) -> Pieces {
+    let list: Vec<Piece> = (pieces.iter())
+        .map(|p| match p {
+            Piece::Copy {
+                source,
+                region,
+                rows,
+                row,
+                src_start,
+                src_stride,
+                dst_start,
+                dst_stride,
+                src_elem_stride,
+            } => Piece::Copy {
+                source,
+                region: Region {
+                    neg_exp: true,
+                    ..region
+                },
+                rows,
+                row,
+                src_start,
+                src_stride,
+                dst_start,
+                dst_stride,
+                src_elem_stride,
+            },
+            fill => fill,
+        })
+        .collect();
+    list.into()
 }
 
 /// `pieces` with every copy turned into a reduction over groups of `max_of` source elements:

@@ -233,3 +233,30 @@ pub struct Skipped {
     pub tensor: String,
     pub reason: String,
 }
+
+impl Plan {
+    /// What `wload.json` says of the values the plan computes (`Region::neg_exp`, Mamba2's `A`):
+    /// the contract a reader may rely on, since no file written off the serving device can hold
+    /// that device's own exp. `None` when every value is a copy.
+    pub(crate) fn computed(&self) -> Option<Vec<String>> {
+        let names: std::collections::BTreeSet<&str> = (self.ranks.iter())
+            .flat_map(|r| &r.tensors)
+            .filter(|t| {
+                t.pieces
+                    .iter()
+                    .any(|p| matches!(p, Piece::Copy { region, .. } if region.neg_exp))
+            })
+            .map(|t| t.name.as_str())
+            .collect();
+        let first = names.first()?;
+        Some(vec![format!(
+            "{} tensor{} ({first}{}): -exp of the checkpoint's tensor (Mamba2's A = -exp(A_log)), \
+             correctly rounded to F32 (the F64 exp rounded to nearest); vLLM computes it with the \
+             loading device's expf, so these values are within 1 ulp of any device's, not always \
+             bit-identical, and vLLM's sharded_state loader serves them as written",
+            names.len(),
+            if names.len() == 1 { "" } else { "s" },
+            if names.len() > 1 { ", …" } else { "" },
+        )])
+    }
+}

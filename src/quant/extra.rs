@@ -1,7 +1,7 @@
 //! The parameters a method adds beside a weight, and the shapes several methods share.
 
 use crate::dtype::Dtype;
-use crate::layout::{Column, Geometry, MergedColumn, Qkv, Replicated, Row};
+use crate::layout::{Column, Geometry, MambaSplit, MergedColumn, Qkv, Replicated, Row};
 use crate::mapping::ExpertPart;
 
 /// A parameter a quantization method adds: name, geometry, dtype, initial value, and whether
@@ -68,6 +68,12 @@ pub(crate) fn per_channel(weight: &Geometry) -> Option<Geometry> {
         }),
         Geometry::Column(Column { shape }) => Geometry::Column(Column {
             shape: vec![*shape.first()?, 1],
+        }),
+        // Mamba2's in_proj: vLLM installs the mamba-v2 loader on `weight_scale` too
+        // (mamba_mixer2.py:444–467), so its rows follow the weight's parts.
+        Geometry::MambaSplit(m) => Geometry::MambaSplit(MambaSplit {
+            inner: vec![1],
+            ..m.clone()
         }),
         Geometry::Row(Row { shape }) | Geometry::Replicated(Replicated { shape }) => {
             Geometry::Replicated(Replicated {

@@ -122,6 +122,12 @@ pub struct Manifest {
     /// such a record is not merged with another ([`super::runs`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_data: Option<String>,
+    /// The tensors whose values wload computed rather than copied, one line per kind: Mamba2's
+    /// `A = -exp(A_log)`, which vLLM's loader computes with the exp of the device it loads on,
+    /// so a file matches a GPU's (or torch CPU's) values only within 1 ulp. Absent: every value
+    /// is a copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub computed: Option<Vec<String>>,
     /// The vLLM versions whose parameter names and slicing these files follow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vllm_versions: Option<String>,

@@ -83,6 +83,7 @@ golden! {
     glm5_2_fp8_indexshare_tp2 => "glm5_2_fp8_indexshare/tp2",
     gpt_oss_tp2 => "gpt_oss/tp2",
     gpt_oss_mxfp4_tp2 => "gpt_oss_mxfp4/tp2",
+    granite4_tp2 => "granite4/tp2",
     kimi_k25_w4a16_tp2 => "kimi_k25_w4a16/tp2",
     kimi_k25_w4a16__lmonly_tp2 => "kimi_k25_w4a16__lmonly/tp2",
     llama4__lmonly_tp2 => "llama4__lmonly/tp2",

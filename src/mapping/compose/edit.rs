@@ -9,7 +9,7 @@ use indexmap::IndexMap;
 use serde::Deserialize;
 
 use crate::mapping::limits::MAX_PARAMS_PER_LIST;
-use crate::mapping::{Expr, Layout, ParamSpec, QuantRole, Tied};
+use crate::mapping::{Compute, Expr, Layout, ParamSpec, QuantRole, Tied};
 
 /// One entry of a parameter list or block, as written; [`classify`] says which kind it is.
 #[derive(Deserialize)]
@@ -34,6 +34,7 @@ pub(super) struct Entry {
     quant: Option<QuantRole>,
     repeat: Option<Expr>,
     whole: Option<Expr>,
+    compute: Option<Compute>,
 }
 
 /// A parameter in a list being composed, with the block that brought it, so that later files can
@@ -75,6 +76,7 @@ impl Entry {
             || self.quant.is_some()
             || self.repeat.is_some()
             || self.whole.is_some()
+            || self.compute.is_some()
     }
 
     /// How messages name the entry.
@@ -106,6 +108,7 @@ impl Entry {
             quant: self.quant,
             repeat: self.repeat,
             whole: self.whole,
+            compute: self.compute,
         })
     }
 
@@ -140,6 +143,9 @@ impl Entry {
         }
         if self.whole.is_some() {
             spec.whole = self.whole;
+        }
+        if self.compute.is_some() {
+            spec.compute = self.compute;
         }
     }
 }

@@ -67,6 +67,20 @@ impl Method for Compressed {
             Scheme::Int8(i) => int8::linear(i, w),
             Scheme::Nvfp4(n) => nvfp4::linear(Self::nvfp4(n), w, cx),
             Scheme::Fp8(f) => {
+                let channel = f.weights == WeightStrategy::Channel && !f.static_activations;
+                if matches!(w.geometry, Geometry::MambaSplit(_)) && !channel {
+                    cx.problems.push(Problem {
+                        message: format!(
+                            "{}: compressed-tensors FP8 with {} weights{} on a Mamba2 in_proj is not supported (wload writes channel scales with dynamic activations there, whose rows follow the weight's)",
+                            w.name,
+                            self.describe_scheme(),
+                            if f.static_activations { " and static activations" } else { "" }
+                        ),
+                        fix: Some("use a channel-scaled, dynamic-activation FP8 release or the bf16 checkpoint".into()),
+                        ..Default::default()
+                    });
+                    return None;
+                }
                 let scales = match f.weights {
                     WeightStrategy::Tensor => Scales::Tensor,
                     WeightStrategy::Channel => Scales::Channel,
@@ -98,6 +112,9 @@ impl Method for Compressed {
                 .experts_quantized(module)
                 .then(|| nvfp4::experts(Self::nvfp4(n), w, cx))
                 .flatten(),
+            // An ignored MoE stays unquantized (UnquantizedFusedMoEMethod,
+            // compressed_tensors_moe.py:57–58): Granite 4's FP8 releases keep their experts BF16.
+            Scheme::Fp8(_) | Scheme::Int8(_) if !self.experts_quantized(module) => None,
             Scheme::Fp8(_) | Scheme::Int8(_) => {
                 let w13 = matches!(
                     w.geometry,

@@ -10,6 +10,7 @@ mod glm5;
 mod gpt_oss;
 mod kimi;
 mod llama4;
+mod mamba;
 mod mappings;
 mod minimax_m2;
 mod mistral;
