@@ -278,6 +278,10 @@ impl Method for ModelOptNvFp4 {
         refuse_dtype(dtype, "modelopt_fp4", list, false)
     }
 
+    fn plans_tuple_columns(&self) -> bool {
+        true
+    }
+
     fn linear_quantized(
         &self,
         module: &str,

@@ -165,8 +165,20 @@ impl Method for Gptq {
         refuse_dtype(dtype, "auto_gptq", "[torch.float16, torch.bfloat16]", false)
     }
 
-    fn update_from_checkpoint(&mut self, tensors: &mut dyn Iterator<Item = (&str, Dtype)>) {
+    fn update_from_checkpoint(
+        &mut self,
+        tensors: &mut dyn Iterator<Item = (&str, Dtype)>,
+    ) -> Result<(), QuantError> {
         self.read_checkpoint(tensors);
+        Ok(())
+    }
+
+    fn marlin_int_config(&self) -> bool {
+        true
+    }
+
+    fn plans_tuple_columns(&self) -> bool {
+        true
     }
 
     fn linear_quantized(
