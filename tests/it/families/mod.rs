@@ -17,6 +17,7 @@ mod mistral_large_3;
 mod mla;
 mod qwen2_moe;
 mod qwen3_5;
+mod qwen3_5_quant;
 mod qwen3_vl;
 mod replicate_embed;
 mod tied;
