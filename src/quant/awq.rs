@@ -12,6 +12,7 @@ use super::gptq::params::{self, IntScheme};
 use super::info::QuantInfo;
 use super::{Method, QuantError, refuse, refuse_dtype, string_list};
 use crate::dtype::Dtype;
+use crate::mapping::rules::Rules;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Awq {
@@ -171,6 +172,16 @@ impl Method for Awq {
         tensors: &mut dyn Iterator<Item = (&str, Dtype)>,
     ) -> Result<(), QuantError> {
         self.read_checkpoint(tensors)
+    }
+
+    /// `apply_vllm_mapper`: the list through the model's renames (a VLM's
+    /// `model.language_model.` → `language_model.model.`), the names as written kept.
+    fn apply_vllm_mapper(&mut self, rules: &Rules) {
+        let mapped: Vec<String> = (self.not_converted.iter())
+            .filter_map(|n| super::names::mapped_module(rules, n))
+            .filter(|m| !self.not_converted.contains(m))
+            .collect();
+        self.not_converted.extend(mapped);
     }
 
     fn marlin_int_config(&self) -> bool {

@@ -31,14 +31,16 @@ pub(super) fn add_quantized_modules(
     ))
 }
 
-/// The checkpoint modules each quantized linear layer (a `.qweight` parameter, experts aside:
-/// vLLM quantizes those regardless) is filled from, one group per layer. Named within the block
+/// The checkpoint modules each quantized linear layer (a `.qweight` parameter, routed experts
+/// aside: vLLM quantizes those regardless) is filled from, one group per layer. Named within the block
 /// (`self_attn.q_proj`, Qwen3.5's `linear_attn.in_proj_qkv`), as GPTQ tools write them, unless
 /// some block leaves a module of that name unquantized; then by their full names.
 fn quantized_groups(written: &[Written]) -> Vec<Vec<String>> {
     let mut full: Vec<Vec<String>> = Vec::new();
     for t in written {
-        if !t.name.ends_with(".qweight") || t.name.contains(".experts.") {
+        // Routed experts' are `w13_qweight` / `w2_qweight`; a shared expert's `qweight` counts
+        // (under its runner path too, `mlp.experts._shared_experts._layer`: the same sources).
+        if !t.name.ends_with(".qweight") {
             continue;
         }
         let mut group: Vec<String> = Vec::new();
@@ -74,7 +76,7 @@ fn quantized_groups(written: &[Written]) -> Vec<Vec<String>> {
     let short: std::collections::HashSet<&str> =
         blocks.iter().flatten().map(String::as_str).collect();
     let clash = (written.iter())
-        .filter(|t| !t.name.contains(".experts."))
+        .filter(|t| !t.name.contains(".routed_experts."))
         .flat_map(|t| &t.sources)
         .filter_map(|s| s.rsplit_once('.').map(|(m, _)| m))
         .filter(|m| !quantized.contains(m))
