@@ -49,6 +49,11 @@ the goal is the state right after the weight loaders, which is what sharded_stat
   (gpu_worker.py:558): that impl reserves scratch buffers in its `__init__`
   (flashmla_sparse.py:832), which are in no state_dict.
 
+- Qwen3.5's GDN `in_proj_ba` under AWQ, GPTQ or INC: replicated, CUDA's answer of
+  `QwenGatedDeltaNetAttention.maybe_disable_tp` (qwen_gdn_linear_attn.py:853-869, `is_cuda()` and
+  the quant config's class), which the golden cases follow (`ORACLE_B4B_GDN_BA=cuda` in their
+  meta) and wload records (`module_tree: cuda`); vLLM on CPU would split it.
+
 The state dumped is `ShardedStateLoader._filter_subtensors(model.state_dict())`, the very function
 `save_model` applies, so storage-shared aliases are dropped exactly as vLLM drops them. MLA models
 (DeepSeek, GLM-4.7-Flash, Mistral Large 3) are dumped before `process_weights_after_loading` like
@@ -165,6 +170,12 @@ def patch_vllm(moe_backend):
                 return (WNA16MoEBackend.MARLIN if marlin else WNA16MoEBackend.TRITON), None
 
         cw.select_wna16_moe_backend = select_wna16
+        # AutoGPTQ / AutoAWQ experts (Qwen3.5-MoE GPTQ) select by the same function.
+        import vllm.model_executor.layers.quantization.auto_awq as auto_awq
+        import vllm.model_executor.layers.quantization.auto_gptq as auto_gptq
+
+        auto_gptq.select_wna16_moe_backend = select_wna16
+        auto_awq.select_wna16_moe_backend = select_wna16
     except (ImportError, AttributeError) as e:
         print(f"warning: WNA16 MoE backend not patched ({e})", file=sys.stderr)
     if moe_backend == "triton":
@@ -211,6 +222,17 @@ def patch_dsa_cuda_tree():
     CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
 
 
+def patch_gdn_ba_cuda_rule():
+    """`maybe_disable_tp` as CUDA answers it: the platform test dropped, the rest vLLM's."""
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
+
+    def maybe_disable_tp(self, quant_config):
+        marlin = (gdn.AutoAWQConfig, gdn.AutoGPTQConfig, gdn.INCConfig)
+        return not self.gqa_interleaved_layout and isinstance(quant_config, marlin)
+
+    gdn.QwenGatedDeltaNetAttention.maybe_disable_tp = maybe_disable_tp
+
+
 def folder_architectures(folder):
     """config.json's architectures (a Mistral folder has none: params.json only)."""
     try:
@@ -223,6 +245,7 @@ def folder_architectures(folder):
 def rank_main(rank, args, port):
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     patch_vllm(args.moe_backend)
+    patch_gdn_ba_cuda_rule()
     if folder_architectures(args.folder) & DSA_ARCHITECTURES:
         patch_dsa_cuda_tree()
     import torch

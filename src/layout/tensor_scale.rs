@@ -3,7 +3,7 @@
 
 use super::types::{RankLayout, Shape, Slice, SlotKey, name};
 use super::{Geometry, Kind, Rank, ShardId};
-use super::{MergedColumn, Qkv};
+use super::{MergedColumn, MergedTuples, Qkv};
 
 /// A linear layer's per-tensor scales: one F32 per logical shard of the weight `of`, the same
 /// on every rank.
@@ -33,6 +33,15 @@ pub(super) fn logical_shards(of: &Geometry) -> Vec<SlotKey> {
         Geometry::Qkv(Qkv { .. }) => ["q", "k", "v"].iter().map(|s| (name(s), None)).collect(),
         Geometry::MergedColumn(MergedColumn { sizes, .. }) => (0..sizes.len() as u64)
             .map(|k| (Some(ShardId::Index(k)), None))
+            .collect(),
+        // A tuple's one checkpoint scale fills each of its shards' slots (the
+        // `PerTensorScaleParameter` tuple branch, `linear.py:926–933`): Qwen3.5's NVFP4
+        // `in_proj_qkvz` `[s_qkv, s_qkv, s_qkv, s_z]`.
+        Geometry::MergedTuples(MergedTuples { sizes, tuples, .. }) => (0..sizes.len() as u64)
+            .map(|k| match tuples.iter().find(|t| t.contains(&k)) {
+                Some(t) => (Some(ShardId::Tuple(t.clone())), None),
+                None => (Some(ShardId::Index(k)), None),
+            })
             .collect(),
         _ => vec![(None, None)],
     }

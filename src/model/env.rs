@@ -12,6 +12,7 @@ use crate::config::{ConfigAlias, ModelConfig};
 use crate::mapping::expr::{self, EvalError, Scope};
 use crate::mapping::{CheckBy, Mapping};
 use crate::multimodal::Multimodal;
+use crate::quant::Quantization;
 use crate::ranks::World;
 
 const ADD_FIELD: &str = "add the field to config.json or pass it with --hf-overrides";
@@ -79,6 +80,13 @@ impl Env {
             "replicate_embed".into(),
             Value::Bool(parallel.replicate_embed),
         );
+        // vLLM's CUDA rule for layers too narrow for Marlin (`Method::marlin_int_config`).
+        let marlin = Quantization::for_model(
+            config.quantization_config.as_ref(),
+            config.model_type.as_deref(),
+        );
+        let marlin = marlin.ok().flatten().is_some_and(|q| q.marlin_int_config());
+        vars.insert("quant_marlin_int".into(), Value::Bool(marlin));
         let mm = parallel.multimodal;
         vars.insert(
             "language_model_only".into(),

@@ -137,18 +137,29 @@ pub(crate) fn plan_mapped(
         moe_backend: opts.moe_backend.map(|b| b.as_str()),
         language_model_only: opts.multimodal.language_model_only,
         mm_encoder_tp_mode: opts.multimodal.recorded_mode(),
-        module_tree: mapping.module_tree.clone(),
-        replicate_embed: opts.replicate_embed && reads_replicate_embed(mapping),
+        module_tree: module_tree(mapping, &planner.env, opts.tp),
+        replicate_embed: opts.replicate_embed && reads_var(mapping, "replicate_embed"),
         quantization: planner.quant,
     })
 }
 
-/// Whether the family's state depends on `VLLM_REPLICATE_EMBED` (a parameter `whole:
-/// replicate_embed`): vLLM ignores the variable for the others, and so does the record.
-fn reads_replicate_embed(mapping: &Mapping) -> bool {
+/// Whether a parameter's `whole:` reads the variable `var`: the family's state depends on
+/// `VLLM_REPLICATE_EMBED` only then (vLLM ignores it for the others, and so does the record), or
+/// on CUDA's rule for layers too narrow for Marlin.
+fn reads_var(mapping: &Mapping, var: &str) -> bool {
     let p = &mapping.parameters;
     (p.head.iter().chain(&p.layer).chain(&p.tail))
-        .any(|s| s.whole.as_ref().is_some_and(|w| w.reads("replicate_embed")))
+        .any(|s| s.whole.as_ref().is_some_and(|w| w.reads(var)))
+}
+
+/// The platform whose module tree the files follow: the mapping's, or `cuda` when a parameter
+/// is whole on every rank by vLLM's CUDA-only rule for Marlin's AWQ/GPTQ/INC layers
+/// (`quant_marlin_int`: Qwen3.5's `in_proj_ba`, split on every other platform). One rank holds
+/// the same either way.
+fn module_tree(mapping: &Mapping, env: &Env, tp: u64) -> Option<String> {
+    let marlin =
+        tp > 1 && env.is_true("quant_marlin_int") && reads_var(mapping, "quant_marlin_int");
+    (mapping.module_tree.clone()).or_else(|| marlin.then(|| "cuda".to_string()))
 }
 
 /// Whether vLLM accepts the mapped checkpoint with `opts`: every check of [`plan_mapped`], which
@@ -265,7 +276,15 @@ impl<'m> Planner<'m> {
         );
         if let Some(q) = &mut quant {
             // maybe_update_config: GPTQ's and AWQ's layer lists from the checkpoint's dtypes.
-            q.update_from_checkpoint(&mut checkpoint.all_tensors().map(|t| (&*t.name, t.dtype)));
+            let tensors = &mut checkpoint.all_tensors().map(|t| (&*t.name, t.dtype));
+            if let Err(e) = q.update_from_checkpoint(tensors) {
+                problems.push(Problem {
+                    message: e.message,
+                    fix: Some(e.fix),
+                    ..Default::default()
+                });
+                return Err(PlanError::Invalid(problems.list));
+            }
             q.apply_vllm_mapper(&mapping.rules);
             // get_supported_act_dtypes: vLLM refuses the model before loading.
             if let Err(message) = q.supports(model_dtype) {

@@ -45,6 +45,10 @@ pub(super) struct Params<'m> {
     /// Where each name first appears, for `tied_to`: indices into `list`, found through their
     /// names, so that no name is copied (a config can claim hundreds of thousands of parameters).
     first_index: HashTable<usize>,
+    /// The weights a quantization method renamed (`weight` → `qweight`, `weight_packed`), by
+    /// their mapped names, for a `tied_to` naming the weight as the mapping declares it (a
+    /// quantized Qwen shared expert under its second path).
+    renamed: std::collections::HashMap<String, usize>,
     hasher: foldhash::fast::FixedState,
 }
 
@@ -59,6 +63,7 @@ impl<'m> Planner<'m> {
             retie: None,
             layers,
             first_index: HashTable::new(),
+            renamed: Default::default(),
             hasher: foldhash::fast::FixedState::default(),
         };
         let head = self.expand(&mapping.parameters.head)?;
@@ -81,9 +86,13 @@ impl<'m> Planner<'m> {
                     continue;
                 }
                 // A quantized layer's weight changes dtype and brings its scales (quant.rs).
+                let declared = p.name.clone();
                 let (before, after) = self.quantize(&mut p, &params);
                 for q in before {
                     params.add(q);
+                }
+                if p.name != declared {
+                    params.renamed.insert(declared, params.list.len());
                 }
                 params.add(p);
                 for q in after {
@@ -306,7 +315,7 @@ impl<'m> Planner<'m> {
                 None
             }
             Ok(true) => {
-                let found = params.find(&other);
+                let found = params.find_declared(&other);
                 if found.is_none() {
                     self.problems.push(Problem {
                         message: format!(
@@ -349,6 +358,11 @@ impl<'m> Params<'m> {
             v.insert(list.len());
         }
         list.push(p);
+    }
+
+    /// The first parameter named `name`, or declared so before its method renamed it.
+    fn find_declared(&self, name: &str) -> Option<usize> {
+        (self.find(name)).or_else(|| self.renamed.get(name).copied())
     }
 
     /// The first parameter named `name`.

@@ -140,15 +140,16 @@ impl<'m> Planner<'m> {
         if matches!(p.geometry, Geometry::MergedTuples(MergedTuples { .. }))
             && !q.plans_tuple_columns()
         {
-            // Qwen3.5's in_proj_qkvz: block FP8 is planned (block_scale.rs cuts the tuple's scale);
-            // other formats' tuple scales (and in_proj_ba, which vLLM replicates under AWQ/GPTQ on
-            // CUDA, qwen_gdn_linear_attn.py:853–869) are not: refused rather than written wrong.
+            // Qwen3.5's in_proj_qkvz: block FP8, AWQ, GPTQ, ModelOpt NVFP4 and compressed-tensors
+            // W4A16 / NVFP4 are planned (each shard cut by itself, a tuple's per-tensor scale in
+            // each of its slots); the others are not checked against vLLM: refused rather than
+            // written wrong.
             self.problems.push(Problem {
                 message: format!(
-                    "{module}: a merged column filled by tuple shards (Qwen3.5's GDN in_proj_qkvz) quantized as {} is not supported by wload yet (block FP8 is)",
+                    "{module}: a merged column filled by tuple shards (Qwen3.5's GDN in_proj_qkvz) quantized as {} is not supported by wload yet (block FP8, AWQ, GPTQ, NVFP4 and compressed-tensors W4A16 are)",
                     q.describe()
                 ),
-                fix: Some("list the module in the quantization config's ignore list if the checkpoint stores it unquantized, or shard an unquantized or block-FP8 checkpoint".into()),
+                fix: Some("list the module in the quantization config's ignore list if the checkpoint stores it unquantized, or shard an unquantized, block-FP8, AWQ, GPTQ, NVFP4 or W4A16 checkpoint".into()),
                 parameter: Some(p.name.clone()),
                 ..Default::default()
             });

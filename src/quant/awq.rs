@@ -12,6 +12,7 @@ use super::gptq::params::{self, IntScheme};
 use super::info::QuantInfo;
 use super::{Method, QuantError, refuse, refuse_dtype, string_list};
 use crate::dtype::Dtype;
+use crate::mapping::rules::Rules;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Awq {
@@ -76,10 +77,16 @@ impl Awq {
     }
 
     /// `maybe_update_config`: without listed modules, every checkpoint module none of whose
-    /// tensors is of a type other than F16, BF16 and F32.
-    pub(super) fn read_checkpoint<'a>(&mut self, tensors: impl Iterator<Item = (&'a str, Dtype)>) {
+    /// tensors is of a type other than F16, BF16 and F32. Refused when such a module holds a
+    /// quantized one (a GDN layer's `linear_attn` owns the float `A_log` and `dt_bias`): AWQ
+    /// matches the list as substrings, so vLLM builds the quantized layers under it unquantized
+    /// and fails loading their `qweight`.
+    pub(super) fn read_checkpoint<'a>(
+        &mut self,
+        tensors: impl Iterator<Item = (&'a str, Dtype)>,
+    ) -> Result<(), QuantError> {
         if !self.not_converted.is_empty() {
-            return;
+            return Ok(());
         }
         let mut modules: std::collections::BTreeMap<String, bool> = Default::default();
         for (name, dtype) in tensors {
@@ -89,10 +96,16 @@ impl Awq {
             let quantized = !matches!(dtype, Dtype::F16 | Dtype::Bf16 | Dtype::F32);
             *modules.entry(module.to_string()).or_default() |= quantized;
         }
-        self.not_converted = (modules.into_iter())
-            .filter(|(_, q)| !q)
-            .map(|(m, _)| m)
-            .collect();
+        let (quantized, float): (Vec<_>, Vec<_>) = modules.into_iter().partition(|(_, q)| *q);
+        self.not_converted = float.into_iter().map(|(m, _)| m).collect();
+        let holds = |q: &str| {
+            (self.not_converted.iter())
+                .find(|m| q.starts_with(m.as_str()) && q[m.len()..].starts_with('.'))
+        };
+        match quantized.iter().find_map(|(q, _)| holds(q).map(|m| (q, m))) {
+            Some((q, m)) => Err(parent_not_converted(q, m)),
+            None => Ok(()),
+        }
     }
 
     /// `is_layer_skipped(..., match_mode="substring")`: a listed name inside the layer's
@@ -111,6 +124,18 @@ impl Awq {
             "list every part of the fused layer in modules_to_not_convert, or none",
         )
     }
+}
+
+/// vLLM's failure when the derived `modules_to_not_convert` holds `parent`, a float-only module
+/// above the quantized `module` (`auto_awq.py:379–388` derives it, `:294–300` matches it as a
+/// substring; the AWQ `qweight` then meets an unquantized layer, `linear.py:780` from `:1000`).
+fn parent_not_converted(module: &str, parent: &str) -> QuantError {
+    refuse(
+        format!(
+            "AttributeError: 'MergedColumnParallelLinear' object has no attribute 'data' (vLLM 0.33 fails loading this AWQ checkpoint: quantization_config.modules_to_not_convert is null, so vLLM lists every checkpoint module without an integer tensor, among them `{parent}` (its own tensors are float), and matches the list as substrings: `{module}` under it is built unquantized, then receives its qweight)"
+        ),
+        "write the unquantized modules into quantization_config.modules_to_not_convert (a Qwen3.5 / Qwen3-Next AutoAWQ checkpoint: [\"visual\", \"linear_attn.in_proj_b\", \"linear_attn.in_proj_a\"] and whatever else it keeps in float, e.g. \"mlp.gate\", \"shared_expert_gate\"), or use the unquantized checkpoint",
+    )
 }
 
 impl Awq {
@@ -142,8 +167,29 @@ impl Method for Awq {
         refuse_dtype(dtype, "auto_awq", "[torch.float16, torch.bfloat16]", false)
     }
 
-    fn update_from_checkpoint(&mut self, tensors: &mut dyn Iterator<Item = (&str, Dtype)>) {
-        self.read_checkpoint(tensors);
+    fn update_from_checkpoint(
+        &mut self,
+        tensors: &mut dyn Iterator<Item = (&str, Dtype)>,
+    ) -> Result<(), QuantError> {
+        self.read_checkpoint(tensors)
+    }
+
+    /// `apply_vllm_mapper`: the list through the model's renames (a VLM's
+    /// `model.language_model.` → `language_model.model.`), the names as written kept.
+    fn apply_vllm_mapper(&mut self, rules: &Rules) {
+        let mapped: Vec<String> = (self.not_converted.iter())
+            .filter_map(|n| super::names::mapped_module(rules, n))
+            .filter(|m| !self.not_converted.contains(m))
+            .collect();
+        self.not_converted.extend(mapped);
+    }
+
+    fn marlin_int_config(&self) -> bool {
+        true
+    }
+
+    fn plans_tuple_columns(&self) -> bool {
+        true
     }
 
     fn linear_quantized(
@@ -217,7 +263,7 @@ mod tests {
             &json!({"quant_method": "awq", "w_bit": 4, "q_group_size": 32, "zero_point": true}),
         )
         .unwrap();
-        a.read_checkpoint(
+        let derived = a.read_checkpoint(
             [
                 ("model.layers.0.self_attn.q_proj.qweight", Dtype::I32),
                 ("model.layers.0.self_attn.q_proj.scales", Dtype::F16),
@@ -227,6 +273,7 @@ mod tests {
             ]
             .into_iter(),
         );
+        assert_eq!(derived, Ok(()));
         assert_eq!(
             a.not_converted,
             [

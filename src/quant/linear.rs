@@ -4,7 +4,9 @@
 //! columns, `K/g` groups, `N/8` packed rows), and with the output on dim 0 (compressed-tensors,
 //! ModelOpt: `[N, K']`) or on dim 1 (GPTQ, AWQ: `[K', N]`).
 
-use crate::layout::{Column, Geometry, MergedColumn, Qkv, Replicated, Row, WithLeading};
+use crate::layout::{
+    Column, Geometry, MergedColumn, MergedTuples, Qkv, Replicated, Row, WithLeading,
+};
 
 /// The output parts of a linear weight.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,8 +17,14 @@ pub(super) enum Out {
         kv_heads: u64,
         head_dim: u64,
     },
-    /// `MergedColumnParallelLinear` (gate/up).
-    Merged { sizes: Vec<u64>, disable_tp: bool },
+    /// `MergedColumnParallelLinear` (gate/up); `tuples`: the runs of shards one checkpoint
+    /// tensor fills (Qwen3.5's GDN `in_proj_qkvz`, shards `(0, 1, 2)`), each shard still
+    /// sliced by itself (`linear.py:922–960`).
+    Merged {
+        sizes: Vec<u64>,
+        disable_tp: bool,
+        tuples: Vec<Vec<u64>>,
+    },
     /// One output of `n` rows.
     Single(u64),
 }
@@ -79,6 +87,23 @@ impl LinearShape {
                     out: Out::Merged {
                         sizes: sizes.clone(),
                         disable_tp: *disable_tp,
+                        tuples: vec![],
+                    },
+                    k,
+                    style: Style::Column,
+                }),
+                _ => None,
+            },
+            Geometry::MergedTuples(MergedTuples {
+                sizes,
+                inner,
+                tuples,
+            }) => match inner[..] {
+                [k] => Some(LinearShape {
+                    out: Out::Merged {
+                        sizes: sizes.clone(),
+                        disable_tp: false,
+                        tuples: tuples.clone(),
                     },
                     k,
                     style: Style::Column,
@@ -126,9 +151,14 @@ impl LinearShape {
                 kv_heads: *kv_heads,
                 head_dim: head_dim / d,
             },
-            Out::Merged { sizes, disable_tp } => Out::Merged {
+            Out::Merged {
+                sizes,
+                disable_tp,
+                tuples,
+            } => Out::Merged {
                 sizes: sizes.iter().map(|s| s / d).collect(),
                 disable_tp: *disable_tp,
+                tuples: tuples.clone(),
             },
             Out::Single(n) => Out::Single(n / d),
         }
@@ -152,13 +182,14 @@ impl LinearShape {
                 head_dim,
                 inner,
             }),
-            (Style::Column, Out::Merged { sizes, disable_tp }) => {
-                Geometry::MergedColumn(MergedColumn {
+            (
+                Style::Column,
+                Out::Merged {
                     sizes,
-                    inner,
                     disable_tp,
-                })
-            }
+                    tuples,
+                },
+            ) => merged(sizes, inner, disable_tp, tuples),
             (Style::Column, Out::Single(n)) => Geometry::Column(Column {
                 shape: vec![n, cols],
             }),
@@ -205,13 +236,14 @@ impl LinearShape {
                 head_dim,
                 inner: vec![],
             }),
-            (Style::Column, Out::Merged { sizes, disable_tp }) => {
-                Geometry::MergedColumn(MergedColumn {
+            (
+                Style::Column,
+                Out::Merged {
                     sizes,
-                    inner: vec![],
                     disable_tp,
-                })
-            }
+                    tuples,
+                },
+            ) => merged(sizes, vec![], disable_tp, tuples),
         };
         Geometry::WithLeading(WithLeading {
             leading: vec![rows],
@@ -246,6 +278,24 @@ impl LinearShape {
             Style::Row => self.k / tp,
             _ => self.k,
         }
+    }
+}
+
+/// A merged column's parameter: filled shard by shard, or with `tuples` runs of shards from one
+/// checkpoint tensor each (a tuple's parameter is then cut per shard as its weight is).
+fn merged(sizes: Vec<u64>, inner: Vec<u64>, disable_tp: bool, tuples: Vec<Vec<u64>>) -> Geometry {
+    if tuples.is_empty() {
+        Geometry::MergedColumn(MergedColumn {
+            sizes,
+            inner,
+            disable_tp,
+        })
+    } else {
+        Geometry::MergedTuples(MergedTuples {
+            sizes,
+            inner,
+            tuples,
+        })
     }
 }
 

@@ -63,8 +63,14 @@ pub trait Method: CloneMethod + Debug + Send + Sync {
     fn supports(&self, dtype: Dtype) -> Result<(), String>;
 
     /// What vLLM's `maybe_update_config` reads from the checkpoint's headers (GPTQ's quantized
-    /// modules, AWQ's unconverted ones), when the config does not list them.
-    fn update_from_checkpoint(&mut self, _tensors: &mut dyn Iterator<Item = (&str, Dtype)>) {}
+    /// modules, AWQ's unconverted ones), when the config does not list them. `Err`: what vLLM
+    /// then fails on (AWQ's derived list naming a quantized module's parent).
+    fn update_from_checkpoint(
+        &mut self,
+        _tensors: &mut dyn Iterator<Item = (&str, Dtype)>,
+    ) -> Result<(), QuantError> {
+        Ok(())
+    }
 
     /// The method's ignore list through the model's renames (`Fp8Config.apply_vllm_mapper`).
     fn apply_vllm_mapper(&mut self, _rules: &Rules) {}
@@ -88,6 +94,14 @@ pub trait Method: CloneMethod + Debug + Send + Sync {
     /// Whether the method plans a merged column filled by tuple shards (Qwen3.5's GDN
     /// `in_proj_qkvz`): its scales must be cut per tuple (`layout/block_scale.rs`).
     fn plans_tuple_columns(&self) -> bool {
+        false
+    }
+
+    /// Whether vLLM's config is an `AutoAWQConfig`, `AutoGPTQConfig` or `INCConfig`: the
+    /// configs for which, on CUDA, a model replicates a layer too narrow for Marlin even when
+    /// that layer is left unquantized (Qwen3.5's GDN `in_proj_ba`, `maybe_disable_tp`,
+    /// `qwen_gdn_linear_attn.py:853–869`). Mappings read it as `quant_marlin_int`.
+    fn marlin_int_config(&self) -> bool {
         false
     }
 

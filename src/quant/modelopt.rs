@@ -14,6 +14,7 @@ use super::moe_backend::MoeBackend;
 use super::nvfp4::{self, Nvfp4Method, Nvfp4Names};
 use super::{Method, QuantError, refuse, refuse_dtype, skipped_exactly, string_list};
 use crate::dtype::Dtype;
+use crate::mapping::rules::Rules;
 
 /// What to do instead of a ModelOpt algorithm wload does not write.
 const OTHER_MODELOPT: &str = "wload writes ModelOpt NVFP4 (quant_algo NVFP4 or W4A16_NVFP4); use that release, or the unquantized checkpoint";
@@ -277,6 +278,22 @@ impl Method for ModelOptNvFp4 {
     fn supports(&self, dtype: Dtype) -> Result<(), String> {
         let list = "[torch.bfloat16, torch.float16, torch.float8_e4m3fn]";
         refuse_dtype(dtype, "modelopt_fp4", list, false)
+    }
+
+    /// `apply_vllm_mapper` (l.266–285): the entries through the model's renames (a VLM's
+    /// `model.language_model.` → `language_model.model.`), the names as written kept.
+    fn apply_vllm_mapper(&mut self, rules: &Rules) {
+        let mapped: Vec<String> = (self.exclude.iter())
+            .filter_map(|n| super::names::mapped_module(rules, n))
+            .filter(|m| !self.exclude.contains(m))
+            .collect();
+        self.patterns
+            .extend(mapped.iter().map(|e| fnmatch_regex(e)));
+        self.exclude.extend(mapped);
+    }
+
+    fn plans_tuple_columns(&self) -> bool {
+        true
     }
 
     fn linear_quantized(

@@ -32,7 +32,7 @@ pub fn write_shard(
         write_times(w, r)?;
     }
     if let Some(t) = &m.module_tree {
-        let why = "vLLM names this family's modules per platform (wload.json: module_tree)";
+        let why = "vLLM builds this model's modules per platform (wload.json: module_tree)";
         writeln!(
             w,
             "platform: {} module tree: serve on {} only; {why}",

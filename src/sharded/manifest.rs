@@ -85,7 +85,8 @@ pub struct Manifest {
     pub mm_encoder_tp_mode: Option<String>,
     /// The platform whose vLLM module tree the keys follow (`cuda`), for a family vLLM builds
     /// differently per platform (DeepSeek-V3.2: a folder for CUDA misses keys on CPU, XPU and
-    /// ROCm, and the reverse). Absent: the same keys everywhere.
+    /// ROCm, and the reverse; Qwen3.5 under AWQ/GPTQ at TP > 1: `in_proj_ba` whole on every rank
+    /// by CUDA's `maybe_disable_tp`, split elsewhere). Absent: the same keys everywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module_tree: Option<String>,
     /// `mistral` when the files were planned from params.json (Mistral-native source): vLLM must

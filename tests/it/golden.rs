@@ -114,8 +114,10 @@ golden! {
     qwen2_tp2 => "qwen2/tp2",
     qwen2_tp4 => "qwen2/tp4",
     qwen2_moe_tp2 => "qwen2_moe/tp2",
+    qwen3_5_awq_tp2 => "qwen3_5_awq/tp2",
     qwen3_5_moe__lmonly_tp2 => "qwen3_5_moe__lmonly/tp2",
     qwen3_moe_fp8_block_tp2 => "qwen3_moe_fp8_block/tp2",
+    qwen3_next_w4a16_tp2 => "qwen3_next_w4a16/tp2",
     qwen3_vl_tp2 => "qwen3_vl/tp2",
 }
 

@@ -53,6 +53,12 @@ impl Method for Compressed {
         }
     }
 
+    /// W4A16 / W8A16 and NVFP4: packed rows and per-part global scales cut per shard as the
+    /// weight (checked against vLLM on a Qwen3.5-MoE W4A16 checkpoint); FP8 block / INT8 not.
+    fn plans_tuple_columns(&self) -> bool {
+        matches!(self.scheme, Scheme::Wna16(_) | Scheme::Nvfp4(_))
+    }
+
     fn linear_quantized(
         &self,
         module: &str,

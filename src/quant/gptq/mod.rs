@@ -14,6 +14,7 @@ use super::extra::{Extra, experts_module};
 use super::info::QuantInfo;
 use super::{Method, QuantError, Written, refuse, refuse_dtype};
 use crate::dtype::Dtype;
+use crate::mapping::rules::Rules;
 use params::IntScheme;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -165,8 +166,30 @@ impl Method for Gptq {
         refuse_dtype(dtype, "auto_gptq", "[torch.float16, torch.bfloat16]", false)
     }
 
-    fn update_from_checkpoint(&mut self, tensors: &mut dyn Iterator<Item = (&str, Dtype)>) {
+    fn update_from_checkpoint(
+        &mut self,
+        tensors: &mut dyn Iterator<Item = (&str, Dtype)>,
+    ) -> Result<(), QuantError> {
         self.read_checkpoint(tensors);
+        Ok(())
+    }
+
+    /// `apply_vllm_mapper`: the list through the model's renames (a VLM's
+    /// `model.language_model.` → `language_model.model.`), the names as written kept.
+    fn apply_vllm_mapper(&mut self, rules: &Rules) {
+        let mapped: Vec<String> = (self.quantized.iter())
+            .filter_map(|n| super::names::mapped_module(rules, n))
+            .filter(|m| !self.quantized.contains(m))
+            .collect();
+        self.quantized.extend(mapped);
+    }
+
+    fn marlin_int_config(&self) -> bool {
+        true
+    }
+
+    fn plans_tuple_columns(&self) -> bool {
+        true
     }
 
     fn linear_quantized(

@@ -31,14 +31,16 @@ pub(super) fn add_quantized_modules(
     ))
 }
 
-/// The checkpoint modules each quantized linear layer (a `.qweight` parameter, experts aside:
-/// vLLM quantizes those regardless) is filled from, one group per layer. When every block has
-/// the same groups, they are named within the block (`self_attn.q_proj`), as GPTQ tools write
-/// them; otherwise by their full names.
+/// The checkpoint modules each quantized linear layer (a `.qweight` parameter, routed experts
+/// aside: vLLM quantizes those regardless) is filled from, one group per layer. Named within the block
+/// (`self_attn.q_proj`, Qwen3.5's `linear_attn.in_proj_qkv`), as GPTQ tools write them, unless
+/// some block leaves a module of that name unquantized; then by their full names.
 fn quantized_groups(written: &[Written]) -> Vec<Vec<String>> {
     let mut full: Vec<Vec<String>> = Vec::new();
     for t in written {
-        if !t.name.ends_with(".qweight") || t.name.contains(".experts.") {
+        // Routed experts' are `w13_qweight` / `w2_qweight`; a shared expert's `qweight` counts
+        // (under its runner path too, `mlp.experts._shared_experts._layer`: the same sources).
+        if !t.name.ends_with(".qweight") {
             continue;
         }
         let mut group: Vec<String> = Vec::new();
@@ -66,12 +68,20 @@ fn quantized_groups(written: &[Written]) -> Vec<Vec<String>> {
             blocks.push(g.clone());
         }
     }
-    // Each block's groups, counted: the short form only says the same of every block.
-    let per_block = full.len() / blocks.len().max(1);
-    let uniform = blocks
-        .iter()
-        .all(|b| relative.iter().filter(|g| *g == b).count() == per_block);
-    if uniform { blocks } else { full }
+    // vLLM matches the names as substrings of every layer's: the short form holds unless a
+    // module it names is left unquantized in some block. A block without the module at all (a
+    // hybrid's full-attention layer has no `linear_attn`) is no reason for the long form.
+    let quantized: std::collections::HashSet<&str> =
+        full.iter().flatten().map(String::as_str).collect();
+    let short: std::collections::HashSet<&str> =
+        blocks.iter().flatten().map(String::as_str).collect();
+    let clash = (written.iter())
+        .filter(|t| !t.name.contains(".routed_experts."))
+        .flat_map(|t| &t.sources)
+        .filter_map(|s| s.rsplit_once('.').map(|(m, _)| m))
+        .filter(|m| !quantized.contains(m))
+        .any(|m| within_block(m).is_some_and(|b| short.contains(b)));
+    if clash { full } else { blocks }
 }
 
 /// `self_attn.q_proj` of `model.layers.12.self_attn.q_proj`: the name after the block index.

@@ -19,6 +19,7 @@ mod mla;
 mod olmo3;
 mod qwen2_moe;
 mod qwen3_5;
+mod qwen3_5_quant;
 mod qwen3_vl;
 mod replicate_embed;
 mod tied;
