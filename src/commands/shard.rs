@@ -212,7 +212,9 @@ fn shard_into<P: Publish>(
 
     let completed = dest.publish(staging, &target)?;
     Ok(ShardReport {
-        warnings: tokenizer_warning(&manifest, opened).into_iter().collect(),
+        warnings: (plan.warnings.iter().cloned())
+            .chain(tokenizer_warning(&manifest, opened))
+            .collect(),
         out: opts.out.display().to_string(),
         bytes: total,
         manifest,

@@ -637,7 +637,10 @@ impl Rules {
                 }
                 Some(k) => {
                     let r = &self.stacked[k];
-                    if r.under.as_ref().is_some_and(|u| !inner.starts_with(u.as_str())) {
+                    if r.under
+                        .as_ref()
+                        .is_some_and(|u| !inner.starts_with(u.as_str()))
+                    {
                         continue;
                     }
                     *inner = inner.replacen(&r.from, &r.to, 1);
