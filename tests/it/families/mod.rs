@@ -20,4 +20,5 @@ mod qwen3_5;
 mod qwen3_vl;
 mod replicate_embed;
 mod tied;
+mod towers;
 mod vlm_text;
