@@ -130,7 +130,10 @@ fn vision_heads_tp_does_not_divide_are_refused_in_vllms_words() {
     assert_refused(
         &data,
         3,
-        &["AssertionError: 2 is not divisible by 4", "falls back to weights"],
+        &[
+            "AssertionError: 2 is not divisible by 4",
+            "falls back to weights",
+        ],
     );
     let ok = run(&[&base[..], &over, &[LM]].concat());
     assert!(ok.status.success(), "{}", context(&ok));
