@@ -107,6 +107,11 @@ pub struct ModelConfig {
     /// `vision_config.depth`; `None` for a text-only model.
     #[serde(skip)]
     pub vision_config: Option<Value>,
+    /// The whole top level of config.json (after overrides), which mapping expressions read as
+    /// `hf_config.…` (vLLM's `hf_config`): a multimodal wrapper's own fields
+    /// (`multimodal_projector_bias`, `spatial_merge_size`, …) beside `text_config`.
+    #[serde(skip)]
+    pub hf_config: Value,
     /// transformers' attribute aliases of the text config's class, for naming both spellings.
     #[serde(skip)]
     pub aliases: &'static [ConfigAlias],
@@ -319,6 +324,7 @@ fn from_map(path: &Path, top: Map<String, Value>) -> Result<ModelConfig, ConfigE
         quantization_config,
         dtype,
         vision_config: top.get("vision_config").filter(|v| v.is_object()).cloned(),
+        hf_config: Value::Object(top.clone()),
         raw,
         aliases,
         file_bytes: Default::default(),

@@ -313,8 +313,8 @@ mod tests {
     }
 
     /// Llama 4's stacked q/k rules ask for the permutation (of `.weight` only, llama4.py:805–844);
-    /// v and a per-tensor scale do not get it. The vision tower's names map like the text
-    /// model's (its `skip_modules` entry skips them when planning).
+    /// v and a per-tensor scale do not get it, nor the vision model's q/k, whose loader
+    /// (`_load_other_weights`) does not permute (the text rules are `under: language_model.`).
     #[test]
     fn llama4_hf_q_and_k_carry_the_rotary_permutation_from_their_stacked_rules() {
         let l4 =
@@ -344,7 +344,7 @@ mod tests {
                 heads("num_key_value_heads"),
                 None,
                 None,
-                heads("num_attention_heads")
+                None
             ]
         );
         assert!(

@@ -53,7 +53,24 @@ pub struct Multimodal {
     pub mm_encoder_tp_mode: MmEncoderTpMode,
 }
 
+/// vLLM's warning when a model without data-parallel encoder support is given
+/// `--mm-encoder-tp-mode data` (config/model.py:835–842), word for word.
+pub(crate) const DATA_MODE_FALLBACK: &str = "This model does not support `--mm-encoder-tp-mode data`. Falling back to `--mm-encoder-tp-mode weights`.";
+
 impl Multimodal {
+    /// The settings vLLM serves a model with, given whether it can hold its encoder whole on
+    /// every rank (`supports_encoder_tp_data`): `data` becomes `weights`, with vLLM's warning.
+    pub(crate) fn served(self, encoder_tp_data: bool) -> (Multimodal, Option<&'static str>) {
+        if encoder_tp_data || self.mm_encoder_tp_mode == MmEncoderTpMode::Weights {
+            return (self, None);
+        }
+        let weights = Multimodal {
+            mm_encoder_tp_mode: MmEncoderTpMode::Weights,
+            ..self
+        };
+        (weights, Some(DATA_MODE_FALLBACK))
+    }
+
     #[cfg(test)]
     /// Whether these are vLLM's defaults (neither flag changes anything): what wload.json and
     /// the serve line leave out.
@@ -101,6 +118,22 @@ mod tests {
         assert_eq!(
             both.flags(),
             ["--language-model-only", "--mm-encoder-tp-mode", "data"]
+        );
+    }
+
+    #[test]
+    fn data_mode_falls_back_to_weights_with_vllms_warning_where_unsupported() {
+        let data = Multimodal {
+            language_model_only: false,
+            mm_encoder_tp_mode: MmEncoderTpMode::Data,
+        };
+        assert_eq!(data.served(true), (data, None));
+        let (served, warning) = data.served(false);
+        assert!(served.is_default());
+        assert_eq!(warning, Some(DATA_MODE_FALLBACK));
+        assert_eq!(
+            Multimodal::default().served(false),
+            (Multimodal::default(), None)
         );
     }
 }

@@ -218,6 +218,14 @@ pub(crate) fn hub_fetched(fetched: Option<&crate::resolve::remote::Fetched>, qui
     }
 }
 
+/// vLLM's warnings for what a command planned (a `--mm-encoder-tp-mode data` it falls back
+/// from), on stderr unless `-q`.
+pub(crate) fn warnings(warnings: &[String], quiet: bool) {
+    for w in warnings.iter().filter(|_| !quiet) {
+        say(format_args!("warning: {}", Esc(w)));
+    }
+}
+
 /// One line on stderr for people, its control characters escaped ([`Terminal`]). stderr may be
 /// closed or full; there is nowhere left to say so.
 pub(crate) fn say(line: std::fmt::Arguments) {

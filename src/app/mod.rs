@@ -164,6 +164,7 @@ fn plan(args: &PlanArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error> {
     emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
     let opts = options::plan_options(&args.parallel);
     let report = crate::commands::plan::plan_report(&opened, &opts, args.rank)?;
+    emit::warnings(&report.plan.warnings, g.quiet);
     let human: Human = &|w| crate::report::write_plan(w, &report, g.verbose, g.quiet);
     emit(out, json_if(args.json, None), &report, Some(human))
 }
@@ -175,6 +176,7 @@ fn sizes(args: &SizesArgs, g: Globals, out: &mut dyn Write) -> Result<(), Error>
     )?;
     emit::hub_fetched(opened.fetched().as_ref(), g.quiet);
     let report = crate::commands::plan::sizes(&opened, &options::sizes_options(args))?;
+    emit::warnings(&report.warnings, g.quiet);
     let human: Human = &|w| crate::report::write_sizes(w, &report, g.quiet);
     // As `plan` would answer every layout: refused (exit 3), with the flag that helps if any.
     if let Some(e) = report.refusal() {

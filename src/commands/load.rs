@@ -76,10 +76,9 @@ pub(crate) fn prepare(
     warnings: &mut Vec<String>,
 ) -> Result<(Plan, InputKind), Error> {
     if files.is_empty() {
-        return Ok((
-            super::pipeline::make_plan(opened, popts)?,
-            InputKind::Checkpoint,
-        ));
+        let plan = super::pipeline::make_plan(opened, popts)?;
+        warnings.extend(plan.warnings.iter().cloned());
+        return Ok((plan, InputKind::Checkpoint));
     }
     let plan = pre_sharded::plan(opened, popts, files, given_ranks, warnings)?;
     // After the folder's own checks, which name the manifest when it records no experts.

@@ -16,11 +16,15 @@ pub fn make_plan(opened: &Opened, opts: &PlanOptions) -> Result<plan::Plan, Erro
     refuse_deepseek_v4(opened, deepseek_v4::Asked::Layout { tp, pp })?;
     let base = mapping::select(opts.mapping.as_deref(), opened.config.architecture())?;
     refuse_dense_expert_parallel(opened, &base, opts)?;
+    let (opts, warning) = &plan::served_options(&base, opts);
     let model = Model::new(&opened.config);
     let mapping = rules_for(&base, &model, opts.parallel());
     let mapped = map::map(&mapping, &opened.checkpoint)?;
     match plan::plan_mapped(&mapping, &model, &mapped, opts) {
-        Ok(p) => Ok(p),
+        Ok(mut p) => {
+            p.warnings.extend(warning.map(String::from));
+            Ok(p)
+        }
         Err(plan::PlanError::Invalid(problems)) => {
             let problems = with_working_tp(problems, &base, opened, &model, opts);
             Err(plan::PlanError::Invalid(problems).into())

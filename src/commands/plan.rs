@@ -107,6 +107,10 @@ pub struct SizesReport {
     /// accepted with `--language-model-only` (the text model alone); else absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accepted_tp_language_model_only: Option<Vec<u64>>,
+    /// What vLLM warns of with these flags, in its words (a `--mm-encoder-tp-mode data` it
+    /// falls back from: the sizes are those of `weights`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl SizesReport {
@@ -171,6 +175,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
     let max_tp = opts.max_tp;
     super::pipeline::refuse_deepseek_v4(opened, deepseek_v4::Asked::Survey { max_tp })?;
     let mapping = mapping::select(opts.mapping.as_deref(), config.architecture())?;
+    let (multimodal, warning) = opts.multimodal.served(mapping.encoder_tp_data);
     let layout = |tp, pp, expert_parallel| PlanOptions {
         tp,
         pp,
@@ -180,7 +185,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         mapping: opts.mapping.clone(),
         shapes_only: false,
         moe_backend: None,
-        multimodal: opts.multimodal,
+        multimodal,
         replicate_embed: opts.replicate_embed,
     };
     let model = Model::new(config);
@@ -258,6 +263,7 @@ pub fn sizes(opened: &Opened, opts: &SizesOptions) -> Result<SizesReport, Error>
         },
         hub_fetched: opened.fetched(),
         accepted_tp_language_model_only,
+        warnings: warning.map(String::from).into_iter().collect(),
     })
 }
 

@@ -27,6 +27,7 @@ use crate::open::Opened;
 use crate::plan::Plan;
 use crate::progress::{Progress, Quiet};
 use crate::sharded::manifest::{Manifest, ManifestFile};
+use crate::sharded::serve::is_tokenizer_file;
 
 #[derive(Debug, Clone)]
 pub struct ShardOptions {
@@ -210,7 +211,7 @@ fn shard_into<P: Publish>(
 
     let completed = dest.publish(staging, &target)?;
     Ok(ShardReport {
-        warnings: tokenizer_warning(&manifest, opened).into_iter().collect(),
+        warnings: warnings(&plan, &manifest, opened),
         out: opts.out.display().to_string(),
         bytes: total,
         manifest,
@@ -387,24 +388,23 @@ fn record_config(m: &mut Manifest, changes: &Option<Vec<String>>, config_file: &
     m.config_format = (config_file != "config.json").then(|| "mistral".into());
 }
 
-/// Without a tokenizer vLLM does not start from the folder: the serve line passes
-/// `--skip-tokenizer-init` ([`crate::sharded::serve`]), which serves token ids only; this says so.
-fn tokenizer_warning(m: &Manifest, opened: &Opened) -> Option<String> {
+/// vLLM's warnings for the plan; then, with no tokenizer, that the serve line's
+/// `--skip-tokenizer-init` ([`crate::sharded::serve`]) serves token ids only.
+fn warnings(plan: &Plan, m: &Manifest, opened: &Opened) -> Vec<String> {
+    let mut out = plan.warnings.clone();
     let side = m.side_files.as_deref().unwrap_or_default();
-    if side
-        .iter()
-        .any(|f| crate::sharded::serve::is_tokenizer_file(f))
-    {
-        return None;
+    if side.iter().any(|f| is_tokenizer_file(f)) {
+        return out;
     }
     let instead = match &opened.resolved.remote {
         Some(r) => format!("--tokenizer {}", r.repo),
         None => "--tokenizer ORG/NAME (the model's hub repo)".into(),
     };
-    Some(format!(
+    out.push(format!(
         "{} has no tokenizer (tokenizer.json, tokenizer.model, tekken.json, vocab.json, …): the serve line passes --skip-tokenizer-init, so vLLM starts but takes token ids, not text; to serve text, copy the model's tokenizer files into the output folder (`wload inspect` then prints the line without the flag), or serve with {instead} instead",
         opened.resolved.root.display()
-    ))
+    ));
+    out
 }
 
 /// Where the source came from, as the serve line and merging runs need it: the hub repo (the

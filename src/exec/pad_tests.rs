@@ -108,6 +108,7 @@ fn plan(root: &std::path::Path) -> (Plan, Vec<u8>) {
         moe_backend: None,
         language_model_only: false,
         mm_encoder_tp_mode: None,
+        warnings: Vec::new(),
         module_tree: None,
         replicate_embed: false,
         quantization: None,

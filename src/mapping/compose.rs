@@ -53,6 +53,7 @@ struct FileDoc {
     skip_modules: Option<Vec<SkipModule>>,
     text_prefix: Option<String>,
     module_tree: Option<String>,
+    encoder_tp_data: Option<bool>,
     stage_needs: Option<StageNeed>,
     missing_hints: Option<Vec<MissingHint>>,
     #[serde(default)]
@@ -126,6 +127,7 @@ struct Composed {
     skip_modules: Vec<SkipModule>,
     text_prefix: String,
     module_tree: Option<String>,
+    encoder_tp_data: bool,
     stage_needs: Option<StageNeed>,
     missing_hints: Vec<MissingHint>,
     blocks: IndexMap<String, Vec<ParamSpec>>,
@@ -213,6 +215,7 @@ impl Composed {
             skip_modules: Vec::new(),
             text_prefix: String::new(),
             module_tree: None,
+            encoder_tp_data: true,
             tower: Vec::new(),
             stage_needs: None,
             missing_hints: Vec::new(),
@@ -250,6 +253,9 @@ impl Composed {
         }
         if doc.module_tree.is_some() {
             self.module_tree = doc.module_tree;
+        }
+        if let Some(d) = doc.encoder_tp_data {
+            self.encoder_tp_data = d;
         }
         if doc.stage_needs.is_some() {
             self.stage_needs = doc.stage_needs;
@@ -394,6 +400,7 @@ impl Composed {
             skip_layer: self.skip_layer,
             skip_modules: self.skip_modules,
             module_tree: self.module_tree,
+            encoder_tp_data: self.encoder_tp_data,
             stage_needs: self
                 .stage_needs
                 .map(|mut n| {

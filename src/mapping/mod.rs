@@ -66,6 +66,10 @@ pub struct Mapping {
     /// keys the CPU/XPU and ROCm trees do not share). Recorded in `wload.json` and shown by
     /// `inspect`; `None`: one tree everywhere.
     pub module_tree: Option<String>,
+    /// Whether vLLM builds the encoder whole on every rank under `--mm-encoder-tp-mode data`
+    /// (the model class's `supports_encoder_tp_data`); `false`: vLLM warns and falls back to
+    /// `weights` (Gemma 3, Mistral 3: config/model.py:835–842). Inherited; `true` unless said.
+    pub encoder_tp_data: bool,
     pub parameters: Parameters,
 }
 

@@ -148,6 +148,11 @@ pub struct Stacked {
     /// `kv_a_proj_with_mqa` only with a `q_lora_rank`).
     #[serde(default)]
     pub when: Option<crate::mapping::Expr>,
+    /// Fires only on names that start with this (after `scope`): a stacking that belongs to
+    /// one module's `load_weights`, as Llama 4's text model permutes its q/k at load and its
+    /// vision model does not (llama4.py:805–844, mllama4.py `_load_other_weights`).
+    #[serde(default)]
+    pub under: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -632,6 +637,12 @@ impl Rules {
                 }
                 Some(k) => {
                     let r = &self.stacked[k];
+                    if r.under
+                        .as_ref()
+                        .is_some_and(|u| !inner.starts_with(u.as_str()))
+                    {
+                        continue;
+                    }
                     *inner = inner.replacen(&r.from, &r.to, 1);
                     *shard = Some(r.shard.clone());
                     trace.push(check(inner, Step::Stacked(k))?);
@@ -992,6 +1003,26 @@ mod tests {
             panic!()
         };
         assert_eq!(m.target, "lm_head.weight");
+    }
+
+    /// A rule `under` a prefix leaves the other names to the rules after it: Llama 4 permutes
+    /// its text model's q rows at load, never its vision model's.
+    #[test]
+    fn a_stacked_rule_under_a_prefix_fires_only_there() {
+        let r = rules(
+            "stacked:\n  - {from: .q_proj, to: .qkv_proj, shard: q, permute: heads, under: text.}\n  - {from: .q_proj, to: .qkv_proj, shard: q}\n",
+        );
+        let Ok(Outcome::Mapped(t)) = r.apply("text.layers.0.q_proj.weight") else {
+            panic!()
+        };
+        assert_eq!(t.target, "text.layers.0.qkv_proj.weight");
+        assert_eq!(t.permute_heads.as_deref(), Some("heads"));
+        let Ok(Outcome::Mapped(v)) = r.apply("vision.layers.0.q_proj.weight") else {
+            panic!()
+        };
+        assert_eq!(v.target, "vision.layers.0.qkv_proj.weight");
+        assert_eq!(v.shard, Some(ShardId::Name("q".into())));
+        assert_eq!(v.permute_heads, None);
     }
 
     #[test]

@@ -76,6 +76,7 @@ impl Env {
         if let Some(v) = &config.vision_config {
             vars.insert("vision_config".into(), v.clone());
         }
+        vars.insert("hf_config".into(), config.hf_config.clone());
         vars.insert(
             "replicate_embed".into(),
             Value::Bool(parallel.replicate_embed),

@@ -86,6 +86,24 @@ impl PlanOptions {
     }
 }
 
+/// `opts` as vLLM serves the model `mapping` describes: `--mm-encoder-tp-mode data` becomes
+/// `weights` where vLLM does not support it (`Mapping::encoder_tp_data`), with vLLM's warning.
+/// Every command plans with these, so that the files, the record and the serve line are those
+/// of the mode vLLM builds.
+pub(crate) fn served_options(
+    mapping: &Mapping,
+    opts: &PlanOptions,
+) -> (PlanOptions, Option<&'static str>) {
+    let (multimodal, warning) = opts.multimodal.served(mapping.encoder_tp_data);
+    (
+        PlanOptions {
+            multimodal,
+            ..opts.clone()
+        },
+        warning,
+    )
+}
+
 /// What the environment found (a value it cannot derive, a check that fails), as a problem.
 impl From<EnvProblem> for Problem {
     fn from(p: EnvProblem) -> Problem {
@@ -137,6 +155,7 @@ pub(crate) fn plan_mapped(
         moe_backend: opts.moe_backend.map(|b| b.as_str()),
         language_model_only: opts.multimodal.language_model_only,
         mm_encoder_tp_mode: opts.multimodal.recorded_mode(),
+        warnings: Vec::new(),
         module_tree: module_tree(mapping, &planner.env, opts.tp),
         replicate_embed: opts.replicate_embed && reads_var(mapping, "replicate_embed"),
         quantization: planner.quant,

@@ -214,6 +214,10 @@ pub struct Plan {
     /// `--mm-encoder-tp-mode` when not vLLM's default `weights` (`data`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mm_encoder_tp_mode: Option<&'static str>,
+    /// What vLLM warns of when it builds this model with the flags given, in its words (a
+    /// `--mm-encoder-tp-mode data` it falls back from); `plan`, `shard` and `load` say them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// The platform whose module tree the keys follow, from the mapping (`cuda` for
     /// DeepSeek-V3.2); absent: the same on every platform.
     #[serde(skip_serializing_if = "Option::is_none")]

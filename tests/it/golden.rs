@@ -78,6 +78,7 @@ golden! {
     deepseek_v3_tp2 => "deepseek_v3/tp2",
     deepseek_v32_tp2 => "deepseek_v32/tp2",
     gemma2_tp2 => "gemma2/tp2",
+    gemma3_mm_tp2 => "gemma3_mm/tp2",
     glm4_moe_lite_tp2 => "glm4_moe_lite/tp2",
     glm5_fp8_tp2 => "glm5_fp8/tp2",
     glm5_2_fp8_indexshare_tp2 => "glm5_2_fp8_indexshare/tp2",

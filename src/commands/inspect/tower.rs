@@ -19,6 +19,9 @@ pub struct Tower {
     /// Whether wload maps the tower (Qwen3-VL), or only the text model with
     /// `--language-model-only` (the tower left out).
     pub mapped: bool,
+    /// Whether `--mm-encoder-tp-mode data` holds it whole on every rank; `false`: vLLM does not
+    /// support that mode for the model and builds the split tower (Gemma 3, Mistral 3).
+    pub data_mode: bool,
 }
 
 /// The tower of `checkpoint` under `mapping`; `None` for a mapping without one or a checkpoint
@@ -52,5 +55,6 @@ pub(crate) fn tower(mapping: &Mapping, checkpoint: &Checkpoint) -> Option<Tower>
         tensors,
         bytes,
         mapped: mapped_tower,
+        data_mode: mapping.encoder_tp_data,
     })
 }

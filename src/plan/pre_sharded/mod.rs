@@ -48,6 +48,17 @@ pub(crate) fn plan(
     warnings: &mut Vec<String>,
 ) -> Result<Plan, PreShardedError> {
     let root = &opened.resolved.root;
+    // The mode vLLM serves the model with (data falls back to weights where unsupported), as
+    // the folder was written for it; a mapping that cannot be selected is reported below.
+    let served = crate::mapping::select(popts.mapping.as_deref(), opened.config.architecture())
+        .map(|m| plan::served_options(&m, popts));
+    let popts = match &served {
+        Ok((o, w)) => {
+            warnings.extend(w.map(String::from));
+            o
+        }
+        Err(_) => popts,
+    };
     // The verdict `inspect` gives too: records unreadable, of two plans, or not listing every
     // rank file (whose checksum would be unknown) refuse the folder here as there.
     let runs = crate::sharded::runs::check(root, files);
@@ -549,6 +560,7 @@ impl Built {
             moe_backend: expected.moe_backend,
             language_model_only: expected.language_model_only,
             mm_encoder_tp_mode: expected.mm_encoder_tp_mode,
+            warnings: expected.warnings,
             module_tree: expected.module_tree,
             replicate_embed: expected.replicate_embed,
             quantization: expected.quantization,

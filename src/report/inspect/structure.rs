@@ -81,11 +81,16 @@ pub(super) fn write_tower(
     w: &mut dyn Write,
     t: &crate::commands::inspect::tower::Tower,
 ) -> io::Result<()> {
-    let how = match t.mapped {
-        true => {
+    let how = match (t.mapped, t.data_mode) {
+        (true, true) => {
             "split over --tp, or whole on every rank with --mm-encoder-tp-mode data; none with --language-model-only"
         }
-        false => "not mapped by wload: shard with --language-model-only (the text model alone)",
+        (true, false) => {
+            "split over --tp (vLLM has no --mm-encoder-tp-mode data for this model: it falls back to weights); none with --language-model-only"
+        }
+        (false, _) => {
+            "not mapped by wload: shard with --language-model-only (the text model alone)"
+        }
     };
     let (n, size) = (thousands(t.tensors), crate::units::human_bytes(t.bytes));
     let line = format!("{n} tensors, {size} ({}): {how}", t.modules.join(", "));

@@ -329,12 +329,24 @@ fn every_size_left_out_of_a_list_says_why() {
     }
 }
 
-/// A vision-language model whose tower wload does not map: the table says it is wload that
-/// cannot plan it (not vLLM that refuses), the summary gives the sizes `--language-model-only`
-/// takes, and the run fails as `plan` does (exit 3), with that flag as the fix.
+/// A vision-language model whose tower wload does not map (a mapping's `by: wload` check; the
+/// shipped ones map every tower): the table says it is wload that cannot plan it (not vLLM that
+/// refuses), the summary gives the sizes `--language-model-only` takes, and the run fails as
+/// `plan` does (exit 3), with that flag as the fix.
 #[test]
 fn a_tower_wload_does_not_map_is_said_to_be_wloads_limit_with_the_flag_that_helps() {
     let src = fixtures_dir().join("llama4");
+    let tmp = tempfile::TempDir::new().unwrap();
+    let mapping = tmp.path().join("unmapped_tower.yaml");
+    std::fs::write(
+        &mapping,
+        "extends: llama4\nfamily: unmapped_tower\narchitectures: [Llama4ForConditionalGeneration]\nchecks:\n  - rule: language_model_only\n    message: \"this mapping does not map the vision model\"\n    fix: pass --language-model-only (vLLM then builds the text model alone)\n    by: wload\n",
+    )
+    .unwrap();
+    let m = ["--mapping", s(&mapping)];
+    let run = |args: &[&str]| run(&[args, &m].concat());
+    let wload_json_exit = |args: &[&str], code| wload_json_exit(&[args, &m].concat(), code);
+    let sizes_json = |src, args: &[&str]| sizes_json(src, &[args, &m].concat());
     let out = run(&["sizes", s(&src)]);
     assert_eq!(out.status.code(), Some(3), "{}", context(&out));
     let (so, err) = (stdout(&out), stderr(&out));

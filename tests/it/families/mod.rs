@@ -23,4 +23,5 @@ mod qwen3_5_quant;
 mod qwen3_vl;
 mod replicate_embed;
 mod tied;
+mod towers;
 mod vlm_text;
