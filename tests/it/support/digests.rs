@@ -14,7 +14,7 @@ use std::sync::{Mutex, OnceLock};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{GoldenCase, Tensors, expected, header_tensors, s, wload};
+use super::{GoldenCase, Tensors, case_dir, header_tensors, s, wload};
 
 /// The digest file's name inside a case folder.
 pub(crate) const DIGESTS: &str = "tensors.json";
@@ -90,7 +90,7 @@ fn read_digests(dir: &Path) -> Option<Vec<(String, FileDigest)>> {
 /// real vLLM held on rank `rank` of the digest case `expected/<case>/tp<tp>`: a test that rebuilds
 /// ranks from the checkpoint by its own slicing proves its rules on vLLM's case with this.
 pub(crate) fn assert_matches_vllm_rank(want: &Tensors, case: &str, tp: u64, rank: u64) {
-    let dir = expected(case, tp);
+    let dir = case_dir(case, tp);
     let digests = read_digests(&dir).expect("a digest case");
     let prefix = format!("model-rank-{rank}-part-");
     let vllm: BTreeMap<&String, (&String, &Vec<u64>, &String)> = digests

@@ -259,14 +259,20 @@ pub(crate) fn fixture(name: &str) -> PathBuf {
     fixtures_dir().join(name)
 }
 
+/// The golden case folder `expected/<case>/tp<tp>` as the repository holds it: vLLM's rank files,
+/// or their digests.
+pub(crate) fn case_dir(case: &str, tp: u64) -> PathBuf {
+    manifest_dir()
+        .join("tests/data/golden/expected")
+        .join(case)
+        .join(format!("tp{tp}"))
+}
+
 /// A folder holding what vLLM wrote for the golden case `expected/<case>/tp<tp>`: the case folder
 /// itself, or for a case kept as digests the folder rebuilt and proven against them
 /// ([`GoldenCase::vllm_dir`]).
 pub(crate) fn expected(case: &str, tp: u64) -> PathBuf {
-    let dir = manifest_dir()
-        .join("tests/data/golden/expected")
-        .join(case)
-        .join(format!("tp{tp}"));
+    let dir = case_dir(case, tp);
     if !is_digest_folder(&dir) {
         return dir;
     }
