@@ -186,32 +186,11 @@ fn rank_tensor(
 /// neg_exp`): an engine reduction, since the value is computed, not copied.
 fn negated_exps(pieces: &Pieces) -> Pieces {
     let list: Vec<Piece> = (pieces.iter())
-        .map(|p| match p {
-            Piece::Copy {
-                source,
-                region,
-                rows,
-                row,
-                src_start,
-                src_stride,
-                dst_start,
-                dst_stride,
-                src_elem_stride,
-            } => Piece::Copy {
-                source,
-                region: Region {
-                    neg_exp: true,
-                    ..region
-                },
-                rows,
-                row,
-                src_start,
-                src_stride,
-                dst_start,
-                dst_stride,
-                src_elem_stride,
-            },
-            fill => fill,
+        .map(|mut p| {
+            if let Piece::Copy { region, .. } = &mut p {
+                region.neg_exp = true;
+            }
+            p
         })
         .collect();
     list.into()

@@ -177,10 +177,7 @@ impl Method for Awq {
     /// `apply_vllm_mapper`: the list through the model's renames (a VLM's
     /// `model.language_model.` → `language_model.model.`), the names as written kept.
     fn apply_vllm_mapper(&mut self, rules: &Rules) {
-        let mapped: Vec<String> = (self.not_converted.iter())
-            .filter_map(|n| super::names::mapped_module(rules, n))
-            .filter(|m| !self.not_converted.contains(m))
-            .collect();
+        let mapped = super::names::mapped_modules(rules, &self.not_converted);
         self.not_converted.extend(mapped);
     }
 

@@ -283,10 +283,7 @@ impl Method for ModelOptNvFp4 {
     /// `apply_vllm_mapper` (l.266–285): the entries through the model's renames (a VLM's
     /// `model.language_model.` → `language_model.model.`), the names as written kept.
     fn apply_vllm_mapper(&mut self, rules: &Rules) {
-        let mapped: Vec<String> = (self.exclude.iter())
-            .filter_map(|n| super::names::mapped_module(rules, n))
-            .filter(|m| !self.exclude.contains(m))
-            .collect();
+        let mapped = super::names::mapped_modules(rules, &self.exclude);
         self.patterns
             .extend(mapped.iter().map(|e| fnmatch_regex(e)));
         self.exclude.extend(mapped);

@@ -80,6 +80,16 @@ impl Quantization {
     }
 }
 
+/// `apply_vllm_mapper` of a method's module list: the names the model's renames give `modules`
+/// that the list does not hold yet (a VLM's `model.language_model.` → `language_model.model.`),
+/// for the method to add beside the names as written.
+pub(super) fn mapped_modules(rules: &Rules, modules: &[String]) -> Vec<String> {
+    (modules.iter())
+        .filter_map(|n| mapped_module(rules, n))
+        .filter(|m| !modules.contains(m))
+        .collect()
+}
+
 /// A module name through the model's renames (its weight's name, the stacked rule undone).
 pub(super) fn mapped_module(rules: &Rules, module: &str) -> Option<String> {
     let Ok(Outcome::Mapped(m)) = rules.apply(&format!("{module}.weight")) else {

@@ -121,10 +121,7 @@ impl Method for Fp8 {
     /// mapper is not the stacked params mapping: a part's name stays a part's name. The listed
     /// names are kept too (wload's rules hold more than vLLM's mapper: aliases, suffixes).
     fn apply_vllm_mapper(&mut self, rules: &Rules) {
-        let mapped: Vec<String> = (self.ignored.iter())
-            .filter_map(|n| super::names::mapped_module(rules, n))
-            .filter(|m| !self.ignored.contains(m))
-            .collect();
+        let mapped = super::names::mapped_modules(rules, &self.ignored);
         self.ignored.extend(mapped);
     }
 

@@ -5,7 +5,9 @@
 
 use tempfile::TempDir;
 
-use super::{Cut, Rule, assert_data_mode_falls_back, assert_tower_then_text, rule, sharded};
+use super::{
+    Cut, Rule, assert_data_mode_falls_back, assert_tower_then_text, layer_rules, rule, sharded,
+};
 use crate::support::*;
 
 const CASE: &str = "gemma3_mm";
@@ -34,14 +36,7 @@ fn rules() -> Vec<Rule> {
     ];
     for j in 0..2 {
         let l = |n: &str| v(&format!("encoder.layers.{j}.{n}"));
-        let qkv = |p: &str| ["q", "k", "v"].map(|x| l(&format!("self_attn.{x}_proj.{p}")));
-        t.push(rule(
-            l("self_attn.qkv_proj.weight"),
-            Cut::Qkv,
-            &qkv("weight"),
-        ));
-        t.push(rule(l("self_attn.qkv_proj.bias"), Cut::Qkv, &qkv("bias")));
-        for (n, c) in [
+        let rest = [
             ("self_attn.out_proj.weight", Cut::Cols),
             ("self_attn.out_proj.bias", Cut::Whole),
             ("layer_norm1.weight", Cut::Whole),
@@ -52,9 +47,8 @@ fn rules() -> Vec<Rule> {
             ("mlp.fc2.bias", Cut::Whole),
             ("layer_norm2.weight", Cut::Whole),
             ("layer_norm2.bias", Cut::Whole),
-        ] {
-            t.push(rule(l(n), c, &[l(n)]));
-        }
+        ];
+        layer_rules(&mut t, l, &rest);
     }
     for n in ["post_layernorm.weight", "post_layernorm.bias"] {
         t.push(rule(v(n), Cut::Whole, &one(n)));

@@ -6,7 +6,7 @@
 
 use tempfile::TempDir;
 
-use super::{Cut, Rule, assert_tower_then_text, rule};
+use super::{Cut, Rule, assert_tower_then_text, layer_rules, rule};
 use crate::support::*;
 
 const CASE: &str = "llama4";
@@ -29,14 +29,7 @@ fn rules() -> Vec<Rule> {
     .map(|(n, c)| rule(v(n), c, &[v(n)]))
     .collect();
     let l = |n: &str| v(&format!("model.layers.0.{n}"));
-    let qkv = |p: &str| ["q", "k", "v"].map(|x| l(&format!("self_attn.{x}_proj.{p}")));
-    t.push(rule(
-        l("self_attn.qkv_proj.weight"),
-        Cut::Qkv,
-        &qkv("weight"),
-    ));
-    t.push(rule(l("self_attn.qkv_proj.bias"), Cut::Qkv, &qkv("bias")));
-    for (n, c) in [
+    let rest = [
         ("self_attn.o_proj.weight", Cut::Cols),
         ("self_attn.o_proj.bias", Cut::Whole),
         ("mlp.fc1.weight", Cut::Rows),
@@ -47,9 +40,8 @@ fn rules() -> Vec<Rule> {
         ("input_layernorm.bias", Cut::Whole),
         ("post_attention_layernorm.weight", Cut::Whole),
         ("post_attention_layernorm.bias", Cut::Whole),
-    ] {
-        t.push(rule(l(n), c, &[l(n)]));
-    }
+    ];
+    layer_rules(&mut t, l, &rest);
     for (n, c) in [
         ("vision_adapter.mlp.fc1.weight", Cut::Rows),
         ("vision_adapter.mlp.fc2.weight", Cut::Cols),

@@ -49,6 +49,23 @@ pub(super) fn rule(to: impl Into<String>, cut: Cut, from: &[String]) -> Rule {
     }
 }
 
+/// One tower layer's rules, in vLLM's order (`l` names the layer's tensors): q, k, v fused into
+/// `self_attn.qkv_proj` (weight and bias, as the ViTs with biased attention have them), then
+/// `rest`, each tensor cut from itself.
+pub(super) fn layer_rules(t: &mut Vec<Rule>, l: impl Fn(&str) -> String, rest: &[(&str, Cut)]) {
+    let qkv = |p: &str| ["q", "k", "v"].map(|x| l(&format!("self_attn.{x}_proj.{p}")));
+    for p in ["weight", "bias"] {
+        t.push(rule(
+            l(&format!("self_attn.qkv_proj.{p}")),
+            Cut::Qkv,
+            &qkv(p),
+        ));
+    }
+    for &(n, c) in rest {
+        t.push(rule(l(n), c, &[l(n)]));
+    }
+}
+
 /// Rank `r` of `tp`'s tensor for `rule`, from the checkpoint `c`; with `data` (the whole tower
 /// on every rank) every cut but [`Cut::RowsAlways`] takes the sources whole.
 fn cut(c: &Tensors, rule: &Rule, r: usize, tp: usize, data: bool) -> Held {
