@@ -55,6 +55,8 @@ class Case:
                 self.kw["language_model_only"] = True
             elif p == "mmdata":
                 self.kw["mm_encoder_tp_mode"] = "data"
+            elif p.startswith("moe_"):
+                self.kw["moe_backend"] = p[len("moe_"):]
             elif p.startswith("maxsize_"):
                 pass  # a part size limit: what vLLM wrote, not what a rank holds
             else:
@@ -64,7 +66,7 @@ class Case:
             os.path.join(self.fixture, "config.json")
         ):
             self.kw["config_format"] = "mistral"
-        backend = oracle_moe_backend(self.dir)
+        backend = self.kw.get("moe_backend") or oracle_moe_backend(self.dir)
         if backend:
             self.kw["moe_backend"] = backend
         self.digests = os.path.isfile(os.path.join(self.dir, "tensors.json"))
@@ -94,21 +96,47 @@ class Case:
         return held
 
 
+    def computed_f32(self, rank):
+        """{name: [u32 bits]} of the F32 tensors vLLM computed on its device (Mamba2's `A` =
+        -exp(A_log)), which a digest keeps as values: compared within 1 ulp (vllm-spec §13.4)."""
+        if not self.digests:
+            return {}
+        with open(os.path.join(self.dir, "tensors.json")) as f:
+            files = json.load(f)["files"]
+        return {
+            t["name"]: [int(b, 16) for b in t["f32_bits"]]
+            for fname in files if is_part(fname, self.rank_prefix(rank))
+            for t in files[fname]["tensors"] if "f32_bits" in t
+        }
+
+
+def within_one_ulp(got, want_bits):
+    """F32 bytes `got` against vLLM's values as bits: each element at most 1 ulp away."""
+    def ordered(u):
+        return u if u < 1 << 31 else (1 << 31) - u
+    got_bits = struct.unpack(f"<{len(got) // 4}I", got)
+    return len(got_bits) == len(want_bits) and all(
+        abs(ordered(g) - ordered(w)) <= 1 for g, w in zip(got_bits, want_bits))
+
+
 def is_part(fname, prefix):
     return re.fullmatch(re.escape(prefix) + r"\d+\.safetensors", fname) is not None
 
 
 def oracle_moe_backend(case_dir):
-    """The MXFP4 MoE backend the oracle pinned (its `patches`), as golden.rs reads it."""
+    """The MXFP4 or NVFP4 MoE backend the oracle pinned (its `patches`), as golden.rs reads it."""
     try:
         with open(os.path.join(case_dir, "oracle_meta_rank0.json")) as f:
             patches = json.load(f).get("patches") or []
     except FileNotFoundError:
         return None
     for p in patches:
-        if not isinstance(p, str) or "select_mxfp4_moe_backend ->" not in p:
+        if not isinstance(p, str):
             continue
-        rest = p.split("select_mxfp4_moe_backend ->", 1)[1]
+        marks = [m for m in ("select_mxfp4_moe_backend ->", "select_nvfp4_moe_backend ->") if m in p]
+        if not marks:
+            continue
+        rest = p.split(marks[0], 1)[1]
         for group in rest.split("(")[1:]:
             if "," not in group:
                 continue
@@ -185,6 +213,7 @@ def compare(case, p, label):
         for n in sorted(set(tensors) - set(want)):
             failures.append(f"{label}: rank {rank}: '{n}' unexpected (vLLM has no such tensor)")
         bufs = load_rank(p, rank)
+        computed = case.computed_f32(rank)
         for name, (dtype, shape, data, sha) in want.items():
             t = tensors.get(name)
             if t is None:
@@ -197,7 +226,10 @@ def compare(case, p, label):
             if t.torch_dtype != TORCH_NAMES[dtype]:
                 failures.append(f"{label}: rank {rank}: '{name}': torch_dtype {t.torch_dtype}")
             got = bufs[name].tobytes()
-            same = got == data if sha is None else hashlib.sha256(got).hexdigest() == sha
+            if name in computed:
+                same = within_one_ulp(got, computed[name])
+            else:
+                same = got == data if sha is None else hashlib.sha256(got).hexdigest() == sha
             if not same:
                 failures.append(f"{label}: rank {rank}: '{name}': bytes differ from vLLM's")
     return failures
