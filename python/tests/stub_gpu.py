@@ -9,7 +9,6 @@ staging slot too early, leaves garbage or wrong bytes that the comparison sees.
 """
 
 import ctypes
-import hashlib
 import os
 import shutil
 import signal
@@ -21,7 +20,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_golden import CASES, CUDA_REPORT_KEYS, GARBAGE, GQA, REPORT_KEYS  # noqa: E402
+from test_golden import (  # noqa: E402
+    CASES,
+    CUDA_REPORT_KEYS,
+    GARBAGE,
+    GQA,
+    REPORT_KEYS,
+    same_as_vllm,
+)
 
 import wload  # noqa: E402
 
@@ -64,6 +70,7 @@ def golden():
             stream = streams[n % 2]
             n += 1
             want = case.vllm_rank(rank)
+            computed = case.computed_f32(rank)
             bufs, r, queued = load_on_gpu(p, rank, stream)
             label = f"{case.name} rank {rank} (stream {stream:#x})"
             if r.device != "cuda:0" or not r.staging_bytes or r.device_copy_s is None:
@@ -80,9 +87,7 @@ def golden():
                 if name not in bufs:
                     failures.append(f"{label}: '{name}' missing")
                     continue
-                got = bufs[name].tobytes()
-                same = got == data if sha is None else hashlib.sha256(got).hexdigest() == sha
-                if not same:
+                if not same_as_vllm(bufs[name].tobytes(), data, sha, computed.get(name)):
                     failures.append(f"{label}: '{name}': bytes differ from vLLM's")
     if n < 30:
         failures.append(f"only {n} ranks loaded")

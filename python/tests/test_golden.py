@@ -110,6 +110,14 @@ class Case:
         }
 
 
+def same_as_vllm(got, data, sha, computed_bits=None):
+    """Whether a loaded tensor's bytes `got` are what vLLM held: its bytes `data`, or their
+    SHA-256 `sha`, or for a computed F32 (`Case.computed_f32`) its values within 1 ulp."""
+    if computed_bits is not None:
+        return within_one_ulp(got, computed_bits)
+    return got == data if sha is None else hashlib.sha256(got).hexdigest() == sha
+
+
 def within_one_ulp(got, want_bits):
     """F32 bytes `got` against vLLM's values as bits: each element at most 1 ulp away."""
     def ordered(u):
@@ -226,11 +234,7 @@ def compare(case, p, label):
             if t.torch_dtype != TORCH_NAMES[dtype]:
                 failures.append(f"{label}: rank {rank}: '{name}': torch_dtype {t.torch_dtype}")
             got = bufs[name].tobytes()
-            if name in computed:
-                same = within_one_ulp(got, computed[name])
-            else:
-                same = got == data if sha is None else hashlib.sha256(got).hexdigest() == sha
-            if not same:
+            if not same_as_vllm(got, data, sha, computed.get(name)):
                 failures.append(f"{label}: rank {rank}: '{name}': bytes differ from vLLM's")
     return failures
 

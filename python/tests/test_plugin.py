@@ -12,7 +12,6 @@ to do, before a byte is read.
     python -m pytest -q python/tests/test_plugin.py     (after `pip install ./python numpy pytest`)
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import wload
-from test_golden import EXPECTED, FIXTURES, TORCH_NAMES, Case
+from test_golden import EXPECTED, FIXTURES, TORCH_NAMES, Case, same_as_vllm
 from wload import vllm_plugin
 
 STUBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_vllm")
@@ -134,7 +133,7 @@ def assert_holds_vllm_rank(state, want, label):
     bad = []
     for name, (_, _, data, sha) in sorted(want.items()):
         got = state[name].tobytes()
-        if (got != data) if sha is None else (hashlib.sha256(got).hexdigest() != sha):
+        if not same_as_vllm(got, data, sha):
             bad.append(name)
     assert not bad, f"{label}: bytes differ from vLLM's: {bad}"
 
